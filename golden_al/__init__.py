@@ -1,0 +1,1 @@
+"""Golden acceptance-length curves and the package that reads them: lookup, per-position schedules, samplers."""

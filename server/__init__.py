@@ -1,0 +1,1 @@
+"""The co-packaged OpenAI-compatible server and its sparse-MLA engine."""

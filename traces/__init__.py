@@ -1,0 +1,1 @@
+"""Agentic trace data and the package that reads it: schema, readers, prompt synthesis, scaling, statistics."""
