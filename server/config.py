@@ -1,0 +1,258 @@
+"""Engine configuration: model presets, cache, scheduler, and the command-line flags that build them.
+
+`server start` and `loadgen bench` both call `add_engine_args` and `engine_config_from_args`, so
+every engine flag is defined (and validated) once, here. Model shapes follow the table in
+SPARSE_MLA.md; FFN widths and vocab sizes are ours (the model is random by default, so they only
+set the cost of the dense parts):
+
+- tiny  (CPU, CI):   hidden 256,  2 layers,  FFN 768   (3 x hidden),   vocab 1024
+- small (one GPU):   hidden 2048, 8 layers,  FFN 5632  (~2.75 x hidden, Llama-like), vocab 32768
+- v32   (V3.2 attention shapes): hidden 7168, 4 layers by default, FFN 18432 (V3's dense FFN),
+  vocab 129280
+
+Token ids 0..255 are bytes, BOS = 256, EOS = 257 in every preset.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+from dataclasses import dataclass, field
+
+MODEL_PRESETS = ("tiny", "small", "v32")
+KV_CACHE_DTYPES = ("bf16", "fp8")
+INDEXER_KEY_DTYPES = ("fp8", "mxfp4")
+DEVICES = ("auto", "cpu", "cuda")
+ATTENTION_BACKENDS = ("auto", "torch", "triton")
+
+
+@dataclass(frozen=True, slots=True)
+class ModelConfig:
+    name: str
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    q_lora_rank: int
+    kv_lora_rank: int  # d_c
+    qk_nope_dim: int
+    qk_rope_dim: int  # d_r
+    v_head_dim: int
+    index_num_heads: int
+    index_head_dim: int
+    index_topk: int  # K
+    intermediate_size: int
+    vocab_size: int
+    max_position: int
+    default_block_size: int
+    rope_theta: float = 10000.0
+    rms_norm_eps: float = 1e-6
+    bos_token_id: int = 256
+    eos_token_id: int = 257
+
+    @property
+    def softmax_scale(self) -> float:
+        return float(self.qk_nope_dim + self.qk_rope_dim) ** -0.5
+
+    @property
+    def kv_row_dim(self) -> int:
+        return self.kv_lora_rank + self.qk_rope_dim
+
+
+_PRESETS: dict[str, ModelConfig] = {
+    "tiny": ModelConfig(
+        name="tiny", hidden_size=256, num_layers=2, num_heads=16, q_lora_rank=128,
+        kv_lora_rank=128, qk_nope_dim=32, qk_rope_dim=32, v_head_dim=32, index_num_heads=4,
+        index_head_dim=64, index_topk=32, intermediate_size=768, vocab_size=1024,
+        max_position=8192, default_block_size=16,
+    ),
+    "small": ModelConfig(
+        name="small", hidden_size=2048, num_layers=8, num_heads=16, q_lora_rank=512,
+        kv_lora_rank=512, qk_nope_dim=128, qk_rope_dim=64, v_head_dim=128, index_num_heads=16,
+        index_head_dim=128, index_topk=512, intermediate_size=5632, vocab_size=32768,
+        max_position=32768, default_block_size=64,
+    ),
+    "v32": ModelConfig(
+        name="v32", hidden_size=7168, num_layers=4, num_heads=128, q_lora_rank=1536,
+        kv_lora_rank=512, qk_nope_dim=128, qk_rope_dim=64, v_head_dim=128, index_num_heads=64,
+        index_head_dim=128, index_topk=2048, intermediate_size=18432, vocab_size=129280,
+        max_position=163840, default_block_size=64,
+    ),
+}
+
+
+def model_preset(name: str, **overrides: int) -> ModelConfig:
+    """A preset with optional field overrides (e.g. num_layers=2), validated."""
+    if name not in _PRESETS:
+        raise ValueError(f"--model: unknown preset {name!r}; choose one of {', '.join(MODEL_PRESETS)}")
+    config = dataclasses.replace(_PRESETS[name], **overrides)
+    _validate_model(config)
+    return config
+
+
+@dataclass(frozen=True, slots=True)
+class CacheConfig:
+    block_size: int = 16
+    kv_cache_dtype: str = "bf16"  # "bf16" or "fp8" (the fp8_ds_mla layout)
+    indexer_key_dtype: str = "fp8"  # "fp8" or "mxfp4"
+    gpu_memory_utilization: float = 0.9  # fraction of GPU memory the engine may use in all
+    kv_cache_gb: float = 0.25  # KV pool size on CPU
+    enable_prefix_caching: bool = True
+    num_blocks: int | None = None  # fixed pool size (tests); overrides both sizing rules
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerConfig:
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 2048
+    max_model_len: int = 8192
+
+
+@dataclass(frozen=True, slots=True)
+class EngineConfig:
+    model: ModelConfig = field(default_factory=lambda: model_preset("tiny"))
+    cache: CacheConfig = field(default_factory=CacheConfig)
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    device: str = "auto"  # "auto", "cpu" or "cuda"
+    attention_backend: str = "auto"  # "auto" (triton on CUDA, torch on CPU), "torch", "triton"
+    seed: int = 0
+    weights: str | None = None  # safetensors file; None means seeded random weights
+
+    def __post_init__(self) -> None:
+        validate_engine_config(self)
+
+
+def resolve_device(device: str) -> str:
+    """'auto' becomes 'cuda' when a GPU is visible, else 'cpu'."""
+    if device != "auto":
+        return device
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def resolve_backend(backend: str, device: str) -> str:
+    if backend != "auto":
+        return backend
+    return "triton" if resolve_device(device) == "cuda" else "torch"
+
+
+def _require(ok: bool, message: str) -> None:
+    if not ok:
+        raise ValueError(message)
+
+
+def _validate_model(m: ModelConfig) -> None:
+    for name in ("hidden_size", "num_layers", "num_heads", "q_lora_rank", "kv_lora_rank",
+                 "qk_nope_dim", "qk_rope_dim", "v_head_dim", "index_num_heads",
+                 "index_head_dim", "index_topk", "intermediate_size", "vocab_size"):
+        _require(getattr(m, name) > 0, f"--{name.replace('_', '-')}: must be positive, got {getattr(m, name)}")
+    _require(m.vocab_size > m.eos_token_id,
+             f"--vocab-size: must exceed the EOS id {m.eos_token_id}, got {m.vocab_size}")
+    _require(m.qk_rope_dim % 2 == 0 and m.qk_rope_dim <= m.index_head_dim,
+             "--qk-rope-dim: must be even and at most the indexer head dim")
+    # tl.dot needs every contracted dim to be a multiple of 16 on NVIDIA and AMD.
+    for name in ("kv_lora_rank", "qk_rope_dim", "index_head_dim"):
+        _require(getattr(m, name) % 16 == 0, f"--{name.replace('_', '-')}: must be a multiple of 16")
+
+
+def validate_engine_config(c: EngineConfig) -> None:
+    """Raise ValueError naming the flag for any invalid value or combination."""
+    m, cache, sched = c.model, c.cache, c.scheduler
+    _validate_model(m)
+    _require(c.device in DEVICES, f"--device: must be one of {', '.join(DEVICES)}, got {c.device!r}")
+    _require(c.attention_backend in ATTENTION_BACKENDS,
+             f"--attention-backend: must be one of {', '.join(ATTENTION_BACKENDS)}, got {c.attention_backend!r}")
+    _require(cache.kv_cache_dtype in KV_CACHE_DTYPES,
+             f"--kv-cache-dtype: must be one of {', '.join(KV_CACHE_DTYPES)}, got {cache.kv_cache_dtype!r}")
+    _require(cache.indexer_key_dtype in INDEXER_KEY_DTYPES,
+             f"--indexer-key-dtype: must be one of {', '.join(INDEXER_KEY_DTYPES)}, got {cache.indexer_key_dtype!r}")
+    if m.name == "tiny":
+        _require(cache.block_size > 0 and cache.block_size % 16 == 0,
+                 f"--block-size: must be a positive multiple of 16 on the tiny model, got {cache.block_size}")
+    else:
+        _require(cache.block_size in (64, 128),
+                 f"--block-size: must be 64 or 128 on the {m.name} model, got {cache.block_size}")
+    _require(cache.kv_cache_dtype != "fp8" or m.kv_lora_rank % 128 == 0,
+             f"--kv-cache-dtype fp8: the fp8_ds_mla layout needs kv_lora_rank % 128 == 0, got {m.kv_lora_rank}")
+    _require(cache.indexer_key_dtype != "mxfp4" or m.index_head_dim % 32 == 0,
+             f"--indexer-key-dtype mxfp4: needs index_head_dim % 32 == 0, got {m.index_head_dim}")
+    _require(0.0 < cache.gpu_memory_utilization <= 1.0,
+             f"--gpu-memory-utilization: must be in (0, 1], got {cache.gpu_memory_utilization}")
+    _require(cache.kv_cache_gb > 0, f"--kv-cache-gb: must be positive, got {cache.kv_cache_gb}")
+    _require(cache.num_blocks is None or cache.num_blocks > 0,
+             f"num_blocks: must be positive, got {cache.num_blocks}")
+    _require(sched.max_num_seqs > 0, f"--max-num-seqs: must be positive, got {sched.max_num_seqs}")
+    _require(sched.max_num_batched_tokens >= sched.max_num_seqs,
+             f"--max-num-batched-tokens: must be at least --max-num-seqs ({sched.max_num_seqs}) so every "
+             f"running request can decode in one step, got {sched.max_num_batched_tokens}")
+    _require(0 < sched.max_model_len <= m.max_position,
+             f"--max-model-len: must be in 1..{m.max_position} for the {m.name} model, got {sched.max_model_len}")
+    _require(c.weights is None or os.path.isfile(c.weights), f"--weights: no such file {c.weights!r}")
+    device = resolve_device(c.device)
+    if device == "cuda":
+        import torch
+
+        _require(torch.cuda.is_available(), "--device cuda: no CUDA device is available")
+    if resolve_backend(c.attention_backend, c.device) == "triton" and device == "cpu":
+        _require(os.environ.get("TRITON_INTERPRET") == "1",
+                 "--attention-backend triton on CPU needs TRITON_INTERPRET=1 in the environment")
+
+
+def add_engine_args(parser: argparse.ArgumentParser) -> None:
+    """Add every engine flag to `parser` (one argument group)."""
+    g = parser.add_argument_group("engine")
+    g.add_argument("--model", default="tiny", choices=MODEL_PRESETS,
+                   help="model preset (SPARSE_MLA.md shapes; default: tiny)")
+    g.add_argument("--num-layers", type=int, default=None, help="override the preset's layer count")
+    g.add_argument("--num-heads", type=int, default=None,
+                   help="override the preset's attention heads (e.g. heads per GPU)")
+    g.add_argument("--top-k", type=int, default=None, help="override the preset's sparse top-k K")
+    g.add_argument("--weights", default=None, help="safetensors file to load (default: seeded random)")
+    g.add_argument("--seed", type=int, default=0, help="seed of the random weights (default: 0)")
+    g.add_argument("--kv-cache-dtype", default="bf16", choices=KV_CACHE_DTYPES,
+                   help="latent KV rows: bf16 or fp8 (fp8_ds_mla layout) (default: bf16)")
+    g.add_argument("--indexer-key-dtype", default="fp8", choices=INDEXER_KEY_DTYPES,
+                   help="indexer key cache: fp8 or mxfp4 (default: fp8)")
+    g.add_argument("--block-size", type=int, default=None,
+                   help="KV block size in tokens: 64 or 128; any multiple of 16 on tiny "
+                        "(default: the preset's, 16 on tiny, 64 otherwise)")
+    g.add_argument("--attention-backend", default="auto", choices=ATTENTION_BACKENDS,
+                   help="kernel backend: triton or torch (default: triton on CUDA, torch on CPU)")
+    g.add_argument("--device", default="auto", choices=DEVICES, help="auto, cpu or cuda (default: auto)")
+    g.add_argument("--gpu-memory-utilization", type=float, default=0.9,
+                   help="fraction of GPU memory for weights, activations and KV cache (default: 0.9)")
+    g.add_argument("--kv-cache-gb", type=float, default=0.25,
+                   help="KV cache size in GiB on CPU (default: 0.25)")
+    g.add_argument("--no-prefix-caching", action="store_true", help="disable prefix caching")
+    g.add_argument("--max-num-seqs", type=int, default=64,
+                   help="most requests running at once (default: 64)")
+    g.add_argument("--max-num-batched-tokens", type=int, default=2048,
+                   help="token budget of one engine step; longer prompts prefill in chunks (default: 2048)")
+    g.add_argument("--max-model-len", type=int, default=None,
+                   help="longest prompt + output in tokens (default: the preset's max position)")
+
+
+def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
+    """Build and validate an EngineConfig from parsed `add_engine_args` flags."""
+    overrides = {k: v for k, v in (("num_layers", args.num_layers), ("num_heads", args.num_heads),
+                                   ("index_topk", args.top_k)) if v is not None}
+    flag = {"num_layers": "--num-layers", "num_heads": "--num-heads", "index_topk": "--top-k"}
+    for key, value in overrides.items():
+        _require(value > 0, f"{flag[key]}: must be positive, got {value}")
+    model = model_preset(args.model, **overrides)
+    cache = CacheConfig(
+        block_size=args.block_size if args.block_size is not None else model.default_block_size,
+        kv_cache_dtype=args.kv_cache_dtype,
+        indexer_key_dtype=args.indexer_key_dtype,
+        gpu_memory_utilization=args.gpu_memory_utilization,
+        kv_cache_gb=args.kv_cache_gb,
+        enable_prefix_caching=not args.no_prefix_caching,
+    )
+    scheduler = SchedulerConfig(
+        max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        max_model_len=args.max_model_len if args.max_model_len is not None else model.max_position,
+    )
+    return EngineConfig(model=model, cache=cache, scheduler=scheduler, device=args.device,
+                        attention_backend=args.attention_backend, seed=args.seed, weights=args.weights)

@@ -1,0 +1,78 @@
+"""Engine configuration: presets, flag parsing, and validation errors that name the flag."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from server.config import (
+    CacheConfig,
+    EngineConfig,
+    SchedulerConfig,
+    add_engine_args,
+    engine_config_from_args,
+    model_preset,
+)
+
+
+def parse(*argv: str) -> EngineConfig:
+    parser = argparse.ArgumentParser()
+    add_engine_args(parser)
+    return engine_config_from_args(parser.parse_args(list(argv)))
+
+
+def test_presets_match_sparse_mla_table():
+    tiny, small, v32 = model_preset("tiny"), model_preset("small"), model_preset("v32")
+    assert (tiny.hidden_size, tiny.num_layers, tiny.num_heads, tiny.kv_lora_rank, tiny.index_topk) == (256, 2, 16, 128, 32)
+    assert (small.hidden_size, small.q_lora_rank, small.index_num_heads, small.index_head_dim) == (2048, 512, 16, 128)
+    assert (v32.num_heads, v32.q_lora_rank, v32.kv_row_dim, v32.index_topk) == (128, 1536, 576, 2048)
+    assert v32.softmax_scale == pytest.approx(192 ** -0.5)
+    assert (tiny.vocab_size, small.vocab_size, v32.vocab_size) == (1024, 32768, 129280)
+    assert tiny.bos_token_id == 256 and tiny.eos_token_id == 257
+
+
+def test_flags_build_config():
+    c = parse("--model", "tiny", "--num-layers", "3", "--top-k", "16", "--block-size", "32",
+              "--kv-cache-dtype", "fp8", "--indexer-key-dtype", "mxfp4", "--no-prefix-caching",
+              "--max-num-seqs", "8", "--max-num-batched-tokens", "64", "--max-model-len", "512",
+              "--device", "cpu", "--seed", "7")
+    assert c.model.num_layers == 3 and c.model.index_topk == 16
+    assert c.cache == CacheConfig(block_size=32, kv_cache_dtype="fp8", indexer_key_dtype="mxfp4",
+                                  enable_prefix_caching=False)
+    assert c.scheduler == SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=64, max_model_len=512)
+    assert c.seed == 7 and c.device == "cpu"
+
+
+def test_defaults_follow_preset():
+    c = parse("--model", "small", "--device", "cpu")
+    assert c.cache.block_size == 64 and c.scheduler.max_model_len == 32768
+
+
+@pytest.mark.parametrize("argv, flag", [
+    (("--model", "small", "--block-size", "32"), "--block-size"),
+    (("--model", "tiny", "--block-size", "24"), "--block-size"),
+    (("--num-layers", "0"), "--num-layers"),
+    (("--top-k", "-1"), "--top-k"),
+    (("--max-model-len", "100000"), "--max-model-len"),
+    (("--max-num-seqs", "64", "--max-num-batched-tokens", "8"), "--max-num-batched-tokens"),
+    (("--kv-cache-gb", "0"), "--kv-cache-gb"),
+    (("--gpu-memory-utilization", "1.5"), "--gpu-memory-utilization"),
+    (("--weights", "/nonexistent/w.safetensors"), "--weights"),
+])
+def test_invalid_flags_name_the_flag(argv, flag):
+    with pytest.raises(ValueError, match=flag):
+        parse("--device", "cpu", *argv)
+
+
+def test_fp8_kv_needs_latent_dim_multiple_of_128():
+    import dataclasses
+
+    model = dataclasses.replace(model_preset("tiny"), kv_lora_rank=64)
+    with pytest.raises(ValueError, match="--kv-cache-dtype fp8"):
+        EngineConfig(model=model, cache=CacheConfig(kv_cache_dtype="fp8"), device="cpu")
+
+
+def test_unknown_preset():
+    with pytest.raises(ValueError, match="--model"):
+        model_preset("huge")
