@@ -1,0 +1,173 @@
+"""HDR recorders for one measurement level, and the statistics reported from them.
+
+Every latency is recorded in microseconds with 3 significant digits (HdrHistogram), so results
+keep the exact distribution and runs (or worker processes) merge without loss. Definitions:
+
+- TTFT: request sent (intended send time in open loop) -> first content chunk received.
+- ITL: gap between consecutive content chunks; `tokens_per_chunk` records how many tokens each
+  chunk carried (speculative decoding can put several in one chunk).
+- TPOT: per request, (E2EL - TTFT) / (OSL - 1); only requests with OSL >= 2 have one.
+- interactivity: per request 1 / TPOT in tokens/s/user. Its percentiles are the *slow tail*:
+  "p90 interactivity" = 1 / p90(TPOT). The histogram keeps milli-tokens/s for mean and merging.
+- E2EL: request sent -> last token received; normalized E2EL = E2EL / OSL (microseconds/token).
+- queue_delay (open loop only): actual send time - intended send time.
+- loop_lag: how late the client's event loop woke a periodic timer (the client's own health).
+"""
+
+from __future__ import annotations
+
+import base64
+from dataclasses import dataclass
+
+from hdrh.histogram import HdrHistogram
+
+SIGNIFICANT_DIGITS = 3
+HIGHEST_US = 4 * 3600 * 10**6  # four hours: longer than any timeout we allow
+PERCENTILES = (50.0, 90.0, 95.0, 99.0, 99.9)
+
+
+@dataclass(frozen=True, slots=True)
+class MetricSpec:
+    name: str
+    unit: str
+    highest: int
+    description: str
+
+
+METRIC_SPECS: tuple[MetricSpec, ...] = (
+    MetricSpec("ttft", "us", HIGHEST_US, "request sent -> first content chunk"),
+    MetricSpec("itl", "us", HIGHEST_US, "gap between consecutive content chunks"),
+    MetricSpec("tokens_per_chunk", "tokens", 10**7, "tokens carried by one content chunk"),
+    MetricSpec("tpot", "us", HIGHEST_US, "(E2EL - TTFT) / (OSL - 1) per request"),
+    MetricSpec("interactivity", "mtok/s", 10**12, "1 / TPOT per request, milli-tokens/s/user"),
+    MetricSpec("e2el", "us", HIGHEST_US, "request sent -> last token"),
+    MetricSpec("norm_e2el", "us/token", HIGHEST_US, "E2EL / OSL per request"),
+    MetricSpec("queue_delay", "us", HIGHEST_US, "open loop: actual send - intended send"),
+    MetricSpec("loop_lag", "us", HIGHEST_US, "client event-loop timer lateness"),
+)
+SPEC_BY_NAME = {spec.name: spec for spec in METRIC_SPECS}
+
+
+def new_histogram(name: str) -> HdrHistogram:
+    return HdrHistogram(1, SPEC_BY_NAME[name].highest, SIGNIFICANT_DIGITS)
+
+
+def encode_histogram(hist: HdrHistogram) -> str:
+    """HdrHistogram's standard compressed base64 form, as text for JSON."""
+    return hist.encode().decode("ascii")
+
+
+def decode_histogram(text: str) -> HdrHistogram:
+    """Inverse of `encode_histogram`; raises ValueError on text that is not an HDR encoding."""
+    try:
+        base64.b64decode(text, validate=True)
+        return HdrHistogram.decode(text.encode("ascii"))
+    except Exception as exc:  # hdrh raises a mix of zlib/struct/ValueError
+        raise ValueError(f"not an encoded HDR histogram: {exc}") from exc
+
+
+def histogram_stats(hist: HdrHistogram) -> dict[str, float | int | None]:
+    """count, mean, std, min, p50, p90, p95, p99, p99.9, max (None when empty)."""
+    count = hist.get_total_count()
+    if count == 0:
+        keys = ("mean", "std", "min", *(f"p{p:g}" for p in PERCENTILES), "max")
+        return {"count": 0, **{key: None for key in keys}}
+    stats: dict[str, float | int | None] = {
+        "count": count,
+        "mean": round(hist.get_mean_value(), 3),
+        "std": round(hist.get_stddev(), 3),
+        "min": hist.get_min_value(),
+    }
+    for p in PERCENTILES:
+        stats[f"p{p:g}"] = hist.get_value_at_percentile(p)
+    stats["max"] = hist.get_max_value()
+    return stats
+
+
+def interactivity_stats(tpot: HdrHistogram, interactivity: HdrHistogram) -> dict[str, float | int | None]:
+    """Interactivity in tokens/s/user with slow-tail percentiles: pX = 1 / pX(TPOT).
+
+    min/max are the slowest/fastest user (1 / max TPOT, 1 / min TPOT); mean and std are over
+    requests, from the interactivity histogram (kept in milli-tokens/s).
+    """
+    stats = histogram_stats(tpot)
+    if not stats["count"]:
+        return stats
+
+    def per_s(tpot_us: float | int | None) -> float | None:
+        return round(1e6 / tpot_us, 3) if tpot_us else None
+
+    out: dict[str, float | int | None] = {
+        "count": stats["count"],
+        "mean": round(interactivity.get_mean_value() / 1000, 3),
+        "std": round(interactivity.get_stddev() / 1000, 3),
+        "min": per_s(stats["max"]),
+    }
+    for p in PERCENTILES:
+        out[f"p{p:g}"] = per_s(stats[f"p{p:g}"])
+    out["max"] = per_s(stats["min"])
+    return out
+
+
+class LevelRecorder:
+    """All histograms of one level; fed one finished request at a time."""
+
+    def __init__(self) -> None:
+        self.hists = {spec.name: new_histogram(spec.name) for spec in METRIC_SPECS}
+
+    def record_latencies(
+        self,
+        ttft_us: int,
+        e2el_us: int,
+        osl: int,
+        chunk_ns: list[int],
+        chunk_tokens: list[int],
+    ) -> int | None:
+        """Record one successful request; returns its TPOT in microseconds (None if OSL < 2)."""
+        hists = self.hists
+        hists["ttft"].record_value(_clamp(ttft_us))
+        hists["e2el"].record_value(_clamp(e2el_us))
+        if osl > 0:
+            hists["norm_e2el"].record_value(_clamp(e2el_us // osl))
+        itl = hists["itl"].record_value
+        prev = chunk_ns[0] if chunk_ns else 0
+        for t in chunk_ns[1:]:
+            itl(_clamp((t - prev) // 1000))
+            prev = t
+        per_chunk = hists["tokens_per_chunk"].record_value
+        for n in chunk_tokens:
+            per_chunk(n)
+        if osl < 2:
+            return None
+        tpot_us = max(1, (e2el_us - ttft_us) // (osl - 1))
+        hists["tpot"].record_value(_clamp(tpot_us))
+        hists["interactivity"].record_value(_clamp(10**9 // tpot_us, SPEC_BY_NAME["interactivity"].highest))
+        return tpot_us
+
+    def record_queue_delay(self, delay_us: int) -> None:
+        self.hists["queue_delay"].record_value(_clamp(max(0, delay_us)))
+
+    def record_loop_lag(self, lag_us: int) -> None:
+        self.hists["loop_lag"].record_value(_clamp(max(0, lag_us)))
+
+    def summary(self) -> dict[str, dict]:
+        """{metric: {"unit", "description", "stats", "hdr"}} for the results file."""
+        out = {}
+        for spec in METRIC_SPECS:
+            hist = self.hists[spec.name]
+            if spec.name == "interactivity":
+                stats = interactivity_stats(self.hists["tpot"], hist)
+                unit, note = "tok/s", "percentiles are the slow tail: pX = 1 / pX(TPOT)"
+            else:
+                stats, unit, note = histogram_stats(hist), spec.unit, None
+            entry = {"unit": unit, "description": spec.description, "stats": stats,
+                     "hdr": encode_histogram(hist)}
+            if note:
+                entry["hdr_unit"] = spec.unit
+                entry["note"] = note
+            out[spec.name] = entry
+        return out
+
+
+def _clamp(value: int, highest: int = HIGHEST_US) -> int:
+    return value if value < highest else highest

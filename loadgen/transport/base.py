@@ -1,0 +1,89 @@
+"""The transport interface: send one request, get back its timed content chunks.
+
+Kept small on purpose: the HTTP transport implements it over aiohttp, and an in-process
+transport can implement it by driving the engine directly. A transport never raises for a
+failure of one request; it returns an `Exchange` whose `error` names the kind.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+# Error kinds an Exchange may carry (HTTP errors are "http_<status>").
+ERROR_CONNECT = "connect"      # could not open a connection (refused, unreachable)
+ERROR_RESET = "reset"          # connection closed or reset after it was opened
+ERROR_TIMEOUT = "timeout"      # the request took longer than the per-request timeout
+ERROR_TRUNCATED = "truncated"  # stream ended without [DONE]/usage, or with fewer tokens than asked
+ERROR_PROTOCOL = "protocol"    # unparseable stream data or an error event inside the stream
+
+
+@dataclass(frozen=True, slots=True)
+class WireRequest:
+    """What goes on the wire: exact prompt token ids and the exact output length."""
+
+    request_id: str
+    prompt: np.ndarray  # int32 token ids, len == input tokens
+    max_tokens: int
+
+
+@dataclass(slots=True)
+class Exchange:
+    """One request's outcome. Times are time.perf_counter_ns() values on this host."""
+
+    start_ns: int = 0                                     # when the request was handed to the wire
+    end_ns: int = 0                                       # last byte of the response (or the failure)
+    chunk_ns: list[int] = field(default_factory=list)     # arrival of each content chunk
+    chunk_tokens: list[int] = field(default_factory=list)  # tokens in each content chunk
+    usage_prompt_tokens: int | None = None
+    usage_completion_tokens: int | None = None
+    cached_tokens: int | None = None
+    error: str | None = None
+    error_detail: str | None = None
+
+    @property
+    def counted_tokens(self) -> int:
+        return sum(self.chunk_tokens)
+
+    @property
+    def output_tokens(self) -> int:
+        """Server-reported completion tokens when given, else counted from the stream."""
+        if self.usage_completion_tokens is not None:
+            return self.usage_completion_tokens
+        return self.counted_tokens
+
+
+@dataclass(frozen=True, slots=True)
+class ServerInfo:
+    """What the server says about itself (/v1/models); `ours` when owned_by == "agentload"."""
+
+    model: str
+    ours: bool
+    max_model_len: int | None
+    num_gpus: int | None
+    vocab_size: int | None
+    raw: dict[str, Any]
+
+
+class Transport(ABC):
+    """Open once, send many requests concurrently, close once."""
+
+    @abstractmethod
+    async def open(self, max_connections: int) -> None: ...
+
+    @abstractmethod
+    async def server_info(self) -> ServerInfo:
+        """Raise TransportError when the server cannot be reached or answers nonsense."""
+
+    @abstractmethod
+    async def send(self, request: WireRequest) -> Exchange: ...
+
+    @abstractmethod
+    async def close(self) -> None: ...
+
+
+class TransportError(Exception):
+    """The server as a whole is unusable (unreachable, no models): the run cannot start."""

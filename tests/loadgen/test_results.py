@@ -1,0 +1,79 @@
+"""Results files: HDR stats, encoding round trip, atomic write, validation errors."""
+
+from __future__ import annotations
+
+import copy
+
+import orjson
+import pytest
+
+from loadgen.metrics import LevelRecorder, decode_histogram, histogram_stats
+from loadgen.results import SCHEMA, ResultsError, read_results, validate_results, write_results
+
+
+def _level() -> dict:
+    rec = LevelRecorder()
+    for i in range(1, 101):
+        base = 1_000_000_000 * i
+        chunks = [base + 50_000_000 + 10_000_000 * k for k in range(8)]
+        rec.record_latencies(50_000 + i, 120_000 + i, 8, chunks, [1] * 8)
+    return {"concurrency": 4, "rate": None, "mode": "closed", "failed": False, "fail_reasons": [],
+            "window_s": 10.0, "counts": {}, "throughput": {}, "cache": {},
+            "metrics": rec.summary(),
+            "requests": {name: [1, 2] for name in
+                         ("play", "session", "turn", "isl", "osl", "ttft_us", "e2el_us", "tpot_us")}}
+
+
+def _doc() -> dict:
+    return {"schema": SCHEMA, "status": "complete", "message": None, "config": {"seed": 1},
+            "levels": [_level()], "pareto": {}}
+
+
+def test_stats_follow_the_recorded_values():
+    metrics = _level()["metrics"]
+    ttft = metrics["ttft"]["stats"]
+    assert ttft["count"] == 100 and 50_000 <= ttft["p50"] <= 50_100 and ttft["max"] <= 50_100 * 1.001
+    assert metrics["itl"]["stats"]["count"] == 700
+    assert 9_990 <= metrics["itl"]["stats"]["p99"] <= 10_010
+    tpot_p90 = metrics["tpot"]["stats"]["p90"]
+    assert metrics["interactivity"]["stats"]["p90"] == pytest.approx(1e6 / tpot_p90, rel=1e-6)
+    assert "slow tail" in metrics["interactivity"]["note"]
+
+
+def test_histograms_round_trip_and_merge_exactly():
+    metrics = _level()["metrics"]
+    hist = decode_histogram(metrics["e2el"]["hdr"])
+    assert histogram_stats(hist) == metrics["e2el"]["stats"]
+    hist.add(decode_histogram(metrics["e2el"]["hdr"]))
+    assert hist.get_total_count() == 200
+
+
+def test_write_read_round_trip(tmp_path):
+    path = write_results(tmp_path / "sub" / "result.json", _doc())
+    assert read_results(path) == orjson.loads(orjson.dumps(_doc()))
+    assert [p.name for p in path.parent.iterdir()] == ["result.json"]  # no temp file left
+
+
+@pytest.mark.parametrize("mutate, message", [
+    (lambda d: d.update(schema="other/9"), "schema"),
+    (lambda d: d.update(status="meh"), "status"),
+    (lambda d: d.pop("levels"), "levels"),
+    (lambda d: d["levels"][0].pop("counts"), "levels[0].counts: missing"),
+    (lambda d: d["levels"][0]["metrics"]["ttft"].update(hdr="not-hdr!"), "levels[0].metrics.ttft.hdr"),
+    (lambda d: d["levels"][0]["metrics"]["itl"]["stats"].update(count=3), "metrics.itl.stats.count"),
+    (lambda d: d["levels"][0]["requests"]["osl"].append(3), "columns differ"),
+])
+def test_validation_names_the_field(mutate, message):
+    doc = copy.deepcopy(_doc())
+    mutate(doc)
+    with pytest.raises(ResultsError, match=message.replace("[", r"\[").replace("]", r"\]")):
+        validate_results(doc, "run.json")
+
+
+def test_unreadable_files_are_named(tmp_path):
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    with pytest.raises(ResultsError, match="bad.json: not valid JSON"):
+        read_results(bad)
+    with pytest.raises(ResultsError, match="missing.json: cannot read"):
+        read_results(tmp_path / "missing.json")
