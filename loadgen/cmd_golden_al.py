@@ -1,0 +1,124 @@
+"""`loadgen golden-al`: list the bundled golden acceptance-length curves and show one of them.
+
+`show` prints AL per k and thinking mode, and the per-position acceptance rates a synthetic
+sampler would use for each k (min-variance by default, as vLLM does), so what a run asks the
+server for can be checked before the run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "golden-al",
+        help="golden acceptance-length curves (speculative decoding)",
+        description="Golden acceptance lengths (AL = tokens per verify step) per model, "
+        "draft length k and thinking mode, as published by SemiAnalysis InferenceX.",
+    )
+    actions = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
+
+    list_parser = actions.add_parser("list", help="list the bundled curves")
+    list_parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    list_parser.set_defaults(func=run_list)
+
+    show_parser = actions.add_parser("show", help="AL per k and mode, with per-position rates")
+    show_parser.add_argument("curve", metavar="NAME|FILE", help="bundled curve name or YAML path")
+    show_parser.add_argument(
+        "--schedule",
+        default="min-variance",
+        help="how the mean AL is spread over draft positions: min-variance (default, as vLLM) "
+        "or geometric",
+    )
+    show_parser.add_argument("--json", action="store_true", help="print JSON instead of tables")
+    show_parser.set_defaults(func=run_show)
+
+
+def run_list(args: argparse.Namespace) -> int:
+    from golden_al.curves import list_curves, load_curve
+
+    curves = [load_curve(name) for name in list_curves()]
+    if args.json:
+        listing = [
+            {
+                "name": curve.name,
+                "model_key": curve.model_key,
+                "method": curve.method,
+                "modes": {mode: sorted(points) for mode, points in curve.modes.items()},
+            }
+            for curve in curves
+        ]
+        print(json.dumps(listing, indent=2))
+        return 0
+    rows = [
+        [
+            curve.name,
+            curve.model_key,
+            curve.method or "-",
+            ", ".join(curve.modes),
+            _k_ranges(curve.modes),
+        ]
+        for curve in curves
+    ]
+    print(_table(["name", "model key", "method", "modes", "k"], rows))
+    return 0
+
+
+def run_show(args: argparse.Namespace) -> int:
+    from golden_al.curves import load_curve
+    from golden_al.schedules import schedule_rates
+
+    curve = load_curve(args.curve)
+    rates = {
+        mode: {k: schedule_rates(args.schedule, al, k) for k, al in points.items()}
+        for mode, points in curve.modes.items()
+    }
+    if args.json:
+        shown = {
+            "name": curve.name,
+            "model_key": curve.model_key,
+            "file": str(curve.source),
+            "provenance": curve.provenance,
+            "al": {mode: {str(k): al for k, al in points.items()} for mode, points in curve.modes.items()},
+            "schedule": args.schedule,
+            "rates": {mode: {str(k): r for k, r in by_k.items()} for mode, by_k in rates.items()},
+        }
+        print(json.dumps(shown, indent=2))
+        return 0
+    print(f"{curve.name}: {curve.model_key}  ({curve.source})")
+    for key, value in curve.provenance.items():
+        print(f"  {key}: {value}")
+    modes = list(curve.modes)
+    ks = sorted({k for points in curve.modes.values() for k in points})
+    al_rows = [[str(k)] + [_fmt(curve.modes[mode].get(k)) for mode in modes] for k in ks]
+    print()
+    print(_table(["k"] + modes, al_rows))
+    print()
+    print(f"{args.schedule} per-position rates r_i = P(draft i accepted):")
+    rate_rows = [
+        [mode, str(k), " ".join(f"{r:.3f}" for r in by_k[k])]
+        for mode, by_k in rates.items()
+        for k in sorted(by_k)
+    ]
+    print(_table(["mode", "k", "r_1 .. r_k"], rate_rows))
+    return 0
+
+
+def _k_ranges(modes: dict[str, dict[int, float]]) -> str:
+    """One k range when every mode has the same ks, else one per mode in mode order."""
+    from golden_al.curves import format_ks
+
+    ranges = [format_ks(points) for points in modes.values()]
+    return ranges[0] if len(set(ranges)) == 1 else ", ".join(ranges)
+
+
+def _fmt(al: float | None) -> str:
+    return "-" if al is None else f"{al:.2f}"
+
+
+def _table(headers: list[str], rows: list[list[str]]) -> str:
+    widths = [max(len(cell) for cell in column) for column in zip(headers, *rows)]
+    lines = [headers, ["-" * width for width in widths], *rows]
+    return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(line, widths)).rstrip() for line in lines)
