@@ -1,0 +1,139 @@
+"""Continuous batching: which requests run in the next step, and with how many tokens each.
+
+Each step has a token budget (`max_num_batched_tokens`). Running requests go first, decodes
+before unfinished prefills, so generation never stalls behind a long prompt; then waiting
+requests are admitted in arrival order while the budget, `max_num_seqs` and free KV blocks
+allow. A prompt longer than the remaining budget is prefilled in chunks over several steps.
+When a running request needs a block and none is free, the newest running request is preempted
+by recompute: its blocks are freed and it goes back to the head of the waiting queue with all
+its tokens, to be prefilled again (often largely from the prefix cache). A request is always in
+exactly one of `waiting`, `running` or finished, so none is lost or duplicated.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+from server.config import SchedulerConfig
+from server.engine.kv_cache import BlockManager
+from server.engine.sequence import Sequence, SequenceStatus
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduledBatch:
+    """Requests of one step in batch order, with the number of new tokens each computes."""
+
+    seqs: tuple[Sequence, ...]
+    num_new_tokens: tuple[int, ...]
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(self.num_new_tokens)
+
+    def __bool__(self) -> bool:
+        return bool(self.seqs)
+
+
+class Scheduler:
+    def __init__(self, config: SchedulerConfig, block_manager: BlockManager, eos_token_id: int) -> None:
+        self.config = config
+        self.eos_token_id = eos_token_id
+        self.blocks = block_manager
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []  # in admission order; the last is the newest
+        self.num_preemptions = 0
+        self.prefix_queries = 0  # prompt tokens looked up at first admission
+        self.prefix_hits = 0
+
+    def add(self, seq: Sequence) -> None:
+        self.waiting.append(seq)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def schedule(self) -> ScheduledBatch:
+        budget = self.config.max_num_batched_tokens
+        seqs: list[Sequence] = []
+        counts: list[int] = []
+        preempted = False
+        decodes_first = sorted(self.running, key=lambda s: s.num_uncomputed_tokens > 1)
+        for seq in decodes_first:
+            if budget == 0:
+                break
+            if seq.status is not SequenceStatus.RUNNING:
+                continue  # preempted earlier in this loop
+            n = min(seq.num_uncomputed_tokens, budget)
+            while not self.blocks.can_append(seq, n):
+                victim = next((s for s in reversed(self.running) if s is not seq and s not in seqs), seq)
+                self._preempt(victim)
+                preempted = True
+                if victim is seq:
+                    break
+            else:
+                self.blocks.append(seq, n)
+                seqs.append(seq)
+                counts.append(n)
+                budget -= n
+        # Admitting new work right after preempting would only thrash the cache.
+        while not preempted and self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
+            seq = self.waiting[0]
+            hits = self.blocks.prefix_hit(seq)
+            n = min(len(seq) - len(hits) * self.blocks.block_size, budget)
+            if not self.blocks.can_admit(seq, hits, n):
+                break
+            self.waiting.popleft()
+            self.blocks.admit(seq, hits)
+            self.blocks.append(seq, n)
+            if not seq.admitted_once:
+                seq.admitted_once = True
+                seq.num_cached_tokens = seq.num_computed_tokens
+                self.prefix_queries += seq.num_prompt_tokens
+                self.prefix_hits += seq.num_cached_tokens
+            seq.status = SequenceStatus.RUNNING
+            self.running.append(seq)
+            seqs.append(seq)
+            counts.append(n)
+            budget -= n
+        return ScheduledBatch(tuple(seqs), tuple(counts))
+
+    def postprocess(self, batch: ScheduledBatch, sampled: list[int | None]) -> list[Sequence]:
+        """Account a finished step: KV now computed, one sampled token per request that reached
+        the end of its tokens (None for a prefill chunk). Returns the requests that finished."""
+        finished = []
+        for seq, n, token in zip(batch.seqs, batch.num_new_tokens, sampled):
+            seq.num_computed_tokens += n
+            self.blocks.commit_full_blocks(seq)
+            if token is None:
+                continue
+            seq.token_ids.append(token)
+            reason = self._stop_reason(seq, token)
+            if reason is not None:
+                self.finish(seq, reason)
+                finished.append(seq)
+        return finished
+
+    def _stop_reason(self, seq: Sequence, token: int) -> str | None:
+        p = seq.params
+        if token == self.eos_token_id and not p.ignore_eos and seq.num_output_tokens > p.min_tokens:
+            return "stop"
+        if seq.num_output_tokens >= p.max_tokens or len(seq) >= self.config.max_model_len:
+            return "length"
+        return None
+
+    def _preempt(self, seq: Sequence) -> None:
+        self.running.remove(seq)
+        self.blocks.free(seq)
+        seq.status = SequenceStatus.WAITING
+        self.waiting.appendleft(seq)
+        self.num_preemptions += 1
+
+    def finish(self, seq: Sequence, reason: str) -> None:
+        """Mark seq finished with `reason` and release its blocks, wherever it is."""
+        if seq.status is SequenceStatus.RUNNING:
+            self.running.remove(seq)
+        elif seq.status is SequenceStatus.WAITING:
+            self.waiting.remove(seq)
+        self.blocks.free(seq)
+        seq.status = SequenceStatus.FINISHED
+        seq.finish_reason = reason

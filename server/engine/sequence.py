@@ -1,0 +1,55 @@
+"""One request's state inside the engine: its tokens, how many have KV in the cache, its blocks.
+
+A sequence's `token_ids` are the prompt followed by every generated token. The KV of the first
+`num_computed_tokens` of them is in the cache, in the blocks listed by `block_ids`. Preemption
+by recompute only resets `num_computed_tokens` and the blocks; the tokens stay, so the request
+resumes exactly where it stopped.
+"""
+
+from __future__ import annotations
+
+import enum
+
+from server.engine.messages import SamplingParams
+
+
+class SequenceStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+class Sequence:
+    def __init__(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
+                 arrival_time: float) -> None:
+        self.request_id = request_id
+        self.params = params
+        self.arrival_time = arrival_time
+        self.token_ids: list[int] = list(prompt_token_ids)
+        self.num_prompt_tokens = len(prompt_token_ids)
+        self.num_computed_tokens = 0
+        self.num_cached_tokens = 0  # prompt tokens served by the prefix cache at first admission
+        self.block_ids: list[int] = []
+        self.block_hashes: list[int] = []  # chained hashes of this sequence's full, computed blocks
+        self.status = SequenceStatus.WAITING
+        self.finish_reason: str | None = None
+        self.admitted_once = False
+
+    def __len__(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.token_ids) - self.num_prompt_tokens
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        return self.token_ids[self.num_prompt_tokens:]
+
+    @property
+    def num_uncomputed_tokens(self) -> int:
+        return len(self.token_ids) - self.num_computed_tokens
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status is SequenceStatus.FINISHED

@@ -1,0 +1,144 @@
+"""Scheduler: decode first, chunked prefill under the token budget, max_num_seqs, preemption by
+recompute, stop conditions; driven by a deterministic token source instead of a model."""
+
+from __future__ import annotations
+
+import random
+
+from server.config import SchedulerConfig
+from server.engine.kv_cache import BlockManager
+from server.engine.messages import SamplingParams
+from server.engine.scheduler import Scheduler
+from server.engine.sequence import Sequence, SequenceStatus
+
+EOS = 257
+
+
+def next_token(s: Sequence) -> int:
+    """A deterministic function of the whole context, like greedy decoding of a fixed model."""
+    return (sum(s.token_ids) * 31 + len(s)) % 250
+
+
+def run_step(sched: Scheduler) -> list[Sequence]:
+    batch = sched.schedule()
+    sampled = [next_token(s) if s.num_computed_tokens + n == len(s) else None
+               for s, n in zip(batch.seqs, batch.num_new_tokens)]
+    return sched.postprocess(batch, sampled)
+
+
+def make(num_blocks=64, block_size=4, max_seqs=8, budget=32, max_len=256, caching=True):
+    bm = BlockManager(num_blocks, block_size, caching)
+    return Scheduler(SchedulerConfig(max_seqs, budget, max_len), bm, EOS), bm
+
+
+def req(rid, n, max_tokens=5, **kw):
+    rng = random.Random(rid)
+    return Sequence(rid, [rng.randrange(250) for _ in range(n)], SamplingParams(max_tokens=max_tokens, **kw), 0.0)
+
+
+def drain(sched, limit=10_000):
+    done = []
+    for _ in range(limit):
+        if not sched.has_unfinished():
+            return done
+        done += run_step(sched)
+    raise AssertionError("scheduler did not finish")
+
+
+def reference_output(rid, n, max_tokens):
+    s = req(rid, n, max_tokens)
+    while s.num_output_tokens < max_tokens:
+        s.token_ids.append(next_token(s))
+    return s.output_token_ids
+
+
+def test_decode_first_and_chunked_prefill():
+    sched, bm = make(budget=16)
+    a = req("a", 6)
+    sched.add(a)
+    run_step(sched)  # a prefilled whole, now decoding
+    b = req("b", 40)
+    sched.add(b)
+    batch = sched.schedule()
+    assert batch.seqs == (a, b) and batch.num_new_tokens == (1, 15)
+    sched.postprocess(batch, [next_token(a), None])
+    assert b.num_computed_tokens == 15 and b.num_output_tokens == 0
+    done = drain(sched)
+    assert {s.request_id for s in done} == {"a", "b"}
+    assert b.output_token_ids == reference_output("b", 40, 5)
+    bm.check_invariants([])
+
+
+def test_max_num_seqs_limits_running():
+    sched, bm = make(max_seqs=2, budget=64)
+    for i in range(5):
+        sched.add(req(f"r{i}", 5))
+    batch = sched.schedule()
+    assert len(batch.seqs) == 2 and len(sched.waiting) == 3
+    sched.postprocess(batch, [next_token(s) for s in batch.seqs])
+    drain(sched)
+    bm.check_invariants([])
+
+
+def test_preemption_completes_every_request_exactly_once():
+    # 12 blocks of 4 tokens: not enough for 6 requests of 10 + 8 tokens at once.
+    sched, bm = make(num_blocks=12, block_size=4, max_seqs=6, budget=64)
+    specs = {f"r{i}": 7 + i % 4 for i in range(6)}
+    for rid, n in specs.items():
+        sched.add(req(rid, n, max_tokens=8))
+    seen = []
+    for _ in range(1000):
+        if not sched.has_unfinished():
+            break
+        seen += run_step(sched)
+        bm.check_invariants(sched.running)
+        assert len(sched.running) + len(sched.waiting) + len(seen) == len(specs)
+    assert sched.num_preemptions > 0
+    assert sorted(s.request_id for s in seen) == sorted(specs)
+    for s in seen:
+        assert s.output_token_ids == reference_output(s.request_id, specs[s.request_id], 8)
+        assert s.finish_reason == "length"
+    bm.check_invariants([])
+
+
+def test_prefix_hit_counted_once_and_reported():
+    sched, bm = make(block_size=4)
+    a = req("a", 13, max_tokens=1)
+    sched.add(a)
+    drain(sched)
+    b = Sequence("b", a.token_ids[:13], SamplingParams(max_tokens=1), 0.0)
+    sched.add(b)
+    drain(sched)
+    assert b.num_cached_tokens == 12
+    assert sched.prefix_queries == 26 and sched.prefix_hits == 12
+    assert b.output_token_ids == a.output_token_ids
+    bm.check_invariants([])
+
+
+def test_stop_conditions():
+    sched, bm = make()
+    # eos is produced by a forced token source below
+    s1 = req("eos", 4, max_tokens=10)
+    s2 = req("ignore", 4, max_tokens=3, ignore_eos=True)
+    s3 = req("min", 4, max_tokens=10, min_tokens=2)
+    for s in (s1, s2, s3):
+        sched.add(s)
+    for _ in range(3):
+        batch = sched.schedule()
+        sched.postprocess(batch, [EOS] * len(batch.seqs))
+    assert s1.finish_reason == "stop" and s1.output_token_ids == [EOS]
+    assert s2.finish_reason == "length" and s2.output_token_ids == [EOS] * 3
+    assert s3.finish_reason == "stop" and s3.num_output_tokens == 3
+    bm.check_invariants([])
+
+
+def test_finish_while_waiting_or_running_frees_blocks():
+    sched, bm = make(max_seqs=1)
+    a, b = req("a", 9), req("b", 9)
+    sched.add(a)
+    sched.add(b)
+    run_step(sched)
+    sched.finish(a, "abort")
+    sched.finish(b, "abort")
+    assert a.status is SequenceStatus.FINISHED and not sched.has_unfinished()
+    bm.check_invariants([])
