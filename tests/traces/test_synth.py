@@ -1,0 +1,109 @@
+"""Prompt synthesis: exact lengths, exact shared prefixes, salts, vocabulary range, determinism."""
+
+from __future__ import annotations
+
+import hashlib
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from traces import PromptSynth, Request, load_traces
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _request(index: int, input_tokens: int, hash_ids: tuple[int, ...]) -> Request:
+    return Request(index=index, t=0.0, input_tokens=input_tokens, output_tokens=1, hash_ids=hash_ids, think_time=0.0)
+
+
+def _blocks(prompt: np.ndarray, count: int, block_size: int) -> list[bytes]:
+    return [prompt[i * block_size:(i + 1) * block_size].tobytes() for i in range(count)]
+
+
+def test_exact_length_and_dtype() -> None:
+    synth = PromptSynth(block_size=16)
+    for input_tokens, ids in ((0, ()), (5, ()), (16, (3,)), (47, (3, 4)), (150_000, tuple(range(9000)))):
+        prompt = synth.prompt("s", _request(0, input_tokens, ids), salt=0)
+        assert prompt.dtype == np.int32 and prompt.shape == (input_tokens,)
+
+
+def test_shared_leading_ids_share_exactly_that_prefix() -> None:
+    synth = PromptSynth(block_size=8)
+    a = synth.prompt("s", _request(0, 30, (1, 2, 3)), salt=7)
+    b = synth.prompt("s", _request(1, 40, (1, 2, 9, 4)), salt=7)
+    assert np.array_equal(a[:16], b[:16])
+    assert not np.array_equal(a[16:24], b[16:24])
+    assert a[16] != b[16]
+    # Same ids, different request: the block prefix is shared, the tail is the request's own.
+    c = synth.prompt("s", _request(2, 30, (1, 2, 3)), salt=7)
+    assert np.array_equal(a[:24], c[:24]) and not np.array_equal(a[24:], c[24:])
+    # Another session's block 1 is another block: hash ids are local to a trace.
+    d = synth.prompt("other", _request(0, 30, (1, 2, 3)), salt=7)
+    assert set(_blocks(a, 3, 8)).isdisjoint(_blocks(d, 3, 8))
+
+
+def test_a_different_salt_shares_no_block() -> None:
+    session = load_traces("agentic-coding").sessions[0]
+    synth = PromptSynth(block_size=session.block_size)
+    seen: dict[int, set[bytes]] = {0: set(), 1: set()}
+    for request in list(session.all_requests())[:20]:
+        for salt in seen:
+            prompt = synth.prompt(session.id, request, salt)
+            seen[salt].update(_blocks(prompt, len(request.hash_ids), session.block_size))
+            tail = prompt[len(request.hash_ids) * session.block_size:]
+            if tail.size:
+                seen[salt].add(b"tail" + tail.tobytes())
+    assert len(seen[0]) > 1000 and seen[0].isdisjoint(seen[1])
+
+
+def test_vocabulary_range() -> None:
+    synth = PromptSynth(block_size=32, vocab_size=50, vocab_offset=1000)
+    prompt = synth.prompt("s", _request(0, 20_000, tuple(range(300))), salt=3)
+    assert prompt.min() == 1000 and prompt.max() == 1049
+    counts = np.bincount(prompt - 1000, minlength=50)
+    assert counts.min() > 0.8 * counts.mean()
+
+
+def test_cache_never_changes_the_tokens() -> None:
+    session = next(s for s in load_traces("agentic-coding").sessions if s.subagents)
+    cached = PromptSynth(block_size=64, cache_tokens=400_000)
+    uncached = PromptSynth(block_size=64, cache_tokens=0)
+    requests = list(session.all_requests())
+    for salt in (0, 5, 0):
+        for request in requests[:40]:
+            assert np.array_equal(cached.prompt(session.id, request, salt), uncached.prompt(session.id, request, salt))
+
+
+def _digest(synth: PromptSynth) -> str:
+    session = load_traces("agentic-coding").sessions[3]
+    h = hashlib.sha256()
+    for request in list(session.all_requests())[:10]:
+        h.update(synth.prompt(session.id, request, salt=11).tobytes())
+    return h.hexdigest()
+
+
+def test_deterministic_across_instances_and_processes() -> None:
+    here = _digest(PromptSynth(block_size=64))
+    assert here == _digest(PromptSynth(block_size=64))
+    code = (
+        "import sys; sys.path.insert(0, sys.argv[1]); import hashlib\n"
+        "from traces import PromptSynth, load_traces\n"
+        "s = load_traces('agentic-coding').sessions[3]; h = hashlib.sha256(); p = PromptSynth(64)\n"
+        "for r in list(s.all_requests())[:10]: h.update(p.prompt(s.id, r, salt=11).tobytes())\n"
+        "print(h.hexdigest())\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code, str(ROOT)], capture_output=True, text=True, check=True,
+                         env={"PYTHONHASHSEED": "123", "PATH": "/usr/bin:/bin"})
+    assert out.stdout.strip() == here
+
+
+def test_bad_parameters_and_requests() -> None:
+    for kwargs in ({"block_size": 0}, {"block_size": 4, "vocab_size": 0}, {"block_size": 4, "vocab_offset": -1},
+                   {"block_size": 4, "vocab_size": 2**31, "vocab_offset": 1}):
+        with pytest.raises(ValueError, match="PromptSynth"):
+            PromptSynth(**kwargs)
+    with pytest.raises(ValueError, match="exceed its 7 input tokens"):
+        PromptSynth(block_size=4).prompt("s", _request(0, 7, (1, 2)), salt=0)

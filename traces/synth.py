@@ -1,0 +1,131 @@
+"""Prompt synthesis: turn a request's hash ids into exact token-id prompts with the trace's prefix sharing.
+
+Block `h` of session `s` played with salt `k` is `block_size` tokens drawn from SplitMix64
+streams seeded by (s, h, k); the request's remaining `input_tokens - block_size*len(hash_ids)`
+tokens come from a stream seeded by (s, request index, k). Hence two requests that share a
+leading run of hash ids send exactly the same token prefix (and a server's prefix cache can hit),
+while a new salt (a recycled session) shares nothing with the previous play.
+
+Everything is vectorised over whole prompts with numpy, and the last prompt of each
+(session, salt) is kept in a bounded LRU cache: the next request of that session usually extends
+it, so only its new blocks and tail are generated.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import OrderedDict
+
+import numpy as np
+
+from traces.schema import Request
+
+_MASK = (1 << 64) - 1
+_GOLDEN = 0x9E3779B97F4A7C15
+_BLOCK_DOMAIN = 0x426C6F636B  # separates block streams from tail streams of the same session
+_TAIL_DOMAIN = 0x5461696C
+
+
+def _splitmix64_scalar(x: int) -> int:
+    z = (x + _GOLDEN) & _MASK
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK
+    return z ^ (z >> 31)
+
+
+def _splitmix64(z: np.ndarray) -> np.ndarray:
+    """SplitMix64 finaliser over a uint64 array, in place (numpy wraps uint64 arithmetic)."""
+    z += np.uint64(_GOLDEN)
+    z ^= z >> np.uint64(30)
+    z *= np.uint64(0xBF58476D1CE4E5B9)
+    z ^= z >> np.uint64(27)
+    z *= np.uint64(0x94D049BB133111EB)
+    z ^= z >> np.uint64(31)
+    return z
+
+
+class PromptSynth:
+    """Deterministic token-id prompts for trace requests (stateless apart from its cache)."""
+
+    def __init__(
+        self, block_size: int, vocab_size: int = 32000, vocab_offset: int = 0, cache_tokens: int = 1 << 24
+    ) -> None:
+        for name, value, low in (("block_size", block_size, 1), ("vocab_size", vocab_size, 1),
+                                 ("vocab_offset", vocab_offset, 0), ("cache_tokens", cache_tokens, 0)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise ValueError(f"PromptSynth: {name} must be an integer >= {low}, got {value!r}")
+        if vocab_offset + vocab_size > 2**31:
+            raise ValueError(f"PromptSynth: vocab_offset + vocab_size must fit int32, got {vocab_offset + vocab_size}")
+        self.block_size = block_size
+        self.vocab_size = vocab_size
+        self.vocab_offset = vocab_offset
+        self.cache_tokens = cache_tokens
+        self._positions = np.arange(1, block_size + 1, dtype=np.uint64) * np.uint64(_GOLDEN)
+        self._session_keys: dict[str, int] = {}
+        # (session id, salt) -> (hash ids, their block tokens) of the latest prompt built for it.
+        self._cache: OrderedDict[tuple[str, int], tuple[np.ndarray, np.ndarray]] = OrderedDict()
+        self._cached_tokens = 0
+
+    def prompt(self, session_id: str, request: Request, salt: int) -> np.ndarray:
+        """The request's prompt: int32 token ids, exactly `request.input_tokens` long."""
+        ids = np.array(request.hash_ids, dtype=np.uint64)
+        block_len = len(ids) * self.block_size
+        if block_len > request.input_tokens:
+            raise ValueError(
+                f"request {request.index}: {len(ids)} hash ids of {self.block_size} tokens exceed its "
+                f"{request.input_tokens} input tokens"
+            )
+        key = self._key(session_id, salt)
+        out = np.empty(request.input_tokens, dtype=np.int32)
+        out[:block_len] = self._blocks(session_id, salt, key, ids)
+        out[block_len:] = self._tail(key, request.index, request.input_tokens - block_len)
+        return out
+
+    def _blocks(self, session_id: str, salt: int, key: int, ids: np.ndarray) -> np.ndarray:
+        """Block tokens for `ids`, reusing the prefix shared with the previous prompt of this play."""
+        cache_key = (session_id, salt)
+        cached = self._cache.pop(cache_key, None)
+        shared = 0
+        if cached is not None:
+            self._cached_tokens -= cached[1].size
+            old_ids, old_tokens = cached
+            n = min(len(old_ids), len(ids))
+            differ = np.flatnonzero(old_ids[:n] != ids[:n])
+            shared = int(differ[0]) if differ.size else n
+        tokens = np.empty(len(ids) * self.block_size, dtype=np.int32)
+        cut = shared * self.block_size
+        if shared:
+            tokens[:cut] = old_tokens[:cut]
+        seeds = _splitmix64(ids[shared:] ^ np.uint64(key ^ _BLOCK_DOMAIN))
+        tokens[cut:] = self._stream(seeds[:, None] + self._positions[None, :]).ravel()
+        if tokens.size <= self.cache_tokens:
+            self._remember(cache_key, ids, tokens.copy())
+        return tokens
+
+    def _tail(self, key: int, index: int, length: int) -> np.ndarray:
+        seed = _splitmix64_scalar(key ^ _TAIL_DOMAIN ^ _splitmix64_scalar(index))
+        steps = np.arange(1, length + 1, dtype=np.uint64) * np.uint64(_GOLDEN)
+        return self._stream(steps + np.uint64(seed))
+
+    def _stream(self, states: np.ndarray) -> np.ndarray:
+        """Map SplitMix64 states to token ids in [vocab_offset, vocab_offset + vocab_size)."""
+        z = _splitmix64(states)
+        # Multiply-shift on the high 32 bits: uniform enough, and cheaper than a 64-bit modulo.
+        z >>= np.uint64(32)
+        z *= np.uint64(self.vocab_size)
+        z >>= np.uint64(32)
+        return z.astype(np.int32) + np.int32(self.vocab_offset)
+
+    def _key(self, session_id: str, salt: int) -> int:
+        base = self._session_keys.get(session_id)
+        if base is None:
+            digest = hashlib.blake2b(session_id.encode(), digest_size=8).digest()
+            base = self._session_keys.setdefault(session_id, int.from_bytes(digest, "little"))
+        return _splitmix64_scalar(base ^ _splitmix64_scalar(int(salt) & _MASK))
+
+    def _remember(self, cache_key: tuple[str, int], ids: np.ndarray, tokens: np.ndarray) -> None:
+        self._cache[cache_key] = (ids, tokens)
+        self._cached_tokens += tokens.size
+        while self._cached_tokens > self.cache_tokens:
+            _, (_, evicted) = self._cache.popitem(last=False)
+            self._cached_tokens -= evicted.size
