@@ -1,1 +1,47 @@
-"""Sparse-MLA kernels in portable Triton, each with its torch reference: indexer logits, top-k, sparse MLA, quantisation."""
+"""Sparse-MLA kernels in portable Triton, each with its torch reference: indexer logits, top-k, sparse MLA, quantisation.
+
+Every op takes backend="triton" | "torch" | None; None means get_backend(): set_backend's choice,
+else $AGENTLOAD_KERNEL_BACKEND, else "triton" when CUDA is available and "torch" otherwise. The
+Triton kernels also run on CPU tensors when TRITON_INTERPRET=1 is set before triton is imported.
+"""
+
+from __future__ import annotations
+
+from kernels.backend import BACKENDS, ENV_VAR, get_backend, set_backend
+from kernels.indexer import indexer_logits_paged, indexer_logits_ragged
+from kernels.quant import (
+    fp8_e4m3_dequantize,
+    fp8_e4m3_quantize,
+    indexer_row_bytes,
+    kv_row_bytes,
+    mxfp4_dequantize,
+    mxfp4_quantize,
+    read_indexer_keys,
+    read_kv_rows,
+    write_indexer_cache,
+    write_kv_cache,
+)
+from kernels.sparse_mla import sparse_mla
+from kernels.topk import positions_to_slots, topk_indices
+
+__all__ = [
+    "BACKENDS",
+    "ENV_VAR",
+    "fp8_e4m3_dequantize",
+    "fp8_e4m3_quantize",
+    "get_backend",
+    "indexer_logits_paged",
+    "indexer_logits_ragged",
+    "indexer_row_bytes",
+    "kv_row_bytes",
+    "mxfp4_dequantize",
+    "mxfp4_quantize",
+    "positions_to_slots",
+    "read_indexer_keys",
+    "read_kv_rows",
+    "set_backend",
+    "sparse_mla",
+    "topk_indices",
+    "write_indexer_cache",
+    "write_kv_cache",
+]

@@ -1,0 +1,45 @@
+"""Process-wide choice between the Triton kernels and their torch references."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+BACKENDS = ("triton", "torch")
+ENV_VAR = "AGENTLOAD_KERNEL_BACKEND"
+
+_default: str | None = None
+
+
+def _check(name: str, where: str) -> str:
+    if name not in BACKENDS:
+        raise ValueError(f"{where}: unknown kernel backend {name!r}; expected one of {BACKENDS}")
+    return name
+
+
+def get_backend() -> str:
+    """The default backend: set_backend's choice, else $AGENTLOAD_KERNEL_BACKEND, else triton on CUDA, torch on CPU."""
+    if _default is not None:
+        return _default
+    env = os.environ.get(ENV_VAR)
+    if env:
+        return _check(env, f"${ENV_VAR}")
+    return "triton" if torch.cuda.is_available() else "torch"
+
+
+def set_backend(name: str | None) -> None:
+    """Change the process default; None goes back to the environment/auto choice."""
+    global _default
+    _default = None if name is None else _check(name, "set_backend")
+
+
+def resolve_backend(backend: str | None, device: torch.device) -> str:
+    """The backend one call uses; refuses Triton on CPU tensors unless the interpreter is on."""
+    name = get_backend() if backend is None else _check(backend, "backend")
+    if name == "triton" and device.type == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
+        raise RuntimeError(
+            "backend='triton' got CPU tensors: set TRITON_INTERPRET=1 before importing triton "
+            "(or use backend='torch')"
+        )
+    return name

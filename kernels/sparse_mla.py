@@ -1,0 +1,239 @@
+"""Sparse MLA (absorbed MQA form) over gathered cache rows: Triton kernel, split-K combine, torch reference.
+
+o[t, h] = softmax_j(scale * q[t, h] . row[idx[t, j]]) @ row[idx[t, j]][:d_c], lse in fp32 (natural
+log); entries with idx -1 take no part; a token with no valid entry gets o = 0, lse = -inf.
+The Triton kernel runs one program per (token, block of heads, split of the index list): it
+gathers BLOCK_N rows, scores them with two dots (latent and rope parts), keeps an exp2 online
+softmax (masked scores -1e30, never -inf, so no NaN) and accumulates P @ rows[:, :d_c]. When
+(tokens x head blocks) would not fill the GPU the index list is split and a second kernel merges
+the partial results weighted by their lse.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels.backend import resolve_backend
+from kernels.quant import DS_MLA_GROUP, KV_DTYPES, kv_row_width, read_kv_rows
+from kernels.triton_utils import E4M3_RAW_SCALE, dot_dtype, e4m3_to_raw_f16, unpack_bytes
+
+LOG2E = tl.constexpr(1.4426950408889634)  # exp2/log2 in the kernels, natural log outside
+_REF_CHUNK = 1 << 24  # elements of the gathered [tokens, K, d] rows the reference holds at once
+
+
+# ---------------------------------------------------------------- torch reference
+
+
+def sparse_mla_torch(q, kv_cache, indices, scale, d_c, kv_dtype):
+    """Reference: gather and dequantise the rows, fp32 softmax and products."""
+    t, h, width = q.shape
+    out = torch.empty(t, h, d_c, dtype=torch.bfloat16, device=q.device)
+    lse = torch.empty(t, h, dtype=torch.float32, device=q.device)
+    step = max(1, _REF_CHUNK // max(1, indices.shape[1] * width))
+    for lo in range(0, t, step):
+        idx = indices[lo : lo + step]
+        valid = idx >= 0
+        rows = read_kv_rows(kv_cache, idx.clamp(min=0), d_c, width - d_c, kv_dtype)  # [t, K, d]
+        logits = scale * torch.einsum("thd,tkd->thk", q[lo : lo + step].float(), rows)
+        logits = logits.masked_fill(~valid[:, None, :], float("-inf"))
+        chunk_lse = torch.logsumexp(logits, dim=-1)
+        probs = torch.exp(logits - chunk_lse.clamp(min=-1e30)[..., None])
+        out[lo : lo + step] = torch.einsum("thk,tkc->thc", probs, rows[..., :d_c]).to(torch.bfloat16)
+        lse[lo : lo + step] = chunk_lse
+    return out, lse
+
+
+# ---------------------------------------------------------------- Triton kernels
+
+
+@triton.jit
+def _sparse_mla_kernel(
+    q_ptr, kv_ptr, kv_words_ptr, idx_ptr, o_ptr, lse_ptr,
+    sm_scale_log2, n_idx, n_heads, kv_stride, row_words, rope_offset,
+    D_C: tl.constexpr, D_R: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
+    FP8: tl.constexpr, SPLIT: tl.constexpr, DOT_DTYPE: tl.constexpr,
+):
+    t = tl.program_id(0).to(tl.int64)
+    heads = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+    split = tl.program_id(2)
+    n_splits = tl.num_programs(2)
+    head_ok = heads < n_heads
+
+    cols_c = tl.arange(0, D_C)
+    cols_r = tl.arange(0, D_R)
+    q_row = q_ptr + (t * n_heads + heads[:, None]) * (D_C + D_R)
+    q_c = tl.load(q_row + cols_c[None, :], mask=head_ok[:, None], other=0.0).to(DOT_DTYPE)
+    q_r = tl.load(q_row + D_C + cols_r[None, :], mask=head_ok[:, None], other=0.0).to(DOT_DTYPE)
+
+    per_split = tl.cdiv(tl.cdiv(n_idx, BLOCK_N), n_splits) * BLOCK_N
+    lo = split * per_split
+    hi = tl.minimum(lo + per_split, n_idx)
+
+    m = tl.full((BLOCK_H,), -1e30, tl.float32)
+    l = tl.zeros((BLOCK_H,), tl.float32)
+    acc = tl.zeros((BLOCK_H, D_C), tl.float32)
+    for start in range(lo, hi, BLOCK_N):
+        j = start + tl.arange(0, BLOCK_N)
+        slot = tl.load(idx_ptr + t * n_idx + j, mask=j < hi, other=-1)
+        valid = slot >= 0
+        slot = tl.where(valid, slot, 0).to(tl.int64)
+        if FP8:
+            words = tl.arange(0, D_C // 4)
+            w_tile = tl.load(kv_words_ptr + slot[:, None] * row_words + words[None, :], mask=valid[:, None], other=0)
+            raw = e4m3_to_raw_f16(unpack_bytes(w_tile, 4)).to(tl.float32)  # [BLOCK_N, D_C]
+            groups = tl.arange(0, D_C // 128)
+            s_bits = tl.load(kv_words_ptr + slot[:, None] * row_words + D_C // 4 + groups[None, :], mask=valid[:, None], other=0)
+            group_scale = s_bits.to(tl.float32, bitcast=True) * E4M3_RAW_SCALE
+            k_c = tl.reshape(tl.reshape(raw, (BLOCK_N, D_C // 128, 128)) * group_scale[:, :, None], (BLOCK_N, D_C))
+            k_c = k_c.to(DOT_DTYPE)
+        else:
+            k_c = tl.load(kv_ptr + slot[:, None] * kv_stride + cols_c[None, :], mask=valid[:, None], other=0.0).to(DOT_DTYPE)
+        k_r = tl.load(kv_ptr + slot[:, None] * kv_stride + rope_offset + cols_r[None, :], mask=valid[:, None], other=0.0).to(DOT_DTYPE)
+
+        s = tl.dot(q_c, tl.trans(k_c)) + tl.dot(q_r, tl.trans(k_r))
+        s = tl.where(valid[None, :], s * sm_scale_log2, -1e30)
+        m_new = tl.maximum(m, tl.max(s, axis=1))
+        alpha = tl.exp2(m - m_new)
+        p = tl.where(valid[None, :], tl.exp2(s - m_new[:, None]), 0.0)
+        l = l * alpha + tl.sum(p, axis=1)
+        acc = acc * alpha[:, None] + tl.dot(p.to(DOT_DTYPE), k_c)
+        m = m_new
+
+    has_any = l > 0
+    out = acc / tl.where(has_any, l, 1.0)[:, None]
+    lse_log2 = tl.where(has_any, m + tl.log2(tl.where(has_any, l, 1.0)), float("-inf"))
+    if SPLIT:  # partials: o fp32 [T, H, S, D_C], lse (log2) [T, H, S]
+        part = (t * n_heads + heads) * n_splits + split
+        tl.store(o_ptr + part[:, None] * D_C + cols_c[None, :], out, mask=head_ok[:, None])
+        tl.store(lse_ptr + part, lse_log2, mask=head_ok)
+    else:
+        row = t * n_heads + heads
+        tl.store(o_ptr + row[:, None] * D_C + cols_c[None, :], out.to(tl.bfloat16), mask=head_ok[:, None])
+        tl.store(lse_ptr + row, lse_log2 / LOG2E, mask=head_ok)
+
+
+@triton.jit
+def _combine_kernel(part_o_ptr, part_lse_ptr, o_ptr, lse_ptr, n_splits, D_C: tl.constexpr, BLOCK_S: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)  # token * n_heads + head
+    splits = tl.arange(0, BLOCK_S)
+    ok = splits < n_splits
+    part_lse = tl.load(part_lse_ptr + row * n_splits + splits, mask=ok, other=float("-inf"))
+    top = tl.max(part_lse, axis=0)
+    safe_top = tl.where(top == float("-inf"), 0.0, top)
+    weight = tl.where(ok & (part_lse > float("-inf")), tl.exp2(part_lse - safe_top), 0.0)
+    total = tl.sum(weight, axis=0)
+    cols = tl.arange(0, D_C)
+    part_o = tl.load(part_o_ptr + (row * n_splits + splits[:, None]) * D_C + cols[None, :], mask=ok[:, None], other=0.0)
+    out = tl.sum(part_o * weight[:, None], axis=0) / tl.where(total > 0, total, 1.0)
+    tl.store(o_ptr + row * D_C + cols, out.to(tl.bfloat16))
+    lse = tl.where(total > 0, (safe_top + tl.log2(tl.where(total > 0, total, 1.0))) / LOG2E, float("-inf"))
+    tl.store(lse_ptr + row, lse)
+
+
+
+@dataclass(frozen=True)
+class SparseMlaConfig:
+    """Tile shape and launch parameters of the sparse MLA kernel."""
+
+    block_h: int
+    block_n: int
+    num_warps: int
+    num_stages: int
+
+
+def default_config(n_heads: int, kv_dtype: str, device: torch.device) -> SparseMlaConfig:
+    """Interpreter: the smallest legal tiles. GPU: wide head blocks when there are many heads."""
+    if device.type == "cpu":
+        return SparseMlaConfig(16, 16, 4, 1)
+    if n_heads >= 64:
+        return SparseMlaConfig(64, 32, 8, 2)
+    return SparseMlaConfig(16, 64, 4, 2)
+
+
+def auto_num_splits(programs: int, n_idx: int, block_n: int, device: torch.device) -> int:
+    """Split the index list until about two programs per SM exist (never below one block per split)."""
+    if device.type != "cuda":
+        return 1
+    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    if programs >= 2 * sms:
+        return 1
+    return max(1, min(math.ceil(2 * sms / programs), triton.cdiv(n_idx, block_n), 32))
+
+
+def sparse_mla_triton(q, kv_cache, indices, scale, d_c, kv_dtype, num_splits=None, config=None):
+    """Launch the kernel (and the combine when split); config overrides the tile shape."""
+    t, h, width = q.shape
+    d_r = width - d_c
+    n_idx = indices.shape[1]
+    cfg = config or default_config(h, kv_dtype, q.device)
+    head_blocks = triton.cdiv(h, cfg.block_h)
+    splits = num_splits or auto_num_splits(t * head_blocks, n_idx, cfg.block_n, q.device)
+    out = torch.empty(t, h, d_c, dtype=torch.bfloat16, device=q.device)
+    lse = torch.empty(t, h, dtype=torch.float32, device=q.device)
+    if t == 0:
+        return out, lse
+    if kv_dtype == "bf16":
+        kv, kv_words, kv_stride, row_words, rope_offset = kv_cache, kv_cache, kv_cache.shape[1], 0, d_c
+    else:  # fp8_ds_mla: latent bytes and scales read as int32 words, rope as bf16
+        kv = kv_cache.view(torch.bfloat16)
+        kv_words, kv_stride, row_words = kv_cache.view(torch.int32), kv.shape[1], kv_cache.shape[1] // 4
+        rope_offset = (d_c + 4 * (d_c // DS_MLA_GROUP)) // 2
+    if splits > 1:
+        part_o = torch.empty(t, h, splits, d_c, dtype=torch.float32, device=q.device)
+        part_lse = torch.empty(t, h, splits, dtype=torch.float32, device=q.device)
+        dst_o, dst_lse = part_o, part_lse
+    else:
+        dst_o, dst_lse = out, lse
+    _sparse_mla_kernel[(t, head_blocks, splits)](
+        q, kv, kv_words, indices, dst_o, dst_lse,
+        scale * LOG2E.value, n_idx, h, kv_stride, row_words, rope_offset,
+        D_C=d_c, D_R=d_r, BLOCK_H=cfg.block_h, BLOCK_N=cfg.block_n,
+        FP8=kv_dtype == "fp8_ds_mla", SPLIT=splits > 1, DOT_DTYPE=dot_dtype(q),
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )
+    if splits > 1:
+        _combine_kernel[(t * h,)](part_o, part_lse, out, lse, splits, D_C=d_c, BLOCK_S=max(2, triton.next_power_of_2(splits)))
+    return out, lse
+
+
+# ---------------------------------------------------------------- public API
+
+
+def _is_pow2(x: int) -> bool:
+    return x >= 16 and x & (x - 1) == 0
+
+
+def sparse_mla(
+    q: torch.Tensor,
+    kv_cache: torch.Tensor,
+    indices: torch.Tensor,
+    scale: float,
+    d_c: int,
+    kv_dtype: str,
+    num_splits: int | None = None,
+    backend: str | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(bf16[T, H, d_c] output latent, fp32[T, H] lse) of sparse absorbed MLA over the cache rows at indices."""
+    if q.dim() != 3 or q.dtype != torch.bfloat16:
+        raise ValueError(f"sparse_mla: q must be bf16[T, H, d_c + d_r], got {q.dtype}{list(q.shape)}")
+    if kv_dtype not in KV_DTYPES:
+        raise ValueError(f"sparse_mla: kv_dtype={kv_dtype!r}: expected one of {KV_DTYPES}")
+    d_r = q.shape[2] - d_c
+    if not (_is_pow2(d_c) and _is_pow2(d_r)):
+        raise ValueError(f"sparse_mla: d_c={d_c} and d_r={d_r} must be powers of two >= 16")
+    dtype = torch.bfloat16 if kv_dtype == "bf16" else torch.uint8
+    width = kv_row_width(d_c, d_r, kv_dtype)
+    if kv_cache.dim() != 2 or kv_cache.dtype != dtype or kv_cache.shape[1] != width:
+        raise ValueError(f"sparse_mla: kv_cache must be {dtype}[num_slots, {width}] for {kv_dtype}, got {kv_cache.dtype}{list(kv_cache.shape)}")
+    if indices.dim() != 2 or indices.shape[0] != q.shape[0]:
+        raise ValueError(f"sparse_mla: indices must be int[T={q.shape[0]}, K], got {list(indices.shape)}")
+    if num_splits is not None and num_splits < 1:
+        raise ValueError(f"sparse_mla: num_splits={num_splits} must be >= 1")
+    if resolve_backend(backend, q.device) == "torch":
+        return sparse_mla_torch(q, kv_cache, indices, scale, d_c, kv_dtype)
+    return sparse_mla_triton(q.contiguous(), kv_cache.contiguous(), indices.int().contiguous(), scale, d_c, kv_dtype, num_splits)

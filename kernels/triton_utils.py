@@ -1,0 +1,72 @@
+"""Triton device helpers shared by the kernels: byte unpacking and bit-exact fp8 / e2m1 / ue8m0 decode.
+
+Every decode is integer bit arithmetic on raw bytes (no hardware fp8 type), so it is exact on
+CUDA, on ROCm (native fp8 there is the fnuz variant) and in the interpreter. e4m3 and e2m1 are
+decoded to *raw* fp16: the bits are placed in an fp16 whose exponent bias is larger, so the value
+comes out divided by a fixed power of two (E4M3_RAW_SCALE, E2M1_RAW_SCALE) that the caller folds
+into a scale. fp16 keeps subnormals on every target, so e4m3 subnormals stay exact.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+E4M3_RAW_SCALE = tl.constexpr(256.0)  # e4m3 value = raw fp16 * 2^8   (bias 15 - 7)
+E2M1_RAW_SCALE = tl.constexpr(16384.0)  # e2m1 value = raw fp16 * 2^14 (bias 15 - 1)
+
+
+@triton.jit
+def unpack_bytes(words, WORD: tl.constexpr):
+    """int words [R, C] of WORD bytes (1, 2 or 4) -> int32 bytes [R, C * WORD], little-endian order."""
+    w = words.to(tl.int32)
+    if WORD == 1:
+        return w & 0xFF
+    elif WORD == 2:
+        pair = tl.join(w & 0xFF, (w >> 8) & 0xFF)
+        return tl.reshape(pair, (w.shape[0], w.shape[1] * 2))
+    else:
+        low = tl.join(w & 0xFF, (w >> 16) & 0xFF)
+        high = tl.join((w >> 8) & 0xFF, (w >> 24) & 0xFF)
+        quad = tl.join(low, high)
+        return tl.reshape(quad, (w.shape[0], w.shape[1] * 4))
+
+
+@triton.jit
+def e4m3_to_raw_f16(b):
+    """e4m3 bytes (int32 0..255) -> fp16 equal to value / 2^8; 0x7F/0xFF -> NaN."""
+    bits = ((b & 0x80) << 8) | ((b & 0x7F) << 7)
+    raw = bits.to(tl.int16).to(tl.float16, bitcast=True)
+    return tl.where((b & 0x7F) == 0x7F, float("nan"), raw)
+
+
+@triton.jit
+def e2m1_to_raw_f16(n):
+    """e2m1 nibbles (int32 0..15) -> fp16 equal to value / 2^14."""
+    bits = ((n & 0x8) << 12) | ((n & 0x7) << 9)
+    return bits.to(tl.int16).to(tl.float16, bitcast=True)
+
+
+@triton.jit
+def ue8m0_to_f32(b):
+    """ue8m0 scale bytes (int32) -> fp32 2^(b-127); 0 -> 0, 0xFF -> NaN."""
+    value = (b << 23).to(tl.float32, bitcast=True)
+    return tl.where(b == 0xFF, float("nan"), value)
+
+
+def word_view(rows: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """A uint8 [N, row] tensor as the widest int words (4, 2 or 1 bytes) that tile each row."""
+    row = rows.shape[1]
+    for word, dtype in ((4, torch.int32), (2, torch.int16)):
+        if row % word == 0:
+            return rows.view(dtype), word
+    return rows, 1
+
+
+def dot_dtype(t: torch.Tensor) -> tl.dtype:
+    """Operand type for bf16 tl.dot: bf16 on a GPU; fp32 in the interpreter, whose bf16 dot is wrong.
+
+    The operands hold bf16-representable values either way, so only the summation order differs.
+    """
+    return tl.float32 if t.device.type == "cpu" else tl.bfloat16
