@@ -1,0 +1,265 @@
+"""The aiohttp application: OpenAI-compatible routes, SSE streaming, auth, admission and errors.
+
+Routes: POST /v1/completions, POST /v1/chat/completions, GET /v1/models, GET /health,
+GET /metrics. Every error leaves as an OpenAI-style body (`{"error": {...}}`), including
+aiohttp's own 404/405/413. `--api-key` guards the /v1 routes; /health and /metrics stay open
+for probes and scrapers.
+
+The handlers do per-step work only: one engine step's tokens for a request become one SSE
+chunk (several tokens with speculative decoding), and chunks that piled up while the handler
+was busy are written in one call.
+"""
+
+from __future__ import annotations
+
+import hmac
+import time
+import uuid
+from dataclasses import dataclass
+
+import orjson
+from aiohttp import web
+
+from server import protocol
+from server.engine.messages import AddRequest, RequestOutput
+from server.engine_client import EngineClient, EngineDeadError, EngineInfo, RequestStream
+from server.metrics import ServerMetrics
+from server.protocol import ApiError, GenerationOptions, ResponseHeader
+from server.tokenizer import ByteTokenizer, StreamDecoder
+
+_HTTP_ERROR_CODES = {404: "not_found", 405: "method_not_allowed", 413: "request_too_large"}
+
+
+@dataclass(frozen=True, slots=True)
+class ApiSettings:
+    served_model_name: str
+    api_key: str | None
+    max_body_bytes: int
+    max_queue: int  # requests allowed to wait beyond the engine's --max-num-seqs
+    max_num_seqs: int
+    retry_after_s: int = 1
+
+
+class _Generation:
+    """One request's running totals and text decoder; also records its latencies."""
+
+    __slots__ = ("arrival", "last", "decoder", "num_tokens", "prompt_tokens", "cached_tokens",
+                 "finish_reason", "error")
+
+    def __init__(self, arrival: float) -> None:
+        self.arrival = arrival
+        self.last: float | None = None
+        self.decoder = StreamDecoder()
+        self.num_tokens = 0
+        self.prompt_tokens = 0
+        self.cached_tokens = 0
+        self.finish_reason: str | None = None
+        self.error: str | None = None
+
+    def absorb(self, output: RequestOutput, arrival: float, metrics: ServerMetrics) -> str:
+        """Account one engine output; returns its text."""
+        if output.new_token_ids:
+            if self.last is None:
+                metrics.ttft.observe(arrival - self.arrival)
+            else:
+                metrics.itl.observe(arrival - self.last)
+            self.last = arrival
+            self.num_tokens += len(output.new_token_ids)
+        text = self.decoder.decode(output.new_token_ids)
+        if output.num_prompt_tokens:
+            self.prompt_tokens = output.num_prompt_tokens
+            self.cached_tokens = output.num_cached_tokens
+        if output.finished:
+            self.finish_reason = output.finish_reason
+            self.error = output.error
+            metrics.e2e.observe(arrival - self.arrival)
+            metrics.observe_finished(output.finish_reason or "unknown")
+            text += self.decoder.flush()
+        return text
+
+    def usage(self) -> dict[str, object]:
+        return protocol.usage(self.prompt_tokens, self.num_tokens, self.cached_tokens)
+
+
+class OpenAIServer:
+    def __init__(self, client: EngineClient, info: EngineInfo, settings: ApiSettings,
+                 tokenizer: ByteTokenizer) -> None:
+        self.client = client
+        self.info = info
+        self.settings = settings
+        self.tokenizer = tokenizer
+        self.metrics = ServerMetrics(settings.served_model_name)
+        self.in_flight = 0
+        self.closing = False  # set on SIGTERM/SIGINT: new requests get 503
+        self.created = int(time.time())
+
+    def build_app(self) -> web.Application:
+        app = web.Application(client_max_size=self.settings.max_body_bytes,
+                              middlewares=[self._error_middleware])
+        app.router.add_post("/v1/completions", self.completions)
+        app.router.add_post("/v1/chat/completions", self.chat_completions)
+        app.router.add_get("/v1/models", self.models)
+        app.router.add_get("/health", self.health)
+        app.router.add_get("/metrics", self.prometheus)
+        return app
+
+    @web.middleware
+    async def _error_middleware(self, request: web.Request, handler) -> web.StreamResponse:
+        try:
+            if self.settings.api_key is not None and request.path.startswith("/v1/"):
+                self._check_api_key(request)
+            return await handler(request)
+        except ApiError as exc:
+            return self._error_response(exc)
+        except web.HTTPException as exc:
+            if exc.status < 400:
+                raise
+            headers = {k: v for k, v in exc.headers.items() if k == "Allow"}
+            return self._error_response(ApiError(
+                exc.status, f"{exc.reason}: {request.method} {request.path}",
+                code=_HTTP_ERROR_CODES.get(exc.status), headers=headers))
+
+    def _error_response(self, exc: ApiError) -> web.Response:
+        self.metrics.observe_rejected(exc.code or str(exc.status))
+        return web.Response(status=exc.status, body=exc.body(), headers=exc.headers,
+                            content_type="application/json")
+
+    def _check_api_key(self, request: web.Request) -> None:
+        given = request.headers.get("Authorization", "")
+        expected = f"Bearer {self.settings.api_key}"
+        if not hmac.compare_digest(given.encode(), expected.encode()):
+            raise ApiError(401, "missing or wrong API key (send 'Authorization: Bearer <key>')",
+                           code="invalid_api_key")
+
+    async def completions(self, request: web.Request) -> web.StreamResponse:
+        req = protocol.parse_completion_request(await request.read())
+        self._check_model(req.options.model)
+        prompt = req.prompt if isinstance(req.prompt, tuple) else tuple(self.tokenizer.encode(req.prompt))
+        return await self._generate(request, prompt, req.options, chat=False)
+
+    async def chat_completions(self, request: web.Request) -> web.StreamResponse:
+        req = protocol.parse_chat_request(await request.read())
+        self._check_model(req.options.model)
+        prompt = tuple(self.tokenizer.apply_chat_template(req.messages))
+        return await self._generate(request, prompt, req.options, chat=True)
+
+    async def models(self, request: web.Request) -> web.Response:
+        card = {"id": self.settings.served_model_name, "object": "model", "created": self.created,
+                "owned_by": "agentload", "root": self.info.model_name,
+                "max_model_len": self.info.max_model_len, "num_gpus": self.info.num_gpus,
+                "vocab_size": self.info.vocab_size}
+        return web.json_response({"object": "list", "data": [card]}, dumps=_dumps)
+
+    async def health(self, request: web.Request) -> web.Response:
+        body = {"status": "ok", "model": self.settings.served_model_name,
+                "engine_pid": self.info.pid, "requests_in_flight": self.in_flight}
+        status = 200
+        if self.client.dead_reason is not None:
+            body.update(status="engine_dead", reason=self.client.dead_reason)
+            status = 503
+        elif self.closing:
+            body["status"] = "shutting_down"
+            status = 503
+        return web.json_response(body, status=status, dumps=_dumps)
+
+    async def prometheus(self, request: web.Request) -> web.Response:
+        return web.Response(body=self.metrics.render(self.client.stats, self.in_flight),
+                            headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
+
+    def _check_model(self, model: str | None) -> None:
+        # A missing model means the served one (convenient for curl; OpenAI clients send it).
+        if model is not None and model != self.settings.served_model_name:
+            raise ApiError(404, f"model {model!r} does not exist; this server serves "
+                           f"{self.settings.served_model_name!r}", param="model", code="model_not_found")
+
+    def _check_admission(self) -> None:
+        if self.client.dead_reason is not None:
+            raise ApiError(503, f"engine is not running: {self.client.dead_reason}",
+                           type="server_error", code="engine_dead")
+        if self.closing:
+            raise ApiError(503, "server is shutting down", type="server_error", code="shutting_down")
+        waiting = self.in_flight - self.settings.max_num_seqs
+        if waiting >= self.settings.max_queue:
+            raise ApiError(503, f"server overloaded: {waiting} requests already waiting "
+                           f"(--max-queue {self.settings.max_queue}); retry later",
+                           type="server_error", code="overloaded",
+                           headers={"Retry-After": str(self.settings.retry_after_s)})
+
+    async def _generate(self, request: web.Request, prompt: tuple[int, ...],
+                        options: GenerationOptions, chat: bool) -> web.StreamResponse:
+        protocol.check_prompt(prompt, self.info.vocab_size)
+        max_tokens = protocol.resolve_max_tokens(options, len(prompt), self.info.max_model_len)
+        self._check_admission()
+        header = ResponseHeader(f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}",
+                                int(time.time()), self.settings.served_model_name, chat)
+        arrival = time.monotonic()
+        stream = self.client.submit(
+            AddRequest(header.id, prompt, options.sampling_params(max_tokens), arrival))
+        self.in_flight += 1
+        try:
+            gen = _Generation(arrival)
+            if options.stream:
+                return await self._stream(request, stream, header, gen, options.include_usage)
+            return await self._complete(stream, header, gen)
+        finally:
+            self.in_flight -= 1
+            if not stream.finished:
+                self.client.abort(header.id)  # client gone or server stopping: free its blocks
+
+    async def _complete(self, stream: RequestStream, header: ResponseHeader,
+                        gen: _Generation) -> web.Response:
+        texts: list[str] = []
+        token_ids: list[int] = []
+        while gen.finish_reason is None:
+            try:
+                batch = await stream.next_batch()
+            except EngineDeadError as exc:
+                raise _engine_dead(exc) from None
+            for output, arrival in batch:
+                texts.append(gen.absorb(output, arrival, self.metrics))
+                token_ids.extend(output.new_token_ids)
+        if gen.error is not None:
+            raise ApiError(400, gen.error, code="engine_refused")
+        body = header.full("".join(texts), token_ids, gen.finish_reason, gen.usage())
+        return web.Response(body=body, content_type="application/json")
+
+    async def _stream(self, request: web.Request, stream: RequestStream, header: ResponseHeader,
+                      gen: _Generation, include_usage: bool) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream",
+                                               "Cache-Control": "no-cache"})
+        await response.prepare(request)
+        first = True
+        try:
+            while gen.finish_reason is None:
+                parts: list[bytes] = []
+                for output, arrival in await stream.next_batch():
+                    text = gen.absorb(output, arrival, self.metrics)
+                    if gen.error is not None:
+                        parts.append(protocol.sse_error(ApiError(400, gen.error, code="engine_refused")))
+                        response.force_close()
+                        break
+                    if output.new_token_ids or output.finished:
+                        parts.append(header.chunk(text, output.new_token_ids,
+                                                  output.finish_reason if output.finished else None,
+                                                  first, include_usage))
+                        first = False
+                if gen.finish_reason is not None and gen.error is None:
+                    if include_usage:
+                        parts.append(header.usage_chunk(gen.usage()))
+                    parts.append(protocol.SSE_DONE)
+                await response.write(b"".join(parts))
+        except EngineDeadError as exc:
+            # Headers are gone already: report in-band and end without [DONE].
+            await response.write(protocol.sse_error(_engine_dead(exc)))
+            response.force_close()
+        except ConnectionError:
+            pass  # the client left; the caller aborts the request
+        return response
+
+
+def _engine_dead(exc: EngineDeadError) -> ApiError:
+    return ApiError(503, f"engine is not running: {exc}", type="server_error", code="engine_dead")
+
+
+def _dumps(obj: object) -> str:
+    return orjson.dumps(obj).decode()

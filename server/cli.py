@@ -1,0 +1,154 @@
+"""The `server` command: `server start` serves the sparse-MLA engine over an OpenAI-compatible API.
+
+Lifecycle: build the engine in its own process (blocking until it is ready), serve HTTP, print
+one `ready` line with the URL on stderr. SIGTERM/SIGINT stop accepting connections, let running
+requests finish (at most --shutdown-timeout seconds), stop the engine and exit 0. If the engine
+process dies, requests get 503 and /health fails for a short grace period, then the server exits
+1 with the reason on stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import signal
+import sys
+
+ENGINE_DEATH_GRACE_S = 2.0  # keep answering 503 (not connection refused) this long, then exit
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from server.config import add_engine_args
+
+    parser = argparse.ArgumentParser(
+        prog="server",
+        description="OpenAI-compatible server for the sparse-MLA engine (agentload).",
+    )
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    start = subparsers.add_parser(
+        "start", help="serve the engine over HTTP",
+        description="Serve the engine over an OpenAI-compatible HTTP API: /v1/completions, "
+                    "/v1/chat/completions, /v1/models, /health, /metrics.",
+    )
+    http = start.add_argument_group("HTTP")
+    http.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1)")
+    http.add_argument("--port", type=int, default=8000,
+                      help="port to bind; 0 picks a free one, printed on the ready line (default: 8000)")
+    http.add_argument("--api-key", default=None,
+                      help="require 'Authorization: Bearer KEY' on /v1 routes (default: none)")
+    http.add_argument("--max-body-mb", type=float, default=32.0,
+                      help="largest request body in MiB; larger ones get 413 (default: 32)")
+    http.add_argument("--max-queue", type=int, default=1024,
+                      help="requests allowed to wait beyond --max-num-seqs running ones; more get "
+                           "503 with Retry-After (default: 1024)")
+    http.add_argument("--served-model-name", default=None,
+                      help="model id in /v1/models and responses (default: the preset name)")
+    http.add_argument("--shutdown-timeout", type=float, default=30.0,
+                      help="on SIGTERM/SIGINT, seconds to let running requests finish (default: 30)")
+    add_engine_args(start)
+    start.set_defaults(func=start_command)
+    return parser
+
+
+def _check_http_args(args: argparse.Namespace) -> None:
+    if not 0 <= args.port <= 65535:
+        raise ValueError(f"--port: must be in 0..65535, got {args.port}")
+    if args.max_body_mb <= 0:
+        raise ValueError(f"--max-body-mb: must be positive, got {args.max_body_mb}")
+    if args.max_queue < 0:
+        raise ValueError(f"--max-queue: must be >= 0, got {args.max_queue}")
+    if args.shutdown_timeout < 0:
+        raise ValueError(f"--shutdown-timeout: must be >= 0, got {args.shutdown_timeout}")
+    if args.api_key == "":
+        raise ValueError("--api-key: must not be empty")
+
+
+def start_command(args: argparse.Namespace) -> int:
+    from server.config import engine_config_from_args
+    from server.engine_client import EngineClient
+
+    try:
+        _check_http_args(args)
+        config = engine_config_from_args(args)
+    except ValueError as exc:
+        print(f"server start: error: {exc}", file=sys.stderr)
+        return 2
+    client = EngineClient(config)
+    try:
+        info = client.start()
+    except RuntimeError as exc:
+        print(f"server start: error: {exc}", file=sys.stderr)
+        return 1
+    try:
+        return _run(_serve(args, client, info))
+    finally:
+        client.shutdown()
+
+
+def _run(coro) -> int:
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.run(coro)
+    return uvloop.run(coro)
+
+
+async def _serve(args: argparse.Namespace, client, info) -> int:
+    from aiohttp import web
+
+    from server.api import ApiSettings, OpenAIServer
+    from server.tokenizer import ByteTokenizer
+
+    loop = asyncio.get_running_loop()
+    done: asyncio.Future[tuple[int, str]] = loop.create_future()
+
+    def finish(code: int, reason: str) -> None:
+        if not done.done():
+            done.set_result((code, reason))
+
+    def on_engine_death(reason: str) -> None:
+        print(f"server: error: {reason}", file=sys.stderr, flush=True)
+        loop.call_later(ENGINE_DEATH_GRACE_S, finish, 1, "the engine process died")
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, finish, 0, f"received {sig.name}")
+    client.attach(loop, on_engine_death)
+
+    model = client.config.model
+    settings = ApiSettings(
+        served_model_name=args.served_model_name or info.model_name,
+        api_key=args.api_key,
+        max_body_bytes=int(args.max_body_mb * 1024 * 1024),
+        max_queue=args.max_queue,
+        max_num_seqs=client.config.scheduler.max_num_seqs,
+    )
+    server = OpenAIServer(client, info, settings,
+                          ByteTokenizer(info.vocab_size, model.bos_token_id, info.eos_token_id))
+    runner = web.AppRunner(server.build_app(), handler_cancellation=True, access_log=None,
+                           shutdown_timeout=args.shutdown_timeout)
+    await runner.setup()
+    try:
+        await web.TCPSite(runner, args.host, args.port).start()
+    except OSError as exc:
+        print(f"server start: error: cannot bind {args.host}:{args.port}: {exc}", file=sys.stderr)
+        await runner.cleanup()
+        return 1
+    host, port = runner.addresses[0][:2]
+    url = f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+    print(f"server: ready at {url} (model {settings.served_model_name}, engine pid {info.pid})",
+          file=sys.stderr, flush=True)
+    code, reason = await done
+    server.closing = True
+    print(f"server: {reason}; stopping (running requests: {server.in_flight})", file=sys.stderr, flush=True)
+    await runner.cleanup()
+    print(f"server: stopped (exit code {code})", file=sys.stderr, flush=True)
+    return code
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return int(args.func(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,262 @@
+"""The engine core in its own process, and the API process's handle on it.
+
+The child process ('spawn' context, so no state leaks from the parent) builds `Engine(config)`
+and loops: drain every queued `AddRequest` / `AbortRequest`, run one step while work exists,
+send that step's `StepOutputs` back in one message. It never shares a GIL with HTTP work.
+
+The API side sends through a writer thread (a large prompt must not block the event loop while
+the child is busy stepping) and reads on the event loop with `loop.add_reader` on the output
+pipe, fanning outputs out to one `RequestStream` per request. When the child dies, every open
+stream fails with the reason and `on_death` is called once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import multiprocessing
+import os
+import queue
+import signal
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+
+from server.config import EngineConfig
+from server.engine.messages import AbortRequest, AddRequest, EngineStats, RequestOutput, StepOutputs
+
+
+@dataclass(frozen=True, slots=True)
+class EngineInfo:
+    """The child's first message: the engine is built and serving."""
+
+    pid: int
+    model_name: str
+    max_model_len: int
+    vocab_size: int
+    eos_token_id: int
+    num_gpus: int
+
+
+@dataclass(frozen=True, slots=True)
+class EngineFailed:
+    """The child's last message when building or stepping the engine raised."""
+
+    reason: str
+
+
+class EngineDeadError(Exception):
+    """The engine process is gone; the request cannot complete."""
+
+
+_SHUTDOWN = None  # sent to the child to make it exit cleanly
+
+
+def run_engine_process(config: EngineConfig, requests: Connection, outputs: Connection) -> None:
+    """Child entry point. Exits on the shutdown message or when the parent's pipe closes."""
+    # Ctrl-C and `kill -TERM -<pgid>` reach the whole process group; the parent decides when
+    # the engine stops (after draining), and its death closes our pipe, which ends us too.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    try:
+        from server.engine.core import Engine
+
+        engine = Engine(config)
+        outputs.send(EngineInfo(os.getpid(), engine.model_name, engine.max_model_len,
+                                engine.vocab_size, engine.eos_token_id, engine.num_gpus))
+        _serve(engine, requests, outputs)
+    except (EOFError, BrokenPipeError):
+        return  # the parent is gone
+    except BaseException as exc:  # report anything, then exit non-zero
+        outputs.send(EngineFailed(f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"))
+        raise SystemExit(1) from None
+
+
+def _serve(engine, requests: Connection, outputs: Connection) -> None:
+    while True:
+        if not engine.has_unfinished():
+            requests.poll(None)  # idle: sleep until a message (or EOF) arrives
+        refused: list[RequestOutput] = []
+        touched = False
+        while requests.poll():
+            msg = requests.recv()
+            if msg is _SHUTDOWN:
+                return
+            touched = True
+            if isinstance(msg, AddRequest):
+                try:
+                    engine.add_request(msg)
+                except ValueError as exc:
+                    refused.append(RequestOutput(msg.request_id, (), True, "error", error=str(exc)))
+            else:
+                engine.abort(msg.request_id)
+        if engine.has_unfinished():
+            step = engine.step()
+            outputs.send(StepOutputs(tuple(refused) + step.outputs, step.stats) if refused else step)
+        elif touched:
+            # No step to run, but aborts freed blocks or adds were refused: report the new state.
+            outputs.send(StepOutputs(tuple(refused), engine.stats()))
+
+
+class RequestStream:
+    """One request's outputs in arrival order, each with its arrival time (monotonic)."""
+
+    __slots__ = ("request_id", "_items", "_waiter", "_failure", "finished")
+
+    def __init__(self, request_id: str) -> None:
+        self.request_id = request_id
+        self._items: collections.deque[tuple[RequestOutput, float]] = collections.deque()
+        self._waiter: asyncio.Future[None] | None = None
+        self._failure: str | None = None
+        self.finished = False
+
+    def push(self, output: RequestOutput, arrival: float) -> None:
+        self._items.append((output, arrival))
+        self.finished = output.finished
+        self._wake()
+
+    def fail(self, reason: str) -> None:
+        self._failure = reason
+        self._wake()
+
+    async def next_batch(self) -> list[tuple[RequestOutput, float]]:
+        """Every output that arrived since the last call; waits for at least one."""
+        while not self._items:
+            if self._failure is not None:
+                raise EngineDeadError(self._failure)
+            self._waiter = asyncio.get_running_loop().create_future()
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
+        batch = list(self._items)
+        self._items.clear()
+        return batch
+
+    def _wake(self) -> None:
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
+
+
+class EngineClient:
+    """Starts the engine process and multiplexes requests over its pipes."""
+
+    def __init__(self, config: EngineConfig) -> None:
+        self.config = config
+        self.stats = EngineStats()
+        self.dead_reason: str | None = None
+        self._streams: dict[str, RequestStream] = {}
+        self._outbox: queue.SimpleQueue[object] = queue.SimpleQueue()
+        self._process: multiprocessing.process.BaseProcess | None = None
+        self._requests: Connection | None = None
+        self._outputs: Connection | None = None
+        self._on_death: Callable[[str], None] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def start(self) -> EngineInfo:
+        """Spawn the engine process and block until it is ready; RuntimeError if it fails."""
+        ctx = multiprocessing.get_context("spawn")
+        child_requests, self._requests = ctx.Pipe(duplex=False)
+        self._outputs, child_outputs = ctx.Pipe(duplex=False)
+        self._process = ctx.Process(target=run_engine_process, name="agentload-engine",
+                                    args=(self.config, child_requests, child_outputs))
+        self._process.start()
+        # Close our copies of the child's ends so that its death reads as EOF here.
+        child_requests.close()
+        child_outputs.close()
+        try:
+            first = self._outputs.recv()
+        except EOFError:
+            first = EngineFailed(f"engine process {self._exit_description()} while starting")
+        if isinstance(first, EngineFailed):
+            self._process.join(5)
+            raise RuntimeError(f"engine failed to start: {first.reason}")
+        threading.Thread(target=self._write_loop, name="engine-writer", daemon=True).start()
+        return first
+
+    def attach(self, loop: asyncio.AbstractEventLoop, on_death: Callable[[str], None]) -> None:
+        """Start reading outputs on `loop`; `on_death(reason)` runs once if the engine dies."""
+        self._loop = loop
+        self._on_death = on_death
+        loop.add_reader(self._outputs.fileno(), self._on_readable)
+
+    def submit(self, request: AddRequest) -> RequestStream:
+        if self.dead_reason is not None:
+            raise EngineDeadError(self.dead_reason)
+        stream = RequestStream(request.request_id)
+        self._streams[request.request_id] = stream
+        self._outbox.put(request)
+        return stream
+
+    def abort(self, request_id: str) -> None:
+        if self._streams.pop(request_id, None) is not None and self.dead_reason is None:
+            self._outbox.put(AbortRequest(request_id))
+
+    def shutdown(self, timeout: float = 10.0) -> None:
+        """Ask the child to exit; kill it if it does not within `timeout` seconds."""
+        if self._loop is not None and self._outputs is not None and not self._outputs.closed:
+            self._loop.remove_reader(self._outputs.fileno())
+        if self._process is None:
+            return
+        self._outbox.put(_SHUTDOWN)
+        self._process.join(timeout)
+        if self._process.is_alive():
+            self._process.kill()
+            self._process.join()
+
+    def _write_loop(self) -> None:
+        while True:
+            msg = self._outbox.get()
+            try:
+                self._requests.send(msg)
+            except (BrokenPipeError, OSError):
+                return  # the reader sees EOF and reports the death
+            if msg is _SHUTDOWN:
+                return
+
+    def _on_readable(self) -> None:
+        try:
+            while self._outputs.poll():
+                msg = self._outputs.recv()
+                if isinstance(msg, StepOutputs):
+                    self._dispatch(msg)
+                elif isinstance(msg, EngineFailed):
+                    self._die(f"engine process failed: {msg.reason}")
+                    return
+        except (EOFError, OSError):
+            self._die(f"engine process {self._exit_description()}")
+
+    def _dispatch(self, step: StepOutputs) -> None:
+        self.stats = step.stats
+        now = time.monotonic()
+        streams = self._streams
+        for output in step.outputs:
+            stream = streams.get(output.request_id)
+            if stream is None:
+                continue  # aborted by the API side already
+            stream.push(output, now)
+            if output.finished:
+                del streams[output.request_id]
+
+    def _die(self, reason: str) -> None:
+        if self.dead_reason is not None:
+            return
+        self.dead_reason = reason
+        self._loop.remove_reader(self._outputs.fileno())
+        for stream in self._streams.values():
+            stream.fail(reason)
+        self._streams.clear()
+        if self._on_death is not None:
+            self._on_death(reason)
+
+    def _exit_description(self) -> str:
+        self._process.join(2)  # death path only: let the OS report the exit status
+        code = self._process.exitcode
+        if code is None:
+            return "closed its pipe"
+        if code < 0:
+            return f"was killed by signal {signal.Signals(-code).name}"
+        return f"exited unexpectedly with code {code}"

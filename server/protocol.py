@@ -1,0 +1,367 @@
+"""The OpenAI wire format: request JSON -> typed, validated parameters, and the response bodies.
+
+Validation is strict about types (a bool is not an int, a string is not a number) and refuses
+options the engine cannot honour (n > 1, logprobs, stop strings, penalties...) instead of
+ignoring them, so a benchmark never silently measures something other than what it asked for.
+Unknown fields are ignored, as OpenAI-compatible servers do. Every refusal is an `ApiError`
+that carries an OpenAI-style body naming the offending parameter.
+
+Extension fields (read only by our server): request `acceptance_length` (synthetic speculative
+acceptance length); response `choices[i].token_ids` (the generated ids of that chunk or
+response, including special ids that produce no text).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from server.engine.messages import SamplingParams
+from server.tokenizer import ChatMessage
+
+CHAT_ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
+
+# Options a client may send only with their neutral value; anything else is refused.
+_NEUTRAL_OPTIONS: dict[str, tuple[Any, ...]] = {
+    "n": (None, 1),
+    "best_of": (None, 1),
+    "logprobs": (None, False, 0),
+    "top_logprobs": (None, 0),
+    "echo": (None, False),
+    "suffix": (None, ""),
+    "stop": (None, "", []),
+    "stop_token_ids": (None, []),
+    "presence_penalty": (None, 0, 0.0),
+    "frequency_penalty": (None, 0, 0.0),
+    "repetition_penalty": (None, 1, 1.0),
+    "logit_bias": (None, {}),
+    "tools": (None, []),
+    "functions": (None, []),
+    "response_format": (None, {"type": "text"}),
+}
+
+
+class ApiError(Exception):
+    """A request refused with an HTTP status and an OpenAI-style error body."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        type: str = "invalid_request_error",
+        param: str | None = None,
+        code: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.type = type
+        self.param = param
+        self.code = code
+        self.headers = headers or {}
+
+    def body(self) -> bytes:
+        return error_body(self.message, self.type, self.param, self.code)
+
+
+def error_body(message: str, type: str, param: str | None = None, code: str | None = None) -> bytes:
+    return orjson.dumps({"error": {"message": message, "type": type, "param": param, "code": code}})
+
+
+def _invalid(param: str, message: str) -> ApiError:
+    return ApiError(400, f"{param}: {message}", param=param, code="invalid_value")
+
+
+@dataclass(frozen=True, slots=True)
+class GenerationOptions:
+    """The sampling and streaming options shared by both endpoints."""
+
+    model: str | None
+    max_tokens: int | None  # None: up to the model's context
+    min_tokens: int
+    ignore_eos: bool
+    temperature: float
+    top_p: float
+    seed: int | None
+    stream: bool
+    include_usage: bool
+    acceptance_length: float | None
+
+    def sampling_params(self, max_tokens: int) -> SamplingParams:
+        return SamplingParams(
+            max_tokens=max_tokens,
+            min_tokens=self.min_tokens,
+            ignore_eos=self.ignore_eos,
+            temperature=self.temperature,
+            top_p=self.top_p,
+            seed=self.seed,
+            acceptance_length=self.acceptance_length,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class CompletionRequest:
+    options: GenerationOptions
+    prompt: str | tuple[int, ...]  # text, or token ids sent as they are
+
+
+@dataclass(frozen=True, slots=True)
+class ChatRequest:
+    options: GenerationOptions
+    messages: tuple[ChatMessage, ...]
+
+
+def parse_completion_request(body: bytes) -> CompletionRequest:
+    obj = _load_object(body)
+    options = _parse_options(obj, max_tokens_keys=("max_tokens",), default_max_tokens=16)
+    return CompletionRequest(options, _parse_prompt(obj.get("prompt")))
+
+
+def parse_chat_request(body: bytes) -> ChatRequest:
+    obj = _load_object(body)
+    options = _parse_options(
+        obj, max_tokens_keys=("max_completion_tokens", "max_tokens"), default_max_tokens=None
+    )
+    return ChatRequest(options, _parse_messages(obj.get("messages")))
+
+
+def _load_object(body: bytes) -> dict[str, Any]:
+    try:
+        obj = orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise ApiError(400, f"request body is not valid JSON: {exc}", code="invalid_json") from None
+    if not isinstance(obj, dict):
+        raise ApiError(400, "request body must be a JSON object", code="invalid_json")
+    return obj
+
+
+def _parse_options(
+    obj: dict[str, Any], *, max_tokens_keys: tuple[str, ...], default_max_tokens: int | None
+) -> GenerationOptions:
+    for name, neutral in _NEUTRAL_OPTIONS.items():
+        if name in obj and not _is_neutral(obj[name], neutral):
+            raise ApiError(400, f"{name}: not supported by this server (got {obj[name]!r})",
+                           param=name, code="unsupported_option")
+    max_tokens = default_max_tokens
+    for key in max_tokens_keys:
+        if obj.get(key) is not None:
+            max_tokens = _int(obj, key, minimum=1)
+            break
+    min_tokens = _int(obj, "min_tokens", minimum=0) if obj.get("min_tokens") is not None else 0
+    if max_tokens is not None and min_tokens > max_tokens:
+        raise _invalid("min_tokens", f"{min_tokens} exceeds max_tokens {max_tokens}")
+    stream = _bool(obj, "stream", False)
+    include_usage = False
+    stream_options = obj.get("stream_options")
+    if stream_options is not None:
+        if not stream:
+            raise _invalid("stream_options", "only allowed when stream is true")
+        if not isinstance(stream_options, dict):
+            raise _invalid("stream_options", "must be an object")
+        include_usage = _bool(stream_options, "include_usage", False, prefix="stream_options.")
+    temperature = _number(obj, "temperature", 1.0)
+    if temperature < 0:
+        raise _invalid("temperature", f"must be >= 0, got {temperature}")
+    top_p = _number(obj, "top_p", 1.0)
+    if not 0 < top_p <= 1:
+        raise _invalid("top_p", f"must be in (0, 1], got {top_p}")
+    acceptance_length = None
+    if obj.get("acceptance_length") is not None:
+        acceptance_length = _number(obj, "acceptance_length", 1.0)
+        if acceptance_length < 1:
+            raise _invalid("acceptance_length", f"must be >= 1, got {acceptance_length}")
+    model = obj.get("model")
+    if model is not None and not isinstance(model, str):
+        raise _invalid("model", "must be a string")
+    return GenerationOptions(
+        model=model,
+        max_tokens=max_tokens,
+        min_tokens=min_tokens,
+        ignore_eos=_bool(obj, "ignore_eos", False),
+        temperature=temperature,
+        top_p=top_p,
+        seed=_int(obj, "seed") if obj.get("seed") is not None else None,
+        stream=stream,
+        include_usage=include_usage,
+        acceptance_length=acceptance_length,
+    )
+
+
+def _is_neutral(value: Any, neutrals: tuple[Any, ...]) -> bool:
+    # Compare types too: in Python `False == 0`, but `logprobs: 0` and `n: true` differ on the wire.
+    return any(type(value) is type(n) and value == n for n in neutrals)
+
+
+def _int(obj: dict[str, Any], key: str, minimum: int | None = None) -> int:
+    value = obj[key]
+    if type(value) is not int:
+        raise _invalid(key, f"must be an integer, got {_json_type(value)}")
+    if minimum is not None and value < minimum:
+        raise _invalid(key, f"must be >= {minimum}, got {value}")
+    return value
+
+
+def _number(obj: dict[str, Any], key: str, default: float) -> float:
+    value = obj.get(key)
+    if value is None:
+        return default
+    if type(value) not in (int, float) or not math.isfinite(value):
+        raise _invalid(key, f"must be a finite number, got {_json_type(value)}")
+    return float(value)
+
+
+def _bool(obj: dict[str, Any], key: str, default: bool, prefix: str = "") -> bool:
+    value = obj.get(key)
+    if value is None:
+        return default
+    if type(value) is not bool:
+        raise _invalid(prefix + key, f"must be a boolean, got {_json_type(value)}")
+    return value
+
+
+def _json_type(value: Any) -> str:
+    names = {bool: "boolean", int: "integer", float: "number", str: "string", list: "array",
+             dict: "object", type(None): "null"}
+    return names.get(type(value), type(value).__name__)
+
+
+def _parse_prompt(prompt: Any) -> str | tuple[int, ...]:
+    # A batch of exactly one prompt is accepted in either list form.
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
+        prompt = prompt[0]
+    elif isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
+        raise ApiError(400, "prompt: batches of several prompts are not supported",
+                       param="prompt", code="unsupported_option")
+    if isinstance(prompt, str):
+        if not prompt:
+            raise _invalid("prompt", "must not be empty")
+        return prompt
+    if isinstance(prompt, list):
+        if not prompt:
+            raise _invalid("prompt", "must not be empty")
+        for i, token in enumerate(prompt):
+            if type(token) is not int or token < 0:
+                raise _invalid("prompt", f"token id at index {i} must be a non-negative integer")
+        return tuple(prompt)
+    if prompt is None:
+        raise _invalid("prompt", "is required")
+    raise _invalid("prompt", f"must be a string or an array of token ids, got {_json_type(prompt)}")
+
+
+def _parse_messages(messages: Any) -> tuple[ChatMessage, ...]:
+    if messages is None:
+        raise _invalid("messages", "is required")
+    if not isinstance(messages, list) or not messages:
+        raise _invalid("messages", "must be a non-empty array")
+    return tuple(_parse_message(i, m) for i, m in enumerate(messages))
+
+
+def _parse_message(index: int, message: Any) -> ChatMessage:
+    param = f"messages[{index}]"
+    if not isinstance(message, dict):
+        raise _invalid(param, "must be an object")
+    role = message.get("role")
+    if role not in CHAT_ROLES:
+        raise _invalid(f"{param}.role", f"must be one of {sorted(CHAT_ROLES)}, got {role!r}")
+    content = message.get("content")
+    if content is None and role == "assistant":
+        content = ""
+    if isinstance(content, list):
+        content = "".join(_text_part(f"{param}.content[{j}]", p) for j, p in enumerate(content))
+    if not isinstance(content, str):
+        raise _invalid(f"{param}.content", "must be a string or an array of text parts")
+    return ChatMessage(role, content)
+
+
+def _text_part(param: str, part: Any) -> str:
+    if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
+        raise ApiError(400, f"{param}: only text parts ({{'type': 'text', 'text': ...}}) are supported",
+                       param=param, code="unsupported_option")
+    return part["text"]
+
+
+def check_prompt(token_ids: tuple[int, ...], vocab_size: int) -> None:
+    bad = next((t for t in token_ids if t >= vocab_size), None)
+    if bad is not None:
+        raise _invalid("prompt", f"token id {bad} is outside the vocabulary (size {vocab_size})")
+
+
+def resolve_max_tokens(options: GenerationOptions, prompt_len: int, max_model_len: int) -> int:
+    """The number of tokens to generate; a prompt that does not fit is refused, never truncated."""
+    room = max_model_len - prompt_len
+    if options.max_tokens is None:
+        if room < 1:
+            raise ApiError(400, f"prompt has {prompt_len} tokens; the model's context is "
+                           f"{max_model_len} tokens, leaving no room to generate",
+                           param="messages", code="context_length_exceeded")
+        return max(room, options.min_tokens)
+    if options.max_tokens > room:
+        raise ApiError(400, f"prompt ({prompt_len} tokens) + max_tokens ({options.max_tokens}) "
+                       f"exceeds the model's context of {max_model_len} tokens",
+                       param="max_tokens", code="context_length_exceeded")
+    return options.max_tokens
+
+
+def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> dict[str, Any]:
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": cached_tokens},
+    }
+
+
+@dataclass(frozen=True, slots=True)
+class ResponseHeader:
+    """What every response body and chunk of one request repeats."""
+
+    id: str
+    created: int
+    model: str
+    chat: bool
+
+    def full(self, text: str, token_ids: list[int], finish_reason: str | None,
+             usage_: dict[str, Any]) -> bytes:
+        choice: dict[str, Any] = {"index": 0}
+        if self.chat:
+            choice["message"] = {"role": "assistant", "content": text}
+        else:
+            choice["text"] = text
+        choice.update(logprobs=None, finish_reason=finish_reason, token_ids=token_ids)
+        obj = "chat.completion" if self.chat else "text_completion"
+        return orjson.dumps({"id": self.id, "object": obj, "created": self.created,
+                             "model": self.model, "choices": [choice], "usage": usage_})
+
+    def chunk(self, text: str, token_ids: tuple[int, ...], finish_reason: str | None,
+              first: bool, with_usage_field: bool) -> bytes:
+        choice: dict[str, Any] = {"index": 0}
+        if self.chat:
+            choice["delta"] = {"role": "assistant", "content": text} if first else {"content": text}
+        else:
+            choice["text"] = text
+        choice.update(logprobs=None, finish_reason=finish_reason, token_ids=token_ids)
+        body: dict[str, Any] = {"id": self.id, "object": self._chunk_object(),
+                                "created": self.created, "model": self.model, "choices": [choice]}
+        if with_usage_field:
+            body["usage"] = None
+        return b"data: " + orjson.dumps(body) + b"\n\n"
+
+    def usage_chunk(self, usage_: dict[str, Any]) -> bytes:
+        body = {"id": self.id, "object": self._chunk_object(), "created": self.created,
+                "model": self.model, "choices": [], "usage": usage_}
+        return b"data: " + orjson.dumps(body) + b"\n\n"
+
+    def _chunk_object(self) -> str:
+        return "chat.completion.chunk" if self.chat else "text_completion"
+
+
+SSE_DONE = b"data: [DONE]\n\n"
+
+
+def sse_error(error: ApiError) -> bytes:
+    return b"data: " + error.body() + b"\n\n"
