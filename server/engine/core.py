@@ -1,0 +1,131 @@
+"""The engine core: accepts requests, runs one scheduler iteration per `step`, reports outputs.
+
+Pure synchronous code with no threads; the API process (or the in-process benchmark transport)
+owns the loop around it. One step = schedule, build the batch, run the model, sample on the
+device, then a single host copy of the sampled tokens.
+"""
+
+from __future__ import annotations
+
+import time
+
+from server.config import EngineConfig
+from server.engine.kv_cache import BlockManager
+from server.engine.messages import AddRequest, EngineStats, RequestOutput, StepOutputs
+from server.engine.sampler import Sampler
+from server.engine.scheduler import Scheduler
+from server.engine.sequence import Sequence
+from server.model.runner import ModelRunner
+
+
+class Engine:
+    def __init__(self, config: EngineConfig) -> None:
+        self.config = config
+        model = config.model
+        self.model_name = model.name
+        self.vocab_size = model.vocab_size
+        self.eos_token_id = model.eos_token_id
+        self.max_model_len = config.scheduler.max_model_len
+        self.runner = ModelRunner(config)
+        self.num_gpus = 1 if self.runner.device.type == "cuda" else 0
+        self.blocks = BlockManager(self.runner.num_blocks, config.cache.block_size, config.cache.enable_prefix_caching)
+        self.scheduler = Scheduler(config.scheduler, self.blocks, model.eos_token_id)
+        self.sampler = Sampler(self.runner.device, model.eos_token_id, config.seed)
+        self.seqs: dict[str, Sequence] = {}
+        self._aborted: list[RequestOutput] = []
+        self._prompt_tokens = 0
+        self._generation_tokens = 0
+        self._step_time = 0.0
+
+    # ---- requests ------------------------------------------------------------------------
+    def add_request(self, req: AddRequest) -> None:
+        """Queue a request; ValueError (changing nothing) if it is invalid or can never fit."""
+        p, prompt = req.params, req.prompt_token_ids
+        if req.request_id in self.seqs:
+            raise ValueError(f"request_id {req.request_id!r} is already in the engine")
+        if not prompt:
+            raise ValueError("prompt is empty: it needs at least one token")
+        bad = next((t for t in prompt if not 0 <= t < self.vocab_size), None)
+        if bad is not None:
+            raise ValueError(f"prompt token id {bad} is outside the vocabulary [0, {self.vocab_size})")
+        if p.max_tokens < 1:
+            raise ValueError(f"max_tokens must be at least 1, got {p.max_tokens}")
+        if not 0 <= p.min_tokens <= p.max_tokens:
+            raise ValueError(f"min_tokens must be in [0, max_tokens={p.max_tokens}], got {p.min_tokens}")
+        if p.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {p.temperature}")
+        if not 0 < p.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {p.top_p}")
+        total = len(prompt) + p.max_tokens
+        if total > self.max_model_len:
+            raise ValueError(f"prompt ({len(prompt)} tokens) + max_tokens ({p.max_tokens}) = {total} "
+                             f"exceeds the model's context length {self.max_model_len}")
+        if self.blocks.blocks_needed(total) > self.blocks.num_blocks:
+            raise ValueError(f"prompt + max_tokens = {total} tokens needs {self.blocks.blocks_needed(total)} KV "
+                             f"blocks but the whole cache has {self.blocks.num_blocks}")
+        seq = Sequence(req.request_id, list(prompt), p, req.arrival_time)
+        self.seqs[req.request_id] = seq
+        self.scheduler.add(seq)
+
+    def abort(self, request_id: str) -> None:
+        """Stop a request and free its blocks; unknown or finished ids are ignored."""
+        seq = self.seqs.pop(request_id, None)
+        if seq is None:
+            return
+        self.scheduler.finish(seq, "abort")
+        self.sampler.forget(request_id)
+        self._aborted.append(self._output(seq, ()))
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_unfinished()
+
+    # ---- the step ------------------------------------------------------------------------
+    def step(self) -> StepOutputs:
+        start = time.perf_counter()
+        outputs, self._aborted = self._aborted, []
+        batch = self.scheduler.schedule()
+        if batch:
+            num_logits = [1 if s.num_computed_tokens + n == len(s) else 0
+                          for s, n in zip(batch.seqs, batch.num_new_tokens)]
+            sampling = [s for s, k in zip(batch.seqs, num_logits) if k]
+            tokens: list[int] = []
+            if sampling:
+                logits = self.runner.execute(batch, num_logits)
+                tokens = self.sampler(logits, sampling).tolist()
+            else:
+                self.runner.execute(batch, num_logits)
+            it = iter(tokens)
+            sampled = [next(it) if k else None for k in num_logits]
+            finished = set(map(id, self.scheduler.postprocess(batch, sampled)))
+            for seq, token in zip(batch.seqs, sampled):
+                if token is None:
+                    continue
+                if seq.num_output_tokens == 1:
+                    self._prompt_tokens += seq.num_prompt_tokens
+                self._generation_tokens += 1
+                outputs.append(self._output(seq, (token,)))
+                if id(seq) in finished:
+                    del self.seqs[seq.request_id]
+                    self.sampler.forget(seq.request_id)
+        self._step_time = time.perf_counter() - start
+        return StepOutputs(tuple(outputs), self.stats())
+
+    def _output(self, seq: Sequence, new_tokens: tuple[int, ...]) -> RequestOutput:
+        return RequestOutput(
+            request_id=seq.request_id, new_token_ids=new_tokens, finished=seq.is_finished,
+            finish_reason=seq.finish_reason, num_prompt_tokens=seq.num_prompt_tokens,
+            num_cached_tokens=seq.num_cached_tokens,
+        )
+
+    def stats(self) -> EngineStats:
+        s = self.scheduler
+        return EngineStats(
+            num_running=len(s.running), num_waiting=len(s.waiting), kv_cache_usage=self.blocks.usage,
+            prefix_cache_queries=s.prefix_queries, prefix_cache_hits=s.prefix_hits,
+            num_preemptions=s.num_preemptions, prompt_tokens=self._prompt_tokens,
+            generation_tokens=self._generation_tokens, step_time_s=self._step_time,
+        )
+
+    def check_invariants(self) -> None:
+        """Block accounting (free + in use == total, reference counts match live requests)."""
+        self.blocks.check_invariants(self.scheduler.running + list(self.scheduler.waiting))

@@ -1,0 +1,68 @@
+"""Token sampling on the device for a whole batch: greedy, temperature, top-p, per-request seeds.
+
+Rows with temperature 0 take the argmax. Other rows scale by 1/temperature, keep the smallest
+set of tokens whose probability reaches top_p, and sample by the exponential-race trick
+(argmax of p / E with E ~ Exp(1)), drawing E from the request's own torch.Generator when it has
+a seed, so a seeded request gets the same tokens whatever else is in the batch. Requests below
+`min_tokens` outputs cannot draw EOS. The caller does one host copy of the returned tokens.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from server.engine.sequence import Sequence
+
+
+class Sampler:
+    def __init__(self, device: torch.device, eos_token_id: int, seed: int) -> None:
+        self.device = device
+        self.eos_token_id = eos_token_id
+        self.generator = torch.Generator(device=device)  # for unseeded requests
+        self.generator.manual_seed(seed)
+        self._seeded: dict[str, torch.Generator] = {}
+
+    def forget(self, request_id: str) -> None:
+        self._seeded.pop(request_id, None)
+
+    def _generator(self, seq: Sequence) -> torch.Generator:
+        g = self._seeded.get(seq.request_id)
+        if g is None:
+            g = torch.Generator(device=self.device)
+            g.manual_seed(seq.params.seed)
+            self._seeded[seq.request_id] = g
+        return g
+
+    def __call__(self, logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
+        """logits fp32 [S, V], one row per sequence -> token ids int64 [S] on the device."""
+        suppress = [i for i, s in enumerate(seqs) if s.num_output_tokens < s.params.min_tokens]
+        if suppress:
+            logits[torch.tensor(suppress, device=self.device), self.eos_token_id] = float("-inf")
+        greedy = logits.argmax(dim=-1)
+        temps = [s.params.temperature for s in seqs]
+        if all(t == 0.0 for t in temps):
+            return greedy
+        temp_t = torch.tensor([t if t > 0 else 1.0 for t in temps], device=self.device)
+        probs = torch.softmax(logits / temp_t[:, None], dim=-1)
+        top_ps = [s.params.top_p for s in seqs]
+        if any(p < 1.0 for p in top_ps):
+            probs = _top_p(probs, torch.tensor(top_ps, device=self.device))
+        noise = torch.empty_like(probs)
+        unseeded = [i for i, s in enumerate(seqs) if s.params.seed is None]
+        if unseeded:
+            noise[unseeded] = torch.empty(len(unseeded), probs.shape[1], device=self.device).exponential_(
+                generator=self.generator)
+        for i, s in enumerate(seqs):
+            if s.params.seed is not None:
+                noise[i].exponential_(generator=self._generator(s))
+        sampled = (probs / noise).argmax(dim=-1)
+        is_greedy = torch.tensor([t == 0.0 for t in temps], device=self.device)
+        return torch.where(is_greedy, greedy, sampled)
+
+
+def _top_p(probs: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    """Zero every token outside the smallest top set whose mass reaches top_p (the best token stays)."""
+    sorted_probs, order = probs.sort(dim=-1, descending=True)
+    mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs
+    sorted_probs = sorted_probs.masked_fill(mass_before >= top_p[:, None], 0.0)
+    return torch.zeros_like(probs).scatter_(-1, order, sorted_probs)

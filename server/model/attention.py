@@ -1,0 +1,111 @@
+"""Absorbed Multi-head Latent Attention with the DSA lightning indexer and top-k sparse attention.
+
+One call handles any mix of prefill chunks, decodes and multi-token queries: every token in the
+batch first writes its latent KV row and indexer key into the paged cache, then scores the
+keys of positions 0..p of its own request (its context, including itself), keeps the top-k,
+and attends to exactly those rows. Causality therefore comes from the indexer's context
+lengths, and prefill and decode are the same code path through the kernels API.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from kernels.indexer import indexer_logits_paged
+from kernels.quant import fp8_e4m3_quantize, write_indexer_cache, write_kv_cache
+from kernels.sparse_mla import sparse_mla
+from kernels.topk import positions_to_slots, topk_indices
+from server.config import ModelConfig
+from server.model.layers import RMSNorm, Rotary
+
+
+@dataclass(frozen=True)
+class AttentionMetadata:
+    """Per-batch tensors shared by every layer; T tokens from B requests."""
+
+    positions: torch.Tensor  # int64 [T]
+    slot_mapping: torch.Tensor  # int64 [T], global cache slot of each token
+    seq_ids: torch.Tensor  # int32 [T], row of block_table
+    context_lens: torch.Tensor  # int32 [T], positions + 1
+    block_table: torch.Tensor  # int32 [B, max_blocks]
+    block_size: int
+    max_context: int  # max(context_lens), known on the host
+
+
+@dataclass(frozen=True)
+class CacheSettings:
+    kv_dtype: str  # kernels' name: "bf16" or "fp8_ds_mla"
+    key_dtype: str  # "fp8" or "mxfp4"
+    backend: str  # "torch" or "triton"
+
+
+class Indexer(nn.Module):
+    """Lightning indexer: scores every visible key for each query token (SPARSE_MLA.md step 3)."""
+
+    def __init__(self, c: ModelConfig) -> None:
+        super().__init__()
+        self.num_heads, self.head_dim, self.rope_dim = c.index_num_heads, c.index_head_dim, c.qk_rope_dim
+        self.wq = nn.Linear(c.q_lora_rank, c.index_num_heads * c.index_head_dim, bias=False)
+        self.wk = nn.Linear(c.hidden_size, c.index_head_dim, bias=False)
+        self.k_norm = nn.LayerNorm(c.index_head_dim, eps=c.rms_norm_eps)
+        self.weights_proj = nn.Linear(c.hidden_size, c.index_num_heads, bias=False)
+
+    def _rope(self, x: torch.Tensor, rotary: Rotary, positions: torch.Tensor) -> torch.Tensor:
+        r = self.rope_dim
+        return torch.cat((rotary(x[..., :r], positions, interleaved=False), x[..., r:]), dim=-1)
+
+    def forward(self, x: torch.Tensor, c_q: torch.Tensor, rotary: Rotary, meta: AttentionMetadata,
+                idx_cache: torch.Tensor, s: CacheSettings) -> torch.Tensor:
+        t = x.shape[0]
+        q = self._rope(self.wq(c_q).view(t, self.num_heads, self.head_dim), rotary, meta.positions)
+        k = self._rope(self.k_norm(self.wk(x)), rotary, meta.positions)
+        write_indexer_cache(idx_cache, meta.slot_mapping, k, s.key_dtype)
+        q8, q_scale = fp8_e4m3_quantize(q.float())
+        weights = self.weights_proj(x).float() * q_scale * (self.num_heads * self.head_dim) ** -0.5
+        return indexer_logits_paged(
+            q8, weights, idx_cache, s.key_dtype, meta.block_table, meta.block_size, meta.seq_ids,
+            meta.context_lens, meta.max_context, backend=s.backend)
+
+
+class MLAttention(nn.Module):
+    """Absorbed MLA: W_UK folded into the query, W_UV applied to the attended latent."""
+
+    def __init__(self, c: ModelConfig) -> None:
+        super().__init__()
+        self.c = c
+        h = c.num_heads
+        self.wq_a = nn.Linear(c.hidden_size, c.q_lora_rank, bias=False)
+        self.q_norm = RMSNorm(c.q_lora_rank, c.rms_norm_eps)
+        self.wq_b = nn.Linear(c.q_lora_rank, h * (c.qk_nope_dim + c.qk_rope_dim), bias=False)
+        self.wkv_a = nn.Linear(c.hidden_size, c.kv_lora_rank + c.qk_rope_dim, bias=False)
+        self.kv_norm = RMSNorm(c.kv_lora_rank, c.rms_norm_eps)
+        # Per head: W_UK rows (d_nope) then W_UV rows (d_v), each over the latent d_c.
+        self.wkv_b = nn.Linear(c.kv_lora_rank, h * (c.qk_nope_dim + c.v_head_dim), bias=False)
+        self.wo = nn.Linear(h * c.v_head_dim, c.hidden_size, bias=False)
+        self.indexer = Indexer(c)
+
+    def forward(self, x: torch.Tensor, rotary: Rotary, meta: AttentionMetadata,
+                kv_cache: torch.Tensor, idx_cache: torch.Tensor, s: CacheSettings) -> torch.Tensor:
+        c, t = self.c, x.shape[0]
+        c_q = self.q_norm(self.wq_a(x))
+        q = self.wq_b(c_q).view(t, c.num_heads, c.qk_nope_dim + c.qk_rope_dim)
+        q_nope, q_pe = q.split([c.qk_nope_dim, c.qk_rope_dim], dim=-1)
+        q_pe = rotary(q_pe, meta.positions, interleaved=True)
+        latent, k_pe = self.wkv_a(x).split([c.kv_lora_rank, c.qk_rope_dim], dim=-1)
+        k_pe = rotary(k_pe, meta.positions, interleaved=True)
+        write_kv_cache(kv_cache, meta.slot_mapping, self.kv_norm(latent), k_pe, s.kv_dtype)
+
+        logits = self.indexer(x, c_q, rotary, meta, idx_cache, s)
+        top = topk_indices(logits, meta.context_lens, c.index_topk, backend=s.backend)
+        slots = positions_to_slots(top, meta.block_table, meta.seq_ids, meta.block_size)
+
+        w_kv = self.wkv_b.weight.view(c.num_heads, c.qk_nope_dim + c.v_head_dim, c.kv_lora_rank)
+        w_uk, w_uv = w_kv.split([c.qk_nope_dim, c.v_head_dim], dim=1)
+        q_abs = torch.cat((torch.einsum("thn,hnc->thc", q_nope, w_uk), q_pe), dim=-1)
+        o_lat, _ = sparse_mla(q_abs.to(torch.bfloat16), kv_cache, slots, c.softmax_scale,
+                                      c.kv_lora_rank, s.kv_dtype, backend=s.backend)
+        o = torch.einsum("thc,hvc->thv", o_lat.to(x.dtype), w_uv)
+        return self.wo(o.reshape(t, c.num_heads * c.v_head_dim))

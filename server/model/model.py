@@ -1,0 +1,109 @@
+"""The sparse-MLA decoder: embedding, L x (RMSNorm, MLA + indexer, RMSNorm, SwiGLU), norm, LM head.
+
+Weights are seeded random by default, drawn so that activations keep a sane scale through the
+layers (std 1/sqrt(fan_in) per projection; the residual-branch outputs shrunk by 1/sqrt(2L)),
+or loaded from a safetensors file written by `save_weights`.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+from server.config import ModelConfig
+from server.model.attention import AttentionMetadata, CacheSettings, MLAttention
+from server.model.layers import RMSNorm, Rotary, SwiGLU, init_linear
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, c: ModelConfig) -> None:
+        super().__init__()
+        self.attn_norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.attn = MLAttention(c)
+        self.mlp_norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.mlp = SwiGLU(c.hidden_size, c.intermediate_size)
+
+
+class SparseMLAModel(nn.Module):
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.embed = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(config) for _ in range(config.num_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.rotary: Rotary | None = None  # built by `build_model` on the final device
+
+    def forward(self, input_ids: torch.Tensor, meta: AttentionMetadata, kv_caches: list[torch.Tensor],
+                idx_caches: list[torch.Tensor], settings: CacheSettings) -> torch.Tensor:
+        """Hidden states [T, hidden] after the final norm."""
+        x = self.embed(input_ids)
+        for layer, kv, idx in zip(self.layers, kv_caches, idx_caches):
+            x = x + layer.attn(layer.attn_norm(x), self.rotary, meta, kv, idx, settings)
+            x = x + layer.mlp(layer.mlp_norm(x))
+        return self.norm(x)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(hidden).float()
+
+    @torch.no_grad()
+    def init_random(self, seed: int) -> None:
+        """Fill every parameter from a generator seeded with `seed` on the parameters' device."""
+        device = next(self.parameters()).device
+        g = torch.Generator(device=device)
+        g.manual_seed(seed)
+        residual_gain = 1.0 / math.sqrt(2 * self.config.num_layers)
+        for name, module in self.named_modules():
+            if isinstance(module, nn.Linear):
+                out_proj = name.endswith(("attn.wo", "mlp.w_down"))
+                init_linear(module, g, residual_gain if out_proj else 1.0)
+            elif isinstance(module, nn.Embedding):
+                module.weight.normal_(0.0, 1.0, generator=g)
+            elif isinstance(module, (RMSNorm, nn.LayerNorm)):
+                module.weight.fill_(1.0)
+                if getattr(module, "bias", None) is not None:
+                    module.bias.zero_()
+
+
+def build_model(config: ModelConfig, device: torch.device, dtype: torch.dtype, seed: int,
+                weights: str | None = None) -> SparseMLAModel:
+    """Allocate the model directly on `device` (no CPU copy), then random-init or load it."""
+    with torch.device("meta"):
+        model = SparseMLAModel(config)
+    model.to_empty(device=device)
+    if weights is None:
+        model.init_random(seed)
+    else:
+        load_weights(model, weights)
+    model.to(dtype)
+    model.rotary = Rotary(config.qk_rope_dim, config.max_position, config.rope_theta, device)
+    return model.eval().requires_grad_(False)
+
+
+def save_weights(model: SparseMLAModel, path: str) -> None:
+    """Write every parameter to a safetensors file (names as in the module tree)."""
+    tensors = {name: t.detach().contiguous().cpu() for name, t in model.state_dict().items()}
+    save_file(tensors, path, metadata={"model": model.config.name})
+
+
+@torch.no_grad()
+def load_weights(model: SparseMLAModel, path: str) -> None:
+    """Copy a safetensors file into `model`; names and shapes must match exactly."""
+    try:
+        tensors = load_file(path)
+    except Exception as exc:  # safetensors raises several types for unreadable files
+        raise ValueError(f"--weights {path}: cannot read safetensors file: {exc}") from exc
+    expected = model.state_dict()
+    missing = sorted(set(expected) - set(tensors))
+    unexpected = sorted(set(tensors) - set(expected))
+    if missing or unexpected:
+        raise ValueError(f"--weights {path}: tensor names do not match the {model.config.name} model: "
+                         f"missing {missing[:5]}, unexpected {unexpected[:5]}")
+    for name, target in expected.items():
+        if tensors[name].shape != target.shape:
+            raise ValueError(f"--weights {path}: tensor {name} has shape {list(tensors[name].shape)}, "
+                             f"the model needs {list(target.shape)}")
+        target.copy_(tensors[name])
