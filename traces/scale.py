@@ -10,11 +10,13 @@ Order of operations for every request (parent and subagent alike):
    full blocks inside them. Keeping the leading part (system prompt, oldest context) keeps the
    prefix-sharing structure of the session, so a capped replay exercises a prefix cache as the
    real session did. A request whose `out` alone reaches `max_context` is dropped even when trimming.
-3. think time: multiplied by `think_time_scale`, then capped at `think_time_cap` seconds. Start
-   times `t` (and subagent starts) move earlier by the think time removed before them on their
-   own timeline, so subagents still start between the same parent requests.
+3. think time: multiplied by `think_time_scale`, then capped at `think_time_cap` seconds.
+   Recorded start times `t` are left as they were: a replay planner that derives other gaps
+   from `t` (subagent starts, joins) applies the same scale and cap to those gaps itself.
 
-Subagents and sessions left without requests are removed; the ScaleReport counts every change.
+Subagents keep their place between the same parent requests (`after_request` counts only the
+parent requests kept). Subagents and sessions left without requests are removed; the
+ScaleReport counts every change.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
-from traces.schema import Request, Session, Subagent, TraceError, TraceSet
+from traces.schema import Request, Session, TraceError, TraceSet
 
 OVER_CONTEXT_POLICIES = ("drop", "trim")
 
@@ -93,36 +95,33 @@ def scale_traces(ts: TraceSet, cfg: ScaleConfig) -> tuple[TraceSet, ScaleReport]
 
 
 def _scale_session(session: Session, block_size: int, cfg: ScaleConfig, tally: _Tally) -> Session | None:
-    requests, shifts = _scale_timeline(session.requests, block_size, cfg, tally)
+    requests = _scale_timeline(session.requests, block_size, cfg, tally)
+    kept = {r.index for r in requests}
     subagents = []
     for sub in session.subagents:
-        sub_requests, _ = _scale_timeline(sub.requests, block_size, cfg, tally)
+        sub_requests = _scale_timeline(sub.requests, block_size, cfg, tally)
         if sub.requests and not sub_requests:
             tally.subagents_dropped += 1
             continue
-        subagents.append(_move_subagent(sub, session.requests, requests, shifts, sub_requests))
+        after = sum(1 for r in session.requests[: sub.after_request] if r.index in kept)
+        subagents.append(replace(sub, after_request=after, requests=tuple(sub_requests)))
     if not requests and not any(sub.requests for sub in subagents):
         return None
     return replace(session, requests=tuple(requests), subagents=tuple(subagents))
 
 
-def _scale_timeline(
-    requests: tuple[Request, ...], block_size: int, cfg: ScaleConfig, tally: _Tally
-) -> tuple[list[Request], list[float]]:
-    """Scaled, kept requests of one timeline, and the cumulative time removed up to each original request."""
-    kept, shifts, removed = [], [], 0.0
+def _scale_timeline(requests: tuple[Request, ...], block_size: int, cfg: ScaleConfig, tally: _Tally) -> list[Request]:
+    kept = []
     for request in requests:
         tally.requests += 1
         think = request.think_time * cfg.think_time_scale
         if cfg.think_time_cap is not None and think > cfg.think_time_cap:
             think = cfg.think_time_cap
             tally.think_times_capped += 1
-        removed += request.think_time - think
-        shifts.append(removed)
         scaled = _scale_tokens(request, block_size, cfg, tally)
         if scaled is not None:
-            kept.append(replace(scaled, think_time=think, t=max(0.0, request.t - removed)))
-    return kept, shifts
+            kept.append(replace(scaled, think_time=think))
+    return kept
 
 
 def _scale_tokens(request: Request, block_size: int, cfg: ScaleConfig, tally: _Tally) -> Request | None:
@@ -136,18 +135,3 @@ def _scale_tokens(request: Request, block_size: int, cfg: ScaleConfig, tally: _T
         tally.trimmed += 1
     hash_ids = request.hash_ids[: input_tokens // block_size]
     return replace(request, input_tokens=input_tokens, output_tokens=output_tokens, hash_ids=hash_ids)
-
-
-def _move_subagent(
-    sub: Subagent,
-    original: tuple[Request, ...],
-    kept: list[Request],
-    shifts: list[float],
-    sub_requests: list[Request],
-) -> Subagent:
-    """Re-anchor a subagent after parent think times shrank and parent requests were dropped."""
-    before = sub.after_request
-    removed = shifts[before - 1] if before else 0.0
-    kept_indexes = {r.index for r in kept}
-    after = sum(1 for r in original[:before] if r.index in kept_indexes)
-    return replace(sub, t=max(0.0, sub.t - removed), after_request=after, requests=tuple(sub_requests))

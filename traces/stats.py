@@ -1,10 +1,11 @@
-"""Statistics of a trace set: sizes, token and think-time distributions, durations, theoretical cache hits.
+"""Statistics of a trace set: sizes, token and think-time distributions, recorded durations, theoretical cache hits.
 
 Definitions (all over parent and subagent requests together):
 
 - percentiles: numpy's linear interpolation between closest ranks.
-- session duration: the latest end of any of its requests, where a request ends at its start
-  `t` (subagent requests: subagent start + `t`) plus its recorded `api_time` (0 when absent).
+- session duration, as recorded (scaling think times leaves `t` as it was): the latest end of
+  any of its requests, where a request ends at its start `t` (subagent requests: subagent start
+  + `t`) plus its recorded `api_time` (0 when absent).
 - theoretical prefix-cache hit rate (infinite cache): a request's input token counts as a hit
   when the full block holding it, and every block before it, appeared as the same leading run of
   hash ids in an earlier request of the same session (parent or subagent, ordered by absolute
@@ -71,7 +72,7 @@ class TraceStats:
             f"{self.subagents:,} subagents)",
             f"requests    {self.requests:,} ({self.subagent_requests:,} by subagents)",
             f"tokens      {self.input_tokens_total:,} input, {self.output_tokens_total:,} output",
-            f"duration    median {_clock(self.session_duration.p50)} per session, "
+            f"duration    recorded: median {_clock(self.session_duration.p50)} per session, "
             f"max {_clock(self.session_duration.max)}, total {_clock(self.session_duration_total)}",
             f"prefix-cache hit rate (theoretical, infinite cache): {self.hit_rate:.1%}",
             "",

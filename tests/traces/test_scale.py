@@ -48,12 +48,12 @@ def test_max_context_trim_keeps_the_leading_tokens(session_file) -> None:
     assert (report.dropped, report.trimmed) == (1, 4)
 
 
-def test_think_time_scale_and_cap_move_start_times(session_file) -> None:
+def test_think_time_scale_and_cap_keep_recorded_start_times(session_file) -> None:
     scaled, report = scale_traces(_tiny(session_file), ScaleConfig(think_time_scale=0.5, think_time_cap=1.0))
     (s,) = scaled.sessions
-    assert [(r.t, r.think_time) for r in s.requests] == [(0.0, 0.0), (3.0, 1.0), (5.5, 1.0)]
+    assert [(r.t, r.think_time) for r in s.requests] == [(0.0, 0.0), (5.0, 1.0), (10.0, 1.0)]
     (sub,) = s.subagents
-    assert sub.t == 3.0 and [(r.t, r.think_time) for r in sub.requests] == [(0.0, 0.0), (1.5, 0.5)]
+    assert sub.t == 3.0 and [(r.t, r.think_time) for r in sub.requests] == [(0.0, 0.0), (2.0, 0.5)]
     assert report.think_times_capped == 2
 
 
