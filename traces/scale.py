@@ -51,10 +51,6 @@ class ScaleConfig:
         if self.think_time_cap is not None and not self.think_time_cap >= 0:
             raise TraceError(f"think_time_cap must be >= 0 seconds, got {self.think_time_cap!r}")
 
-    @property
-    def is_identity(self) -> bool:
-        return self == ScaleConfig()
-
 
 @dataclass(frozen=True)
 class ScaleReport:
