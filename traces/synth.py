@@ -35,12 +35,13 @@ def _splitmix64_scalar(x: int) -> int:
 
 def _splitmix64(z: np.ndarray) -> np.ndarray:
     """SplitMix64 finaliser over a uint64 array, in place (numpy wraps uint64 arithmetic)."""
+    scratch = np.empty_like(z)  # one temporary for all three shifts: fresh pages are what cost
     z += np.uint64(_GOLDEN)
-    z ^= z >> np.uint64(30)
+    z ^= np.right_shift(z, np.uint64(30), out=scratch)
     z *= np.uint64(0xBF58476D1CE4E5B9)
-    z ^= z >> np.uint64(27)
+    z ^= np.right_shift(z, np.uint64(27), out=scratch)
     z *= np.uint64(0x94D049BB133111EB)
-    z ^= z >> np.uint64(31)
+    z ^= np.right_shift(z, np.uint64(31), out=scratch)
     return z
 
 
@@ -67,7 +68,7 @@ class PromptSynth:
         self._cached_tokens = 0
 
     def prompt(self, session_id: str, request: Request, salt: int) -> np.ndarray:
-        """The request's prompt: int32 token ids, exactly `request.input_tokens` long."""
+        """The request's prompt: read-only int32 token ids, exactly `request.input_tokens` long."""
         ids = np.array(request.hash_ids, dtype=np.uint64)
         block_len = len(ids) * self.block_size
         if block_len > request.input_tokens:
@@ -77,13 +78,14 @@ class PromptSynth:
             )
         key = self._key(session_id, salt)
         out = np.empty(request.input_tokens, dtype=np.int32)
-        out[:block_len] = self._blocks(session_id, salt, key, ids)
+        self._fill_blocks(out[:block_len], (session_id, salt), key, ids)
         out[block_len:] = self._tail(key, request.index, request.input_tokens - block_len)
+        # The cache keeps a view of the blocks: read-only, so no caller can change a cached block.
+        out.flags.writeable = False
         return out
 
-    def _blocks(self, session_id: str, salt: int, key: int, ids: np.ndarray) -> np.ndarray:
-        """Block tokens for `ids`, reusing the prefix shared with the previous prompt of this play."""
-        cache_key = (session_id, salt)
+    def _fill_blocks(self, tokens: np.ndarray, cache_key: tuple[str, int], key: int, ids: np.ndarray) -> None:
+        """Write the block tokens of `ids`, copying the prefix shared with this play's previous prompt."""
         cached = self._cache.pop(cache_key, None)
         shared = 0
         if cached is not None:
@@ -92,15 +94,11 @@ class PromptSynth:
             n = min(len(old_ids), len(ids))
             differ = np.flatnonzero(old_ids[:n] != ids[:n])
             shared = int(differ[0]) if differ.size else n
-        tokens = np.empty(len(ids) * self.block_size, dtype=np.int32)
-        cut = shared * self.block_size
-        if shared:
-            tokens[:cut] = old_tokens[:cut]
+            tokens[: shared * self.block_size] = old_tokens[: shared * self.block_size]
         seeds = _splitmix64(ids[shared:] ^ np.uint64(key ^ _BLOCK_DOMAIN))
-        tokens[cut:] = self._stream(seeds[:, None] + self._positions[None, :]).ravel()
+        tokens[shared * self.block_size:] = self._stream(seeds[:, None] + self._positions[None, :]).ravel()
         if tokens.size <= self.cache_tokens:
-            self._remember(cache_key, ids, tokens.copy())
-        return tokens
+            self._remember(cache_key, ids, tokens)
 
     def _tail(self, key: int, index: int, length: int) -> np.ndarray:
         seed = _splitmix64_scalar(key ^ _TAIL_DOMAIN ^ _splitmix64_scalar(index))

@@ -28,6 +28,7 @@ def test_exact_length_and_dtype() -> None:
     for input_tokens, ids in ((0, ()), (5, ()), (16, (3,)), (47, (3, 4)), (150_000, tuple(range(9000)))):
         prompt = synth.prompt("s", _request(0, input_tokens, ids), salt=0)
         assert prompt.dtype == np.int32 and prompt.shape == (input_tokens,)
+        assert not prompt.flags.writeable  # the cache holds a view of it
 
 
 def test_shared_leading_ids_share_exactly_that_prefix() -> None:
