@@ -105,7 +105,8 @@ def main() -> int:
     if args.tokens < BLOCK * (args.new_blocks + 1) or args.repeats < 1:
         parser.error(f"--tokens must be >= {BLOCK * (args.new_blocks + 1)} and --repeats >= 1")
     results = measure(args.tokens, args.repeats, args.new_blocks)
-    host = {"python": platform.python_version(), "numpy": np.__version__, "cpu": platform.processor() or platform.machine()}
+    host = {"python": platform.python_version(), "numpy": np.__version__,
+            "cpu": platform.processor() or platform.machine()}
     if args.json:
         print(orjson.dumps({"tokens": args.tokens, "repeats": args.repeats, "host": host, "results": results},
                            option=orjson.OPT_INDENT_2).decode())

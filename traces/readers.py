@@ -58,7 +58,7 @@ def load_traces(source: str | os.PathLike, fmt: str = "auto", block_size: int | 
     """
     if fmt not in ("auto", *FORMATS):
         raise TraceError(f"unknown trace format {fmt!r}: expected auto, {', '.join(FORMATS)}")
-    if block_size is not None and (isinstance(block_size, bool) or not isinstance(block_size, int) or block_size <= 0):
+    if block_size is not None and (isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1):
         raise TraceError(f"block_size must be a positive integer, got {block_size!r}")
     path = _resolve(source)
     files = _trace_files(path) if path.is_dir() else [path]
@@ -71,6 +71,7 @@ def load_traces(source: str | os.PathLike, fmt: str = "auto", block_size: int | 
         sessions.extend(file_sessions)
     if len(formats) > 1:
         raise TraceError(f"{path}: files mix trace formats ({', '.join(sorted(formats))}); load them separately")
+    _check_unique_ids(sessions)
     sizes = {s.block_size for s in sessions}
     if len(sizes) > 1:
         raise TraceError(f"{path}: sessions use different block sizes {sorted(sizes)}")
@@ -82,9 +83,20 @@ def _resolve(source: str | os.PathLike) -> Path:
     path = Path(source)
     if path.exists():
         return path
-    if isinstance(source, str) and source in bundled_sets():
+    bundled = bundled_sets()
+    if isinstance(source, str) and source in bundled:
         return DATA_DIR / source
-    raise TraceError(f"{source}: no such file, directory or bundled trace set (bundled: {', '.join(bundled_sets()) or 'none'})")
+    known = ", ".join(bundled) or "none"
+    raise TraceError(f"{source}: no such file, directory or bundled trace set (bundled: {known})")
+
+
+def _check_unique_ids(sessions: list[Session]) -> None:
+    """Replays name sessions by id (and seed prompts with it), so two sessions may not share one."""
+    seen: dict[str, str] = {}
+    for session in sessions:
+        if session.id in seen:
+            raise TraceError(f"{session.source}: session id {session.id!r} is already used by {seen[session.id]}")
+        seen[session.id] = session.source
 
 
 def _trace_files(directory: Path) -> list[Path]:
@@ -157,7 +169,9 @@ def _jsonl_records(source: str, data: bytes, whole_error: Exception) -> list[tup
             record = orjson.loads(line)
         except orjson.JSONDecodeError as exc:
             # A first line that is not JSON on its own means the file was one (broken) document.
-            raise TraceError(f"{source}: invalid JSON: {whole_error}" if not records else f"{where.source}: invalid JSON: {exc}") from exc
+            if not records:
+                raise TraceError(f"{source}: invalid JSON: {whole_error}") from exc
+            raise TraceError(f"{where.source}: invalid JSON: {exc}") from exc
         records.append((_check_object(where, record), record))
     return records
 
@@ -287,7 +301,8 @@ def _mooncake_session(path: Path, records: list[tuple[_Where, dict[str, Any]]], 
         input_tokens = _req_int(where, item, "input_length")
         timestamp_ms = _req_float(where, item, "timestamp")
         if requests and timestamp_ms / 1000.0 < requests[-1].t:
-            raise where.fail("timestamp", f"{item['timestamp']} goes back in time; Mooncake lines must be in time order")
+            problem = f"{item['timestamp']} goes back in time; Mooncake lines must be in time order"
+            raise where.fail("timestamp", problem)
         requests.append(
             Request(
                 index=index,

@@ -43,7 +43,8 @@ class ScaleConfig:
         ):
             raise TraceError(f"max_context must be an integer >= 2, got {self.max_context!r}")
         if self.over_context not in OVER_CONTEXT_POLICIES:
-            raise TraceError(f"over_context must be one of {', '.join(OVER_CONTEXT_POLICIES)}, got {self.over_context!r}")
+            choices = ", ".join(OVER_CONTEXT_POLICIES)
+            raise TraceError(f"over_context must be one of {choices}, got {self.over_context!r}")
         if not self.token_scale > 0:
             raise TraceError(f"token_scale must be > 0, got {self.token_scale!r}")
         if not self.think_time_scale >= 0:

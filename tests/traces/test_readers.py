@@ -54,6 +54,13 @@ def test_gzip_directory_and_session_jsonl_give_the_same_sessions(tmp_path: Path,
         assert s.requests == plain.requests and s.subagents == plain.subagents
 
 
+def test_json_array_of_sessions_and_duplicate_ids(files) -> None:
+    ts = load_traces(files.json("arr.json", [files.session("p"), files.session("q")]))
+    assert [s.id for s in ts.sessions] == ["p", "q"] and ts.sessions[1].source.endswith("arr.json:[1]")
+    with pytest.raises(TraceError, match=r"line 2: session id 'p' is already used by .*line 1"):
+        load_traces(files.jsonl("dup.jsonl", [files.session("p"), files.session("p")]))
+
+
 def test_missing_optional_fields_get_defaults(files) -> None:
     doc = {"requests": [{"in": 70, "out": 3}, {"in": 130, "out": 1, "t": 4, "hash_ids": None,
                                                 "think_time": None, "type": None}]}
@@ -166,7 +173,7 @@ def test_malformed_mooncake_lines(files) -> None:
         load_traces(files.jsonl("mc.jsonl", lines))
     lines = copy.deepcopy(MOONCAKE_LINES)
     lines[0]["hash_ids"] = [1, 2, 3, 4]
-    with pytest.raises(TraceError, match=r"line 1: field 'hash_ids': 4 ids but the input \(1100 tokens\) has only 3 blocks"):
+    with pytest.raises(TraceError, match=r"line 1: field 'hash_ids': 4 ids but the input \(1100 tokens\) has only 3 b"):
         load_traces(files.jsonl("mc.jsonl", lines))
     lines = copy.deepcopy(MOONCAKE_LINES)
     lines[2]["timestamp"] = 10

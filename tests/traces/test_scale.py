@@ -41,7 +41,8 @@ def test_max_context_drop_reanchors_subagents(session_file) -> None:
 def test_max_context_trim_keeps_the_leading_tokens(session_file) -> None:
     scaled, report = scale_traces(_tiny(session_file), ScaleConfig(max_context=14, over_context="trim"))
     got = [(r.index, r.input_tokens, r.output_tokens, r.hash_ids) for r in scaled.sessions[0].all_requests()]
-    assert got == [(0, 9, 5, (1, 2)), (1, 9, 3, (1, 2)), (2, 12, 2, (1, 2, 7)), (3, 10, 4, (1, 2)), (4, 12, 1, (1, 5, 6))]
+    assert got == [(0, 9, 5, (1, 2)), (1, 9, 3, (1, 2)), (2, 12, 2, (1, 2, 7)), (3, 10, 4, (1, 2)),
+                   (4, 12, 1, (1, 5, 6))]
     assert (report.dropped, report.trimmed) == (0, 3)
     # An output that alone fills the context cannot be trimmed into it.
     _, report = scale_traces(_tiny(session_file), ScaleConfig(max_context=5, over_context="trim"))
