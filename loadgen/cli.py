@@ -15,6 +15,7 @@ import sys
 COMMAND_MODULES = (
     "loadgen.cmd_traces",
     "loadgen.cmd_golden_al",
+    "loadgen.cmd_replay",
 )
 
 

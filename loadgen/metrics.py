@@ -6,7 +6,8 @@ keep the exact distribution and runs (or worker processes) merge without loss. D
 - TTFT: request sent (intended send time in open loop) -> first content chunk received.
 - ITL: gap between consecutive content chunks; `tokens_per_chunk` records how many tokens each
   chunk carried (speculative decoding can put several in one chunk).
-- TPOT: per request, (E2EL - TTFT) / (OSL - 1); only requests with OSL >= 2 have one.
+- TPOT: per request, (E2EL - TTFT) / (OSL - 1); only requests with OSL >= 2 whose tokens came
+  in at least two chunks have one (a single chunk shows no decode interval at all).
 - interactivity: per request 1 / TPOT in tokens/s/user. Its percentiles are the *slow tail*:
   "p90 interactivity" = 1 / p90(TPOT). The histogram keeps milli-tokens/s for mean and merging.
 - E2EL: request sent -> last token received; normalized E2EL = E2EL / OSL (microseconds/token).
@@ -123,7 +124,7 @@ class LevelRecorder:
         chunk_ns: list[int],
         chunk_tokens: list[int],
     ) -> int | None:
-        """Record one successful request; returns its TPOT in microseconds (None if OSL < 2)."""
+        """Record one successful request; returns its TPOT in microseconds (None when undefined)."""
         hists = self.hists
         hists["ttft"].record_value(_clamp(ttft_us))
         hists["e2el"].record_value(_clamp(e2el_us))
@@ -137,7 +138,7 @@ class LevelRecorder:
         per_chunk = hists["tokens_per_chunk"].record_value
         for n in chunk_tokens:
             per_chunk(n)
-        if osl < 2:
+        if osl < 2 or len(chunk_ns) < 2:
             return None
         tpot_us = max(1, (e2el_us - ttft_us) // (osl - 1))
         hists["tpot"].record_value(_clamp(tpot_us))

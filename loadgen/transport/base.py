@@ -28,6 +28,7 @@ class WireRequest:
     request_id: str
     prompt: np.ndarray  # int32 token ids, len == input tokens
     max_tokens: int
+    user: str = ""  # OpenAI's `user` field: names the session play (servers may group by it)
 
 
 @dataclass(slots=True)

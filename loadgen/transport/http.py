@@ -11,7 +11,8 @@ Chat: one user message whose text is the token ids written as space-separated de
 other tokenizers turn that into roughly one or two tokens per id, so use completions when the
 input length must be exact.
 
-Tokens per content chunk: `len(choice["token_ids"])` when the server sends token ids (vLLM's
+Each request carries `X-Request-Id` (vLLM takes it as its request id; server logs then match
+the per-request records). Tokens per content chunk: `len(choice["token_ids"])` when the server sends token ids (vLLM's
 and our server's extension), else 1.
 """
 
@@ -100,7 +101,8 @@ class HttpTransport(Transport):
         ex = Exchange()
         ex.start_ns = time.perf_counter_ns()
         try:
-            async with self._session.post(self._url, data=body, timeout=self.timeout) as resp:
+            headers = {"X-Request-Id": request.request_id}
+            async with self._session.post(self._url, data=body, headers=headers, timeout=self.timeout) as resp:
                 if resp.status != 200:
                     ex.error = f"http_{resp.status}"
                     ex.error_detail = (await resp.read())[:300].decode("utf-8", "replace")
@@ -126,6 +128,8 @@ class HttpTransport(Transport):
             "stream": True,
             "stream_options": {"include_usage": True},
         }
+        if request.user:
+            body["user"] = request.user
         if self.endpoint == "completions":
             body["prompt"] = request.prompt
         else:

@@ -1,0 +1,114 @@
+"""`loadgen replay`: replay agentic sessions against an OpenAI-compatible server, level by level.
+
+Closed loop by default (`--conc`), open loop with `--rate` (Poisson) or a Mooncake trace
+(recorded timestamps, `--time-scale`). Prints a table per level and writes one results file
+(`agentload.result/1`, see loadgen/results.py). Exit codes: 0 all levels passed, 1 a level
+failed or the server died, 2 bad input, 130 interrupted (results of what ran are still written).
+"""
+
+from __future__ import annotations
+
+import argparse
+
+DEFAULT_FOREIGN_VOCAB = (1000, 30000)  # offset, size: clear of the low special ids many vocabularies use
+OUR_VOCAB = (0, 256)  # our server's byte-level tokenizer: ids 0..255 are bytes, specials above
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "replay",
+        help="replay agentic sessions against a server and measure each concurrency level",
+        description="Replay agentic coding sessions (multi-turn, think time, subagents) against an "
+        "OpenAI-compatible server. Closed loop: --conc N live session trees per level. Open loop: "
+        "--rate R (Poisson) or a Mooncake trace (recorded timestamps). Every latency goes into HDR "
+        "histograms; results are written as JSON (schema agentload.result/1).",
+    )
+    target = p.add_argument_group("server")
+    target.add_argument("--url", required=True, help="server base URL, e.g. http://127.0.0.1:8000")
+    target.add_argument("--endpoint", choices=("completions", "chat"), default="completions",
+                        help="completions: prompt as token ids, exact length (default); chat: messages "
+                        "whose text is the token ids as decimal words (length approximate)")
+    target.add_argument("--model", help="model id to ask for (default: the first id of /v1/models)")
+    target.add_argument("--api-key", help="sent as 'Authorization: Bearer KEY'")
+    target.add_argument("--header", action="append", default=[], metavar="K:V",
+                        help="extra HTTP header (repeatable)")
+    target.add_argument("--timeout", type=float, default=600.0, metavar="S",
+                        help="per-request limit in seconds, also bounds the drain (default 600)")
+    target.add_argument("--gpus", type=int,
+                        help="GPUs behind the server, for throughput per GPU (default: the server's "
+                        "num_gpus when it is ours, else 1)")
+    load = p.add_argument_group("load")
+    load.add_argument("--conc", default="1", metavar="N[,N...]",
+                      help="closed loop: live session trees per level, levels run in order (default 1)")
+    load.add_argument("--rate", metavar="R[,R...]",
+                      help="open loop: Poisson arrivals per second over the trace's requests, one level per rate")
+    load.add_argument("--time-scale", type=float, default=1.0, metavar="F",
+                      help="Mooncake traces (always open loop): multiply recorded timestamps by F (default 1)")
+    load.add_argument("--duration", type=float, default=60.0, metavar="S",
+                      help="measurement window per level in seconds (default 60)")
+    load.add_argument("--warmup", default="0s", metavar="Ns|Nreq",
+                      help="warm-up before each window: seconds ('30s') or requests per lane ('2req'; "
+                      "open loop: in total); never counted (default 0s)")
+    load.add_argument("--start-offset", default="0.25:0.75", metavar="LO:HI",
+                      help="a lane's first session starts at a uniform fraction in [LO, HI] of its "
+                      "requests, after re-sending that request's context as warm-up (default 0.25:0.75)")
+    load.add_argument("--seed", type=int, default=0, help="seeds session order, offsets, salts, arrivals (default 0)")
+    load.add_argument("--max-error-rate", type=float, default=0.10, metavar="F",
+                      help="a level with a larger share of failed requests is marked failed (default 0.10)")
+    tr = p.add_argument_group("traces")
+    tr.add_argument("--traces", default=None, metavar="NAME|PATH",
+                    help="bundled set name, trace file or directory (default: agentic-coding)")
+    tr.add_argument("--trace-format", choices=("auto", "sessions", "mooncake"), default="auto")
+    tr.add_argument("--max-context", type=int, metavar="TOKENS",
+                    help="drop requests whose input + output exceed this (default: the server's "
+                    "max_model_len when it reports one)")
+    tr.add_argument("--token-scale", type=float, default=1.0, metavar="F", help="multiply token counts (default 1)")
+    tr.add_argument("--think-time-scale", type=float, default=1.0, metavar="F",
+                    help="multiply think times and subagent start gaps (default 1)")
+    tr.add_argument("--think-time-cap", type=float, metavar="S", help="cap think times and subagent gaps (seconds)")
+    tr.add_argument("--vocab-size", type=int, help="synthesized token ids lie in [offset, offset+size) "
+                    "(default: 256 byte ids for our server, else 30000)")
+    tr.add_argument("--vocab-offset", type=int, help="lowest synthesized token id (default: 0 for our server, else 1000)")
+    out = p.add_argument_group("output")
+    out.add_argument("--out", metavar="DIR", help="results folder (default results/<UTC timestamp>/)")
+    out.add_argument("--per-request", metavar="FILE.jsonl", help="also write one JSON line per request")
+    out.add_argument("--quiet", action="store_true", help="no tables or progress, only errors")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from loadgen.replay import replay_main
+
+    return replay_main(args)
+
+
+def parse_list(text: str, flag: str, kind: type) -> list:
+    """'1,2,4' -> [1, 2, 4]; every item positive; ValueError naming the flag otherwise."""
+    try:
+        values = [kind(item) for item in text.split(",") if item.strip()]
+    except ValueError:
+        raise ValueError(f"{flag}: expected comma-separated numbers, got {text!r}") from None
+    if not values or any(v <= 0 for v in values):
+        raise ValueError(f"{flag}: expected positive numbers, got {text!r}")
+    return values
+
+
+def parse_offset(text: str) -> tuple[float, float]:
+    try:
+        low, high = (float(x) for x in text.split(":"))
+    except ValueError:
+        raise ValueError(f"--start-offset: expected LO:HI like 0.25:0.75, got {text!r}") from None
+    if not 0.0 <= low <= high <= 1.0:
+        raise ValueError(f"--start-offset: need 0 <= LO <= HI <= 1, got {text!r}")
+    return low, high
+
+
+def parse_headers(items: list[str]) -> dict[str, str]:
+    headers = {}
+    for item in items:
+        key, sep, value = item.partition(":")
+        if not sep or not key.strip():
+            raise ValueError(f"--header: expected K:V, got {item!r}")
+        headers[key.strip()] = value.strip()
+    return headers
+

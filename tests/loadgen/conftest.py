@@ -1,0 +1,113 @@
+"""Fixtures for loadgen tests: a real streaming server process and small trace files."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import subprocess
+import sys
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+SERVER = Path(__file__).with_name("sse_server.py")
+
+
+class ServerProcess:
+    """The sse_server.py process on 127.0.0.1; `records()` fetches what it saw."""
+
+    def __init__(self, config: dict) -> None:
+        self.proc = subprocess.Popen([sys.executable, str(SERVER), "--config", json.dumps(config)],
+                                     stdout=subprocess.PIPE, text=True)
+        line = self.proc.stdout.readline()
+        if not line.startswith("PORT "):
+            self.proc.kill()
+            raise RuntimeError(f"test server did not start: {line!r}")
+        self.port = int(line.split()[1])
+        self.url = f"http://127.0.0.1:{self.port}"
+
+    def records(self) -> dict:
+        with urllib.request.urlopen(self.url + "/_records", timeout=30) as resp:
+            return json.loads(resp.read())
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(timeout=10)
+
+
+@pytest.fixture
+def start_server():
+    servers: list[ServerProcess] = []
+
+    def start(**config) -> ServerProcess:
+        server = ServerProcess(config)
+        servers.append(server)
+        return server
+
+    yield start
+    for server in servers:
+        server.stop()
+
+
+def request_item(t: float, n_in: int, n_out: int, think: float, first_id: int, block: int = 64) -> dict:
+    """One request in the agentic session schema; hash ids continue the conversation's prefix."""
+    return {"t": t, "type": "n", "model": "m", "in": n_in, "out": n_out,
+            "hash_ids": list(range(first_id, first_id + n_in // block)),
+            "think_time": think, "api_time": 0.1, "input_types": ["text"], "output_types": ["text"]}
+
+
+def write_session(path: Path, sid: str, n_requests: int, think: float, n_out: int = 8,
+                  subagent: dict | None = None, base_in: int = 200) -> Path:
+    """A gzip session file: `n_requests` growing requests, optionally one subagent after the 2nd."""
+    items = [request_item(i * (think + 0.1), base_in + 70 * i, n_out, think if i else 0.0, 1)
+             for i in range(n_requests)]
+    if subagent is not None:
+        items.insert(2, subagent)
+    doc = {"id": sid, "models": ["m"], "block_size": 64, "hash_id_scope": "local",
+           "tool_tokens": 0, "system_tokens": 0, "requests": items}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with gzip.open(path, "wt") as handle:
+        json.dump(doc, handle)
+    return path
+
+
+def subagent_item(t: float, n_requests: int, think: float, duration_s: float, n_out: int = 8) -> dict:
+    return {"t": t, "type": "subagent", "agent_id": "agent_x", "subagent_type": "Explore",
+            "duration_ms": duration_s * 1000, "total_tokens": 1, "tool_use_count": 1, "status": "completed",
+            "requests": [request_item(i * (think + 0.1), 150 + 64 * i, n_out, think if i else 0.0, 10_000)
+                         for i in range(n_requests)]}
+
+
+@pytest.fixture
+def replay(tmp_path):
+    """Run `loadgen replay --quiet` in-process; returns (exit code, results doc, per-request records)."""
+    from loadgen.cli import main
+    from loadgen.results import read_results
+
+    runs = iter(range(1000))
+
+    def run(url: str, *flags: str) -> tuple[int, dict, list[dict]]:
+        out = tmp_path / f"run{next(runs)}"
+        per_request = out / "requests.jsonl"
+        code = main(["replay", "--url", url, "--out", str(out), "--per-request", str(per_request),
+                     "--quiet", *flags])
+        doc = read_results(out / "result.json")
+        records = [json.loads(line) for line in per_request.read_text().splitlines()] if per_request.exists() else []
+        return code, doc, records
+
+    return run
+
+
+@pytest.fixture
+def sessions(tmp_path):
+    """Factory: write_session(...) into a fresh traces folder; returns that folder's path."""
+    folder = tmp_path / "traces"
+
+    def make(*specs: dict) -> Path:
+        for i, spec in enumerate(specs):
+            write_session(folder / f"s{i}.json.gz", spec.pop("sid", f"s{i}"), **spec)
+        return folder
+
+    return make

@@ -1,0 +1,170 @@
+"""A real OpenAI-style streaming server with known timing, for loadgen's tests and benchmark.
+
+Run as its own process: `python sse_server.py --config JSON [--cpu N]` prints `PORT <n>` when
+it listens on 127.0.0.1. /v1/completions and /v1/chat/completions stream `max_tokens` tokens:
+`first_ms` before the first chunk, `itl_ms` between chunks, `tokens_per_chunk` tokens each
+(with `token_ids` when `send_token_ids`), then a usage chunk and [DONE]. It records, per
+request, its own timestamps (time.perf_counter_ns, CLOCK_MONOTONIC: comparable across
+processes on Linux), the prompt, the fields asked for, and how many distinct `user`s (session
+plays) and requests were in flight at once. GET /_records returns them.
+
+Faults (`fault`: {"kind", "every"}): on every `every`-th request, "reset" closes the connection
+after two chunks, "500" answers HTTP 500, "stall" stops after one chunk and never finishes,
+"short" ends the stream cleanly with one token too few.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+import time
+
+import orjson
+from aiohttp import web
+
+DEFAULTS = {"first_ms": 0.0, "itl_ms": 0.0, "tokens_per_chunk": 1, "send_token_ids": True,
+            "model": "test-model", "owned_by": "test", "max_model_len": None, "num_gpus": None,
+            "vocab_size": None, "fault": None, "keep_prompts": False, "cached_tokens": 0}
+
+
+class State:
+    def __init__(self, config: dict) -> None:
+        self.cfg = {**DEFAULTS, **config}
+        self.records: list[dict] = []
+        self.arrivals = 0
+        self.inflight = 0
+        self.max_inflight = 0
+        self.users: dict[str, int] = {}
+        self.max_users = 0
+
+
+async def models(request: web.Request) -> web.Response:
+    cfg = request.app["state"].cfg
+    entry = {"id": cfg["model"], "object": "model", "owned_by": cfg["owned_by"]}
+    for key in ("max_model_len", "num_gpus", "vocab_size"):
+        if cfg[key] is not None:
+            entry[key] = cfg[key]
+    return web.json_response({"object": "list", "data": [entry]})
+
+
+async def records(request: web.Request) -> web.Response:
+    st = request.app["state"]
+    body = {"records": st.records, "max_inflight": st.max_inflight, "max_users": st.max_users,
+            "arrivals": st.arrivals}
+    return web.Response(body=orjson.dumps(body), content_type="application/json")
+
+
+async def complete(request: web.Request) -> web.StreamResponse:
+    received = time.perf_counter_ns()
+    st: State = request.app["state"]
+    cfg = st.cfg
+    body = orjson.loads(await request.read())
+    st.arrivals += 1
+    number = st.arrivals
+    chat = request.path.endswith("chat/completions")
+    prompt = body["messages"][0]["content"].split() if chat else body["prompt"]
+    user = body.get("user", "")
+    rec = {"id": request.headers.get("X-Request-Id"), "received_ns": received, "n_prompt": len(prompt),
+           "max_tokens": body.get("max_tokens"), "min_tokens": body.get("min_tokens"),
+           "ignore_eos": body.get("ignore_eos"), "stream": body.get("stream"),
+           "include_usage": (body.get("stream_options") or {}).get("include_usage"),
+           "user": user, "model": body.get("model"), "writes_ns": [], "fault": None}
+    if cfg["keep_prompts"]:
+        rec["prompt"] = [int(x) for x in prompt]
+    st.records.append(rec)
+    fault = cfg["fault"]
+    kind = fault["kind"] if fault and number % fault["every"] == 0 else None
+    rec["fault"] = kind
+    if kind == "500":
+        return web.json_response({"error": {"message": "injected failure", "code": 500}}, status=500)
+    st.inflight += 1
+    st.users[user] = st.users.get(user, 0) + 1
+    st.max_inflight = max(st.max_inflight, st.inflight)
+    st.max_users = max(st.max_users, len(st.users))
+    try:
+        return await _stream(request, cfg, body, prompt, rec, kind, chat)
+    finally:
+        st.inflight -= 1
+        st.users[user] -= 1
+        if not st.users[user]:
+            del st.users[user]
+
+
+async def _stream(request, cfg, body, prompt, rec, kind, chat) -> web.StreamResponse:
+    resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+    await resp.prepare(request)
+    total = body["max_tokens"] - (1 if kind == "short" else 0)
+    per = cfg["tokens_per_chunk"]
+    start = time.perf_counter_ns()
+    deadline = start + int(cfg["first_ms"] * 1e6)
+    sent = 0
+    writes = rec["writes_ns"]
+    while sent < total:
+        await _sleep_until(deadline)
+        n = min(per, total - sent)
+        choice = {"index": 0, "finish_reason": None}
+        if chat:
+            choice["delta"] = {"content": "x" * n}
+        else:
+            choice["text"] = "x" * n
+        if cfg["send_token_ids"]:
+            choice["token_ids"] = list(range(sent, sent + n))
+        data = b"data: " + orjson.dumps({"id": "c", "object": "text_completion", "choices": [choice]}) + b"\n\n"
+        writes.append(time.perf_counter_ns())
+        await resp.write(data)
+        sent += n
+        if kind == "reset" and len(writes) == 2:
+            request.transport.close()
+            return resp
+        if kind == "stall":
+            await asyncio.sleep(3600)
+        deadline = writes[-1] + int(cfg["itl_ms"] * 1e6)
+    usage = {"prompt_tokens": len(prompt), "completion_tokens": sent, "total_tokens": len(prompt) + sent,
+             "prompt_tokens_details": {"cached_tokens": cfg["cached_tokens"]}}
+    final = {"id": "c", "object": "text_completion", "choices": [], "usage": usage}
+    await resp.write(b"data: " + orjson.dumps(final) + b"\n\ndata: [DONE]\n\n")
+    await resp.write_eof()
+    return resp
+
+
+async def _sleep_until(deadline_ns: int) -> None:
+    delay = (deadline_ns - time.perf_counter_ns()) / 1e9
+    if delay > 0:
+        await asyncio.sleep(delay)
+
+
+async def serve(config: dict) -> None:
+    app = web.Application(client_max_size=1 << 28)
+    app["state"] = State(config)
+    app.router.add_get("/v1/models", models)
+    app.router.add_get("/_records", records)
+    app.router.add_post("/v1/completions", complete)
+    app.router.add_post("/v1/chat/completions", complete)
+    runner = web.AppRunner(app, access_log=None, handle_signals=False)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", config.get("port", 0), backlog=1024)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]
+    print(f"PORT {port}", flush=True)
+    await asyncio.Event().wait()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--config", default="{}", help="JSON object overriding the defaults")
+    parser.add_argument("--cpu", type=int, help="pin this process to one CPU core")
+    args = parser.parse_args()
+    if args.cpu is not None and hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(0, {args.cpu})
+    config = orjson.loads(args.config)
+    try:
+        import uvloop
+        uvloop.run(serve(config))
+    except ImportError:
+        asyncio.run(serve(config))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
