@@ -314,7 +314,13 @@ def _mooncake_session(path: Path, records: list[tuple[_Where, dict[str, Any]]], 
             )
         )
     return Session(
-        id=_stem(path), block_size=block_size, models=(), requests=tuple(requests), subagents=(), source=str(path)
+        id=_stem(path),
+        block_size=block_size,
+        models=(),
+        requests=tuple(requests),
+        subagents=(),
+        source=str(path),
+        hash_id_scope="global",
     )
 
 

@@ -82,6 +82,7 @@ def test_mooncake_auto_and_forced(files) -> None:
         # 1100 tokens hold two full 512-blocks: the id of the trailing partial block is dropped.
         assert [r.hash_ids for r in reqs] == [(46, 47), (46, 47), ()]
         assert all(r.think_time == 0.0 for r in reqs)
+        assert ts.sessions[0].hash_id_scope == "global"
     assert load_traces(path, block_size=256).sessions[0].requests[0].hash_ids == (46, 47, 2353)
 
 
