@@ -71,9 +71,8 @@ class SparseMLAModel(nn.Module):
 def build_model(config: ModelConfig, device: torch.device, dtype: torch.dtype, seed: int,
                 weights: str | None = None) -> SparseMLAModel:
     """Allocate the model directly on `device` (no CPU copy), then random-init or load it."""
-    with torch.device("meta"):
+    with torch.device(device):
         model = SparseMLAModel(config)
-    model.to_empty(device=device)
     if weights is None:
         model.init_random(seed)
     else:
