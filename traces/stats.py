@@ -164,7 +164,8 @@ def _scale_line(report: ScaleReport) -> str:
     cfg = report.config
     knobs = ", ".join(f"{k}={v}" for k, v in asdict(cfg).items() if v != getattr(type(cfg)(), k))
     return (
-        f"scaled ({knobs}): {report.dropped:,} of {report.requests:,} requests dropped, "
-        f"{report.trimmed:,} trimmed, {report.think_times_capped:,} think times capped, "
-        f"{report.subagents_dropped:,} subagents and {report.sessions_dropped:,} sessions left empty"
+        f"scaling     {knobs or 'none'}\n"
+        f"            {report.dropped:,} of {report.requests:,} requests dropped, {report.trimmed:,} trimmed, "
+        f"{report.think_times_capped:,} think times capped\n"
+        f"            {report.subagents_dropped:,} subagents and {report.sessions_dropped:,} sessions left empty"
     )
