@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import copy
+import shutil
+import subprocess
+import sys
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -207,3 +211,19 @@ def test_bad_json_empty_file_unknown_format_and_missing_path(tmp_path: Path, fil
         load_traces(tmp_path / "void")
     with pytest.raises(TraceError, match=r"the file says 4 but block_size=64"):
         load_traces(files.json("t.json", files.session()), block_size=64)
+
+
+def test_wheel_ships_the_bundled_set_with_licence(tmp_path: Path) -> None:
+    pytest.importorskip("setuptools", reason="building a wheel without isolation needs setuptools")
+    root = Path(__file__).resolve().parents[2]
+    project = tmp_path / "project"
+    shutil.copytree(root / "traces", project / "traces", ignore=shutil.ignore_patterns("__pycache__"))
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(root / name, project / name)
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
+                    "-w", str(tmp_path / "dist"), str(project)], check=True, capture_output=True, timeout=300)
+    (wheel,) = (tmp_path / "dist").glob("*.whl")
+    names = set(zipfile.ZipFile(wheel).namelist())
+    bundled = {f"traces/data/{DEFAULT_SET}/{p.name}" for p in (DATA_DIR / DEFAULT_SET).iterdir()}
+    assert {f"traces/data/{DEFAULT_SET}/LICENSE", f"traces/data/{DEFAULT_SET}/NOTICE.md"} <= bundled
+    assert bundled <= names
