@@ -2,10 +2,19 @@
 
 Every op takes backend="triton" | "torch" | None; None means get_backend(): set_backend's choice,
 else $AGENTLOAD_KERNEL_BACKEND, else "triton" when CUDA is available and "torch" otherwise. The
-Triton kernels also run on CPU tensors when TRITON_INTERPRET=1 is set before triton is imported.
+Triton kernels also run on CPU tensors through the Triton interpreter: on a machine without a GPU,
+importing this package sets TRITON_INTERPRET=1 unless it is already set.
 """
 
 from __future__ import annotations
+
+import os
+
+import torch
+
+# Without a GPU Triton can only run interpreted; decide before any kernel module imports triton.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from kernels.backend import BACKENDS, ENV_VAR, get_backend, set_backend
 from kernels.indexer import indexer_logits_paged, indexer_logits_ragged

@@ -7,6 +7,8 @@ elsewhere. Queries are e4m3 bytes whose scale is already folded into w; keys are
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import triton
 import triton.language as tl
@@ -17,6 +19,7 @@ from kernels.triton_utils import (
     E2M1_RAW_SCALE,
     E4M3_RAW_SCALE,
     dot_dtype,
+    new_output,
     e2m1_to_raw_f16,
     e4m3_to_raw_f16,
     ue8m0_to_f32,
@@ -126,13 +129,27 @@ def _indexer_logits_kernel(
     tl.store(out_ptr + t.to(tl.int64) * n_cols + cols, logits, mask=cols < n_cols)
 
 
-def _launch(q_fp8, weights, rows, key_dtype, block_table, seq_ids, start, end, block_size, n_cols, paged):
+@dataclass(frozen=True)
+class IndexerConfig:
+    """Keys per program and warps of the indexer kernel."""
+
+    block_n: int
+    num_warps: int
+
+
+def default_config(device: torch.device) -> IndexerConfig:
+    return IndexerConfig(128, 8) if device.type == "cuda" else IndexerConfig(16, 4)
+
+
+def indexer_logits_triton(q_fp8, weights, rows, key_dtype, block_table, seq_ids, start, end, block_size, n_cols, paged, config=None):
+    """Launch the kernel on prepared (contiguous, int32) inputs; config overrides the tile shape."""
     t, h, d = q_fp8.shape
-    out = torch.empty(t, n_cols, device=q_fp8.device, dtype=torch.float32)
+    out = new_output((t, n_cols), torch.float32, q_fp8.device)
     if t == 0 or n_cols == 0:
         return out
     words, word = word_view(rows)
-    block_n = 64 if q_fp8.is_cuda else 16
+    cfg = config or default_config(q_fp8.device)
+    block_n = cfg.block_n
     grid = (t, triton.cdiv(n_cols, block_n))
     _indexer_logits_kernel[grid](
         q_fp8, weights, words, rows, out,
@@ -140,7 +157,7 @@ def _launch(q_fp8, weights, rows, key_dtype, block_table, seq_ids, start, end, b
         n_cols, block_table.stride(0), block_size, rows.shape[1] // word, rows.shape[1],
         H=h, D=d, BLOCK_H=max(16, triton.next_power_of_2(h)), BLOCK_N=block_n,
         WORD=word, PAGED=paged, MXFP4=key_dtype == "mxfp4", DOT_DTYPE=dot_dtype(q_fp8),
-        num_warps=4,
+        num_warps=cfg.num_warps,
     )
     return out
 
@@ -182,7 +199,7 @@ def indexer_logits_paged(
         raise ValueError("indexer_logits_paged: a context_lens entry exceeds max_context or the block table")
     if resolve_backend(backend, q_fp8.device) == "torch":
         return indexer_logits_paged_torch(q_fp8, weights, idx_cache, key_dtype, block_table, block_size, seq_ids, context_lens, max_context)
-    return _launch(
+    return indexer_logits_triton(
         q_fp8.contiguous(), weights.float().contiguous(), idx_cache.contiguous(), key_dtype,
         block_table.int().contiguous(), seq_ids.int().contiguous(), context_lens.int(), context_lens.int().contiguous(),
         block_size, max_context, paged=True,
@@ -206,7 +223,7 @@ def indexer_logits_ragged(
     if resolve_backend(backend, q_fp8.device) == "torch":
         return indexer_logits_ragged_torch(q_fp8, weights, keys, key_dtype, k_start, k_end)
     start, end = k_start.int().contiguous(), k_end.int().contiguous()
-    return _launch(
+    return indexer_logits_triton(
         q_fp8.contiguous(), weights.float().contiguous(), keys.contiguous(), key_dtype,
         start, start, start, end, 1, keys.shape[0], paged=False,
     )

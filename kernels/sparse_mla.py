@@ -20,7 +20,7 @@ import triton.language as tl
 
 from kernels.backend import resolve_backend
 from kernels.quant import DS_MLA_GROUP, KV_DTYPES, kv_row_width, read_kv_rows
-from kernels.triton_utils import E4M3_RAW_SCALE, dot_dtype, e4m3_to_raw_f16, unpack_bytes
+from kernels.triton_utils import E4M3_RAW_SCALE, dot_dtype, e4m3_to_raw_f16, f32_to_bf16, new_output, unpack_bytes
 
 LOG2E = tl.constexpr(1.4426950408889634)  # exp2/log2 in the kernels, natural log outside
 _REF_CHUNK = 1 << 24  # elements of the gathered [tokens, K, d] rows the reference holds at once
@@ -113,7 +113,7 @@ def _sparse_mla_kernel(
         tl.store(lse_ptr + part, lse_log2, mask=head_ok)
     else:
         row = t * n_heads + heads
-        tl.store(o_ptr + row[:, None] * D_C + cols_c[None, :], out.to(tl.bfloat16), mask=head_ok[:, None])
+        tl.store(o_ptr + row[:, None] * D_C + cols_c[None, :], f32_to_bf16(out), mask=head_ok[:, None])
         tl.store(lse_ptr + row, lse_log2 / LOG2E, mask=head_ok)
 
 
@@ -130,7 +130,7 @@ def _combine_kernel(part_o_ptr, part_lse_ptr, o_ptr, lse_ptr, n_splits, D_C: tl.
     cols = tl.arange(0, D_C)
     part_o = tl.load(part_o_ptr + (row * n_splits + splits[:, None]) * D_C + cols[None, :], mask=ok[:, None], other=0.0)
     out = tl.sum(part_o * weight[:, None], axis=0) / tl.where(total > 0, total, 1.0)
-    tl.store(o_ptr + row * D_C + cols, out.to(tl.bfloat16))
+    tl.store(o_ptr + row * D_C + cols, f32_to_bf16(out))
     lse = tl.where(total > 0, (safe_top + tl.log2(tl.where(total > 0, total, 1.0))) / LOG2E, float("-inf"))
     tl.store(lse_ptr + row, lse)
 
@@ -173,8 +173,8 @@ def sparse_mla_triton(q, kv_cache, indices, scale, d_c, kv_dtype, num_splits=Non
     cfg = config or default_config(h, kv_dtype, q.device)
     head_blocks = triton.cdiv(h, cfg.block_h)
     splits = num_splits or auto_num_splits(t * head_blocks, n_idx, cfg.block_n, q.device)
-    out = torch.empty(t, h, d_c, dtype=torch.bfloat16, device=q.device)
-    lse = torch.empty(t, h, dtype=torch.float32, device=q.device)
+    out = new_output((t, h, d_c), torch.bfloat16, q.device)
+    lse = new_output((t, h), torch.float32, q.device)
     if t == 0:
         return out, lse
     if kv_dtype == "bf16":
@@ -184,8 +184,8 @@ def sparse_mla_triton(q, kv_cache, indices, scale, d_c, kv_dtype, num_splits=Non
         kv_words, kv_stride, row_words = kv_cache.view(torch.int32), kv.shape[1], kv_cache.shape[1] // 4
         rope_offset = (d_c + 4 * (d_c // DS_MLA_GROUP)) // 2
     if splits > 1:
-        part_o = torch.empty(t, h, splits, d_c, dtype=torch.float32, device=q.device)
-        part_lse = torch.empty(t, h, splits, dtype=torch.float32, device=q.device)
+        part_o = new_output((t, h, splits, d_c), torch.float32, q.device)
+        part_lse = new_output((t, h, splits), torch.float32, q.device)
         dst_o, dst_lse = part_o, part_lse
     else:
         dst_o, dst_lse = out, lse

@@ -8,11 +8,14 @@ longer than k skip the select and emit 0..len-1 then -1.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import triton
 import triton.language as tl
 
 from kernels.backend import resolve_backend
+from kernels.triton_utils import new_output
 
 
 # ---------------------------------------------------------------- torch reference
@@ -96,13 +99,26 @@ def _topk_kernel(logits_ptr, lengths_ptr, out_ptr, n_cols, k, BLOCK: tl.constexp
             written_equal += tl.sum(is_equal.to(tl.int32), axis=0)
 
 
-def _topk_triton(logits: torch.Tensor, lengths: torch.Tensor, k: int) -> torch.Tensor:
+@dataclass(frozen=True)
+class TopkConfig:
+    """Columns per loop step and warps of the radix-select kernel."""
+
+    block: int
+    num_warps: int
+
+
+def default_config(device: torch.device) -> TopkConfig:
+    return TopkConfig(4096, 8) if device.type == "cuda" else TopkConfig(64, 4)
+
+
+def topk_triton(logits: torch.Tensor, lengths: torch.Tensor, k: int, config: TopkConfig | None = None) -> torch.Tensor:
+    """Launch the radix-select kernel, one program per row."""
     t, n = logits.shape
-    out = torch.empty(t, k, dtype=torch.int32, device=logits.device)
-    if t == 0 or k == 0:
+    out = new_output((t, k), torch.int32, logits.device)
+    if t == 0:
         return out
-    block = 4096 if logits.is_cuda else 64
-    _topk_kernel[(t,)](logits, lengths, out, n, k, BLOCK=block, OUT_BLOCK=1024 if logits.is_cuda else 64, num_warps=8)
+    cfg = config or default_config(logits.device)
+    _topk_kernel[(t,)](logits, lengths, out, n, k, BLOCK=cfg.block, OUT_BLOCK=min(cfg.block, 1024), num_warps=cfg.num_warps)
     return out
 
 
@@ -122,7 +138,7 @@ def topk_indices(logits: torch.Tensor, lengths: torch.Tensor, k: int, backend: s
         raise ValueError(f"topk_indices: k={k} must be positive")
     if resolve_backend(backend, logits.device) == "torch":
         return topk_indices_torch(logits, lengths, k)
-    return _topk_triton(logits.contiguous(), lengths.int().contiguous(), k)
+    return topk_triton(logits.contiguous(), lengths.int().contiguous(), k)
 
 
 def positions_to_slots(idx: torch.Tensor, block_table: torch.Tensor, seq_ids: torch.Tensor, block_size: int) -> torch.Tensor:

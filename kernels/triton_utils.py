@@ -55,6 +55,14 @@ def ue8m0_to_f32(b):
     return tl.where(b == 0xFF, float("nan"), value)
 
 
+@triton.jit
+def f32_to_bf16(x):
+    """fp32 -> bf16 rounding to nearest even by bit arithmetic (the interpreter's cast truncates)."""
+    bits = x.to(tl.int32, bitcast=True)
+    rounded = bits + 0x7FFF + ((bits >> 16) & 1)
+    return (rounded >> 16).to(tl.int16).to(tl.bfloat16, bitcast=True)
+
+
 def word_view(rows: torch.Tensor) -> tuple[torch.Tensor, int]:
     """A uint8 [N, row] tensor as the widest int words (4, 2 or 1 bytes) that tile each row."""
     row = rows.shape[1]
@@ -70,3 +78,29 @@ def dot_dtype(t: torch.Tensor) -> tl.dtype:
     The operands hold bf16-representable values either way, so only the summation order differs.
     """
     return tl.float32 if t.device.type == "cpu" else tl.bfloat16
+
+
+_poison = False
+
+
+class poisoned_outputs:
+    """Context manager: kernels fill their outputs with garbage (NaN, -7777) before launching.
+
+    Tests use it to prove that every output element is written by the kernel.
+    """
+
+    def __enter__(self) -> None:
+        global _poison
+        _poison = True
+
+    def __exit__(self, *exc: object) -> None:
+        global _poison
+        _poison = False
+
+
+def new_output(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """torch.empty, or a poisoned tensor inside `poisoned_outputs()`."""
+    if not _poison:
+        return torch.empty(shape, dtype=dtype, device=device)
+    fill = float("nan") if dtype.is_floating_point else -7777
+    return torch.full(shape, fill, dtype=dtype, device=device)

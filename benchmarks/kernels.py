@@ -1,0 +1,284 @@
+"""GPU benchmark of the kernels package at DeepSeek-V3.2 shapes (not run by CI).
+
+First checks every Triton kernel against its torch reference on the GPU (fresh random inputs,
+outputs poisoned, SPARSE_MLA.md bars), then times each one with triton.testing.do_bench (median
+after warm-up; do_bench also flushes the L2 between runs, and inputs rotate among sets larger than
+the 60 MB L2) and prints one table: time, TFLOP/s, GB/s, fractions of the measured ceilings and
+the speed-up over torch eager (the package's torch references).
+
+    PYTHONPATH=. PYTHONUNBUFFERED=1 python3 benchmarks/kernels.py 2>&1 | tee $OUT/kernels.txt
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+# This file is named like the package it measures: drop its own folder from the import path so
+# `import kernels` finds the package at the repository root.
+_HERE = Path(__file__).resolve().parent
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _HERE]
+sys.path.insert(0, str(_HERE.parent))
+
+import torch  # noqa: E402
+import triton  # noqa: E402
+
+from kernels.indexer import IndexerConfig, indexer_logits_paged_torch, indexer_logits_triton  # noqa: E402
+from kernels.quant import fp8_e4m3_quantize, indexer_row_bytes, kv_row_bytes, kv_row_width, write_indexer_cache, write_kv_cache  # noqa: E402
+from kernels.sparse_mla import SparseMlaConfig, auto_num_splits, sparse_mla_torch, sparse_mla_triton  # noqa: E402
+from kernels.topk import TopkConfig, topk_indices_torch, topk_triton  # noqa: E402
+from kernels.triton_utils import poisoned_outputs  # noqa: E402
+
+COPY_TBPS = 4.04  # measured on this H200 (issue 4, 2026-11-29)
+MATMUL_TFLOPS = 738.0
+D_C, D_R, H_I, D_I, TOPK = 512, 64, 64, 128, 2048
+SCALE = 192**-0.5
+DEV = "cuda"
+SMOKE = False  # --smoke: tiny shapes on CPU under TRITON_INTERPRET=1, to test this script itself
+
+
+@dataclass(frozen=True)
+class Row:
+    case: str
+    variant: str
+    ms: float
+    flops: float
+    bytes: float
+    eager_ms: float | None = None
+
+
+def calc_diff(x: torch.Tensor, y: torch.Tensor) -> float:
+    """1 - cosine-style similarity used by FlashMLA / DeepGEMM tests."""
+    x, y = x.double(), y.double()
+    denom = (x * x + y * y).sum()
+    return float(1 - 2 * (x * y).sum() / denom) if denom > 0 else 0.0
+
+
+def bench(fns: list) -> float:
+    """Median ms of calling the functions in rotation."""
+    state = {"i": 0}
+    if SMOKE:
+        import time
+
+        start = time.perf_counter()
+        for f in fns:
+            f()
+        return (time.perf_counter() - start) / len(fns) * 1e3
+
+    def run() -> None:
+        fns[state["i"] % len(fns)]()
+        state["i"] += 1
+
+    return triton.testing.do_bench(run, warmup=50, rep=300, return_mode="median")
+
+
+def measure_ceilings() -> tuple[float, float]:
+    src = torch.randn(1 << 12 if SMOKE else 1 << 29, device=DEV)  # 2 GiB
+    dst = torch.empty_like(src)
+    ms = bench([lambda: dst.copy_(src)])
+    copy = 2 * src.numel() * 4 / ms / 1e9
+    n = 64 if SMOKE else 8192
+    a = torch.randn(n, n, device=DEV, dtype=torch.bfloat16)
+    b = torch.randn(n, n, device=DEV, dtype=torch.bfloat16)
+    ms = bench([lambda: a @ b])
+    del src, dst
+    return copy, 2 * n**3 / ms / 1e9
+
+
+# ---------------------------------------------------------------- sparse MLA
+
+
+def make_kv_cache(num_slots: int, kv_dtype: str) -> torch.Tensor:
+    dtype = torch.bfloat16 if kv_dtype == "bf16" else torch.uint8
+    cache = torch.empty(num_slots, kv_row_width(D_C, D_R, kv_dtype), dtype=dtype, device=DEV)
+    for lo in range(0, num_slots, 1 << 18):
+        n = min(1 << 18, num_slots - lo)
+        slots = torch.arange(lo, lo + n, device=DEV)
+        write_kv_cache(cache, slots, torch.randn(n, D_C, device=DEV), torch.randn(n, D_R, device=DEV), kv_dtype)
+    return cache
+
+
+def check_sparse_mla(q, cache, idx, kv_dtype, num_splits, config) -> str:
+    with poisoned_outputs():
+        out, lse = sparse_mla_triton(q, cache, idx, SCALE, D_C, kv_dtype, num_splits, config)
+    ref, ref_lse = sparse_mla_torch(q, cache, idx, SCALE, D_C, kv_dtype)
+    if not SMOKE:
+        torch.cuda.synchronize()
+    o, r = out.float(), ref.float()
+    bad = ~((o - r).abs() <= torch.maximum(torch.full_like(r, 1e-3), r.abs() * (2 / 128)))
+    finite = torch.isfinite(ref_lse)
+    lse_err = float((lse[finite] - ref_lse[finite]).abs().max()) if finite.any() else 0.0
+    ok = not bad.any() and calc_diff(o, r) < 5e-6 and torch.equal(torch.isinf(lse), ~finite)
+    return f"{'ok' if ok else 'FAIL'} (elem-fail {int(bad.sum())}, diff {calc_diff(o, r):.1e}, lse err {lse_err:.1e})"
+
+
+def sparse_mla_cases(rows: list[Row], num_slots: int, batch: int) -> None:
+    for kv_dtype in ("bf16", "fp8_ds_mla"):
+        cache = make_kv_cache(num_slots, kv_dtype)
+        for heads, configs in (
+            (128, [SparseMlaConfig(64, 32, 8, 1), SparseMlaConfig(64, 32, 8, 2), SparseMlaConfig(64, 64, 8, 1), SparseMlaConfig(32, 32, 4, 2)]),
+            (16, [SparseMlaConfig(16, 32, 4, 2), SparseMlaConfig(16, 64, 4, 2), SparseMlaConfig(16, 64, 4, 3)]),
+        ):
+            sets = [
+                (torch.randn(batch, heads, D_C + D_R, device=DEV).bfloat16(),
+                 torch.randint(0, num_slots, (batch, TOPK), device=DEV, dtype=torch.int32))
+                for _ in range(3)
+            ]
+            case = f"sparse_mla decode B{batch} H{heads} K{TOPK} {kv_dtype}"
+            flops = 2.0 * batch * heads * TOPK * ((D_C + D_R) + D_C)
+            nbytes = batch * TOPK * (kv_row_bytes(D_C, D_R, kv_dtype) + 4) + batch * heads * (2 * (D_C + D_R) + 2 * D_C + 4)
+            eager = bench([lambda q=q, i=i: sparse_mla_torch(q, cache, i, SCALE, D_C, kv_dtype) for q, i in sets])
+            rows.append(Row(case, "torch eager", eager, flops, nbytes))
+            # a fresh check set with some invalid entries (one token with none valid)
+            q0, idx0 = sets[0][0], sets[0][1].clone()
+            idx0[0] = -1
+            idx0[1, TOPK // 3 :] = -1
+            for cfg in [SparseMlaConfig(16, 16, 4, 1)] if SMOKE else configs:
+                splits = auto_num_splits(batch * triton.cdiv(heads, cfg.block_h), TOPK, cfg.block_n, q0.device)
+                label = f"triton h{cfg.block_h} n{cfg.block_n} w{cfg.num_warps} s{cfg.num_stages} splits{splits}"
+                try:
+                    verdict = check_sparse_mla(q0, cache, idx0, kv_dtype, None, cfg)
+                    ms = bench([lambda q=q, i=i: sparse_mla_triton(q, cache, i, SCALE, D_C, kv_dtype, None, cfg) for q, i in sets])
+                except Exception as exc:  # a config the compiler cannot fit: report and go on
+                    print(f"{case} {label}: {type(exc).__name__}: {str(exc)[:200]}", flush=True)
+                    continue
+                print(f"{case} {label}: check {verdict}, {ms * 1e3:.1f} us", flush=True)
+                rows.append(Row(case, f"{label} [{verdict.split()[0]}]", ms, flops, nbytes, eager))
+        del cache
+        torch.cuda.empty_cache()
+
+
+# ---------------------------------------------------------------- indexer
+
+
+def indexer_cases(rows: list[Row], requests: int, context: int) -> None:
+    block_size = 64
+    blocks_per_req = context // block_size
+    for key_dtype in ("fp8", "mxfp4"):
+        num_slots = requests * context
+        cache = torch.empty(num_slots, indexer_row_bytes(D_I, key_dtype), dtype=torch.uint8, device=DEV)
+        for lo in range(0, num_slots, 1 << 20):
+            n = min(1 << 20, num_slots - lo)
+            write_indexer_cache(cache, torch.arange(lo, lo + n, device=DEV), torch.randn(n, D_I, device=DEV), key_dtype)
+        block_table = torch.randperm(requests * blocks_per_req, device=DEV).int().reshape(requests, blocks_per_req)
+        seq_ids = torch.arange(requests, device=DEV, dtype=torch.int32)
+        lens = torch.full((requests,), context, device=DEV, dtype=torch.int32)
+
+        def fresh_query():
+            q8, qs = fp8_e4m3_quantize(torch.randn(requests, H_I, D_I, device=DEV))
+            return q8, (torch.randn(requests, H_I, device=DEV) * qs * (H_I * D_I) ** -0.5).contiguous()
+
+        sets = [fresh_query() for _ in range(3)]
+        case = f"indexer paged {key_dtype} {requests}x{context}"
+        flops = 2.0 * requests * context * H_I * D_I
+        nbytes = requests * context * (indexer_row_bytes(D_I, key_dtype) + 4) + requests * (H_I * D_I + 4 * H_I)
+        eager = bench([lambda q=q, w=w: indexer_logits_paged_torch(q, w, cache, key_dtype, block_table, block_size, seq_ids, lens, context) for q, w in sets])
+        rows.append(Row(case, "torch eager", eager, flops, nbytes))
+        for cfg in [IndexerConfig(16, 4)] if SMOKE else (IndexerConfig(64, 4), IndexerConfig(128, 8), IndexerConfig(256, 8)):
+
+            def run(q, w, cfg=cfg):
+                return indexer_logits_triton(q, w, cache, key_dtype, block_table, seq_ids, lens, lens, block_size, context, True, cfg)
+
+            label = f"triton n{cfg.block_n} w{cfg.num_warps}"
+            q, w = sets[0]
+            with poisoned_outputs():
+                got = run(q, w)
+            ref_full = indexer_logits_paged_torch(q, w, cache, key_dtype, block_table, block_size, seq_ids, lens, context)
+            diff = calc_diff(got, ref_full)
+            ok = diff < 5e-6 and torch.equal(torch.isinf(got), torch.isinf(ref_full)) and not torch.isnan(got).any()
+            # shorter contexts: the -inf mask must follow context_lens exactly
+            short = lens - torch.arange(requests, device=DEV, dtype=torch.int32) * 7
+            with poisoned_outputs():
+                got_short = indexer_logits_triton(q, w, cache, key_dtype, block_table, seq_ids, short, short, block_size, context, True, cfg)
+            ref_short = indexer_logits_paged_torch(q, w, cache, key_dtype, block_table, block_size, seq_ids, short, context)
+            ok = ok and torch.equal(torch.isinf(got_short), torch.isinf(ref_short)) and calc_diff(
+                got_short.nan_to_num(neginf=0), ref_short.nan_to_num(neginf=0)) < 5e-6
+            ms = bench([lambda q=q, w=w: run(q, w) for q, w in sets])
+            verdict = f"{'ok' if ok else 'FAIL'} (diff {diff:.1e})"
+            print(f"{case} {label}: check {verdict}, {ms * 1e3:.1f} us", flush=True)
+            rows.append(Row(case, f"{label} [{verdict.split()[0]}]", ms, flops, nbytes, eager))
+        del cache
+        torch.cuda.empty_cache()
+
+
+# ---------------------------------------------------------------- top-k
+
+
+def topk_cases(rows: list[Row], n_rows: int, n_cols: int) -> None:
+    sets = [torch.randn(n_rows, n_cols, device=DEV).clamp_min_(0) for _ in range(8)]  # ReLU-like ties
+    lens = torch.full((n_rows,), n_cols, device=DEV, dtype=torch.int32)
+    case = f"topk {TOPK} of {n_rows}x{n_cols}"
+    nbytes = n_rows * n_cols * 4 + n_rows * TOPK * 4
+    plain = bench([lambda x=x: torch.topk(x, TOPK, dim=1) for x in sets])
+    rows.append(Row(case, "torch.topk", plain, 0, nbytes))
+    eager = bench([lambda x=x: topk_indices_torch(x, lens, TOPK) for x in sets])
+    rows.append(Row(case, "torch eager (reference)", eager, 0, nbytes))
+    x = torch.randn(n_rows, n_cols, device=DEV).clamp_min_(0)
+    short = torch.randint(0, n_cols + 1, (n_rows,), device=DEV, dtype=torch.int32)
+    edge = torch.tensor([0, TOPK - 1, TOPK, TOPK + 1], device=DEV, dtype=torch.int32)
+    short[: min(4, n_rows)] = edge[: min(4, n_rows)]
+    for cfg in [TopkConfig(1024, 4)] if SMOKE else (TopkConfig(2048, 8), TopkConfig(4096, 8), TopkConfig(4096, 16), TopkConfig(8192, 16)):
+        label = f"triton block{cfg.block} w{cfg.num_warps}"
+        ok = True
+        for lengths in (lens, short):
+            with poisoned_outputs():
+                got = topk_triton(x, lengths, TOPK, cfg)
+            ref = topk_indices_torch(x, lengths, TOPK)
+            gv = torch.where(got >= 0, torch.gather(x, 1, got.long().clamp(min=0)), -1.0).sort(dim=1).values
+            rv = torch.where(ref >= 0, torch.gather(x, 1, ref.long().clamp(min=0)), -1.0).sort(dim=1).values
+            ok = ok and torch.equal(gv, rv) and torch.equal((got < 0).sum(1), (ref < 0).sum(1)) and bool((got < lengths[:, None]).all())
+        ms = bench([lambda x=x, cfg=cfg: topk_triton(x, lens, TOPK, cfg) for x in sets])
+        print(f"{case} {label}: check {'ok' if ok else 'FAIL'}, {ms * 1e3:.1f} us", flush=True)
+        rows.append(Row(case, f"{label} [{'ok' if ok else 'FAIL'}]", ms, 0, nbytes, plain))
+
+
+# ---------------------------------------------------------------- report
+
+
+def print_table(rows: list[Row]) -> None:
+    head = f"{'case':<40} {'variant':<44} {'time us':>9} {'TFLOP/s':>8} {'GB/s':>7} {'%copy':>6} {'%mm':>5} {'vs eager':>8}"
+    print("\n" + head + "\n" + "-" * len(head))
+    for r in rows:
+        tflops = r.flops / r.ms / 1e9
+        gbps = r.bytes / r.ms / 1e6
+        speed = f"{r.eager_ms / r.ms:.1f}x" if r.eager_ms else ""
+        print(
+            f"{r.case:<40} {r.variant:<44} {r.ms * 1e3:>9.1f} {tflops:>8.1f} {gbps:>7.0f} "
+            f"{100 * gbps / (COPY_TBPS * 1e3):>5.0f}% {100 * tflops / MATMUL_TFLOPS:>4.0f}% {speed:>8}"
+        )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--only", choices=["mla", "indexer", "topk"], action="append", help="run only these parts (repeatable)")
+    parser.add_argument("--kv-slots", type=int, default=1 << 20, help="KV cache rows the sparse MLA indices draw from")
+    parser.add_argument("--smoke", action="store_true", help="tiny shapes on CPU (set TRITON_INTERPRET=1) to test the script")
+    args = parser.parse_args(argv)
+    global DEV, SMOKE
+    if args.smoke:
+        DEV, SMOKE = "cpu", True
+    elif not torch.cuda.is_available():
+        print("benchmarks/kernels.py needs a CUDA GPU (or --smoke)", file=sys.stderr)
+        return 2
+    parts = args.only or ["mla", "indexer", "topk"]
+    name = "cpu (smoke)" if SMOKE else torch.cuda.get_device_name()
+    print(f"device: {name}  torch {torch.__version__}  triton {triton.__version__}")
+    copy, mm = measure_ceilings()
+    print(f"ceilings measured now: copy {copy / 1e3:.2f} TB/s, bf16 matmul {mm:.0f} TFLOP/s "
+          f"(fractions below use the issue's {COPY_TBPS} TB/s and {MATMUL_TFLOPS:.0f} TFLOP/s)", flush=True)
+    torch.manual_seed(0)
+    rows: list[Row] = []
+    if "mla" in parts:
+        sparse_mla_cases(rows, 4096 if SMOKE else args.kv_slots, 2 if SMOKE else 64)
+    if "indexer" in parts:
+        indexer_cases(rows, *((2, 512) if SMOKE else (64, 65536)))
+    if "topk" in parts:
+        topk_cases(rows, *((2, 4096) if SMOKE else (64, 65536)))
+    print_table(rows)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,109 @@
+"""Sparse MLA: Triton kernel (with and without split-K) vs torch reference vs a float64 per-token loop."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kernels import read_kv_rows, sparse_mla, write_kv_cache
+from kernels.quant import kv_row_width
+from tests.kernels.checks import assert_mla_match
+
+D_C, D_R = 128, 32
+SCALE = (32 + 32) ** -0.5  # (d_nope + d_rope)^-1/2 at the tiny shapes
+
+
+def make_cache(gen, num_slots: int, kv_dtype: str, d_c: int = D_C, d_r: int = D_R) -> torch.Tensor:
+    dtype = torch.bfloat16 if kv_dtype == "bf16" else torch.uint8
+    cache = torch.zeros(num_slots, kv_row_width(d_c, d_r, kv_dtype), dtype=dtype)
+    c = torch.randn(num_slots, d_c, generator=gen) * torch.rand(num_slots, 1, generator=gen) * 2
+    write_kv_cache(cache, torch.arange(num_slots), c, torch.randn(num_slots, d_r, generator=gen), kv_dtype)
+    return cache
+
+
+def make_indices(gen, n_tokens: int, k: int, num_slots: int, valid_counts: list[int]) -> torch.Tensor:
+    """Random slots, each token keeping valid_counts[t] of them (a context shorter than K), -1 after."""
+    idx = torch.randint(0, num_slots, (n_tokens, k), generator=gen, dtype=torch.int32)
+    for t, n in enumerate(valid_counts):
+        idx[t, n:] = -1
+    return idx
+
+
+def independent(q, cache, idx, d_c, kv_dtype):
+    """Float64 loop over tokens on the dequantised rows."""
+    out = torch.zeros(q.shape[0], q.shape[1], d_c, dtype=torch.float64)
+    lse = torch.full(q.shape[:2], float("-inf"), dtype=torch.float64)
+    for t in range(q.shape[0]):
+        sel = idx[t][idx[t] >= 0]
+        if len(sel) == 0:
+            continue
+        rows = read_kv_rows(cache, sel, d_c, q.shape[2] - d_c, kv_dtype).double()
+        logits = SCALE * q[t].double() @ rows.T
+        lse[t] = torch.logsumexp(logits, dim=-1)
+        out[t] = torch.softmax(logits, dim=-1) @ rows[:, :d_c]
+    return out, lse
+
+
+def run_both(q, cache, idx, kv_dtype, num_splits, d_c=D_C):
+    got = sparse_mla(q, cache, idx, SCALE, d_c, kv_dtype, num_splits=num_splits, backend="triton")
+    ref = sparse_mla(q, cache, idx, SCALE, d_c, kv_dtype, backend="torch")
+    assert got[0].shape == ref[0].shape and got[0].dtype == torch.bfloat16 and got[1].dtype == torch.float32
+    assert_mla_match(*got, *ref)
+    out64, lse64 = independent(q, cache, idx, d_c, kv_dtype)
+    assert_mla_match(got[0], got[1], out64.to(torch.bfloat16), lse64.float())
+    return got
+
+
+@pytest.mark.parametrize("kv_dtype", ["bf16", "fp8_ds_mla"])
+@pytest.mark.parametrize("k,num_splits", [(16, None), (64, 3), (200, 1), (200, 4)])
+def test_decode_matches(gen, kv_dtype, k, num_splits):
+    num_slots = 300
+    cache = make_cache(gen, num_slots, kv_dtype)
+    # 1 query token with a full list, one whose context is shorter than K, one with nothing valid
+    q = torch.randn(3, 16, D_C + D_R, generator=gen).bfloat16()
+    idx = make_indices(gen, 3, k, num_slots, [k, max(1, k // 3), 0])
+    out, lse = run_both(q, cache, idx, kv_dtype, num_splits)
+    assert (out[2] == 0).all() and torch.isneginf(lse[2]).all(), "no valid index -> o = 0, lse = -inf"
+
+
+def test_speculative_verify_tokens_and_more_heads(gen):
+    """k+1 = 4 query tokens of one request (growing index lists) and a second request; H = 64."""
+    cache = make_cache(gen, 200, "fp8_ds_mla")
+    q = torch.randn(5, 64, D_C + D_R, generator=gen).bfloat16()
+    idx = make_indices(gen, 5, 32, 200, [29, 30, 31, 32, 7])
+    run_both(q, cache, idx, "fp8_ds_mla", None)
+
+
+def test_more_splits_than_index_blocks_and_odd_heads(gen):
+    """Splits that get no index at all must drop out of the combine; H not a multiple of 16."""
+    cache = make_cache(gen, 100, "bf16")
+    q = torch.randn(2, 20, D_C + D_R, generator=gen).bfloat16()
+    idx = make_indices(gen, 2, 16, 100, [16, 5])
+    run_both(q, cache, idx, "bf16", 6)
+
+
+def test_wider_rows_and_all_invalid_batch(gen):
+    d_c, d_r = 256, 64
+    cache = make_cache(gen, 64, "bf16", d_c, d_r)
+    q = torch.randn(1, 16, d_c + d_r, generator=gen).bfloat16()
+    run_both(q, cache, make_indices(gen, 1, 16, 64, [16]), "bf16", None, d_c)
+    out, lse = sparse_mla(q, cache, torch.full((1, 16), -1, dtype=torch.int32), SCALE, d_c, "bf16", num_splits=2, backend="triton")
+    assert (out == 0).all() and torch.isneginf(lse).all()
+
+
+def test_errors(gen):
+    cache = make_cache(gen, 8, "bf16")
+    q = torch.randn(1, 16, D_C + D_R, generator=gen).bfloat16()
+    idx = torch.zeros(1, 4, dtype=torch.int32)
+    with pytest.raises(ValueError, match="bf16"):
+        sparse_mla(q.float(), cache, idx, SCALE, D_C, "bf16")
+    with pytest.raises(ValueError, match="kv_cache"):
+        sparse_mla(q, cache, idx, SCALE, D_C, "fp8_ds_mla")
+    with pytest.raises(ValueError, match="powers of two"):
+        sparse_mla(q, cache, idx, SCALE, 96, "bf16")
+    with pytest.raises(ValueError, match="indices"):
+        sparse_mla(q, cache, idx[:, None], SCALE, D_C, "bf16")
+    with pytest.raises(ValueError, match="num_splits"):
+        sparse_mla(q, cache, idx, SCALE, D_C, "bf16", num_splits=0)
+    with pytest.raises(ValueError, match="unknown kernel backend"):
+        sparse_mla(q, cache, idx, SCALE, D_C, "bf16", backend="cuda")
