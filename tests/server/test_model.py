@@ -1,0 +1,222 @@
+"""The paged, absorbed sparse-MLA model against a straightforward dense per-token implementation
+of SPARSE_MLA.md written here; KV/indexer dtypes; safetensors save/load."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from kernels.quant import (
+    decode_e4m3,
+    encode_indexer_keys,
+    encode_kv_rows,
+    fp8_e4m3_quantize,
+    read_indexer_keys,
+    read_kv_rows,
+)
+from server.engine.kv_cache import BlockManager
+from server.engine.messages import SamplingParams
+from server.engine.scheduler import ScheduledBatch
+from server.engine.sequence import Sequence
+from server.model.model import save_weights
+from server.model.runner import ModelRunner
+
+from tests.server.engine_fixtures import prompt, tiny_config
+
+# Two requests fed in ragged steps: a prefill chunk, a multi-token chunk, then single tokens.
+CHUNKS = {"A": (24, 16, 1, 1), "B": (20, 7, 1, 1)}
+# 16 indexer heads make exact ties of the ReLU logits (all heads <= 0) practically impossible.
+SMALL = dict(index_num_heads=16, index_topk=16)
+
+
+# ---------------------------------------------------------------- the dense reference
+
+
+def rope_pairs(x: torch.Tensor, pos: torch.Tensor, theta: float) -> torch.Tensor:
+    """Rotate (x0, x1), (x2, x3), ... of the last dim by pos * theta^(-2i/d)."""
+    d = x.shape[-1]
+    ang = pos.double()[:, None] * theta ** (-torch.arange(0, d, 2, dtype=torch.float64) / d)
+    while ang.dim() < x.dim():
+        ang = ang.unsqueeze(1)
+    cos, sin = ang.cos(), ang.sin()
+    a, b = x.double()[..., 0::2], x.double()[..., 1::2]
+    return torch.stack((a * cos - b * sin, a * sin + b * cos), dim=-1).flatten(-2)
+
+
+def rope_halves(x: torch.Tensor, pos: torch.Tensor, theta: float) -> torch.Tensor:
+    """Rotate (x_i, x_{i+d/2}) of the last dim."""
+    d = x.shape[-1]
+    perm = torch.cat((torch.arange(0, d // 2)[:, None], torch.arange(d // 2, d)[:, None]), 1).flatten()
+    inv = torch.argsort(perm)
+    return rope_pairs(x[..., perm], pos, theta)[..., inv]
+
+
+def rms(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+    x = x.double()
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w.double()
+
+
+def dense_attention(attn, h: torch.Tensor, kv_dtype: str, key_dtype: str) -> torch.Tensor:
+    """SPARSE_MLA.md steps 1-5 for one request's tokens 0..N-1, non-absorbed, token by token."""
+    c = attn.c
+    n, H, dn, dr, dc, dv = h.shape[0], c.num_heads, c.qk_nope_dim, c.qk_rope_dim, c.kv_lora_rank, c.v_head_dim
+    hi, di, eps, theta = c.index_num_heads, c.index_head_dim, c.rms_norm_eps, c.rope_theta
+    pos = torch.arange(n)
+    h = h.double()
+    W = lambda lin: lin.weight.double()  # noqa: E731
+    c_q = rms(h @ W(attn.wq_a).T, attn.q_norm.weight, eps)
+    q = (c_q @ W(attn.wq_b).T).view(n, H, dn + dr)
+    q_nope, q_pe = q[..., :dn], rope_pairs(q[..., dn:], pos, theta)
+    kv = h @ W(attn.wkv_a).T
+    lat, k_pe = rms(kv[:, :dc], attn.kv_norm.weight, eps), rope_pairs(kv[:, dc:], pos, theta)
+    rows = read_kv_rows(encode_kv_rows(lat.float(), k_pe.float(), kv_dtype), torch.arange(n), dc, dr, kv_dtype).double()
+    lat, k_pe = rows[:, :dc], rows[:, dc:]
+
+    ix = attn.indexer
+    q_i = (c_q @ W(ix.wq).T).view(n, hi, di)
+    q_i = torch.cat((rope_halves(q_i[..., :dr], pos, theta), q_i[..., dr:]), -1)
+    k_i = F.layer_norm((h @ W(ix.wk).T), (di,), ix.k_norm.weight.double(), ix.k_norm.bias.double(), ix.k_norm.eps)
+    k_i = torch.cat((rope_halves(k_i[..., :dr], pos, theta), k_i[..., dr:]), -1)
+    q8, s_q = fp8_e4m3_quantize(q_i.float())
+    k_val, s_k = read_indexer_keys(encode_indexer_keys(k_i.float(), key_dtype), di, key_dtype)
+    w = (h @ W(ix.weights_proj).T) * s_q.double() / math.sqrt(hi * di)
+
+    w_kv = W(attn.wkv_b).view(H, dn + dv, dc)
+    w_uk, w_uv = w_kv[:, :dn], w_kv[:, dn:]
+    out = torch.empty(n, H, dv, dtype=torch.float64)
+    for t in range(n):
+        scores = torch.relu(torch.einsum("hd,sd->hs", decode_e4m3(q8[t]).double(), k_val[: t + 1].double()))
+        index_logits = s_k[: t + 1].double() * (w[t][:, None] * scores).sum(0)
+        sel = index_logits.topk(min(c.index_topk, t + 1)).indices
+        k_nope = torch.einsum("sc,hnc->shn", lat[sel], w_uk)
+        v = torch.einsum("sc,hvc->shv", lat[sel], w_uv)
+        logits = c.softmax_scale * (torch.einsum("hn,shn->hs", q_nope[t], k_nope) + q_pe[t] @ k_pe[sel].T)
+        out[t] = torch.einsum("hs,shv->hv", logits.softmax(-1), v)
+    return out.reshape(n, H * dv) @ W(attn.wo).T
+
+
+def dense_model_logits(model, ids: list[int], kv_dtype: str, key_dtype: str) -> torch.Tensor:
+    eps = model.config.rms_norm_eps
+    x = model.embed.weight[torch.tensor(ids)].double()
+    for layer in model.layers:
+        x = x + dense_attention(layer.attn, rms(x, layer.attn_norm.weight, eps).float(), kv_dtype, key_dtype)
+        m = rms(x, layer.mlp_norm.weight, eps)
+        mlp = layer.mlp
+        x = x + (F.silu(m @ mlp.w_gate.weight.double().T) * (m @ mlp.w_up.weight.double().T)) @ mlp.w_down.weight.double().T
+    return rms(x, model.norm.weight, eps) @ model.lm_head.weight.double().T
+
+
+# ---------------------------------------------------------------- driving the real runner
+
+
+def feed(runner: ModelRunner, token_lists: dict[str, list[int]], chunks: dict[str, tuple[int, ...]]):
+    """Teacher-force each request through the runner in the given chunks, batched together.
+    Returns per request the logits of every token and, per layer, the attention input/output."""
+    blocks = BlockManager(runner.num_blocks, runner.block_size, enable_prefix_caching=False)
+    seqs = {rid: Sequence(rid, ids, SamplingParams(max_tokens=1), 0.0) for rid, ids in token_lists.items()}
+    captured: list[list[tuple]] = [[] for _ in runner.model.layers]
+    hooks = [layer.attn.register_forward_hook(lambda mod, args, out, i=i: captured[i].append((args[0], args[2], out)))
+             for i, layer in enumerate(runner.model.layers)]
+    logits = {rid: [] for rid in seqs}
+    try:
+        for step in range(max(len(c) for c in chunks.values())):
+            batch = [(seqs[rid], c[step]) for rid, c in chunks.items() if step < len(c)]
+            for seq, n in batch:
+                blocks.append(seq, n)
+            out = runner.execute(ScheduledBatch(tuple(s for s, _ in batch), tuple(n for _, n in batch)),
+                                 [n for _, n in batch])
+            for (seq, n), part in zip(batch, out.split([n for _, n in batch])):
+                logits[seq.request_id].append(part)
+                seq.num_computed_tokens += n
+    finally:
+        for hook in hooks:
+            hook.remove()
+    order = list(chunks)
+    per_layer = []
+    for records in captured:
+        by_req = {rid: ([], []) for rid in order}
+        for h, meta, out in records:
+            for i, rid in enumerate(r for r in order):
+                rows = meta.seq_ids == order.index(rid)
+                by_req[rid][0].append(h[rows])
+                by_req[rid][1].append(out[rows])
+        per_layer.append({rid: (torch.cat(a), torch.cat(b)) for rid, (a, b) in by_req.items()})
+    return {rid: torch.cat(v) for rid, v in logits.items()}, per_layer
+
+
+def token_lists():
+    return {rid: list(prompt(i + 7, sum(c))) for i, (rid, c) in enumerate(CHUNKS.items())}
+
+
+def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a.double() - b.double()).abs().max() / b.double().abs().max())
+
+
+@pytest.mark.parametrize("kv_cache_dtype, key_dtype", [("bf16", "fp8"), ("fp8", "mxfp4")])
+def test_attention_layers_match_dense_reference(kv_cache_dtype, key_dtype):
+    """Each layer's sparse attention, fed the layer input the model saw, equals the dense
+    per-token computation, with top-k (16) smaller than most contexts (up to 42)."""
+    runner = ModelRunner(tiny_config(kv_cache_dtype=kv_cache_dtype, indexer_key_dtype=key_dtype, num_blocks=16, **SMALL))
+    _, per_layer = feed(runner, token_lists(), CHUNKS)
+    kv_dtype = runner.settings.kv_dtype
+    for layer, captured in zip(runner.model.layers, per_layer):
+        for rid, (h, out) in captured.items():
+            ref = dense_attention(layer.attn, h, kv_dtype, key_dtype)
+            assert rel_err(out, ref) < 1e-2, (rid, rel_err(out, ref))
+
+
+def test_model_logits_match_dense_reference():
+    """Whole model (embedding, norms, MLP, head) with every context within top-k."""
+    runner = ModelRunner(tiny_config(num_blocks=16, index_topk=64))
+    lists = token_lists()
+    logits, _ = feed(runner, lists, CHUNKS)
+    for rid, ids in lists.items():
+        ref = dense_model_logits(runner.model, ids, "bf16", "fp8")
+        assert rel_err(logits[rid], ref) < 1e-2
+        assert torch.equal(logits[rid].argmax(-1), ref.argmax(-1))
+
+
+def test_kv_and_indexer_dtypes_give_close_logits():
+    lists = token_lists()
+    results = {}
+    for kv in ("bf16", "fp8"):
+        for key in ("fp8", "mxfp4"):
+            runner = ModelRunner(tiny_config(kv_cache_dtype=kv, indexer_key_dtype=key, num_blocks=16, **SMALL))
+            results[kv, key] = torch.cat(list(feed(runner, lists, CHUNKS)[0].values()))
+    base = results["bf16", "fp8"]
+    for combo, logits in results.items():
+        cos = F.cosine_similarity(logits, base, dim=-1)
+        assert torch.isfinite(logits).all()
+        assert cos.min() > 0.9 and cos.mean() > 0.97, (combo, cos.min(), cos.mean())
+
+
+def test_save_load_roundtrip(tmp_path):
+    path = str(tmp_path / "tiny.safetensors")
+    source = ModelRunner(tiny_config(seed=0, num_blocks=16))
+    save_weights(source.model, path)
+    other = ModelRunner(tiny_config(seed=1, num_blocks=16))
+    loaded = ModelRunner(tiny_config(seed=1, num_blocks=16, weights=path))
+    lists = token_lists()
+    a = feed(source, lists, CHUNKS)[0]
+    b = feed(loaded, lists, CHUNKS)[0]
+    c = feed(other, lists, CHUNKS)[0]
+    assert all(torch.equal(a[r], b[r]) for r in a)
+    assert not torch.allclose(a["A"], c["A"])
+
+
+def test_load_rejects_mismatched_weights(tmp_path):
+    path = str(tmp_path / "three_layers.safetensors")
+    save_weights(ModelRunner(tiny_config(num_layers=3, num_blocks=4)).model, path)
+    with pytest.raises(ValueError, match="--weights .*tensor names do not match"):
+        ModelRunner(tiny_config(num_blocks=4, weights=path))
+    wide = str(tmp_path / "wide.safetensors")
+    save_weights(ModelRunner(tiny_config(intermediate_size=512, num_blocks=4)).model, wide)
+    with pytest.raises(ValueError, match="w_gate.weight has shape"):
+        ModelRunner(tiny_config(num_blocks=4, weights=wide))
+    junk = tmp_path / "junk.safetensors"
+    junk.write_bytes(b"not a safetensors file")
+    with pytest.raises(ValueError, match="cannot read safetensors"):
+        ModelRunner(tiny_config(num_blocks=4, weights=str(junk)))
