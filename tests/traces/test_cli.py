@@ -53,14 +53,16 @@ def test_stats_errors_exit_2_with_a_clear_message(tmp_path: Path, files) -> None
     assert knob.returncode == 2 and "token_scale must be > 0" in knob.stderr
 
 
-def test_traces_and_the_command_import_without_torch() -> None:
+def test_traces_and_the_command_import_without_torch_and_only_numpy_orjson() -> None:
     code = (
         "import sys; sys.modules['torch'] = None\n"
+        "before = {n.split('.')[0] for n in sys.modules}\n"
         "import traces, loadgen.cmd_traces\n"
-        "from traces import PromptSynth, load_traces, trace_stats\n"
-        "ts = load_traces('agentic-coding'); trace_stats(ts)\n"
+        "from traces import PromptSynth, ScaleConfig, load_traces, scale_traces, trace_stats\n"
+        "ts = load_traces('agentic-coding'); trace_stats(*scale_traces(ts, ScaleConfig(token_scale=0.5)))\n"
         "PromptSynth(64).prompt(ts.sessions[0].id, ts.sessions[0].requests[0], salt=1)\n"
-        "assert 'torch' not in sys.modules or sys.modules['torch'] is None\n"
+        "new = {n.split('.')[0] for n in sys.modules} - before - set(sys.stdlib_module_names)\n"
+        "assert new <= {'numpy', 'orjson', 'traces', 'loadgen'}, new\n"
         "print('ok')\n"
     )
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
