@@ -33,6 +33,7 @@ class Sampler:
             self._seeded[seq.request_id] = g
         return g
 
+    @torch.inference_mode()
     def __call__(self, logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
         """logits fp32 [S, V], one row per sequence -> token ids int64 [S] on the device."""
         suppress = [i for i, s in enumerate(seqs) if s.num_output_tokens < s.params.min_tokens]

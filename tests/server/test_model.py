@@ -139,7 +139,7 @@ def feed(runner: ModelRunner, token_lists: dict[str, list[int]], chunks: dict[st
     for records in captured:
         by_req = {rid: ([], []) for rid in order}
         for h, meta, out in records:
-            for i, rid in enumerate(r for r in order):
+            for rid in order:
                 rows = meta.seq_ids == order.index(rid)
                 by_req[rid][0].append(h[rows])
                 by_req[rid][1].append(out[rows])
