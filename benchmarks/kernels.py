@@ -117,9 +117,11 @@ def check_sparse_mla(q, cache, idx, kv_dtype, num_splits, config) -> str:
 def sparse_mla_cases(rows: list[Row], num_slots: int, batch: int) -> None:
     for kv_dtype in ("bf16", "fp8_ds_mla"):
         cache = make_kv_cache(num_slots, kv_dtype)
-        for heads, configs in (
-            (128, [SparseMlaConfig(64, 32, 8, 1), SparseMlaConfig(64, 32, 8, 2), SparseMlaConfig(64, 64, 8, 1), SparseMlaConfig(32, 32, 4, 2)]),
-            (16, [SparseMlaConfig(16, 32, 4, 2), SparseMlaConfig(16, 64, 4, 2), SparseMlaConfig(16, 64, 4, 3)]),
+        c = SparseMlaConfig
+        for heads, configs in (  # (tile config, num_splits or None for the automatic choice)
+            (128, [(c(64, 32, 8, 1), None), (c(64, 32, 8, 2), None), (c(64, 64, 8, 1), None),
+                   (c(64, 32, 8, 2), 2), (c(32, 32, 4, 2), None)]),
+            (16, [(c(16, 32, 4, 2), None), (c(16, 64, 4, 2), None), (c(16, 64, 4, 3), None), (c(16, 64, 4, 2), 16)]),
         ):
             sets = [
                 (torch.randn(batch, heads, D_C + D_R, device=DEV).bfloat16(),
@@ -135,12 +137,12 @@ def sparse_mla_cases(rows: list[Row], num_slots: int, batch: int) -> None:
             q0, idx0 = sets[0][0], sets[0][1].clone()
             idx0[0] = -1
             idx0[1, TOPK // 3 :] = -1
-            for cfg in [SparseMlaConfig(16, 16, 4, 1)] if SMOKE else configs:
-                splits = auto_num_splits(batch * triton.cdiv(heads, cfg.block_h), TOPK, cfg.block_n, q0.device)
-                label = f"triton h{cfg.block_h} n{cfg.block_n} w{cfg.num_warps} s{cfg.num_stages} splits{splits}"
+            for cfg, forced in [(SparseMlaConfig(16, 16, 4, 1), None)] if SMOKE else configs:
+                splits = forced or auto_num_splits(batch * triton.cdiv(heads, cfg.block_h), TOPK, cfg.block_n, q0.device)
+                label = f"triton h{cfg.block_h} n{cfg.block_n} w{cfg.num_warps} s{cfg.num_stages} splits{splits}{'' if forced else '(auto)'}"
                 try:
-                    verdict = check_sparse_mla(q0, cache, idx0, kv_dtype, None, cfg)
-                    ms = bench([lambda q=q, i=i: sparse_mla_triton(q, cache, i, SCALE, D_C, kv_dtype, None, cfg) for q, i in sets])
+                    verdict = check_sparse_mla(q0, cache, idx0, kv_dtype, splits, cfg)
+                    ms = bench([lambda q=q, i=i: sparse_mla_triton(q, cache, i, SCALE, D_C, kv_dtype, splits, cfg) for q, i in sets])
                 except Exception as exc:  # a config the compiler cannot fit: report and go on
                     print(f"{case} {label}: {type(exc).__name__}: {str(exc)[:200]}", flush=True)
                     continue
@@ -256,9 +258,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--kv-slots", type=int, default=1 << 20, help="KV cache rows the sparse MLA indices draw from")
     parser.add_argument("--smoke", action="store_true", help="tiny shapes on CPU (set TRITON_INTERPRET=1) to test the script")
     args = parser.parse_args(argv)
-    global DEV, SMOKE
+    global DEV, SMOKE, TOPK
     if args.smoke:
-        DEV, SMOKE = "cpu", True
+        DEV, SMOKE, TOPK = "cpu", True, 64
     elif not torch.cuda.is_available():
         print("benchmarks/kernels.py needs a CUDA GPU (or --smoke)", file=sys.stderr)
         return 2
