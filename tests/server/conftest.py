@@ -153,8 +153,9 @@ def start_server(tmp_path_factory: pytest.TempPathFactory, name: str, args: list
 
 @pytest.fixture(scope="session")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    """The shared server: tiny model, API key set, a small KV pool so that preemption happens."""
-    proc = start_server(tmp_path_factory, "main", ["--kv-cache-gb", "0.05", "--max-num-seqs", "16",
+    """The shared server: tiny model, API key set, a small KV pool (43 blocks of 16 tokens)
+    so that concurrency forces queueing and preemption."""
+    proc = start_server(tmp_path_factory, "main", ["--kv-cache-gb", "0.0005", "--max-num-seqs", "16",
                                                    "--max-num-batched-tokens", "256",
                                                    "--max-body-mb", "1"], API_KEY)
     yield proc
