@@ -18,8 +18,10 @@ keep the exact distribution and runs (or worker processes) merge without loss. D
 from __future__ import annotations
 
 import base64
+import math
 from dataclasses import dataclass
 
+import numpy as np
 from hdrh.histogram import HdrHistogram
 
 SIGNIFICANT_DIGITS = 3
@@ -68,19 +70,30 @@ def decode_histogram(text: str) -> HdrHistogram:
 
 
 def histogram_stats(hist: HdrHistogram) -> dict[str, float | int | None]:
-    """count, mean, std, min, p50, p90, p95, p99, p99.9, max (None when empty)."""
+    """count, mean, std, min, p50, p90, p95, p99, p99.9, max (None when empty).
+
+    Same definitions as hdrh's own getters (a bucket counts at its median-equivalent value for
+    mean and std, at its highest-equivalent value for percentiles), computed over the non-empty
+    buckets only: hdrh's pure-Python iterators take seconds on a busy histogram.
+    """
     count = hist.get_total_count()
     if count == 0:
         keys = ("mean", "std", "min", *(f"p{p:g}" for p in PERCENTILES), "max")
         return {"count": 0, **{key: None for key in keys}}
+    counts = np.ctypeslib.as_array(hist.counts)[: hist.counts_len]
+    indices = np.flatnonzero(counts)
+    weights = counts[indices].astype(np.float64)
+    values = [hist.get_value_from_index(int(i)) for i in indices]
+    medians = np.array([hist._hdr_median_equiv_value(v) for v in values], dtype=np.float64)
+    mean = float(np.dot(weights, medians) / count)
+    std = math.sqrt(float(np.dot(weights, (medians - mean) ** 2) / count))
+    cumulative = np.cumsum(counts[indices])
     stats: dict[str, float | int | None] = {
-        "count": count,
-        "mean": round(hist.get_mean_value(), 3),
-        "std": round(hist.get_stddev(), 3),
-        "min": hist.get_min_value(),
+        "count": count, "mean": round(mean, 3), "std": round(std, 3), "min": hist.get_min_value(),
     }
     for p in PERCENTILES:
-        stats[f"p{p:g}"] = hist.get_value_at_percentile(p)
+        position = int(np.searchsorted(cumulative, hist.get_target_count_at_percentile(p)))
+        stats[f"p{p:g}"] = hist.get_highest_equivalent_value(values[position])
     stats["max"] = hist.get_max_value()
     return stats
 
@@ -95,13 +108,15 @@ def interactivity_stats(tpot: HdrHistogram, interactivity: HdrHistogram) -> dict
     if not stats["count"]:
         return stats
 
+    own = histogram_stats(interactivity)
+
     def per_s(tpot_us: float | int | None) -> float | None:
         return round(1e6 / tpot_us, 3) if tpot_us else None
 
     out: dict[str, float | int | None] = {
         "count": stats["count"],
-        "mean": round(interactivity.get_mean_value() / 1000, 3),
-        "std": round(interactivity.get_stddev() / 1000, 3),
+        "mean": round(own["mean"] / 1000, 3),
+        "std": round(own["std"] / 1000, 3),
         "min": per_s(stats["max"]),
     }
     for p in PERCENTILES:

@@ -17,8 +17,9 @@ SERVER = Path(__file__).with_name("sse_server.py")
 class ServerProcess:
     """The sse_server.py process on 127.0.0.1; `records()` fetches what it saw."""
 
-    def __init__(self, config: dict) -> None:
-        self.proc = subprocess.Popen([sys.executable, str(SERVER), "--config", json.dumps(config)],
+    def __init__(self, config: dict, cpu: int | None = None) -> None:
+        pin = ["--cpu", str(cpu)] if cpu is not None else []
+        self.proc = subprocess.Popen([sys.executable, str(SERVER), "--config", json.dumps(config), *pin],
                                      stdout=subprocess.PIPE, text=True)
         line = self.proc.stdout.readline()
         if not line.startswith("PORT "):
@@ -106,8 +107,24 @@ def sessions(tmp_path):
     folder = tmp_path / "traces"
 
     def make(*specs: dict) -> Path:
+        """Each spec: write_session's keywords; "subagent" holds subagent_item's keywords."""
         for i, spec in enumerate(specs):
+            spec = dict(spec)
+            if "subagent" in spec:
+                spec["subagent"] = subagent_item(**spec["subagent"])
             write_session(folder / f"s{i}.json.gz", spec.pop("sid", f"s{i}"), **spec)
         return folder
 
     return make
+
+
+@pytest.fixture
+def replay_cli_error(capsys, tmp_path):
+    """Run `loadgen replay` expecting it to stop early; returns (exit code, stderr)."""
+    from loadgen.cli import main
+
+    def run(*flags: str) -> tuple[int, str]:
+        code = main(["replay", "--out", str(tmp_path / "out"), "--quiet", *flags])
+        return code, capsys.readouterr().err
+
+    return run

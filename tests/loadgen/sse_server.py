@@ -3,7 +3,8 @@
 Run as its own process: `python sse_server.py --config JSON [--cpu N]` prints `PORT <n>` when
 it listens on 127.0.0.1. /v1/completions and /v1/chat/completions stream `max_tokens` tokens:
 `first_ms` before the first chunk, `itl_ms` between chunks, `tokens_per_chunk` tokens each
-(with `token_ids` when `send_token_ids`), then a usage chunk and [DONE]. It records, per
+(with `token_ids` when `send_token_ids`), then a usage chunk and [DONE]; with `serial` it
+serves one request at a time (a slow server: the others queue). It records, per
 request, its own timestamps (time.perf_counter_ns, CLOCK_MONOTONIC: comparable across
 processes on Linux), the prompt, the fields asked for, and how many distinct `user`s (session
 plays) and requests were in flight at once. GET /_records returns them.
@@ -26,7 +27,7 @@ from aiohttp import web
 
 DEFAULTS = {"first_ms": 0.0, "itl_ms": 0.0, "tokens_per_chunk": 1, "send_token_ids": True,
             "model": "test-model", "owned_by": "test", "max_model_len": None, "num_gpus": None,
-            "vocab_size": None, "fault": None, "keep_prompts": False, "cached_tokens": 0}
+            "vocab_size": None, "fault": None, "keep_prompts": False, "cached_tokens": 0, "serial": False}
 
 
 class State:
@@ -38,6 +39,7 @@ class State:
         self.max_inflight = 0
         self.users: dict[str, int] = {}
         self.max_users = 0
+        self.lock = asyncio.Lock()  # "serial": one request at a time, the rest queue
 
 
 async def models(request: web.Request) -> web.Response:
@@ -84,6 +86,9 @@ async def complete(request: web.Request) -> web.StreamResponse:
     st.max_inflight = max(st.max_inflight, st.inflight)
     st.max_users = max(st.max_users, len(st.users))
     try:
+        if cfg["serial"]:
+            async with st.lock:
+                return await _stream(request, cfg, body, prompt, rec, kind, chat)
         return await _stream(request, cfg, body, prompt, rec, kind, chat)
     finally:
         st.inflight -= 1

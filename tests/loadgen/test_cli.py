@@ -1,0 +1,85 @@
+"""`loadgen replay` on the command line: help, start without torch, flag errors, table output."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from loadgen.cli import main
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_help_lists_the_flags(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["replay", "--help"])
+    assert exit_info.value.code == 0
+    out = capsys.readouterr().out
+    for flag in ("--url", "--conc", "--duration", "--warmup", "--traces", "--rate", "--time-scale",
+                 "--endpoint", "--max-error-rate", "--per-request", "--gpus", "--vocab-size"):
+        assert flag in out
+
+
+def test_loadgen_runs_without_torch():
+    code = ("import sys; sys.modules['torch'] = None\n"
+            "from loadgen.cli import main\n"
+            "import loadgen.replay, loadgen.runner, loadgen.transport.http\n"
+            "main(['replay', '--help'])\n")
+    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
+                            env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert "usage: loadgen replay" in result.stdout
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--conc", "0"], "--conc: expected positive numbers"),
+    (["--conc", "a,b"], "--conc: expected comma-separated numbers"),
+    (["--rate", "-1"], "--rate: expected positive numbers"),
+    (["--warmup", "soon"], "--warmup: expected seconds like '30s' or requests like '2req'"),
+    (["--start-offset", "0.8:0.2"], "--start-offset: need 0 <= LO <= HI <= 1"),
+    (["--header", "novalue"], "--header: expected K:V"),
+    (["--duration", "0"], "--duration: must be > 0"),
+    (["--max-error-rate", "2"], "--max-error-rate: must be within 0..1"),
+])
+def test_bad_flags_are_named(capsys, flags, message):
+    assert main(["replay", "--url", "http://127.0.0.1:9", *flags]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_bad_trace_is_named(start_server, tmp_path, replay_cli_error):
+    server = start_server()
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"timestamp": 1, "input_length": "many", "output_length": 3, "hash_ids": []}\n')
+    code, err = replay_cli_error("--url", server.url, "--traces", str(bad))
+    assert code == 2 and "bad.jsonl" in err and "input_length" in err
+
+
+def test_our_server_is_detected_and_its_limits_used(start_server, sessions, replay):
+    server = start_server(owned_by="agentload", num_gpus=4, max_model_len=900, vocab_size=1024, keep_prompts=True)
+    folder = sessions({"n_requests": 12, "think": 0.0, "n_out": 4})  # inputs 200..970 tokens
+    code, doc, records = replay(server.url, "--traces", str(folder), "--duration", "0.4")
+    assert code == 0
+    config = doc["config"]
+    assert config["gpus"] == 4 and config["server"]["ours"] and config["model"] == "test-model"
+    assert config["vocab"] == {"offset": 0, "size": 256}
+    assert config["traces"]["scale"]["dropped"] > 0  # over max_model_len: dropped, not sent
+    assert all(r["isl"] + r["osl_asked"] <= 900 for r in records)
+    assert all(max(rec["prompt"]) < 256 for rec in server.records()["records"])
+    tput = doc["levels"][0]["throughput"]
+    assert tput["gpus"] == 4
+    assert tput["output_tokens_per_s_per_gpu"] == pytest.approx(tput["output_tokens_per_s"] / 4, rel=1e-3)
+
+
+def test_table_and_results_path_are_printed(start_server, sessions, tmp_path, capsys):
+    server = start_server()
+    folder = sessions({"n_requests": 5, "think": 0.0, "n_out": 3})
+    out = tmp_path / "out"
+    assert main(["replay", "--url", server.url, "--traces", str(folder), "--duration", "0.3",
+                 "--out", str(out), "--header", "X-Test: 1", "--api-key", "k"]) == 0
+    text = capsys.readouterr().out
+    assert "== conc 1" in text and "TTFT" in text and "interactivity (slow tail)" in text
+    assert f"results: {out / 'result.json'}" in text

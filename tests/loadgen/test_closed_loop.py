@@ -1,0 +1,110 @@
+"""Closed-loop semantics against a real streaming server: concurrency, think time, subagents,
+salts of recycled sessions, warm-up exclusion, start offsets."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+
+def _by_play(records: list[dict]) -> dict[int, list[dict]]:
+    plays = defaultdict(list)
+    for rec in records:
+        plays[rec["play"]].append(rec)
+    for recs in plays.values():
+        recs.sort(key=lambda r: r["start_ns"])
+    return plays
+
+
+def test_concurrency_never_exceeds_the_session_trees(start_server, sessions, replay):
+    server = start_server(first_ms=5, itl_ms=1)
+    folder = sessions(*({"n_requests": 5, "think": 0.02, "subagent": {"t": 0.3, "n_requests": 3, "think": 0.0,
+                                                                      "duration_s": 5.0}} for _ in range(6)))
+    code, doc, records = replay(server.url, "--traces", str(folder), "--conc", "3", "--duration", "1.5",
+                                "--start-offset", "0:0")
+    assert code == 0
+    seen = server.records()
+    assert seen["max_users"] <= 3  # distinct session plays in flight at once
+    assert seen["max_inflight"] > 3  # ... while subagents push in-flight requests past N
+    level = doc["levels"][0]
+    assert level["counts"]["max_active_trees"] == 3
+    assert level["counts"]["max_inflight_requests"] == seen["max_inflight"]
+
+
+def test_think_time_is_respected_and_subagents_overlap_their_parent(start_server, sessions, replay):
+    server = start_server(first_ms=2, itl_ms=1)
+    # Subagent launched after the 2nd parent request, 5 s long: the parent does not wait for it.
+    folder = sessions({"n_requests": 6, "think": 0.15, "n_out": 4,
+                       "subagent": {"t": 0.35, "n_requests": 4, "think": 0.05, "duration_s": 5.0}})
+    code, doc, records = replay(server.url, "--traces", str(folder), "--conc", "1", "--duration", "2.5",
+                                "--start-offset", "0:0")
+    assert code == 0
+    play = _by_play(records)[0]
+    parent = [r for r in play if r["agent"] == ""]
+    sub = [r for r in play if r["agent"] == "agent_x"]
+    assert [r["turn"] for r in parent][:6] == [0, 1, 6, 7, 8, 9]  # file order: subagent requests are 2..5
+    for before, after in zip(parent, parent[1:]):
+        assert after["start_ns"] - before["end_ns"] >= 150_000_000  # recorded think time 0.15 s
+    for before, after in zip(sub, sub[1:]):
+        assert after["start_ns"] - before["end_ns"] >= 50_000_000
+    assert len(sub) == 4
+    # every subagent request runs while the parent's chain is still going
+    assert sub[0]["start_ns"] >= parent[1]["end_ns"]
+    # the parent keeps going while the subagent's chain runs
+    assert any(sub[0]["start_ns"] < p["start_ns"] < sub[-1]["end_ns"] for p in parent)
+
+
+def test_recycled_sessions_get_a_new_salt(start_server, sessions, replay):
+    server = start_server(keep_prompts=True)
+    folder = sessions({"n_requests": 3, "think": 0.0, "n_out": 2})
+    code, doc, records = replay(server.url, "--traces", str(folder), "--conc", "1", "--duration", "0.6",
+                                "--start-offset", "0:0", "--vocab-size", "50000")
+    assert code == 0
+    prompts = {rec["id"]: rec["prompt"] for rec in server.records()["records"]}
+    plays = _by_play(records)
+    assert len(plays) >= 3
+    first_blocks = set()
+    for recs in plays.values():
+        block = tuple(prompts[recs[0]["id"]][:64])
+        first_blocks.add(block)
+        # inside one play the conversation prefix is shared (prefix cache can hit)
+        for rec in recs[1:]:
+            assert tuple(prompts[rec["id"]][:64]) == block
+    assert len(first_blocks) == len(plays)  # ... and never across plays
+
+
+def test_warmup_requests_never_count(start_server, sessions, replay):
+    server = start_server(first_ms=2)
+    folder = sessions(*({"n_requests": 8, "think": 0.01, "n_out": 3} for _ in range(3)))
+    code, doc, records = replay(server.url, "--traces", str(folder), "--conc", "2", "--duration", "0.8",
+                                "--warmup", "3req")
+    assert code == 0
+    level = doc["levels"][0]
+    warm = [r for r in records if not r["counted"]]
+    counted = [r for r in records if r["counted"]]
+    assert len(warm) == level["counts"]["warmup_requests_ok"] >= 6  # 3 per lane, at least
+    assert len(counted) == level["counts"]["requests_ok"] == level["metrics"]["ttft"]["stats"]["count"]
+    assert max(r["start_ns"] for r in warm) <= min(r["start_ns"] for r in counted)
+    assert len(server.records()["records"]) == len(records)
+    # each lane's first request re-sends the context at its start offset: never counted
+    first_of_play = [recs[0] for recs in _by_play(records).values()][:2]
+    assert all(not r["counted"] for r in first_of_play)
+
+
+def test_start_offset_places_the_first_session_inside_it(start_server, sessions, replay):
+    server = start_server()
+    folder = sessions({"n_requests": 20, "think": 0.0, "n_out": 2})
+    code, doc, records = replay(server.url, "--traces", str(folder), "--conc", "1", "--duration", "0.3",
+                                "--start-offset", "0.5:0.5")
+    assert code == 0
+    first = min(records, key=lambda r: r["start_ns"])
+    assert first["turn"] == 10 and not first["counted"]
+
+
+def test_same_seed_same_plan(start_server, sessions, replay):
+    server = start_server()
+    folder = sessions(*({"n_requests": 10, "think": 0.0, "n_out": 2} for _ in range(5)))
+    runs = []
+    for _ in range(2):
+        _, _, records = replay(server.url, "--traces", str(folder), "--conc", "2", "--duration", "0.3", "--seed", "7")
+        runs.append(sorted((r["session"], r["turn"]) for r in records if r["play"] < 2)[:6])
+    assert runs[0] == runs[1]

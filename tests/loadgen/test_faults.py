@@ -1,0 +1,92 @@
+"""Failures: a server that resets streams, answers 500, stalls, cuts streams short, or dies."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+from loadgen.results import read_results
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.parametrize("kind, error", [("reset", "reset"), ("500", "http_500"), ("short", "truncated")])
+def test_failed_requests_are_counted_by_kind(start_server, sessions, replay, kind, error):
+    server = start_server(first_ms=1, fault={"kind": kind, "every": 3})
+    folder = sessions(*({"n_requests": 10, "think": 0.0, "n_out": 6} for _ in range(2)))
+    code, doc, records = replay(server.url, "--traces", str(folder), "--conc", "2", "--duration", "0.8")
+    level = doc["levels"][0]
+    counts = level["counts"]
+    seen = server.records()["records"]
+    faulty = {r["id"] for r in seen if r["fault"]}
+    assert faulty
+    assert {r["error"] for r in records if r["id"] in faulty} == {error}
+    assert all(r["error"] is None for r in records if r["id"] not in faulty)
+    assert counts["errors"][error] + sum(counts["warmup_errors"].values()) == len(faulty)
+    assert len(records) == len(seen)  # nothing silently dropped
+    # a third of the requests fail: above the default 10 % the level is failed, exit code 1
+    assert level["failed"] and "error rate" in level["fail_reasons"][0]
+    assert code == 1
+    assert level["metrics"]["ttft"]["stats"]["count"] == counts["requests_ok"]
+
+
+def test_error_rate_threshold_is_a_flag(start_server, sessions, replay):
+    server = start_server(fault={"kind": "500", "every": 4})
+    folder = sessions({"n_requests": 10, "think": 0.0, "n_out": 2})
+    code, doc, _ = replay(server.url, "--traces", str(folder), "--duration", "0.5", "--max-error-rate", "0.5")
+    assert code == 0 and not doc["levels"][0]["failed"]
+
+
+def test_a_stalled_stream_times_out_and_never_hangs_the_run(start_server, sessions, replay):
+    server = start_server(fault={"kind": "stall", "every": 2})
+    folder = sessions({"n_requests": 6, "think": 0.0, "n_out": 4})
+    code, doc, records = replay(server.url, "--traces", str(folder), "--duration", "1", "--timeout", "0.4",
+                                "--max-error-rate", "1")
+    assert code == 0
+    assert {r["error"] for r in records} == {None, "timeout"}
+    timed_out = [r for r in records if r["error"] == "timeout"]
+    assert timed_out and all(r["end_ns"] - r["start_ns"] >= 390_000_000 for r in timed_out), [
+        r["end_ns"] - r["start_ns"] for r in timed_out]
+
+
+def test_a_dying_server_ends_the_run_with_partial_results(start_server, sessions, replay, capsys):
+    server = start_server(first_ms=5, itl_ms=2)
+    folder = sessions(*({"n_requests": 50, "think": 0.01, "n_out": 8} for _ in range(4)))
+    threading.Timer(1.0, server.stop).start()
+    code, doc, records = replay(server.url, "--traces", str(folder), "--conc", "2,4", "--duration", "30")
+    assert code == 1
+    assert "refused 5 connections in a row" in capsys.readouterr().err
+    assert doc["status"] == "server_dead" and "refused" in doc["message"]
+    level = doc["levels"][0]
+    assert len(doc["levels"]) == 1 and level["counts"]["requests_ok"] > 0
+    assert level["counts"]["errors"].get("connect", 0) >= 5
+    assert level["window_s"] < 30
+
+
+def test_interrupt_writes_what_was_measured(start_server, sessions, tmp_path):
+    server = start_server(first_ms=5, itl_ms=2)
+    folder = sessions({"n_requests": 50, "think": 0.01, "n_out": 8})
+    out = tmp_path / "out"
+    proc = subprocess.Popen([sys.executable, "-m", "loadgen.cli", "replay", "--url", server.url, "--traces",
+                             str(folder), "--duration", "60", "--out", str(out)], cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert proc.stdout.readline().startswith("-- conc 1")
+    threading.Timer(1.5, proc.send_signal, [signal.SIGINT]).start()
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130
+    assert "interrupted" in err
+    doc = read_results(out / "result.json")
+    assert doc["status"] == "interrupted"
+    assert doc["levels"][0]["counts"]["requests_ok"] > 0
+
+
+def test_an_unreachable_server_is_a_clear_error(replay_cli_error):
+    code, err = replay_cli_error("--url", "http://127.0.0.1:9")
+    assert code == 1 and "cannot reach the server at http://127.0.0.1:9" in err
