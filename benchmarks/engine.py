@@ -1,0 +1,226 @@
+"""Engine benchmark (H200, not run by CI): decode step time and prefill throughput against the roofline.
+
+For each model preset, kernel backend and KV dtype it measures
+- decode: the wall time of one `Engine.step()` with B requests each holding `--context` tokens
+  (B in --batches). The requests are placed in the cache directly (blocks allocated, rows filled
+  with valid random values) instead of being prefilled, so large batches are quick to set up;
+  every decode step still runs the full model, indexer, top-k and sparse attention.
+- prefill: prompt tokens/s for `--prefill-requests` prompts of `--prefill-len` tokens, chunked
+  under --max-num-batched-tokens, prefix caching off.
+
+Roofline per decode step: max(bytes / 4.04 TB/s, FLOPs / 738 TFLOP/s), where bytes = every
+weight except the embedding table (read once per step) + per request and layer the indexer
+keys of the whole context and the K selected latent rows; FLOPs = 2 x those weights x B + the
+indexer's and sparse attention's products. Prefill roofline: FLOPs per token at the mean context.
+
+    PYTHONPATH=. python benchmarks/engine.py --model small --backends triton,torch
+    PYTHONPATH=. python benchmarks/engine.py --model v32 --num-layers 4 --batches 1,8,32,128
+    PYTHONPATH=. python benchmarks/engine.py --smoke        # tiny model on CPU: tests this script
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import torch  # noqa: E402
+
+from kernels.quant import indexer_row_bytes, kv_row_bytes, write_indexer_cache, write_kv_cache  # noqa: E402
+from server.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig, model_preset  # noqa: E402
+from server.engine.core import Engine  # noqa: E402
+from server.engine.kv_cache import kernel_kv_dtype  # noqa: E402
+from server.engine.messages import AddRequest, SamplingParams  # noqa: E402
+from server.engine.sequence import SequenceStatus  # noqa: E402
+
+HBM_TBPS = 4.04  # H200 device copy measured for this project
+MATMUL_TFLOPS = 738.0  # H200 bf16 matrix product measured for this project
+
+
+@dataclass(frozen=True)
+class Row:
+    model: str
+    backend: str
+    kv: str
+    phase: str
+    batch: int
+    context: int
+    seconds: float  # per decode step, or for the whole prefill
+    tokens: int  # tokens produced (decode) or prompt tokens (prefill) in `seconds`
+    roofline_s: float
+
+
+def weight_bytes(model: torch.nn.Module) -> int:
+    return sum(p.numel() * p.element_size() for n, p in model.named_parameters() if not n.startswith("embed."))
+
+
+def attention_cost(m: ModelConfig, kv: str, key: str, context: int) -> tuple[int, int]:
+    """(bytes, FLOPs) of one query token's indexer + sparse attention over `context` tokens, all layers."""
+    k = min(m.index_topk, context)
+    nbytes = context * indexer_row_bytes(m.index_head_dim, key) + k * kv_row_bytes(m.kv_lora_rank, m.qk_rope_dim, kv)
+    flops = 2 * m.index_num_heads * m.index_head_dim * context + 2 * m.num_heads * k * (m.kv_row_dim + m.kv_lora_rank)
+    return nbytes * m.num_layers, flops * m.num_layers
+
+
+def roofline(nbytes: float, flops: float) -> float:
+    return max(nbytes / (HBM_TBPS * 1e12), flops / (MATMUL_TFLOPS * 1e12))
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def place_prefilled(engine: Engine, batch: int, context: int, max_tokens: int) -> None:
+    """Admit `batch` requests whose first `context` tokens are already in the cache."""
+    runner, m = engine.runner, engine.config.model
+    gen = torch.Generator().manual_seed(0)
+    for i in range(batch):
+        ids = torch.randint(0, 256, (context,), generator=gen).tolist()
+        engine.add_request(AddRequest(f"d{i}", tuple(ids), SamplingParams(max_tokens=max_tokens, temperature=0.0,
+                                                                          ignore_eos=True), 0.0))
+    sched, blocks = engine.scheduler, engine.blocks
+    while sched.waiting:
+        seq = sched.waiting.popleft()
+        blocks.append(seq, context)
+        bs = blocks.block_size
+        slots = torch.tensor([b * bs + o for b in seq.block_ids for o in range(bs)][:context - 1], device=runner.device)
+        for kv, idx in zip(runner.cache.kv, runner.cache.indexer):
+            for chunk in slots.split(65536):
+                n = chunk.numel()
+                write_kv_cache(kv, chunk, torch.randn(n, m.kv_lora_rank, device=runner.device),
+                               torch.randn(n, m.qk_rope_dim, device=runner.device), runner.settings.kv_dtype)
+                write_indexer_cache(idx, chunk, torch.randn(n, m.index_head_dim, device=runner.device),
+                                    runner.settings.key_dtype)
+        # The last prompt token is left to compute, as after a normal prefill's final chunk.
+        seq.num_computed_tokens = context - 1
+        seq.status = SequenceStatus.RUNNING
+        sched.running.append(seq)
+
+
+def make_engine(args: argparse.Namespace, backend: str, kv: str, num_blocks: int, max_len: int,
+                max_seqs: int, budget: int) -> Engine:
+    overrides = {"num_layers": args.num_layers} if args.num_layers else {}
+    model = model_preset(args.model, **overrides)
+    return Engine(EngineConfig(
+        model=model,
+        cache=CacheConfig(block_size=args.block_size or model.default_block_size, kv_cache_dtype=kv,
+                          indexer_key_dtype=args.indexer_key_dtype, enable_prefix_caching=False,
+                          num_blocks=num_blocks),
+        scheduler=SchedulerConfig(max_num_seqs=max_seqs, max_num_batched_tokens=budget, max_model_len=max_len),
+        device=args.device, attention_backend=backend, seed=0,
+    ))
+
+
+def bench_decode(args: argparse.Namespace, backend: str, kv: str, batch: int) -> Row:
+    bs = args.block_size or model_preset(args.model).default_block_size
+    steps = args.warmup + args.steps
+    max_len = args.context + steps + 1
+    num_blocks = batch * -(-max_len // bs) + 1
+    engine = make_engine(args, backend, kv, num_blocks, max_len, max(batch, 1), max(batch, args.max_num_batched_tokens))
+    place_prefilled(engine, batch, args.context, steps)
+    times = []
+    for i in range(steps):
+        sync(engine.runner.device)
+        start = time.perf_counter()
+        engine.step()  # ends in the sampled tokens' host copy, so the device work is done
+        if i >= args.warmup:
+            times.append(time.perf_counter() - start)
+    m = engine.config.model
+    att_bytes, att_flops = attention_cost(m, kernel_kv_dtype(engine.config.cache), args.indexer_key_dtype, args.context)
+    w = weight_bytes(engine.runner.model)
+    w_params = w / engine.runner.model.lm_head.weight.element_size()
+    limit = roofline(w + batch * att_bytes, 2 * w_params * batch + batch * att_flops)
+    return Row(args.model, backend, kv, "decode", batch, args.context, statistics.median(times), batch, limit)
+
+
+def bench_prefill(args: argparse.Namespace, backend: str, kv: str) -> Row:
+    bs = args.block_size or model_preset(args.model).default_block_size
+    n, length = args.prefill_requests, args.prefill_len
+    num_blocks = n * -(-(length + 1) // bs) + 1
+    engine = make_engine(args, backend, kv, num_blocks, length + 1, n, args.max_num_batched_tokens)
+    gen = torch.Generator().manual_seed(1)
+
+    def run(tag: str) -> float:
+        for i in range(n):
+            ids = tuple(torch.randint(0, 256, (length,), generator=gen).tolist())
+            engine.add_request(AddRequest(f"{tag}{i}", ids, SamplingParams(max_tokens=1, temperature=0.0), 0.0))
+        sync(engine.runner.device)
+        start = time.perf_counter()
+        while engine.has_unfinished():
+            engine.step()
+        return time.perf_counter() - start
+
+    run("warm")
+    seconds = run("p")
+    m = engine.config.model
+    _, att_flops = attention_cost(m, kernel_kv_dtype(engine.config.cache), args.indexer_key_dtype, length // 2)
+    w_params = weight_bytes(engine.runner.model) / engine.runner.model.lm_head.weight.element_size()
+    limit = n * length * roofline(0.0, 2 * w_params + att_flops)
+    return Row(args.model, backend, kv, "prefill", n, length, seconds, n * length, limit)
+
+
+def print_table(rows: list[Row]) -> None:
+    head = f"{'model':6} {'backend':7} {'kv':5} {'phase':8} {'batch':>5} {'ctx':>6} {'time ms':>10} {'tok/s':>11} {'roof ms':>9} {'% roof':>7}"
+    print(head)
+    print("-" * len(head))
+    for r in rows:
+        print(f"{r.model:6} {r.backend:7} {r.kv:5} {r.phase:8} {r.batch:5d} {r.context:6d} {r.seconds * 1e3:10.3f} "
+              f"{r.tokens / r.seconds:11.1f} {r.roofline_s * 1e3:9.3f} {100 * r.roofline_s / r.seconds:6.1f}%")
+
+
+def progress(message: str) -> None:
+    if sys.stderr.isatty():
+        print(message, file=sys.stderr, flush=True)
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--model", default="small", choices=("tiny", "small", "v32"))
+    p.add_argument("--num-layers", type=int, default=None, help="override the preset's layer count")
+    p.add_argument("--backends", default="triton,torch", help="comma list of kernel backends")
+    p.add_argument("--kv-dtypes", default="bf16,fp8", help="comma list of --kv-cache-dtype values")
+    p.add_argument("--indexer-key-dtype", default="fp8", choices=("fp8", "mxfp4"))
+    p.add_argument("--block-size", type=int, default=None)
+    p.add_argument("--batches", default="1,8,32,128", help="decode batch sizes")
+    p.add_argument("--context", type=int, default=4096, help="tokens per request during decode")
+    p.add_argument("--steps", type=int, default=20, help="measured decode steps")
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--prefill-requests", type=int, default=4)
+    p.add_argument("--prefill-len", type=int, default=4096)
+    p.add_argument("--max-num-batched-tokens", type=int, default=8192)
+    p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
+    p.add_argument("--smoke", action="store_true",
+                   help="tiny model on CPU with the torch backend and small sizes (checks this script)")
+    args = p.parse_args(argv)
+    if args.smoke:
+        args.model, args.device, args.backends, args.batches = "tiny", "cpu", "torch", "1,8"
+        args.context, args.steps, args.warmup = 256, 3, 1
+        args.prefill_requests, args.prefill_len, args.max_num_batched_tokens = 2, 512, 512
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    rows = []
+    for backend in args.backends.split(","):
+        for kv in args.kv_dtypes.split(","):
+            for batch in (int(b) for b in args.batches.split(",")):
+                rows.append(bench_decode(args, backend, kv, batch))
+                progress(f"done decode {backend} {kv} B={batch}")
+            rows.append(bench_prefill(args, backend, kv))
+            progress(f"done prefill {backend} {kv}")
+    device = torch.cuda.get_device_name() if torch.cuda.is_available() and args.device != "cpu" else "cpu"
+    print(f"# engine benchmark: {args.model} ({args.num_layers or model_preset(args.model).num_layers} layers) "
+          f"on {device}, torch {torch.__version__}, roofline {HBM_TBPS} TB/s / {MATMUL_TFLOPS} TFLOP/s")
+    print_table(rows)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
