@@ -25,7 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 
-from server.config import EngineConfig
+from server.config import EngineConfig, resolve_device
 from server.engine.messages import AbortRequest, AddRequest, EngineStats, RequestOutput, StepOutputs
 
 
@@ -62,6 +62,7 @@ def run_engine_process(config: EngineConfig, requests: Connection, outputs: Conn
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     try:
+        _leave_a_core_for_http(config)
         from server.engine.core import Engine
 
         engine = Engine(config)
@@ -73,6 +74,17 @@ def run_engine_process(config: EngineConfig, requests: Connection, outputs: Conn
     except BaseException as exc:  # report anything, then exit non-zero
         outputs.send(EngineFailed(f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"))
         raise SystemExit(1) from None
+
+
+def _leave_a_core_for_http(config: EngineConfig) -> None:
+    """On CPU, torch's OpenMP threads spin on every core; with the HTTP process competing for
+    one of them, each step stalls (6x slower decode measured on 2 cores). Keep one core free
+    unless the user chose a thread count."""
+    if "OMP_NUM_THREADS" in os.environ or resolve_device(config.device) != "cpu":
+        return
+    import torch
+
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) - 1))
 
 
 def _serve(engine, requests: Connection, outputs: Connection) -> None:

@@ -161,3 +161,20 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     yield proc
     proc.stop()
     assert proc.proc.returncode == 0, proc.log()
+
+
+@pytest.fixture(scope="module")
+def small_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    """One running request at a time and one waiting (--max-num-seqs 1 --max-queue 1), so a
+    third request in flight is refused. Its last test kills the engine, so no exit-code check."""
+    proc = start_server(tmp_path_factory, "small", ["--max-num-seqs", "1", "--max-queue", "1"])
+    yield proc
+    proc.stop()
+
+
+@pytest.fixture
+def fresh_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    """A server of its own, for a test that ends it."""
+    proc = start_server(tmp_path_factory, "fresh", [])
+    yield proc
+    proc.stop()
