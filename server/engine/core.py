@@ -68,7 +68,8 @@ class Engine:
         self.scheduler.add(seq)
 
     def abort(self, request_id: str) -> None:
-        """Stop a request and free its blocks; unknown or finished ids are ignored."""
+        """Stop a request and free its blocks now; the next `step` reports it finished with
+        reason "abort". Unknown or already finished ids are ignored."""
         seq = self.seqs.pop(request_id, None)
         if seq is None:
             return
@@ -77,7 +78,8 @@ class Engine:
         self._aborted.append(self._output(seq, ()))
 
     def has_unfinished(self) -> bool:
-        return self.scheduler.has_unfinished()
+        """True while any request is queued or running, or an abort is still to be reported."""
+        return self.scheduler.has_unfinished() or bool(self._aborted)
 
     # ---- the step ------------------------------------------------------------------------
     def step(self) -> StepOutputs:
