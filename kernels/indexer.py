@@ -23,8 +23,6 @@ from kernels.triton_utils import (
     e2m1_to_raw_f16,
     e4m3_to_raw_f16,
     ue8m0_to_f32,
-    unpack_bytes,
-    word_view,
 )
 
 _REF_CHUNK = 1 << 24  # elements of the [tokens, heads, keys] score tensor the reference holds at once
@@ -76,11 +74,12 @@ def indexer_logits_ragged_torch(q_fp8, weights, keys, key_dtype, k_start, k_end)
 
 @triton.jit
 def _indexer_logits_kernel(
-    q_ptr, w_ptr, key_words_ptr, key_bytes_ptr, out_ptr,
+    q_ptr, w_ptr, key_ptr, key_words_ptr, out_ptr,
     block_table_ptr, seq_ids_ptr, start_ptr, end_ptr,
-    n_cols, block_table_stride, block_size, row_words, row_bytes,
+    n_cols, block_table_stride, block_size,
+    ROW_BYTES: tl.constexpr,  # fixed per model; as a constant it tells the compiler how wide rows can be loaded
     H: tl.constexpr, D: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
-    WORD: tl.constexpr, PAGED: tl.constexpr, MXFP4: tl.constexpr, DOT_DTYPE: tl.constexpr,
+    PAGED: tl.constexpr, MXFP4: tl.constexpr, DOT_DTYPE: tl.constexpr,
 ):
     t = tl.program_id(0)
     cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -94,34 +93,33 @@ def _indexer_logits_kernel(
         visible = (cols >= tl.load(start_ptr + t)) & (cols < end)
         slots = cols.to(tl.int64)
     slots = tl.where(visible, slots, 0)
+    row = key_ptr + slots[:, None] * ROW_BYTES
 
     heads = tl.arange(0, BLOCK_H)
-    dims = tl.arange(0, D)
-    q_bytes = tl.load(q_ptr + t * H * D + heads[:, None] * D + dims[None, :], mask=heads[:, None] < H, other=0)
-    q_raw = e4m3_to_raw_f16(q_bytes.to(tl.int32))  # [BLOCK_H, D]
-
+    q_row = q_ptr + t * H * D + heads[:, None] * D
     if MXFP4:
-        words = tl.arange(0, D // 2 // WORD)
-        w_tile = tl.load(key_words_ptr + slots[:, None] * row_words + words[None, :], mask=visible[:, None], other=0)
-        nib_bytes = unpack_bytes(w_tile, WORD)  # [BLOCK_N, D/2]
-        nibbles = tl.reshape(tl.join(nib_bytes & 0xF, nib_bytes >> 4), (BLOCK_N, D))
-        groups = tl.arange(0, D // 32)
-        scale_bytes = tl.load(key_bytes_ptr + slots[:, None] * row_bytes + D // 2 + groups[None, :], mask=visible[:, None], other=0)
-        scale = ue8m0_to_f32(scale_bytes.to(tl.int32)) * E2M1_RAW_SCALE  # [BLOCK_N, D/32]
-        vals = tl.reshape(e2m1_to_raw_f16(nibbles).to(tl.float32), (BLOCK_N, D // 32, 32)) * scale[:, :, None]
-        keys = tl.reshape(vals, (BLOCK_N, D)).to(DOT_DTYPE)
-        q = (q_raw.to(tl.float32) * E4M3_RAW_SCALE).to(DOT_DTYPE)
-        scores = tl.dot(keys, tl.trans(q))  # [BLOCK_N, BLOCK_H]
+        # byte i of a row holds elements 2i (low nibble) and 2i+1 (high nibble): score the even and
+        # odd elements as two half-width dots instead of interleaving the nibbles
+        half = tl.arange(0, D // 2)
+        q_even = e4m3_to_raw_f16(tl.load(q_row + 2 * half[None, :], mask=heads[:, None] < H, other=0).to(tl.int32))
+        q_odd = e4m3_to_raw_f16(tl.load(q_row + 2 * half[None, :] + 1, mask=heads[:, None] < H, other=0).to(tl.int32))
+        q_even = (q_even.to(tl.float32) * E4M3_RAW_SCALE).to(DOT_DTYPE)
+        q_odd = (q_odd.to(tl.float32) * E4M3_RAW_SCALE).to(DOT_DTYPE)
+        packed = tl.load(row + half[None, :], mask=visible[:, None], other=0).to(tl.int32)
+        scale_byte = tl.load(row + D // 2 + half[None, :] // 16, mask=visible[:, None], other=0).to(tl.int32)
+        scale = ue8m0_to_f32(scale_byte) * E2M1_RAW_SCALE
+        k_even = (e2m1_to_raw_f16(packed & 0xF).to(tl.float32) * scale).to(DOT_DTYPE)
+        k_odd = (e2m1_to_raw_f16(packed >> 4).to(tl.float32) * scale).to(DOT_DTYPE)
+        scores = tl.dot(k_even, tl.trans(q_even)) + tl.dot(k_odd, tl.trans(q_odd))  # [BLOCK_N, BLOCK_H]
         key_scale = tl.full((BLOCK_N,), 1.0, tl.float32)
     else:
-        words = tl.arange(0, D // WORD)
-        w_tile = tl.load(key_words_ptr + slots[:, None] * row_words + words[None, :], mask=visible[:, None], other=0)
-        keys = e4m3_to_raw_f16(unpack_bytes(w_tile, WORD))  # [BLOCK_N, D]
-        scores = tl.dot(keys, tl.trans(q_raw))
-        # fp8 rows are d_I + 4 bytes with d_I a multiple of 16, so WORD is 4 and the scale is one word
-        scale_bits = tl.load(key_words_ptr + slots * row_words + D // 4, mask=visible, other=0)
-        key_scale = scale_bits.to(tl.float32, bitcast=True)
-        key_scale = key_scale * (E4M3_RAW_SCALE * E4M3_RAW_SCALE)
+        dims = tl.arange(0, D)
+        q_raw = e4m3_to_raw_f16(tl.load(q_row + dims[None, :], mask=heads[:, None] < H, other=0).to(tl.int32))
+        keys = e4m3_to_raw_f16(tl.load(row + dims[None, :], mask=visible[:, None], other=0).to(tl.int32))
+        scores = tl.dot(keys, tl.trans(q_raw))  # raw fp16 operands: exact products, fp32 sums
+        # fp8 rows are d_I + 4 bytes, d_I a multiple of 16: the scale is word d_I/4 of the row
+        scale_bits = tl.load(key_words_ptr + slots * (ROW_BYTES // 4) + D // 4, mask=visible, other=0)
+        key_scale = scale_bits.to(tl.float32, bitcast=True) * (E4M3_RAW_SCALE * E4M3_RAW_SCALE)
 
     w = tl.load(w_ptr + t * H + heads, mask=heads < H, other=0.0)
     logits = tl.sum(tl.maximum(scores, 0.0) * w[None, :], axis=1) * key_scale
@@ -147,16 +145,15 @@ def indexer_logits_triton(q_fp8, weights, rows, key_dtype, block_table, seq_ids,
     out = new_output((t, n_cols), torch.float32, q_fp8.device)
     if t == 0 or n_cols == 0:
         return out
-    words, word = word_view(rows)
     cfg = config or default_config(q_fp8.device)
-    block_n = cfg.block_n
-    grid = (t, triton.cdiv(n_cols, block_n))
+    words = rows.view(torch.int32) if key_dtype == "fp8" else rows
+    grid = (t, triton.cdiv(n_cols, cfg.block_n))
     _indexer_logits_kernel[grid](
-        q_fp8, weights, words, rows, out,
+        q_fp8, weights, rows, words, out,
         block_table, seq_ids, start, end,
-        n_cols, block_table.stride(0), block_size, rows.shape[1] // word, rows.shape[1],
-        H=h, D=d, BLOCK_H=max(16, triton.next_power_of_2(h)), BLOCK_N=block_n,
-        WORD=word, PAGED=paged, MXFP4=key_dtype == "mxfp4", DOT_DTYPE=dot_dtype(q_fp8),
+        n_cols, block_table.stride(0), block_size,
+        ROW_BYTES=rows.shape[1], H=h, D=d, BLOCK_H=max(16, triton.next_power_of_2(h)), BLOCK_N=cfg.block_n,
+        PAGED=paged, MXFP4=key_dtype == "mxfp4", DOT_DTYPE=dot_dtype(q_fp8),
         num_warps=cfg.num_warps,
     )
     return out

@@ -20,7 +20,7 @@ import triton.language as tl
 
 from kernels.backend import resolve_backend
 from kernels.quant import DS_MLA_GROUP, KV_DTYPES, kv_row_width, read_kv_rows
-from kernels.triton_utils import E4M3_RAW_SCALE, dot_dtype, e4m3_to_raw_f16, f32_to_bf16, new_output, unpack_bytes
+from kernels.triton_utils import E4M3_RAW_SCALE, dot_dtype, e4m3_to_raw_f16, f32_to_bf16, new_output
 
 LOG2E = tl.constexpr(1.4426950408889634)  # exp2/log2 in the kernels, natural log outside
 _REF_CHUNK = 1 << 24  # elements of the gathered [tokens, K, d] rows the reference holds at once
@@ -53,9 +53,9 @@ def sparse_mla_torch(q, kv_cache, indices, scale, d_c, kv_dtype):
 
 @triton.jit
 def _sparse_mla_kernel(
-    q_ptr, kv_ptr, kv_words_ptr, idx_ptr, o_ptr, lse_ptr,
+    q_ptr, kv_ptr, kv_bytes_ptr, kv_words_ptr, idx_ptr, o_ptr, lse_ptr,
     sm_scale_log2, n_idx, n_heads,
-    KV_STRIDE: tl.constexpr, ROW_WORDS: tl.constexpr, ROPE_OFFSET: tl.constexpr,  # fixed per model; lets loads vectorise
+    KV_STRIDE: tl.constexpr, ROW_BYTES: tl.constexpr, ROPE_OFFSET: tl.constexpr,  # fixed per model; lets loads vectorise
     D_C: tl.constexpr, D_R: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
     FP8: tl.constexpr, SPLIT: tl.constexpr, DOT_DTYPE: tl.constexpr,
 ):
@@ -84,14 +84,14 @@ def _sparse_mla_kernel(
         valid = slot >= 0
         slot = tl.where(valid, slot, 0).to(tl.int64)
         if FP8:
-            words = tl.arange(0, D_C // 4)
-            w_tile = tl.load(kv_words_ptr + slot[:, None] * ROW_WORDS + words[None, :], mask=valid[:, None], other=0)
-            raw = e4m3_to_raw_f16(unpack_bytes(w_tile, 4)).to(tl.float32)  # [BLOCK_N, D_C]
-            groups = tl.arange(0, D_C // 128)
-            s_bits = tl.load(kv_words_ptr + slot[:, None] * ROW_WORDS + D_C // 4 + groups[None, :], mask=valid[:, None], other=0)
-            group_scale = s_bits.to(tl.float32, bitcast=True) * E4M3_RAW_SCALE
-            k_c = tl.reshape(tl.reshape(raw, (BLOCK_N, D_C // 128, 128)) * group_scale[:, :, None], (BLOCK_N, D_C))
-            k_c = k_c.to(DOT_DTYPE)
+            raw = tl.load(kv_bytes_ptr + slot[:, None] * ROW_BYTES + cols_c[None, :], mask=valid[:, None], other=0)
+            k_c = e4m3_to_raw_f16(raw.to(tl.int32)).to(tl.float32)  # [BLOCK_N, D_C] = value / 2^8
+            # one fp32 scale per 128 values: select it per column (no reshapes, which cost layout shuffles)
+            group_scale = tl.zeros((BLOCK_N, D_C), tl.float32)
+            for g in tl.static_range(D_C // 128):
+                s_g = tl.load(kv_words_ptr + slot * (ROW_BYTES // 4) + D_C // 4 + g, mask=valid, other=0)
+                group_scale = tl.where(cols_c[None, :] // 128 == g, s_g.to(tl.float32, bitcast=True)[:, None], group_scale)
+            k_c = (k_c * group_scale * E4M3_RAW_SCALE).to(DOT_DTYPE)
         else:
             k_c = tl.load(kv_ptr + slot[:, None] * KV_STRIDE + cols_c[None, :], mask=valid[:, None], other=0.0).to(DOT_DTYPE)
         k_r = tl.load(kv_ptr + slot[:, None] * KV_STRIDE + ROPE_OFFSET + cols_r[None, :], mask=valid[:, None], other=0.0).to(DOT_DTYPE)
@@ -183,10 +183,9 @@ def sparse_mla_triton(q, kv_cache, indices, scale, d_c, kv_dtype, num_splits=Non
     if t == 0:
         return out, lse
     if kv_dtype == "bf16":
-        kv, kv_words, kv_stride, row_words, rope_offset = kv_cache, kv_cache, kv_cache.shape[1], 0, d_c
-    else:  # fp8_ds_mla: latent bytes and scales read as int32 words, rope as bf16
-        kv = kv_cache.view(torch.bfloat16)
-        kv_words, kv_stride, row_words = kv_cache.view(torch.int32), kv.shape[1], kv_cache.shape[1] // 4
+        kv, kv_bytes, kv_words, rope_offset = kv_cache, kv_cache, kv_cache, d_c
+    else:  # fp8_ds_mla: latent e4m3 bytes, fp32 scales as int32 words, rope as bf16
+        kv, kv_bytes, kv_words = kv_cache.view(torch.bfloat16), kv_cache, kv_cache.view(torch.int32)
         rope_offset = (d_c + 4 * (d_c // DS_MLA_GROUP)) // 2
     if splits > 1:
         part_o = new_output((t, h, splits, d_c), torch.float32, q.device)
@@ -195,9 +194,9 @@ def sparse_mla_triton(q, kv_cache, indices, scale, d_c, kv_dtype, num_splits=Non
     else:
         dst_o, dst_lse = out, lse
     _sparse_mla_kernel[(t, head_blocks, splits)](
-        q, kv, kv_words, indices, dst_o, dst_lse,
+        q, kv, kv_bytes, kv_words, indices, dst_o, dst_lse,
         scale * LOG2E.value, n_idx, h,
-        KV_STRIDE=kv_stride, ROW_WORDS=row_words, ROPE_OFFSET=rope_offset,
+        KV_STRIDE=kv.shape[1], ROW_BYTES=kv_cache.shape[1] * kv_cache.element_size(), ROPE_OFFSET=rope_offset,
         D_C=d_c, D_R=d_r, BLOCK_H=cfg.block_h, BLOCK_N=cfg.block_n,
         FP8=kv_dtype == "fp8_ds_mla", SPLIT=splits > 1, DOT_DTYPE=dot_dtype(q),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,

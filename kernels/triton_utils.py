@@ -18,22 +18,6 @@ E2M1_RAW_SCALE = tl.constexpr(16384.0)  # e2m1 value = raw fp16 * 2^14 (bias 15 
 
 
 @triton.jit
-def unpack_bytes(words, WORD: tl.constexpr):
-    """int words [R, C] of WORD bytes (1, 2 or 4) -> int32 bytes [R, C * WORD], little-endian order."""
-    w = words.to(tl.int32)
-    if WORD == 1:
-        return w & 0xFF
-    elif WORD == 2:
-        pair = tl.join(w & 0xFF, (w >> 8) & 0xFF)
-        return tl.reshape(pair, (w.shape[0], w.shape[1] * 2))
-    else:
-        low = tl.join(w & 0xFF, (w >> 16) & 0xFF)
-        high = tl.join((w >> 8) & 0xFF, (w >> 24) & 0xFF)
-        quad = tl.join(low, high)
-        return tl.reshape(quad, (w.shape[0], w.shape[1] * 4))
-
-
-@triton.jit
 def e4m3_to_raw_f16(b):
     """e4m3 bytes (int32 0..255) -> fp16 equal to value / 2^8; 0x7F/0xFF -> NaN."""
     bits = ((b & 0x80) << 8) | ((b & 0x7F) << 7)
@@ -61,15 +45,6 @@ def f32_to_bf16(x):
     bits = x.to(tl.int32, bitcast=True)
     rounded = bits + 0x7FFF + ((bits >> 16) & 1)
     return (rounded >> 16).to(tl.int16).to(tl.bfloat16, bitcast=True)
-
-
-def word_view(rows: torch.Tensor) -> tuple[torch.Tensor, int]:
-    """A uint8 [N, row] tensor as the widest int words (4, 2 or 1 bytes) that tile each row."""
-    row = rows.shape[1]
-    for word, dtype in ((4, torch.int32), (2, torch.int16)):
-        if row % word == 0:
-            return rows.view(dtype), word
-    return rows, 1
 
 
 def dot_dtype(t: torch.Tensor) -> tl.dtype:
