@@ -53,6 +53,7 @@ class EngineDeadError(Exception):
 
 
 _SHUTDOWN = None  # sent to the child to make it exit cleanly
+_MAX_MESSAGES_PER_READ = 32
 
 
 def run_engine_process(config: EngineConfig, requests: Connection, outputs: Connection) -> None:
@@ -231,7 +232,10 @@ class EngineClient:
 
     def _on_readable(self) -> None:
         try:
-            while self._outputs.poll():
+            # Bounded, so that a fast engine cannot starve the event loop; the reader fires again.
+            for _ in range(_MAX_MESSAGES_PER_READ):
+                if not self._outputs.poll():
+                    break
                 msg = self._outputs.recv()
                 if isinstance(msg, StepOutputs):
                     self._dispatch(msg)

@@ -4,6 +4,7 @@ prefix-cache hits, disconnects freeing blocks, a small KV pool under concurrency
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 import time
 
@@ -143,6 +144,7 @@ def test_repeated_prefix_reports_cached_tokens(server):
 
 def test_disconnect_mid_stream_frees_every_block(server):
     async def go():
+        generated = await server.metric("vllm:generation_tokens_total")
         async with server.session() as session:
             body = {"prompt": _ids(100, 6), "max_tokens": 500, "ignore_eos": True, "stream": True}
             async with session.post(server.url + "/v1/completions", data=orjson.dumps(body)) as resp:
@@ -152,15 +154,35 @@ def test_disconnect_mid_stream_frees_every_block(server):
                     seen += line.startswith(b"data: ")
                     if seen == 3:
                         break
-            # Leaving the block closes the connection with ~495 tokens still to go.
-        running = await server.metric("vllm:num_requests_running")
-        return running, await _wait_idle(server)
+            # Leaving the block closes the connection with ~497 tokens still to go.
+        state = await _wait_idle(server)
+        return state, await server.metric("vllm:generation_tokens_total") - generated
 
-    _, state = asyncio.run(go())
+    state, generated = asyncio.run(go())
     assert state == {"vllm:num_requests_running": 0, "vllm:num_requests_waiting": 0,
                      "vllm:kv_cache_usage_perc": 0.0}
+    assert generated < 500, "the request ran to the end instead of being aborted"
     status, body = asyncio.run(server.post("/v1/completions", {"prompt": "still here", "max_tokens": 3}))
     assert status == 200, body
+
+
+def test_disconnect_while_waiting_for_a_full_response_frees_every_block(server):
+    async def go():
+        generated = await server.metric("vllm:generation_tokens_total")
+        body = {"prompt": _ids(100, 8), "max_tokens": 500, "ignore_eos": True}
+        pending = asyncio.create_task(server.post("/v1/completions", body))
+        while not await server.metric("vllm:num_requests_running"):  # until the engine runs it
+            await asyncio.sleep(0.01)
+        pending.cancel()  # closes the connection with the request unfinished
+        with contextlib.suppress(asyncio.CancelledError):
+            await pending
+        state = await _wait_idle(server)
+        return state, await server.metric("vllm:generation_tokens_total") - generated
+
+    state, generated = asyncio.run(go())
+    assert state == {"vllm:num_requests_running": 0, "vllm:num_requests_waiting": 0,
+                     "vllm:kv_cache_usage_perc": 0.0}
+    assert generated < 500, "the request ran to the end instead of being aborted"
 
 
 def test_small_kv_pool_many_concurrent_requests_all_complete(server):
@@ -213,3 +235,10 @@ def test_metrics_counters_move(server):
     status, text, headers = asyncio.run(server.request("GET", "/metrics", headers={"Authorization": ""}))
     assert status == 200 and headers["Content-Type"].startswith("text/plain; version=0.0.4")
 
+
+
+def test_min_tokens_holds_back_eos_without_crashing_the_engine(server):
+    status, body = asyncio.run(server.post("/v1/completions", {
+        "prompt": _ids(20, 10), "max_tokens": 12, "min_tokens": 12}))
+    assert status == 200, body
+    assert len(body["choices"][0]["token_ids"]) == 12
