@@ -90,15 +90,10 @@ class Engine:
             num_logits = [1 if s.num_computed_tokens + n == len(s) else 0
                           for s, n in zip(batch.seqs, batch.num_new_tokens)]
             sampling = [s for s, k in zip(batch.seqs, num_logits) if k]
-            tokens: list[int] = []
-            if sampling:
-                logits = self.runner.execute(batch, num_logits)
-                tokens = self.sampler(logits, sampling).tolist()
-            else:
-                self.runner.execute(batch, num_logits)
-            it = iter(tokens)
-            sampled = [next(it) if k else None for k in num_logits]
-            finished = set(map(id, self.scheduler.postprocess(batch, sampled)))
+            logits = self.runner.execute(batch, num_logits)
+            tokens = iter(self.sampler(logits, sampling).tolist() if sampling else [])  # the one host sync
+            sampled = [next(tokens) if k else None for k in num_logits]
+            self.scheduler.postprocess(batch, sampled)
             for seq, token in zip(batch.seqs, sampled):
                 if token is None:
                     continue
@@ -106,7 +101,7 @@ class Engine:
                     self._prompt_tokens += seq.num_prompt_tokens
                 self._generation_tokens += 1
                 outputs.append(self._output(seq, (token,)))
-                if id(seq) in finished:
+                if seq.is_finished:
                     del self.seqs[seq.request_id]
                     self.sampler.forget(seq.request_id)
         self._step_time = time.perf_counter() - start

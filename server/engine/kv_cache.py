@@ -160,11 +160,6 @@ class BlockManager:
         seq.block_hashes.clear()
         seq.num_computed_tokens = 0
 
-    def reset_prefix_cache(self) -> None:
-        for block in list(self.hash_to_block.values()):
-            self.block_hash[block] = None
-        self.hash_to_block.clear()
-
     def _take(self, block: int) -> None:
         if self.ref_counts[block] == 0:
             self.free_queue.pop(block, None)
