@@ -65,7 +65,7 @@ def _check_http_args(args: argparse.Namespace) -> None:
 
 def start_command(args: argparse.Namespace) -> int:
     from server.config import engine_config_from_args
-    from server.engine_client import EngineClient
+    from server.engine_client import EngineClient, EngineStartError
 
     try:
         _check_http_args(args)
@@ -76,9 +76,9 @@ def start_command(args: argparse.Namespace) -> int:
     client = EngineClient(config)
     try:
         info = client.start()
-    except RuntimeError as exc:
+    except EngineStartError as exc:
         print(f"server start: error: {exc}", file=sys.stderr)
-        return 1
+        return 2 if exc.bad_config else 1
     try:
         return _run(_serve(args, client, info))
     finally:

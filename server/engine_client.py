@@ -46,6 +46,13 @@ class EngineFailed:
     """The child's last message when building or stepping the engine raised."""
 
     reason: str
+    bad_config: bool = False  # a ValueError while building: the flags, not a crash
+
+
+class EngineStartError(RuntimeError):
+    def __init__(self, reason: str, bad_config: bool) -> None:
+        super().__init__(reason)
+        self.bad_config = bad_config
 
 
 class EngineDeadError(Exception):
@@ -62,6 +69,7 @@ def run_engine_process(config: EngineConfig, requests: Connection, outputs: Conn
     # the engine stops (after draining), and its death closes our pipe, which ends us too.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    engine = None
     try:
         _leave_a_core_for_http(config)
         from server.engine.core import Engine
@@ -72,9 +80,18 @@ def run_engine_process(config: EngineConfig, requests: Connection, outputs: Conn
         _serve(engine, requests, outputs)
     except (EOFError, BrokenPipeError):
         return  # the parent is gone
+    except ValueError as exc:
+        if engine is None:  # Engine(config) refused the configuration: a plain message
+            outputs.send(EngineFailed(str(exc), bad_config=True))
+            raise SystemExit(2) from None
+        _report_crash(outputs, exc)
     except BaseException as exc:  # report anything, then exit non-zero
-        outputs.send(EngineFailed(f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"))
-        raise SystemExit(1) from None
+        _report_crash(outputs, exc)
+
+
+def _report_crash(outputs: Connection, exc: BaseException) -> None:
+    outputs.send(EngineFailed(f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"))
+    raise SystemExit(1) from None
 
 
 def _leave_a_core_for_http(config: EngineConfig) -> None:
@@ -170,7 +187,7 @@ class EngineClient:
         self._loop: asyncio.AbstractEventLoop | None = None
 
     def start(self) -> EngineInfo:
-        """Spawn the engine process and block until it is ready; RuntimeError if it fails."""
+        """Spawn the engine process and block until it is ready; EngineStartError if it fails."""
         ctx = multiprocessing.get_context("spawn")
         child_requests, self._requests = ctx.Pipe(duplex=False)
         self._outputs, child_outputs = ctx.Pipe(duplex=False)
@@ -186,7 +203,7 @@ class EngineClient:
             first = EngineFailed(f"engine process {self._exit_description()} while starting")
         if isinstance(first, EngineFailed):
             self._process.join(5)
-            raise RuntimeError(f"engine failed to start: {first.reason}")
+            raise EngineStartError(f"engine failed to start: {first.reason}", first.bad_config)
         threading.Thread(target=self._write_loop, name="engine-writer", daemon=True).start()
         return first
 

@@ -167,7 +167,8 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
 def small_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     """One running request at a time and one waiting (--max-num-seqs 1 --max-queue 1), so a
     third request in flight is refused. Its last test kills the engine, so no exit-code check."""
-    proc = start_server(tmp_path_factory, "small", ["--max-num-seqs", "1", "--max-queue", "1"])
+    proc = start_server(tmp_path_factory, "small", ["--max-num-seqs", "1", "--max-queue", "1",
+                                                    "--served-model-name", "agent-tiny"])
     yield proc
     proc.stop()
 

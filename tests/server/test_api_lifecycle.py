@@ -61,6 +61,17 @@ def test_overload_is_503_with_retry_after_and_loses_nothing(small_server):
     assert status == 200, body
 
 
+def test_served_model_name(small_server):
+    status, models, _ = asyncio.run(small_server.request("GET", "/v1/models"))
+    assert status == 200 and [m["id"] for m in models["data"]] == ["agent-tiny"]
+    assert models["data"][0]["root"] == "tiny"
+    status, body = asyncio.run(small_server.post("/v1/completions", {"model": "agent-tiny", "prompt": "x",
+                                                                     "max_tokens": 2}))
+    assert status == 200 and body["model"] == "agent-tiny"
+    status, body = asyncio.run(small_server.post("/v1/completions", {"model": "tiny", "prompt": "x"}))
+    assert status == 404 and body["error"]["code"] == "model_not_found"
+
+
 def test_engine_death_is_503_and_the_server_exits_nonzero(small_server):
     async def go():
         streaming = asyncio.create_task(_stream_raw(small_server, {**LONG, "max_tokens": 900}))
@@ -117,3 +128,8 @@ def test_cli_help_and_bad_flags():
         bad = cli("start", *args)
         assert bad.returncode == 2, bad.stderr
         assert bad.stderr.startswith("server start: error: " + flag), bad.stderr
+    # Refused by the engine process itself while building the KV pool: same plain error.
+    tiny_pool = cli("start", "--device", "cpu", "--port", "0", "--kv-cache-gb", "0.0000001")
+    assert tiny_pool.returncode == 2, tiny_pool.stderr
+    assert tiny_pool.stderr.startswith("server start: error: engine failed to start: --kv-cache-gb")
+    assert "Traceback" not in tiny_pool.stderr
