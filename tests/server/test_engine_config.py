@@ -65,6 +65,15 @@ def test_invalid_flags_name_the_flag(argv, flag):
         parse("--device", "cpu", *argv)
 
 
+def test_cuda_without_gpu_names_device_flag():
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present")
+    with pytest.raises(ValueError, match="--device cuda"):
+        parse("--device", "cuda")
+
+
 def test_fp8_kv_needs_latent_dim_multiple_of_128():
     import dataclasses
 
