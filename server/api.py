@@ -7,7 +7,9 @@ for probes and scrapers.
 
 The handlers do per-step work only: one engine step's tokens for a request become one SSE
 chunk (several tokens with speculative decoding), and chunks that piled up while the handler
-was busy are written in one call.
+was busy are written in one call. A streamed response sends its headers with the first engine
+output, so a request the engine refuses still gets a 400 (or 503 if the engine is gone); after
+that, failures are reported in-band as an SSE `data: {"error": ...}` event without `[DONE]`.
 """
 
 from __future__ import annotations
@@ -225,33 +227,45 @@ class OpenAIServer:
 
     async def _stream(self, request: web.Request, stream: RequestStream, header: ResponseHeader,
                       gen: _Generation, include_usage: bool) -> web.StreamResponse:
-        response = web.StreamResponse(headers={"Content-Type": "text/event-stream",
-                                               "Cache-Control": "no-cache"})
-        await response.prepare(request)
+        # Headers wait for the first engine output, so that a refusal by the engine (or its
+        # death) before any token still gets a real status code instead of an in-band error.
+        response: web.StreamResponse | None = None
         first = True
         try:
             while gen.finish_reason is None:
                 parts: list[bytes] = []
-                for output, arrival in await stream.next_batch():
+                try:
+                    batch = await stream.next_batch()
+                except EngineDeadError as exc:
+                    if response is None:
+                        raise _engine_dead(exc) from None
+                    # Mid-stream: report in-band and end without [DONE].
+                    await response.write(protocol.sse_error(_engine_dead(exc)))
+                    response.force_close()
+                    return response
+                for output, arrival in batch:
                     text = gen.absorb(output, arrival, self.metrics)
                     if gen.error is not None:
-                        parts.append(protocol.sse_error(ApiError(400, gen.error, code="engine_refused")))
-                        response.force_close()
                         break
                     if output.new_token_ids or output.finished:
                         parts.append(header.chunk(text, output.new_token_ids,
                                                   output.finish_reason if output.finished else None,
                                                   first, include_usage))
                         first = False
-                if gen.finish_reason is not None and gen.error is None:
+                if gen.error is not None:
+                    if response is None:
+                        raise ApiError(400, gen.error, code="engine_refused")
+                    parts.append(protocol.sse_error(ApiError(400, gen.error, code="engine_refused")))
+                    response.force_close()
+                elif gen.finish_reason is not None:
                     if include_usage:
                         parts.append(header.usage_chunk(gen.usage()))
                     parts.append(protocol.SSE_DONE)
+                if response is None:
+                    response = web.StreamResponse(headers={"Content-Type": "text/event-stream",
+                                                           "Cache-Control": "no-cache"})
+                    await response.prepare(request)
                 await response.write(b"".join(parts))
-        except EngineDeadError as exc:
-            # Headers are gone already: report in-band and end without [DONE].
-            await response.write(protocol.sse_error(_engine_dead(exc)))
-            response.force_close()
         except ConnectionError:
             pass  # the client left; the caller aborts the request
         return response

@@ -57,9 +57,12 @@ def test_invalid_json_is_400(server, data):
     _still_serving(server)
 
 
-def test_request_larger_than_the_kv_pool_is_refused_by_the_engine(server):
-    # 700 + 10 tokens fit the 1024-token context but need 45 blocks of a 43-block pool.
-    status, resp = asyncio.run(server.post("/v1/completions", {"prompt": [65] * 700, "max_tokens": 10}))
+@pytest.mark.parametrize("stream", [False, True])
+def test_request_larger_than_the_kv_pool_is_refused_by_the_engine(server, stream):
+    # 700 + 10 tokens fit the 1024-token context but need 45 blocks of a 43-block pool. Streamed
+    # responses wait for the engine's first output before sending headers, so both get a 400.
+    status, resp = asyncio.run(server.post("/v1/completions", {"prompt": [65] * 700, "max_tokens": 10,
+                                                               "stream": stream}))
     assert status == 400
     error = _assert_error_body(resp, 400)
     assert error["code"] == "engine_refused" and "blocks" in error["message"]

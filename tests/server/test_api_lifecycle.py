@@ -27,8 +27,9 @@ async def _wait_in_flight(server, n: int, timeout_s: float = 60.0) -> None:
     raise AssertionError(f"never saw {n} requests in flight")
 
 
-async def _stream_raw(server, body: dict) -> list[bytes]:
-    """Every SSE data line of a streamed request, raw, until the server ends the response."""
+async def _stream_raw(server, body: dict, started: asyncio.Event | None = None) -> list[bytes]:
+    """Every SSE data line of a streamed request, raw, until the server ends the response;
+    `started` is set at the first one."""
     lines = []
     async with server.session() as session:
         async with session.post(server.url + "/v1/completions",
@@ -37,6 +38,8 @@ async def _stream_raw(server, body: dict) -> list[bytes]:
             async for line in resp.content:
                 if line.startswith(b"data: "):
                     lines.append(line[6:].strip())
+                    if started is not None:
+                        started.set()
     return lines
 
 
@@ -74,12 +77,14 @@ def test_served_model_name(small_server):
 
 def test_engine_death_is_503_and_the_server_exits_nonzero(small_server):
     async def go():
-        streaming = asyncio.create_task(_stream_raw(small_server, {**LONG, "max_tokens": 900}))
-        blocking = asyncio.create_task(small_server.request("POST", "/v1/completions",
-                                                            {**LONG, "max_tokens": 900}))
+        started = asyncio.Event()
+        streaming = asyncio.create_task(_stream_raw(small_server, {**LONG, "max_tokens": 900}, started))
+        await started.wait()  # mid-stream when the engine dies
+        queued = asyncio.create_task(small_server.request("POST", "/v1/completions",
+                                                          {**LONG, "max_tokens": 900}))
         await _wait_in_flight(small_server, 2)
         os.kill(small_server.engine_pid, signal.SIGKILL)
-        status, body, _ = await blocking
+        status, body, _ = await queued
         health_status, health, _ = await small_server.request("GET", "/health")
         return status, body, health_status, health, await streaming
 
