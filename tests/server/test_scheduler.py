@@ -142,3 +142,48 @@ def test_finish_while_waiting_or_running_frees_blocks():
     sched.finish(b, "abort")
     assert a.status is SequenceStatus.FINISHED and not sched.has_unfinished()
     bm.check_invariants([])
+
+
+def test_random_adds_aborts_and_steps_keep_every_invariant():
+    """A seeded random mix of arrivals (many sharing prefixes), aborts and steps on a small pool:
+    the budget is never exceeded, blocks always balance, and every request either finishes with
+    the output it would have had alone or was aborted."""
+    rng = random.Random(7)
+    sched, bm = make(num_blocks=24, block_size=4, max_seqs=5, budget=24)
+    shared = [rng.randrange(250) for _ in range(12)]
+    live: dict[str, Sequence] = {}
+    done: dict[str, Sequence] = {}
+    aborted = set()
+    for i in range(400):
+        r = rng.random()
+        if r < 0.15 and len(live) + len(done) + len(aborted) < 60:
+            rid = f"q{i}"
+            head = shared[: rng.choice((0, 4, 8, 12))]
+            ids = head + [rng.randrange(250) for _ in range(rng.randrange(1, 20))]
+            seq = Sequence(rid, ids, SamplingParams(max_tokens=rng.randrange(1, 12)), 0.0)
+            live[rid] = seq
+            sched.add(seq)
+        elif r < 0.2 and live:
+            rid = rng.choice(sorted(live))
+            sched.finish(live.pop(rid), "abort")
+            aborted.add(rid)
+        else:
+            batch = sched.schedule()
+            assert batch.num_tokens <= 24 and len(sched.running) <= 5
+            sampled = [next_token(s) if s.num_computed_tokens + n == len(s) else None
+                       for s, n in zip(batch.seqs, batch.num_new_tokens)]
+            for seq in sched.postprocess(batch, sampled):
+                done[seq.request_id] = live.pop(seq.request_id)
+        bm.check_invariants(sched.running)
+        assert len(sched.running) + len(sched.waiting) == len(live)
+    drain(sched)
+    for rid, seq in list(live.items()):
+        done[rid] = seq
+    assert len(done) + len(aborted) >= 40
+    for seq in done.values():
+        ref = Sequence("ref", seq.token_ids[: seq.num_prompt_tokens], seq.params, 0.0)
+        while ref.num_output_tokens < seq.params.max_tokens:
+            ref.token_ids.append(next_token(ref))
+        assert seq.output_token_ids == ref.output_token_ids and seq.finish_reason == "length"
+    assert sched.prefix_hits > 0 and sched.num_preemptions > 0
+    bm.check_invariants([])
