@@ -111,18 +111,20 @@ def _indexer_logits_kernel(
         k_even = (e2m1_to_raw_f16(packed & 0xF).to(tl.float32) * scale).to(DOT_DTYPE)
         k_odd = (e2m1_to_raw_f16(packed >> 4).to(tl.float32) * scale).to(DOT_DTYPE)
         scores = tl.dot(k_even, tl.trans(q_even)) + tl.dot(k_odd, tl.trans(q_odd))  # [BLOCK_N, BLOCK_H]
-        key_scale = tl.full((BLOCK_N,), 1.0, tl.float32)
     else:
         dims = tl.arange(0, D)
         q_raw = e4m3_to_raw_f16(tl.load(q_row + dims[None, :], mask=heads[:, None] < H, other=0).to(tl.int32))
-        keys = e4m3_to_raw_f16(tl.load(row + dims[None, :], mask=visible[:, None], other=0).to(tl.int32))
-        scores = tl.dot(keys, tl.trans(q_raw))  # raw fp16 operands: exact products, fp32 sums
-        # fp8 rows are d_I + 4 bytes, d_I a multiple of 16: the scale is word d_I/4 of the row
+        q = (q_raw.to(tl.float32) * E4M3_RAW_SCALE).to(DOT_DTYPE)
+        # fp8 rows are d_I + 4 bytes, d_I a multiple of 16: the scale is word d_I/4 of the row. It is
+        # positive, so it can scale the key before the ReLU; e4m3 times a power of two is exact in bf16.
         scale_bits = tl.load(key_words_ptr + slots * (ROW_BYTES // 4) + D // 4, mask=visible, other=0)
-        key_scale = scale_bits.to(tl.float32, bitcast=True) * (E4M3_RAW_SCALE * E4M3_RAW_SCALE)
+        key_scale = scale_bits.to(tl.float32, bitcast=True) * E4M3_RAW_SCALE
+        raw = e4m3_to_raw_f16(tl.load(row + dims[None, :], mask=visible[:, None], other=0).to(tl.int32))
+        keys = (raw.to(tl.float32) * key_scale[:, None]).to(DOT_DTYPE)
+        scores = tl.dot(keys, tl.trans(q))  # [BLOCK_N, BLOCK_H], exact products, fp32 sums
 
     w = tl.load(w_ptr + t * H + heads, mask=heads < H, other=0.0)
-    logits = tl.sum(tl.maximum(scores, 0.0) * w[None, :], axis=1) * key_scale
+    logits = tl.sum(tl.maximum(scores, 0.0) * w[None, :], axis=1)
     logits = tl.where(visible, logits, float("-inf"))
     tl.store(out_ptr + t.to(tl.int64) * n_cols + cols, logits, mask=cols < n_cols)
 

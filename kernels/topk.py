@@ -65,22 +65,21 @@ def _topk_kernel(logits_ptr, lengths_ptr, out_ptr, n_cols, k, BLOCK: tl.constexp
         prefix_mask = tl.full((), 0, tl.uint32)
         remaining = k  # how many of the columns matching the prefix still belong to the top k
         for level in tl.static_range(4):
-            shift: tl.constexpr = 24 - 8 * level
             hist = tl.zeros((256,), tl.int32)
             for start in range(0, length, BLOCK):
                 col = start + tl.arange(0, BLOCK)
                 key = _ordered_key(tl.load(row_ptr + col, mask=col < length, other=0.0))
                 match = (col < length) & ((key & prefix_mask) == prefix)
                 # columns off the prefix go to bin 256, in the half of the histogram that is dropped
-                digit = tl.where(match, ((key >> shift) & 0xFF).to(tl.int32), 256)
+                digit = tl.where(match, ((key >> (24 - 8 * level)) & 0xFF).to(tl.int32), 256)
                 hist += tl.sum(tl.where(first_half, tl.reshape(tl.histogram(digit, 512), (2, 256)), 0), axis=0)
             # at_or_above[b]: matching columns whose digit is >= b; the k-th largest has the
             # highest digit whose at_or_above still reaches `remaining`
             at_or_above = tl.sum(hist, axis=0) - tl.cumsum(hist, axis=0) + hist
             digit_star = tl.max(tl.where(at_or_above >= remaining, bins, -1), axis=0)
             remaining -= tl.sum(tl.where(bins > digit_star, hist, 0), axis=0)
-            prefix = prefix | (digit_star.to(tl.uint32) << shift)
-            prefix_mask = prefix_mask | (tl.full((), 0xFF, tl.uint32) << shift)
+            prefix = prefix | (digit_star.to(tl.uint32) << (24 - 8 * level))
+            prefix_mask = prefix_mask | (tl.full((), 0xFF, tl.uint32) << (24 - 8 * level))
         # prefix is now the k-th largest key: emit all keys above it, then `remaining` equal ones
         n_above = k - remaining
         written_above = 0
