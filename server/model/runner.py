@@ -1,7 +1,7 @@
 """Runs one scheduled batch through the model: sizes and owns the KV cache, builds batch inputs.
 
 Batch metadata is built with a handful of tensor operations over the whole batch (no per-token
-Python), on the host, and moved to the device in two copies. A request may contribute any number
+Python), on the host, and moved to the device in three asynchronous copies. A request may contribute any number
 of query tokens in a step (a prefill chunk, one decode token, or k+1 tokens to verify drafts);
 `num_logits` says for how many of its last tokens the caller wants logits.
 """
@@ -68,16 +68,19 @@ class ModelRunner:
         slots = table[seq_ids, positions // self.block_size].long() * self.block_size + positions % self.block_size
         ends = (first + counts_t).tolist()
         wanted = [i for end, k in zip(ends, num_logits) for i in range(end - k, end)]
-        host = torch.stack((torch.tensor(ids), positions, seq_ids, slots))
-        if self.device.type == "cuda":
-            host, table = host.pin_memory(), table.pin_memory()
-        dev = host.to(self.device, non_blocking=True)
+        dev = self._to_device(torch.stack((torch.tensor(ids), positions, seq_ids, slots)))
         meta = AttentionMetadata(
             positions=dev[1], slot_mapping=dev[3], seq_ids=dev[2].int(), context_lens=(dev[1] + 1).int(),
-            block_table=table.to(self.device, non_blocking=True), block_size=self.block_size,
+            block_table=self._to_device(table), block_size=self.block_size,
             max_context=max(start + n for start, n in zip(starts, counts)),
         )
-        return dev[0], meta, torch.tensor(wanted, dtype=torch.long).to(self.device, non_blocking=True)
+        return dev[0], meta, self._to_device(torch.tensor(wanted, dtype=torch.long))
+
+    def _to_device(self, host: torch.Tensor) -> torch.Tensor:
+        """Asynchronous copy (from pinned memory, so it neither blocks nor syncs the stream)."""
+        if self.device.type == "cpu":
+            return host
+        return host.pin_memory().to(self.device, non_blocking=True)
 
     @torch.inference_mode()
     def execute(self, batch: ScheduledBatch, num_logits: list[int]) -> torch.Tensor:
