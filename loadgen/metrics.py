@@ -55,6 +55,27 @@ def new_histogram(name: str) -> HdrHistogram:
     return HdrHistogram(1, SPEC_BY_NAME[name].highest, SIGNIFICANT_DIGITS)
 
 
+def record_many(hist: HdrHistogram, values: np.ndarray) -> None:
+    """Record every value of an int64 array at once; the same counts as `record_value` per value.
+
+    Per-token values (ITL, tokens per chunk) go through here in batches, so the client spends a
+    fraction of a microsecond per token on them instead of a Python call each.
+    """
+    if values.size == 0:
+        return
+    values = np.clip(values, 0, hist.highest_trackable_value).astype(np.int64)
+    # bit_length(v | mask) via the float exponent: exact, values stay far below 2**53
+    bit_length = np.frexp((values | hist.sub_bucket_mask).astype(np.float64))[1].astype(np.int64)
+    bucket = bit_length - hist.unit_magnitude - (hist.sub_bucket_half_count_magnitude + 1)
+    sub_bucket = values >> (bucket + hist.unit_magnitude)
+    index = ((bucket + 1) << hist.sub_bucket_half_count_magnitude) + (sub_bucket - hist.sub_bucket_half_count)
+    counts = np.ctypeslib.as_array(hist.counts)[: hist.counts_len]
+    counts += np.bincount(index, minlength=hist.counts_len).astype(counts.dtype)
+    hist.total_count += int(values.size)
+    hist.min_value = min(hist.min_value, int(values.min()))
+    hist.max_value = max(hist.max_value, int(values.max()))
+
+
 def encode_histogram(hist: HdrHistogram) -> str:
     """HdrHistogram's standard compressed base64 form, as text for JSON."""
     return hist.encode().decode("ascii")
@@ -128,8 +149,12 @@ def interactivity_stats(tpot: HdrHistogram, interactivity: HdrHistogram) -> dict
 class LevelRecorder:
     """All histograms of one level; fed one finished request at a time."""
 
+    FLUSH_EVERY = 4096  # requests whose per-chunk values wait to be recorded in one batch
+
     def __init__(self) -> None:
         self.hists = {spec.name: new_histogram(spec.name) for spec in METRIC_SPECS}
+        self._chunk_times: list[list[int]] = []
+        self._chunk_tokens: list[list[int]] = []
 
     def record_latencies(
         self,
@@ -145,20 +170,27 @@ class LevelRecorder:
         hists["e2el"].record_value(_clamp(e2el_us))
         if osl > 0:
             hists["norm_e2el"].record_value(_clamp(e2el_us // osl))
-        itl = hists["itl"].record_value
-        prev = chunk_ns[0] if chunk_ns else 0
-        for t in chunk_ns[1:]:
-            itl(_clamp((t - prev) // 1000))
-            prev = t
-        per_chunk = hists["tokens_per_chunk"].record_value
-        for n in chunk_tokens:
-            per_chunk(n)
+        self._chunk_times.append(chunk_ns)
+        self._chunk_tokens.append(chunk_tokens)
+        if len(self._chunk_times) >= self.FLUSH_EVERY:
+            self.flush()
         if osl < 2 or len(chunk_ns) < 2:
             return None
         tpot_us = max(1, (e2el_us - ttft_us) // (osl - 1))
         hists["tpot"].record_value(_clamp(tpot_us))
         hists["interactivity"].record_value(_clamp(10**9 // tpot_us, SPEC_BY_NAME["interactivity"].highest))
         return tpot_us
+
+    def flush(self) -> None:
+        """Record the batched ITLs (gaps within each request) and tokens per chunk."""
+        if not self._chunk_times:
+            return
+        gaps = [np.diff(np.asarray(times, dtype=np.int64)) for times in self._chunk_times if len(times) > 1]
+        if gaps:
+            record_many(self.hists["itl"], np.concatenate(gaps) // 1000)
+        record_many(self.hists["tokens_per_chunk"], np.fromiter(
+            (n for tokens in self._chunk_tokens for n in tokens), dtype=np.int64))
+        self._chunk_times, self._chunk_tokens = [], []
 
     def record_queue_delay(self, delay_us: int) -> None:
         self.hists["queue_delay"].record_value(_clamp(max(0, delay_us)))
@@ -168,6 +200,7 @@ class LevelRecorder:
 
     def summary(self) -> dict[str, dict]:
         """{metric: {"unit", "description", "stats", "hdr"}} for the results file."""
+        self.flush()
         out = {}
         for spec in METRIC_SPECS:
             hist = self.hists[spec.name]

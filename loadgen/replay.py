@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import os
 import platform
 import signal
@@ -17,6 +18,7 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, BinaryIO
+from urllib.parse import urlsplit
 
 from loadgen import __version__
 from loadgen.cli import UsageError
@@ -47,6 +49,9 @@ def _check_flags(args: argparse.Namespace) -> dict[str, Any]:
     for flag, value in (("--duration", args.duration), ("--timeout", args.timeout)):
         if not value > 0:
             raise ValueError(f"{flag}: must be > 0, got {value:g}")
+    url = urlsplit(args.url)
+    if url.scheme not in ("http", "https") or not url.hostname:
+        raise ValueError(f"--url: expected http://HOST:PORT or https://HOST:PORT, got {args.url!r}")
     if not 0 <= args.max_error_rate <= 1:
         raise ValueError(f"--max-error-rate: must be within 0..1, got {args.max_error_rate:g}")
     if args.gpus is not None and args.gpus < 1:
@@ -103,6 +108,9 @@ async def _replay(args: argparse.Namespace, options: dict[str, Any]) -> int:
         "levels": [], "pareto": None,
     }
     per_request = _open_per_request(args.per_request)
+    # The traces are many long-lived objects: keep the cyclic GC from walking them during the run.
+    gc.collect()
+    gc.freeze()
     await transport.open(max_connections=_pool_size(levels, traces))
     runner = Runner(
         transport, traces, synth, config, theoretical_hit_rate,
@@ -118,7 +126,7 @@ async def _replay(args: argparse.Namespace, options: dict[str, Any]) -> int:
             level = await runner.run_level(spec)
             if sys.stderr.isatty() and not args.quiet:
                 print("\r\033[K", end="", file=sys.stderr)
-            doc["levels"].append(level_summary(level, config))
+            doc["levels"].append(level_summary(level, config, runner.theoretical_hit_rate(level)))
             _finish(doc, runner, results_path)
             say(format_level(doc["levels"][-1]))
             if runner.stopped:

@@ -31,7 +31,8 @@ from loadgen.transport.base import ERROR_CONNECT, Exchange, Transport, WireReque
 from traces import PromptSynth, Request, Session, TraceSet
 
 DEAD_AFTER = 5  # consecutive refused connections that mean the server is gone
-CANCELLED = "cancelled"  # counted requests cut off by Ctrl-C or by a dead server
+CANCELLED = "cancelled"
+TIMER_RESOLUTION_S = 0.001  # event-loop timers (libuv) count milliseconds  # counted requests cut off by Ctrl-C or by a dead server
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,7 +120,7 @@ class LevelRun:
     usage_mismatches: int = 0
     cached_tokens: int = 0
     cached_reported: int = 0
-    theoretical_hit_weighted: float = 0.0
+    session_input_tokens: Counter = field(default_factory=Counter)  # measured input per session
     inflight: int = 0
     max_inflight: int = 0
     active_trees: int = 0
@@ -391,7 +392,7 @@ class Runner:
         if ex.cached_tokens is not None:
             level.cached_tokens += ex.cached_tokens
             level.cached_reported += 1
-        level.theoretical_hit_weighted += request.input_tokens * self._session_hit(meta)
+        level.session_input_tokens[meta.session] += request.input_tokens
         cols = level.columns
         cols["play"].append(meta.play_id)
         cols["session"].append(meta.session)
@@ -404,11 +405,18 @@ class Runner:
         cols["tpot_us"].append(tpot_us)
         cols["start_ms"].append(round((origin - level.window_start_ns) / 1e6, 3))
 
-    def _session_hit(self, meta: _Meta) -> float:
-        if meta.session not in self._hit_cache:
-            session = next(s for s in self.traces.sessions if s.id == meta.session)
-            self._hit_cache[meta.session] = self.theoretical_hit(session)
-        return self._hit_cache[meta.session]
+    def theoretical_hit_rate(self, level: LevelRun) -> float | None:
+        """The trace's infinite-cache hit rate over the measured requests' sessions, weighted by
+        their measured input tokens. Computed after the window: it is slow on long sessions."""
+        if not level.input_tokens:
+            return None
+        weighted = 0.0
+        for session_id, tokens in level.session_input_tokens.items():
+            if session_id not in self._hit_cache:
+                session = next(s for s in self.traces.sessions if s.id == session_id)
+                self._hit_cache[session_id] = self.theoretical_hit(session)
+            weighted += tokens * self._hit_cache[session_id]
+        return round(weighted / level.input_tokens, 6)
 
     def _maybe_open_window_after_warmup_requests(self, level: LevelRun, lane: int) -> None:
         wanted = self.config.warmup.requests
@@ -438,10 +446,13 @@ class Runner:
         return task
 
     async def _sleep_until(self, level: LevelRun, deadline_ns: int) -> bool:
-        """Sleep until `deadline_ns` (perf_counter); False when the level stopped meanwhile."""
-        delay = (deadline_ns - time.perf_counter_ns()) / 1e9
-        if delay > 0 and not level.stopping:
-            await asyncio.wait({level.stop}, timeout=delay)
+        """Sleep until `deadline_ns` (perf_counter), never waking before it (the loop's timers
+        have millisecond resolution and may fire early); False when the level stopped meanwhile."""
+        while not level.stopping:
+            delay = (deadline_ns - time.perf_counter_ns()) / 1e9
+            if delay <= 0:
+                break
+            await asyncio.wait({level.stop}, timeout=max(delay, TIMER_RESOLUTION_S))
         return not level.stopping
 
     async def _tick(self, level: LevelRun) -> None:
@@ -450,7 +461,7 @@ class Runner:
             self.progress(level, self.config.duration_s)
 
 
-def level_summary(level: LevelRun, config: RunConfig) -> dict[str, Any]:
+def level_summary(level: LevelRun, config: RunConfig, theoretical_hit_rate: float | None) -> dict[str, Any]:
     """The results-file entry of one level (see results.py)."""
     window_s = 0.0
     if level.window_start_ns is not None and level.window_end_ns is not None:
@@ -509,8 +520,7 @@ def level_summary(level: LevelRun, config: RunConfig) -> dict[str, Any]:
             "requests_reporting_cached": level.cached_reported,
             "measured_hit_rate": round(level.cached_tokens / level.input_tokens, 6)
             if level.cached_reported and level.input_tokens else None,
-            "trace_theoretical_hit_rate": round(level.theoretical_hit_weighted / level.input_tokens, 6)
-            if level.input_tokens else None,
+            "trace_theoretical_hit_rate": theoretical_hit_rate,
         },
         "client": {"cpu_s": round(level.cpu_s, 4) if level.cpu_s is not None else None,
                    "cpu_util": round(cpu_util, 4) if cpu_util is not None else None,

@@ -1,18 +1,17 @@
-"""HTTP transport: OpenAI /v1/completions or /v1/chat/completions with streaming SSE over aiohttp.
+"""HTTP transport: OpenAI /v1/completions or /v1/chat/completions with streaming SSE.
 
-One shared ClientSession with a keep-alive pool sized to the load. The stream is read with
-`iter_any()` (whatever bytes arrived) and split into SSE lines here, so a read that carries
-several events costs one wake-up, and no line-length limit applies. Each content chunk is
-timestamped with perf_counter_ns when the bytes that carry it arrived.
+Runs on wire.HttpClient (asyncio protocols, keep-alive pool sized to the load): each socket
+read is timestamped once with perf_counter_ns, and every SSE line it completes carries that
+arrival time; the request's coroutine wakes once, at the end of the response.
 
 Request body (completions): `prompt` = the token ids (exact input length), `max_tokens` =
-`min_tokens` = the trace's output length, `ignore_eos`, `stream`, `stream_options.include_usage`.
-Chat: one user message whose text is the token ids written as space-separated decimal numbers;
-other tokenizers turn that into roughly one or two tokens per id, so use completions when the
-input length must be exact.
+`min_tokens` = the trace's output length, `ignore_eos`, `stream`, `stream_options.include_usage`,
+and `user` naming the session play. Chat: one user message whose text is the token ids written
+as space-separated decimal numbers; other tokenizers turn that into roughly one or two tokens
+per id, so use completions when the input length must be exact. Each request carries
+`X-Request-Id` (vLLM takes it as its request id, so server logs match the per-request records).
 
-Each request carries `X-Request-Id` (vLLM takes it as its request id; server logs then match
-the per-request records). Tokens per content chunk: `len(choice["token_ids"])` when the server sends token ids (vLLM's
+Tokens per content chunk: `len(choice["token_ids"])` when the server sends token ids (vLLM's
 and our server's extension), else 1.
 """
 
@@ -22,13 +21,10 @@ import asyncio
 import time
 from typing import Any
 
-import aiohttp
 import orjson
 
 from loadgen.transport.base import (
-    ERROR_CONNECT,
     ERROR_PROTOCOL,
-    ERROR_RESET,
     ERROR_TIMEOUT,
     ERROR_TRUNCATED,
     Exchange,
@@ -37,9 +33,9 @@ from loadgen.transport.base import (
     TransportError,
     WireRequest,
 )
+from loadgen.transport.wire import HttpClient, ResponseError
 
 ENDPOINT_PATHS = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}
-READ_BUFSIZE = 1 << 20  # long streams and long SSE lines arrive in few reads
 
 
 class HttpTransport(Transport):
@@ -57,41 +53,33 @@ class HttpTransport(Transport):
         self.base_url = base_url.rstrip("/")
         self.endpoint = endpoint
         self.model = model
-        self.timeout = aiohttp.ClientTimeout(total=timeout_s)
-        self.headers = {"Content-Type": "application/json", **(headers or {})}
+        self.timeout_s = timeout_s
+        self.headers = dict(headers or {})
         if api_key:
             self.headers["Authorization"] = f"Bearer {api_key}"
-        self._url = self.base_url + ENDPOINT_PATHS[endpoint]
-        self._session: aiohttp.ClientSession | None = None
+        self._path = ENDPOINT_PATHS[endpoint]
+        self._client: HttpClient | None = None
 
     async def open(self, max_connections: int) -> None:
-        connector = aiohttp.TCPConnector(limit=max_connections, limit_per_host=0, keepalive_timeout=60)
-        self._session = aiohttp.ClientSession(
-            connector=connector,
-            headers=self.headers,
-            read_bufsize=READ_BUFSIZE,
-            skip_auto_headers=("Accept-Encoding",),  # SSE must not be compressed
-            auto_decompress=False,
-        )
+        self._client = HttpClient(self.base_url, self.headers, max_connections)
 
     async def close(self) -> None:
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
+        if self._client is not None:
+            await self._client.close()
+            self._client = None
 
     async def server_info(self) -> ServerInfo:
         url = self.base_url + "/v1/models"
         try:
-            async with self._session.get(url, timeout=aiohttp.ClientTimeout(total=30)) as resp:
-                body = await resp.read()
-                if resp.status != 200:
-                    raise TransportError(f"GET {url} returned HTTP {resp.status}: {body[:200]!r}")
-        except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
-            raise TransportError(f"cannot reach the server at {self.base_url}: {exc or type(exc).__name__}") from exc
+            resp = await self._client.request("GET", "/v1/models", timeout=30)
+        except (ResponseError, asyncio.TimeoutError) as exc:
+            raise TransportError(f"cannot reach the server at {self.base_url}: {exc or 'timed out'}") from exc
+        if resp.status != 200:
+            raise TransportError(f"GET {url} returned HTTP {resp.status}: {resp.body[:200]!r}")
         try:
-            models = orjson.loads(body)["data"]
+            models = orjson.loads(resp.body)["data"]
         except (orjson.JSONDecodeError, KeyError, TypeError) as exc:
-            raise TransportError(f"GET {url}: not an OpenAI model list: {body[:200]!r}") from exc
+            raise TransportError(f"GET {url}: not an OpenAI model list: {resp.body[:200]!r}") from exc
         info = parse_server_info(models, self.model, url)
         self.model = info.model
         return info
@@ -99,22 +87,22 @@ class HttpTransport(Transport):
     async def send(self, request: WireRequest) -> Exchange:
         body = self._body(request)
         ex = Exchange()
+        stream = _SseStream(ex, self.endpoint == "chat")
         ex.start_ns = time.perf_counter_ns()
         try:
-            headers = {"X-Request-Id": request.request_id}
-            async with self._session.post(self._url, data=body, headers=headers, timeout=self.timeout) as resp:
-                if resp.status != 200:
-                    ex.error = f"http_{resp.status}"
-                    ex.error_detail = (await resp.read())[:300].decode("utf-8", "replace")
-                else:
-                    await self._read_stream(resp, ex)
+            resp = await self._client.request("POST", self._path, body, f"Content-Type: application/json\r\n"
+                                              f"X-Request-Id: {request.request_id}\r\n", stream.line,
+                                              self.timeout_s)
+            if resp.status != 200:
+                ex.error = f"http_{resp.status}"
+                ex.error_detail = resp.body[:300].decode("utf-8", "replace")
         except asyncio.TimeoutError:
-            ex.error, ex.error_detail = ERROR_TIMEOUT, f"no complete answer within {self.timeout.total:g} s"
-        except aiohttp.ClientConnectorError as exc:
-            ex.error, ex.error_detail = ERROR_CONNECT, str(exc)
-        except (aiohttp.ClientError, ConnectionError) as exc:
-            ex.error, ex.error_detail = ERROR_RESET, f"{type(exc).__name__}: {exc}"
+            ex.error, ex.error_detail = ERROR_TIMEOUT, f"no complete answer within {self.timeout_s:g} s"
+        except ResponseError as exc:
+            ex.error, ex.error_detail = exc.kind, str(exc)
         ex.end_ns = time.perf_counter_ns()
+        if ex.error is None:
+            ex.error, ex.error_detail = stream.problem()
         if ex.error is None:
             _check_complete(ex, request.max_tokens)
         return ex
@@ -137,43 +125,50 @@ class HttpTransport(Transport):
             body["messages"] = [{"role": "user", "content": text}]
         return orjson.dumps(body, option=orjson.OPT_SERIALIZE_NUMPY)
 
-    async def _read_stream(self, resp: aiohttp.ClientResponse, ex: Exchange) -> None:
-        chat = self.endpoint == "chat"
-        chunk_ns, chunk_tokens = ex.chunk_ns, ex.chunk_tokens
-        pending = b""
-        done = False
-        async for data in resp.content.iter_any():
-            now = time.perf_counter_ns()
-            pending += data
-            if b"\n" not in data:
-                continue
-            *lines, pending = pending.split(b"\n")
-            for line in lines:
-                if not line.startswith(b"data:"):
-                    continue  # blank separators, comments, event names
-                payload = line[5:].strip()
-                if payload == b"[DONE]":
-                    done = True
-                    continue
-                try:
-                    event = orjson.loads(payload)
-                except orjson.JSONDecodeError:
-                    ex.error, ex.error_detail = ERROR_PROTOCOL, f"bad SSE data: {payload[:200]!r}"
-                    return
-                if "error" in event:
-                    ex.error, ex.error_detail = ERROR_PROTOCOL, str(event["error"])[:300]
-                    return
-                choices = event.get("choices")
-                if choices:
-                    tokens = _content_tokens(choices[0], chat)
-                    if tokens:
-                        chunk_ns.append(now)
-                        chunk_tokens.append(tokens)
-                usage = event.get("usage")
-                if usage:
-                    _take_usage(ex, usage)
-        if not done:
-            ex.error, ex.error_detail = ERROR_TRUNCATED, "stream ended without [DONE]"
+
+class _SseStream:
+    """Turns SSE lines into the Exchange's chunk times, token counts and usage."""
+
+    __slots__ = ("ex", "chat", "done", "error", "detail")
+
+    def __init__(self, ex: Exchange, chat: bool) -> None:
+        self.ex = ex
+        self.chat = chat
+        self.done = False
+        self.error: str | None = None
+        self.detail: str | None = None
+
+    def line(self, line: bytes, now: int) -> None:
+        if not line.startswith(b"data:") or self.error is not None:
+            return  # blank separators, comments, event names
+        payload = line[5:].strip()
+        if payload == b"[DONE]":
+            self.done = True
+            return
+        try:
+            event = orjson.loads(payload)
+        except orjson.JSONDecodeError:
+            self.error, self.detail = ERROR_PROTOCOL, f"bad SSE data: {payload[:200]!r}"
+            return
+        if "error" in event:
+            self.error, self.detail = ERROR_PROTOCOL, str(event["error"])[:300]
+            return
+        choices = event.get("choices")
+        if choices:
+            tokens = _content_tokens(choices[0], self.chat)
+            if tokens:
+                self.ex.chunk_ns.append(now)
+                self.ex.chunk_tokens.append(tokens)
+        usage = event.get("usage")
+        if usage:
+            _take_usage(self.ex, usage)
+
+    def problem(self) -> tuple[str | None, str | None]:
+        if self.error is not None:
+            return self.error, self.detail
+        if not self.done:
+            return ERROR_TRUNCATED, "stream ended without [DONE]"
+        return None, None
 
 
 def _content_tokens(choice: dict, chat: bool) -> int:

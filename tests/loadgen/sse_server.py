@@ -135,9 +135,9 @@ async def _stream(request, cfg, body, prompt, rec, kind, chat) -> web.StreamResp
 
 
 async def _sleep_until(deadline_ns: int) -> None:
-    delay = (deadline_ns - time.perf_counter_ns()) / 1e9
-    if delay > 0:
-        await asyncio.sleep(delay)
+    """Never wakes before the deadline (loop timers count milliseconds and may fire early)."""
+    while (delay := (deadline_ns - time.perf_counter_ns()) / 1e9) > 0:
+        await asyncio.sleep(max(delay, 0.001))
 
 
 async def serve(config: dict) -> None:

@@ -44,6 +44,7 @@ def test_loadgen_runs_without_torch():
     (["--header", "novalue"], "--header: expected K:V"),
     (["--duration", "0"], "--duration: must be > 0"),
     (["--max-error-rate", "2"], "--max-error-rate: must be within 0..1"),
+    (["--url", "localhost:8000"], "--url: expected http://HOST:PORT"),
 ])
 def test_bad_flags_are_named(capsys, flags, message):
     assert main(["replay", "--url", "http://127.0.0.1:9", *flags]) == 2

@@ -77,3 +77,19 @@ def test_unreadable_files_are_named(tmp_path):
         read_results(bad)
     with pytest.raises(ResultsError, match="missing.json: cannot read"):
         read_results(tmp_path / "missing.json")
+
+
+def test_batched_recording_equals_one_value_at_a_time():
+    import numpy as np
+
+    from loadgen.metrics import new_histogram, record_many
+
+    rng = np.random.default_rng(5)
+    values = np.concatenate([rng.integers(0, 3000, 500), rng.lognormal(10, 3, 2000).astype(np.int64),
+                             np.array([0, 1, 2047, 2048, 10**12])])
+    one, many = new_histogram("itl"), new_histogram("itl")
+    for v in values.tolist():
+        one.record_value(min(v, one.highest_trackable_value))
+    record_many(many, values)
+    assert many.encode() == one.encode()
+    assert histogram_stats(many) == histogram_stats(one)

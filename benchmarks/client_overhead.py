@@ -1,0 +1,159 @@
+"""Client overhead of `loadgen replay`: CPU per streamed token and per request, achieved tokens/s,
+TTFT error against the server's own send timestamps, and start-up time.
+
+The server is tests/loadgen/sse_server.py in its own process (pinned to the last core when the
+OS allows; the client is pinned to the first), streaming `--osl` tokens per request with the
+given delays. The client is the real `loadgen replay` path (plan, runner, HTTP transport, HDR
+recording) run in this process over synthetic sessions with no think time. Client CPU is
+getrusage(RUSAGE_SELF) over the measurement window.
+
+TTFT error, two views (both from perf_counter_ns = CLOCK_MONOTONIC, shared by the processes):
+  receive: client's first-chunk timestamp - server's first write (how late the client notices);
+  full:    client TTFT - server TTFT (first write - request received): also includes the time
+           the request spends between the client's send and the server's handler.
+
+    python benchmarks/client_overhead.py                 # the default grid, prints a table
+    python benchmarks/client_overhead.py --conc 256 --first-ms 50 --itl-ms 10 --duration 10
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests" / "loadgen"))
+
+from conftest import ServerProcess  # noqa: E402  (the test server's launcher)
+
+
+def write_traces(folder: Path, osl: int, sessions: int = 64, requests: int = 400) -> None:
+    for s in range(sessions):
+        items = [{"t": 0.0, "type": "n", "in": 256 + 64 * (i % 4), "out": osl, "hash_ids": [1, 2, 3, 4],
+                  "think_time": 0.0} for i in range(requests)]
+        doc = {"id": f"bench{s}", "models": ["m"], "block_size": 64, "requests": items}
+        with gzip.open(folder / f"bench{s}.json.gz", "wt") as handle:
+            json.dump(doc, handle)
+
+
+def pin(cpu: int) -> None:
+    if hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(0, {cpu})
+
+
+def run_case(conc: int, first_ms: float, itl_ms: float, osl: int, duration: float, server_cpu: int | None) -> dict:
+    from loadgen.cli import main
+
+    server = ServerProcess({"first_ms": first_ms, "itl_ms": itl_ms, "tokens_per_chunk": 1},
+                           cpu=server_cpu)
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            tmp_path = Path(tmp)
+            write_traces(tmp_path, osl)
+            out = tmp_path / "out"
+            code = main(["replay", "--url", server.url, "--traces", str(tmp_path), "--conc", str(conc),
+                         "--duration", str(duration), "--warmup", "1s", "--start-offset", "0:0",
+                         "--out", str(out), "--per-request", str(out / "req.jsonl"), "--quiet"])
+            level = json.loads((out / "result.json").read_text())["levels"][0]
+            records = [json.loads(line) for line in (out / "req.jsonl").read_text().splitlines()]
+        seen = {r["id"]: r for r in server.records()["records"]}
+    finally:
+        server.stop()
+    counted = [r for r in records if r["counted"]]
+    receive = sorted((r["first_ns"] - seen[r["id"]]["writes_ns"][0]) / 1e6 for r in counted)
+    full = sorted(((r["first_ns"] - r["start_ns"]) - (seen[r["id"]]["writes_ns"][0] - seen[r["id"]]["received_ns"])) / 1e6
+                  for r in counted)
+    counts, client = level["counts"], level["client"]
+    tokens = counts["output_tokens"]
+    return {
+        "conc": conc, "first_ms": first_ms, "itl_ms": itl_ms, "osl": osl, "exit": code,
+        "requests": counts["requests_ok"], "errors": counts["errors_total"],
+        "tok_s": level["throughput"]["output_tokens_per_s"],
+        "cpu_us_per_token": 1e6 * client["cpu_s"] / tokens if tokens else None,
+        "cpu_us_per_request": 1e6 * client["cpu_s"] / counts["requests_ok"] if counts["requests_ok"] else None,
+        "cpu_util": client["cpu_util"],
+        "recv_err_ms_p50": _pct(receive, 50), "recv_err_ms_p99": _pct(receive, 99),
+        "full_err_ms_p50": _pct(full, 50), "full_err_ms_p99": _pct(full, 99),
+        "loop_lag_ms_p99": (level["metrics"]["loop_lag"]["stats"]["p99"] or 0) / 1000,
+    }
+
+
+def _pct(values: list[float], p: float) -> float | None:
+    if not values:
+        return None
+    return values[min(len(values) - 1, int(round(p / 100 * (len(values) - 1))))]
+
+
+def startup_times(repeats: int = 5) -> dict:
+    """Wall time of `loadgen replay --help`, and of a client from spawn to its first request."""
+    help_times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        subprocess.run([sys.executable, "-m", "loadgen.cli", "replay", "--help"], cwd=ROOT,
+                       capture_output=True, check=True)
+        help_times.append(time.perf_counter() - t0)
+    first_request = []
+    with tempfile.TemporaryDirectory() as tmp:
+        write_traces(Path(tmp), 8, sessions=2, requests=4)
+        for _ in range(repeats):
+            server = ServerProcess({})
+            try:
+                t0 = time.perf_counter_ns()
+                subprocess.run([sys.executable, "-m", "loadgen.cli", "replay", "--url", server.url, "--traces", tmp,
+                                "--conc", "1", "--duration", "0.2", "--quiet", "--out", str(Path(tmp) / "o")],
+                               cwd=ROOT, capture_output=True, check=True)
+                first = min(r["received_ns"] for r in server.records()["records"])
+                first_request.append((first - t0) / 1e9)
+            finally:
+                server.stop()
+    return {"help_s": statistics.median(help_times), "first_request_s": statistics.median(first_request)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--conc", default="64,256", help="concurrency levels (default 64,256)")
+    parser.add_argument("--first-ms", type=float, help="one delay case: ms to the first token")
+    parser.add_argument("--itl-ms", type=float, help="one delay case: ms between tokens")
+    parser.add_argument("--osl", type=int, default=64, help="output tokens per request (default 64)")
+    parser.add_argument("--duration", type=float, default=8.0, help="window seconds per case (default 8)")
+    parser.add_argument("--json", help="also write the rows to this JSON file")
+    args = parser.parse_args()
+    cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+    server_cpu = cpus[-1] if len(cpus) > 1 else None
+    if server_cpu is not None:
+        pin(cpus[0])
+    delays = [(args.first_ms or 0.0, args.itl_ms or 0.0)] if args.first_ms is not None or args.itl_ms is not None \
+        else [(0.0, 0.0), (50.0, 10.0)]
+    rows = [run_case(conc, first, itl, args.osl, args.duration, server_cpu)
+            for first, itl in delays for conc in (int(c) for c in args.conc.split(","))]
+    start = startup_times()
+    header = ("conc", "first_ms", "itl_ms", "tok_s", "cpu_us_per_token", "cpu_us_per_request", "cpu_util",
+              "recv_err_ms_p50", "recv_err_ms_p99", "full_err_ms_p50", "full_err_ms_p99", "loop_lag_ms_p99", "errors")
+    print("| " + " | ".join(header) + " |")
+    print("|" + "---|" * len(header))
+    for row in rows:
+        print("| " + " | ".join(_fmt(row[k]) for k in header) + " |")
+    print(f"\nstart-up: `loadgen replay --help` {start['help_s'] * 1000:.0f} ms; "
+          f"client spawn -> first request {start['first_request_s'] * 1000:.0f} ms (median of 5)")
+    print(f"client pinned to CPU {cpus[0] if server_cpu is not None else '-'}, server to CPU {server_cpu}")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"rows": rows, "startup": start}, indent=2))
+
+
+def _fmt(value) -> str:
+    if isinstance(value, float):
+        return f"{value:.3f}" if abs(value) < 100 else f"{value:.0f}"
+    return str(value)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,143 @@
+"""The lean HTTP/1.1 client against a raw TCP server that splits responses at awkward places."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+
+import pytest
+
+from loadgen.transport.wire import HttpClient, ResponseError
+
+SSE = b"".join(b'data: {"n": %d}\n\n' % i for i in range(20)) + b"data: [DONE]\n\n"
+
+
+def _chunked(body: bytes, sizes: list[int]) -> bytes:
+    out, pos = b"", 0
+    for size in sizes:
+        piece = body[pos:pos + size]
+        if not piece:
+            break
+        out += b"%x\r\n" % len(piece) + piece + b"\r\n"
+        pos += size
+    return out + b"0\r\n\r\n"
+
+
+async def _serve(responses: list[bytes], split: int | None, close_after: bool = False):
+    """Answer each request on a connection with the next response, in `split`-byte writes."""
+    seen: list[bytes] = []
+    queue = list(responses)
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while queue:
+            head = await reader.readuntil(b"\r\n\r\n")
+            length = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
+            seen.append(head + await reader.readexactly(length))
+            data = queue.pop(0)
+            step = split or len(data)
+            for pos in range(0, len(data), step):
+                writer.write(data[pos:pos + step])
+                await writer.drain()
+                await asyncio.sleep(0.001)
+            if close_after:
+                break
+        writer.close()
+
+    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    return server, server.sockets[0].getsockname()[1], seen
+
+
+def _lines(sink_lines: list) -> list[bytes]:
+    return [line for line, _ in sink_lines if line.startswith(b"data:")]
+
+
+@pytest.mark.parametrize("split", [1, 2, 3, 7, None])
+def test_chunked_stream_split_anywhere(split):
+    async def main():
+        rng = random.Random(split)
+        sizes = [rng.randint(1, 40) for _ in range(100)]
+        response = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n" + _chunked(SSE, sizes)
+        server, port, seen = await _serve([response, response], split)
+        client = HttpClient(f"http://127.0.0.1:{port}", {"X-A": "b"}, 4)
+        for _ in range(2):  # the second request reuses the kept-alive connection
+            got: list = []
+            resp = await client.request("POST", "/v1/completions", b"{}", sink=lambda l, t: got.append((l, t)),
+                                        timeout=10)
+            assert resp.status == 200
+            assert _lines(got) == [line for line in SSE.split(b"\n") if line]
+            times = [t for _, t in got]
+            assert times == sorted(times)
+        assert len(client._open) == 1
+        assert seen[0].startswith(b"POST /v1/completions HTTP/1.1\r\n") and b"X-A: b\r\n" in seen[0]
+        await client.close()
+        server.close()
+
+    asyncio.run(main())
+
+
+def test_content_length_and_until_close_bodies_and_error_status():
+    async def main():
+        responses = [b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(SSE) + SSE,
+                     b"HTTP/1.1 500 Internal Server Error\r\nContent-Length: 4\r\n\r\noops"]
+        server, port, _ = await _serve(responses, 5)
+        client = HttpClient(f"http://127.0.0.1:{port}", {}, 4)
+        got: list = []
+        await client.request("POST", "/x", b"1", sink=lambda l, t: got.append((l, t)), timeout=10)
+        assert len(_lines(got)) == 21
+        resp = await client.request("POST", "/x", b"1", sink=lambda l, t: got.append((l, t)), timeout=10)
+        assert resp.status == 500 and resp.body == b"oops"
+        server.close()
+        until_close = b"HTTP/1.1 200 OK\r\nConnection: close\r\n\r\n" + SSE
+        server, port, _ = await _serve([until_close], 9, close_after=True)
+        client = HttpClient(f"http://127.0.0.1:{port}", {}, 4)
+        got = []
+        await client.request("POST", "/x", b"1", sink=lambda l, t: got.append((l, t)), timeout=10)
+        assert len(_lines(got)) == 21
+        server.close()
+
+    asyncio.run(main())
+
+
+def test_a_stale_kept_alive_connection_is_retried_once():
+    async def main():
+        ok = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nhi"
+        server, port, seen = await _serve([ok, ok], None, close_after=True)  # closes after each answer
+        client = HttpClient(f"http://127.0.0.1:{port}", {}, 4)
+        assert (await client.request("GET", "/", timeout=10)).body == b"hi"
+        await asyncio.sleep(0.05)
+        assert (await client.request("GET", "/", timeout=10)).body == b"hi"
+        assert len(seen) == 2
+        server.close()
+
+    asyncio.run(main())
+
+
+def test_refused_reset_and_timeout():
+    async def main():
+        client = HttpClient("http://127.0.0.1:9", {}, 4)
+        with pytest.raises(ResponseError) as refused:
+            await client.request("GET", "/", timeout=5)
+        assert refused.value.kind == "connect"
+        cut = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n" + _chunked(SSE, [30, 30])[:70]
+        server, port, _ = await _serve([cut], 16, close_after=True)
+        client = HttpClient(f"http://127.0.0.1:{port}", {}, 4)
+        with pytest.raises(ResponseError) as reset:
+            await client.request("POST", "/x", b"", sink=lambda l, t: None, timeout=5)
+        assert reset.value.kind == "reset" and reset.value.received
+        server.close()
+
+        async def silent(reader, writer):
+            await asyncio.sleep(5)
+
+        server = await asyncio.start_server(silent, "127.0.0.1", 0)
+        client = HttpClient(f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}", {}, 4)
+        with pytest.raises(asyncio.TimeoutError):
+            await client.request("GET", "/", timeout=0.2)
+        server.close()
+
+    asyncio.run(main())
+
+
+def test_bad_url_is_named():
+    with pytest.raises(ValueError, match="--url"):
+        HttpClient("ftp://x", {}, 1)
