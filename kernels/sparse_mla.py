@@ -52,6 +52,60 @@ def sparse_mla_torch(q, kv_cache, indices, scale, d_c, kv_dtype):
 
 
 @triton.jit
+def _gather_rows(
+    kv_ptr, kv_bytes_ptr, kv_words_ptr, idx_ptr, t, n_idx, start, hi,
+    KV_STRIDE: tl.constexpr, ROW_BYTES: tl.constexpr, ROPE_OFFSET: tl.constexpr,
+    D_C: tl.constexpr, D_R: tl.constexpr, BLOCK_N: tl.constexpr, FP8: tl.constexpr, DOT_DTYPE: tl.constexpr,
+):
+    """Rows idx[t, start:start+BLOCK_N] (below hi) as (latent [BLOCK_N, D_C], rope [BLOCK_N, D_R], valid)."""
+    j = start + tl.arange(0, BLOCK_N)
+    slot = tl.load(idx_ptr + t * n_idx + j, mask=j < hi, other=-1)
+    valid = slot >= 0
+    slot = tl.where(valid, slot, 0).to(tl.int64)
+    cols_c = tl.arange(0, D_C)
+    if FP8:
+        raw = tl.load(kv_bytes_ptr + slot[:, None] * ROW_BYTES + cols_c[None, :], mask=valid[:, None], other=0)
+        k_c = e4m3_to_raw_f16(raw.to(tl.int32)).to(tl.float32)  # [BLOCK_N, D_C] = value / 2^8
+        # one fp32 scale per 128 values: select it per column (no reshapes, which cost layout shuffles)
+        group_scale = tl.zeros((BLOCK_N, D_C), tl.float32)
+        for g in tl.static_range(D_C // 128):
+            s_g = tl.load(kv_words_ptr + slot * (ROW_BYTES // 4) + D_C // 4 + g, mask=valid, other=0)
+            group_scale = tl.where(cols_c[None, :] // 128 == g, s_g.to(tl.float32, bitcast=True)[:, None], group_scale)
+        k_c = (k_c * group_scale * E4M3_RAW_SCALE).to(DOT_DTYPE)
+    else:
+        k_c = tl.load(kv_ptr + slot[:, None] * KV_STRIDE + cols_c[None, :], mask=valid[:, None], other=0.0).to(DOT_DTYPE)
+    cols_r = tl.arange(0, D_R)
+    k_r = tl.load(kv_ptr + slot[:, None] * KV_STRIDE + ROPE_OFFSET + cols_r[None, :], mask=valid[:, None], other=0.0).to(DOT_DTYPE)
+    return k_c, k_r, valid
+
+
+@triton.jit
+def _split_range(n_idx, BLOCK_N: tl.constexpr):
+    """This program's [lo, hi) of the index list: splits take whole blocks of BLOCK_N."""
+    per_split = tl.cdiv(tl.cdiv(n_idx, BLOCK_N), tl.num_programs(2)) * BLOCK_N
+    lo = tl.program_id(2) * per_split
+    return lo, tl.minimum(lo + per_split, n_idx)
+
+
+@triton.jit
+def _store_result(acc, m, l, o_ptr, lse_ptr, t, heads, n_heads, D_C: tl.constexpr, SPLIT: tl.constexpr):
+    """Normalise and store o [BLOCK_H, D_C] and lse, or the split's partials (o fp32, lse in log2)."""
+    head_ok = heads < n_heads
+    cols_c = tl.arange(0, D_C)
+    has_any = l > 0
+    out = acc / tl.where(has_any, l, 1.0)[:, None]
+    lse_log2 = tl.where(has_any, m + tl.log2(tl.where(has_any, l, 1.0)), float("-inf"))
+    if SPLIT:  # partials: o fp32 [T, H, S, D_C], lse (log2) [T, H, S]
+        part = (t * n_heads + heads) * tl.num_programs(2) + tl.program_id(2)
+        tl.store(o_ptr + part[:, None] * D_C + cols_c[None, :], out, mask=head_ok[:, None])
+        tl.store(lse_ptr + part, lse_log2, mask=head_ok)
+    else:
+        row = t * n_heads + heads
+        tl.store(o_ptr + row[:, None] * D_C + cols_c[None, :], f32_to_bf16(out), mask=head_ok[:, None])
+        tl.store(lse_ptr + row, lse_log2 / LOG2E, mask=head_ok)
+
+
+@triton.jit
 def _sparse_mla_kernel(
     q_ptr, kv_ptr, kv_bytes_ptr, kv_words_ptr, idx_ptr, o_ptr, lse_ptr,
     sm_scale_log2, n_idx, n_heads,
@@ -59,43 +113,21 @@ def _sparse_mla_kernel(
     D_C: tl.constexpr, D_R: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
     FP8: tl.constexpr, SPLIT: tl.constexpr, DOT_DTYPE: tl.constexpr,
 ):
+    """Heads-major form: scores [BLOCK_H, BLOCK_N], accumulator [BLOCK_H, D_C]."""
     t = tl.program_id(0).to(tl.int64)
     heads = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
-    split = tl.program_id(2)
-    n_splits = tl.num_programs(2)
     head_ok = heads < n_heads
-
-    cols_c = tl.arange(0, D_C)
-    cols_r = tl.arange(0, D_R)
     q_row = q_ptr + (t * n_heads + heads[:, None]) * (D_C + D_R)
-    q_c = tl.load(q_row + cols_c[None, :], mask=head_ok[:, None], other=0.0).to(DOT_DTYPE)
-    q_r = tl.load(q_row + D_C + cols_r[None, :], mask=head_ok[:, None], other=0.0).to(DOT_DTYPE)
-
-    per_split = tl.cdiv(tl.cdiv(n_idx, BLOCK_N), n_splits) * BLOCK_N
-    lo = split * per_split
-    hi = tl.minimum(lo + per_split, n_idx)
+    q_c = tl.load(q_row + tl.arange(0, D_C)[None, :], mask=head_ok[:, None], other=0.0).to(DOT_DTYPE)
+    q_r = tl.load(q_row + D_C + tl.arange(0, D_R)[None, :], mask=head_ok[:, None], other=0.0).to(DOT_DTYPE)
+    lo, hi = _split_range(n_idx, BLOCK_N)
 
     m = tl.full((BLOCK_H,), -1e30, tl.float32)
     l = tl.zeros((BLOCK_H,), tl.float32)
     acc = tl.zeros((BLOCK_H, D_C), tl.float32)
     for start in range(lo, hi, BLOCK_N):
-        j = start + tl.arange(0, BLOCK_N)
-        slot = tl.load(idx_ptr + t * n_idx + j, mask=j < hi, other=-1)
-        valid = slot >= 0
-        slot = tl.where(valid, slot, 0).to(tl.int64)
-        if FP8:
-            raw = tl.load(kv_bytes_ptr + slot[:, None] * ROW_BYTES + cols_c[None, :], mask=valid[:, None], other=0)
-            k_c = e4m3_to_raw_f16(raw.to(tl.int32)).to(tl.float32)  # [BLOCK_N, D_C] = value / 2^8
-            # one fp32 scale per 128 values: select it per column (no reshapes, which cost layout shuffles)
-            group_scale = tl.zeros((BLOCK_N, D_C), tl.float32)
-            for g in tl.static_range(D_C // 128):
-                s_g = tl.load(kv_words_ptr + slot * (ROW_BYTES // 4) + D_C // 4 + g, mask=valid, other=0)
-                group_scale = tl.where(cols_c[None, :] // 128 == g, s_g.to(tl.float32, bitcast=True)[:, None], group_scale)
-            k_c = (k_c * group_scale * E4M3_RAW_SCALE).to(DOT_DTYPE)
-        else:
-            k_c = tl.load(kv_ptr + slot[:, None] * KV_STRIDE + cols_c[None, :], mask=valid[:, None], other=0.0).to(DOT_DTYPE)
-        k_r = tl.load(kv_ptr + slot[:, None] * KV_STRIDE + ROPE_OFFSET + cols_r[None, :], mask=valid[:, None], other=0.0).to(DOT_DTYPE)
-
+        k_c, k_r, valid = _gather_rows(kv_ptr, kv_bytes_ptr, kv_words_ptr, idx_ptr, t, n_idx, start, hi,
+                                       KV_STRIDE, ROW_BYTES, ROPE_OFFSET, D_C, D_R, BLOCK_N, FP8, DOT_DTYPE)
         s = tl.dot(q_c, tl.trans(k_c)) + tl.dot(q_r, tl.trans(k_r))
         s = tl.where(valid[None, :], s * sm_scale_log2, -1e30)
         m_new = tl.maximum(m, tl.max(s, axis=1))
@@ -104,18 +136,45 @@ def _sparse_mla_kernel(
         l = l * alpha + tl.sum(p, axis=1)
         acc = acc * alpha[:, None] + tl.dot(p.to(DOT_DTYPE), k_c)
         m = m_new
+    _store_result(acc, m, l, o_ptr, lse_ptr, t, heads, n_heads, D_C, SPLIT)
 
-    has_any = l > 0
-    out = acc / tl.where(has_any, l, 1.0)[:, None]
-    lse_log2 = tl.where(has_any, m + tl.log2(tl.where(has_any, l, 1.0)), float("-inf"))
-    if SPLIT:  # partials: o fp32 [T, H, S, D_C], lse (log2) [T, H, S]
-        part = (t * n_heads + heads) * n_splits + split
-        tl.store(o_ptr + part[:, None] * D_C + cols_c[None, :], out, mask=head_ok[:, None])
-        tl.store(lse_ptr + part, lse_log2, mask=head_ok)
-    else:
-        row = t * n_heads + heads
-        tl.store(o_ptr + row[:, None] * D_C + cols_c[None, :], f32_to_bf16(out), mask=head_ok[:, None])
-        tl.store(lse_ptr + row, lse_log2 / LOG2E, mask=head_ok)
+
+@triton.jit
+def _sparse_mla_kernel_keys_major(
+    q_ptr, kv_ptr, kv_bytes_ptr, kv_words_ptr, idx_ptr, o_ptr, lse_ptr,
+    sm_scale_log2, n_idx, n_heads,
+    KV_STRIDE: tl.constexpr, ROW_BYTES: tl.constexpr, ROPE_OFFSET: tl.constexpr,
+    D_C: tl.constexpr, D_R: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
+    FP8: tl.constexpr, SPLIT: tl.constexpr, DOT_DTYPE: tl.constexpr,
+):
+    """Keys-major form: scores [BLOCK_N, BLOCK_H], accumulator [D_C, BLOCK_H].
+
+    The query is the second operand of both score dots, so it stays in shared memory instead of
+    registers; with 64 heads the heads-major form runs out of registers and spills.
+    """
+    t = tl.program_id(0).to(tl.int64)
+    heads = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+    head_ok = heads < n_heads
+    q_col = q_ptr + (t * n_heads + heads[None, :]) * (D_C + D_R)
+    q_c = tl.load(q_col + tl.arange(0, D_C)[:, None], mask=head_ok[None, :], other=0.0).to(DOT_DTYPE)  # [D_C, BLOCK_H]
+    q_r = tl.load(q_col + D_C + tl.arange(0, D_R)[:, None], mask=head_ok[None, :], other=0.0).to(DOT_DTYPE)
+    lo, hi = _split_range(n_idx, BLOCK_N)
+
+    m = tl.full((BLOCK_H,), -1e30, tl.float32)
+    l = tl.zeros((BLOCK_H,), tl.float32)
+    acc = tl.zeros((D_C, BLOCK_H), tl.float32)
+    for start in range(lo, hi, BLOCK_N):
+        k_c, k_r, valid = _gather_rows(kv_ptr, kv_bytes_ptr, kv_words_ptr, idx_ptr, t, n_idx, start, hi,
+                                       KV_STRIDE, ROW_BYTES, ROPE_OFFSET, D_C, D_R, BLOCK_N, FP8, DOT_DTYPE)
+        s = tl.dot(k_c, q_c) + tl.dot(k_r, q_r)  # [BLOCK_N, BLOCK_H]
+        s = tl.where(valid[:, None], s * sm_scale_log2, -1e30)
+        m_new = tl.maximum(m, tl.max(s, axis=0))
+        alpha = tl.exp2(m - m_new)
+        p = tl.where(valid[:, None], tl.exp2(s - m_new[None, :]), 0.0)
+        l = l * alpha + tl.sum(p, axis=0)
+        acc = acc * alpha[None, :] + tl.dot(tl.trans(k_c), p.to(DOT_DTYPE))
+        m = m_new
+    _store_result(tl.trans(acc), m, l, o_ptr, lse_ptr, t, heads, n_heads, D_C, SPLIT)
 
 
 @triton.jit
@@ -145,6 +204,7 @@ class SparseMlaConfig:
     block_n: int
     num_warps: int
     num_stages: int
+    keys_major: bool = False  # the form that keeps the query in shared memory (see its kernel)
 
 
 def default_config(n_heads: int, kv_dtype: str, device: torch.device) -> SparseMlaConfig:
@@ -193,7 +253,8 @@ def sparse_mla_triton(q, kv_cache, indices, scale, d_c, kv_dtype, num_splits=Non
         dst_o, dst_lse = part_o, part_lse
     else:
         dst_o, dst_lse = out, lse
-    _sparse_mla_kernel[(t, head_blocks, splits)](
+    kernel = _sparse_mla_kernel_keys_major if cfg.keys_major else _sparse_mla_kernel
+    kernel[(t, head_blocks, splits)](
         q, kv, kv_bytes, kv_words, indices, dst_o, dst_lse,
         scale * LOG2E.value, n_idx, h,
         KV_STRIDE=kv.shape[1], ROW_BYTES=kv_cache.shape[1] * kv_cache.element_size(), ROPE_OFFSET=rope_offset,
