@@ -16,6 +16,8 @@ COMMAND_MODULES = (
     "loadgen.cmd_traces",
     "loadgen.cmd_golden_al",
     "loadgen.cmd_replay",
+    "loadgen.cmd_report",
+    "loadgen.cmd_compare",
 )
 
 

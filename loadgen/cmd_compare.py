@@ -1,0 +1,110 @@
+"""`loadgen compare BASE NEW`: per level and metric, both values, delta % and its 95 % bootstrap
+interval, and a verdict (better / worse / within noise); see loadgen/compare.py for the method.
+
+Exit codes: 0 compared (no gate tripped), 1 a `--fail-on-regression` gate tripped, 2 bad input
+(missing or malformed file, wrong schema, unknown metric, no common level).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "compare",
+        help="compare two runs level by level with bootstrap confidence intervals",
+        description="Compare BASE and NEW results (agentload.result/1) level by level: for each "
+        "metric both values, delta %% = (NEW - BASE) / BASE, its 95 %% confidence interval by "
+        "bootstrap over session plays (paired when both runs replayed the same plays) or over "
+        "repeats, and a verdict: better, worse, or within noise (the interval includes 0).",
+        epilog="A side is one results file or folder holding result.json, or several joined by "
+        "commas: several runs of a level on a side are repeats. Metrics: "
+        + ", ".join(_metric_names()) + ".",
+    )
+    p.add_argument("base", metavar="BASE", help="baseline results: FILE|DIR[,FILE|DIR...]")
+    p.add_argument("new", metavar="NEW", help="new results: FILE|DIR[,FILE|DIR...]")
+    p.add_argument("--metrics", metavar="M[,M...]", help="metrics to compare (default: all)")
+    p.add_argument("--json", action="store_true", help="print JSON (schema agentload.compare/1) instead of a table")
+    p.add_argument("--fail-on-regression", action="append", default=[], metavar="METRIC:PCT",
+                   help="exit 1 when NEW is worse than BASE on METRIC by more than PCT %% with the "
+                   "interval excluding 0, at any common level (repeatable)")
+    p.add_argument("--seed", type=int, default=0, help="bootstrap seed (default 0)")
+    p.add_argument("--resamples", type=int, default=2000, metavar="N", help="bootstrap resamples (default 2000)")
+    p.add_argument("--min-effect", type=float, default=0.0, metavar="PCT",
+                   help="also call |delta| below PCT %% within noise, for drift between runs that a "
+                   "per-session bootstrap cannot see (default 0)")
+    p.set_defaults(func=run)
+
+
+def _metric_names() -> list[str]:
+    from loadgen.compare import METRICS
+
+    return [m.name for m in METRICS]
+
+
+def run(args: argparse.Namespace) -> int:
+    import orjson
+
+    from loadgen.cli import UsageError
+    from loadgen.compare import CompareError, compare_runs, format_comparison, regressions, to_json
+    from loadgen.report import load_runs
+
+    metrics, gates = _metrics_and_gates(args.metrics, args.fail_on_regression)
+    if args.min_effect < 0:
+        raise UsageError(f"--min-effect: must be >= 0, got {args.min_effect:g}")
+    base_paths, new_paths = _side(args.base, "BASE"), _side(args.new, "NEW")
+    base, new = load_runs(base_paths), load_runs(new_paths)
+    try:
+        comparison = compare_runs([(r.name, r.doc) for r in base], [(r.name, r.doc) for r in new], metrics,
+                                  args.resamples, args.seed, args.min_effect)
+    except CompareError as exc:
+        raise UsageError(str(exc)) from exc
+    tripped = regressions(comparison, gates)
+    if args.json:
+        doc = to_json(comparison, [str(r.path) for r in base], [str(r.path) for r in new], tripped)
+        sys.stdout.write(orjson.dumps(doc, option=orjson.OPT_INDENT_2).decode() + "\n")
+    else:
+        print(format_comparison(comparison, tripped))
+    return 1 if tripped else 0
+
+
+def _side(text: str, name: str) -> list[str]:
+    from loadgen.cli import UsageError
+
+    paths = [item.strip() for item in text.split(",") if item.strip()]
+    if not paths:
+        raise UsageError(f"{name}: expected a results file or folder, got {text!r}")
+    return paths
+
+
+def _metrics_and_gates(metrics_text: str | None, gate_texts: list[str]):
+    """--metrics and --fail-on-regression checked against the known metric names; gated metrics
+    are compared even when --metrics leaves them out."""
+    from loadgen.cli import UsageError
+    from loadgen.compare import METRIC_BY_NAME, METRICS, Gate
+
+    known = ", ".join(METRIC_BY_NAME)
+    chosen = list(METRICS)
+    if metrics_text:
+        names = [name.strip() for name in metrics_text.split(",") if name.strip()]
+        unknown = [name for name in names if name not in METRIC_BY_NAME]
+        if unknown or not names:
+            raise UsageError(f"--metrics: unknown metric {', '.join(unknown) or repr(metrics_text)}; known: {known}")
+        chosen = [METRIC_BY_NAME[name] for name in dict.fromkeys(names)]
+    gates = []
+    for text in gate_texts:
+        name, sep, pct = text.rpartition(":")
+        try:
+            value = float(pct)
+        except ValueError:
+            value = -1.0
+        if not sep or value < 0:
+            raise UsageError(f"--fail-on-regression: expected METRIC:PCT like e2el_p90:5, got {text!r}")
+        if name not in METRIC_BY_NAME:
+            raise UsageError(f"--fail-on-regression: unknown metric {name!r}; known: {known}")
+        gates.append(Gate(name, value))
+        if METRIC_BY_NAME[name] not in chosen:
+            chosen.append(METRIC_BY_NAME[name])
+    return chosen, gates
