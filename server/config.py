@@ -109,6 +109,17 @@ class SchedulerConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class ParallelConfig:
+    """Tensor parallelism: one process per rank; rank 0 is the engine core (see server/parallel.py)."""
+
+    tensor_parallel_size: int = 1
+    nnodes: int = 1
+    node_rank: int = 0
+    master_addr: str = "127.0.0.1"
+    master_port: int = 29513
+
+
+@dataclass(frozen=True, slots=True)
 class EngineConfig:
     model: ModelConfig = field(default_factory=lambda: model_preset("tiny"))
     cache: CacheConfig = field(default_factory=CacheConfig)
@@ -117,6 +128,7 @@ class EngineConfig:
     attention_backend: str = "auto"  # "auto" (triton on CUDA, torch on CPU), "torch", "triton"
     seed: int = 0
     weights: str | None = None  # safetensors file; None means seeded random weights
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
 
     def __post_init__(self) -> None:
         validate_engine_config(self)
@@ -189,6 +201,7 @@ def validate_engine_config(c: EngineConfig) -> None:
     _require(0 < sched.max_model_len <= m.max_position,
              f"--max-model-len: must be in 1..{m.max_position} for the {m.name} model, got {sched.max_model_len}")
     _require(c.weights is None or os.path.isfile(c.weights), f"--weights: no such file {c.weights!r}")
+    _validate_parallel(c)
     device = resolve_device(c.device)
     if device == "cuda":
         import torch
@@ -197,6 +210,20 @@ def validate_engine_config(c: EngineConfig) -> None:
     if resolve_backend(c.attention_backend, c.device) == "triton" and device == "cpu":
         _require(os.environ.get("TRITON_INTERPRET") == "1",
                  "--attention-backend triton on CPU needs TRITON_INTERPRET=1 in the environment")
+
+
+def _validate_parallel(c: EngineConfig) -> None:
+    p, m = c.parallel, c.model
+    tp = p.tensor_parallel_size
+    _require(tp >= 1, f"--tp: must be at least 1, got {tp}")
+    _require(m.num_heads % tp == 0, f"--tp {tp}: must divide the attention heads ({m.num_heads})")
+    _require(m.index_num_heads % tp == 0, f"--tp {tp}: must divide the indexer heads ({m.index_num_heads})")
+    _require(m.intermediate_size % tp == 0, f"--tp {tp}: must divide the FFN width ({m.intermediate_size})")
+    _require(m.vocab_size % tp == 0, f"--tp {tp}: must divide the vocabulary ({m.vocab_size})")
+    _require(p.nnodes >= 1 and tp % p.nnodes == 0,
+             f"--nnodes: must be at least 1 and divide --tp ({tp}), got {p.nnodes}")
+    _require(0 <= p.node_rank < p.nnodes, f"--node-rank: must be in 0..{p.nnodes - 1}, got {p.node_rank}")
+    _require(0 < p.master_port < 65536, f"--master-port: must be a TCP port, got {p.master_port}")
 
 
 def add_engine_args(parser: argparse.ArgumentParser) -> None:
@@ -231,6 +258,15 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
                    help="token budget of one engine step; longer prompts prefill in chunks (default: 2048)")
     g.add_argument("--max-model-len", type=int, default=None,
                    help="longest prompt + output in tokens (default: the preset's max position)")
+    t = parser.add_argument_group("tensor parallelism")
+    t.add_argument("--tp", "--tensor-parallel-size", dest="tp", type=int, default=1,
+                   help="shard the model over this many GPUs (or CPU processes with gloo) (default: 1)")
+    t.add_argument("--nnodes", type=int, default=1, help="nodes in the tensor-parallel group (default: 1)")
+    t.add_argument("--node-rank", type=int, default=0, help="this node's rank (default: 0)")
+    t.add_argument("--master-addr", default="127.0.0.1",
+                   help="address of rank 0 for torch.distributed rendezvous (default: 127.0.0.1)")
+    t.add_argument("--master-port", type=int, default=29513,
+                   help="port of rank 0 for torch.distributed rendezvous (default: 29513)")
 
 
 def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
@@ -254,5 +290,8 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
         max_num_batched_tokens=args.max_num_batched_tokens,
         max_model_len=args.max_model_len if args.max_model_len is not None else model.max_position,
     )
+    parallel = ParallelConfig(tensor_parallel_size=args.tp, nnodes=args.nnodes, node_rank=args.node_rank,
+                              master_addr=args.master_addr, master_port=args.master_port)
     return EngineConfig(model=model, cache=cache, scheduler=scheduler, device=args.device,
-                        attention_backend=args.attention_backend, seed=args.seed, weights=args.weights)
+                        attention_backend=args.attention_backend, seed=args.seed, weights=args.weights,
+                        parallel=parallel)
