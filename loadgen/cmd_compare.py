@@ -20,8 +20,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "bootstrap over session plays (paired when both runs replayed the same plays) or over "
         "repeats, and a verdict: better, worse, or within noise (the interval includes 0).",
         epilog="A side is one results file or folder holding result.json, or several joined by "
-        "commas: several runs of a level on a side are repeats. Metrics: "
-        + ", ".join(_metric_names()) + ".",
+        "commas: several runs of a level on a side are repeats. Metrics: ttft_p50|p90|p99, "
+        "tpot_p50|p90, interactivity_p50|p90, e2el_p50|p90|p99, norm_e2el_p90, e2e_interactivity, "
+        "output_tput_per_gpu, total_tput_per_gpu, request_rate.",
     )
     p.add_argument("base", metavar="BASE", help="baseline results: FILE|DIR[,FILE|DIR...]")
     p.add_argument("new", metavar="NEW", help="new results: FILE|DIR[,FILE|DIR...]")
@@ -36,12 +37,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="also call |delta| below PCT %% within noise, for drift between runs that a "
                    "per-session bootstrap cannot see (default 0)")
     p.set_defaults(func=run)
-
-
-def _metric_names() -> list[str]:
-    from loadgen.compare import METRICS
-
-    return [m.name for m in METRICS]
 
 
 def run(args: argparse.Namespace) -> int:

@@ -153,3 +153,14 @@ def test_bad_input_exits_2_naming_the_problem(runs, capsys, tmp_path):
         code, err = _error(capsys, *args)
         assert code == 2, (args, err)
         assert message in err, (args, err)
+
+
+def test_help_names_every_metric(capsys):
+    from loadgen.compare import METRICS
+
+    with pytest.raises(SystemExit):
+        main(["compare", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    for metric in METRICS:
+        stem, _, tail = metric.name.rpartition("_")
+        assert metric.name in text or (tail.startswith("p") and f"{stem}_" in text and tail in text), metric.name

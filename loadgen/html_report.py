@@ -1,0 +1,109 @@
+"""A self-contained HTML report of one or more results files: one file, no external references.
+
+Holds the runs (status, model, command), the sweep summary with Pareto marks, every plot of
+loadgen/plots.py as an embedded PNG (data:image/png;base64 URI), each level's statistics table
+(the rows of loadgen/table.py) and the metric definitions. All text from the results files is
+HTML-escaped.
+"""
+
+from __future__ import annotations
+
+import base64
+import tempfile
+from html import escape
+from pathlib import Path
+from typing import Any, Sequence
+
+from loadgen.report import SUMMARY_COLUMNS, Run, format_cell, summary_rows
+from loadgen.table import COLUMNS, ROWS
+
+STYLE = """
+body { font-family: system-ui, sans-serif; margin: 2em; color: #222; }
+table { border-collapse: collapse; margin: 0.5em 0 1.5em; font-size: 0.9em; }
+th, td { border: 1px solid #ccc; padding: 0.25em 0.6em; text-align: right; }
+th:first-child, td:first-child { text-align: left; }
+th { background: #f2f2f2; }
+img { max-width: 100%; margin: 0.5em 0 1.5em; border: 1px solid #eee; }
+.failed { color: #b00; font-weight: bold; }
+code { background: #f5f5f5; padding: 0 0.2em; }
+"""
+
+DEFINITIONS = (
+    ("TTFT", "request sent (intended send time in open loop) to first content token"),
+    ("TPOT", "per request (E2EL - TTFT) / (OSL - 1)"),
+    ("interactivity", "per request 1 / TPOT, tokens/s/user; pX interactivity = 1 / pX(TPOT), the slow tail"),
+    ("E2EL", "request sent to last token"),
+    ("E2EL / OSL", "normalized E2EL; e2e interactivity = 1 / p90(E2EL / OSL)"),
+    ("throughput per GPU", "tokens counted in the measurement window / window seconds / GPUs"),
+    ("frontier", "I: throughput/GPU vs p50 interactivity, E: vs p90 E2EL, N: vs e2e interactivity; "
+                 "a level shows on I or E only if it is on N (InferenceX's rule)"),
+)
+
+
+def write_html(runs: Sequence[Run], path: Path) -> Path:
+    """Render the plots into a scratch folder, embed them, write one HTML file."""
+    from loadgen.plots import render_plots
+
+    with tempfile.TemporaryDirectory(prefix="agentload-plots-") as scratch:
+        images = [(title, png.read_bytes()) for png, title in render_plots(runs, Path(scratch))]
+    path.write_text(render_html(runs, images), encoding="utf-8")
+    return path
+
+
+def render_html(runs: Sequence[Run], images: Sequence[tuple[str, bytes]]) -> str:
+    parts = ["<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
+             "<title>agentload report</title>", f"<style>{STYLE}</style></head><body>",
+             "<h1>agentload report</h1>", _runs_table(runs), "<h2>Sweep summary</h2>",
+             _summary_table(summary_rows(runs)), "<h2>Plots</h2>"]
+    for title, png in images:
+        data = base64.b64encode(png).decode("ascii")
+        parts.append(f'<h3>{escape(title)}</h3><img alt="{escape(title)}" src="data:image/png;base64,{data}">')
+    for run in runs:
+        parts.append(f"<h2>Levels of {escape(run.name)}</h2>")
+        parts += [_level_section(level) for level in run.doc["levels"]] or ["<p>No levels measured.</p>"]
+    parts.append("<h2>Definitions</h2><ul>")
+    parts += [f"<li><b>{escape(name)}</b>: {escape(text)}</li>" for name, text in DEFINITIONS]
+    parts.append("</ul></body></html>")
+    return "\n".join(parts)
+
+
+def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    head = "".join(f"<th>{escape(h)}</th>" for h in header)
+    body = "".join("<tr>" + "".join(f"<td>{escape(c)}</td>" for c in row) + "</tr>" for row in rows)
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def _runs_table(runs: Sequence[Run]) -> str:
+    rows = []
+    for run in runs:
+        doc, config = run.doc, run.doc["config"]
+        rows.append([run.name, str(run.path), doc["status"] + (f": {doc['message']}" if doc.get("message") else ""),
+                     str(doc.get("created", "-")), str(config.get("model", "-")), str(config.get("gpus", "-")),
+                     " ".join(config.get("command_line") or []) or "-"])
+    return _table(("run", "file", "status", "created", "model", "GPUs", "command"), rows)
+
+
+def _summary_table(rows: Sequence[dict[str, Any]]) -> str:
+    header = [f"{head} ({unit})" if unit else head for _, head, unit in SUMMARY_COLUMNS]
+    return _table(header, [[format_cell(row[key]) for key, _, _ in SUMMARY_COLUMNS] for row in rows])
+
+
+def _level_section(level: dict[str, Any]) -> str:
+    counts, tput = level["counts"], level["throughput"]
+    label = escape(level.get("label") or "level")
+    lines = [f"<h3>{label}</h3>",
+             f"<p>window {level['window_s']:.1f} s, {counts['requests_ok']} requests ok, "
+             f"error rate {counts['error_rate']:.1%}; output {tput['output_tokens_per_s']:.1f} tok/s "
+             f"({tput['output_tokens_per_s_per_gpu']:.1f} per GPU, {tput['gpus']} GPU), "
+             f"{tput['requests_per_s']:.2f} req/s</p>"]
+    if level["failed"]:
+        lines.append(f'<p class="failed">FAILED: {escape("; ".join(level["fail_reasons"]))}</p>')
+    for warning in (level.get("client") or {}).get("warnings", []):
+        lines.append(f'<p class="failed">WARNING: {escape(warning)}</p>')
+    rows = []
+    for name, text, divisor, unit in ROWS:
+        stats = level["metrics"][name]["stats"]
+        if stats["count"]:
+            rows.append([text, unit, *(format_cell(None if stats[c] is None else stats[c] / divisor) for c in COLUMNS)])
+    lines.append(_table(("metric", "unit", *COLUMNS), rows))
+    return "\n".join(lines)

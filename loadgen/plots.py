@@ -1,0 +1,131 @@
+"""PNG plots of one or more results files (matplotlib, Agg backend, imported only when called).
+
+- tput_vs_interactivity.png: output tokens/s per GPU against p50 interactivity (tok/s/user);
+- tput_vs_e2el.png: the same against p90 E2EL (s);
+- tput_vs_e2e_interactivity.png: the same against 1 / p90(E2EL/OSL) (tok/s/user);
+- ttft_percentiles.png, e2el_percentiles.png: p50 / p90 / p99 per level.
+
+Scatter plots show one point per non-failed level, labelled with its concurrency (or rate),
+one colour per results file, and the Pareto frontier over all files (loadgen/pareto.py, with
+the normalized-frontier rule) as a dashed line through circled points. Percentile plots leave
+failed levels out and circle the p50 of the levels on the e2e-normalized frontier.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Sequence
+
+from loadgen.pareto import AXES, NORMALIZED, Point, frontiers
+from loadgen.report import Run, run_points
+
+SCATTERS = (
+    ("tput_vs_interactivity.png", "interactivity", "p50 interactivity (tok/s/user)"),
+    ("tput_vs_e2el.png", "e2el", "p90 end-to-end latency (s)"),
+    ("tput_vs_e2e_interactivity.png", NORMALIZED, "e2e interactivity 1 / p90(E2EL/OSL) (tok/s/user)"),
+)
+PERCENTILE_PLOTS = (
+    ("ttft_percentiles.png", "ttft", "TTFT (ms)", 1e-3),
+    ("e2el_percentiles.png", "e2el", "E2EL (s)", 1e-6),
+)
+PERCENTILE_STYLES = (("p50", "-"), ("p90", "--"), ("p99", ":"))
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def write_plots(runs: Sequence[Run], out: Path) -> list[Path]:
+    """Every plot as a PNG in `out`; returns their paths."""
+    return [path for path, _ in render_plots(runs, out)]
+
+
+def render_plots(runs: Sequence[Run], out: Path) -> list[tuple[Path, str]]:
+    """Write the plots; returns (path, title) pairs, for the HTML report too."""
+    plt = _pyplot()
+    points = run_points(runs)
+    chosen = frontiers(points)
+    written = []
+    for name, axis, xlabel in SCATTERS:
+        fig = _scatter(plt, runs, points, chosen[axis], axis, xlabel)
+        written.append((_save(plt, fig, out / name), fig.axes[0].get_title()))
+    normalized = {(p.source, p.level) for p in chosen[NORMALIZED]}
+    for name, metric, ylabel, scale in PERCENTILE_PLOTS:
+        fig = _percentiles(plt, runs, metric, ylabel, scale, normalized)
+        written.append((_save(plt, fig, out / name), fig.axes[0].get_title()))
+    return written
+
+
+def _save(plt, fig, path: Path) -> Path:
+    fig.savefig(path, dpi=110, bbox_inches="tight")
+    plt.close(fig)
+    return path
+
+
+def _scatter(plt, runs: Sequence[Run], points: list[Point], frontier: list[Point], axis: str, xlabel: str):
+    attr, _ = AXES[axis]
+    fig, ax = plt.subplots(figsize=(7.5, 5))
+    for number, run in enumerate(runs):
+        mine = [p for p in points if p.source == run.name and getattr(p, attr) is not None]
+        xs = [getattr(p, attr) for p in mine]
+        ax.scatter(xs, [p.tput_per_gpu for p in mine], color=f"C{number}", label=run.name, zorder=3)
+        for p, x in zip(mine, xs):
+            ax.annotate(_short(p.label), (x, p.tput_per_gpu), textcoords="offset points", xytext=(5, 4), fontsize=8)
+    line = sorted((getattr(p, attr), p.tput_per_gpu) for p in frontier)
+    if line:
+        ax.plot([x for x, _ in line], [y for _, y in line], "k--", linewidth=1, label="Pareto frontier", zorder=2)
+        ax.scatter([x for x, _ in line], [y for _, y in line], s=140, facecolors="none", edgecolors="k", zorder=4)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel("output throughput per GPU (tok/s)")
+    ax.set_title(f"Throughput per GPU vs {xlabel.split(' (')[0]}")
+    ax.grid(True, alpha=0.3)
+    if not points:
+        ax.text(0.5, 0.5, "no successful levels", ha="center", va="center", transform=ax.transAxes)
+    ax.legend(fontsize=8)
+    return fig
+
+
+def _percentiles(plt, runs: Sequence[Run], metric: str, ylabel: str, scale: float,
+                 frontier: set[tuple[str, int]]):
+    labels = list(dict.fromkeys(level.get("label") or f"level {i}" for run in runs
+                                for i, level in enumerate(run.doc["levels"])))
+    fig, ax = plt.subplots(figsize=(7.5, 5))
+    legend = "on the e2e Pareto frontier"
+    for number, run in enumerate(runs):
+        by_label = {level.get("label") or f"level {i}": (i, level) for i, level in enumerate(run.doc["levels"])}
+        for stat, style in PERCENTILE_STYLES:
+            xs, ys, marked = [], [], []
+            for x, label in enumerate(labels):
+                index, level = by_label.get(label, (None, None))
+                value = _stat(level, metric, stat)
+                if value is not None:
+                    xs.append(x)
+                    ys.append(value * scale)
+                    if stat == "p50" and (run.name, index) in frontier:
+                        marked.append((x, value * scale))
+            ax.plot(xs, ys, style, marker="o", color=f"C{number}", label=f"{run.name} {stat}")
+            if marked:
+                ax.scatter(*zip(*marked), s=140, facecolors="none", edgecolors="k", zorder=4, label=legend)
+                legend = None
+    ax.set_xticks(range(len(labels)), [_short(label) for label in labels])
+    ax.set_xlabel("level")
+    ax.set_ylabel(ylabel)
+    ax.set_title(f"{ylabel.split(' (')[0]} percentiles per level")
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8)
+    return fig
+
+
+def _stat(level: dict[str, Any] | None, metric: str, stat: str) -> float | None:
+    if level is None or level["failed"]:
+        return None
+    return level["metrics"][metric]["stats"].get(stat)
+
+
+def _short(label: str) -> str:
+    return label.replace("conc ", "c")

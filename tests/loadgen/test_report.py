@@ -1,0 +1,166 @@
+"""`loadgen report` on results of the real replay pipeline: terminal table, CSV, InferenceX keys,
+PNG plots, self-contained HTML, several files at once, failed levels, bad input."""
+
+from __future__ import annotations
+
+import base64
+import csv
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from loadgen.cli import main
+from loadgen.results import write_results
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+PLOTS = ("tput_vs_interactivity.png", "tput_vs_e2el.png", "tput_vs_e2e_interactivity.png", "ttft_percentiles.png",
+         "e2el_percentiles.png")
+_RUNS: dict[str, Path] = {}  # two sweeps shared by the tests of this module
+
+
+@pytest.fixture
+def runs(start_server, sessions, replay, tmp_path_factory) -> dict[str, Path]:
+    """fast and slow sweeps (`--conc 1,3`), and a copy of fast whose conc 3 level failed."""
+    if _RUNS:
+        return _RUNS
+    folder = sessions(*({"n_requests": 2, "think": 0.0, "n_out": 5 + i % 4} for i in range(8)))
+    out = tmp_path_factory.mktemp("report")
+    flags = ("--traces", str(folder), "--conc", "1,3", "--duration", "1.2")
+    for name, itl_ms in (("fast", 5.0), ("slow", 12.0)):
+        server = start_server(first_ms=20, itl_ms=itl_ms)
+        code, doc, _ = replay(server.url, *flags)
+        assert code == 0
+        _RUNS[name] = write_results(out / name / "result.json", doc)
+        if name == "fast":
+            doc["levels"][1].update(failed=True, fail_reasons=["error rate 50.0% > --max-error-rate 10.0%"])
+            _RUNS["failed"] = write_results(out / "failed.json", doc)
+    return _RUNS
+
+
+def _report(capsys, *args) -> tuple[int, str, str]:
+    code = main(["report", *map(str, args)])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_terminal_table_has_every_level_and_the_sweep_summary(runs, capsys):
+    code, out, _ = _report(capsys, runs["fast"], runs["slow"].parent)  # a folder holding result.json works too
+    assert code == 0
+    assert out.count("== conc 1:") == 2 and out.count("== conc 3:") == 2
+    assert "# fast (" in out and "# slow (" in out  # a folder's result.json is named by its folder
+    summary = out[out.index("== sweep summary"):].splitlines()
+    assert len(summary) == 2 + 4  # title, header, one row per level per file
+    rows = {tuple(line.split()[:3]) for line in summary[2:]}
+    assert rows == {("fast", "conc", "1"), ("fast", "conc", "3"), ("slow", "conc", "1"), ("slow", "conc", "3")}
+    # the slow server's levels are beaten on every axis by the fast server's: never on a frontier
+    for line in summary[2:]:
+        on_frontier = re.search(r"\s[IEN]+$", line)
+        assert bool(on_frontier) == line.startswith("fast"), line
+        assert not line.startswith("fast") or on_frontier.group().strip() == "IEN"
+
+
+def test_failed_levels_are_marked_and_never_on_a_frontier(runs, capsys):
+    code, out, _ = _report(capsys, runs["failed"], "--format", "table")
+    assert code == 0
+    summary = out[out.index("== sweep summary"):].splitlines()[2:]
+    assert summary[1].split()[:3] == ["failed", "conc", "3"] and summary[1].endswith("FAILED")
+    assert "FAILED: error rate 50.0%" in out
+
+
+def test_csv_has_one_row_per_level_per_file(runs, capsys, tmp_path):
+    code, out, _ = _report(capsys, runs["fast"], runs["slow"], "--format", "csv", "--out", tmp_path)
+    assert code == 0 and f"wrote {tmp_path / 'levels.csv'}" in out
+    with open(tmp_path / "levels.csv", newline="") as handle:
+        rows = list(csv.DictReader(handle))
+    assert [(r["run"], r["label"]) for r in rows] == [("fast", "conc 1"), ("fast", "conc 3"), ("slow", "conc 1"),
+                                                     ("slow", "conc 3")]
+    for key in ("output_tokens_per_s_per_gpu", "ttft_p90_us", "e2el_p99_us", "interactivity_p50_tok_s", "tpot_count",
+                "on_frontier_interactivity", "on_frontier_e2el", "on_frontier_e2e_interactivity"):
+        assert key in rows[0], key
+    doc = json.loads(runs["fast"].read_text())
+    assert float(rows[0]["ttft_p90_us"]) == doc["levels"][0]["metrics"]["ttft"]["stats"]["p90"]
+    assert int(rows[0]["requests_ok"]) == doc["levels"][0]["counts"]["requests_ok"]
+    assert {r["on_frontier_e2e_interactivity"] for r in rows if r["run"] == "slow"} == {"False"}
+
+
+def test_infx_export_uses_inferencex_keys_and_units(runs, capsys, tmp_path):
+    code, _, _ = _report(capsys, runs["fast"], "--format", "infx", "--out", tmp_path)
+    assert code == 0
+    entries = json.loads((tmp_path / "infx.json").read_text())
+    assert [e["conc"] for e in entries] == [1, 3]
+    level = json.loads(runs["fast"].read_text())["levels"][0]
+    entry = entries[0]
+    for key in ("tput_per_gpu", "output_tput_per_gpu", "input_tput_per_gpu", "median_ttft", "p90_ttft", "p99_ttft",
+                "mean_ttft", "std_ttft", "median_tpot", "p90_tpot", "median_intvty", "p90_intvty", "p99_intvty",
+                "mean_intvty", "median_e2el", "p90_e2el", "p99_e2el", "median_itl", "p99.9_e2el", "e2e_intvty"):
+        assert entry[key] is not None, key
+    stats = {name: level["metrics"][name]["stats"] for name in ("ttft", "tpot", "e2el")}
+    assert entry["median_ttft"] == pytest.approx(stats["ttft"]["p50"] / 1e6)  # seconds
+    assert 0.02 <= entry["median_ttft"] < 1.0  # the server waits 20 ms before the first token
+    assert entry["p90_e2el"] == pytest.approx(stats["e2el"]["p90"] / 1e6)
+    assert entry["p90_intvty"] == pytest.approx(1e6 / stats["tpot"]["p90"])  # tok/s from the TPOT statistic
+    assert entry["mean_intvty"] == pytest.approx(1e6 / stats["tpot"]["mean"])
+    counts, window = level["counts"], level["window_s"]
+    assert entry["tput_per_gpu"] == pytest.approx((counts["input_tokens"] + counts["output_tokens"]) / window)
+    assert entry["output_tput_per_gpu"] == pytest.approx(counts["output_tokens"] / window)
+    assert "std_intvty" not in entry
+
+
+def test_every_plot_is_a_png(runs, capsys, tmp_path):
+    code, out, _ = _report(capsys, runs["fast"], runs["slow"], runs["failed"], "--format", "png", "--out", tmp_path)
+    assert code == 0
+    for name in PLOTS:
+        data = (tmp_path / name).read_bytes()
+        assert data.startswith(PNG_SIGNATURE) and len(data) > 5000, name
+        assert f"wrote {tmp_path / name}" in out
+
+
+def test_html_is_self_contained_with_embedded_images(runs, capsys, tmp_path):
+    code, _, _ = _report(capsys, runs["fast"], runs["slow"], "--format", "html", "--out", tmp_path)
+    assert code == 0
+    html = (tmp_path / "report.html").read_text()
+    images = re.findall(r'src="data:image/png;base64,([A-Za-z0-9+/=]+)"', html)
+    assert len(images) == len(PLOTS)
+    assert all(base64.b64decode(image).startswith(PNG_SIGNATURE) for image in images)
+    assert html.count('src="') == len(PLOTS)  # nothing else is loaded
+    for external in ("href=", "<script", "<link", "url(", "@import"):
+        assert external not in html, external
+    assert "Sweep summary" in html and html.count("<h3>conc 1</h3>") == 2
+    assert "TTFT" in html and "interactivity (slow tail)" in html
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["report.html"]  # plots only embedded
+
+
+def test_format_all_writes_everything(runs, capsys, tmp_path):
+    code, out, _ = _report(capsys, runs["fast"], "--format", "all", "--out", tmp_path / "all")
+    assert code == 0 and "== sweep summary" in out
+    assert sorted(p.name for p in (tmp_path / "all").iterdir()) == sorted(
+        ["levels.csv", "infx.json", "report.html", *PLOTS])
+
+
+def test_default_out_is_beside_the_first_results_file(runs, capsys):
+    code, out, _ = _report(capsys, runs["fast"], "--format", "csv")
+    assert code == 0
+    assert (runs["fast"].parent / "report" / "levels.csv").exists()
+
+
+def test_bad_input_exits_2_naming_the_file(runs, capsys, tmp_path):
+    bad = tmp_path / "bad.json"
+    bad.write_text("[1, 2")
+    wrong = tmp_path / "wrong.json"
+    wrong.write_text(json.dumps({"schema": "agentload.result/0", "status": "complete", "config": {}, "levels": []}))
+    truncated = json.loads(runs["fast"].read_text())
+    del truncated["levels"][0]["requests"]["ttft_us"]
+    broken = write_results(tmp_path / "broken.json", truncated)
+    cases = [
+        ((tmp_path / "missing.json",), "missing.json: cannot read"),
+        ((runs["fast"], bad), "bad.json: not valid JSON"),
+        ((wrong,), "wrong.json: schema: expected 'agentload.result/1'"),
+        ((broken,), "broken.json: levels[0].requests.ttft_us"),
+        ((runs["fast"], "--format", "pdf"), "--format: unknown format pdf"),
+    ]
+    for args, message in cases:
+        code, _, err = _report(capsys, *args)
+        assert code == 2, (args, err)
+        assert message in err, (args, err)
