@@ -80,6 +80,7 @@ def run_case(conc: int, first_ms: float, itl_ms: float, osl: int, duration: floa
         "tok_s": level["throughput"]["output_tokens_per_s"],
         "cpu_us_per_token": 1e6 * client["cpu_s"] / tokens if tokens else None,
         "cpu_us_per_request": 1e6 * client["cpu_s"] / counts["requests_ok"] if counts["requests_ok"] else None,
+        "sys_us_per_token": 1e6 * client["cpu_sys_s"] / tokens if tokens else None,
         "cpu_util": client["cpu_util"],
         "recv_err_ms_p50": _pct(receive, 50), "recv_err_ms_p99": _pct(receive, 99),
         "full_err_ms_p50": _pct(full, 50), "full_err_ms_p99": _pct(full, 99),
@@ -131,12 +132,14 @@ def main() -> None:
     server_cpu = cpus[-1] if len(cpus) > 1 else None
     if server_cpu is not None:
         pin(cpus[0])
+    load_before = os.getloadavg()[0]
     delays = [(args.first_ms or 0.0, args.itl_ms or 0.0)] if args.first_ms is not None or args.itl_ms is not None \
         else [(0.0, 0.0), (50.0, 10.0)]
     rows = [run_case(conc, first, itl, args.osl, args.duration, server_cpu)
             for first, itl in delays for conc in (int(c) for c in args.conc.split(","))]
     start = startup_times()
-    header = ("conc", "first_ms", "itl_ms", "tok_s", "cpu_us_per_token", "cpu_us_per_request", "cpu_util",
+    header = ("conc", "first_ms", "itl_ms", "tok_s", "cpu_us_per_token", "sys_us_per_token", "cpu_us_per_request",
+              "cpu_util",
               "recv_err_ms_p50", "recv_err_ms_p99", "full_err_ms_p50", "full_err_ms_p99", "loop_lag_ms_p99", "errors")
     print("| " + " | ".join(header) + " |")
     print("|" + "---|" * len(header))
@@ -144,7 +147,9 @@ def main() -> None:
         print("| " + " | ".join(_fmt(row[k]) for k in header) + " |")
     print(f"\nstart-up: `loadgen replay --help` {start['help_s'] * 1000:.0f} ms; "
           f"client spawn -> first request {start['first_request_s'] * 1000:.0f} ms (median of 5)")
-    print(f"client pinned to CPU {cpus[0] if server_cpu is not None else '-'}, server to CPU {server_cpu}")
+    print(f"client pinned to CPU {cpus[0] if server_cpu is not None else '-'}, server to CPU {server_cpu}; "
+          f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; load average before/after: "
+          f"{load_before:.2f} / {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs")
     if args.json:
         Path(args.json).write_text(json.dumps({"rows": rows, "startup": start}, indent=2))
 

@@ -30,7 +30,7 @@ from loadgen.runner import LevelRun, LevelSpec, RunConfig, Runner, Warmup, dumps
 from loadgen.table import format_level
 from loadgen.transport.base import ServerInfo, TransportError
 from loadgen.transport.http import HttpTransport
-from traces import DEFAULT_SET, PromptSynth, TraceSet, load_traces
+from traces import DEFAULT_SET, PromptSynth, TraceError, TraceSet, load_traces
 from traces.scale import ScaleConfig, scale_traces
 from traces.stats import theoretical_hit_rate
 
@@ -167,7 +167,14 @@ def _load_traces(args: argparse.Namespace, info: ServerInfo) -> tuple[TraceSet, 
     max_context = args.max_context if args.max_context is not None else info.max_model_len
     scale = ScaleConfig(max_context=max_context, token_scale=args.token_scale,
                         think_time_scale=args.think_time_scale, think_time_cap=args.think_time_cap)
-    return scale_traces(traces, scale)
+    try:
+        return scale_traces(traces, scale)
+    except TraceError as exc:
+        if max_context is None:
+            raise
+        source = "--max-context" if args.max_context is not None else "the server's max_model_len"
+        raise UsageError(f"{exc}: {source} is {max_context} tokens; shrink the trace with --token-scale "
+                         f"(e.g. --token-scale 0.01) or raise the limit") from exc
 
 
 def _level_specs(args: argparse.Namespace, options: dict[str, Any], traces: TraceSet) -> list[LevelSpec]:

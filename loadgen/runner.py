@@ -126,7 +126,9 @@ class LevelRun:
     active_trees: int = 0
     max_active_trees: int = 0
     cpu_start: float = 0.0
+    sys_start: float = 0.0
     cpu_s: float | None = None
+    sys_s: float | None = None
     columns: dict[str, list] = field(default_factory=lambda: {
         k: [] for k in ("play", "session", "agent", "turn", "isl", "osl", "ttft_us", "e2el_us", "tpot_us", "start_ms")})
     lane_requests: Counter = field(default_factory=Counter)
@@ -144,6 +146,7 @@ class LevelRun:
         self.window_start_ns = time.perf_counter_ns()
         self.window_end_ns = self.window_start_ns + int(duration_s * 1e9)
         self.cpu_start = _cpu_seconds()
+        self.sys_start = _sys_seconds()
 
 
 class Runner:
@@ -206,6 +209,7 @@ class Runner:
                 ticker.cancel()
             if level.window_start_ns is not None:
                 level.cpu_s = _cpu_seconds() - level.cpu_start
+                level.sys_s = _sys_seconds() - level.sys_start
                 now = time.perf_counter_ns()
                 if level.window_end_ns is None or level.window_end_ns > now:
                     level.window_end_ns = now
@@ -315,7 +319,7 @@ class Runner:
             if not await self._sleep_until(level, due):
                 break
             if level.window_start_ns is not None and level.cpu_start == 0.0 and due >= level.window_start_ns:
-                level.cpu_start = _cpu_seconds()
+                level.cpu_start, level.sys_start = _cpu_seconds(), _sys_seconds()
             meta = _Meta(play.play_id, play.session.id, "", request, 0)
             tasks.append(self._spawn(self._send(level, meta, play.salt, due_ns=due)))
             last_due = due
@@ -326,7 +330,7 @@ class Runner:
         if level.window_start_ns is None:
             level.window_start_ns = level.window_end_ns = last_due
         if level.cpu_start == 0.0:
-            level.cpu_start = _cpu_seconds()
+            level.cpu_start, level.sys_start = _cpu_seconds(), _sys_seconds()
         if not level.stopping:
             level.stop.set_result(None)
         await self._drain(level, tasks)
@@ -523,6 +527,7 @@ def level_summary(level: LevelRun, config: RunConfig, theoretical_hit_rate: floa
             "trace_theoretical_hit_rate": theoretical_hit_rate,
         },
         "client": {"cpu_s": round(level.cpu_s, 4) if level.cpu_s is not None else None,
+                   "cpu_sys_s": round(level.sys_s, 4) if level.sys_s is not None else None,
                    "cpu_util": round(cpu_util, 4) if cpu_util is not None else None,
                    "warnings": warnings},
         "metrics": metrics,
@@ -556,3 +561,7 @@ def _now_s() -> float:
 def _cpu_seconds() -> float:
     usage = resource.getrusage(resource.RUSAGE_SELF)
     return usage.ru_utime + usage.ru_stime
+
+
+def _sys_seconds() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_stime

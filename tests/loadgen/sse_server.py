@@ -72,7 +72,8 @@ async def complete(request: web.Request) -> web.StreamResponse:
            "max_tokens": body.get("max_tokens"), "min_tokens": body.get("min_tokens"),
            "ignore_eos": body.get("ignore_eos"), "stream": body.get("stream"),
            "include_usage": (body.get("stream_options") or {}).get("include_usage"),
-           "user": user, "model": body.get("model"), "writes_ns": [], "fault": None}
+           "user": user, "model": body.get("model"), "writes_ns": [], "fault": None,
+           "authorization": request.headers.get("Authorization"), "x_test": request.headers.get("X-Test")}
     if cfg["keep_prompts"]:
         rec["prompt"] = [int(x) for x in prompt]
     st.records.append(rec)

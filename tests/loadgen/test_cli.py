@@ -84,3 +84,13 @@ def test_table_and_results_path_are_printed(start_server, sessions, tmp_path, ca
     text = capsys.readouterr().out
     assert "== conc 1" in text and "TTFT" in text and "interactivity (slow tail)" in text
     assert f"results: {out / 'result.json'}" in text
+    seen = server.records()["records"]
+    assert seen and all(r["authorization"] == "Bearer k" and r["x_test"] == "1" for r in seen)
+    assert all(r["model"] == "test-model" and r["user"].startswith("agentload-") for r in seen)
+
+
+def test_a_trace_too_long_for_the_server_says_how_to_shrink_it(start_server, sessions, replay_cli_error):
+    server = start_server(max_model_len=100)
+    folder = sessions({"n_requests": 3, "think": 0.0, "n_out": 4})
+    code, err = replay_cli_error("--url", server.url, "--traces", str(folder))
+    assert code == 2 and "the server's max_model_len is 100 tokens" in err and "--token-scale" in err
