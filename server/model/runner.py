@@ -85,6 +85,12 @@ class ModelRunner:
     @torch.inference_mode()
     def execute(self, batch: ScheduledBatch, num_logits: list[int]) -> torch.Tensor:
         """Logits fp32 [sum(num_logits), vocab] on the device, in batch order."""
+        return self.execute_with_hidden(batch, num_logits)[0]
+
+    @torch.inference_mode()
+    def execute_with_hidden(self, batch: ScheduledBatch, num_logits: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """(logits, final hidden states [sum(num_logits), hidden]) of the same tokens; the
+        speculative draft head continues from the hidden states."""
         input_ids, meta, wanted = self.prepare(batch, num_logits)
-        hidden = self.model(input_ids, meta, self.cache.kv, self.cache.indexer, self.settings)
-        return self.model.logits(hidden[wanted])
+        hidden = self.model(input_ids, meta, self.cache.kv, self.cache.indexer, self.settings)[wanted]
+        return self.model.logits(hidden), hidden
