@@ -11,13 +11,13 @@ from loadgen.compare import (
     METRICS,
     CompareError,
     LevelSample,
+    RankedWeights,
     cluster_counts,
     compare_runs,
     evaluate,
     play_keys,
     session_bootstrap,
     verdict,
-    weighted_percentile,
 )
 
 
@@ -31,20 +31,20 @@ def _sample(ttft: list[float], plays: list[str], window_s: float = 10.0, osl: li
 
 
 @pytest.mark.parametrize("q", [1, 25, 50, 90, 99, 100])
-def test_weighted_percentile_is_nearest_rank(q):
+def test_weighted_percentiles_are_nearest_rank(q):
     rng = np.random.default_rng(0)
     values = np.sort(rng.normal(size=101))
     weights = rng.integers(0, 4, size=(3, 101))
     weights[:, 0] = 1
-    got = weighted_percentile(values, np.cumsum(weights, axis=1), q)
+    got = RankedWeights(values, weights).percentile(q)
     for row, w in enumerate(weights):
         expanded = np.repeat(values, w)
         assert got[row] == np.percentile(expanded, q, method="inverted_cdf")
 
 
-def test_weighted_percentile_of_an_empty_draw_is_nan():
+def test_the_percentile_of_an_empty_draw_is_nan():
     values = np.array([1.0, 2.0])
-    got = weighted_percentile(values, np.cumsum(np.array([[0, 0], [1, 1]]), axis=1), 50)
+    got = RankedWeights(values, np.array([[0, 0], [1, 1]])).percentile(50)
     assert np.isnan(got[0]) and got[1] == 1.0
 
 
