@@ -2,9 +2,13 @@
 
 Why not aiohttp for the hot path: every streamed chunk through aiohttp's StreamReader wakes a
 coroutine and runs several Python layers; measured on a 2-core machine that costs about 20
-client CPU-microseconds per token before any SSE parsing. Here the protocol's `data_received`
-takes one timestamp per socket read, undoes the chunked framing, and hands complete body lines
-to a callback; the waiting coroutine wakes once, when the response is complete.
+client CPU-microseconds per token before any SSE parsing. Here each socket read gets one
+timestamp, the chunked framing is undone in place, and complete body lines go to a callback;
+the waiting coroutine wakes once, when the response is complete.
+
+Timestamps: plain-http connections are read with recvmsg and SO_TIMESTAMPNS on Linux, so a
+read carries the kernel's arrival time, which a busy event loop cannot delay (see
+_SocketTransport). https connections (and other systems) use the time of the read.
 
 Scope: what an OpenAI-compatible server needs: one request per connection at a time, request
 bodies with Content-Length, responses with Content-Length, chunked, or read-until-close bodies,
@@ -14,7 +18,10 @@ http and https. Connections are reused while the server keeps them alive.
 from __future__ import annotations
 
 import asyncio
+import socket
 import ssl
+import struct
+import sys
 import time
 from typing import Callable
 from urllib.parse import urlsplit
@@ -81,7 +88,10 @@ class _Conn(asyncio.Protocol):
         done.set_exception(ResponseError("reset", detail, self._received))
 
     def data_received(self, data: bytes) -> None:
-        now = time.perf_counter_ns()
+        self.feed(data, time.perf_counter_ns())
+
+    def feed(self, data: bytes, now: int) -> None:
+        """Bytes that arrived at `now` (perf_counter_ns)."""
         self._received = True
         if not self._in_body:
             self._head += data
@@ -204,10 +214,10 @@ class _Conn(asyncio.Protocol):
 
     def _fail(self, detail: str) -> None:
         self._keep_alive = False
-        if self.transport is not None:
-            self.transport.close()
         if self._done is not None and not self._done.done():
             self._done.set_exception(ResponseError("reset", detail, True))
+        if self.transport is not None:
+            self.transport.close()
 
     # -- used by the pool --------------------------------------------------------------------
 
@@ -218,6 +228,120 @@ class _Conn(asyncio.Protocol):
     @property
     def reusable(self) -> bool:
         return not self.closed and self._keep_alive and self._done is not None and self._done.done()
+
+
+class _SocketTransport:
+    """Drives a _Conn from a non-blocking TCP socket read with recvmsg, so each read carries the
+    kernel's receive timestamp (SO_TIMESTAMPNS, Linux): the time the bytes reached the socket,
+    not the later moment a busy event loop got round to reading them. Without the option (other
+    systems) the read time is used, as the protocol path does."""
+
+    def __init__(self, sock: socket.socket, conn: _Conn) -> None:
+        self._sock = sock
+        self._conn = conn
+        self._loop = asyncio.get_running_loop()
+        self._fd = sock.fileno()
+        self._out: memoryview | None = None
+        self._open = True
+        _enable_rx_timestamps(sock)
+        conn.connection_made(self)  # type: ignore[arg-type]
+        self._loop.add_reader(self._fd, self._readable)
+
+    def write(self, data: bytes) -> None:
+        if self._out is not None:
+            self._out = memoryview(bytes(self._out) + data)
+            return
+        try:
+            sent = self._sock.send(data)
+        except (BlockingIOError, InterruptedError):
+            sent = 0
+        except OSError as exc:
+            self._lost(exc)
+            return
+        if sent < len(data):
+            self._out = memoryview(data)[sent:]
+            self._loop.add_writer(self._fd, self._writable)
+
+    def _writable(self) -> None:
+        try:
+            sent = self._sock.send(self._out)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError as exc:
+            self._lost(exc)
+            return
+        self._out = self._out[sent:]
+        if not len(self._out):
+            self._out = None
+            self._loop.remove_writer(self._fd)
+
+    def _readable(self) -> None:
+        try:
+            data, ancillary, _, _ = self._sock.recvmsg(READ_SIZE, _ANCILLARY_SIZE)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError as exc:
+            self._lost(exc)
+            return
+        if not data:
+            self._lost(None)
+            return
+        kernel_ns = _timestamp_ns(ancillary) if ancillary else 0
+        self._conn.feed(data, _REALTIME.to_perf_counter(kernel_ns) if kernel_ns else time.perf_counter_ns())
+
+    def close(self) -> None:
+        self._lost(None)
+
+    def _lost(self, exc: Exception | None) -> None:
+        if not self._open:
+            return
+        self._open = False
+        self._loop.remove_reader(self._fd)
+        if self._out is not None:
+            self._loop.remove_writer(self._fd)
+        self._sock.close()
+        self._conn.connection_lost(exc)
+
+
+READ_SIZE = 1 << 18
+_SO_TIMESTAMPNS = 35  # Linux, all architectures Python runs on; not exported by the socket module
+_ANCILLARY_SIZE = socket.CMSG_SPACE(16) if hasattr(socket, "CMSG_SPACE") else 0
+
+
+class _RealtimeToPerfCounter:
+    """Kernel timestamps are CLOCK_REALTIME; perf_counter_ns is CLOCK_MONOTONIC. The offset
+    between them is re-read every 50 ms of stamps, so clock slewing cannot accumulate."""
+
+    REFRESH_NS = 50_000_000
+
+    def __init__(self) -> None:
+        self._offset = 0
+        self._valid_until = 0
+
+    def to_perf_counter(self, realtime_ns: int) -> int:
+        if realtime_ns >= self._valid_until:
+            self._offset = time.time_ns() - time.perf_counter_ns()
+            self._valid_until = realtime_ns + self.REFRESH_NS
+        return realtime_ns - self._offset
+
+
+_REALTIME = _RealtimeToPerfCounter()
+
+
+def _enable_rx_timestamps(sock: socket.socket) -> None:
+    if sys.platform.startswith("linux"):
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, _SO_TIMESTAMPNS, 1)
+        except OSError:
+            pass  # reads then carry no stamp and take the read time
+
+
+def _timestamp_ns(ancillary: list) -> int:
+    for level, kind, data in ancillary:
+        if level == socket.SOL_SOCKET and kind == _SO_TIMESTAMPNS and len(data) >= 16:
+            seconds, nanoseconds = struct.unpack_from("qq", data)
+            return seconds * 1_000_000_000 + nanoseconds
+    return 0
 
 
 class HttpClient:
@@ -282,12 +406,34 @@ class HttpClient:
         loop = asyncio.get_running_loop()
         timeout = None if deadline is None else max(0.0, deadline - loop.time())
         try:
-            _, conn = await asyncio.wait_for(
-                loop.create_connection(_Conn, self.host, self.port, ssl=self._ssl), timeout)
+            conn = await asyncio.wait_for(self._connect(loop), timeout)
         except OSError as exc:
             raise ResponseError("connect", f"cannot connect to {self.host}:{self.port}: {exc}", False) from exc
         self._open.add(conn)
         return conn, False
+
+    async def _connect(self, loop: asyncio.AbstractEventLoop) -> _Conn:
+        if self._ssl is not None or not hasattr(socket, "CMSG_SPACE"):
+            _, conn = await loop.create_connection(_Conn, self.host, self.port, ssl=self._ssl)
+            return conn
+        last: OSError = OSError(f"no address for {self.host}")
+        for family, kind, proto, _, address in await loop.getaddrinfo(self.host, self.port, type=socket.SOCK_STREAM):
+            sock = socket.socket(family, kind, proto)
+            sock.setblocking(False)
+            try:
+                await loop.sock_connect(sock, address)
+            except OSError as exc:
+                sock.close()
+                last = exc
+                continue
+            except BaseException:
+                sock.close()
+                raise
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            conn = _Conn()
+            _SocketTransport(sock, conn)
+            return conn
+        raise last
 
     def _discard(self, conn: _Conn) -> None:
         self._open.discard(conn)

@@ -11,7 +11,9 @@ def test_times_and_tokens_match_the_server_at_concurrency_64(start_server, sessi
     """Client and server share CLOCK_MONOTONIC (perf_counter_ns), so the client's TTFT, ITL and
     E2EL are compared with the same spans ending at the server's own send timestamps:
     TTFT vs (server's first write - client send), ITL vs gaps between server writes, E2EL vs
-    (server's last write - client send). The difference is the client's measurement error."""
+    (server's last write - client send). The difference is the client's measurement error.
+    (On Linux the client stamps reads with the kernel's arrival time, so a busy client loop does
+    not add to it.)"""
     server = start_server(first_ms=50, itl_ms=10, tokens_per_chunk=3)
     folder = sessions(*({"n_requests": 6, "think": 0.03 + 0.007 * i, "n_out": 16} for i in range(8)))
     code, doc, records = replay(server.url, "--traces", str(folder), "--conc", "64", "--duration", "2",
@@ -42,7 +44,7 @@ def test_times_and_tokens_match_the_server_at_concurrency_64(start_server, sessi
         assert name == "ITL" or errors[0] > 0  # a chunk is received after it was sent
         median, p90, p99 = (errors[int(q * (len(errors) - 1))] for q in (0.5, 0.9, 0.99))
         print(f"{name} error: median {median / 1e6:.3f} ms, p90 {p90 / 1e6:.3f} ms, p99 {p99 / 1e6:.3f} ms")
-        assert median < 1_000_000 and p90 < 2_000_000, f"{name} error median {median / 1e6:.2f} ms, p90 {p90 / 1e6:.2f} ms"
+        assert median < 1_000_000 and p99 < 2_000_000, f"{name} error median {median / 1e6:.2f} ms, p99 {p99 / 1e6:.2f} ms"
     ttft = level["metrics"]["ttft"]["stats"]
     assert ttft["min"] >= 50_000
     itl = level["metrics"]["itl"]["stats"]
