@@ -5,6 +5,10 @@ batch first writes its latent KV row and indexer key into the paged cache, then 
 keys of positions 0..p of its own request (its context, including itself), keeps the top-k,
 and attends to exactly those rows. Causality therefore comes from the indexer's context
 lengths, and prefill and decode are the same code path through the kernels API.
+
+Under tensor parallelism each rank runs its share of the attention heads and of the indexer's
+heads; the latent row and the indexer key are per token, shared by every head, so every rank
+computes and caches all of them (see server/parallel.py).
 """
 
 from __future__ import annotations
@@ -19,7 +23,8 @@ from kernels.quant import fp8_e4m3_quantize, write_indexer_cache, write_kv_cache
 from kernels.sparse_mla import sparse_mla
 from kernels.topk import positions_to_slots, topk_indices
 from server.config import ModelConfig
-from server.model.layers import RMSNorm, Rotary
+from server.model.layers import ColumnParallelLinear, RMSNorm, RowParallelLinear, Rotary
+from server.parallel import TensorParallel
 
 
 @dataclass(frozen=True)
@@ -45,13 +50,17 @@ class CacheSettings:
 class Indexer(nn.Module):
     """Lightning indexer: scores every visible key for each query token (SPARSE_MLA.md step 3)."""
 
-    def __init__(self, c: ModelConfig) -> None:
+    def __init__(self, c: ModelConfig, tp: TensorParallel) -> None:
         super().__init__()
-        self.num_heads, self.head_dim, self.rope_dim = c.index_num_heads, c.index_head_dim, c.qk_rope_dim
-        self.wq = nn.Linear(c.q_lora_rank, c.index_num_heads * c.index_head_dim, bias=False)
+        self.tp = tp
+        self.num_heads = c.index_num_heads // tp.world_size  # this rank's heads
+        self.head_dim, self.rope_dim = c.index_head_dim, c.qk_rope_dim
+        # The logit weight's scale counts every head of the model, not this rank's share.
+        self.weight_scale = (c.index_num_heads * c.index_head_dim) ** -0.5
+        self.wq = ColumnParallelLinear(c.q_lora_rank, c.index_num_heads * c.index_head_dim, tp)
         self.wk = nn.Linear(c.hidden_size, c.index_head_dim, bias=False)
         self.k_norm = nn.LayerNorm(c.index_head_dim, eps=c.rms_norm_eps)
-        self.weights_proj = nn.Linear(c.hidden_size, c.index_num_heads, bias=False)
+        self.weights_proj = ColumnParallelLinear(c.hidden_size, c.index_num_heads, tp)
 
     def _rope(self, x: torch.Tensor, rotary: Rotary, positions: torch.Tensor) -> torch.Tensor:
         r = self.rope_dim
@@ -64,34 +73,39 @@ class Indexer(nn.Module):
         k = self._rope(self.k_norm(self.wk(x)), rotary, meta.positions)
         write_indexer_cache(idx_cache, meta.slot_mapping, k, s.key_dtype)
         q8, q_scale = fp8_e4m3_quantize(q.float())
-        weights = self.weights_proj(x).float() * q_scale * (self.num_heads * self.head_dim) ** -0.5
-        return indexer_logits_paged(
+        weights = self.weights_proj(x).float() * q_scale * self.weight_scale
+        partial = indexer_logits_paged(
             q8, weights, idx_cache, s.key_dtype, meta.block_table, meta.block_size, meta.seq_ids,
             meta.context_lens, meta.max_context, backend=s.backend)
+        # A logit is a sum over heads: summing the ranks' partial sums gives every rank the same
+        # logits, hence the same top-k (-inf + -inf stays -inf where keys are masked).
+        return self.tp.all_reduce(partial)
 
 
 class MLAttention(nn.Module):
     """Absorbed MLA: W_UK folded into the query, W_UV applied to the attended latent."""
 
-    def __init__(self, c: ModelConfig) -> None:
+    def __init__(self, c: ModelConfig, tp: TensorParallel) -> None:
         super().__init__()
         self.c = c
+        self.num_heads = c.num_heads // tp.world_size  # this rank's heads
         h = c.num_heads
         self.wq_a = nn.Linear(c.hidden_size, c.q_lora_rank, bias=False)
         self.q_norm = RMSNorm(c.q_lora_rank, c.rms_norm_eps)
-        self.wq_b = nn.Linear(c.q_lora_rank, h * (c.qk_nope_dim + c.qk_rope_dim), bias=False)
+        self.wq_b = ColumnParallelLinear(c.q_lora_rank, h * (c.qk_nope_dim + c.qk_rope_dim), tp)
         self.wkv_a = nn.Linear(c.hidden_size, c.kv_lora_rank + c.qk_rope_dim, bias=False)
         self.kv_norm = RMSNorm(c.kv_lora_rank, c.rms_norm_eps)
-        # Per head: W_UK rows (d_nope) then W_UV rows (d_v), each over the latent d_c.
-        self.wkv_b = nn.Linear(c.kv_lora_rank, h * (c.qk_nope_dim + c.v_head_dim), bias=False)
-        self.wo = nn.Linear(h * c.v_head_dim, c.hidden_size, bias=False)
-        self.indexer = Indexer(c)
+        # Per head: W_UK rows (d_nope) then W_UV rows (d_v), each over the latent d_c. Head-major
+        # rows, so a rank's contiguous slice is whole heads.
+        self.wkv_b = ColumnParallelLinear(c.kv_lora_rank, h * (c.qk_nope_dim + c.v_head_dim), tp)
+        self.wo = RowParallelLinear(h * c.v_head_dim, c.hidden_size, tp)
+        self.indexer = Indexer(c, tp)
 
     def forward(self, x: torch.Tensor, rotary: Rotary, meta: AttentionMetadata,
                 kv_cache: torch.Tensor, idx_cache: torch.Tensor, s: CacheSettings) -> torch.Tensor:
-        c, t = self.c, x.shape[0]
+        c, t, h = self.c, x.shape[0], self.num_heads
         c_q = self.q_norm(self.wq_a(x))
-        q = self.wq_b(c_q).view(t, c.num_heads, c.qk_nope_dim + c.qk_rope_dim)
+        q = self.wq_b(c_q).view(t, h, c.qk_nope_dim + c.qk_rope_dim)
         q_nope, q_pe = q.split([c.qk_nope_dim, c.qk_rope_dim], dim=-1)
         q_pe = rotary(q_pe, meta.positions, interleaved=True)
         latent, k_pe = self.wkv_a(x).split([c.kv_lora_rank, c.qk_rope_dim], dim=-1)
@@ -102,10 +116,10 @@ class MLAttention(nn.Module):
         top = topk_indices(logits, meta.context_lens, c.index_topk, backend=s.backend)
         slots = positions_to_slots(top, meta.block_table, meta.seq_ids, meta.block_size)
 
-        w_kv = self.wkv_b.weight.view(c.num_heads, c.qk_nope_dim + c.v_head_dim, c.kv_lora_rank)
+        w_kv = self.wkv_b.weight.view(h, c.qk_nope_dim + c.v_head_dim, c.kv_lora_rank)
         w_uk, w_uv = w_kv.split([c.qk_nope_dim, c.v_head_dim], dim=1)
         q_abs = torch.cat((torch.einsum("thn,hnc->thc", q_nope, w_uk), q_pe), dim=-1)
         o_lat, _ = sparse_mla(q_abs.to(torch.bfloat16), kv_cache, slots, c.softmax_scale,
                                       c.kv_lora_rank, s.kv_dtype, backend=s.backend)
         o = torch.einsum("thc,hvc->thv", o_lat.to(x.dtype), w_uv)
-        return self.wo(o.reshape(t, c.num_heads * c.v_head_dim))
+        return self.wo(o.reshape(t, h * c.v_head_dim))

@@ -1,4 +1,5 @@
-"""Small building blocks of the model: RMSNorm, rotary embedding, SwiGLU MLP, scaled init."""
+"""Small building blocks of the model: RMSNorm, rotary embedding, tensor-parallel linears, SwiGLU
+MLP, and the scaled init that draws full weights and keeps this rank's slice."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ import math
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from server.parallel import TensorParallel
 
 
 class RMSNorm(nn.Module):
@@ -43,19 +46,61 @@ class Rotary:
         return out.to(x.dtype)
 
 
+class ColumnParallelLinear(nn.Linear):
+    """y = x W^T with W's output rows split across ranks: each rank returns its slice of y."""
+
+    tp_dim = 0
+
+    def __init__(self, in_features: int, out_features: int, tp: TensorParallel) -> None:
+        super().__init__(in_features, out_features // tp.world_size, bias=False)
+        self.tp = tp
+
+
+class RowParallelLinear(nn.Linear):
+    """y = x W^T with W's input columns split across ranks: each rank multiplies its slice of x,
+    and the partial products are summed over the ranks."""
+
+    tp_dim = 1
+
+    def __init__(self, in_features: int, out_features: int, tp: TensorParallel) -> None:
+        super().__init__(in_features // tp.world_size, out_features, bias=False)
+        self.tp = tp
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.tp.all_reduce(super().forward(x))
+
+
+def full_shape(layer: nn.Linear) -> list[int]:
+    """The unsharded weight's shape (what a safetensors file and the random init hold)."""
+    shape = list(layer.weight.shape)
+    dim = getattr(layer, "tp_dim", None)
+    if dim is not None:
+        shape[dim] *= layer.tp.world_size
+    return shape
+
+
+@torch.no_grad()
+def copy_shard(layer: nn.Linear, full: torch.Tensor) -> None:
+    """Copy this rank's slice of the full weight into the layer."""
+    dim = getattr(layer, "tp_dim", None)
+    layer.weight.copy_(full if dim is None else full.chunk(layer.tp.world_size, dim)[layer.tp.rank])
+
+
 class SwiGLU(nn.Module):
-    def __init__(self, hidden: int, intermediate: int) -> None:
+    def __init__(self, hidden: int, intermediate: int, tp: TensorParallel) -> None:
         super().__init__()
-        self.w_gate = nn.Linear(hidden, intermediate, bias=False)
-        self.w_up = nn.Linear(hidden, intermediate, bias=False)
-        self.w_down = nn.Linear(intermediate, hidden, bias=False)
+        self.w_gate = ColumnParallelLinear(hidden, intermediate, tp)
+        self.w_up = ColumnParallelLinear(hidden, intermediate, tp)
+        self.w_down = RowParallelLinear(intermediate, hidden, tp)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.w_down(F.silu(self.w_gate(x)) * self.w_up(x))
 
 
 def init_linear(layer: nn.Linear, generator: torch.Generator, gain: float = 1.0) -> None:
-    """Normal init with std gain / sqrt(fan_in), so each projection keeps activations near unit scale."""
-    with torch.no_grad():
-        std = gain / math.sqrt(layer.weight.shape[1])
-        layer.weight.normal_(0.0, std, generator=generator)
+    """Normal init with std gain / sqrt(fan_in), so each projection keeps activations near unit scale.
+    Every rank draws the full weight from the same generator state and keeps its slice, so a
+    sharded model holds exactly the unsharded model's numbers."""
+    full = torch.empty(full_shape(layer), device=layer.weight.device)
+    full.normal_(0.0, gain / math.sqrt(full.shape[1]), generator=generator)
+    copy_shard(layer, full)

@@ -2,7 +2,9 @@
 
 Weights are seeded random by default, drawn so that activations keep a sane scale through the
 layers (std 1/sqrt(fan_in) per projection; the residual-branch outputs shrunk by 1/sqrt(2L)),
-or loaded from a safetensors file written by `save_weights`.
+or loaded from a safetensors file written by `save_weights`. Under tensor parallelism every rank
+draws (or loads) the full tensors and keeps its slice, so the sharded model computes the same
+function as the unsharded one for the same seed or file.
 """
 
 from __future__ import annotations
@@ -15,26 +17,29 @@ from torch import nn
 
 from server.config import ModelConfig
 from server.model.attention import AttentionMetadata, CacheSettings, MLAttention
-from server.model.layers import RMSNorm, Rotary, SwiGLU, init_linear
+from server.model.layers import ColumnParallelLinear, RMSNorm, Rotary, SwiGLU, copy_shard, full_shape, init_linear
+from server.parallel import TensorParallel
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, c: ModelConfig) -> None:
+    def __init__(self, c: ModelConfig, tp: TensorParallel) -> None:
         super().__init__()
         self.attn_norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
-        self.attn = MLAttention(c)
+        self.attn = MLAttention(c, tp)
         self.mlp_norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
-        self.mlp = SwiGLU(c.hidden_size, c.intermediate_size)
+        self.mlp = SwiGLU(c.hidden_size, c.intermediate_size, tp)
 
 
 class SparseMLAModel(nn.Module):
-    def __init__(self, config: ModelConfig) -> None:
+    def __init__(self, config: ModelConfig, tp: TensorParallel | None = None) -> None:
         super().__init__()
         self.config = config
+        self.tp = tp or TensorParallel()
+        # Replicated: a lookup costs nothing, and a vocabulary-split one would need an all-reduce.
         self.embed = nn.Embedding(config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(config) for _ in range(config.num_layers))
+        self.layers = nn.ModuleList(DecoderLayer(config, self.tp) for _ in range(config.num_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.lm_head = ColumnParallelLinear(config.hidden_size, config.vocab_size, self.tp)
         self.rotary: Rotary | None = None  # built by `build_model` on the final device
 
     def forward(self, input_ids: torch.Tensor, meta: AttentionMetadata, kv_caches: list[torch.Tensor],
@@ -46,8 +51,9 @@ class SparseMLAModel(nn.Module):
             x = x + layer.mlp(layer.mlp_norm(x))
         return self.norm(x)
 
-    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.lm_head(hidden).float()
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor | None:
+        """fp32 [N, vocab] on rank 0 (the vocabulary slices of every rank); None on other ranks."""
+        return self.tp.gather_last_dim(self.lm_head(hidden).float())
 
     @torch.no_grad()
     def init_random(self, seed: int) -> None:
@@ -69,10 +75,10 @@ class SparseMLAModel(nn.Module):
 
 
 def build_model(config: ModelConfig, device: torch.device, dtype: torch.dtype, seed: int,
-                weights: str | None = None) -> SparseMLAModel:
-    """Allocate the model directly on `device` (no CPU copy), then random-init or load it."""
+                weights: str | None = None, tp: TensorParallel | None = None) -> SparseMLAModel:
+    """Allocate this rank's shard directly on `device` (no CPU copy), then random-init or load it."""
     with torch.device(device):
-        model = SparseMLAModel(config)
+        model = SparseMLAModel(config, tp)
     if weights is None:
         model.init_random(seed)
     else:
@@ -83,14 +89,17 @@ def build_model(config: ModelConfig, device: torch.device, dtype: torch.dtype, s
 
 
 def save_weights(model: SparseMLAModel, path: str) -> None:
-    """Write every parameter to a safetensors file (names as in the module tree)."""
+    """Write every parameter to a safetensors file (names as in the module tree); unsharded only."""
+    if model.tp.world_size > 1:
+        raise ValueError("save_weights: a tensor-parallel shard is not a whole model; save at --tp 1")
     tensors = {name: t.detach().contiguous().cpu() for name, t in model.state_dict().items()}
     save_file(tensors, path, metadata={"model": model.config.name})
 
 
 @torch.no_grad()
 def load_weights(model: SparseMLAModel, path: str) -> None:
-    """Copy a safetensors file into `model`; names and shapes must match exactly."""
+    """Copy a safetensors file of the whole model into `model` (this rank's slices of the split
+    tensors); names and full shapes must match exactly."""
     try:
         tensors = load_file(path)
     except Exception as exc:  # safetensors raises several types for unreadable files
@@ -101,8 +110,14 @@ def load_weights(model: SparseMLAModel, path: str) -> None:
     if missing or unexpected:
         raise ValueError(f"--weights {path}: tensor names do not match the {model.config.name} model: "
                          f"missing {missing[:5]}, unexpected {unexpected[:5]}")
+    linears = {f"{name}.weight": m for name, m in model.named_modules() if isinstance(m, nn.Linear)}
     for name, target in expected.items():
-        if tensors[name].shape != target.shape:
+        layer = linears.get(name)
+        shape = full_shape(layer) if layer is not None else list(target.shape)
+        if list(tensors[name].shape) != shape:
             raise ValueError(f"--weights {path}: tensor {name} has shape {list(tensors[name].shape)}, "
-                             f"the model needs {list(target.shape)}")
-        target.copy_(tensors[name])
+                             f"the model needs {shape}")
+        if layer is not None:
+            copy_shard(layer, tensors[name])
+        else:
+            target.copy_(tensors[name])

@@ -4,9 +4,15 @@ Batch metadata is built with a handful of tensor operations over the whole batch
 Python), on the host, and moved to the device in three asynchronous copies. A request may contribute any number
 of query tokens in a step (a prefill chunk, one decode token, or k+1 tokens to verify drafts);
 `num_logits` says for how many of its last tokens the caller wants logits.
+
+Under tensor parallelism (`--tp N`) the engine core's runner is rank 0: it starts the other ranks,
+broadcasts each step's host inputs to them, and alone gets the logits; a worker rank's runner
+loops in `serve`, running the steps it receives (see server/parallel.py).
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 
@@ -15,16 +21,50 @@ from server.engine.kv_cache import KVCacheTensors, cache_bytes_per_token, kernel
 from server.engine.scheduler import ScheduledBatch
 from server.model.attention import AttentionMetadata, CacheSettings
 from server.model.model import build_model
+from server.parallel import TensorParallel
+
+
+@dataclass(frozen=True)
+class StepInputs:
+    """One step's batch on the host: what rank 0 broadcasts to the other ranks."""
+
+    token_ids: torch.Tensor  # int64 [T]
+    positions: torch.Tensor  # int64 [T]
+    seq_ids: torch.Tensor  # int64 [T], row of block_table
+    slots: torch.Tensor  # int64 [T], global cache slot of each token
+    block_table: torch.Tensor  # int32 [B, max_blocks]
+    wanted: torch.Tensor  # int64 [N], tokens whose logits are wanted
+    max_context: int
+
+    def to_wire(self) -> list[torch.Tensor]:
+        return [torch.stack((self.token_ids, self.positions, self.seq_ids, self.slots)),
+                self.block_table.long(), self.wanted, torch.tensor([self.max_context])]
+
+    @classmethod
+    def from_wire(cls, tensors: list[torch.Tensor]) -> StepInputs:
+        per_token, table, wanted, max_context = tensors
+        return cls(*per_token, block_table=table.int(), wanted=wanted, max_context=int(max_context[0]))
 
 
 class ModelRunner:
-    def __init__(self, config: EngineConfig) -> None:
+    def __init__(self, config: EngineConfig, tp: TensorParallel | None = None) -> None:
+        """tp: a worker rank's joined group; None for the engine core, which is rank 0 and
+        starts the other ranks itself when --tp > 1."""
         self.config = config
+        size = config.parallel.tensor_parallel_size
+        self.tp = tp or TensorParallel(0, size, 0)
         self.device = torch.device(resolve_device(config.device))
+        if self.device.type == "cuda":
+            self.device = torch.device("cuda", self.tp.local_rank)
+        self.num_gpus = size if self.device.type == "cuda" else 0
         self.dtype = torch.bfloat16 if self.device.type == "cuda" else torch.float32
-        self.model = build_model(config.model, self.device, self.dtype, config.seed, config.weights)
+        # Rank 0 builds (and so validates the weights) before any other rank exists.
+        self.model = build_model(config.model, self.device, self.dtype, config.seed, config.weights, self.tp)
+        if tp is None and size > 1:
+            self.tp.start_workers(config)
         self.block_size = config.cache.block_size
-        self.num_blocks = self._num_blocks()
+        # Rank 0's block manager hands out slots that every rank's cache must hold.
+        self.num_blocks = self.tp.agree_min(self._num_blocks())
         self.cache = KVCacheTensors.allocate(config.model, config.cache, self.num_blocks, self.device)
         self.settings = CacheSettings(
             kv_dtype=kernel_kv_dtype(config.cache),
@@ -50,8 +90,8 @@ class ModelRunner:
             raise ValueError(f"{flag}: leaves no room for a single KV block ({block_bytes} bytes)")
         return num_blocks
 
-    def prepare(self, batch: ScheduledBatch, num_logits: list[int]) -> tuple[torch.Tensor, AttentionMetadata, torch.Tensor]:
-        """(input ids [T], metadata, indices of the tokens whose logits are wanted)."""
+    def step_inputs(self, batch: ScheduledBatch, num_logits: list[int]) -> StepInputs:
+        """The batch's host-side inputs."""
         seqs, counts = batch.seqs, batch.num_new_tokens
         starts = [s.num_computed_tokens for s in seqs]
         ids: list[int] = []
@@ -68,13 +108,21 @@ class ModelRunner:
         slots = table[seq_ids, positions // self.block_size].long() * self.block_size + positions % self.block_size
         ends = (first + counts_t).tolist()
         wanted = [i for end, k in zip(ends, num_logits) for i in range(end - k, end)]
-        dev = self._to_device(torch.stack((torch.tensor(ids), positions, seq_ids, slots)))
+        return StepInputs(torch.tensor(ids, dtype=torch.long), positions, seq_ids, slots, table,
+                          torch.tensor(wanted, dtype=torch.long), max(start + n for start, n in zip(starts, counts)))
+
+    def prepare(self, batch: ScheduledBatch, num_logits: list[int]) -> tuple[torch.Tensor, AttentionMetadata, torch.Tensor]:
+        """(input ids [T], metadata, indices of the tokens whose logits are wanted) on the device."""
+        return self._on_device(self.step_inputs(batch, num_logits))
+
+    def _on_device(self, inputs: StepInputs) -> tuple[torch.Tensor, AttentionMetadata, torch.Tensor]:
+        dev = self._to_device(torch.stack((inputs.token_ids, inputs.positions, inputs.seq_ids, inputs.slots)))
         meta = AttentionMetadata(
             positions=dev[1], slot_mapping=dev[3], seq_ids=dev[2].int(), context_lens=(dev[1] + 1).int(),
-            block_table=self._to_device(table), block_size=self.block_size,
-            max_context=max(start + n for start, n in zip(starts, counts)),
+            block_table=self._to_device(inputs.block_table), block_size=self.block_size,
+            max_context=inputs.max_context,
         )
-        return dev[0], meta, self._to_device(torch.tensor(wanted, dtype=torch.long))
+        return dev[0], meta, self._to_device(inputs.wanted)
 
     def _to_device(self, host: torch.Tensor) -> torch.Tensor:
         """Asynchronous copy (from pinned memory, so it neither blocks nor syncs the stream)."""
@@ -91,6 +139,38 @@ class ModelRunner:
     def execute_with_hidden(self, batch: ScheduledBatch, num_logits: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
         """(logits, final hidden states [sum(num_logits), hidden]) of the same tokens; the
         speculative draft head continues from the hidden states."""
-        input_ids, meta, wanted = self.prepare(batch, num_logits)
+        inputs = self.step_inputs(batch, num_logits)
+        if self.tp.world_size == 1:
+            return self._forward(inputs)
+        self.tp.step_started()
+        try:
+            self.tp.send_step(inputs.to_wire())
+            out = self._forward(inputs)
+            self._wait_for_device()
+        except Exception as exc:  # a collective failed: name the dead rank if there is one
+            raise self.tp.failure(exc) from exc
+        self.tp.step_finished()
+        return out
+
+    def _forward(self, inputs: StepInputs) -> tuple[torch.Tensor | None, torch.Tensor]:
+        input_ids, meta, wanted = self._on_device(inputs)
         hidden = self.model(input_ids, meta, self.cache.kv, self.cache.indexer, self.settings)[wanted]
         return self.model.logits(hidden), hidden
+
+    def _wait_for_device(self) -> None:
+        """Under TP a step counts as done (for the hang watchdog) only when the device is done."""
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    @torch.inference_mode()
+    def serve(self) -> None:
+        """A worker rank's life: run every step rank 0 broadcasts, until it says stop."""
+        while (wire := self.tp.receive_step()) is not None:
+            self.tp.step_started()
+            self._forward(StepInputs.from_wire(wire))
+            self._wait_for_device()
+            self.tp.step_finished()
+
+    def close(self) -> None:
+        """Stop the other ranks and leave the group (also done at exit); no-op at --tp 1."""
+        self.tp.stop()
