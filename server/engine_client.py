@@ -275,12 +275,14 @@ class EngineClient:
                 del streams[output.request_id]
 
     def _die(self, reason: str) -> None:
+        """`reason` may carry a traceback: `on_death` (the log) gets it whole, HTTP answers
+        (`dead_reason`, failed streams) its first line."""
         if self.dead_reason is not None:
             return
-        self.dead_reason = reason
+        self.dead_reason = reason.splitlines()[0]
         self._loop.remove_reader(self._outputs.fileno())
         for stream in self._streams.values():
-            stream.fail(reason)
+            stream.fail(self.dead_reason)
         self._streams.clear()
         if self._on_death is not None:
             self._on_death(reason)
