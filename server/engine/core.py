@@ -2,7 +2,9 @@
 
 Pure synchronous code with no threads; the API process (or the in-process benchmark transport)
 owns the loop around it. One step = schedule, build the batch, run the model, sample on the
-device, then a single host copy of the sampled tokens.
+device, then a single host copy of the sampled tokens. With speculative decoding
+(`server/spec_decode.py`) the step verifies each request's drafts in the same pass, may emit
+several tokens per request, and ends with the draft head proposing the next drafts.
 """
 
 from __future__ import annotations
@@ -13,9 +15,10 @@ from server.config import EngineConfig
 from server.engine.kv_cache import BlockManager
 from server.engine.messages import AddRequest, EngineStats, RequestOutput, StepOutputs
 from server.engine.sampler import Sampler
-from server.engine.scheduler import Scheduler
+from server.engine.scheduler import ScheduledBatch, Scheduler
 from server.engine.sequence import Sequence
 from server.model.runner import ModelRunner
+from server.spec_decode import SpeculativeDecoder
 
 
 class Engine:
@@ -31,6 +34,8 @@ class Engine:
         self.blocks = BlockManager(self.runner.num_blocks, config.cache.block_size, config.cache.enable_prefix_caching)
         self.scheduler = Scheduler(config.scheduler, self.blocks, model.eos_token_id)
         self.sampler = Sampler(self.runner.device, model.eos_token_id, config.seed)
+        self.spec = None if config.speculative is None else SpeculativeDecoder(
+            config.speculative, self.runner, self.sampler, config.seed, self.max_model_len)
         self.seqs: dict[str, Sequence] = {}
         self._aborted: list[RequestOutput] = []
         self._prompt_tokens = 0
@@ -60,6 +65,8 @@ class Engine:
         if total > self.max_model_len:
             raise ValueError(f"prompt ({len(prompt)} tokens) + max_tokens ({p.max_tokens}) = {total} "
                              f"exceeds the model's context length {self.max_model_len}")
+        if self.spec is not None:
+            self.spec.check(p)
         if self.blocks.blocks_needed(total) > self.blocks.num_blocks:
             raise ValueError(f"prompt + max_tokens = {total} tokens needs {self.blocks.blocks_needed(total)} KV "
                              f"blocks but the whole cache has {self.blocks.num_blocks}")
@@ -74,7 +81,7 @@ class Engine:
         if seq is None:
             return
         self.scheduler.finish(seq, "abort")
-        self.sampler.forget(request_id)
+        self._forget(request_id)
         self._aborted.append(self._output(seq, ()))
 
     def has_unfinished(self) -> bool:
@@ -87,31 +94,46 @@ class Engine:
         outputs, self._aborted = self._aborted, []
         batch = self.scheduler.schedule()
         if batch:
-            num_logits = [1 if s.num_computed_tokens + n == len(s) else 0
-                          for s, n in zip(batch.seqs, batch.num_new_tokens)]
-            sampling = [s for s, k in zip(batch.seqs, num_logits) if k]
-            logits = self.runner.execute(batch, num_logits)
-            tokens = iter(self.sampler(logits, sampling).tolist() if sampling else [])  # the one host sync
-            sampled = [next(tokens) if k else None for k in num_logits]
-            self.scheduler.postprocess(batch, sampled)
-            for seq, token in zip(batch.seqs, sampled):
-                if token is None:
+            new_tokens = self._run(batch)
+            for seq, new in zip(batch.seqs, new_tokens):
+                if not new:
                     continue
-                if seq.num_output_tokens == 1:
+                if seq.num_output_tokens == len(new):
                     self._prompt_tokens += seq.num_prompt_tokens
-                self._generation_tokens += 1
-                outputs.append(self._output(seq, (token,)))
+                self._generation_tokens += len(new)
+                outputs.append(self._output(seq, tuple(new)))
                 if seq.is_finished:
                     del self.seqs[seq.request_id]
-                    self.sampler.forget(seq.request_id)
+                    self._forget(seq.request_id)
         self._step_time = time.perf_counter() - start
         return StepOutputs(tuple(outputs), self.stats())
+
+    def _run(self, batch: ScheduledBatch) -> list[list[int]]:
+        """Run the model on the batch and commit the results; the tokens each request gained."""
+        if self.spec is not None:
+            verdicts, hidden = self.spec.execute(batch)
+            new_tokens = self.scheduler.commit(batch, [v.emitted for v in verdicts],
+                                               [v.num_rejected for v in verdicts])
+            self.spec.propose(batch.seqs, verdicts, hidden)
+            return new_tokens
+        num_logits = [1 if s.num_computed_tokens + n == len(s) else 0
+                      for s, n in zip(batch.seqs, batch.num_new_tokens)]
+        sampling = [s for s, k in zip(batch.seqs, num_logits) if k]
+        logits = self.runner.execute(batch, num_logits)
+        tokens = iter(self.sampler(logits, sampling).tolist() if sampling else [])  # the one host sync
+        return self.scheduler.commit(batch, [[next(tokens)] if k else [] for k in num_logits], [0] * len(num_logits))
+
+    def _forget(self, request_id: str) -> None:
+        self.sampler.forget(request_id)
+        if self.spec is not None:
+            self.spec.forget(request_id)
 
     def _output(self, seq: Sequence, new_tokens: tuple[int, ...]) -> RequestOutput:
         return RequestOutput(
             request_id=seq.request_id, new_token_ids=new_tokens, finished=seq.is_finished,
             finish_reason=seq.finish_reason, num_prompt_tokens=seq.num_prompt_tokens,
-            num_cached_tokens=seq.num_cached_tokens,
+            num_cached_tokens=seq.num_cached_tokens, num_draft_tokens=seq.num_draft_tokens,
+            num_accepted_tokens=seq.num_accepted_tokens,
         )
 
     def stats(self) -> EngineStats:
@@ -120,8 +142,15 @@ class Engine:
             num_running=len(s.running), num_waiting=len(s.waiting), kv_cache_usage=self.blocks.usage,
             prefix_cache_queries=s.prefix_queries, prefix_cache_hits=s.prefix_hits,
             num_preemptions=s.num_preemptions, prompt_tokens=self._prompt_tokens,
-            generation_tokens=self._generation_tokens, step_time_s=self._step_time,
+            generation_tokens=self._generation_tokens, step_time_s=self._step_time, **self._spec_stats(),
         )
+
+    def _spec_stats(self) -> dict:
+        if self.spec is None:
+            return {}
+        return dict(spec_num_drafts=self.spec.num_drafts, spec_num_draft_tokens=self.spec.num_draft_tokens,
+                    spec_num_accepted_tokens=self.spec.num_accepted_tokens,
+                    spec_accepted_per_position=tuple(self.spec.accepted_per_position))
 
     def check_invariants(self) -> None:
         """Block accounting (free + in use == total, reference counts match live requests)."""

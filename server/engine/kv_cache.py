@@ -149,16 +149,25 @@ class BlockManager:
                 self.block_hash[block] = h
                 self.hash_to_block[h] = block
 
+    def release_tail(self, seq: Sequence) -> None:
+        """Free the blocks past seq's computed tokens (they held only rejected draft positions)."""
+        keep = self.blocks_needed(seq.num_computed_tokens)
+        while len(seq.block_ids) > keep:
+            self._release(seq.block_ids.pop())
+
     def free(self, seq: Sequence) -> None:
         """Release seq's blocks; the tail goes first so it is evicted before the shared head."""
         for block in reversed(seq.block_ids):
-            self.ref_counts[block] -= 1
-            if self.ref_counts[block] == 0:
-                self.num_in_use -= 1
-                self.free_queue[block] = None
+            self._release(block)
         seq.block_ids.clear()
         seq.block_hashes.clear()
         seq.num_computed_tokens = 0
+
+    def _release(self, block: int) -> None:
+        self.ref_counts[block] -= 1
+        if self.ref_counts[block] == 0:
+            self.num_in_use -= 1
+            self.free_queue[block] = None
 
     def _take(self, block: int) -> None:
         if self.ref_counts[block] == 0:

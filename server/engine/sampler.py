@@ -34,31 +34,52 @@ class Sampler:
         return g
 
     @torch.inference_mode()
-    def __call__(self, logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
-        """logits fp32 [S, V], one row per sequence -> token ids int64 [S] on the device."""
-        suppress = [i for i, s in enumerate(seqs) if s.num_output_tokens < s.params.min_tokens]
-        if suppress:
-            logits[torch.tensor(suppress, device=self.device), self.eos_token_id] = float("-inf")
+    def __call__(self, logits: torch.Tensor, seqs: list[Sequence], offsets: list[int] | None = None) -> torch.Tensor:
+        """logits fp32 [S, V], one row per sequence -> token ids int64 [S] on the device.
+        A sequence may own several rows (speculative verification); `offsets[i]` is how many of
+        its tokens come before row i's in this step, for the min_tokens rule."""
+        self.suppress_eos(logits, seqs, offsets)
         greedy = logits.argmax(dim=-1)
         temps = [s.params.temperature for s in seqs]
         if all(t == 0.0 for t in temps):
             return greedy
+        sampled = self.race(self.probs(logits, seqs), seqs)
+        is_greedy = torch.tensor([t == 0.0 for t in temps], device=self.device)
+        return torch.where(is_greedy, greedy, sampled)
+
+    def suppress_eos(self, logits: torch.Tensor, seqs: list[Sequence], offsets: list[int] | None = None) -> None:
+        """Requests still below `min_tokens` outputs cannot draw EOS (in place)."""
+        offsets = offsets or [0] * len(seqs)
+        suppress = [i for i, (s, o) in enumerate(zip(seqs, offsets)) if s.num_output_tokens + o < s.params.min_tokens]
+        if suppress:
+            logits[torch.tensor(suppress, device=self.device), self.eos_token_id] = float("-inf")
+
+    def probs(self, logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
+        """Sampling distribution per row: softmax at the request's temperature, cut to its top_p
+        (temperature-0 rows are treated as temperature 1; callers take their argmax instead)."""
+        temps = [s.params.temperature for s in seqs]
         temp_t = torch.tensor([t if t > 0 else 1.0 for t in temps], device=self.device)
         probs = torch.softmax(logits / temp_t[:, None], dim=-1)
         top_ps = [s.params.top_p for s in seqs]
         if any(p < 1.0 for p in top_ps):
             probs = _top_p(probs, torch.tensor(top_ps, device=self.device))
-        noise = torch.empty_like(probs)
+        return probs
+
+    def race(self, probs: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
+        """One token per row drawn from `probs` (any non-negative weights) by the exponential race."""
+        return (probs / self.exponential(probs.shape, seqs)).argmax(dim=-1)
+
+    def exponential(self, shape: torch.Size, seqs: list[Sequence]) -> torch.Tensor:
+        """Exp(1) noise [rows, ...], each row from its request's generator when it has a seed."""
+        noise = torch.empty(shape, device=self.device)
         unseeded = [i for i, s in enumerate(seqs) if s.params.seed is None]
         if unseeded:
-            noise[unseeded] = torch.empty(len(unseeded), probs.shape[1], device=self.device).exponential_(
+            noise[unseeded] = torch.empty((len(unseeded),) + tuple(shape[1:]), device=self.device).exponential_(
                 generator=self.generator)
         for i, s in enumerate(seqs):
             if s.params.seed is not None:
                 noise[i].exponential_(generator=self._generator(s))
-        sampled = (probs / noise).argmax(dim=-1)
-        is_greedy = torch.tensor([t == 0.0 for t in temps], device=self.device)
-        return torch.where(is_greedy, greedy, sampled)
+        return noise
 
 
 def _top_p(probs: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:

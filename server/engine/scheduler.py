@@ -6,8 +6,10 @@ requests are admitted in arrival order while the budget, `max_num_seqs` and free
 allow. A prompt longer than the remaining budget is prefilled in chunks over several steps.
 When a running request needs a block and none is free, the newest running request is preempted
 by recompute: its blocks are freed and it goes back to the head of the waiting queue with all
-its tokens, to be prefilled again (often largely from the prefix cache). A request is always in
-exactly one of `waiting`, `running` or finished, so none is lost or duplicated.
+its tokens, to be prefilled again (often largely from the prefix cache); its pending drafts are
+dropped. A request is always in exactly one of `waiting`, `running` or finished, so none is lost
+or duplicated. A decode with drafts asks for 1 + len(drafts) tokens (the last committed token
+and the drafts to verify); a tight budget may verify fewer of them.
 """
 
 from __future__ import annotations
@@ -63,7 +65,7 @@ class Scheduler:
                 break
             if seq.status is not SequenceStatus.RUNNING:
                 continue  # preempted earlier in this loop
-            n = min(seq.num_uncomputed_tokens, budget)
+            n = min(seq.num_uncomputed_tokens + len(seq.draft_token_ids), budget)
             while not self.blocks.can_append(seq, n):
                 victim = next((s for s in reversed(self.running) if s is not seq and s not in seqs), seq)
                 self._preempt(victim)
@@ -98,20 +100,37 @@ class Scheduler:
         return ScheduledBatch(tuple(seqs), tuple(counts))
 
     def postprocess(self, batch: ScheduledBatch, sampled: list[int | None]) -> list[Sequence]:
-        """Account a finished step: KV now computed, one sampled token per request that reached
-        the end of its tokens (None for a prefill chunk). Returns the requests that finished."""
-        finished = []
-        for seq, n, token in zip(batch.seqs, batch.num_new_tokens, sampled):
-            seq.num_computed_tokens += n
+        """Account a step without drafts: one sampled token per request that reached the end of
+        its tokens (None for a prefill chunk). Returns the requests that finished."""
+        self.commit(batch, [[] if t is None else [t] for t in sampled], [0] * len(batch.seqs))
+        return [seq for seq in batch.seqs if seq.is_finished]
+
+    def commit(self, batch: ScheduledBatch, emitted: list[list[int]], num_rejected: list[int]) -> list[list[int]]:
+        """Account a finished step. Per request: the tokens it produced (accepted drafts, then the
+        target's token) and how many of its scheduled tokens were rejected drafts, whose KV is
+        not counted (their cache rows are overwritten later; nothing reads past the length) and
+        whose now-unneeded blocks are freed. Tokens after a stop are dropped. Returns the tokens
+        each request actually gained."""
+        kept_all = []
+        for seq, n, tokens, rejected in zip(batch.seqs, batch.num_new_tokens, emitted, num_rejected):
+            seq.num_computed_tokens += n - rejected
+            kept: list[int] = []
+            reason = None
+            for token in tokens:
+                seq.token_ids.append(token)
+                kept.append(token)
+                reason = self._stop_reason(seq, token)
+                if reason is not None:
+                    break
+            # A stop inside accepted drafts leaves KV computed for tokens that were dropped.
+            seq.num_computed_tokens = min(seq.num_computed_tokens, len(seq))
             self.blocks.commit_full_blocks(seq)
-            if token is None:
-                continue
-            seq.token_ids.append(token)
-            reason = self._stop_reason(seq, token)
             if reason is not None:
                 self.finish(seq, reason)
-                finished.append(seq)
-        return finished
+            elif rejected:
+                self.blocks.release_tail(seq)
+            kept_all.append(kept)
+        return kept_all
 
     def _stop_reason(self, seq: Sequence, token: int) -> str | None:
         p = seq.params
@@ -124,6 +143,7 @@ class Scheduler:
     def _preempt(self, seq: Sequence) -> None:
         self.running.remove(seq)
         self.blocks.free(seq)
+        seq.draft_token_ids = []
         seq.status = SequenceStatus.WAITING
         self.waiting.appendleft(seq)
         self.num_preemptions += 1

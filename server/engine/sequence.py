@@ -4,6 +4,10 @@ A sequence's `token_ids` are the prompt followed by every generated token. The K
 `num_computed_tokens` of them is in the cache, in the blocks listed by `block_ids`. Preemption
 by recompute only resets `num_computed_tokens` and the blocks; the tokens stay, so the request
 resumes exactly where it stopped.
+
+With speculative decoding, `draft_token_ids` holds the drafts proposed for the next step; they
+join `token_ids` only while that step runs the model, so everything else only ever sees
+committed tokens.
 """
 
 from __future__ import annotations
@@ -34,6 +38,9 @@ class Sequence:
         self.status = SequenceStatus.WAITING
         self.finish_reason: str | None = None
         self.admitted_once = False
+        self.draft_token_ids: list[int] = []
+        self.num_draft_tokens = 0  # drafts verified so far (cumulative, for usage)
+        self.num_accepted_tokens = 0  # of which accepted
 
     def __len__(self) -> int:
         return len(self.token_ids)
