@@ -185,6 +185,8 @@ def _parse_options(
         ignore_eos=_bool(obj, "ignore_eos", False),
         temperature=temperature,
         top_p=top_p,
+        # orjson reads integers outside [-2^63, 2^64) (what a torch generator takes) as floats,
+        # so an integer check here also keeps out-of-range seeds from the engine.
         seed=_int(obj, "seed") if obj.get("seed") is not None else None,
         stream=stream,
         include_usage=include_usage,

@@ -57,6 +57,13 @@ def test_invalid_json_is_400(server, data):
     _still_serving(server)
 
 
+def test_seed_beyond_64_bits_is_400(server):
+    data = b'{"prompt": "x", "max_tokens": 2, "seed": 18446744073709551619}'
+    status, resp, _ = asyncio.run(server.request("POST", "/v1/completions", data=data))
+    assert status == 400 and _assert_error_body(resp, 400)["param"] == "seed"
+    _still_serving(server)
+
+
 @pytest.mark.parametrize("stream", [False, True])
 def test_request_larger_than_the_kv_pool_is_refused_by_the_engine(server, stream):
     # 700 + 10 tokens fit the 1024-token context but need 45 blocks of a 43-block pool. Streamed

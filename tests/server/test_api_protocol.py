@@ -92,6 +92,12 @@ def test_neutral_values_of_unsupported_options_are_accepted():
     assert req.prompt == "hi"
 
 
+def test_seed_beyond_64_bits_is_refused():
+    # orjson reads it as a float; a torch generator could not take it (the engine would crash).
+    err = _error(parse_completion_request, b'{"prompt": "x", "seed": 18446744073709551619}')
+    assert err.status == 400 and err.param == "seed"
+
+
 @pytest.mark.parametrize("body", [b"{not json", b"[1, 2]", b"", b"\"text\""])
 def test_body_must_be_a_json_object(body):
     err = _error(parse_completion_request, body)
