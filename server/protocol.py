@@ -301,7 +301,11 @@ def resolve_max_tokens(options: GenerationOptions, prompt_len: int, max_model_le
             raise ApiError(400, f"prompt has {prompt_len} tokens; the model's context is "
                            f"{max_model_len} tokens, leaving no room to generate",
                            param="messages", code="context_length_exceeded")
-        return max(room, options.min_tokens)
+        if options.min_tokens > room:
+            raise ApiError(400, f"min_tokens ({options.min_tokens}) exceeds the {room} tokens left in "
+                           f"the model's context after the prompt ({prompt_len} tokens)",
+                           param="min_tokens", code="context_length_exceeded")
+        return room
     if options.max_tokens > room:
         raise ApiError(400, f"prompt ({prompt_len} tokens) + max_tokens ({options.max_tokens}) "
                        f"exceeds the model's context of {max_model_len} tokens",

@@ -143,6 +143,8 @@ def test_context_limit_refuses_instead_of_truncating():
     chat = parse_chat_request(b'{"messages": [{"role": "user", "content": "x"}]}').options
     assert resolve_max_tokens(chat, 60, 100) == 40  # no max_tokens: the rest of the context
     assert _error(resolve_max_tokens, chat, 100, 100).code == "context_length_exceeded"
+    at_least = parse_chat_request(b'{"messages": [{"role": "user", "content": "x"}], "min_tokens": 50}').options
+    assert _error(resolve_max_tokens, at_least, 60, 100).param == "min_tokens"
 
 
 def test_stream_chunks_carry_text_token_ids_and_usage_field():
