@@ -24,9 +24,13 @@ import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
+from typing import TYPE_CHECKING
 
 from server.config import EngineConfig, resolve_device
 from server.engine.messages import AbortRequest, AddRequest, EngineStats, RequestOutput, StepOutputs
+
+if TYPE_CHECKING:  # the engine imports torch: only the child process loads it
+    from server.engine.core import Engine
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,10 +106,11 @@ def _leave_a_core_for_http(config: EngineConfig) -> None:
         return
     import torch
 
-    torch.set_num_threads(max(1, (os.cpu_count() or 1) - 1))
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    torch.set_num_threads(max(1, cores - 1))
 
 
-def _serve(engine, requests: Connection, outputs: Connection) -> None:
+def _serve(engine: Engine, requests: Connection, outputs: Connection) -> None:
     while True:
         if not engine.has_unfinished():
             requests.poll(None)  # idle: sleep until a message (or EOF) arrives
