@@ -95,6 +95,7 @@ class TensorParallel:
         self.meta_group: dist.ProcessGroup | None = None  # gloo: step broadcast, start-up agreement
         self._workers: WorkerSet | None = None
         self._finalizer: multiprocessing.util.Finalize | None = None
+        self._threads_before: int | None = None
         self._steps = 0
 
     # ---- the model's collectives ---------------------------------------------------------
@@ -146,7 +147,12 @@ class TensorParallel:
             addr, port = "127.0.0.1", _free_port()
         else:
             addr, port = p.master_addr, p.master_port
-        self._workers = WorkerSet.spawn(config, range(1, self.world_size // p.nnodes), addr, port)
+        per_node = self.world_size // p.nnodes
+        if resolve_device(config.device) == "cpu":
+            # CPU ranks of one node share its cores: oversubscribed OpenMP threads stall each step.
+            self._threads_before = torch.get_num_threads()
+            torch.set_num_threads(max(1, self._threads_before // per_node))
+        self._workers = WorkerSet.spawn(config, range(1, per_node), addr, port)
         self._workers.watch(timeout, lambda: self._steps)
         # Runs before multiprocessing's exit hook terminates daemon children, so that the
         # watchdog does not take a clean shutdown for a dead rank.
@@ -167,6 +173,9 @@ class TensorParallel:
                 pass
             self._workers.join_all()
             self._workers = None
+        if self._threads_before is not None:
+            torch.set_num_threads(self._threads_before)
+            self._threads_before = None
         if self.group is not None and dist.is_initialized():
             dist.destroy_process_group()
             self.group = self.meta_group = None
