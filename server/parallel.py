@@ -157,7 +157,9 @@ class TensorParallel:
         # Runs before multiprocessing's exit hook terminates daemon children, so that the
         # watchdog does not take a clean shutdown for a dead rank.
         self._finalizer = multiprocessing.util.Finalize(self, self._stop, exitpriority=10)
-        self.connect(config, addr, port, timeout)
+        # The collectives' own timeout is the backstop for ranks on other nodes; the watchdog,
+        # which can name the rank, fires first for this node's.
+        self.connect(config, addr, port, 2 * timeout)
 
     def stop(self) -> None:
         """Rank 0: tell the workers to exit, wait for them (kill stragglers), leave the group. Once."""
@@ -334,7 +336,7 @@ def _worker_main(config: EngineConfig, rank: int, local_rank: int, addr: str, po
         from server.model.runner import ModelRunner
 
         tp = TensorParallel(rank, config.parallel.tensor_parallel_size, local_rank)
-        tp.connect(config, addr, port, step_timeout_s())
+        tp.connect(config, addr, port, 2 * step_timeout_s())
         ModelRunner(config, tp).serve()
         dist.destroy_process_group()
     except BaseException:
