@@ -72,7 +72,7 @@ def indexer_logits_ragged_torch(q_fp8, weights, keys, key_dtype, k_start, k_end)
 # ---------------------------------------------------------------- Triton kernel
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["block_size"])
 def _indexer_logits_kernel(
     q_ptr, w_ptr, key_ptr, key_words_ptr, out_ptr,
     block_table_ptr, seq_ids_ptr, start_ptr, end_ptr,
@@ -88,11 +88,13 @@ def _indexer_logits_kernel(
         visible = cols < end
         seq = tl.load(seq_ids_ptr + t).to(tl.int64)
         block = tl.load(block_table_ptr + seq * block_table_stride + cols // block_size, mask=visible, other=0)
-        slots = block.to(tl.int64) * block_size + cols % block_size
-    else:
+    else:  # contiguous keys: block_size is 1 and block is the column itself
         visible = (cols >= tl.load(start_ptr + t)) & (cols < end)
-        slots = cols.to(tl.int64)
-    slots = tl.where(visible, slots, 0)
+        block = cols // block_size
+    # block_size is not specialised (do_not_specialize): were it known to be a multiple of 16, the
+    # compiler would take every slot for one and load rows of ROW_BYTES (132: 4-byte aligned) with
+    # 16-byte vectors, a misaligned access on the GPU. Invisible columns are masked, never read.
+    slots = block.to(tl.int64) * block_size + cols % block_size
     row = key_ptr + slots[:, None] * ROW_BYTES
 
     heads = tl.arange(0, BLOCK_H)

@@ -113,7 +113,6 @@ def _sparse_mla_kernel(
     D_C: tl.constexpr, D_R: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
     FP8: tl.constexpr, SPLIT: tl.constexpr, DOT_DTYPE: tl.constexpr,
 ):
-    """Heads-major form: scores [BLOCK_H, BLOCK_N], accumulator [BLOCK_H, D_C]."""
     t = tl.program_id(0).to(tl.int64)
     heads = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     head_ok = heads < n_heads
@@ -137,44 +136,6 @@ def _sparse_mla_kernel(
         acc = acc * alpha[:, None] + tl.dot(p.to(DOT_DTYPE), k_c)
         m = m_new
     _store_result(acc, m, l, o_ptr, lse_ptr, t, heads, n_heads, D_C, SPLIT)
-
-
-@triton.jit
-def _sparse_mla_kernel_keys_major(
-    q_ptr, kv_ptr, kv_bytes_ptr, kv_words_ptr, idx_ptr, o_ptr, lse_ptr,
-    sm_scale_log2, n_idx, n_heads,
-    KV_STRIDE: tl.constexpr, ROW_BYTES: tl.constexpr, ROPE_OFFSET: tl.constexpr,
-    D_C: tl.constexpr, D_R: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
-    FP8: tl.constexpr, SPLIT: tl.constexpr, DOT_DTYPE: tl.constexpr,
-):
-    """Keys-major form: scores [BLOCK_N, BLOCK_H], accumulator [D_C, BLOCK_H].
-
-    The query is the second operand of both score dots, so it stays in shared memory instead of
-    registers; with 64 heads the heads-major form runs out of registers and spills.
-    """
-    t = tl.program_id(0).to(tl.int64)
-    heads = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
-    head_ok = heads < n_heads
-    q_col = q_ptr + (t * n_heads + heads[None, :]) * (D_C + D_R)
-    q_c = tl.load(q_col + tl.arange(0, D_C)[:, None], mask=head_ok[None, :], other=0.0).to(DOT_DTYPE)  # [D_C, BLOCK_H]
-    q_r = tl.load(q_col + D_C + tl.arange(0, D_R)[:, None], mask=head_ok[None, :], other=0.0).to(DOT_DTYPE)
-    lo, hi = _split_range(n_idx, BLOCK_N)
-
-    m = tl.full((BLOCK_H,), -1e30, tl.float32)
-    l = tl.zeros((BLOCK_H,), tl.float32)
-    acc = tl.zeros((D_C, BLOCK_H), tl.float32)
-    for start in range(lo, hi, BLOCK_N):
-        k_c, k_r, valid = _gather_rows(kv_ptr, kv_bytes_ptr, kv_words_ptr, idx_ptr, t, n_idx, start, hi,
-                                       KV_STRIDE, ROW_BYTES, ROPE_OFFSET, D_C, D_R, BLOCK_N, FP8, DOT_DTYPE)
-        s = tl.dot(k_c, q_c) + tl.dot(k_r, q_r)  # [BLOCK_N, BLOCK_H]
-        s = tl.where(valid[:, None], s * sm_scale_log2, -1e30)
-        m_new = tl.maximum(m, tl.max(s, axis=0))
-        alpha = tl.exp2(m - m_new)
-        p = tl.where(valid[:, None], tl.exp2(s - m_new[None, :]), 0.0)
-        l = l * alpha + tl.sum(p, axis=0)
-        acc = acc * alpha[None, :] + tl.dot(tl.trans(k_c), p.to(DOT_DTYPE))
-        m = m_new
-    _store_result(tl.trans(acc), m, l, o_ptr, lse_ptr, t, heads, n_heads, D_C, SPLIT)
 
 
 @triton.jit
@@ -204,20 +165,19 @@ class SparseMlaConfig:
     block_n: int
     num_warps: int
     num_stages: int
-    keys_major: bool = False  # the form that keeps the query in shared memory (see its kernel)
 
 
 def default_config(n_heads: int, kv_dtype: str, device: torch.device) -> SparseMlaConfig:
     """Interpreter: the smallest legal tiles. GPU: wide head blocks when there are many heads."""
     if device.type == "cpu":
         return SparseMlaConfig(16, 16, 4, 1)
-    if n_heads >= 64:
-        return SparseMlaConfig(64, 32, 8, 2)
-    return SparseMlaConfig(16, 64, 4, 2)
+    if n_heads >= 64:  # measured best on an H200 at B 64, K 2048 (benchmarks/kernels_notes.md)
+        return SparseMlaConfig(64, 64, 8, 2)
+    return SparseMlaConfig(16, 32, 4, 2)
 
 
 def auto_num_splits(programs: int, n_idx: int, block_n: int, device: torch.device) -> int:
-    """Split the index list when the programs would leave SMs idle, up to about two programs per SM.
+    """Split the index list when the programs would leave SMs idle, up to about four programs per SM.
 
     A nearly full single wave is not split: the partial outputs cost d_c fp32 per head and split
     in extra traffic, which at many heads outweighs the few idle SMs.
@@ -227,7 +187,7 @@ def auto_num_splits(programs: int, n_idx: int, block_n: int, device: torch.devic
     sms = torch.cuda.get_device_properties(device).multi_processor_count
     if programs >= 0.75 * sms:
         return 1
-    return max(1, min(math.ceil(2 * sms / programs), triton.cdiv(n_idx, block_n), 32))
+    return max(1, min(math.ceil(4 * sms / programs), triton.cdiv(n_idx, block_n), 32))
 
 
 def sparse_mla_triton(q, kv_cache, indices, scale, d_c, kv_dtype, num_splits=None, config=None):
@@ -253,8 +213,7 @@ def sparse_mla_triton(q, kv_cache, indices, scale, d_c, kv_dtype, num_splits=Non
         dst_o, dst_lse = part_o, part_lse
     else:
         dst_o, dst_lse = out, lse
-    kernel = _sparse_mla_kernel_keys_major if cfg.keys_major else _sparse_mla_kernel
-    kernel[(t, head_blocks, splits)](
+    _sparse_mla_kernel[(t, head_blocks, splits)](
         q, kv, kv_bytes, kv_words, indices, dst_o, dst_lse,
         scale * LOG2E.value, n_idx, h,
         KV_STRIDE=kv.shape[1], ROW_BYTES=kv_cache.shape[1] * kv_cache.element_size(), ROPE_OFFSET=rope_offset,

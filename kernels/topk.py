@@ -1,9 +1,10 @@
 """Exact per-row top-k column indices with per-row lengths, and their mapping to cache slots.
 
-Triton path: one program per row runs a radix select on order-preserving 32-bit keys (four
-passes of 8-bit digit histograms narrow the k-th largest key down to one value), then one emit
-pass writes every column above that threshold plus just enough columns equal to it. Rows no
-longer than k skip the select and emit 0..len-1 then -1.
+Triton path: a radix select on order-preserving 32-bit keys, spread over (rows x chunks of
+columns) so that a few long rows still fill the GPU. Four launches add 8-bit digit histograms
+(keys matching the digits chosen so far) into a per-row table, which narrows the k-th largest key
+down to one value; a fifth launch writes every column above it plus just enough columns equal to
+it. Rows no longer than k emit 0..len-1 then -1.
 """
 
 from __future__ import annotations
@@ -48,76 +49,110 @@ def _ordered_key(x):
     return bits ^ flip
 
 
+RADIX_LEVELS = tl.constexpr(4)  # 8-bit digits of a 32-bit key, most significant first
+
+
 @triton.jit
-def _topk_kernel(logits_ptr, lengths_ptr, out_ptr, n_cols, k, BLOCK: tl.constexpr, OUT_BLOCK: tl.constexpr):
+def _replay_prefix(hist_ptr, row, level, k):
+    """Redo the digit choices of the levels before `level` from the row's stored histograms.
+
+    Returns (prefix, prefix_mask, remaining): the top digits of the k-th largest key, which bits
+    they cover, and how many of the keys matching them still belong to the top k.
+    """
+    bins = tl.arange(0, 256)
+    prefix = tl.full((), 0, tl.uint32)
+    prefix_mask = tl.full((), 0, tl.uint32)
+    remaining = k
+    for lv in range(0, level):
+        hist = tl.load(hist_ptr + (row * RADIX_LEVELS + lv) * 256 + bins)
+        # at_or_above[b]: matching keys whose digit is >= b; the k-th largest has the highest
+        # digit whose at_or_above still reaches `remaining`
+        at_or_above = tl.sum(hist, axis=0) - tl.cumsum(hist, axis=0) + hist
+        digit = tl.max(tl.where(at_or_above >= remaining, bins, -1), axis=0)
+        remaining -= tl.sum(tl.where(bins > digit, hist, 0), axis=0)
+        shift = (tl.zeros((), tl.int32) + 24 - 8 * lv).to(tl.uint32)  # lv may be a plain int (interpreter)
+        prefix = prefix | (digit.to(tl.uint32) << shift)
+        prefix_mask = prefix_mask | (tl.full((), 0xFF, tl.uint32) << shift)
+    return prefix, prefix_mask, remaining
+
+
+@triton.jit(do_not_specialize=["level"])
+def _radix_pass_kernel(
+    logits_ptr, lengths_ptr, out_ptr, hist_ptr, count_ptr, n_cols, k, level,
+    CHUNK: tl.constexpr, BLOCK: tl.constexpr,
+):
+    """One pass of the radix select over a chunk of one row (grid: rows x chunks).
+
+    Levels 0-3 add the histogram of that level's digit, over the keys that match the prefix
+    chosen so far, into hist[row, level]. Level 4 emits: every column whose key is above the
+    k-th largest, and just enough columns equal to it; per-row atomic counters give positions.
+    """
     row = tl.program_id(0)
+    chunk = tl.program_id(1)
     length = tl.minimum(tl.load(lengths_ptr + row), n_cols)
     row_ptr = logits_ptr + row.to(tl.int64) * n_cols
     out_row = out_ptr + row.to(tl.int64) * k
-    if length <= k:
-        for start in range(0, k, OUT_BLOCK):
-            slot = start + tl.arange(0, OUT_BLOCK)
-            tl.store(out_row + slot, tl.where(slot < length, slot, -1), mask=slot < k)
+    lo = chunk * CHUNK
+    hi = tl.minimum(lo + CHUNK, length)
+    if length <= k:  # short row: 0..len-1 then -1, written once in the emit pass
+        if (level == RADIX_LEVELS) & (chunk == 0):
+            for start in range(0, k, BLOCK):
+                slot = start + tl.arange(0, BLOCK)
+                tl.store(out_row + slot, tl.where(slot < length, slot, -1), mask=slot < k)
     else:
-        bins = tl.arange(0, 256)
-        first_half = tl.arange(0, 2)[:, None] == 0
-        prefix = tl.full((), 0, tl.uint32)
-        prefix_mask = tl.full((), 0, tl.uint32)
-        remaining = k  # how many of the columns matching the prefix still belong to the top k
-        for level in tl.static_range(4):
+        prefix, prefix_mask, remaining = _replay_prefix(hist_ptr, row, level, k)
+        if level < RADIX_LEVELS:
+            shift = (tl.zeros((), tl.int32) + 24 - 8 * level).to(tl.uint32)
+            first_half = tl.arange(0, 2)[:, None] == 0
             hist = tl.zeros((256,), tl.int32)
-            for start in range(0, length, BLOCK):
+            for start in range(lo, hi, BLOCK):
                 col = start + tl.arange(0, BLOCK)
-                key = _ordered_key(tl.load(row_ptr + col, mask=col < length, other=0.0))
-                match = (col < length) & ((key & prefix_mask) == prefix)
-                # columns off the prefix go to bin 256, in the half of the histogram that is dropped
-                digit = tl.where(match, ((key >> (24 - 8 * level)) & 0xFF).to(tl.int32), 256)
+                key = _ordered_key(tl.load(row_ptr + col, mask=col < hi, other=0.0))
+                match = (col < hi) & ((key & prefix_mask) == prefix)
+                # keys off the prefix go to bin 256, in the half of the histogram that is dropped
+                digit = tl.where(match, ((key >> shift) & 0xFF).to(tl.int32), 256)
                 hist += tl.sum(tl.where(first_half, tl.reshape(tl.histogram(digit, 512), (2, 256)), 0), axis=0)
-            # at_or_above[b]: matching columns whose digit is >= b; the k-th largest has the
-            # highest digit whose at_or_above still reaches `remaining`
-            at_or_above = tl.sum(hist, axis=0) - tl.cumsum(hist, axis=0) + hist
-            digit_star = tl.max(tl.where(at_or_above >= remaining, bins, -1), axis=0)
-            remaining -= tl.sum(tl.where(bins > digit_star, hist, 0), axis=0)
-            prefix = prefix | (digit_star.to(tl.uint32) << (24 - 8 * level))
-            prefix_mask = prefix_mask | (tl.full((), 0xFF, tl.uint32) << (24 - 8 * level))
-        # prefix is now the k-th largest key: emit all keys above it, then `remaining` equal ones
-        n_above = k - remaining
-        written_above = 0
-        written_equal = 0
-        for start in range(0, length, BLOCK):
-            col = start + tl.arange(0, BLOCK)
-            key = _ordered_key(tl.load(row_ptr + col, mask=col < length, other=0.0))
-            valid = col < length
-            is_above = valid & (key > prefix)
-            is_equal = valid & (key == prefix)
-            pos_above = written_above + tl.cumsum(is_above.to(tl.int32), axis=0) - 1
-            pos_equal = written_equal + tl.cumsum(is_equal.to(tl.int32), axis=0) - 1
-            tl.store(out_row + pos_above, col, mask=is_above)
-            tl.store(out_row + n_above + pos_equal, col, mask=is_equal & (pos_equal < remaining))
-            written_above += tl.sum(is_above.to(tl.int32), axis=0)
-            written_equal += tl.sum(is_equal.to(tl.int32), axis=0)
+            tl.atomic_add(hist_ptr + (row * RADIX_LEVELS + level) * 256 + tl.arange(0, 256), hist)
+        else:  # prefix is now the k-th largest key
+            n_above = k - remaining
+            for start in range(lo, hi, BLOCK):
+                col = start + tl.arange(0, BLOCK)
+                key = _ordered_key(tl.load(row_ptr + col, mask=col < hi, other=0.0))
+                is_above = (col < hi) & (key > prefix)
+                is_equal = (col < hi) & (key == prefix)
+                base_above = tl.atomic_add(count_ptr + row * 2, tl.sum(is_above.to(tl.int32), axis=0))
+                base_equal = tl.atomic_add(count_ptr + row * 2 + 1, tl.sum(is_equal.to(tl.int32), axis=0))
+                pos_above = base_above + tl.cumsum(is_above.to(tl.int32), axis=0) - 1
+                pos_equal = base_equal + tl.cumsum(is_equal.to(tl.int32), axis=0) - 1
+                tl.store(out_row + pos_above, col, mask=is_above)
+                tl.store(out_row + n_above + pos_equal, col, mask=is_equal & (pos_equal < remaining))
 
 
 @dataclass(frozen=True)
 class TopkConfig:
-    """Columns per loop step and warps of the radix-select kernel."""
+    """Columns per program (chunk), columns per loop step (block) and warps of the radix passes."""
 
+    chunk: int
     block: int
     num_warps: int
 
 
 def default_config(device: torch.device) -> TopkConfig:
-    return TopkConfig(4096, 8) if device.type == "cuda" else TopkConfig(64, 4)
+    return TopkConfig(4096, 1024, 4) if device.type == "cuda" else TopkConfig(64, 32, 4)
 
 
 def topk_triton(logits: torch.Tensor, lengths: torch.Tensor, k: int, config: TopkConfig | None = None) -> torch.Tensor:
-    """Launch the radix-select kernel, one program per row."""
+    """Five launches over (rows x chunks): four histogram levels, then the emit pass."""
     t, n = logits.shape
     out = new_output((t, k), torch.int32, logits.device)
     if t == 0:
         return out
     cfg = config or default_config(logits.device)
-    _topk_kernel[(t,)](logits, lengths, out, n, k, BLOCK=cfg.block, OUT_BLOCK=min(cfg.block, 1024), num_warps=cfg.num_warps)
+    hist = torch.zeros(t, RADIX_LEVELS.value, 256, dtype=torch.int32, device=logits.device)
+    counts = torch.zeros(t, 2, dtype=torch.int32, device=logits.device)
+    grid = (t, max(1, triton.cdiv(n, cfg.chunk)))
+    for level in range(RADIX_LEVELS.value + 1):
+        _radix_pass_kernel[grid](logits, lengths, out, hist, counts, n, k, level, CHUNK=cfg.chunk, BLOCK=cfg.block, num_warps=cfg.num_warps)
     return out
 
 

@@ -7,7 +7,6 @@ import torch
 
 from kernels import read_kv_rows, sparse_mla, write_kv_cache
 from kernels.quant import kv_row_width
-from kernels.sparse_mla import SparseMlaConfig, sparse_mla_triton
 from tests.kernels.checks import assert_mla_match
 
 D_C, D_R = 128, 32
@@ -109,16 +108,3 @@ def test_errors(gen):
     with pytest.raises(ValueError, match="unknown kernel backend"):
         sparse_mla(q, cache, idx, SCALE, D_C, "bf16", backend="cuda")
 
-
-@pytest.mark.parametrize("kv_dtype", ["bf16", "fp8_ds_mla"])
-@pytest.mark.parametrize("num_splits", [1, 3])
-def test_keys_major_form_matches(gen, kv_dtype, num_splits):
-    """The keys-major kernel (query kept in shared memory) computes the same function."""
-    cache = make_cache(gen, 150, kv_dtype)
-    q = torch.randn(3, 20, D_C + D_R, generator=gen).bfloat16()
-    idx = make_indices(gen, 3, 48, 150, [48, 20, 0])
-    cfg = SparseMlaConfig(block_h=16, block_n=16, num_warps=4, num_stages=1, keys_major=True)
-    out, lse = sparse_mla_triton(q, cache, idx, SCALE, D_C, kv_dtype, num_splits, cfg)
-    assert_mla_match(out, lse, *sparse_mla(q, cache, idx, SCALE, D_C, kv_dtype, backend="torch"))
-    out64, lse64 = independent(q, cache, idx, D_C, kv_dtype)
-    assert_mla_match(out, lse, out64.to(torch.bfloat16), lse64.float())
