@@ -172,6 +172,11 @@ def evaluate(sample: LevelSample, metrics: Sequence[MetricDef], counts: np.ndarr
     return out
 
 
+def point_values(sample: LevelSample, metrics: Sequence[MetricDef]) -> np.ndarray:
+    """The metrics of the sample itself (every request once), shape (len(metrics),)."""
+    return evaluate(sample, metrics, np.ones((1, sample.requests), np.int32))[:, 0]
+
+
 class RankedWeights:
     """Values in ascending order with per-row weights (B, n), ready for nearest-rank percentiles.
 
@@ -257,7 +262,7 @@ def repeat_bootstrap(base: Sequence[LevelSample], new: Sequence[LevelSample], me
     """Resample whole runs on each side; a side's value is the mean over its (resampled) repeats."""
     sides = []
     for runs in (base, new):
-        values = np.concatenate([evaluate(run, metrics, np.ones((1, run.requests), np.int64)) for run in runs], axis=1)
+        values = np.stack([point_values(run, metrics) for run in runs], axis=1)
         picks = rng.integers(0, len(runs), size=(resamples, len(runs)))
         sides.append(values[:, picks].mean(axis=2))
     return Resampled(sides[0], sides[1], "repeats", f"{len(base)} vs {len(new)} repeats")
@@ -342,13 +347,10 @@ def compare_runs(base: Sequence[tuple[str, dict[str, Any]]], new: Sequence[tuple
 def _compare_level(label: str, base: list[LevelSample], new: list[LevelSample], metrics: Sequence[MetricDef],
                    resamples: int, rng: np.random.Generator, min_effect_pct: float) -> LevelComparison:
     if len(base) == 1 and len(new) == 1:
-        point_base = evaluate(base[0], metrics, np.ones((1, base[0].requests), np.int64))[:, 0]
-        point_new = evaluate(new[0], metrics, np.ones((1, new[0].requests), np.int64))[:, 0]
+        point_base, point_new = point_values(base[0], metrics), point_values(new[0], metrics)
         boot = session_bootstrap(base[0], new[0], metrics, resamples, rng)
     elif len(base) >= 2 and len(new) >= 2:
-        point_base, point_new = (
-            np.mean([evaluate(r, metrics, np.ones((1, r.requests), np.int64))[:, 0] for r in runs], axis=0)
-            for runs in (base, new))
+        point_base, point_new = (np.mean([point_values(r, metrics) for r in runs], axis=0) for runs in (base, new))
         boot = repeat_bootstrap(base, new, metrics, resamples, rng)
     else:
         raise CompareError(f"level {label!r}: base has {len(base)} run(s) and new has {len(new)}; a comparison "

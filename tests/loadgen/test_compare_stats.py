@@ -14,8 +14,8 @@ from loadgen.compare import (
     RankedWeights,
     cluster_counts,
     compare_runs,
-    evaluate,
     play_keys,
+    point_values,
     session_bootstrap,
     verdict,
 )
@@ -56,7 +56,7 @@ def test_cluster_counts_draw_each_row_with_replacement():
 
 def test_metric_values_and_units():
     sample = _sample([1000.0 * i for i in range(1, 11)], [f"s{i}#0" for i in range(10)])
-    values = dict(zip((m.name for m in METRICS), evaluate(sample, METRICS, np.ones((1, 10), np.int64))[:, 0]))
+    values = dict(zip((m.name for m in METRICS), point_values(sample, METRICS)))
     assert values["ttft_p50"] == 5.0  # ms, nearest rank of 1..10 ms
     assert values["ttft_p90"] == 9.0
     assert values["tpot_p50"] == 1.0 and values["interactivity_p50"] == 1000.0  # 1 / 1 ms
