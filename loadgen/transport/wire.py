@@ -303,7 +303,7 @@ class _SocketTransport:
         self._conn.connection_lost(exc)
 
 
-READ_SIZE = 1 << 18
+READ_SIZE = 1 << 16  # larger buffers cost more per read (allocation) than they save
 _SO_TIMESTAMPNS = 35  # Linux, all architectures Python runs on; not exported by the socket module
 _ANCILLARY_SIZE = socket.CMSG_SPACE(16) if hasattr(socket, "CMSG_SPACE") else 0
 
