@@ -13,7 +13,8 @@ What is split and what is replicated (Megatron-style):
   heads (wq, weights_proj rows; the logits are a sum over heads, so the partial logits are
   all-reduced before top-k: T x context fp32 per layer, the price of splitting its compute);
 - the MLP (gate/up column-parallel, down row-parallel + all-reduce) and the LM head (vocabulary
-  slices gathered to rank 0);
+  slices gathered to rank 0; rank 0 also keeps the whole head for the speculative draft head,
+  which runs on rank 0 alone on the replicated hidden states);
 - replicated: the embedding (a lookup costs nothing, and replicating it saves an all-reduce per
   step), the latent projections and norms, and both caches: the latent KV row [c ; k_pe] and the
   indexer key are one per token shared by every head (MQA), so each rank holds all of them and

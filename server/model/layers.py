@@ -97,10 +97,11 @@ class SwiGLU(nn.Module):
         return self.w_down(F.silu(self.w_gate(x)) * self.w_up(x))
 
 
-def init_linear(layer: nn.Linear, generator: torch.Generator, gain: float = 1.0) -> None:
+def init_linear(layer: nn.Linear, generator: torch.Generator, gain: float = 1.0) -> torch.Tensor:
     """Normal init with std gain / sqrt(fan_in), so each projection keeps activations near unit scale.
     Every rank draws the full weight from the same generator state and keeps its slice, so a
-    sharded model holds exactly the unsharded model's numbers."""
+    sharded model holds exactly the unsharded model's numbers. Returns the full weight."""
     full = torch.empty(full_shape(layer), device=layer.weight.device)
     full.normal_(0.0, gain / math.sqrt(full.shape[1]), generator=generator)
     copy_shard(layer, full)
+    return full

@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 
 import torch
+import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 from torch import nn
 
@@ -40,6 +41,9 @@ class SparseMLAModel(nn.Module):
         self.layers = nn.ModuleList(DecoderLayer(config, self.tp) for _ in range(config.num_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.lm_head = ColumnParallelLinear(config.hidden_size, config.vocab_size, self.tp)
+        # Rank 0 of a group also keeps the whole LM head: the speculative draft head runs on
+        # rank 0 alone and needs full logits without the other ranks (see `logits`).
+        self.register_buffer("lm_head_full", None, persistent=False)
         self.rotary: Rotary | None = None  # built by `build_model` on the final device
 
     def forward(self, input_ids: torch.Tensor, meta: AttentionMetadata, kv_caches: list[torch.Tensor],
@@ -51,9 +55,23 @@ class SparseMLAModel(nn.Module):
             x = x + layer.mlp(layer.mlp_norm(x))
         return self.norm(x)
 
-    def logits(self, hidden: torch.Tensor) -> torch.Tensor | None:
-        """fp32 [N, vocab] on rank 0 (the vocabulary slices of every rank); None on other ranks."""
+    def parallel_logits(self, hidden: torch.Tensor) -> torch.Tensor | None:
+        """Every rank at once: fp32 [N, vocab] on rank 0 (each rank's vocabulary slice, gathered);
+        None on the other ranks. The forward pass's path."""
         return self.tp.gather_last_dim(self.lm_head(hidden).float())
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """fp32 [N, vocab] computed by this rank alone, no collective: rank 0's path for work the
+        other ranks do not join (the speculative draft head)."""
+        if self.tp.world_size == 1:
+            return self.lm_head(hidden).float()
+        if self.lm_head_full is None:
+            raise RuntimeError(f"logits: rank {self.tp.rank} holds only its slice of the LM head; use parallel_logits")
+        return F.linear(hidden, self.lm_head_full).float()
+
+    def _keep_full_head(self, full: torch.Tensor) -> None:
+        if self.tp.world_size > 1 and self.tp.rank == 0:
+            self.lm_head_full = full.to(self.lm_head.weight.device)
 
     @torch.no_grad()
     def init_random(self, seed: int) -> None:
@@ -65,7 +83,9 @@ class SparseMLAModel(nn.Module):
         for name, module in self.named_modules():
             if isinstance(module, nn.Linear):
                 out_proj = name.endswith(("attn.wo", "mlp.w_down"))
-                init_linear(module, g, residual_gain if out_proj else 1.0)
+                full = init_linear(module, g, residual_gain if out_proj else 1.0)
+                if module is self.lm_head:
+                    self._keep_full_head(full)
             elif isinstance(module, nn.Embedding):
                 module.weight.normal_(0.0, 1.0, generator=g)
             elif isinstance(module, (RMSNorm, nn.LayerNorm)):
@@ -119,5 +139,7 @@ def load_weights(model: SparseMLAModel, path: str) -> None:
                              f"the model needs {shape}")
         if layer is not None:
             copy_shard(layer, tensors[name])
+            if layer is model.lm_head:
+                model._keep_full_head(tensors[name])
         else:
             target.copy_(tensors[name])

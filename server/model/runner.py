@@ -155,7 +155,7 @@ class ModelRunner:
     def _forward(self, inputs: StepInputs) -> tuple[torch.Tensor | None, torch.Tensor]:
         input_ids, meta, wanted = self._on_device(inputs)
         hidden = self.model(input_ids, meta, self.cache.kv, self.cache.indexer, self.settings)[wanted]
-        return self.model.logits(hidden), hidden
+        return self.model.parallel_logits(hidden), hidden
 
     def _wait_for_device(self) -> None:
         """Under TP a step counts as done (for the hang watchdog) only when the device is done."""
