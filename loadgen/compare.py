@@ -19,11 +19,14 @@ percentile range of the delta over bootstrap resamples:
   replay of it, with its subagents; all its requests move together). Plays match across runs
   by session id and order ("the 2nd play of session X in this level"). When at least half of
   all plays seen match (same traces and seed), the resample is paired: one draw of plays
-  applies to both sides, so what the sessions themselves contribute cancels out in the delta.
-  Otherwise each side is resampled on its own.
+  applies to both sides, so what the sessions themselves contribute cancels out in the delta
+  (a play only one run measured - the slower run finishes fewer in its window - counts on that
+  side only). Otherwise each side is resampled on its own.
 - repeats (>= 2 runs of the level on each side): each side's value is the mean over its repeats;
   repeats are resampled with replacement on each side. Few repeats give a coarse interval; five
   or more are better.
+
+A p99 over a few hundred requests is one of its largest few values: its interval is rough.
 
 Verdict. "within noise" when the interval includes 0 (or |delta| is below `min_effect_pct`);
 otherwise "better" or "worse" by the metric's direction: lower is better for latencies, higher
@@ -42,7 +45,6 @@ import numpy as np
 CONFIDENCE = 0.95
 PAIRED_MIN_OVERLAP = 0.5
 CHUNK = 128  # resamples per block: bounds memory to CHUNK x requests weights per column
-VERDICTS = ("better", "worse", "within noise", "n/a")
 
 
 class CompareError(ValueError):
