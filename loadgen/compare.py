@@ -37,7 +37,7 @@ not drift of the machine between two runs; repeats measure that.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Sequence
 
 import numpy as np
@@ -310,7 +310,6 @@ class Comparison:
     resamples: int
     seed: int
     min_effect_pct: float
-    metrics: tuple[MetricDef, ...] = field(default=METRICS)
 
 
 def group_levels(runs: Sequence[tuple[str, dict[str, Any]]]) -> dict[str, list[LevelSample]]:
@@ -342,7 +341,7 @@ def compare_runs(base: Sequence[tuple[str, dict[str, Any]]], new: Sequence[tuple
         levels=tuple(levels),
         only_base=tuple(label for label in base_groups if label not in new_groups),
         only_new=tuple(label for label in new_groups if label not in base_groups),
-        resamples=resamples, seed=seed, min_effect_pct=min_effect_pct, metrics=tuple(metrics),
+        resamples=resamples, seed=seed, min_effect_pct=min_effect_pct,
     )
 
 
