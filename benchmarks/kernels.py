@@ -272,13 +272,15 @@ def main(argv: list[str] | None = None) -> int:
           f"(fractions below use the issue's {COPY_TBPS} TB/s and {MATMUL_TFLOPS:.0f} TFLOP/s)", flush=True)
     torch.manual_seed(0)
     rows: list[Row] = []
-    if "mla" in parts:
-        sparse_mla_cases(rows, 4096 if SMOKE else args.kv_slots, 2 if SMOKE else 64)
-    if "indexer" in parts:
-        indexer_cases(rows, *((2, 512) if SMOKE else (64, 65536)))
-    if "topk" in parts:
-        topk_cases(rows, *((2, 4096) if SMOKE else (64, 65536)))
-    print_table(rows)
+    try:  # the table of whatever was measured prints even if a later part fails
+        if "mla" in parts:
+            sparse_mla_cases(rows, 4096 if SMOKE else args.kv_slots, 2 if SMOKE else 64)
+        if "topk" in parts:
+            topk_cases(rows, *((2, 4096) if SMOKE else (64, 65536)))
+        if "indexer" in parts:
+            indexer_cases(rows, *((2, 512) if SMOKE else (64, 65536)))
+    finally:
+        print_table(rows)
     return 0
 
 
