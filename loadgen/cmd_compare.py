@@ -16,7 +16,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "compare",
         help="compare two runs level by level with bootstrap confidence intervals",
         description="Compare BASE and NEW results (agentload.result/1) level by level: for each "
-        "metric both values, delta %% = (NEW - BASE) / BASE, its 95 %% confidence interval by "
+        "metric both values, delta % = (NEW - BASE) / BASE, its 95 % confidence interval by "
         "bootstrap over session plays (paired when both runs replayed the same plays) or over "
         "repeats, and a verdict: better, worse, or within noise (the interval includes 0).",
         epilog="A side is one results file or folder holding result.json, or several joined by "
