@@ -139,8 +139,8 @@ class _SseStream:
         self.detail: str | None = None
 
     def line(self, line: bytes, now: int) -> None:
-        if not line.startswith(b"data:") or self.error is not None:
-            return  # blank separators, comments, event names
+        if line[:5] != b"data:" or self.error is not None:
+            return  # comments, event names; blank separators never get here
         payload = line[5:].strip()
         if payload == b"[DONE]":
             self.done = True
@@ -150,15 +150,15 @@ class _SseStream:
         except orjson.JSONDecodeError:
             self.error, self.detail = ERROR_PROTOCOL, f"bad SSE data: {payload[:200]!r}"
             return
-        if "error" in event:
-            self.error, self.detail = ERROR_PROTOCOL, str(event["error"])[:300]
-            return
         choices = event.get("choices")
         if choices:
             tokens = _content_tokens(choices[0], self.chat)
             if tokens:
                 self.ex.chunk_ns.append(now)
                 self.ex.chunk_tokens.append(tokens)
+        elif "error" in event:
+            self.error, self.detail = ERROR_PROTOCOL, str(event["error"])[:300]
+            return
         usage = event.get("usage")
         if usage:
             _take_usage(self.ex, usage)

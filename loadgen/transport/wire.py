@@ -286,8 +286,12 @@ class _SocketTransport:
         if not data:
             self._lost(None)
             return
-        kernel_ns = _timestamp_ns(ancillary) if ancillary else 0
-        self._conn.feed(data, _REALTIME.to_perf_counter(kernel_ns) if kernel_ns else time.perf_counter_ns())
+        if ancillary and ancillary[0][1] == _SO_TIMESTAMPNS:  # the only message asked for
+            seconds, nanoseconds = _TIMESPEC.unpack_from(ancillary[0][2])
+            now = _REALTIME.to_perf_counter(seconds * 1_000_000_000 + nanoseconds)
+        else:
+            now = time.perf_counter_ns()
+        self._conn.feed(data, now)
 
     def close(self) -> None:
         self._lost(None)
@@ -305,7 +309,8 @@ class _SocketTransport:
 
 READ_SIZE = 1 << 16  # larger buffers cost more per read (allocation) than they save
 _SO_TIMESTAMPNS = 35  # Linux, all architectures Python runs on; not exported by the socket module
-_ANCILLARY_SIZE = socket.CMSG_SPACE(16) if hasattr(socket, "CMSG_SPACE") else 0
+_TIMESPEC = struct.Struct("qq")  # struct timespec on 64-bit Linux
+_ANCILLARY_SIZE = socket.CMSG_SPACE(_TIMESPEC.size) if hasattr(socket, "CMSG_SPACE") else 0
 
 
 class _RealtimeToPerfCounter:
@@ -334,14 +339,6 @@ def _enable_rx_timestamps(sock: socket.socket) -> None:
             sock.setsockopt(socket.SOL_SOCKET, _SO_TIMESTAMPNS, 1)
         except OSError:
             pass  # reads then carry no stamp and take the read time
-
-
-def _timestamp_ns(ancillary: list) -> int:
-    for level, kind, data in ancillary:
-        if level == socket.SOL_SOCKET and kind == _SO_TIMESTAMPNS and len(data) >= 16:
-            seconds, nanoseconds = struct.unpack_from("qq", data)
-            return seconds * 1_000_000_000 + nanoseconds
-    return 0
 
 
 class HttpClient:
