@@ -60,6 +60,14 @@ def test_terminal_table_has_every_level_and_the_sweep_summary(runs, capsys):
     assert marks[("slow", "conc", "1")] is None and marks[("slow", "conc", "3")] is None
 
 
+def test_replay_writes_every_frontier_into_the_results_file(runs):
+    pareto = json.loads(runs["fast"].read_text())["pareto"]
+    assert [p["label"] for p in pareto["points"]] == ["conc 1", "conc 3"]
+    assert 1 in pareto["tput_per_gpu_vs_e2e_interactivity"]  # the most throughput is never dominated
+    for axis in ("tput_per_gpu_vs_interactivity_p50", "tput_per_gpu_vs_e2el_p90"):
+        assert set(pareto[axis]) <= set(pareto["tput_per_gpu_vs_e2e_interactivity"])
+
+
 def test_failed_levels_are_marked_and_never_on_a_frontier(runs, capsys):
     code, out, _ = _report(capsys, runs["failed"], "--format", "table")
     assert code == 0
