@@ -34,7 +34,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="extra HTTP header (repeatable)")
     target.add_argument("--timeout", type=float, default=600.0, metavar="S",
                         help="per-request limit in seconds, also bounds the drain (default 600)")
-    target.add_argument("--gpus", type=int,
+    target.add_argument("--gpus", type=int, metavar="N",
                         help="GPUs behind the server, for throughput per GPU (default: the server's "
                         "num_gpus when it is ours, else 1)")
     load = p.add_argument_group("load")
@@ -58,7 +58,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     tr = p.add_argument_group("traces")
     tr.add_argument("--traces", default=None, metavar="NAME|PATH",
                     help="bundled set name, trace file or directory (default: agentic-coding)")
-    tr.add_argument("--trace-format", choices=("auto", "sessions", "mooncake"), default="auto")
+    tr.add_argument("--trace-format", choices=("auto", "sessions", "mooncake"), default="auto",
+                    help="agentic sessions or Mooncake JSONL (default: detected); Mooncake is replayed open loop")
     tr.add_argument("--max-context", type=int, metavar="TOKENS",
                     help="drop requests whose input + output exceed this (default: the server's "
                     "max_model_len when it reports one)")
@@ -66,9 +67,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     tr.add_argument("--think-time-scale", type=float, default=1.0, metavar="F",
                     help="multiply think times and subagent start gaps (default 1)")
     tr.add_argument("--think-time-cap", type=float, metavar="S", help="cap think times and subagent gaps (seconds)")
-    tr.add_argument("--vocab-size", type=int, help="synthesized token ids lie in [offset, offset+size) "
+    tr.add_argument("--vocab-size", type=int, metavar="N", help="synthesized token ids lie in [offset, offset+size) "
                     "(default: 256 byte ids for our server, else 30000)")
-    tr.add_argument("--vocab-offset", type=int, help="lowest synthesized token id (default: 0 for our server, else 1000)")
+    tr.add_argument("--vocab-offset", type=int, metavar="ID", help="lowest synthesized token id (default: 0 for our server, else 1000)")
     out = p.add_argument_group("output")
     out.add_argument("--out", metavar="DIR", help="results folder (default results/<UTC timestamp>/)")
     out.add_argument("--per-request", metavar="FILE.jsonl", help="also write one JSON line per request")

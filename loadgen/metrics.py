@@ -42,7 +42,7 @@ METRIC_SPECS: tuple[MetricSpec, ...] = (
     MetricSpec("itl", "us", HIGHEST_US, "gap between consecutive content chunks"),
     MetricSpec("tokens_per_chunk", "tokens", 10**7, "tokens carried by one content chunk"),
     MetricSpec("tpot", "us", HIGHEST_US, "(E2EL - TTFT) / (OSL - 1) per request"),
-    MetricSpec("interactivity", "mtok/s", 10**12, "1 / TPOT per request, milli-tokens/s/user"),
+    MetricSpec("interactivity", "mtok/s", 10**12, "1 / TPOT per request, tokens/s/user (histogram in milli-tokens/s)"),
     MetricSpec("e2el", "us", HIGHEST_US, "request sent -> last token"),
     MetricSpec("norm_e2el", "us/token", HIGHEST_US, "E2EL / OSL per request"),
     MetricSpec("queue_delay", "us", HIGHEST_US, "open loop: actual send - intended send"),

@@ -249,8 +249,11 @@ class Runner:
     async def _lane(self, level: LevelRun, lane: int) -> None:
         first = True
         while not level.stopping:
+            sent = level.lane_requests[lane]
             await self._play_tree(level, self.source.next_play(first), lane, warm_first=first)
             first = False
+            if level.lane_requests[lane] == sent:
+                await asyncio.sleep(TIMER_RESOLUTION_S)  # a play with nothing to send: never spin
 
     async def _play_tree(self, level: LevelRun, play: Play, lane: int, warm_first: bool) -> None:
         session, timing = play.session, self.config.timing
