@@ -139,8 +139,11 @@ class IndexerConfig:
     num_warps: int
 
 
-def default_config(device: torch.device) -> IndexerConfig:
-    return IndexerConfig(128, 8) if device.type == "cuda" else IndexerConfig(16, 4)
+def default_config(key_dtype: str, device: torch.device) -> IndexerConfig:
+    """Measured best on an H200 at 64 requests x 64k keys (benchmarks/kernels_notes.md)."""
+    if device.type != "cuda":
+        return IndexerConfig(16, 4)
+    return IndexerConfig(64, 4) if key_dtype == "fp8" else IndexerConfig(256, 8)
 
 
 def indexer_logits_triton(q_fp8, weights, rows, key_dtype, block_table, seq_ids, start, end, block_size, n_cols, paged, config=None):
@@ -149,7 +152,7 @@ def indexer_logits_triton(q_fp8, weights, rows, key_dtype, block_table, seq_ids,
     out = new_output((t, n_cols), torch.float32, q_fp8.device)
     if t == 0 or n_cols == 0:
         return out
-    cfg = config or default_config(q_fp8.device)
+    cfg = config or default_config(key_dtype, q_fp8.device)
     words = rows.view(torch.int32) if key_dtype == "fp8" else rows
     grid = (t, triton.cdiv(n_cols, cfg.block_n))
     _indexer_logits_kernel[grid](

@@ -173,7 +173,8 @@ def default_config(n_heads: int, kv_dtype: str, device: torch.device) -> SparseM
         return SparseMlaConfig(16, 16, 4, 1)
     if n_heads >= 64:  # measured best on an H200 at B 64, K 2048 (benchmarks/kernels_notes.md)
         return SparseMlaConfig(64, 64, 8, 2)
-    return SparseMlaConfig(16, 32, 4, 2)
+    # fp8 rows decode in registers: smaller row tiles and a deeper pipeline pay off there
+    return SparseMlaConfig(16, 64, 4, 2) if kv_dtype == "bf16" else SparseMlaConfig(16, 32, 4, 3)
 
 
 def auto_num_splits(programs: int, n_idx: int, block_n: int, device: torch.device) -> int:
@@ -187,7 +188,7 @@ def auto_num_splits(programs: int, n_idx: int, block_n: int, device: torch.devic
     sms = torch.cuda.get_device_properties(device).multi_processor_count
     if programs >= 0.75 * sms:
         return 1
-    return max(1, min(math.ceil(4 * sms / programs), triton.cdiv(n_idx, block_n), 32))
+    return max(1, min(4 * sms // programs, triton.cdiv(n_idx, block_n), 32))
 
 
 def sparse_mla_triton(q, kv_cache, indices, scale, d_c, kv_dtype, num_splits=None, config=None):
