@@ -344,7 +344,8 @@ def _enable_rx_timestamps(sock: socket.socket) -> None:
 class HttpClient:
     """Requests to one origin over a pool of keep-alive connections."""
 
-    def __init__(self, base_url: str, headers: dict[str, str], max_connections: int) -> None:
+    def __init__(self, base_url: str, headers: dict[str, str], max_connections: int,
+                 kernel_timestamps: bool = True) -> None:
         url = urlsplit(base_url)
         if url.scheme not in ("http", "https") or not url.hostname:
             raise ValueError(f"--url: expected http://HOST:PORT or https://HOST:PORT, got {base_url!r}")
@@ -352,6 +353,8 @@ class HttpClient:
         self.port = url.port or (443 if url.scheme == "https" else 80)
         self.prefix = url.path.rstrip("/")
         self._ssl = ssl.create_default_context() if url.scheme == "https" else None
+        # raw sockets with kernel receive stamps for plain http; asyncio's transports otherwise
+        self._raw_sockets = kernel_timestamps and self._ssl is None and hasattr(socket, "CMSG_SPACE")
         host_header = url.netloc.rpartition("@")[2]
         fixed = {"Host": host_header, "User-Agent": "agentload", "Accept": "*/*", **headers}
         self._fixed = "".join(f"{k}: {v}\r\n" for k, v in fixed.items())
@@ -410,7 +413,7 @@ class HttpClient:
         return conn, False
 
     async def _connect(self, loop: asyncio.AbstractEventLoop) -> _Conn:
-        if self._ssl is not None or not hasattr(socket, "CMSG_SPACE"):
+        if not self._raw_sockets:
             _, conn = await loop.create_connection(_Conn, self.host, self.port, ssl=self._ssl)
             return conn
         last: OSError = OSError(f"no address for {self.host}")

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import random
+import socket
+import threading
+import time
 
 import pytest
 
@@ -51,14 +54,15 @@ def _lines(sink_lines: list) -> list[bytes]:
     return [line for line, _ in sink_lines if line.startswith(b"data:")]
 
 
+@pytest.mark.parametrize("kernel_timestamps", [True, False], ids=["raw-socket", "asyncio-transport"])
 @pytest.mark.parametrize("split", [1, 2, 3, 7, None])
-def test_chunked_stream_split_anywhere(split):
+def test_chunked_stream_split_anywhere(split, kernel_timestamps):
     async def main():
         rng = random.Random(split)
         sizes = [rng.randint(1, 40) for _ in range(100)]
         response = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n" + _chunked(SSE, sizes)
         server, port, seen = await _serve([response, response], split)
-        client = HttpClient(f"http://127.0.0.1:{port}", {"X-A": "b"}, 4)
+        client = HttpClient(f"http://127.0.0.1:{port}", {"X-A": "b"}, 4, kernel_timestamps)
         for _ in range(2):  # the second request reuses the kept-alive connection
             got: list = []
             resp = await client.request("POST", "/v1/completions", b"{}", sink=lambda l, t: got.append((l, t)),
@@ -75,12 +79,13 @@ def test_chunked_stream_split_anywhere(split):
     asyncio.run(main())
 
 
-def test_content_length_and_until_close_bodies_and_error_status():
+@pytest.mark.parametrize("kernel_timestamps", [True, False], ids=["raw-socket", "asyncio-transport"])
+def test_content_length_and_until_close_bodies_and_error_status(kernel_timestamps):
     async def main():
         responses = [b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(SSE) + SSE,
                      b"HTTP/1.1 500 Internal Server Error\r\nContent-Length: 4\r\n\r\noops"]
         server, port, _ = await _serve(responses, 5)
-        client = HttpClient(f"http://127.0.0.1:{port}", {}, 4)
+        client = HttpClient(f"http://127.0.0.1:{port}", {}, 4, kernel_timestamps)
         got: list = []
         await client.request("POST", "/x", b"1", sink=lambda l, t: got.append((l, t)), timeout=10)
         assert len(_lines(got)) == 21
@@ -89,7 +94,7 @@ def test_content_length_and_until_close_bodies_and_error_status():
         server.close()
         until_close = b"HTTP/1.1 200 OK\r\nConnection: close\r\n\r\n" + SSE
         server, port, _ = await _serve([until_close], 9, close_after=True)
-        client = HttpClient(f"http://127.0.0.1:{port}", {}, 4)
+        client = HttpClient(f"http://127.0.0.1:{port}", {}, 4, kernel_timestamps)
         got = []
         await client.request("POST", "/x", b"1", sink=lambda l, t: got.append((l, t)), timeout=10)
         assert len(_lines(got)) == 21
@@ -98,11 +103,12 @@ def test_content_length_and_until_close_bodies_and_error_status():
     asyncio.run(main())
 
 
-def test_a_stale_kept_alive_connection_is_retried_once():
+@pytest.mark.parametrize("kernel_timestamps", [True, False], ids=["raw-socket", "asyncio-transport"])
+def test_a_stale_kept_alive_connection_is_retried_once(kernel_timestamps):
     async def main():
         ok = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nhi"
         server, port, seen = await _serve([ok, ok], None, close_after=True)  # closes after each answer
-        client = HttpClient(f"http://127.0.0.1:{port}", {}, 4)
+        client = HttpClient(f"http://127.0.0.1:{port}", {}, 4, kernel_timestamps)
         assert (await client.request("GET", "/", timeout=10)).body == b"hi"
         await asyncio.sleep(0.05)
         assert (await client.request("GET", "/", timeout=10)).body == b"hi"
@@ -112,15 +118,16 @@ def test_a_stale_kept_alive_connection_is_retried_once():
     asyncio.run(main())
 
 
-def test_refused_reset_and_timeout():
+@pytest.mark.parametrize("kernel_timestamps", [True, False], ids=["raw-socket", "asyncio-transport"])
+def test_refused_reset_and_timeout(kernel_timestamps):
     async def main():
-        client = HttpClient("http://127.0.0.1:9", {}, 4)
+        client = HttpClient("http://127.0.0.1:9", {}, 4, kernel_timestamps)
         with pytest.raises(ResponseError) as refused:
             await client.request("GET", "/", timeout=5)
         assert refused.value.kind == "connect"
         cut = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n" + _chunked(SSE, [30, 30])[:70]
         server, port, _ = await _serve([cut], 16, close_after=True)
-        client = HttpClient(f"http://127.0.0.1:{port}", {}, 4)
+        client = HttpClient(f"http://127.0.0.1:{port}", {}, 4, kernel_timestamps)
         with pytest.raises(ResponseError) as reset:
             await client.request("POST", "/x", b"", sink=lambda l, t: None, timeout=5)
         assert reset.value.kind == "reset" and reset.value.received
@@ -130,7 +137,7 @@ def test_refused_reset_and_timeout():
             await asyncio.sleep(5)
 
         server = await asyncio.start_server(silent, "127.0.0.1", 0)
-        client = HttpClient(f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}", {}, 4)
+        client = HttpClient(f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}", {}, 4, kernel_timestamps)
         with pytest.raises(asyncio.TimeoutError):
             await client.request("GET", "/", timeout=0.2)
         server.close()
@@ -141,3 +148,45 @@ def test_refused_reset_and_timeout():
 def test_bad_url_is_named():
     with pytest.raises(ValueError, match="--url"):
         HttpClient("ftp://x", {}, 1)
+
+
+@pytest.mark.parametrize("kernel_timestamps", [True, False], ids=["raw-socket", "asyncio-transport"])
+def test_kernel_stamps_are_arrival_times_not_read_times(kernel_timestamps):
+    """Data that arrives while the loop is blocked: the raw-socket path records when it arrived,
+    the asyncio-transport path only when the loop could read it."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    response = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n" + _chunked(SSE, [len(SSE)])
+
+    asked = threading.Event()
+
+    def answer_late() -> None:  # another thread: answers 50 ms after the request
+        conn, _ = listener.accept()
+        conn.recv(65536)
+        asked.set()
+        time.sleep(0.05)
+        conn.sendall(response)
+        time.sleep(0.5)
+        conn.close()
+
+    thread = threading.Thread(target=answer_late)
+    thread.start()
+
+    async def main() -> list[int]:
+        client = HttpClient(f"http://127.0.0.1:{listener.getsockname()[1]}", {}, 4, kernel_timestamps)
+        got: list[int] = []
+        task = asyncio.ensure_future(client.request("POST", "/x", b"", sink=lambda l, t: got.append(t), timeout=10))
+        while not asked.is_set():  # the request went out
+            await asyncio.sleep(0.001)
+        blocked = time.perf_counter_ns()
+        time.sleep(0.3)  # the answer arrives while this loop cannot run
+        await task
+        await client.close()
+        return [t - blocked for t in got]
+
+    offsets = asyncio.run(main())
+    thread.join()
+    listener.close()
+    if kernel_timestamps:
+        assert offsets and all(t < 250_000_000 for t in offsets)
+    else:
+        assert offsets and all(t >= 300_000_000 for t in offsets)
