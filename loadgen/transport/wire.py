@@ -26,11 +26,14 @@ import time
 from typing import Callable
 from urllib.parse import urlsplit
 
+from loadgen.transport.base import ERROR_CONNECT, ERROR_RESET
+
 LineSink = Callable[[bytes, int], None]  # (one body line without b"\n", arrival perf_counter_ns)
 
 
 class ResponseError(Exception):
-    """The connection failed: `kind` is "connect" or "reset"; `sent` tells if any byte came back."""
+    """The connection failed: `kind` is ERROR_CONNECT or ERROR_RESET; `received` tells if any
+    byte came back."""
 
     def __init__(self, kind: str, detail: str, received: bool) -> None:
         super().__init__(detail)
@@ -85,7 +88,7 @@ class _Conn(asyncio.Protocol):
             self._finish()  # read-until-close body ends here
             return
         detail = f"connection closed by the server{': ' + str(exc) if exc else ''}"
-        done.set_exception(ResponseError("reset", detail, self._received))
+        done.set_exception(ResponseError(ERROR_RESET, detail, self._received))
 
     def data_received(self, data: bytes) -> None:
         self.feed(data, time.perf_counter_ns())
@@ -215,7 +218,7 @@ class _Conn(asyncio.Protocol):
     def _fail(self, detail: str) -> None:
         self._keep_alive = False
         if self._done is not None and not self._done.done():
-            self._done.set_exception(ResponseError("reset", detail, True))
+            self._done.set_exception(ResponseError(ERROR_RESET, detail, True))
         if self.transport is not None:
             self.transport.close()
 
@@ -408,7 +411,7 @@ class HttpClient:
         try:
             conn = await asyncio.wait_for(self._connect(loop), timeout)
         except OSError as exc:
-            raise ResponseError("connect", f"cannot connect to {self.host}:{self.port}: {exc}", False) from exc
+            raise ResponseError(ERROR_CONNECT, f"cannot connect to {self.host}:{self.port}: {exc}", False) from exc
         self._open.add(conn)
         return conn, False
 
