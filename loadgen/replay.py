@@ -1,5 +1,8 @@
 """One `loadgen replay` run: flags -> server info -> traces -> levels -> table and results file.
 
+`replay_with` runs the same replay through any Transport (`loadgen bench` drives the engine
+in-process with it); `replay_main` is the HTTP case.
+
 Kept apart from cmd_replay.py so `loadgen --help` never imports aiohttp, numpy or the traces.
 """
 
@@ -28,7 +31,7 @@ from loadgen.plan import TimingConfig
 from loadgen.results import SCHEMA, write_results
 from loadgen.runner import LevelRun, LevelSpec, RunConfig, Runner, Warmup, dumps_record, level_summary
 from loadgen.table import format_level
-from loadgen.transport.base import ServerInfo, TransportError
+from loadgen.transport.base import ServerInfo, Transport, TransportError
 from loadgen.transport.http import HttpTransport
 from traces import DEFAULT_SET, PromptSynth, TraceError, TraceSet, load_traces
 from traces.scale import ScaleConfig, scale_traces
@@ -39,19 +42,29 @@ OPEN_LOOP_CONNECTIONS = 4096
 
 def replay_main(args: argparse.Namespace) -> int:
     try:
+        url = urlsplit(args.url)
+        if url.scheme not in ("http", "https") or not url.hostname:
+            raise ValueError(f"--url: expected http://HOST:PORT or https://HOST:PORT, got {args.url!r}")
+        headers = parse_headers(args.header)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from exc
+    transport = HttpTransport(args.url, args.endpoint, args.model, args.api_key, headers, args.timeout)
+    return replay_with(args, transport, {"url": args.url, "endpoint": args.endpoint})
+
+
+def replay_with(args: argparse.Namespace, transport: Transport, target: dict[str, Any]) -> int:
+    """Replay through `transport`; `target` (what was driven, e.g. the URL) goes into the results config."""
+    try:
         options = _check_flags(args)
     except ValueError as exc:
         raise UsageError(str(exc)) from exc
-    return _run_event_loop(_replay(args, options))
+    return _run_event_loop(_replay(args, options, transport, target))
 
 
 def _check_flags(args: argparse.Namespace) -> dict[str, Any]:
     for flag, value in (("--duration", args.duration), ("--timeout", args.timeout)):
         if not value > 0:
             raise ValueError(f"{flag}: must be > 0, got {value:g}")
-    url = urlsplit(args.url)
-    if url.scheme not in ("http", "https") or not url.hostname:
-        raise ValueError(f"--url: expected http://HOST:PORT or https://HOST:PORT, got {args.url!r}")
     if not 0 <= args.max_error_rate <= 1:
         raise ValueError(f"--max-error-rate: must be within 0..1, got {args.max_error_rate:g}")
     if args.gpus is not None and args.gpus < 1:
@@ -65,7 +78,6 @@ def _check_flags(args: argparse.Namespace) -> dict[str, Any]:
         "rates": parse_list(args.rate, "--rate", float) if args.rate else None,
         "warmup": Warmup.parse(args.warmup),
         "start_offset": parse_offset(args.start_offset),
-        "headers": parse_headers(args.header),
     }
 
 
@@ -77,15 +89,15 @@ def _run_event_loop(coro) -> int:
     return uvloop.run(coro)
 
 
-async def _replay(args: argparse.Namespace, options: dict[str, Any]) -> int:
+async def _replay(args: argparse.Namespace, options: dict[str, Any], transport: Transport,
+                  target: dict[str, Any]) -> int:
     say = (lambda text: None) if args.quiet else (lambda text: print(text, flush=True))
-    transport = HttpTransport(args.url, args.endpoint, args.model, args.api_key, options["headers"], args.timeout)
     await transport.open(max_connections=64)
     try:
         info = await transport.server_info()
     except TransportError as exc:
         await transport.close()
-        print(f"loadgen replay: error: {exc}", file=sys.stderr)
+        print(f"loadgen {args.command}: error: {exc}", file=sys.stderr)
         return 1
     await transport.close()
 
@@ -104,7 +116,7 @@ async def _replay(args: argparse.Namespace, options: dict[str, Any]) -> int:
     results_path = out_dir / "result.json"
     doc = {
         "schema": SCHEMA, "created": _utc_now(), "status": "complete", "message": None,
-        "config": _config(args, options, config, info, traces, scale_report, levels, vocab_offset, vocab_size),
+        "config": _config(args, target, config, info, traces, scale_report, levels, vocab_offset, vocab_size),
         "levels": [], "pareto": None,
     }
     per_request = _open_per_request(args.per_request)
@@ -139,7 +151,7 @@ async def _replay(args: argparse.Namespace, options: dict[str, Any]) -> int:
             per_request.close()
         _finish(doc, runner, results_path)
     say(f"results: {results_path}")
-    return _exit_code(doc, runner)
+    return _exit_code(doc, runner, args.command)
 
 
 def _finish(doc: dict[str, Any], runner: Runner, path: Path) -> None:
@@ -148,16 +160,16 @@ def _finish(doc: dict[str, Any], runner: Runner, path: Path) -> None:
     write_results(path, doc)
 
 
-def _exit_code(doc: dict[str, Any], runner: Runner) -> int:
+def _exit_code(doc: dict[str, Any], runner: Runner, command: str) -> int:
     if runner.status == "interrupted":
-        print("loadgen replay: interrupted; results of what ran are written", file=sys.stderr)
+        print(f"loadgen {command}: interrupted; results of what ran are written", file=sys.stderr)
         return 130
     if runner.status == "server_dead":
-        print(f"loadgen replay: error: {runner.message}", file=sys.stderr)
+        print(f"loadgen {command}: error: {runner.message}", file=sys.stderr)
         return 1
     failed = [level["label"] for level in doc["levels"] if level["failed"]]
     if failed:
-        print(f"loadgen replay: failed levels: {', '.join(failed)}", file=sys.stderr)
+        print(f"loadgen {command}: failed levels: {', '.join(failed)}", file=sys.stderr)
         return 1
     return 0
 
@@ -207,16 +219,16 @@ def _pool_size(levels: list[LevelSpec], traces: TraceSet) -> int:
     return max(spec.concurrency for spec in levels) * (1 + max_subagents(traces.sessions))
 
 
-def _config(args, options, config: RunConfig, info: ServerInfo, traces: TraceSet, scale_report,
+def _config(args, target: dict[str, Any], config: RunConfig, info: ServerInfo, traces: TraceSet, scale_report,
             levels: list[LevelSpec], vocab_offset: int, vocab_size: int) -> dict[str, Any]:
     return {
         "command_line": [Path(sys.argv[0]).name, *sys.argv[1:]],
         "loadgen_version": __version__,
         "git_revision": _git_revision(),
         "host": {"hostname": socket.gethostname(), "platform": platform.platform(),
-                 "machine": platform.machine(), "python": platform.python_version(),
+                 "machine": platform.machine(), "cpu_model": _cpu_model(), "python": platform.python_version(),
                  "cpu_count": os.cpu_count()},
-        "url": args.url, "endpoint": args.endpoint, "model": info.model,
+        **target, "model": info.model,
         "server": {"ours": info.ours, "max_model_len": info.max_model_len, "num_gpus": info.num_gpus,
                    "vocab_size": info.vocab_size, "models_entry": info.raw},
         "gpus": config.gpus,
@@ -231,6 +243,16 @@ def _config(args, options, config: RunConfig, info: ServerInfo, traces: TraceSet
                    "requests": sum(1 for s in traces.sessions for _ in s.all_requests()),
                    "scale": scale_report.to_dict()},
     }
+
+
+def _cpu_model() -> str | None:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.partition(":")[2].strip()
+    except OSError:
+        pass
+    return platform.processor() or None
 
 
 def _git_revision() -> str | None:
