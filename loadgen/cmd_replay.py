@@ -23,15 +23,22 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--rate R (Poisson) or a Mooncake trace (recorded timestamps). Every latency goes into HDR "
         "histograms; results are written as JSON (schema agentload.result/1).",
     )
+    add_replay_flags(p, http=True)
+    p.set_defaults(func=run)
+
+
+def add_replay_flags(p: argparse.ArgumentParser, http: bool) -> None:
+    """The replay flags; `loadgen bench` (in-process, http=False) leaves out the ones naming an HTTP target."""
     target = p.add_argument_group("server")
-    target.add_argument("--url", required=True, help="server base URL, e.g. http://127.0.0.1:8000")
-    target.add_argument("--endpoint", choices=("completions", "chat"), default="completions",
-                        help="completions: prompt as token ids, exact length (default); chat: messages "
-                        "whose text is the token ids as decimal words (length approximate)")
-    target.add_argument("--model", help="model id to ask for (default: the first id of /v1/models)")
-    target.add_argument("--api-key", help="sent as 'Authorization: Bearer KEY'")
-    target.add_argument("--header", action="append", default=[], metavar="K:V",
-                        help="extra HTTP header (repeatable)")
+    if http:
+        target.add_argument("--url", required=True, help="server base URL, e.g. http://127.0.0.1:8000")
+        target.add_argument("--endpoint", choices=("completions", "chat"), default="completions",
+                            help="completions: prompt as token ids, exact length (default); chat: messages "
+                            "whose text is the token ids as decimal words (length approximate)")
+        target.add_argument("--model", help="model id to ask for (default: the first id of /v1/models)")
+        target.add_argument("--api-key", help="sent as 'Authorization: Bearer KEY'")
+        target.add_argument("--header", action="append", default=[], metavar="K:V",
+                            help="extra HTTP header (repeatable)")
     target.add_argument("--timeout", type=float, default=600.0, metavar="S",
                         help="per-request limit in seconds, also bounds the drain (default 600)")
     target.add_argument("--gpus", type=int, metavar="N",
@@ -74,7 +81,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     out.add_argument("--out", metavar="DIR", help="results folder (default results/<UTC timestamp>/)")
     out.add_argument("--per-request", metavar="FILE.jsonl", help="also write one JSON line per request")
     out.add_argument("--quiet", action="store_true", help="no tables or progress, only errors")
-    p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
