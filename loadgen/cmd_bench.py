@@ -1,0 +1,158 @@
+"""`loadgen bench`: benchmark the engine in this process on real agentic sessions, then report.
+
+The engine runs in-process (loadgen/transport/inprocess.py, no sockets) and is driven by the
+same replay, load models and metrics as `loadgen replay`; every replay flag except the HTTP
+target ones is accepted, and every engine flag of `server start`. `--seed` seeds both the load
+(session order, offsets, salts, arrivals) and the engine's random weights.
+
+With no arguments it is the embedded default: the bundled agentic-coding sessions scaled to the
+model (`BENCH_PRESETS`), the tiny model on CPU (`small` when a GPU is visible), one level per
+concurrency, a table per level, `results/<UTC timestamp>/result.json`, and PNG plots plus a
+self-contained HTML report in `report/` beside it. Exit codes as `loadgen replay`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import re
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+
+
+@dataclass(frozen=True, slots=True)
+class BenchPreset:
+    """Replay flags that fit the bundled traces (~107k input, ~450 output tokens per request,
+    think times of minutes) onto a model and device; the context cap is the engine's
+    max_model_len. Only the flags the user did not give are taken from here."""
+
+    conc: str
+    duration: float
+    warmup: str
+    token_scale: float
+    think_time_scale: float
+    think_time_cap: float
+
+
+# tiny on 2 CPU cores: ~2.1k input / 9 output tokens per request (prefix hits ~95 %), think
+# times <= 1 s; three levels of 15 s plus warm-up finish in about a minute and a half.
+# small on one GPU: ~10.7k input / 45 output tokens, the long tail dropped at 32k context.
+BENCH_PRESETS = {
+    "tiny": BenchPreset(conc="1,2,4", duration=15.0, warmup="2req", token_scale=0.02,
+                        think_time_scale=0.01, think_time_cap=1.0),
+    "small": BenchPreset(conc="1,2,4,8,16", duration=30.0, warmup="2req", token_scale=0.1,
+                         think_time_scale=0.02, think_time_cap=2.0),
+}
+GPU_MODEL, CPU_MODEL = "small", "tiny"
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    from loadgen.cmd_replay import add_replay_flags
+    from loadgen.transport.inprocess import add_engine_args
+
+    p = subparsers.add_parser(
+        "bench",
+        help="benchmark the engine in-process on agentic sessions (the main job; no arguments needed)",
+        description="Run the sparse-MLA engine in this process and replay agentic coding sessions\n"
+        "against it, level by level, with the metrics of `loadgen replay` (no HTTP in between).\n"
+        "With no arguments: the bundled agentic-coding traces scaled to the model, the tiny model\n"
+        "on CPU (small on a GPU); prints a table per level and writes\n"
+        "results/<UTC timestamp>/result.json, with PNG plots and report.html in report/ beside it.\n"
+        "Engine flags are those of `server start`.",
+        epilog=_preset_text(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        # The engine's --seed and the replay's --seed are one flag here: the engine's definition wins.
+        conflict_handler="resolve",
+    )
+    add_replay_flags(p, http=False)
+    add_engine_args(p)
+    for action in p._actions:
+        if action.dest in _PRESET_FIELDS:
+            action.help = re.sub(r"\s*\(default[^)]*\)$", "", action.help or "") + " (default: see below)"
+            action.default = None
+        elif action.dest == "model":
+            action.help = "model preset (SPARSE_MLA.md shapes) (default: see below)"
+            action.default = None
+        elif action.dest == "seed":
+            action.help = "seeds the load (session order, offsets, salts, arrivals) and the engine's random weights (default 0)"
+    p.add_argument("--no-report", action="store_true", help="skip the PNG plots and the HTML report")
+    p.set_defaults(func=run)
+
+
+_PRESET_FIELDS = ("conc", "duration", "warmup", "token_scale", "think_time_scale", "think_time_cap")
+
+
+def _preset_text() -> str:
+    lines = [f"defaults: --model {CPU_MODEL} on CPU, {GPU_MODEL} when a GPU is visible; "
+             "--max-context: the engine's --max-model-len; per model:"]
+    for model, preset in BENCH_PRESETS.items():
+        lines.append(f"  {model}: " + " ".join(f"--{name.replace('_', '-')} {getattr(preset, name)}"
+                                                for name in _PRESET_FIELDS))
+    return "\n".join(lines)
+
+
+def run(args: argparse.Namespace) -> int:
+    from loadgen.cli import UsageError
+    from loadgen.replay import replay_with
+    from loadgen.transport.inprocess import InProcessTransport, engine_config_from_args
+
+    if args.model is None:
+        args.model = _default_model(args.device)
+    _apply_preset(args)
+    try:
+        config = engine_config_from_args(args)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from exc
+    transport = InProcessTransport(config, args.timeout)
+    if not args.quiet:
+        print(f"bench: building the {config.model.name} engine on {transport.device} (in-process)", flush=True)
+    try:
+        transport.build_engine()
+    except ValueError as exc:
+        raise UsageError(str(exc)) from exc
+    if args.out is None:
+        args.out = str(Path("results") / datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ"))
+    try:
+        code = replay_with(args, transport, transport.describe())
+    finally:
+        transport.shutdown()
+        # The replay froze the heap (gc.freeze); frozen triton objects would outlive the
+        # interpreter's final collection and make nanobind print leak warnings at exit.
+        gc.unfreeze()
+    if not args.no_report:
+        _write_report(Path(args.out), args.quiet)
+    return code
+
+
+def _default_model(device: str) -> str:
+    from server.config import resolve_device
+
+    return GPU_MODEL if resolve_device(device) == "cuda" else CPU_MODEL
+
+
+def _apply_preset(args: argparse.Namespace) -> None:
+    preset = BENCH_PRESETS.get(args.model, BENCH_PRESETS[GPU_MODEL])
+    for name in _PRESET_FIELDS:
+        if getattr(args, name) is None:
+            setattr(args, name, getattr(preset, name))
+
+
+def _write_report(out: Path, quiet: bool) -> None:
+    """PNG plots and the HTML report of the results file (what `loadgen report --format png,html` writes)."""
+    from loadgen.html_report import write_html
+    from loadgen.plots import write_plots
+    from loadgen.report import load_runs, resolve
+
+    path = resolve(out)
+    if not path.exists():
+        return
+    runs = load_runs([path])
+    if not runs[0].doc["levels"]:
+        return
+    folder = out / "report"
+    folder.mkdir(parents=True, exist_ok=True)
+    written = write_plots(runs, folder) + [write_html(runs, folder / "report.html")]
+    if not quiet:
+        for file in written:
+            print(f"wrote {file}")
