@@ -13,6 +13,7 @@ import sys
 
 # Order is the order in `loadgen --help`.
 COMMAND_MODULES = (
+    "loadgen.cmd_bench",
     "loadgen.cmd_traces",
     "loadgen.cmd_golden_al",
     "loadgen.cmd_replay",
