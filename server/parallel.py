@@ -22,7 +22,9 @@ What is split and what is replicated (Megatron-style):
 
 Failure: rank 0 watches its worker processes. A worker that exits, or a step that has not
 finished within AGENTLOAD_TP_STEP_TIMEOUT_S (default 120 s), makes rank 0 print which rank and
-why, stop the others and exit 1, which the API side turns into 503s and a non-zero exit.
+why, stop the others, raise RankFailure in the engine's thread (so the engine process reports
+the reason and exits 1, which the API side turns into 503s, a failing /health and a non-zero
+exit), and, if that thread is stuck in a collective, exit 1 itself after a few seconds.
 
 Other nodes (--nnodes > 1) run `python -m server.parallel` with the same engine flags and their
 --node-rank; it starts that node's ranks. A launcher that starts one process per rank and sets
@@ -55,6 +57,9 @@ STEP_TIMEOUT_ENV = "AGENTLOAD_TP_STEP_TIMEOUT_S"
 DEFAULT_STEP_TIMEOUT_S = 120.0
 # Workers wait for the next step inside a broadcast while the server idles, for any length of time.
 IDLE_TIMEOUT = datetime.timedelta(days=365)
+# The watchdog interrupts the engine's thread with this signal to raise RankFailure there.
+FAILURE_SIGNAL = signal.SIGUSR1
+FAILURE_GRACE_S = 5.0
 MAX_STEP_TENSORS = 8
 _HEADER_LEN = 1 + 2 * MAX_STEP_TENSORS
 _STOP = -1
@@ -169,7 +174,7 @@ class TensorParallel:
 
     def _stop(self) -> None:
         if self._workers is not None:
-            self._workers.closing = True
+            self._workers.unwatch()
             try:
                 self.send_step(None)
             except Exception:  # noqa: BLE001 - a dead peer: the joins below still end every worker
@@ -222,9 +227,19 @@ class TensorParallel:
             _ACKS[self.rank] = self._steps
 
     def failure(self, exc: BaseException) -> BaseException:
-        """Rank 0, after a step raised: the plain reason when a worker died, else exc itself."""
-        dead = self._workers.first_dead(wait_s=2.0) if self._workers is not None else None
-        return RuntimeError(dead) if dead else exc
+        """Rank 0, after a step raised: RankFailure with the plain reason when a rank died or
+        hung, else exc itself."""
+        if isinstance(exc, RankFailure) or self._workers is None:
+            return exc
+        reason = self._workers.failure_reason(wait_s=2.0)
+        if reason is None:
+            return exc
+        self._workers.delivered = True
+        return RankFailure(reason)
+
+
+class RankFailure(RuntimeError):
+    """A tensor-parallel rank died or hung: no rank can go on without the others."""
 
 
 class WorkerSet:
@@ -235,6 +250,9 @@ class WorkerSet:
         self.acks = acks  # shared int64 per rank: the last step each worker finished
         self.closing = False
         self.step_began: float | None = None
+        self.reason: str | None = None
+        self.delivered = False  # the engine's thread has its RankFailure: interrupt it no more
+        self._previous_handler = None  # SIGUSR1's handler before ours, when we installed one
 
     @classmethod
     def spawn(cls, config: EngineConfig, ranks: range, addr: str, port: int) -> WorkerSet:
@@ -250,8 +268,21 @@ class WorkerSet:
         return cls(procs, acks)
 
     def watch(self, timeout_s: float, steps_sent) -> None:
+        if threading.current_thread() is threading.main_thread():
+            self._previous_handler = signal.signal(FAILURE_SIGNAL, self._raise_failure)
         threading.Thread(target=self._watch, args=(timeout_s, steps_sent), name="tp-watchdog",
                          daemon=True).start()
+
+    def unwatch(self) -> None:
+        self.closing = True
+        if self._previous_handler is not None:
+            signal.signal(FAILURE_SIGNAL, self._previous_handler)
+            self._previous_handler = None
+
+    def _raise_failure(self, signum: int, frame) -> None:
+        if self.reason is not None and not self.closing and not self.delivered:
+            self.delivered = True
+            raise RankFailure(self.reason)
 
     def _watch(self, timeout_s: float, steps_sent) -> None:
         sentinels = {p.sentinel: rank for rank, p in self.procs.items()}
@@ -274,21 +305,32 @@ class WorkerSet:
         proc.join(1.0)
         return f"tensor-parallel rank {rank} (pid {proc.pid}) died: {describe_exit(proc.exitcode)}"
 
-    def first_dead(self, wait_s: float) -> str | None:
+    def failure_reason(self, wait_s: float) -> str | None:
+        """The watchdog's verdict, or a dead worker seen within wait_s; None if all seem well."""
         deadline = time.monotonic() + wait_s
         while time.monotonic() < deadline:
+            if self.reason is not None:
+                return self.reason
             for rank, proc in self.procs.items():
                 if not proc.is_alive():
                     return self._death(rank)
             time.sleep(0.05)
-        return None
+        return self.reason
 
     def _fail(self, reason: str) -> None:
-        """No rank can go on without the others: say why, end the workers, end the engine."""
+        """No rank can go on without the others: say why, end the workers, end the engine.
+
+        The engine's own thread is interrupted first so that it fails the ordinary way (its
+        owner reports the reason, e.g. the API's 503 bodies and /health); a thread stuck in a
+        collective cannot take the signal, so after a grace period the process ends here."""
+        self.reason = reason
         print(f"engine: error: {reason}", file=sys.stderr, flush=True)
         for proc in self.procs.values():
             if proc.is_alive():
                 proc.kill()
+        if self._previous_handler is not None:
+            signal.pthread_kill(threading.main_thread().ident, FAILURE_SIGNAL)
+            time.sleep(FAILURE_GRACE_S)
         os._exit(1)
 
     def join_all(self, timeout_s: float = 10.0) -> None:

@@ -5,6 +5,7 @@ reason, the second-node launcher (`python -m server.parallel`) on loopback, and 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import re
 import signal
@@ -18,8 +19,12 @@ from pathlib import Path
 import orjson
 import pytest
 
+from server.config import ParallelConfig
+from server.model.runner import ModelRunner
 from server.parallel import STEP_TIMEOUT_ENV
+from server.parallel import main as parallel_main
 from tests.server.conftest import TINY, ServerProcess, start_server
+from tests.server.engine_fixtures import tiny_config
 from tests.server.test_api_lifecycle import LONG, _stream_raw, _wait_in_flight
 
 REPO = Path(__file__).resolve().parents[2]
@@ -98,12 +103,16 @@ def test_killed_rank_ends_the_server_with_the_reason(tmp_path_factory):
             await started.wait()  # mid-stream when the rank dies
             await _wait_in_flight(server, 1)
             os.kill(pid, signal.SIGKILL)
-            return await asyncio.wait_for(streaming, EXIT_WAIT_S)
+            lines = await asyncio.wait_for(streaming, EXIT_WAIT_S)
+            return lines, await server.request("GET", "/health")
 
-        lines = asyncio.run(go())
-        assert orjson.loads(lines[-1])["error"]["code"] == "engine_dead"
+        lines, (health_status, health, _) = asyncio.run(go())
+        reason = f"tensor-parallel rank 1 (pid {pid}) died: killed by signal SIGKILL"
+        error = orjson.loads(lines[-1])["error"]
+        assert error["code"] == "engine_dead" and reason in error["message"]
+        assert health_status == 503 and reason in health["reason"]
         assert server.proc.wait(EXIT_WAIT_S) == 1
-        assert f"tensor-parallel rank 1 (pid {pid}) died: killed by signal SIGKILL" in server.log()
+        assert reason in server.log()
     finally:
         server.stop()
 
@@ -167,19 +176,18 @@ def test_second_node_launcher_on_loopback(tmp_path):
             node1.wait()
 
 
-def test_flag_errors():
-    env = dict(os.environ, PYTHONPATH=str(REPO))
-    cmd = [sys.executable, "-m", "server.parallel", *TINY, "--tp", "2"]
-    done = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
-    assert done.returncode == 2 and "--node-rank at least 1" in done.stderr
-    done = subprocess.run(cmd + ["--nnodes", "2", "--node-rank", "1"], cwd=REPO, capture_output=True, text=True,
-                          timeout=120, env=dict(env, RANK="0", WORLD_SIZE="2"))
-    assert done.returncode == 2 and "0 < RANK < WORLD_SIZE" in done.stderr
-    done = subprocess.run([sys.executable, "-m", "server.cli", "start", "--port", "0", *TINY, "--tp", "2",
-                           "--nnodes", "2", "--node-rank", "1"],
-                          cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
-    assert done.returncode == 2 and "`server start` is rank 0" in done.stderr
-    done = subprocess.run([sys.executable, "-m", "server.cli", "start", "--port", "0", *TINY, "--tp", "2"],
-                          cwd=REPO, env=dict(env, **{STEP_TIMEOUT_ENV: "soon"}), capture_output=True,
-                          text=True, timeout=120)
-    assert done.returncode == 2 and STEP_TIMEOUT_ENV in done.stderr
+def test_flag_errors(capsys, monkeypatch):
+    assert parallel_main([*TINY, "--tp", "2"]) == 2
+    assert "--node-rank at least 1" in capsys.readouterr().err
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    assert parallel_main([*TINY, "--tp", "2", "--nnodes", "2", "--node-rank", "1"]) == 2
+    assert "0 < RANK < WORLD_SIZE" in capsys.readouterr().err
+    monkeypatch.delenv("RANK")
+    config = dataclasses.replace(tiny_config(num_blocks=4),
+                                 parallel=ParallelConfig(tensor_parallel_size=2, nnodes=2, node_rank=1))
+    with pytest.raises(ValueError, match="`server start` is rank 0"):
+        ModelRunner(config)
+    monkeypatch.setenv(STEP_TIMEOUT_ENV, "soon")
+    with pytest.raises(ValueError, match=STEP_TIMEOUT_ENV):
+        ModelRunner(dataclasses.replace(config, parallel=ParallelConfig(tensor_parallel_size=2)))
