@@ -27,8 +27,9 @@ the reason and exits 1, which the API side turns into 503s, a failing /health an
 exit), and, if that thread is stuck in a collective, exit 1 itself after a few seconds.
 
 Other nodes (--nnodes > 1) run `python -m server.parallel` with the same engine flags and their
---node-rank; it starts that node's ranks. A launcher that starts one process per rank and sets
-RANK, WORLD_SIZE and LOCAL_RANK (RANK being the global engine rank, never 0) is honoured too.
+--node-rank; it starts that node's ranks, or, under `torchrun --standalone --nproc-per-node M`
+(or any launcher that starts one process per local rank and sets LOCAL_RANK), runs one rank per
+process: global rank = node_rank * M + LOCAL_RANK.
 """
 
 from __future__ import annotations
@@ -394,37 +395,38 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m server.parallel",
         description="Run the tensor-parallel ranks of one node (--node-rank >= 1) of a `server start "
-                    "--nnodes N` engine; give the same engine flags as the server. With RANK, "
-                    "WORLD_SIZE and LOCAL_RANK set (one process per rank), runs that rank only.")
+                    "--nnodes N` engine; give the same engine flags as the server. Starts the node's "
+                    "--tp/--nnodes ranks itself, or, under a launcher that starts one process per "
+                    "local rank and sets LOCAL_RANK (torchrun --standalone --nproc-per-node M), "
+                    "runs rank --node-rank * M + LOCAL_RANK in this process.")
     add_engine_args(parser)
     try:
         config = engine_config_from_args(parser.parse_args(argv))
         p = config.parallel
-        if "RANK" in os.environ:
-            rank, world = int(os.environ["RANK"]), int(os.environ.get("WORLD_SIZE", p.tensor_parallel_size))
-            if world != p.tensor_parallel_size or not 0 < rank < world:
-                raise ValueError(f"RANK={rank} WORLD_SIZE={world}: need WORLD_SIZE == --tp "
-                                 f"({p.tensor_parallel_size}) and 0 < RANK < WORLD_SIZE (rank 0 is `server start`)")
-            ranks = {rank: int(os.environ.get("LOCAL_RANK", 0))}
-        else:
-            if p.nnodes < 2 or p.node_rank < 1:
-                raise ValueError("--nnodes must be at least 2 and --node-rank at least 1 "
-                                 "(node 0 runs `server start`)")
-            per_node = p.tensor_parallel_size // p.nnodes
-            ranks = {p.node_rank * per_node + i: i for i in range(per_node)}
+        if p.nnodes < 2 or p.node_rank < 1:
+            raise ValueError("--nnodes must be at least 2 and --node-rank at least 1 (node 0 runs `server start`)")
+        per_node = p.tensor_parallel_size // p.nnodes
+        local_rank = os.environ.get("LOCAL_RANK")
+        if local_rank is not None and not (local_rank.isdigit() and int(local_rank) < per_node):
+            raise ValueError(f"LOCAL_RANK={local_rank!r}: must be in 0..{per_node - 1} (--tp / --nnodes ranks per node)")
     except ValueError as exc:
         print(f"server.parallel: error: {exc}", file=sys.stderr)
         return 2
     disable_multicast()
+    first = p.node_rank * per_node
+    if local_rank is not None:
+        _worker_main(config, first + int(local_rank), int(local_rank), p.master_addr, p.master_port,
+                     torch.get_num_threads(), None)
+        return 0
     ctx = multiprocessing.get_context("spawn")
-    procs = [ctx.Process(target=_worker_main, args=(config, rank, local, p.master_addr, p.master_port,
-                                                    torch.get_num_threads(), None))
-             for rank, local in ranks.items()]
+    procs = [ctx.Process(target=_worker_main, args=(config, first + i, i, p.master_addr, p.master_port,
+                                                    max(1, torch.get_num_threads() // per_node), None))
+             for i in range(per_node)]
     for proc in procs:
         proc.start()
     for proc in procs:
         proc.join()
-    return max((proc.exitcode or 0) != 0 for proc in procs)
+    return int(any(proc.exitcode != 0 for proc in procs))
 
 
 if __name__ == "__main__":

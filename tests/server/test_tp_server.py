@@ -151,13 +151,16 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_second_node_launcher_on_loopback(tmp_path):
+@pytest.mark.parametrize("launcher", ["spawn", "torchrun"])
+def test_second_node_launcher_on_loopback(tmp_path, launcher):
     """--nnodes 2 with both 'nodes' on this machine: rank 1 comes from `python -m server.parallel`
-    and ends cleanly when the server stops."""
+    (which spawns it, or is it under torchrun) and ends cleanly when the server stops."""
     port = str(_free_port())
     flags = [*TINY, "--tp", "2", "--nnodes", "2", "--master-port", port]
     env = dict(os.environ, PYTHONPATH=str(REPO), PYTHONUNBUFFERED="1")
-    node1 = subprocess.Popen([sys.executable, "-m", "server.parallel", *flags, "--node-rank", "1"],
+    prefix = [sys.executable, "-m"] if launcher == "spawn" else [
+        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "1", "-m"]
+    node1 = subprocess.Popen([*prefix, "server.parallel", *flags, "--node-rank", "1"],
                              cwd=REPO, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                              stderr=subprocess.STDOUT, text=True)
     server = None
@@ -179,11 +182,10 @@ def test_second_node_launcher_on_loopback(tmp_path):
 def test_flag_errors(capsys, monkeypatch):
     assert parallel_main([*TINY, "--tp", "2"]) == 2
     assert "--node-rank at least 1" in capsys.readouterr().err
-    monkeypatch.setenv("RANK", "0")
-    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("LOCAL_RANK", "1")
     assert parallel_main([*TINY, "--tp", "2", "--nnodes", "2", "--node-rank", "1"]) == 2
-    assert "0 < RANK < WORLD_SIZE" in capsys.readouterr().err
-    monkeypatch.delenv("RANK")
+    assert "LOCAL_RANK='1': must be in 0..0" in capsys.readouterr().err
+    monkeypatch.delenv("LOCAL_RANK")
     config = dataclasses.replace(tiny_config(num_blocks=4),
                                  parallel=ParallelConfig(tensor_parallel_size=2, nnodes=2, node_rank=1))
     with pytest.raises(ValueError, match="`server start` is rank 0"):
