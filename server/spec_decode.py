@@ -184,6 +184,7 @@ class SpeculativeDecoder:
         self.num_accepted_tokens += accepted
         for position in range(accepted):
             self.accepted_per_position[position] += 1
+        seq.num_drafts += 1
         seq.num_draft_tokens += proposed
         seq.num_accepted_tokens += accepted
 

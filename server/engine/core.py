@@ -132,8 +132,8 @@ class Engine:
         return RequestOutput(
             request_id=seq.request_id, new_token_ids=new_tokens, finished=seq.is_finished,
             finish_reason=seq.finish_reason, num_prompt_tokens=seq.num_prompt_tokens,
-            num_cached_tokens=seq.num_cached_tokens, num_draft_tokens=seq.num_draft_tokens,
-            num_accepted_tokens=seq.num_accepted_tokens,
+            num_cached_tokens=seq.num_cached_tokens, num_drafts=seq.num_drafts,
+            num_draft_tokens=seq.num_draft_tokens, num_accepted_tokens=seq.num_accepted_tokens,
         )
 
     def stats(self) -> EngineStats:

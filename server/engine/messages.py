@@ -49,6 +49,7 @@ class RequestOutput:
     num_draft_tokens: int = 0  # cumulative speculative drafts proposed for this request
     num_accepted_tokens: int = 0  # cumulative drafts accepted
     error: str | None = None
+    num_drafts: int = 0  # cumulative verify steps that checked drafts (AL = 1 + accepted / this)
 
 
 @dataclass(frozen=True, slots=True)

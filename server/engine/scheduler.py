@@ -9,7 +9,8 @@ by recompute: its blocks are freed and it goes back to the head of the waiting q
 its tokens, to be prefilled again (often largely from the prefix cache); its pending drafts are
 dropped. A request is always in exactly one of `waiting`, `running` or finished, so none is lost
 or duplicated. A decode with drafts asks for 1 + len(drafts) tokens (the last committed token
-and the drafts to verify); a tight budget may verify fewer of them.
+and the drafts to verify); a tight budget may verify fewer of them, and a full cache drops
+them before it preempts anyone.
 """
 
 from __future__ import annotations
@@ -67,6 +68,10 @@ class Scheduler:
                 continue  # preempted earlier in this loop
             n = min(seq.num_uncomputed_tokens + len(seq.draft_token_ids), budget)
             while not self.blocks.can_append(seq, n):
+                if seq.draft_token_ids:  # speculation must never cost another request its blocks
+                    seq.draft_token_ids = []
+                    n = min(seq.num_uncomputed_tokens, budget)
+                    continue
                 victim = next((s for s in reversed(self.running) if s is not seq and s not in seqs), seq)
                 self._preempt(victim)
                 preempted = True

@@ -39,7 +39,8 @@ class Sequence:
         self.finish_reason: str | None = None
         self.admitted_once = False
         self.draft_token_ids: list[int] = []
-        self.num_draft_tokens = 0  # drafts verified so far (cumulative, for usage)
+        self.num_drafts = 0  # verify steps that checked drafts (cumulative, for usage)
+        self.num_draft_tokens = 0  # drafts verified so far
         self.num_accepted_tokens = 0  # of which accepted
 
     def __len__(self) -> int:
