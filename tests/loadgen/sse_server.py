@@ -7,7 +7,7 @@ it listens on 127.0.0.1. /v1/completions and /v1/chat/completions stream `max_to
 serves one request at a time (a slow server: the others queue). It records, per
 request, its own timestamps (time.perf_counter_ns, CLOCK_MONOTONIC: comparable across
 processes on Linux), the prompt, the fields asked for, and how many distinct `user`s (session
-plays) and requests were in flight at once. GET /_records returns them.
+plays) and requests were in flight at once. GET /_records returns them (`writes_ns`: just before each chunk's write, `written_ns`: just after).
 
 Faults (`fault`: {"kind", "every"}): on every `every`-th request, "reset" closes the connection
 after two chunks, "500" answers HTTP 500, "stall" stops after one chunk and never finishes,
@@ -72,7 +72,7 @@ async def complete(request: web.Request) -> web.StreamResponse:
            "max_tokens": body.get("max_tokens"), "min_tokens": body.get("min_tokens"),
            "ignore_eos": body.get("ignore_eos"), "stream": body.get("stream"),
            "include_usage": (body.get("stream_options") or {}).get("include_usage"),
-           "user": user, "model": body.get("model"), "writes_ns": [], "fault": None,
+           "user": user, "model": body.get("model"), "writes_ns": [], "written_ns": [], "fault": None,
            "authorization": request.headers.get("Authorization"), "x_test": request.headers.get("X-Test")}
     if cfg["keep_prompts"]:
         rec["prompt"] = [int(x) for x in prompt]
@@ -120,6 +120,7 @@ async def _stream(request, cfg, body, prompt, rec, kind, chat) -> web.StreamResp
         data = b"data: " + orjson.dumps({"id": "c", "object": "text_completion", "choices": [choice]}) + b"\n\n"
         writes.append(time.perf_counter_ns())
         await resp.write(data)
+        rec["written_ns"].append(time.perf_counter_ns())
         sent += n
         if kind == "reset" and len(writes) == 2:
             request.transport.close()
