@@ -190,3 +190,19 @@ def test_kernel_stamps_are_arrival_times_not_read_times(kernel_timestamps):
         assert offsets and all(t < 250_000_000 for t in offsets)
     else:
         assert offsets and all(t >= 300_000_000 for t in offsets)
+
+
+@pytest.mark.parametrize("kernel_timestamps", [True, False], ids=["raw-socket", "asyncio-transport"])
+def test_a_large_request_body_is_sent_whole(kernel_timestamps):
+    """A long prompt (megabytes of JSON) does not fit the socket buffer in one send."""
+    async def main():
+        ok = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
+        server, port, seen = await _serve([ok], None)
+        client = HttpClient(f"http://127.0.0.1:{port}", {}, 4, kernel_timestamps)
+        body = bytes(range(256)) * 16384  # 4 MiB
+        assert (await client.request("POST", "/x", body, timeout=30)).body == b"ok"
+        assert seen[0].endswith(body)
+        await client.close()
+        server.close()
+
+    asyncio.run(main())
