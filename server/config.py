@@ -319,9 +319,6 @@ def validate_engine_config(c: EngineConfig) -> None:
              f"--max-model-len: must be in 1..{m.max_position} for the {m.name} model, got {sched.max_model_len}")
     _require(c.weights is None or os.path.isfile(c.weights), f"--weights: no such file {c.weights!r}")
     _validate_parallel(c)
-    _require(c.speculative is None or c.parallel.tensor_parallel_size == 1,
-             "--speculative-config: not supported with --tp > 1 yet (the draft head runs on rank 0 "
-             "and would need the sharded LM head)")
     device = resolve_device(c.device)
     if device == "cuda":
         import torch

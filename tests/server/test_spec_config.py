@@ -74,7 +74,6 @@ def test_golden_al_picks_the_curve_value(curve, thinking, k):
     ({**MTP5, "synthetic_acceptance_length": 3}, ("--golden-al", "dsv4_mtp"), "--golden-al: the curve gives"),
     ({**MTP5, "rejection_sample_method": "standard"}, ("--golden-al", "dsv4_mtp"), "--golden-al: needs rejection_sample_method"),
     ({**MTP5}, ("--thinking", "on"), "--thinking: only meaningful with --golden-al"),
-    ({**MTP5, "synthetic_acceptance_length": 3}, ("--tp", "2"), "not supported with --tp > 1"),
 ])
 def test_invalid_configs_are_refused(obj, flags, message):
     with pytest.raises(ValueError, match=message):
