@@ -222,7 +222,7 @@ def _pool_size(levels: list[LevelSpec], traces: TraceSet) -> int:
 def _config(args, target: dict[str, Any], config: RunConfig, info: ServerInfo, traces: TraceSet, scale_report,
             levels: list[LevelSpec], vocab_offset: int, vocab_size: int) -> dict[str, Any]:
     return {
-        "command_line": [Path(sys.argv[0]).name, *sys.argv[1:]],
+        "command_line": _redacted([Path(sys.argv[0]).name, *sys.argv[1:]]),
         "loadgen_version": __version__,
         "git_revision": _git_revision(),
         "host": {"hostname": socket.gethostname(), "platform": platform.platform(),
@@ -243,6 +243,23 @@ def _config(args, target: dict[str, Any], config: RunConfig, info: ServerInfo, t
                    "requests": sum(1 for s in traces.sessions for _ in s.all_requests()),
                    "scale": scale_report.to_dict()},
     }
+
+
+def _redacted(argv: list[str]) -> list[str]:
+    """The command line without secrets: values of --api-key and --header become '***'."""
+    out, hide_next = [], False
+    for arg in argv:
+        if hide_next:
+            out.append("***")
+            hide_next = False
+        elif arg in ("--api-key", "--header"):
+            out.append(arg)
+            hide_next = True
+        elif arg.startswith(("--api-key=", "--header=")):
+            out.append(arg.partition("=")[0] + "=***")
+        else:
+            out.append(arg)
+    return out
 
 
 def _cpu_model() -> str | None:

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from loadgen.cli import main
+from loadgen.results import read_results
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -75,17 +76,21 @@ def test_our_server_is_detected_and_its_limits_used(start_server, sessions, repl
     assert tput["output_tokens_per_s_per_gpu"] == pytest.approx(tput["output_tokens_per_s"] / 4, rel=1e-3)
 
 
-def test_table_and_results_path_are_printed(start_server, sessions, tmp_path, capsys):
+def test_table_and_results_path_are_printed(start_server, sessions, tmp_path, capsys, monkeypatch):
     server = start_server()
     folder = sessions({"n_requests": 5, "think": 0.0, "n_out": 3})
     out = tmp_path / "out"
-    assert main(["replay", "--url", server.url, "--traces", str(folder), "--duration", "0.3",
-                 "--out", str(out), "--header", "X-Test: 1", "--api-key", "k"]) == 0
+    argv = ["replay", "--url", server.url, "--traces", str(folder), "--duration", "0.3",
+            "--out", str(out), "--header", "X-Test: 1", "--api-key", "k"]
+    monkeypatch.setattr(sys, "argv", ["loadgen", *argv])
+    assert main(argv) == 0
     text = capsys.readouterr().out
     assert "== conc 1" in text and "TTFT" in text and "interactivity (slow tail)" in text
     assert f"results: {out / 'result.json'}" in text
     seen = server.records()["records"]
     assert seen and all(r["authorization"] == "Bearer k" and r["x_test"] == "1" for r in seen)
+    command_line = read_results(out / "result.json")["config"]["command_line"]
+    assert command_line[-4:] == ["--header", "***", "--api-key", "***"]  # secrets stay out of results
     assert all(r["model"] == "test-model" and r["user"].startswith("agentload-") for r in seen)
 
 
