@@ -149,6 +149,7 @@ async def _replay(args: argparse.Namespace, options: dict[str, Any], transport: 
         await transport.close()
         if per_request:
             per_request.close()
+        gc.unfreeze()
         _finish(doc, runner, results_path)
     say(f"results: {results_path}")
     return _exit_code(doc, runner, args.command)
