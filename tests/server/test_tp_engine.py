@@ -90,16 +90,9 @@ def test_sharded_engine_with_speculative_decoding_equals_unsharded():
     config = dataclasses.replace(tiny_config(max_num_seqs=4), speculative=SpeculativeConfig("mtp", 3, "standard"))
     requests = {f"s{i}": (prompt(20 + i, 15 + 23 * i), greedy(10)) for i in range(4)}
     want = run(Engine(config), requests)
-    sharded = dataclasses.replace(config, speculative=None, parallel=ParallelConfig(tensor_parallel_size=2))
-    # server/config.py still refuses --speculative-config with --tp > 1 (written before rank 0
-    # kept the whole LM head); set the field past that check until the check is lifted.
-    object.__setattr__(sharded, "speculative", config.speculative)
-    engine = Engine(sharded)
-    try:
+    with tp_engine(config) as engine:
         got = run(engine, requests)
         assert engine.stats().spec_num_drafts > 0
-    finally:
-        engine.runner.close()
     assert tokens(got) == tokens(want)
 
 
