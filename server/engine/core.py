@@ -30,7 +30,7 @@ class Engine:
         self.eos_token_id = model.eos_token_id
         self.max_model_len = config.scheduler.max_model_len
         self.runner = ModelRunner(config)
-        self.num_gpus = 1 if self.runner.device.type == "cuda" else 0
+        self.num_gpus = self.runner.num_gpus
         self.blocks = BlockManager(self.runner.num_blocks, config.cache.block_size, config.cache.enable_prefix_caching)
         self.scheduler = Scheduler(config.scheduler, self.blocks, model.eos_token_id)
         self.sampler = Sampler(self.runner.device, model.eos_token_id, config.seed)
