@@ -95,7 +95,7 @@ def _preset_text() -> str:
 def run(args: argparse.Namespace) -> int:
     from loadgen.cli import UsageError
     from loadgen.replay import replay_with
-    from loadgen.transport.inprocess import InProcessTransport, engine_config_from_args
+    from loadgen.transport.inprocess import EngineConfigError, InProcessTransport, engine_config_from_args
 
     if args.model is None:
         args.model = _default_model(args.device)
@@ -106,15 +106,13 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(str(exc)) from exc
     transport = InProcessTransport(config, args.timeout)
     if not args.quiet:
-        print(f"bench: building the {config.model.name} engine on {transport.device} (in-process)", flush=True)
-    try:
-        transport.build_engine()
-    except ValueError as exc:
-        raise UsageError(str(exc)) from exc
+        print(f"bench: the {config.model.name} engine on {transport.device}, in this process", flush=True)
     if args.out is None:
         args.out = str(Path("results") / datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ"))
     try:
         code = replay_with(args, transport, transport.describe())
+    except EngineConfigError as exc:
+        raise UsageError(str(exc)) from exc
     finally:
         transport.shutdown()
         # The replay froze the heap (gc.freeze); frozen triton objects would outlive the

@@ -49,7 +49,11 @@ ERROR_REFUSED = "engine_refused"  # the engine refused the request (too long for
 ERROR_ENGINE_DEAD = "engine_dead"  # the engine raised while the request was in flight
 _SHUTDOWN = None  # the step loop's stop message (the same sentinel `_serve` expects)
 
-__all__ = ["InProcessTransport", "add_engine_args", "engine_config_from_args", "EngineConfig"]
+
+class EngineConfigError(TransportError):
+    """The engine refused its configuration while being built (e.g. no room for the KV cache)."""
+
+__all__ = ["EngineConfig", "EngineConfigError", "InProcessTransport", "add_engine_args", "engine_config_from_args"]
 
 
 class _Inbox:
@@ -112,13 +116,16 @@ class InProcessTransport(Transport):
     # -- lifecycle ---------------------------------------------------------------------------
 
     def build_engine(self) -> None:
-        """Build the engine (blocking); ValueError when the engine refuses the configuration."""
+        """Build the engine (blocking); EngineConfigError when it refuses the configuration."""
         if self.engine is not None:
             return
         _leave_a_core_for_http(self.config)  # on CPU the event loop needs a core as HTTP would
         from server.engine.core import Engine
 
-        self.engine = Engine(self.config)
+        try:
+            self.engine = Engine(self.config)
+        except ValueError as exc:
+            raise EngineConfigError(str(exc)) from exc
 
     async def open(self, max_connections: int) -> None:
         if self._thread is not None:

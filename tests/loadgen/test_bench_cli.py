@@ -1,0 +1,143 @@
+"""`loadgen bench` on the command line: help, engine flag errors, the same open-loop load through
+the in-process transport and through `server start` + HTTP, an engine crash mid-run, and the
+embedded default run with no arguments (the README's main job)."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import orjson
+import pytest
+
+from loadgen.cli import main
+
+ROOT = Path(__file__).resolve().parents[2]
+ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
+ENGINE_FLAGS = ["--model", "tiny", "--device", "cpu", "--max-model-len", "2048", "--seed", "0"]
+_READY = re.compile(r"ready at (http://\S+) ")
+
+
+def test_help_lists_replay_and_engine_flags(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["bench", "--help"])
+    assert exit_info.value.code == 0
+    out = capsys.readouterr().out
+    for flag in ("--conc", "--rate", "--duration", "--warmup", "--traces", "--token-scale", "--out",
+                 "--model", "--kv-cache-dtype", "--block-size", "--speculative-config", "--tp", "--seed"):
+        assert flag in out
+    assert "--url" not in out and "--api-key" not in out
+    assert "tiny: --conc 1,2,4" in out  # the embedded defaults are printed
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--block-size", "24"], "--block-size: must be a positive multiple of 16"),
+    (["--speculative-config", "{nope"], "--speculative-config: not valid JSON"),
+    (["--max-model-len", "100000"], "--max-model-len: must be in 1..8192"),
+    (["--kv-cache-gb", "0.0000001"], "--kv-cache-gb: leaves no room for a single KV block"),  # refused at build
+    (["--conc", "0"], "--conc: expected positive numbers"),
+])
+def test_bad_flags_exit_2_naming_the_flag(tmp_path, flags, message):
+    done = _bench(tmp_path / "out", "--device", "cpu", *flags)
+    assert done.returncode == 2, done.stderr
+    assert message in done.stderr and "loadgen bench: error:" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def _loadgen(*argv: str, prelude: str = "", cwd: Path = ROOT, timeout: float = 240) -> subprocess.CompletedProcess:
+    """`loadgen ARGV...` in a fresh process (the engine sets process-wide torch threads), after `prelude`."""
+    code = f"{prelude}\nimport sys\nfrom loadgen.cli import main\nsys.exit(main(sys.argv[1:]))\n"
+    return subprocess.run([sys.executable, "-c", code, *argv], cwd=cwd, env=ENV, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def _bench(out: Path, *flags: str, prelude: str = "") -> subprocess.CompletedProcess:
+    return _loadgen("bench", "--out", str(out), "--quiet", *flags, prelude=prelude)
+
+
+@pytest.fixture
+def http_server(tmp_path):
+    log = open(tmp_path / "server.log", "w+")
+    proc = subprocess.Popen([sys.executable, "-m", "server.cli", "start", "--port", "0", *ENGINE_FLAGS],
+                            cwd=ROOT, env=ENV, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        for _ in range(1200):
+            log.seek(0)
+            match = _READY.search(log.read())
+            if match or proc.poll() is not None:
+                break
+            subprocess.run(["sleep", "0.1"])
+        assert match, f"server did not start:\n{(tmp_path / 'server.log').read_text()}"
+        yield match.group(1)
+    finally:
+        proc.terminate()
+        proc.wait(60)
+        log.close()
+
+
+def test_inprocess_and_http_agree_on_counts(sessions, http_server, replay, tmp_path):
+    traces = sessions({"n_requests": 5, "think": 0.0}, {"n_requests": 4, "think": 0.0, "n_out": 12})
+    # Open loop with a seeded Poisson plan and no warm-up: the requests due inside the window,
+    # their input and output lengths are fixed by the seed, whatever the latencies.
+    load = ["--traces", str(traces), "--rate", "3", "--duration", "4", "--warmup", "0s", "--seed", "0",
+            "--token-scale", "1", "--think-time-scale", "1"]
+    done = _bench(tmp_path / "inprocess", *load, *ENGINE_FLAGS)
+    assert done.returncode == 0, done.stderr
+    inproc = orjson.loads((tmp_path / "inprocess" / "result.json").read_bytes())
+    code, http, _ = replay(http_server, *load)
+    assert code == 0
+    (a,), (b,) = inproc["levels"], http["levels"]
+    for key in ("requests_ok", "input_tokens", "output_tokens", "output_tokens_counted", "errors_total"):
+        assert a["counts"][key] == b["counts"][key], key
+    assert a["counts"]["requests_ok"] >= 8 and a["counts"]["errors_total"] == 0
+    for metric in ("ttft", "e2el"):
+        ratio = a["metrics"][metric]["stats"]["p50"] / b["metrics"][metric]["stats"]["p50"]
+        assert 0.1 < ratio < 10, (metric, ratio)  # the same order; the overhead is measured in benchmarks/
+    config = inproc["config"]
+    assert config["transport"] == "inprocess" and config["device"] == "cpu"
+    assert config["engine"]["scheduler"]["max_model_len"] == 2048 and config["gpus"] == 1
+    assert http["config"]["url"] == http_server
+
+
+def test_engine_crash_ends_the_run_with_partial_results(sessions, tmp_path):
+    traces = sessions({"n_requests": 30, "think": 0.05})
+    # A fault planted in the real engine: its 40th step raises.
+    prelude = ("import server.engine.core as core\n"
+               "real_step, steps = core.Engine.step, []\n"
+               "def failing_step(self):\n"
+               "    steps.append(1)\n"
+               "    if len(steps) == 40:\n"
+               "        raise RuntimeError('planted fault at step 40')\n"
+               "    return real_step(self)\n"
+               "core.Engine.step = failing_step\n")
+    done = _bench(tmp_path / "crash", "--traces", str(traces), "--conc", "1", "--duration", "30",
+                  "--token-scale", "1", *ENGINE_FLAGS, prelude=prelude)
+    assert done.returncode == 1, done.stderr
+    assert "planted fault at step 40" in done.stderr and "loadgen bench: error:" in done.stderr
+    doc = orjson.loads((tmp_path / "crash" / "result.json").read_bytes())
+    assert doc["status"] == "server_dead" and "planted fault" in doc["message"]
+    (level,) = doc["levels"]
+    assert level["counts"]["requests_ok"] > 0 and level["counts"]["errors"].get("engine_dead") == 1
+
+
+def test_default_run_writes_results_plots_and_html(tmp_path):
+    """`loadgen bench` with no arguments, exactly as the README's quick start runs it."""
+    done = _loadgen("bench", cwd=tmp_path, timeout=300)
+    assert done.returncode == 0, done.stderr
+    (folder,) = (tmp_path / "results").iterdir()
+    doc = orjson.loads((folder / "result.json").read_bytes())
+    assert doc["status"] == "complete"
+    assert [level["concurrency"] for level in doc["levels"]] == [1, 2, 4]
+    assert not any(level["failed"] for level in doc["levels"])
+    assert doc["config"]["transport"] == "inprocess" and doc["config"]["model"] == "tiny"
+    assert doc["config"]["traces"]["name"] == "agentic-coding"
+    for label in ("conc 1", "conc 2", "conc 4"):
+        assert f"== {label}:" in done.stdout
+    pngs = sorted((folder / "report").glob("*.png"))
+    assert len(pngs) >= 4 and all(p.stat().st_size > 1000 for p in pngs)
+    html = (folder / "report" / "report.html").read_text()
+    assert html.count("data:image/png;base64,") == len(pngs)
+    assert "nanobind" not in done.stderr
