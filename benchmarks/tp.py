@@ -110,13 +110,18 @@ def decode_step_s(args: argparse.Namespace, tp: int) -> tuple[float, int]:
             torch.cuda.empty_cache()
 
 
+def _pythonpath() -> str:
+    """The repo first, then whatever the caller's PYTHONPATH holds (e.g. carried wheels)."""
+    return os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)
+
+
 def start_server(args: argparse.Namespace, tp: int, log: Path) -> tuple[subprocess.Popen, str]:
     cmd = [sys.executable, "-m", "server.cli", "start", "--port", "0", "--model", args.model,
            "--device", args.device, "--tp", str(tp), "--kv-cache-dtype", args.kv_cache_dtype,
            "--max-model-len", str(args.max_context + 1024), "--max-num-seqs", str(args.max_num_seqs)]
     if args.num_layers:
         cmd += ["--num-layers", str(args.num_layers)]
-    env = dict(os.environ, PYTHONPATH=str(REPO), PYTHONUNBUFFERED="1")
+    env = dict(os.environ, PYTHONPATH=_pythonpath(), PYTHONUNBUFFERED="1")
     with open(log, "wb") as out:
         proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 600
@@ -151,7 +156,7 @@ def replay(args: argparse.Namespace, tp: int, gpus: int, work: Path) -> dict:
              "--gpus", str(max(gpus, 1)), "--max-context", str(args.max_context),
              "--token-scale", str(args.token_scale), "--think-time-scale", str(args.think_time_scale),
              "--duration", str(args.duration), "--warmup", args.replay_warmup, "--out", str(out), "--quiet"],
-            cwd=REPO, env=dict(os.environ, PYTHONPATH=str(REPO)), capture_output=True, text=True,
+            cwd=REPO, env=dict(os.environ, PYTHONPATH=_pythonpath()), capture_output=True, text=True,
             timeout=args.duration * 4 + 600,
         )
         if done.returncode != 0:
