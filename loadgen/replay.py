@@ -3,7 +3,7 @@
 `replay_with` runs the same replay through any Transport (`loadgen bench` drives the engine
 in-process with it); `replay_main` is the HTTP case.
 
-Kept apart from cmd_replay.py so `loadgen --help` never imports aiohttp, numpy or the traces.
+Kept apart from cmd_replay.py so `loadgen --help` never imports numpy, hdrh or the traces.
 """
 
 from __future__ import annotations

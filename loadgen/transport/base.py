@@ -1,6 +1,6 @@
 """The transport interface: send one request, get back its timed content chunks.
 
-Kept small on purpose: the HTTP transport implements it over aiohttp, and an in-process
+Kept small on purpose: the HTTP transport implements it over wire.HttpClient, and an in-process
 transport can implement it by driving the engine directly. A transport never raises for a
 failure of one request; it returns an `Exchange` whose `error` names the kind.
 """
