@@ -46,9 +46,9 @@ class _Generation:
     """One request's running totals and text decoder; also records its latencies."""
 
     __slots__ = ("arrival", "last", "decoder", "num_tokens", "prompt_tokens", "cached_tokens",
-                 "finish_reason", "error")
+                 "finish_reason", "error", "speculates", "spec")
 
-    def __init__(self, arrival: float) -> None:
+    def __init__(self, arrival: float, speculates: bool) -> None:
         self.arrival = arrival
         self.last: float | None = None
         self.decoder = StreamDecoder()
@@ -57,6 +57,8 @@ class _Generation:
         self.cached_tokens = 0
         self.finish_reason: str | None = None
         self.error: str | None = None
+        self.speculates = speculates
+        self.spec: dict[str, int] = {"num_drafts": 0, "num_draft_tokens": 0, "num_accepted_tokens": 0}
 
     def absorb(self, output: RequestOutput, arrival: float, metrics: ServerMetrics) -> str:
         """Account one engine output; returns its text."""
@@ -71,6 +73,9 @@ class _Generation:
         if output.num_prompt_tokens:
             self.prompt_tokens = output.num_prompt_tokens
             self.cached_tokens = output.num_cached_tokens
+        if self.speculates:  # the engine's counts are cumulative per request: the last one is the total
+            self.spec = {"num_drafts": output.num_drafts, "num_draft_tokens": output.num_draft_tokens,
+                         "num_accepted_tokens": output.num_accepted_tokens}
         if output.finished:
             self.finish_reason = output.finish_reason
             self.error = output.error
@@ -80,7 +85,8 @@ class _Generation:
         return text
 
     def usage(self) -> dict[str, object]:
-        return protocol.usage(self.prompt_tokens, self.num_tokens, self.cached_tokens)
+        return protocol.usage(self.prompt_tokens, self.num_tokens, self.cached_tokens,
+                              self.spec if self.speculates else None)
 
 
 class OpenAIServer:
@@ -94,6 +100,7 @@ class OpenAIServer:
         self.in_flight = 0
         self.closing = False  # set on SIGTERM/SIGINT: new requests get 503
         self.created = int(time.time())
+        self.speculative = client.config.speculative
 
     def build_app(self) -> web.Application:
         app = web.Application(client_max_size=self.settings.max_body_bytes,
@@ -149,7 +156,8 @@ class OpenAIServer:
         card = {"id": self.settings.served_model_name, "object": "model", "created": self.created,
                 "owned_by": "agentload", "root": self.info.model_name,
                 "max_model_len": self.info.max_model_len, "num_gpus": self.info.num_gpus,
-                "vocab_size": self.info.vocab_size}
+                "vocab_size": self.info.vocab_size,
+                "speculative": protocol.speculative_card(self.speculative)}
         return web.json_response({"object": "list", "data": [card]}, dumps=_dumps)
 
     async def health(self, request: web.Request) -> web.Response:
@@ -190,6 +198,7 @@ class OpenAIServer:
     async def _generate(self, request: web.Request, prompt: tuple[int, ...],
                         options: GenerationOptions, chat: bool) -> web.StreamResponse:
         protocol.check_prompt(prompt, self.info.vocab_size)
+        protocol.check_acceptance_length(options, self.speculative)
         max_tokens = protocol.resolve_max_tokens(options, len(prompt), self.info.max_model_len)
         self._check_admission()
         header = ResponseHeader(f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}",
@@ -199,7 +208,7 @@ class OpenAIServer:
             AddRequest(header.id, prompt, options.sampling_params(max_tokens), arrival))
         self.in_flight += 1
         try:
-            gen = _Generation(arrival)
+            gen = _Generation(arrival, self.speculative is not None)
             if options.stream:
                 return await self._stream(request, stream, header, gen, options.include_usage)
             return await self._complete(stream, header, gen)

@@ -6,9 +6,14 @@ ignoring them, so a benchmark never silently measures something other than what 
 Unknown fields are ignored, as OpenAI-compatible servers do. Every refusal is an `ApiError`
 that carries an OpenAI-style body naming the offending parameter.
 
-Extension fields (read only by our server): request `acceptance_length` (synthetic speculative
-acceptance length); response `choices[i].token_ids` (the generated ids of that chunk or
-response, including special ids that produce no text).
+Extension fields (read only by our server): request `acceptance_length` (this request's
+synthetic speculative acceptance length, in [1, k+1]; refused unless the server runs synthetic
+speculative decoding); response `choices[i].token_ids` (the generated ids of that chunk or
+response, including special ids that produce no text); `usage.spec_decode` = {num_drafts
+(verify steps that checked drafts), num_draft_tokens, num_accepted_tokens} for the request, only
+when the server speculates (measured AL = 1 + num_accepted_tokens / num_drafts); /v1/models
+`speculative` = {method, num_speculative_tokens, rejection_sample_method,
+synthetic_acceptance_length (the server's default mean AL, null for `standard`)} or null.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from typing import Any
 
 import orjson
 
+from server.config import SpeculativeConfig
 from server.engine.messages import SamplingParams
 from server.tokenizer import ChatMessage
 
@@ -313,13 +319,38 @@ def resolve_max_tokens(options: GenerationOptions, prompt_len: int, max_model_le
     return options.max_tokens
 
 
-def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> dict[str, Any]:
-    return {
+def check_acceptance_length(options: GenerationOptions, speculative: SpeculativeConfig | None) -> None:
+    """The per-request AL override only means something to synthetic acceptance; the engine
+    checks its range against k."""
+    if options.acceptance_length is None:
+        return
+    if speculative is None or not speculative.synthetic:
+        raise ApiError(400, "acceptance_length: this server does not run synthetic speculative decoding "
+                       "(start it with --speculative-config ... rejection_sample_method 'synthetic')",
+                       param="acceptance_length", code="unsupported_option")
+
+
+def speculative_card(speculative: SpeculativeConfig | None) -> dict[str, Any] | None:
+    """The /v1/models extension that tells a client k and the server's default AL."""
+    if speculative is None:
+        return None
+    rates = speculative.acceptance_rates
+    return {"method": speculative.method, "num_speculative_tokens": speculative.num_speculative_tokens,
+            "rejection_sample_method": speculative.rejection_sample_method,
+            "synthetic_acceptance_length": round(1 + sum(rates), 6) if speculative.synthetic else None}
+
+
+def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int,
+          spec_decode: dict[str, int] | None = None) -> dict[str, Any]:
+    body: dict[str, Any] = {
         "prompt_tokens": prompt_tokens,
         "completion_tokens": completion_tokens,
         "total_tokens": prompt_tokens + completion_tokens,
         "prompt_tokens_details": {"cached_tokens": cached_tokens},
     }
+    if spec_decode is not None:
+        body["spec_decode"] = spec_decode
+    return body
 
 
 @dataclass(frozen=True, slots=True)
