@@ -29,6 +29,7 @@ class WireRequest:
     prompt: np.ndarray  # int32 token ids, len == input tokens
     max_tokens: int
     user: str = ""  # OpenAI's `user` field: names the session play (servers may group by it)
+    acceptance_length: float | None = None  # our server's per-request speculative AL (extension field)
 
 
 @dataclass(slots=True)
@@ -42,6 +43,8 @@ class Exchange:
     usage_prompt_tokens: int | None = None
     usage_completion_tokens: int | None = None
     cached_tokens: int | None = None
+    spec_num_drafts: int | None = None           # usage.spec_decode (our server, when it speculates)
+    spec_num_accepted_tokens: int | None = None
     error: str | None = None
     error_detail: str | None = None
 
@@ -84,6 +87,11 @@ class Transport(ABC):
 
     @abstractmethod
     async def close(self) -> None: ...
+
+    async def spec_counters(self) -> tuple[int, int] | None:
+        """Server-wide cumulative (speculative verify steps, accepted draft tokens), or None when
+        the server does not report them; a failure to ask is None too, never an error."""
+        return None
 
 
 class TransportError(Exception):
