@@ -13,6 +13,10 @@ per id, so use completions when the input length must be exact. Each request car
 
 Tokens per content chunk: `len(choice["token_ids"])` when the server sends token ids (vLLM's
 and our server's extension), else 1.
+
+Speculative decoding: `acceptance_length` goes into the body only when the request carries one
+(the replay sets it only for our server); `usage.spec_decode` is read when present, and
+`spec_counters` scrapes /metrics for servers that do not report it per request.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ from loadgen.transport.base import (
     TransportError,
     WireRequest,
 )
+from loadgen.spec import parse_spec_counters
 from loadgen.transport.wire import HttpClient, ResponseError
 
 ENDPOINT_PATHS = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}
@@ -84,6 +89,16 @@ class HttpTransport(Transport):
         self.model = info.model
         return info
 
+    async def spec_counters(self) -> tuple[int, int] | None:
+        try:
+            resp = await self._client.request("GET", "/metrics", timeout=30)
+        except (ResponseError, asyncio.TimeoutError):
+            return None
+        if resp.status != 200:
+            return None
+        counters = parse_spec_counters(resp.body.decode("utf-8", "replace"))
+        return None if counters is None else (counters.num_drafts, counters.num_accepted_tokens)
+
     async def send(self, request: WireRequest) -> Exchange:
         body = self._body(request)
         ex = Exchange()
@@ -118,6 +133,8 @@ class HttpTransport(Transport):
         }
         if request.user:
             body["user"] = request.user
+        if request.acceptance_length is not None:
+            body["acceptance_length"] = request.acceptance_length
         if self.endpoint == "completions":
             body["prompt"] = request.prompt
         else:
@@ -190,6 +207,10 @@ def _take_usage(ex: Exchange, usage: dict) -> None:
     ex.usage_completion_tokens = usage.get("completion_tokens")
     details = usage.get("prompt_tokens_details") or {}
     ex.cached_tokens = details.get("cached_tokens")
+    spec = usage.get("spec_decode")
+    if isinstance(spec, dict):
+        ex.spec_num_drafts = spec.get("num_drafts")
+        ex.spec_num_accepted_tokens = spec.get("num_accepted_tokens")
 
 
 def _check_complete(ex: Exchange, asked: int) -> None:
