@@ -239,6 +239,21 @@ def _timeline(
     return tuple(requests), tuple(subagents)
 
 
+def _subagent_start(recorded_t: float | None, duration_ms: float | None, previous_t: float) -> float:
+    """A subagent's start on the parent's timeline.
+
+    The recorded `t` is when the subagent *finished*: in every corpus session with subagents,
+    t - duration_ms/1000 falls 0.2-0.9 s after the end of the parent call that launched it, and
+    subagents launched together by one call share that start exactly. So the start is
+    t - duration when both are known (never before the launching parent request).
+    """
+    if recorded_t is None:
+        return previous_t
+    if duration_ms is None:
+        return recorded_t
+    return max(previous_t, recorded_t - duration_ms / 1000.0)
+
+
 def _subagent(
     where: _Where, item: dict[str, Any], after: int, previous_t: float, block_size: int, counter: _Counter
 ) -> Subagent:
@@ -248,13 +263,14 @@ def _subagent(
     if not isinstance(items, list):
         raise where.fail("requests", f"expected a list, got {type(items).__name__}")
     requests, _ = _timeline(where, items, block_size, counter, allow_subagents=False)
-    t = _opt_float(where, item, "t")
+    recorded_t = _opt_float(where, item, "t")
+    duration_ms = _opt_float(where, item, "duration_ms")
     return Subagent(
         agent_id=_opt_str(where, item, "agent_id") or where.path,
         subagent_type=_opt_str(where, item, "subagent_type"),
-        t=previous_t if t is None else t,
+        t=_subagent_start(recorded_t, duration_ms, previous_t),
         after_request=after,
-        duration_ms=_opt_float(where, item, "duration_ms"),
+        duration_ms=duration_ms,
         total_tokens=_opt_int(where, item, "total_tokens"),
         tool_use_count=_opt_int(where, item, "tool_use_count"),
         status=_opt_str(where, item, "status"),

@@ -47,7 +47,7 @@ class Subagent:
 
     agent_id: str
     subagent_type: str | None
-    t: float  # start on the parent's timeline, seconds
+    t: float  # start on the parent's timeline, seconds (recorded end t minus duration_ms)
     after_request: int  # number of parent requests before it in file order
     duration_ms: float | None
     total_tokens: int | None

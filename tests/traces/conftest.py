@@ -22,7 +22,7 @@ def small_session(session_id: str = "tiny") -> dict[str, Any]:
             {"t": 0.0, "type": "n", "model": "m-big", "in": 10, "out": 5, "hash_ids": [1, 2],
              "input_types": ["text"], "output_types": ["text", "thinking"], "stop": "tool_use",
              "api_time": 2.0, "think_time": 0.0},
-            {"t": 3.0, "type": "subagent", "agent_id": "agent_001", "subagent_type": "Explore",
+            {"t": 7.0, "type": "subagent", "agent_id": "agent_001", "subagent_type": "Explore",
              "duration_ms": 4000, "total_tokens": 27, "tool_use_count": 1, "status": "completed",
              "models": ["m-small"], "requests": [
                  {"t": 0.0, "type": "s", "in": 9, "out": 3, "hash_ids": [1, 2], "api_time": 1.0,

@@ -227,3 +227,22 @@ def test_wheel_ships_the_bundled_set_with_licence(tmp_path: Path) -> None:
     bundled = {f"traces/data/{DEFAULT_SET}/{p.name}" for p in (DATA_DIR / DEFAULT_SET).iterdir()}
     assert {f"traces/data/{DEFAULT_SET}/LICENSE", f"traces/data/{DEFAULT_SET}/NOTICE.md"} <= bundled
     assert bundled <= names
+
+
+def test_subagent_start_is_recorded_end_minus_duration(tmp_path) -> None:
+    """The corpus records a subagent's `t` when it finished; its start is t - duration_ms/1000,
+    never before the parent request that launched it, and t itself when no duration is given."""
+    import orjson
+
+    from traces import load_traces
+
+    session = {"id": "s", "block_size": 4, "requests": [
+        {"t": 10.0, "type": "n", "in": 4, "out": 1, "hash_ids": [1], "api_time": 1.0},
+        {"t": 20.0, "type": "subagent", "agent_id": "a", "duration_ms": 8500, "requests": []},
+        {"t": 12.0, "type": "subagent", "agent_id": "b", "duration_ms": 9000, "requests": []},
+        {"t": 15.0, "type": "subagent", "agent_id": "c", "requests": []},
+    ]}
+    path = tmp_path / "s.json"
+    path.write_bytes(orjson.dumps(session))
+    starts = {sub.agent_id: sub.t for sub in load_traces(path).sessions[0].subagents}
+    assert starts == {"a": 11.5, "b": 10.0, "c": 15.0}
