@@ -77,6 +77,18 @@ def add_replay_flags(p: argparse.ArgumentParser, http: bool) -> None:
     tr.add_argument("--vocab-size", type=int, metavar="N", help="synthesized token ids lie in [offset, offset+size) "
                     "(default: 256 byte ids for our server, else 30000)")
     tr.add_argument("--vocab-offset", type=int, metavar="ID", help="lowest synthesized token id (default: 0 for our server, else 1000)")
+    if http:
+        # `loadgen bench` takes these from the engine's own --speculative-config/--golden-al/--thinking.
+        spec = p.add_argument_group("speculative decoding (expected acceptance length)")
+        spec.add_argument("--golden-al", metavar="NAME|FILE",
+                          help="golden AL curve (bundled name or YAML file, see `loadgen golden-al`): each "
+                          "request expects the curve's AL at --spec-k for its thinking mode; sent per request "
+                          "as `acceptance_length` only to our server, recorded beside the measured AL always")
+        spec.add_argument("--spec-k", type=int, metavar="K",
+                          help="num_speculative_tokens to read the curve at (default: our server's k)")
+        spec.add_argument("--thinking", choices=("auto", "on", "off"),
+                          help="curve mode: auto = per request from the trace (output_types has 'thinking'; "
+                          "a mode the curve lacks falls back to the other, with a warning) (default auto)")
     out = p.add_argument_group("output")
     out.add_argument("--out", metavar="DIR", help="results folder (default results/<UTC timestamp>/)")
     out.add_argument("--per-request", metavar="FILE.jsonl", help="also write one JSON line per request")

@@ -30,6 +30,7 @@ from loadgen.pareto import pareto
 from loadgen.plan import TimingConfig
 from loadgen.results import SCHEMA, write_results
 from loadgen.runner import LevelRun, LevelSpec, RunConfig, Runner, Warmup, dumps_record, level_summary
+from loadgen.spec import SpecExpectation, expectation_from_flags, server_card, server_default
 from loadgen.table import format_level
 from loadgen.transport.base import ServerInfo, Transport, TransportError
 from loadgen.transport.http import HttpTransport
@@ -101,6 +102,7 @@ async def _replay(args: argparse.Namespace, options: dict[str, Any], transport: 
         return 1
     await transport.close()
 
+    expectation = _spec_expectation(args, info)
     traces, scale_report = _load_traces(args, info)
     levels = _level_specs(args, options, traces)
     config = RunConfig(
@@ -116,7 +118,8 @@ async def _replay(args: argparse.Namespace, options: dict[str, Any], transport: 
     results_path = out_dir / "result.json"
     doc = {
         "schema": SCHEMA, "created": _utc_now(), "status": "complete", "message": None,
-        "config": _config(args, target, config, info, traces, scale_report, levels, vocab_offset, vocab_size),
+        "config": {**_config(args, target, config, info, traces, scale_report, levels, vocab_offset, vocab_size),
+                   "spec_decode": expectation.describe() if expectation else None},
         "levels": [], "pareto": None,
     }
     per_request = _open_per_request(args.per_request)
@@ -128,6 +131,7 @@ async def _replay(args: argparse.Namespace, options: dict[str, Any], transport: 
         transport, traces, synth, config, theoretical_hit_rate,
         on_request=(lambda rec: per_request.write(dumps_record(rec))) if per_request else None,
         progress=_progress_line if sys.stderr.isatty() and not args.quiet else None,
+        spec=expectation,
     )
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -138,7 +142,7 @@ async def _replay(args: argparse.Namespace, options: dict[str, Any], transport: 
             level = await runner.run_level(spec)
             if sys.stderr.isatty() and not args.quiet:
                 print("\r\033[K", end="", file=sys.stderr)
-            doc["levels"].append(level_summary(level, config, runner.theoretical_hit_rate(level)))
+            doc["levels"].append(level_summary(level, config, runner.theoretical_hit_rate(level), expectation))
             _finish(doc, runner, results_path)
             say(format_level(doc["levels"][-1]))
             if runner.stopped:
@@ -173,6 +177,17 @@ def _exit_code(doc: dict[str, Any], runner: Runner, command: str) -> int:
         print(f"loadgen {command}: failed levels: {', '.join(failed)}", file=sys.stderr)
         return 1
     return 0
+
+
+def _spec_expectation(args: argparse.Namespace, info: ServerInfo) -> SpecExpectation | None:
+    """replay: from --golden-al/--spec-k/--thinking; bench (no such flags: the engine's own
+    --golden-al/--thinking set its AL): the engine's speculative config, never sent per request."""
+    if not hasattr(args, "spec_k"):
+        return server_default(server_card(info.raw))
+    try:
+        return expectation_from_flags(args.golden_al, args.spec_k, args.thinking, info.raw, info.ours)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from exc
 
 
 def _load_traces(args: argparse.Namespace, info: ServerInfo) -> tuple[TraceSet, Any]:

@@ -27,6 +27,7 @@ from loadgen import plan
 from loadgen.loop_lag import WARN_P99_US, monitor_loop_lag
 from loadgen.metrics import LevelRecorder
 from loadgen.plan import Play, PlaySource, TimingConfig
+from loadgen.spec import SpecCounters, SpecExpectation, SpecTally
 from loadgen.transport.base import ERROR_CONNECT, Exchange, Transport, WireRequest
 from traces import PromptSynth, Request, Session, TraceSet
 
@@ -133,6 +134,7 @@ class LevelRun:
         k: [] for k in ("play", "session", "agent", "turn", "isl", "osl", "ttft_us", "e2el_us", "tpot_us", "start_ms")})
     lane_requests: Counter = field(default_factory=Counter)
     lanes_warm: int = 0
+    spec_tally: SpecTally = field(default_factory=SpecTally)
 
     @property
     def stopping(self) -> bool:
@@ -159,6 +161,7 @@ class Runner:
         theoretical_hit: Callable[[Session], float],
         on_request: Callable[[dict[str, Any]], None] | None = None,
         progress: Callable[[LevelRun, float], None] | None = None,
+        spec: SpecExpectation | None = None,
     ) -> None:
         self.transport = transport
         self.traces = traces
@@ -167,6 +170,7 @@ class Runner:
         self.theoretical_hit = theoretical_hit
         self.on_request = on_request
         self.progress = progress
+        self.spec = spec
         self.source = PlaySource(traces.sessions, config.seed, config.start_offset)
         self.status = "complete"
         self.message: str | None = None
@@ -198,12 +202,16 @@ class Runner:
         self.current = level
         lag = asyncio.create_task(monitor_loop_lag(lambda us: level.in_window(time.perf_counter_ns()) and level.recorder.record_loop_lag(us)))
         ticker = asyncio.create_task(self._tick(level)) if self.progress else None
+        scrape = asyncio.create_task(self._scrape_at_window_start(level))
         try:
             if spec.mode == "closed":
                 await self._closed_loop(level)
             else:
                 await self._open_loop(level)
+            if await scrape:  # after the drain, so the window's requests are all in the delta
+                level.spec_tally.scraped.append(await self._spec_counters())
         finally:
+            scrape.cancel()
             lag.cancel()
             if ticker:
                 ticker.cancel()
@@ -215,6 +223,20 @@ class Runner:
                     level.window_end_ns = now
             self.current = None
         return level
+
+    async def _scrape_at_window_start(self, level: LevelRun) -> bool:
+        """Server-wide speculative counters when the window opens (the AL fallback when usage
+        has none); False when the level ended before its window opened."""
+        while level.window_start_ns is None and not level.stopping:
+            await asyncio.wait({level.stop}, timeout=0.05)
+        if level.window_start_ns is None:
+            return False
+        level.spec_tally.scraped.append(await self._spec_counters())
+        return True
+
+    async def _spec_counters(self) -> SpecCounters | None:
+        counts = await self.transport.spec_counters()
+        return None if counts is None else SpecCounters(*counts)
 
     # -- closed loop -------------------------------------------------------------------------
 
@@ -347,11 +369,13 @@ class Runner:
 
     async def _send(self, level: LevelRun, meta: _Meta, salt: int, warm: bool = False, due_ns: int | None = None) -> None:
         request = meta.request
+        al = self.spec.al(request) if self.spec is not None else None
         wire = WireRequest(
             request_id=f"{meta.play_id}-{meta.agent or 'main'}-{request.index}-{next(self._request_ids)}",
             prompt=self.synth.prompt(meta.session, request, salt),
             max_tokens=request.output_tokens,
             user=f"agentload-{meta.play_id}",
+            acceptance_length=al if self.spec is not None and self.spec.send else None,
         )
         origin = due_ns if due_ns is not None else time.perf_counter_ns()
         counted = not warm and level.in_window(origin)
@@ -365,10 +389,10 @@ class Runner:
             raise
         finally:
             level.inflight -= 1
-        self._account(level, meta, wire.request_id, exchange, origin, counted, due_ns is not None)
+        self._account(level, meta, wire.request_id, exchange, origin, counted, due_ns is not None, al)
 
     def _account(self, level: LevelRun, meta: _Meta, wire_id: str, ex: Exchange, origin: int, counted: bool,
-                 open_loop: bool) -> None:
+                 open_loop: bool, al: float | None) -> None:
         level.lane_requests[meta.lane] += 1
         self._watch_server(ex)
         if ex.error:
@@ -377,9 +401,11 @@ class Runner:
             level.warmup_ok += 1
         else:
             self._measure(level, meta, ex, origin, open_loop)
+            usage = None if ex.spec_num_drafts is None else SpecCounters(ex.spec_num_drafts, ex.spec_num_accepted_tokens or 0)
+            level.spec_tally.add(al, ex.output_tokens, usage)
         self._maybe_open_window_after_warmup_requests(level, meta.lane)
         if self.on_request is not None:
-            self.on_request(_request_record(level, meta, wire_id, ex, origin, counted))
+            self.on_request(_request_record(level, meta, wire_id, ex, origin, counted, al))
 
     def _measure(self, level: LevelRun, meta: _Meta, ex: Exchange, origin: int, open_loop: bool) -> None:
         request = meta.request
@@ -468,7 +494,8 @@ class Runner:
             self.progress(level, self.config.duration_s)
 
 
-def level_summary(level: LevelRun, config: RunConfig, theoretical_hit_rate: float | None) -> dict[str, Any]:
+def level_summary(level: LevelRun, config: RunConfig, theoretical_hit_rate: float | None,
+                  spec: SpecExpectation | None = None) -> dict[str, Any]:
     """The results-file entry of one level (see results.py)."""
     window_s = 0.0
     if level.window_start_ns is not None and level.window_end_ns is not None:
@@ -533,12 +560,14 @@ def level_summary(level: LevelRun, config: RunConfig, theoretical_hit_rate: floa
                    "cpu_sys_s": round(level.sys_s, 4) if level.sys_s is not None else None,
                    "cpu_util": round(cpu_util, 4) if cpu_util is not None else None,
                    "warnings": warnings},
+        "spec_decode": level.spec_tally.summary(spec),
         "metrics": metrics,
         "requests": level.columns,
     }
 
 
-def _request_record(level: LevelRun, meta: _Meta, wire_id: str, ex: Exchange, origin: int, counted: bool) -> dict[str, Any]:
+def _request_record(level: LevelRun, meta: _Meta, wire_id: str, ex: Exchange, origin: int, counted: bool,
+                    al: float | None) -> dict[str, Any]:
     """One --per-request line. Times are perf_counter_ns (CLOCK_MONOTONIC on Linux, so they
     compare with other processes' timestamps on the same host); due_ns is the intended start."""
     return {
@@ -548,7 +577,8 @@ def _request_record(level: LevelRun, meta: _Meta, wire_id: str, ex: Exchange, or
         "cached_tokens": ex.cached_tokens, "due_ns": origin, "start_ns": ex.start_ns,
         "first_ns": ex.chunk_ns[0] if ex.chunk_ns else None,
         "last_ns": ex.chunk_ns[-1] if ex.chunk_ns else None, "end_ns": ex.end_ns,
-        "chunk_ns": ex.chunk_ns, "chunk_tokens": ex.chunk_tokens,
+        "chunk_ns": ex.chunk_ns, "chunk_tokens": ex.chunk_tokens, "thinking": meta.request.thinking,
+        "expected_al": al, "spec_num_drafts": ex.spec_num_drafts, "spec_num_accepted_tokens": ex.spec_num_accepted_tokens,
         "counted": counted and ex.error is None, "error": ex.error, "error_detail": ex.error_detail,
     }
 

@@ -44,6 +44,8 @@ def format_level(level: dict[str, Any]) -> str:
     elif cache["trace_theoretical_hit_rate"] is not None:
         lines.append(f"   cache: server reports no cached tokens (trace's theoretical hit rate "
                      f"{_pct(cache['trace_theoretical_hit_rate'])})")
+    if level.get("spec_decode"):
+        lines.append(_spec_line(level["spec_decode"]))
     if counts["usage_mismatch_requests"]:
         lines.append(f"   note: {counts['usage_mismatch_requests']} requests reported a token count in usage "
                      f"that differs from the streamed chunks ({counts['output_tokens']} vs "
@@ -53,6 +55,17 @@ def format_level(level: dict[str, Any]) -> str:
     if level["failed"]:
         lines.append(f"   FAILED: {'; '.join(level['fail_reasons'])}")
     return "\n".join(lines)
+
+
+def _spec_line(spec: dict[str, Any]) -> str:
+    """Measured acceptance length beside the golden (expected) one."""
+    measured = "n/a (no usage.spec_decode, no /metrics counters)" if spec["measured_al"] is None else (
+        f"{spec['measured_al']:.3f} (from {spec['measured_from']})")
+    expected = "n/a" if spec["expected_al"] is None else f"{spec['expected_al']:.3f}"
+    where = f"k={spec['k']}" if spec["k"] is not None else "k unknown"
+    if spec["golden_al"]:
+        where += f", {spec['golden_al']}"
+    return f"   speculative decoding: acceptance length measured {measured} | golden {expected} ({where})"
 
 
 def _cell(value: float | int | None, divisor: float) -> str:

@@ -44,6 +44,7 @@ from loadgen.transport.http import _check_complete
 from server.config import EngineConfig, add_engine_args, engine_config_from_args, resolve_device
 from server.engine.messages import AbortRequest, AddRequest, RequestOutput, SamplingParams, StepOutputs
 from server.engine_client import _leave_a_core_for_http, _serve
+from server.protocol import speculative_card
 
 ERROR_REFUSED = "engine_refused"  # the engine refused the request (too long for the context or the KV cache)
 ERROR_ENGINE_DEAD = "engine_dead"  # the engine raised while the request was in flight
@@ -162,7 +163,8 @@ class InProcessTransport(Transport):
         num_gpus = engine.runner.num_gpus or None  # None on CPU: throughput per GPU uses 1
         raw = {"id": engine.model_name, "object": "model", "owned_by": "agentload",
                "max_model_len": engine.max_model_len, "num_gpus": engine.runner.num_gpus,
-               "vocab_size": engine.vocab_size, "transport": "inprocess", **self.device_info()}
+               "vocab_size": engine.vocab_size, "speculative": speculative_card(self.config.speculative),
+               "transport": "inprocess", **self.device_info()}
         return ServerInfo(model=engine.model_name, ours=True, max_model_len=engine.max_model_len,
                           num_gpus=num_gpus, vocab_size=engine.vocab_size, raw=raw)
 
@@ -177,7 +179,8 @@ class InProcessTransport(Transport):
         rid = request.request_id
         done = self._loop.create_future()
         self._pending[rid] = _Pending(ex, request.max_tokens, done)
-        params = SamplingParams(max_tokens=request.max_tokens, min_tokens=request.max_tokens, ignore_eos=True)
+        params = SamplingParams(max_tokens=request.max_tokens, min_tokens=request.max_tokens, ignore_eos=True,
+                                acceptance_length=request.acceptance_length)
         self._inbox.put(AddRequest(rid, tuple(request.prompt.tolist()), params, time.monotonic()))
         try:
             await asyncio.wait_for(asyncio.shield(done), self.timeout_s)
@@ -220,6 +223,8 @@ class InProcessTransport(Transport):
                 ex.chunk_tokens.append(len(output.new_token_ids))
             if output.finished:
                 del pending[output.request_id]
+                if self.config.speculative is not None:  # as our server's usage.spec_decode
+                    ex.spec_num_drafts, ex.spec_num_accepted_tokens = output.num_drafts, output.num_accepted_tokens
                 _finish(entry, output, now)
 
     def _die(self, reason: str, details: str) -> None:
