@@ -9,6 +9,11 @@ request, its own timestamps (time.perf_counter_ns, CLOCK_MONOTONIC: comparable a
 processes on Linux), the prompt, the fields asked for, and how many distinct `user`s (session
 plays) and requests were in flight at once. GET /_records returns them (`writes_ns`: just before each chunk's write, `written_ns`: just after).
 
+Speculative decoding as vLLM reports it: with `spec_metrics` = [drafts, accepted] per request,
+GET /metrics serves `vllm:spec_decode_num_drafts_total` and `..._num_accepted_tokens_total`
+grown by that much per finished request (no per-request usage). Each record says whether the
+body carried our extension field `acceptance_length`.
+
 Faults (`fault`: {"kind", "every"}): on every `every`-th request, "reset" closes the connection
 after two chunks, "500" answers HTTP 500, "stall" stops after one chunk and never finishes,
 "short" ends the stream cleanly with one token too few.
@@ -27,7 +32,8 @@ from aiohttp import web
 
 DEFAULTS = {"first_ms": 0.0, "itl_ms": 0.0, "tokens_per_chunk": 1, "send_token_ids": True,
             "model": "test-model", "owned_by": "test", "max_model_len": None, "num_gpus": None,
-            "vocab_size": None, "fault": None, "keep_prompts": False, "cached_tokens": 0, "serial": False}
+            "vocab_size": None, "fault": None, "keep_prompts": False, "cached_tokens": 0, "serial": False,
+            "spec_metrics": None}
 
 
 class State:
@@ -40,6 +46,7 @@ class State:
         self.users: dict[str, int] = {}
         self.max_users = 0
         self.lock = asyncio.Lock()  # "serial": one request at a time, the rest queue
+        self.finished = 0
 
 
 async def models(request: web.Request) -> web.Response:
@@ -73,7 +80,8 @@ async def complete(request: web.Request) -> web.StreamResponse:
            "ignore_eos": body.get("ignore_eos"), "stream": body.get("stream"),
            "include_usage": (body.get("stream_options") or {}).get("include_usage"),
            "user": user, "model": body.get("model"), "writes_ns": [], "written_ns": [], "fault": None,
-           "authorization": request.headers.get("Authorization"), "x_test": request.headers.get("X-Test")}
+           "authorization": request.headers.get("Authorization"), "x_test": request.headers.get("X-Test"),
+           "acceptance_length": body.get("acceptance_length", "absent")}
     if cfg["keep_prompts"]:
         rec["prompt"] = [int(x) for x in prompt]
     st.records.append(rec)
@@ -92,6 +100,7 @@ async def complete(request: web.Request) -> web.StreamResponse:
                 return await _stream(request, cfg, body, prompt, rec, kind, chat)
         return await _stream(request, cfg, body, prompt, rec, kind, chat)
     finally:
+        st.finished += 1
         st.inflight -= 1
         st.users[user] -= 1
         if not st.users[user]:
@@ -142,11 +151,23 @@ async def _sleep_until(deadline_ns: int) -> None:
         await asyncio.sleep(max(delay, 0.001))
 
 
+async def metrics(request: web.Request) -> web.Response:
+    st = request.app["state"]
+    if st.cfg["spec_metrics"] is None:
+        raise web.HTTPNotFound()
+    drafts, accepted = st.cfg["spec_metrics"]
+    text = (f"# TYPE vllm:spec_decode_num_drafts_total counter\n"
+            f'vllm:spec_decode_num_drafts_total{{model_name="m"}} {float(drafts * st.finished)}\n'
+            f'vllm:spec_decode_num_accepted_tokens_total{{model_name="m"}} {float(accepted * st.finished)}\n')
+    return web.Response(text=text)
+
+
 async def serve(config: dict) -> None:
     app = web.Application(client_max_size=1 << 28)
     app["state"] = State(config)
     app.router.add_get("/v1/models", models)
     app.router.add_get("/_records", records)
+    app.router.add_get("/metrics", metrics)
     app.router.add_post("/v1/completions", complete)
     app.router.add_post("/v1/chat/completions", complete)
     runner = web.AppRunner(app, access_log=None, handle_signals=False)
