@@ -59,7 +59,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "With no arguments: the bundled agentic-coding traces scaled to the model, the tiny model\n"
         "on CPU (small on a GPU); prints a table per level and writes\n"
         "results/<UTC timestamp>/result.json, with PNG plots and report.html in report/ beside it.\n"
-        "Engine flags are those of `server start`.",
+        "Engine flags are those of `server start`; with --speculative-config (and --golden-al/--thinking)\n"
+        "each level reports the measured acceptance length beside the engine's own (golden) AL.",
         epilog=_preset_text(),
         formatter_class=argparse.RawDescriptionHelpFormatter,
         # The engine's --seed and the replay's --seed are one flag here: the engine's definition wins.

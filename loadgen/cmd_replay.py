@@ -81,7 +81,7 @@ def add_replay_flags(p: argparse.ArgumentParser, http: bool) -> None:
         # `loadgen bench` takes these from the engine's own --speculative-config/--golden-al/--thinking.
         spec = p.add_argument_group("speculative decoding (expected acceptance length)")
         spec.add_argument("--golden-al", metavar="NAME|FILE",
-                          help="golden AL curve (bundled name or YAML file, see `loadgen golden-al`): each "
+                          help="golden AL curve (bundled name, see `loadgen golden-al list`, or a YAML file): each "
                           "request expects the curve's AL at --spec-k for its thinking mode; sent per request "
                           "as `acceptance_length` only to our server, recorded beside the measured AL always")
         spec.add_argument("--spec-k", type=int, metavar="K",
