@@ -34,6 +34,14 @@ def set_backend(name: str | None) -> None:
     _default = None if name is None else _check(name, "set_backend")
 
 
+def values_checkable(t: torch.Tensor) -> bool:
+    """Whether a check may read t's values: free for CPU tensors, but on a GPU every read (a
+    min, a max, int(t)) makes the host wait for the device. So range checks run on CPU tensors
+    only, and a GPU caller checks the host data it built the tensor from (the engine's
+    ModelRunner checks each step's slots once, before the copy to the device)."""
+    return t.device.type == "cpu"
+
+
 def resolve_backend(backend: str | None, device: torch.device) -> str:
     """The backend one call uses; refuses Triton on CPU tensors unless the interpreter is on."""
     name = get_backend() if backend is None else _check(backend, "backend")

@@ -13,7 +13,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.backend import resolve_backend
+from kernels.backend import resolve_backend, values_checkable
 from kernels.quant import decode_e4m3, indexer_row_bytes, read_indexer_keys
 from kernels.triton_utils import (
     E2M1_RAW_SCALE,
@@ -199,7 +199,8 @@ def indexer_logits_paged(
     t = q_fp8.shape[0]
     if seq_ids.shape != (t,) or context_lens.shape != (t,):
         raise ValueError(f"indexer_logits_paged: seq_ids and context_lens must be [T={t}]")
-    if t and int(context_lens.max()) > min(max_context, block_table.shape[1] * block_size):
+    # a host sync on a GPU (values_checkable): there the caller's host-side max_context stands for it
+    if t and values_checkable(context_lens) and int(context_lens.max()) > min(max_context, block_table.shape[1] * block_size):
         raise ValueError("indexer_logits_paged: a context_lens entry exceeds max_context or the block table")
     if resolve_backend(backend, q_fp8.device) == "torch":
         return indexer_logits_paged_torch(q_fp8, weights, idx_cache, key_dtype, block_table, block_size, seq_ids, context_lens, max_context)

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import torch
 
+from kernels.backend import values_checkable
+
 E4M3_MAX = 448.0
 E2M1_MAX = 6.0
 MX_BLOCK = 32
@@ -156,11 +158,19 @@ def _check_cache(cache: torch.Tensor, dtype: torch.dtype, width: int, name: str)
         raise ValueError(f"{name}: expected {dtype}[num_slots, {width}], got {cache.dtype}{list(cache.shape)}")
 
 
+def check_slot_range(slots: torch.Tensor, num_slots: int, name: str) -> None:
+    """ValueError unless every slot lies in [0, num_slots); reads the values (see values_checkable)."""
+    if slots.numel() and (int(slots.min()) < 0 or int(slots.max()) >= num_slots):
+        raise ValueError(f"{name}: slots out of range [0, {num_slots})")
+
+
 def _check_slots(slots: torch.Tensor, n: int, num_slots: int, name: str) -> torch.Tensor:
     if slots.dim() != 1 or slots.shape[0] != n:
         raise ValueError(f"{name}: slots must be 1-D with {n} entries, got shape {list(slots.shape)}")
-    if n and (int(slots.min()) < 0 or int(slots.max()) >= num_slots):
-        raise ValueError(f"{name}: slots out of range [0, {num_slots})")
+    # On a GPU the range check would cost two host syncs per write (per layer, per step): the
+    # caller checks its host copy of the slots instead.
+    if values_checkable(slots):
+        check_slot_range(slots, num_slots, name)
     return slots.long()
 
 

@@ -15,7 +15,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.backend import resolve_backend
+from kernels.backend import resolve_backend, values_checkable
 from kernels.triton_utils import new_output
 
 
@@ -181,7 +181,9 @@ def positions_to_slots(idx: torch.Tensor, block_table: torch.Tensor, seq_ids: to
         raise ValueError(f"positions_to_slots: idx [T, k] and seq_ids [T] expected, got {list(idx.shape)}, {list(seq_ids.shape)}")
     valid = idx >= 0
     pos = torch.where(valid, idx, 0).long()
-    if idx.numel() and int(pos.max()) >= block_table.shape[1] * block_size:
+    # a host sync on a GPU (values_checkable): there top-k positions come from context lengths
+    # that the block table already covers
+    if idx.numel() and values_checkable(pos) and int(pos.max()) >= block_table.shape[1] * block_size:
         raise ValueError("positions_to_slots: a position lies beyond the block table")
     blocks = block_table.long()[seq_ids.long()[:, None], pos // block_size]
     return torch.where(valid, blocks * block_size + pos % block_size, -1).int()

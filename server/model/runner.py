@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
+from kernels.quant import check_slot_range
 from server.config import EngineConfig, resolve_backend, resolve_device
 from server.engine.kv_cache import KVCacheTensors, cache_bytes_per_token, kernel_kv_dtype
 from server.engine.scheduler import ScheduledBatch
@@ -116,6 +117,9 @@ class ModelRunner:
         return self._on_device(self.step_inputs(batch, num_logits))
 
     def _on_device(self, inputs: StepInputs) -> tuple[torch.Tensor, AttentionMetadata, torch.Tensor]:
+        # The cache writers check slots only on CPU tensors (on a GPU it costs two host syncs per
+        # write, four per layer): the whole step's slots are checked here once, on the host.
+        check_slot_range(inputs.slots, self.num_blocks * self.block_size, "ModelRunner: step slots")
         dev = self._to_device(torch.stack((inputs.token_ids, inputs.positions, inputs.seq_ids, inputs.slots)))
         meta = AttentionMetadata(
             positions=dev[1], slot_mapping=dev[3], seq_ids=dev[2].int(), context_lens=(dev[1] + 1).int(),

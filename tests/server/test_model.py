@@ -220,3 +220,13 @@ def test_load_rejects_mismatched_weights(tmp_path):
     junk.write_bytes(b"not a safetensors file")
     with pytest.raises(ValueError, match="cannot read safetensors"):
         ModelRunner(tiny_config(num_blocks=4, weights=str(junk)))
+
+
+def test_runner_refuses_a_slot_outside_the_cache():
+    # The cache writers skip their range check on GPU tensors (a host sync per layer); the runner
+    # checks each step's slots once on the host, so a bad block id never reaches a kernel.
+    runner = ModelRunner(tiny_config(num_blocks=4))
+    seq = Sequence("r", [1, 2, 3], SamplingParams(max_tokens=1), 0.0)
+    seq.block_ids = [runner.num_blocks]  # one past the last block
+    with pytest.raises(ValueError, match="step slots: slots out of range"):
+        runner.execute(ScheduledBatch((seq,), (3,)), [1])
