@@ -23,7 +23,7 @@ from kernels.quant import fp8_e4m3_quantize, write_indexer_cache, write_kv_cache
 from kernels.sparse_mla import sparse_mla
 from kernels.topk import positions_to_slots, topk_indices
 from server.config import ModelConfig
-from server.model.layers import ColumnParallelLinear, RMSNorm, RowParallelLinear, Rotary
+from server.model.layers import ColumnParallelLinear, RMSNorm, RopeAngles, RowParallelLinear
 from server.parallel import TensorParallel
 
 
@@ -62,15 +62,15 @@ class Indexer(nn.Module):
         self.k_norm = nn.LayerNorm(c.index_head_dim, eps=c.rms_norm_eps)
         self.weights_proj = ColumnParallelLinear(c.hidden_size, c.index_num_heads, tp)
 
-    def _rope(self, x: torch.Tensor, rotary: Rotary, positions: torch.Tensor) -> torch.Tensor:
+    def _rope(self, x: torch.Tensor, rope: RopeAngles) -> torch.Tensor:
         r = self.rope_dim
-        return torch.cat((rotary(x[..., :r], positions, interleaved=False), x[..., r:]), dim=-1)
+        return torch.cat((rope.rotate(x[..., :r], interleaved=False), x[..., r:]), dim=-1)
 
-    def forward(self, x: torch.Tensor, c_q: torch.Tensor, rotary: Rotary, meta: AttentionMetadata,
+    def forward(self, x: torch.Tensor, c_q: torch.Tensor, rope: RopeAngles, meta: AttentionMetadata,
                 idx_cache: torch.Tensor, s: CacheSettings) -> torch.Tensor:
         t = x.shape[0]
-        q = self._rope(self.wq(c_q).view(t, self.num_heads, self.head_dim), rotary, meta.positions)
-        k = self._rope(self.k_norm(self.wk(x)), rotary, meta.positions)
+        q = self._rope(self.wq(c_q).view(t, self.num_heads, self.head_dim), rope)
+        k = self._rope(self.k_norm(self.wk(x)), rope)
         write_indexer_cache(idx_cache, meta.slot_mapping, k, s.key_dtype)
         q8, q_scale = fp8_e4m3_quantize(q.float())
         weights = self.weights_proj(x).float() * q_scale * self.weight_scale
@@ -101,18 +101,18 @@ class MLAttention(nn.Module):
         self.wo = RowParallelLinear(h * c.v_head_dim, c.hidden_size, tp)
         self.indexer = Indexer(c, tp)
 
-    def forward(self, x: torch.Tensor, rotary: Rotary, meta: AttentionMetadata,
+    def forward(self, x: torch.Tensor, rope: RopeAngles, meta: AttentionMetadata,
                 kv_cache: torch.Tensor, idx_cache: torch.Tensor, s: CacheSettings) -> torch.Tensor:
         c, t, h = self.c, x.shape[0], self.num_heads
         c_q = self.q_norm(self.wq_a(x))
         q = self.wq_b(c_q).view(t, h, c.qk_nope_dim + c.qk_rope_dim)
         q_nope, q_pe = q.split([c.qk_nope_dim, c.qk_rope_dim], dim=-1)
-        q_pe = rotary(q_pe, meta.positions, interleaved=True)
+        q_pe = rope.rotate(q_pe, interleaved=True)
         latent, k_pe = self.wkv_a(x).split([c.kv_lora_rank, c.qk_rope_dim], dim=-1)
-        k_pe = rotary(k_pe, meta.positions, interleaved=True)
+        k_pe = rope.rotate(k_pe, interleaved=True)
         write_kv_cache(kv_cache, meta.slot_mapping, self.kv_norm(latent), k_pe, s.kv_dtype)
 
-        logits = self.indexer(x, c_q, rotary, meta, idx_cache, s)
+        logits = self.indexer(x, c_q, rope, meta, idx_cache, s)
         top = topk_indices(logits, meta.context_lens, c.index_topk, backend=s.backend)
         slots = positions_to_slots(top, meta.block_table, meta.seq_ids, meta.block_size)
 

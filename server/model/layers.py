@@ -4,6 +4,7 @@ MLP, and the scaled init that draws full weights and keeps this rank's slice."""
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -32,10 +33,23 @@ class Rotary:
         self.cos = angles.cos().float().to(device)
         self.sin = angles.sin().float().to(device)
 
-    def __call__(self, x: torch.Tensor, positions: torch.Tensor, interleaved: bool) -> torch.Tensor:
+    def at(self, positions: torch.Tensor) -> RopeAngles:
+        """The angles of every token's position. Gathered once per step and shared by all layers
+        and by each layer's four rotations: gathering per rotation cost 8 index ops per layer."""
+        return RopeAngles(self.cos[positions], self.sin[positions])
+
+
+@dataclass(frozen=True)
+class RopeAngles:
+    """cos and sin fp32 [T, dim/2] of one step's token positions (see Rotary)."""
+
+    cos: torch.Tensor
+    sin: torch.Tensor
+
+    def rotate(self, x: torch.Tensor, interleaved: bool) -> torch.Tensor:
         """x [T, ..., dim] rotated by each token's position; same dtype out."""
-        shape = (positions.shape[0],) + (1,) * (x.dim() - 2) + (-1,)
-        cos, sin = self.cos[positions].view(shape), self.sin[positions].view(shape)
+        shape = (x.shape[0],) + (1,) * (x.dim() - 2) + (-1,)
+        cos, sin = self.cos.view(shape), self.sin.view(shape)
         xf = x.float()
         if interleaved:
             a, b = xf[..., 0::2], xf[..., 1::2]

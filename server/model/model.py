@@ -50,8 +50,9 @@ class SparseMLAModel(nn.Module):
                 idx_caches: list[torch.Tensor], settings: CacheSettings) -> torch.Tensor:
         """Hidden states [T, hidden] after the final norm."""
         x = self.embed(input_ids)
+        rope = self.rotary.at(meta.positions)
         for layer, kv, idx in zip(self.layers, kv_caches, idx_caches):
-            x = x + layer.attn(layer.attn_norm(x), self.rotary, meta, kv, idx, settings)
+            x = x + layer.attn(layer.attn_norm(x), rope, meta, kv, idx, settings)
             x = x + layer.mlp(layer.mlp_norm(x))
         return self.norm(x)
 
