@@ -9,7 +9,10 @@ Layout (a later `loadgen report|compare` reads it):
      "pareto": {...} }
 
 Each level holds `counts`, `throughput`, `cache`, `metrics` ({name: {unit, stats, hdr}}),
-`loop_lag_warning`, `failed`/`fail_reasons`, and `requests`, the measured requests as columns.
+`loop_lag_warning`, `failed`/`fail_reasons`, and `requests`, the measured requests as columns;
+`spec_decode` (null without speculative decoding) holds {k, golden_al, expected_al, measured_al,
+measured_from ("usage" | "metrics" | null), num_drafts, num_accepted_tokens, requests_with_usage}
+(see loadgen/spec.py), and `config.spec_decode` the expectation asked for.
 """
 
 from __future__ import annotations
