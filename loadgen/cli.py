@@ -58,4 +58,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # Run the canonical module, not this __main__ copy: command modules raise
+    # loadgen.cli.UsageError, which a second copy of this file would not catch.
+    from loadgen.cli import main as canonical_main
+
+    sys.exit(canonical_main())

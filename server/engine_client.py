@@ -75,13 +75,13 @@ def run_engine_process(config: EngineConfig, requests: Connection, outputs: Conn
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     engine = None
     try:
-        _leave_a_core_for_http(config)
+        leave_a_core_for_http(config)
         from server.engine.core import Engine
 
         engine = Engine(config)
         outputs.send(EngineInfo(os.getpid(), engine.model_name, engine.max_model_len,
                                 engine.vocab_size, engine.eos_token_id, engine.num_gpus))
-        _serve(engine, requests, outputs)
+        serve_engine(engine, requests, outputs)
     except (EOFError, BrokenPipeError):
         return  # the parent is gone
     except ValueError as exc:
@@ -98,7 +98,7 @@ def _report_crash(outputs: Connection, exc: BaseException) -> None:
     raise SystemExit(1) from None
 
 
-def _leave_a_core_for_http(config: EngineConfig) -> None:
+def leave_a_core_for_http(config: EngineConfig) -> None:
     """On CPU, torch's OpenMP threads spin on every core; with the HTTP process competing for
     one of them, each step stalls (6x slower decode measured on 2 cores). Keep one core free
     unless the user chose a thread count."""
@@ -110,7 +110,7 @@ def _leave_a_core_for_http(config: EngineConfig) -> None:
     torch.set_num_threads(max(1, cores - 1))
 
 
-def _serve(engine: Engine, requests: Connection, outputs: Connection) -> None:
+def serve_engine(engine: Engine, requests: Connection, outputs: Connection) -> None:
     while True:
         if not engine.has_unfinished():
             requests.poll(None)  # idle: sleep until a message (or EOF) arrives

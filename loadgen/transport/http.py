@@ -119,7 +119,7 @@ class HttpTransport(Transport):
         if ex.error is None:
             ex.error, ex.error_detail = stream.problem()
         if ex.error is None:
-            _check_complete(ex, request.max_tokens)
+            check_complete(ex, request.max_tokens)
         return ex
 
     def _body(self, request: WireRequest) -> bytes:
@@ -213,7 +213,7 @@ def _take_usage(ex: Exchange, usage: dict) -> None:
         ex.spec_num_accepted_tokens = spec.get("num_accepted_tokens")
 
 
-def _check_complete(ex: Exchange, asked: int) -> None:
+def check_complete(ex: Exchange, asked: int) -> None:
     got = ex.output_tokens
     if got < asked or not ex.chunk_ns:
         ex.error = ERROR_TRUNCATED

@@ -5,7 +5,7 @@ The one place where loadgen imports the server (DESIGN.md: `loadgen.inprocess ->
 and runs `replay` without torch.
 
 Threads: the synchronous `Engine` step loop runs in a background thread (torch releases the GIL
-inside its ops). It is the API process's own loop, `server.engine_client._serve`, reused as is:
+inside its ops). It is the API process's own loop, `server.engine_client.serve_engine`, reused as is:
 the event loop hands it `AddRequest` / `AbortRequest` through a thread-safe inbox, and it hands
 each step's `StepOutputs` back with `loop.call_soon_threadsafe`. A content chunk's time is when
 the event loop receives that step's outputs (`time.perf_counter_ns`), as the HTTP transport
@@ -40,15 +40,15 @@ from loadgen.transport.base import (
     TransportError,
     WireRequest,
 )
-from loadgen.transport.http import _check_complete
+from loadgen.transport.http import check_complete
 from server.config import EngineConfig, add_engine_args, engine_config_from_args, resolve_device
 from server.engine.messages import AbortRequest, AddRequest, RequestOutput, SamplingParams, StepOutputs
-from server.engine_client import _leave_a_core_for_http, _serve
+from server.engine_client import leave_a_core_for_http, serve_engine
 from server.protocol import speculative_card
 
 ERROR_REFUSED = "engine_refused"  # the engine refused the request (too long for the context or the KV cache)
 ERROR_ENGINE_DEAD = "engine_dead"  # the engine raised while the request was in flight
-_SHUTDOWN = None  # the step loop's stop message (the same sentinel `_serve` expects)
+_SHUTDOWN = None  # the step loop's stop message (the same sentinel `serve_engine` expects)
 
 
 class EngineConfigError(TransportError):
@@ -58,7 +58,7 @@ __all__ = ["EngineConfig", "EngineConfigError", "InProcessTransport", "add_engin
 
 
 class _Inbox:
-    """The step thread's end of the request channel, with the poll/recv calls `_serve` makes on a
+    """The step thread's end of the request channel, with the poll/recv calls `serve_engine` makes on a
     multiprocessing Connection: `poll()` checks, `poll(None)` blocks until a message is queued."""
 
     def __init__(self) -> None:
@@ -80,7 +80,7 @@ class _Inbox:
 
 
 class _Outbox:
-    """The step thread's end of the output channel: `send` (as `_serve` calls it) schedules the
+    """The step thread's end of the output channel: `send` (as `serve_engine` calls it) schedules the
     step's outputs on the event loop."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop, deliver) -> None:
@@ -120,7 +120,7 @@ class InProcessTransport(Transport):
         """Build the engine (blocking); EngineConfigError when it refuses the configuration."""
         if self.engine is not None:
             return
-        _leave_a_core_for_http(self.config)  # on CPU the event loop needs a core as HTTP would
+        leave_a_core_for_http(self.config)  # on CPU the event loop needs a core as HTTP would
         from server.engine.core import Engine
 
         try:
@@ -201,7 +201,7 @@ class InProcessTransport(Transport):
 
     def _step_loop(self, outbox: _Outbox) -> None:
         try:
-            _serve(self.engine, self._inbox, outbox)
+            serve_engine(self.engine, self._inbox, outbox)
         except BaseException as exc:  # report anything: the run must end with a reason, not hang
             reason = f"{type(exc).__name__}: {exc}"
             details = traceback.format_exc()
@@ -261,5 +261,5 @@ def _finish(entry: _Pending, output: RequestOutput, now: int) -> None:
     else:
         ex.usage_prompt_tokens = output.num_prompt_tokens
         ex.cached_tokens = output.num_cached_tokens
-        _check_complete(ex, entry.asked)
+        check_complete(ex, entry.asked)
     entry.done.set_result(None)
