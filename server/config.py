@@ -395,9 +395,11 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     t.add_argument("--nnodes", type=int, default=1, help="nodes in the tensor-parallel group (default: 1)")
     t.add_argument("--node-rank", type=int, default=0, help="this node's rank (default: 0)")
     t.add_argument("--master-addr", default="127.0.0.1",
-                   help="address of rank 0 for torch.distributed rendezvous (default: 127.0.0.1)")
+                   help="address of rank 0 for torch.distributed rendezvous, used with --nnodes > 1 "
+                        "(default: 127.0.0.1)")
     t.add_argument("--master-port", type=int, default=29513,
-                   help="port of rank 0 for torch.distributed rendezvous (default: 29513)")
+                   help="port of rank 0 for torch.distributed rendezvous, used with --nnodes > 1; "
+                        "a single node picks a free loopback port (default: 29513)")
 
 
 def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
