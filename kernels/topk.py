@@ -148,8 +148,10 @@ def topk_triton(logits: torch.Tensor, lengths: torch.Tensor, k: int, config: Top
     if t == 0:
         return out
     cfg = config or default_config(logits.device)
-    hist = torch.zeros(t, RADIX_LEVELS.value, 256, dtype=torch.int32, device=logits.device)
-    counts = torch.zeros(t, 2, dtype=torch.int32, device=logits.device)
+    # One zeroed buffer for both scratch tables: one allocation and one fill per call, not two.
+    levels = RADIX_LEVELS.value * 256
+    scratch = torch.zeros(t * (levels + 2), dtype=torch.int32, device=logits.device)
+    hist, counts = scratch[: t * levels], scratch[t * levels :]  # [t, levels, 256] and [t, 2], flat
     grid = (t, max(1, triton.cdiv(n, cfg.chunk)))
     for level in range(RADIX_LEVELS.value + 1):
         _radix_pass_kernel[grid](logits, lengths, out, hist, counts, n, k, level, CHUNK=cfg.chunk, BLOCK=cfg.block, num_warps=cfg.num_warps)
@@ -180,10 +182,12 @@ def positions_to_slots(idx: torch.Tensor, block_table: torch.Tensor, seq_ids: to
     if idx.dim() != 2 or seq_ids.shape != (idx.shape[0],):
         raise ValueError(f"positions_to_slots: idx [T, k] and seq_ids [T] expected, got {list(idx.shape)}, {list(seq_ids.shape)}")
     valid = idx >= 0
-    pos = torch.where(valid, idx, 0).long()
+    pos = torch.where(valid, idx, 0)
     # a host sync on a GPU (values_checkable): there top-k positions come from context lengths
     # that the block table already covers
     if idx.numel() and values_checkable(pos) and int(pos.max()) >= block_table.shape[1] * block_size:
         raise ValueError("positions_to_slots: a position lies beyond the block table")
-    blocks = block_table.long()[seq_ids.long()[:, None], pos // block_size]
+    # int32 throughout when the inputs are (the engine's are): indexing takes int32 indices and a
+    # slot is below the cache's row count, so widening to int64 and back only cost three copies.
+    blocks = block_table[seq_ids[:, None], pos // block_size]
     return torch.where(valid, blocks * block_size + pos % block_size, -1).int()
