@@ -144,6 +144,9 @@ class LevelRun:
         return self.window_start_ns is not None and self.window_start_ns <= t_ns and (
             self.window_end_ns is None or t_ns < self.window_end_ns)
 
+    def window_closed(self, t_ns: int) -> bool:
+        return self.window_end_ns is not None and t_ns >= self.window_end_ns
+
     def open_window(self, duration_s: float) -> None:
         self.window_start_ns = time.perf_counter_ns()
         self.window_end_ns = self.window_start_ns + int(duration_s * 1e9)
@@ -368,6 +371,9 @@ class Runner:
     # -- one request -------------------------------------------------------------------------
 
     async def _send(self, level: LevelRun, meta: _Meta, salt: int, warm: bool = False, due_ns: int | None = None) -> None:
+        origin = due_ns if due_ns is not None else time.perf_counter_ns()
+        if not warm and level.window_closed(origin):
+            return  # a lane woken late by a busy loop: no request starts after the window
         request = meta.request
         al = self.spec.al(request) if self.spec is not None else None
         wire = WireRequest(
@@ -377,7 +383,6 @@ class Runner:
             user=f"agentload-{meta.play_id}",
             acceptance_length=al if self.spec is not None and self.spec.send else None,
         )
-        origin = due_ns if due_ns is not None else time.perf_counter_ns()
         counted = not warm and level.in_window(origin)
         level.inflight += 1
         level.max_inflight = max(level.max_inflight, level.inflight)
