@@ -35,21 +35,21 @@ class Rotary:
 
     def at(self, positions: torch.Tensor) -> RopeAngles:
         """The angles of every token's position. Gathered once per step and shared by all layers
-        and by each layer's four rotations: gathering per rotation cost 8 index ops per layer."""
-        return RopeAngles(self.cos[positions], self.sin[positions])
+        and by each layer's rotations: gathering per rotation cost 8 index ops per layer. Shaped
+        [T, 1, dim/2] once here, to broadcast over the heads without a view per rotation."""
+        return RopeAngles(self.cos[positions].unsqueeze(1), self.sin[positions].unsqueeze(1))
 
 
 @dataclass(frozen=True)
 class RopeAngles:
-    """cos and sin fp32 [T, dim/2] of one step's token positions (see Rotary)."""
+    """cos and sin fp32 [T, 1, dim/2] of one step's token positions (see Rotary)."""
 
     cos: torch.Tensor
     sin: torch.Tensor
 
     def rotate(self, x: torch.Tensor, interleaved: bool) -> torch.Tensor:
-        """x [T, ..., dim] rotated by each token's position; same dtype out."""
-        shape = (x.shape[0],) + (1,) * (x.dim() - 2) + (-1,)
-        cos, sin = self.cos.view(shape), self.sin.view(shape)
+        """x [T, heads, dim] rotated by each token's position; same dtype out."""
+        cos, sin = self.cos, self.sin
         xf = x.float()
         if interleaved:
             a, b = xf[..., 0::2], xf[..., 1::2]
