@@ -69,7 +69,7 @@ def fp8_e4m3_quantize(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Quantise each row of x[..., D] to e4m3 bytes with a power-of-two scale 2^ceil(log2(amax/448))."""
     xf = x.float()
     amax = xf.abs().amax(dim=-1)
-    scale = torch.where(amax > 0, _pow2_ceil(amax / E4M3_MAX), torch.ones_like(amax))
+    scale = torch.where(amax > 0, _pow2_ceil(amax / E4M3_MAX), 1.0)  # a scalar: no ones tensor to fill
     scaled = (xf / scale.unsqueeze(-1)).clamp(-E4M3_MAX, E4M3_MAX)
     return scaled.to(torch.float8_e4m3fn).view(torch.uint8), scale
 

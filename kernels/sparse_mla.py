@@ -11,6 +11,7 @@ the partial results weighted by their lse.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -185,10 +186,16 @@ def auto_num_splits(programs: int, n_idx: int, block_n: int, device: torch.devic
     """
     if device.type != "cuda":
         return 1
-    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    sms = _sm_count(device)
     if programs >= 0.75 * sms:
         return 1
     return max(1, min(4 * sms // programs, triton.cdiv(n_idx, block_n), 32))
+
+
+@functools.lru_cache(maxsize=None)
+def _sm_count(device: torch.device) -> int:
+    """Asked once per device: the property lookup ran on every call (every layer, every step)."""
+    return torch.cuda.get_device_properties(device).multi_processor_count
 
 
 def sparse_mla_triton(q, kv_cache, indices, scale, d_c, kv_dtype, num_splits=None, config=None):
