@@ -8,8 +8,9 @@ matters is how much the host does per step, which does not need a GPU to count:
   value (`.item()`, `int(t)`, `bool(t)` -> item / is_nonzero / _local_scalar_dense; `.tolist()`
   is not dispatched, so the sampled tokens' one copy per step is not counted), data-dependent
   output shapes (nonzero, masked_select, unique, repeat_interleave without output_size), and
-  copies to the host (not countable on CPU). Counted per decode step after warm-up; ops on CPU tensors are counted
-  too, so the number is what the CUDA path would sync if its tensors were on the device.
+  copies to the host (not countable on CPU). Counted per decode step after warm-up. The kernels'
+  range checks that run on CPU tensors only (kernels.backend.values_checkable) are switched off
+  here, so the counts are those of the CUDA code path.
 - step ms: wall time of `Engine.step()` on CPU with the torch backend (its reference kernels
   included); with a tiny model compute is small next to the host work, so it roughly tracks the
   host path. Not given for Triton: the interpreter's cost would swamp it.
@@ -21,10 +22,13 @@ matters is how much the host does per step, which does not need a GPU to count:
 from __future__ import annotations
 
 import argparse
+import contextlib
+import importlib
 import statistics
 import sys
 import time
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -34,7 +38,6 @@ from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 
 import kernels  # noqa: E402  (sets TRITON_INTERPRET=1 without a GPU before triton loads)
 from benchmarks.engine import make_engine, place_prefilled  # noqa: E402
-import importlib  # noqa: E402
 
 # aten ops that wait for the device when their input is a CUDA tensor
 SYNC_OPS = ("_local_scalar_dense", "item", "is_nonzero", "nonzero", "masked_select", "unique", "_unique2", "repeat_interleave")
@@ -59,7 +62,8 @@ class OpCounter(TorchDispatchMode):
 
 
 class LaunchCounter:
-    """Counts Triton kernel launches by wrapping each kernel's `run`."""
+    """Counts Triton kernel launches by wrapping each kernel's `run` (a context manager; the
+    kernels get their own `run` back on exit)."""
 
     # by module path: the kernels package re-exports functions under the modules' names
     KERNELS = (("kernels.indexer", "_indexer_logits_kernel"), ("kernels.topk", "_radix_pass_kernel"),
@@ -68,9 +72,13 @@ class LaunchCounter:
     def __init__(self) -> None:
         self.count = 0
         self.ops: OpCounter | None = None
+        self._saved: list[tuple[object, object]] = []
+
+    def __enter__(self) -> LaunchCounter:
         for module, name in self.KERNELS:
             kernel = getattr(importlib.import_module(module), name)
             run = kernel.run
+            self._saved.append((kernel, run))
 
             def counted(*args, _run=run, **kw):
                 self.count += 1
@@ -83,6 +91,26 @@ class LaunchCounter:
                         self.ops.paused = False
 
             kernel.run = counted
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for kernel, run in self._saved:
+            kernel.run = run
+        self._saved.clear()
+
+
+@contextlib.contextmanager
+def gpu_code_path() -> Iterator[None]:
+    """Skip the value checks that the kernels run on CPU tensors only, as they do on a GPU."""
+    modules = [importlib.import_module(m) for m in ("kernels.quant", "kernels.indexer", "kernels.topk")]
+    saved = [m.values_checkable for m in modules]
+    for m in modules:
+        m.values_checkable = lambda t: False
+    try:
+        yield
+    finally:
+        for m, check in zip(modules, saved):
+            m.values_checkable = check
 
 
 def profile(args: argparse.Namespace, backend: str, launches: LaunchCounter) -> dict[str, float]:
@@ -126,12 +154,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--top", type=int, default=0, help="also list the N most frequent ops per step")
     args = p.parse_args(argv)
-    launches = LaunchCounter()
     print(f"# host cost per decode step: {args.model} ({args.num_layers} layers), B={args.batch}, "
           f"context {args.context}, kv {args.kv}, CPU, torch {torch.__version__}")
     print(f"{'backend':8} {'torch ops':>10} {'per layer':>10} {'launches':>9} {'syncs':>6} {'per layer':>10} {'step ms':>8}  sync ops")
     for backend in args.backends.split(","):
-        r = profile(args, backend, launches)
+        with LaunchCounter() as launches, gpu_code_path():
+            r = profile(args, backend, launches)
         n = args.num_layers
         print(f"{backend:8} {r['ops']:10.0f} {r['ops'] / n:10.1f} {r['launches']:9.0f} {r['syncs']:6.0f} "
               f"{r['syncs'] / n:10.1f} {r['python_ms']:8.2f}  {r['sync_detail']}")
