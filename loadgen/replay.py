@@ -123,10 +123,6 @@ async def _replay(args: argparse.Namespace, options: dict[str, Any], transport: 
         "levels": [], "pareto": None,
     }
     per_request = _open_per_request(args.per_request)
-    # The traces are many long-lived objects: keep the cyclic GC from walking them during the run.
-    gc.collect()
-    gc.freeze()
-    await transport.open(max_connections=_pool_size(levels, traces))
     runner = Runner(
         transport, traces, synth, config, theoretical_hit_rate,
         on_request=(lambda rec: per_request.write(dumps_record(rec))) if per_request else None,
@@ -134,9 +130,13 @@ async def _replay(args: argparse.Namespace, options: dict[str, Any], transport: 
         spec=expectation,
     )
     loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, runner.interrupt)
+    # The traces are many long-lived objects: keep the cyclic GC from walking them during the run.
+    gc.collect()
+    gc.freeze()
     try:
+        await transport.open(max_connections=_pool_size(levels, traces))
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, runner.interrupt)
         for spec in levels:
             say(f"-- {spec.label}: warm-up {config.warmup.describe()}, window {config.duration_s:g} s")
             level = await runner.run_level(spec)
@@ -192,6 +192,9 @@ def _spec_expectation(args: argparse.Namespace, info: ServerInfo) -> SpecExpecta
 
 def _load_traces(args: argparse.Namespace, info: ServerInfo) -> tuple[TraceSet, Any]:
     traces = load_traces(args.traces or DEFAULT_SET, args.trace_format)
+    if traces.format == "mooncake" and len(traces.sessions) > 1:
+        raise UsageError(f"--traces: a Mooncake replay takes one file (its timestamps are one timeline); "
+                         f"{args.traces} holds {len(traces.sessions)}")
     max_context = args.max_context if args.max_context is not None else info.max_model_len
     scale = ScaleConfig(max_context=max_context, token_scale=args.token_scale,
                         think_time_scale=args.think_time_scale, think_time_cap=args.think_time_cap)

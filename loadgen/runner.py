@@ -121,6 +121,7 @@ class LevelRun:
     usage_mismatches: int = 0
     cached_tokens: int = 0
     cached_reported: int = 0
+    cached_input_tokens: int = 0  # input tokens of the requests that reported cached tokens
     session_input_tokens: Counter = field(default_factory=Counter)  # measured input per session
     inflight: int = 0
     max_inflight: int = 0
@@ -307,6 +308,13 @@ class Runner:
             if subagents:
                 await asyncio.wait(list(subagents.values()))
         finally:
+            # A lane cancelled by a drain timeout takes its subagents with it: none may go on
+            # sending into a level that is already summarised.
+            pending = [task for task in subagents.values() if not task.done()]
+            for task in pending:
+                task.cancel()
+            if pending:
+                await asyncio.wait(pending)
             level.active_trees -= 1
 
     def _launch_subagents(self, level, play: Play, lane: int, after: int, tasks: dict, anchor_s: float) -> None:
@@ -391,9 +399,17 @@ class Runner:
         except asyncio.CancelledError:
             if counted:
                 level.errors[CANCELLED] += 1
+            if self.on_request is not None:  # the per-request file keeps every counted error
+                cancelled = Exchange(start_ns=origin, end_ns=time.perf_counter_ns(), error=CANCELLED,
+                                     error_detail="cancelled when the level stopped")
+                self.on_request(_request_record(level, meta, wire.request_id, cancelled, origin, counted, al))
             raise
         finally:
             level.inflight -= 1
+        if due_ns is None and exchange.start_ns:
+            # Closed loop: latency starts when the request reached the wire, so the client's own
+            # prompt synthesis and body encoding never count as server time.
+            origin = exchange.start_ns
         self._account(level, meta, wire.request_id, exchange, origin, counted, due_ns is not None, al)
 
     def _account(self, level: LevelRun, meta: _Meta, wire_id: str, ex: Exchange, origin: int, counted: bool,
@@ -429,6 +445,7 @@ class Runner:
             level.usage_mismatches += 1
         if ex.cached_tokens is not None:
             level.cached_tokens += ex.cached_tokens
+            level.cached_input_tokens += request.input_tokens
             level.cached_reported += 1
         level.session_input_tokens[meta.session] += request.input_tokens
         cols = level.columns
@@ -551,14 +568,16 @@ def level_summary(level: LevelRun, config: RunConfig, theoretical_hit_rate: floa
             "output_tokens_per_s": per_s(level.output_tokens),
             "total_tokens_per_s": per_s(level.input_tokens + level.output_tokens),
             "gpus": gpus,
+            "input_tokens_per_s_per_gpu": per_s(level.input_tokens / gpus),
             "output_tokens_per_s_per_gpu": per_s(level.output_tokens / gpus),
             "total_tokens_per_s_per_gpu": per_s((level.input_tokens + level.output_tokens) / gpus),
         },
         "cache": {
             "cached_tokens": level.cached_tokens if level.cached_reported else None,
             "requests_reporting_cached": level.cached_reported,
-            "measured_hit_rate": round(level.cached_tokens / level.input_tokens, 6)
-            if level.cached_reported and level.input_tokens else None,
+            # over the requests that report cached tokens: the others say nothing either way
+            "measured_hit_rate": round(level.cached_tokens / level.cached_input_tokens, 6)
+            if level.cached_reported and level.cached_input_tokens else None,
             "trace_theoretical_hit_rate": theoretical_hit_rate,
         },
         "client": {"cpu_s": round(level.cpu_s, 4) if level.cpu_s is not None else None,

@@ -146,6 +146,12 @@ class InProcessTransport(Transport):
         self._inbox.put(_SHUTDOWN)
         await asyncio.to_thread(self._thread.join)
         self._thread = None
+        for entry in self._pending.values():  # aborted above: no output will come for them
+            entry.exchange.end_ns = time.perf_counter_ns()
+            entry.exchange.error, entry.exchange.error_detail = "cancelled", "the transport was closed"
+            if not entry.done.done():
+                entry.done.set_result(None)
+        self._pending.clear()
 
     def shutdown(self) -> None:
         """Free the engine (and stop its tensor-parallel ranks, if any)."""

@@ -58,3 +58,19 @@ def test_mooncake_replays_recorded_timestamps_scaled(start_server, tmp_path, rep
     seen = {r["id"]: r for r in server.records()["records"]}
     assert all(seen[r["id"]]["n_prompt"] == r["isl"] for r in records)
     assert doc["levels"][0]["counts"]["requests_ok"] == 5
+
+
+def test_a_directory_of_mooncake_files_is_refused(start_server, tmp_path, capsys):
+    """Each Mooncake file is one timeline: replaying only one of several would silently drop the rest."""
+    from loadgen.cli import main
+
+    server = start_server()
+    folder = tmp_path / "mooncake"
+    folder.mkdir()
+    for name in ("a", "b"):
+        (folder / f"{name}.jsonl").write_text(json.dumps(
+            {"timestamp": 0, "input_length": 600, "output_length": 3, "hash_ids": [1]}) + "\n")
+    code = main(["replay", "--url", server.url, "--traces", str(folder), "--trace-format", "mooncake",
+                 "--out", str(tmp_path / "out"), "--quiet"])
+    assert code == 2
+    assert "a Mooncake replay takes one file" in capsys.readouterr().err
