@@ -68,8 +68,11 @@ def add_replay_flags(p: argparse.ArgumentParser, http: bool) -> None:
     tr.add_argument("--trace-format", choices=("auto", "sessions", "mooncake"), default="auto",
                     help="agentic sessions or Mooncake JSONL (default: detected); Mooncake is replayed open loop")
     tr.add_argument("--max-context", type=int, metavar="TOKENS",
-                    help="drop requests whose input + output exceed this (default: the server's "
-                    "max_model_len when it reports one)")
+                    help="requests whose input + output exceed this are dropped or trimmed (default: the "
+                    "server's max_model_len when it reports one)")
+    tr.add_argument("--over-context", choices=("drop", "trim"), default="drop",
+                    help="over --max-context: drop the request, or trim its input to fit keeping the "
+                    "leading blocks (default: drop)")
     tr.add_argument("--token-scale", type=float, default=1.0, metavar="F", help="multiply token counts (default 1)")
     tr.add_argument("--think-time-scale", type=float, default=1.0, metavar="F",
                     help="multiply think times and subagent start gaps (default 1)")

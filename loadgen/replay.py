@@ -196,7 +196,7 @@ def _load_traces(args: argparse.Namespace, info: ServerInfo) -> tuple[TraceSet, 
         raise UsageError(f"--traces: a Mooncake replay takes one file (its timestamps are one timeline); "
                          f"{args.traces} holds {len(traces.sessions)}")
     max_context = args.max_context if args.max_context is not None else info.max_model_len
-    scale = ScaleConfig(max_context=max_context, token_scale=args.token_scale,
+    scale = ScaleConfig(max_context=max_context, over_context=args.over_context, token_scale=args.token_scale,
                         think_time_scale=args.think_time_scale, think_time_cap=args.think_time_cap)
     try:
         return scale_traces(traces, scale)

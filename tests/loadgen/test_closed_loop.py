@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from collections import defaultdict
 
+import pytest
+
 
 def _by_play(records: list[dict]) -> dict[int, list[dict]]:
     plays = defaultdict(list)
@@ -108,3 +110,19 @@ def test_same_seed_same_plan(start_server, sessions, replay):
         _, _, records = replay(server.url, "--traces", str(folder), "--conc", "2", "--duration", "0.3", "--seed", "7")
         runs.append(sorted((r["session"], r["turn"]) for r in records if r["play"] < 2)[:6])
     assert runs[0] == runs[1]
+
+
+@pytest.mark.parametrize("policy", ["drop", "trim"])
+def test_over_context_drops_or_trims(start_server, sessions, replay, policy):
+    """--max-context 300: requests of input 200 + 70 i and output 8 fit only for i < 2; trimmed
+    ones are sent with exactly 300 - 8 input tokens, dropped ones never."""
+    server = start_server()
+    folder = sessions({"n_requests": 5, "think": 0.0, "n_out": 8})
+    code, doc, records = replay(server.url, "--traces", str(folder), "--conc", "1", "--duration", "0.5",
+                                "--max-context", "300", "--over-context", policy, "--start-offset", "0:0")
+    assert code == 0
+    sizes = {r["isl"] for r in records}
+    assert max(sizes) <= 292
+    assert (292 in sizes) == (policy == "trim")
+    seen = {r["id"]: r for r in server.records()["records"]}
+    assert all(seen[r["id"]]["n_prompt"] == r["isl"] for r in records)
