@@ -17,7 +17,6 @@ import argparse
 import gc
 import re
 from dataclasses import dataclass
-from datetime import datetime, timezone
 from pathlib import Path
 
 
@@ -95,7 +94,7 @@ def _preset_text() -> str:
 
 def run(args: argparse.Namespace) -> int:
     from loadgen.cli import UsageError
-    from loadgen.replay import replay_with
+    from loadgen.replay import default_out_dir, replay_with
     from loadgen.transport.inprocess import EngineConfigError, InProcessTransport, engine_config_from_args
 
     if args.model is None:
@@ -109,7 +108,7 @@ def run(args: argparse.Namespace) -> int:
     if not args.quiet:
         print(f"bench: the {config.model.name} engine on {transport.device}, in this process", flush=True)
     if args.out is None:
-        args.out = str(Path("results") / datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ"))
+        args.out = str(default_out_dir())
     try:
         code = replay_with(args, transport, transport.describe())
     except EngineConfigError as exc:

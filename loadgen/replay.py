@@ -114,7 +114,7 @@ async def _replay(args: argparse.Namespace, options: dict[str, Any], transport: 
     )
     vocab_offset, vocab_size = _vocab(args, info)
     synth = PromptSynth(traces.block_size, vocab_size=vocab_size, vocab_offset=vocab_offset)
-    out_dir = Path(args.out) if args.out else Path("results") / datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    out_dir = Path(args.out) if args.out else default_out_dir()
     results_path = out_dir / "result.json"
     doc = {
         "schema": SCHEMA, "created": _utc_now(), "status": "complete", "message": None,
@@ -157,6 +157,11 @@ async def _replay(args: argparse.Namespace, options: dict[str, Any], transport: 
         _finish(doc, runner, results_path)
     say(f"results: {results_path}")
     return _exit_code(doc, runner, args.command)
+
+
+def default_out_dir() -> Path:
+    """results/<UTC timestamp>/: one folder per run, sortable by time."""
+    return Path("results") / datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
 
 
 def _finish(doc: dict[str, Any], runner: Runner, path: Path) -> None:

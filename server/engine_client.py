@@ -63,7 +63,7 @@ class EngineDeadError(Exception):
     """The engine process is gone; the request cannot complete."""
 
 
-_SHUTDOWN = None  # sent to the child to make it exit cleanly
+SHUTDOWN = None  # sent to the engine loop (child process or in-process thread) to make it exit cleanly
 _MAX_MESSAGES_PER_READ = 32
 
 
@@ -118,7 +118,7 @@ def serve_engine(engine: Engine, requests: Connection, outputs: Connection) -> N
         touched = False
         while requests.poll():
             msg = requests.recv()
-            if msg is _SHUTDOWN:
+            if msg is SHUTDOWN:
                 return
             touched = True
             if isinstance(msg, AddRequest):
@@ -236,7 +236,7 @@ class EngineClient:
             self._loop.remove_reader(self._outputs.fileno())
         if self._process is None:
             return
-        self._outbox.put(_SHUTDOWN)
+        self._outbox.put(SHUTDOWN)
         self._process.join(timeout)
         if self._process.is_alive():
             self._process.kill()
@@ -249,7 +249,7 @@ class EngineClient:
                 self._requests.send(msg)
             except (BrokenPipeError, OSError):
                 return  # the reader sees EOF and reports the death
-            if msg is _SHUTDOWN:
+            if msg is SHUTDOWN:
                 return
 
     def _on_readable(self) -> None:

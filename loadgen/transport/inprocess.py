@@ -43,12 +43,11 @@ from loadgen.transport.base import (
 from loadgen.transport.http import check_complete
 from server.config import EngineConfig, add_engine_args, engine_config_from_args, resolve_device
 from server.engine.messages import AbortRequest, AddRequest, RequestOutput, SamplingParams, StepOutputs
-from server.engine_client import leave_a_core_for_http, serve_engine
+from server.engine_client import SHUTDOWN, leave_a_core_for_http, serve_engine
 from server.protocol import speculative_card
 
 ERROR_REFUSED = "engine_refused"  # the engine refused the request (too long for the context or the KV cache)
 ERROR_ENGINE_DEAD = "engine_dead"  # the engine raised while the request was in flight
-_SHUTDOWN = None  # the step loop's stop message (the same sentinel `serve_engine` expects)
 
 
 class EngineConfigError(TransportError):
@@ -143,7 +142,7 @@ class InProcessTransport(Transport):
             return
         for request_id in self._pending:
             self._inbox.put(AbortRequest(request_id))
-        self._inbox.put(_SHUTDOWN)
+        self._inbox.put(SHUTDOWN)
         await asyncio.to_thread(self._thread.join)
         self._thread = None
         for entry in self._pending.values():  # aborted above: no output will come for them
