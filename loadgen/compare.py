@@ -3,8 +3,8 @@
 Sides. BASE and NEW are each one or more results files (`agentload.result/1`). Levels match by
 label ("conc 4", "rate 2/s", "mooncake"). When a side holds one run of a level, the interval
 comes from its requests; when it holds several runs of the same level - several files given
-for that side, or the same label more than once in one file (`--conc 4,4,4`, or a future
-`--repeat N` writing one entry per repeat) - those are repeats and the interval comes from them.
+for that side, or the same label more than once in one file (`--repeat N`, or `--conc 4,4,4`)
+- those are repeats and the interval comes from them.
 
 Values. Every metric is computed from the level's per-request columns (`requests` in the
 results file), so the value and its interval use one estimator: percentiles are nearest-rank

@@ -70,6 +70,8 @@ def _check_flags(args: argparse.Namespace) -> dict[str, Any]:
         raise ValueError(f"--max-error-rate: must be within 0..1, got {args.max_error_rate:g}")
     if args.gpus is not None and args.gpus < 1:
         raise ValueError(f"--gpus: must be >= 1, got {args.gpus}")
+    if args.repeat < 1:
+        raise ValueError(f"--repeat: must be >= 1, got {args.repeat}")
     if args.vocab_size is not None and args.vocab_size < 2:
         raise ValueError(f"--vocab-size: must be >= 2, got {args.vocab_size}")
     if args.vocab_offset is not None and args.vocab_offset < 0:
@@ -137,12 +139,15 @@ async def _replay(args: argparse.Namespace, options: dict[str, Any], transport: 
         await transport.open(max_connections=_pool_size(levels, traces))
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, runner.interrupt)
-        for spec in levels:
-            say(f"-- {spec.label}: warm-up {config.warmup.describe()}, window {config.duration_s:g} s")
+        for spec, repeat in ((spec, r) for spec in levels for r in range(args.repeat)):
+            of = f" (repeat {repeat + 1} of {args.repeat})" if args.repeat > 1 else ""
+            say(f"-- {spec.label}{of}: warm-up {config.warmup.describe()}, window {config.duration_s:g} s")
             level = await runner.run_level(spec)
             if sys.stderr.isatty() and not args.quiet:
                 print("\r\033[K", end="", file=sys.stderr)
-            doc["levels"].append(level_summary(level, config, runner.theoretical_hit_rate(level), expectation))
+            summary = level_summary(level, config, runner.theoretical_hit_rate(level), expectation)
+            summary["repeat"] = repeat
+            doc["levels"].append(summary)
             _finish(doc, runner, results_path)
             say(format_level(doc["levels"][-1]))
             if runner.stopped:

@@ -171,3 +171,27 @@ def test_help_names_every_metric(capsys):
     for metric in METRICS:
         stem, _, tail = metric.name.rpartition("_")
         assert metric.name in text or (tail.startswith("p") and f"{stem}_" in text and tail in text), metric.name
+
+
+def test_replay_repeat_writes_one_entry_per_repeat_and_compare_uses_them(start_server, sessions, replay, tmp_path,
+                                                                         capsys):
+    """`--repeat 2` runs each level twice (same label, repeat 0 and 1); compare then resamples
+    repeats, which see run-to-run drift that a per-session bootstrap cannot."""
+    folder = sessions(*({"n_requests": 2, "think": 0.0, "n_out": 4} for _ in range(6)))
+    server = start_server(first_ms=5, itl_ms=5)
+    files = []
+    for name in ("a", "b"):
+        code, doc, _ = replay(server.url, "--traces", str(folder), "--conc", "2", "--duration", "0.6",
+                              "--repeat", "2", "--start-offset", "0:0")
+        assert code == 0
+        assert [(lv["label"], lv["repeat"]) for lv in doc["levels"]] == [("conc 2", 0), ("conc 2", 1)]
+        files.append(write_results(tmp_path / f"{name}.json", doc))
+    code, out, _ = _compare(capsys, files[0], files[1], "--json")
+    assert code == 0
+    assert [level["method"] for level in out["levels"]] == ["repeats"]
+
+
+def test_repeat_must_be_positive(start_server, tmp_path, capsys):
+    server = start_server()
+    assert main(["replay", "--url", server.url, "--repeat", "0", "--out", str(tmp_path)]) == 2
+    assert "--repeat: must be >= 1" in capsys.readouterr().err
