@@ -220,6 +220,7 @@ class TensorParallel:
         self._steps += 1
         if self._workers is not None:
             self._workers.step_began = time.monotonic()
+            self._workers.step_thread = threading.current_thread()
 
     def step_finished(self) -> None:
         if self._workers is not None:
@@ -254,6 +255,7 @@ class WorkerSet:
         self.reason: str | None = None
         self.delivered = False  # the engine's thread has its RankFailure: interrupt it no more
         self._previous_handler = None  # SIGUSR1's handler before ours, when we installed one
+        self.step_thread: threading.Thread | None = None  # the thread that runs the engine's steps
 
     @classmethod
     def spawn(cls, config: EngineConfig, ranks: range, addr: str, port: int) -> WorkerSet:
@@ -329,6 +331,11 @@ class WorkerSet:
         for proc in self.procs.values():
             if proc.is_alive():
                 proc.kill()
+        if self.step_thread is not None and self.step_thread is not threading.main_thread():
+            # The engine steps on a thread of a process that is not ours to end (the in-process
+            # benchmark): with its peers gone its next collective fails (bounded by the collective
+            # timeout) and its owner reports the reason and keeps what it measured.
+            return
         if self._previous_handler is not None:
             signal.pthread_kill(threading.main_thread().ident, FAILURE_SIGNAL)
             time.sleep(FAILURE_GRACE_S)

@@ -141,3 +141,33 @@ def test_default_run_writes_results_plots_and_html(tmp_path):
     html = (folder / "report" / "report.html").read_text()
     assert html.count("data:image/png;base64,") == len(pngs)
     assert "nanobind" not in done.stderr
+
+
+def test_a_dead_tensor_parallel_rank_ends_the_bench_with_partial_results(sessions, tmp_path):
+    """In-process the engine steps on a thread of the client's own process: a rank that stops
+    answering must fail the run the ordinary way (partial results kept) - the watchdog must not
+    end the process, as it does in the server's engine process."""
+    traces = sessions({"n_requests": 30, "think": 0.05})
+    prelude = ("import os, signal\n"
+               "os.environ['AGENTLOAD_TP_STEP_TIMEOUT_S'] = '2'\n"
+               "import server.engine.core as core, server.parallel as par\n"
+               "worker_sets, real_spawn = [], par.WorkerSet.spawn.__func__\n"
+               "def spawn(cls, *args, **kwargs):\n"
+               "    worker_sets.append(real_spawn(cls, *args, **kwargs))\n"
+               "    return worker_sets[-1]\n"
+               "par.WorkerSet.spawn = classmethod(spawn)\n"
+               "real_step, steps = core.Engine.step, []\n"
+               "def killing_step(self):\n"
+               "    steps.append(1)\n"
+               "    if len(steps) == 40:\n"
+               "        os.kill(worker_sets[0].procs[1].pid, signal.SIGSTOP)\n"
+               "    return real_step(self)\n"
+               "core.Engine.step = killing_step\n")
+    done = _bench(tmp_path / "rank", "--traces", str(traces), "--conc", "1", "--duration", "30",
+                  "--token-scale", "1", "--tp", "2", *ENGINE_FLAGS, prelude=prelude)
+    assert done.returncode == 1, done.stderr
+    assert "did not answer within 2 s" in done.stderr
+    doc = orjson.loads((tmp_path / "rank" / "result.json").read_bytes())
+    assert doc["status"] == "server_dead"
+    (level,) = doc["levels"]
+    assert level["counts"]["requests_ok"] > 0
