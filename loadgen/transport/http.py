@@ -164,21 +164,24 @@ class _SseStream:
             return
         try:
             event = orjson.loads(payload)
+            choices = event.get("choices")
+            if choices:
+                tokens = _content_tokens(choices[0], self.chat)
+                if tokens:
+                    self.ex.chunk_ns.append(now)
+                    self.ex.chunk_tokens.append(tokens)
+            elif "error" in event:
+                self.error, self.detail = ERROR_PROTOCOL, str(event["error"])[:300]
+                return
+            usage = event.get("usage")
+            if usage:
+                _take_usage(self.ex, usage)
         except orjson.JSONDecodeError:
             self.error, self.detail = ERROR_PROTOCOL, f"bad SSE data: {payload[:200]!r}"
-            return
-        choices = event.get("choices")
-        if choices:
-            tokens = _content_tokens(choices[0], self.chat)
-            if tokens:
-                self.ex.chunk_ns.append(now)
-                self.ex.chunk_tokens.append(tokens)
-        elif "error" in event:
-            self.error, self.detail = ERROR_PROTOCOL, str(event["error"])[:300]
-            return
-        usage = event.get("usage")
-        if usage:
-            _take_usage(self.ex, usage)
+        except (AttributeError, TypeError, KeyError, IndexError, ValueError) as exc:
+            # valid JSON of the wrong shape (`[1]`, `"choices": ["x"]`, `"usage": 5`)
+            self.error = ERROR_PROTOCOL
+            self.detail = f"SSE event is not an OpenAI stream chunk ({type(exc).__name__}: {exc}): {payload[:200]!r}"
 
     def problem(self) -> tuple[str | None, str | None]:
         if self.error is not None:

@@ -26,14 +26,14 @@ import time
 from typing import Callable
 from urllib.parse import urlsplit
 
-from loadgen.transport.base import ERROR_CONNECT, ERROR_RESET
+from loadgen.transport.base import ERROR_CONNECT, ERROR_PROTOCOL, ERROR_RESET
 
 LineSink = Callable[[bytes, int], None]  # (one body line without b"\n", arrival perf_counter_ns)
 
 
 class ResponseError(Exception):
-    """The connection failed: `kind` is ERROR_CONNECT or ERROR_RESET; `received` tells if any
-    byte came back."""
+    """The request failed: `kind` is ERROR_CONNECT, ERROR_RESET, or ERROR_PROTOCOL (the line sink
+    or the parser raised on what came back); `received` tells if any byte came back."""
 
     def __init__(self, kind: str, detail: str, received: bool) -> None:
         super().__init__(detail)
@@ -85,7 +85,10 @@ class _Conn(asyncio.Protocol):
         if done is None or done.done():
             return
         if self._in_body and not self._chunked and self._remaining < 0:
-            self._finish()  # read-until-close body ends here
+            try:
+                self._finish()  # read-until-close body ends here
+            except Exception as exc:
+                self._fail_unexpected(exc)
             return
         detail = f"connection closed by the server{': ' + str(exc) if exc else ''}"
         done.set_exception(ResponseError(ERROR_RESET, detail, self._received))
@@ -95,6 +98,14 @@ class _Conn(asyncio.Protocol):
 
     def feed(self, data: bytes, now: int) -> None:
         """Bytes that arrived at `now` (perf_counter_ns)."""
+        try:
+            self._take(data, now)
+        except Exception as exc:
+            # Raised here it would end in the event loop's handler (raw sockets) and the rest
+            # of the read would be lost while the request carried on; fail the request instead.
+            self._fail_unexpected(exc)
+
+    def _take(self, data: bytes, now: int) -> None:
         self._received = True
         if not self._in_body:
             self._head += data
@@ -215,12 +226,15 @@ class _Conn(asyncio.Protocol):
         if done is not None and not done.done():
             done.set_result(self._response)
 
-    def _fail(self, detail: str) -> None:
+    def _fail(self, detail: str, kind: str = ERROR_RESET) -> None:
         self._keep_alive = False
         if self._done is not None and not self._done.done():
-            self._done.set_exception(ResponseError(ERROR_RESET, detail, True))
+            self._done.set_exception(ResponseError(kind, detail, True))
         if self.transport is not None:
             self.transport.close()
+
+    def _fail_unexpected(self, exc: Exception) -> None:
+        self._fail(f"reading the response raised {type(exc).__name__}: {exc}", ERROR_PROTOCOL)
 
     # -- used by the pool --------------------------------------------------------------------
 

@@ -206,3 +206,38 @@ def test_a_large_request_body_is_sent_whole(kernel_timestamps):
         server.close()
 
     asyncio.run(main())
+
+
+class _SinkBroke(Exception):
+    pass
+
+
+def _sink_raising_on(bad: bytes):
+    def sink(line: bytes, now: int) -> None:
+        if line == bad:
+            raise _SinkBroke(f"cannot take {line!r}")
+    return sink
+
+
+@pytest.mark.parametrize("kernel_timestamps", [True, False], ids=["raw-socket", "asyncio-transport"])
+def test_a_sink_that_raises_fails_its_request_as_a_protocol_error(kernel_timestamps):
+    async def main():
+        chunked = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n" + _chunked(SSE, [len(SSE)])
+        ok = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nhi"
+        server, port, _ = await _serve([chunked, ok], None)
+        client = HttpClient(f"http://127.0.0.1:{port}", {}, 4, kernel_timestamps)
+        with pytest.raises(ResponseError) as broke:  # raised mid-read, lines after it pending
+            await client.request("POST", "/x", b"", sink=_sink_raising_on(b'data: {"n": 2}'), timeout=5)
+        assert broke.value.kind == "protocol" and "_SinkBroke" in str(broke.value)
+        assert not client._open  # the connection's state is unknown: it is not reused
+        server.close()
+        # a read-until-close body whose last, unterminated line is delivered when the server closes
+        until_close = b"HTTP/1.1 200 OK\r\nConnection: close\r\n\r\ndata: a\n\ndata: b"
+        server, port, _ = await _serve([until_close], None, close_after=True)
+        client = HttpClient(f"http://127.0.0.1:{port}", {}, 4, kernel_timestamps)
+        with pytest.raises(ResponseError) as broke:
+            await client.request("POST", "/x", b"", sink=_sink_raising_on(b"data: b"), timeout=5)
+        assert broke.value.kind == "protocol" and "_SinkBroke" in str(broke.value)
+        server.close()
+
+    asyncio.run(main())
