@@ -38,7 +38,7 @@ from typing import Any, Sequence
 import orjson
 
 from loadgen.metrics import METRIC_SPECS, PERCENTILES
-from loadgen.pareto import NORMALIZED
+from loadgen.pareto import NORMALIZED, e2e_interactivity
 from loadgen.report import Run, frontier_keys
 
 STATS = ("count", "mean", "std", "min", *(f"p{p:g}" for p in PERCENTILES), "max")
@@ -106,8 +106,7 @@ def infx_entry(run: Run, level: dict[str, Any]) -> dict[str, Any]:
         if key != "std":
             value = tpot.get(stat)
             entry[f"{key}_intvty"] = 1e6 / value if value else None
-    norm_p90 = level["metrics"]["norm_e2el"]["stats"]["p90"]
-    entry["e2e_intvty"] = 1e6 / norm_p90 if norm_p90 else None
+    entry["e2e_intvty"] = e2e_interactivity(level)
     return entry
 
 

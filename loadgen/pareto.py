@@ -43,13 +43,18 @@ class Point:
     e2e_interactivity: float | None
 
 
+def e2e_interactivity(level: dict[str, Any]) -> float | None:
+    """A results-file level's 1 / p90(E2EL / OSL) in tokens/s/user; None when it has no p90."""
+    norm_p90 = level["metrics"]["norm_e2el"]["stats"]["p90"]
+    return 1e6 / norm_p90 if norm_p90 else None  # norm_e2el is in microseconds per token
+
+
 def level_point(level: dict[str, Any], index: int, source: str = "") -> Point | None:
     """The Pareto point of a results-file level; None for a failed level (never a candidate)."""
     if level["failed"]:
         return None
-    stats = {name: level["metrics"][name]["stats"] for name in ("interactivity", "e2el", "norm_e2el")}
+    stats = {name: level["metrics"][name]["stats"] for name in ("interactivity", "e2el")}
     e2el_p90 = stats["e2el"]["p90"]
-    norm_p90 = stats["norm_e2el"]["p90"]
     return Point(
         source=source,
         level=index,
@@ -57,7 +62,7 @@ def level_point(level: dict[str, Any], index: int, source: str = "") -> Point | 
         tput_per_gpu=float(level["throughput"]["output_tokens_per_s_per_gpu"]),
         interactivity_p50=stats["interactivity"]["p50"],
         e2el_p90_s=e2el_p90 / 1e6 if e2el_p90 is not None else None,
-        e2e_interactivity=1e6 / norm_p90 if norm_p90 else None,
+        e2e_interactivity=e2e_interactivity(level),
     )
 
 

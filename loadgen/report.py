@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
-from loadgen.pareto import NORMALIZED, Point, frontiers, level_point
+from loadgen.pareto import NORMALIZED, Point, e2e_interactivity, frontiers, level_point
 from loadgen.table import format_level
 
 RESULT_NAME = "result.json"  # what `loadgen replay --out DIR` writes in DIR
@@ -84,7 +84,7 @@ SUMMARY_COLUMNS = (
     ("output_tput_per_gpu", "out tok/s/GPU", "tok/s"), ("total_tput_per_gpu", "total tok/s/GPU", "tok/s"),
     ("ttft_p50_ms", "TTFT p50", "ms"), ("ttft_p90_ms", "TTFT p90", "ms"),
     ("tpot_p50_ms", "TPOT p50", "ms"),
-    ("interactivity_p50", "intvty p50", "tok/s"), ("interactivity_p90", "intvty p90", "tok/s"),
+    ("interactivity_p50", "intvty p50", "tok/s"), ("interactivity_p90", "slow-tail intvty p90", "tok/s"),
     ("e2el_p50_s", "E2EL p50", "s"), ("e2el_p90_s", "E2EL p90", "s"),
     ("e2e_interactivity", "e2e intvty", "tok/s"), ("frontier", "frontier", ""),
 )
@@ -96,10 +96,8 @@ def summary_rows(runs: Sequence[Run]) -> list[dict[str, Any]]:
     rows = []
     for run in runs:
         for index, level in enumerate(run.doc["levels"]):
-            stats = {name: level["metrics"][name]["stats"] for name in ("ttft", "tpot", "interactivity", "e2el",
-                                                                      "norm_e2el")}
+            stats = {name: level["metrics"][name]["stats"] for name in ("ttft", "tpot", "interactivity", "e2el")}
             tput = level["throughput"]
-            norm_p90 = stats["norm_e2el"]["p90"]
             marks = "".join(mark for axis, mark in FRONTIER_MARKS if (run.name, index) in keys[axis])
             rows.append({
                 "run": run.name, "level": level.get("label") or f"level {index}",
@@ -111,7 +109,7 @@ def summary_rows(runs: Sequence[Run]) -> list[dict[str, Any]]:
                 "tpot_p50_ms": _scaled(stats["tpot"]["p50"], 1e-3),
                 "interactivity_p50": stats["interactivity"]["p50"], "interactivity_p90": stats["interactivity"]["p90"],
                 "e2el_p50_s": _scaled(stats["e2el"]["p50"], 1e-6), "e2el_p90_s": _scaled(stats["e2el"]["p90"], 1e-6),
-                "e2e_interactivity": 1e6 / norm_p90 if norm_p90 else None,
+                "e2e_interactivity": e2e_interactivity(level),
                 "frontier": "FAILED" if level["failed"] else marks,
             })
     return rows

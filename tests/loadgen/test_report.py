@@ -52,6 +52,9 @@ def test_terminal_table_has_every_level_and_the_sweep_summary(runs, capsys):
     assert "# fast (" in out and "# slow (" in out  # a folder's result.json is named by its folder
     summary = out[out.index("== sweep summary"):].splitlines()
     assert len(summary) == 2 + 4  # title, header, one row per level per file
+    # p90 interactivity = 1 / p90(TPOT) is the slow tail (DESIGN.md) and is labelled so
+    assert "slow-tail intvty p90 (tok/s)" in summary[1]
+    assert len({len(line) for line in summary[1:]}) == 1  # right-aligned columns: equal line widths
     rows = {tuple(line.split()[:3]) for line in summary[2:]}
     assert rows == {("fast", "conc", "1"), ("fast", "conc", "3"), ("slow", "conc", "1"), ("slow", "conc", "3")}
     # the fast server at conc 3 has the most throughput and beats both slow levels on every axis
@@ -135,7 +138,7 @@ def test_html_is_self_contained_with_embedded_images(runs, capsys, tmp_path):
     for external in ("href=", "<script", "<link", "url(", "@import"):
         assert external not in html, external
     assert "Sweep summary" in html and html.count("<h3>conc 1</h3>") == 2
-    assert "TTFT" in html and "interactivity (slow tail)" in html
+    assert "TTFT" in html and "interactivity (slow tail)" in html and "slow-tail intvty p90 (tok/s)" in html
     assert sorted(p.name for p in tmp_path.iterdir()) == ["report.html"]  # plots only embedded
 
 
