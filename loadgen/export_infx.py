@@ -1,0 +1,277 @@
+"""InferenceX rows of results files: the fixed-sequence shape (`--format infx`) and the agentic
+AgentX shape (`--format agentx`), one row per closed-loop level, ready for InferenceX's ingest.
+
+Both shapes carry the identity and topology keys (loadgen/infx_identity.py), `conc`,
+`num_requests_total` and `num_requests_successful` (InferenceX drops a row with no successful
+request), and our own provenance under `agentload` (an object, which the ingest never mistakes
+for a metric: a bare `failed: true` or a label like "8 users" would be read as a number).
+
+Statistics follow InferenceX's aggregators. Per-request values come from the results file's
+request columns, so mean, std (population) and percentiles (linear interpolation between the
+two nearest ranks) are exact; only the fixed-sequence per-chunk ITL comes from the stored HDR
+histogram (3 significant digits).
+
+Fixed-sequence shape (InferenceX's process_result.py over vLLM-style benchmark keys), SECONDS:
+`{mean,median,std,p90,p99,p99.9}_{ttft,tpot,itl,e2el}` with
+- ttft: request sent -> first content chunk; e2el: request sent -> last chunk;
+- tpot: per request (E2EL - TTFT) / (OSL - 1), requests with OSL >= 2;
+- itl: the gap between consecutive content chunks, per chunk and NOT divided by the tokens a
+  chunk carries (InferenceX's client records it the same way);
+- `<stat>_intvty` = 1 / `<stat>_tpot` for every stat, tokens/s/user: percentiles are the slow
+  tail, and `std_intvty` is InferenceX's reciprocal of the TPOT std (not a spread);
+- isl / osl: the nominal lengths (--isl/--osl, or the run's own when every request had them);
+- tput_per_gpu, output_tput_per_gpu, input_tput_per_gpu: tokens in the window / window / GPUs.
+
+AgentX shape (InferenceX's agentic aggregation, schema v3): `scenario_type: agentic-coding`, no
+isl/osl, `kv_offloading`, `request_accounting`, and `request_metrics` with
+- latency.{ttft,e2el,itl,tpot,intvty,e2e_norm_intvty}.{mean,p50,p75,p90,p95,std}, seconds;
+  itl is PER REQUEST, (E2EL - TTFT) / (OSL - 1), so tpot holds the same distribution;
+  intvty's mean/pX = 1 / itl's mean/pX (slow tail), its std the spread of per-request 1 / itl;
+  e2e_norm_intvty the same over E2EL / OSL;
+- qps: requests finished per 1 s window, {mean,p50,p75,p90,p95,std, window_seconds, samples};
+- tokens.{input,output_actual}: per-request token counts (output_expected is left empty);
+- throughput.{input,output,total}.tokens_per_second over the window, duration_seconds, and
+  per_gpu.{total,output,input}_tput_tps;
+- cache.theoretical_cache_hit_rate (the trace's); server_metrics.cache.gpu_cache_hit_rate is the
+  hit rate servers report through usage cached tokens.
+Floats are rounded to 5 decimals, integral ones >= 1 written as integers, as InferenceX does.
+
+Failed levels (InferenceX's validator would refuse their error rate) and open-loop levels (rows
+are keyed by concurrency) are left out with a warning.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import numpy as np
+import orjson
+
+from loadgen.infx_identity import ExportError, Identity, IdentityFlags, resolve_identity
+from loadgen.pareto import e2e_interactivity
+from loadgen.report import Run
+
+log = logging.getLogger(__name__)
+
+SCENARIO_TYPE = "agentic-coding"
+FIXED_STATS = (("mean", "mean"), ("median", "p50"), ("std", "std"), ("p90", "p90"), ("p99", "p99"),
+               ("p99.9", "p99.9"))
+AGENTIC_STATS = ("mean", "p50", "p75", "p90", "p95")
+QPS_WINDOW_S = 1.0
+DECIMALS = 5
+
+
+def infx_rows(runs: Sequence[Run], flags: IdentityFlags) -> list[dict[str, Any]]:
+    return _rows(runs, flags, _fixed_row)
+
+
+def agentx_rows(runs: Sequence[Run], flags: IdentityFlags) -> list[dict[str, Any]]:
+    return _rows(runs, flags, _agentic_row)
+
+
+def write_rows(rows: list[dict[str, Any]], path: Path) -> Path:
+    """One JSON array of rows: the shape InferenceX's collector hands to its ingest."""
+    path.write_bytes(orjson.dumps(rows, option=orjson.OPT_INDENT_2))
+    return path
+
+
+Builder = Callable[[Run, dict[str, Any], Identity, IdentityFlags], dict[str, Any]]
+
+
+def _rows(runs: Sequence[Run], flags: IdentityFlags, build: Builder) -> list[dict[str, Any]]:
+    rows = []
+    for run in runs:
+        identity = resolve_identity(flags, run.doc["config"], run.name)
+        for level in run.doc["levels"]:
+            label = level.get("label") or level["mode"]
+            if level["failed"]:
+                log.warning("%s %s left out: the level failed (%s)", run.name, label, "; ".join(level["fail_reasons"]))
+            elif level["mode"] != "closed" or not level["concurrency"]:
+                log.warning("%s %s left out: open loop, and InferenceX rows are keyed by concurrency", run.name, label)
+            else:
+                rows.append(build(run, level, identity, flags))
+    return rows
+
+
+def _common(run: Run, level: dict[str, Any], identity: Identity) -> dict[str, Any]:
+    counts = level["counts"]
+    return {**identity.keys(), "conc": int(level["concurrency"]),
+            "num_requests_total": counts["requests_ok"] + counts["errors_total"],
+            "num_requests_successful": counts["requests_ok"]}
+
+
+def _provenance(run: Run, level: dict[str, Any]) -> dict[str, Any]:
+    return {"run": run.name, "results_file": str(run.path), "label": level.get("label"),
+            "repeat": level.get("repeat"), "window_s": level["window_s"]}
+
+
+def _per_gpu(level: dict[str, Any], gpus: int) -> dict[str, float]:
+    counts, window = level["counts"], level["window_s"]
+    rate = (lambda tokens: tokens / window / gpus) if window > 0 else (lambda tokens: 0.0)
+    return {"input": rate(counts["input_tokens"]), "output": rate(counts["output_tokens"]),
+            "total": rate(counts["input_tokens"] + counts["output_tokens"])}
+
+
+# ---- fixed-sequence shape -------------------------------------------------------------------
+
+
+def _fixed_row(run: Run, level: dict[str, Any], identity: Identity, flags: IdentityFlags) -> dict[str, Any]:
+    columns = level["requests"]
+    isl, osl = _nominal_lengths(columns, flags, run.name, level)
+    per_gpu = _per_gpu(level, identity.gpus)
+    row = {**_common(run, level, identity), "isl": isl, "osl": osl,
+           "tput_per_gpu": per_gpu["total"], "output_tput_per_gpu": per_gpu["output"],
+           "input_tput_per_gpu": per_gpu["input"]}
+    seconds = {name: _seconds(columns[f"{name}_us"]) for name in ("ttft", "tpot", "e2el")}
+    for name in ("ttft", "tpot", "itl", "e2el"):
+        stats = _fixed_stats(seconds[name]) if name in seconds else _histogram_seconds(level["metrics"]["itl"]["stats"])
+        if stats is None:
+            raise ExportError(f"{run.name} {level.get('label')}: no request has a {name.upper()} "
+                              "(every output was a single token or chunk)")
+        row.update({f"{key}_{name}": value for key, value in stats.items()})
+    for key, _ in FIXED_STATS:
+        tpot = row[f"{key}_tpot"]
+        row[f"{key}_intvty"] = 1.0 / tpot if tpot > 0 else None
+    row["agentload"] = {**_provenance(run, level), "e2e_intvty": e2e_interactivity(level)}
+    return row
+
+
+def _nominal_lengths(columns: dict[str, list], flags: IdentityFlags, run_name: str,
+                     level: dict[str, Any]) -> tuple[int, int]:
+    lengths = []
+    for flag, name, given in (("--isl", "isl", flags.isl), ("--osl", "osl", flags.osl)):
+        seen = set(columns[name])
+        if given is None and len(seen) != 1:
+            span = f"{min(seen)}..{max(seen)}" if seen else "none"
+            raise ExportError(f"{flag}: the fixed-sequence shape needs one nominal {name.upper()}, but "
+                              f"{run_name} {level.get('label')} has {span}; pass {flag}, or use --format agentx")
+        lengths.append(given if given is not None else int(seen.pop()))
+    return lengths[0], lengths[1]
+
+
+def _fixed_stats(values: np.ndarray) -> dict[str, float] | None:
+    if values.size == 0:
+        return None
+    quantiles = np.percentile(values, [50, 90, 99, 99.9])
+    return {"mean": float(values.mean()), "median": float(quantiles[0]), "std": float(values.std()),
+            "p90": float(quantiles[1]), "p99": float(quantiles[2]), "p99.9": float(quantiles[3])}
+
+
+def _histogram_seconds(stats: dict[str, Any]) -> dict[str, float] | None:
+    if not stats.get("count"):
+        return None
+    return {key: stats[stat] / 1e6 for key, stat in FIXED_STATS}
+
+
+# ---- agentic (AgentX v3) shape --------------------------------------------------------------
+
+
+def _agentic_row(run: Run, level: dict[str, Any], identity: Identity, flags: IdentityFlags) -> dict[str, Any]:
+    columns, counts = level["requests"], level["counts"]
+    per_gpu, totals = _per_gpu(level, identity.gpus), _per_gpu(level, 1)
+    measured_hit = level["cache"].get("measured_hit_rate")
+    row = {
+        **_common(run, level, identity), "scenario_type": SCENARIO_TYPE,
+        "kv_offloading": "none", "kv_offload_backend": None, "allocated_cpu_dram_gb": 0,
+        "request_accounting": _accounting(counts),
+        "request_metrics": {
+            "qps": _qps(columns),
+            "latency": _latency(columns),
+            "tokens": {"input": _distribution(np.asarray(columns["isl"], dtype=np.float64)),
+                       "output_actual": _distribution(np.asarray(columns["osl"], dtype=np.float64)),
+                       "output_expected": {}},
+            "throughput": {
+                "input": {"tokens_per_second": totals["input"]},
+                "output": {"tokens_per_second": totals["output"]},
+                "total": {"tokens_per_second": totals["total"]},
+                "duration_seconds": level["window_s"],
+                "per_gpu": {"total_tput_tps": per_gpu["total"], "output_tput_tps": per_gpu["output"],
+                            "input_tput_tps": per_gpu["input"]},
+            },
+            "cache": {"theoretical_cache_hit_rate": level["cache"].get("trace_theoretical_hit_rate")},
+        },
+        "server_metrics": {"cache": {"gpu_cache_hit_rate": measured_hit}, "kv_cache": {"gpu_total_tokens": None}},
+        "kv_cache_pool_tokens": None,
+        "agentload": _provenance(run, level),
+    }
+    return _rounded(row)
+
+
+def _accounting(counts: dict[str, Any]) -> dict[str, Any]:
+    """InferenceX's request accounting: warmup and errored records are counted, not measured."""
+    warmup_errors = sum(counts.get("warmup_errors", {}).values())
+    warmup = counts.get("warmup_requests_ok", 0) + warmup_errors
+    categories: dict[str, int] = {}
+    for source in (counts.get("errors", {}), counts.get("warmup_errors", {})):
+        for kind, n in source.items():
+            categories[kind] = categories.get(kind, 0) + n
+    total = counts["requests_ok"] + counts["errors_total"] + warmup
+    return {"records_total": total, "records_profiled": counts["requests_ok"],
+            "records_dropped_total": total - counts["requests_ok"], "records_warmup_dropped": warmup,
+            "records_error_dropped": counts["errors_total"] + warmup_errors, "error_categories": categories}
+
+
+def _latency(columns: dict[str, list]) -> dict[str, dict[str, float]]:
+    ttft, e2el, itl = (_seconds(columns[f"{name}_us"]) for name in ("ttft", "e2el", "tpot"))
+    osl = np.asarray(columns["osl"], dtype=np.float64)
+    e2el_all = np.asarray([v if v is not None else np.nan for v in columns["e2el_us"]], dtype=np.float64) / 1e6
+    usable = (osl > 0) & (e2el_all > 0)
+    per_token = e2el_all[usable] / osl[usable]
+    return {"ttft": _distribution(ttft), "e2el": _distribution(e2el), "itl": _distribution(itl),
+            "tpot": _distribution(itl), "intvty": _reciprocal(itl), "e2e_norm_intvty": _reciprocal(per_token)}
+
+
+def _distribution(values: np.ndarray) -> dict[str, float]:
+    """mean, p50, p75, p90, p95 and population std; {} without values (as InferenceX)."""
+    if values.size == 0:
+        return {}
+    quantiles = np.percentile(values, [50, 75, 90, 95])
+    out = {"mean": float(values.mean())}
+    out.update({stat: float(q) for stat, q in zip(AGENTIC_STATS[1:], quantiles)})
+    out["std"] = float(values.std()) if values.size > 1 else 0.0
+    return out
+
+
+def _reciprocal(latencies: np.ndarray) -> dict[str, float]:
+    """Slow-tail interactivity: stat = 1 / the latency's stat; std over per-request 1 / latency."""
+    latencies = latencies[latencies > 0]
+    stats = _distribution(latencies)
+    out = {stat: 1.0 / stats[stat] for stat in AGENTIC_STATS if stats.get(stat, 0) > 0}
+    if latencies.size:
+        out["std"] = float((1.0 / latencies).std()) if latencies.size > 1 else 0.0
+    return out
+
+
+def _qps(columns: dict[str, list]) -> dict[str, Any]:
+    """Completions per 1 s window from the first finish to the last (InferenceX's QPS)."""
+    starts = columns.get("start_ms")
+    if not starts or len(starts) < 2:
+        return {}
+    ends = np.sort(np.asarray(starts, dtype=np.float64) / 1e3 + np.asarray(columns["e2el_us"], dtype=np.float64) / 1e6)
+    if ends[-1] - ends[0] <= 0:
+        return {}
+    lows = np.arange(ends[0], ends[-1] - QPS_WINDOW_S + 1e-12, QPS_WINDOW_S)
+    counts = (np.searchsorted(ends, lows + QPS_WINDOW_S, side="left")
+              - np.searchsorted(ends, lows, side="left")) / QPS_WINDOW_S
+    stats = _distribution(counts.astype(np.float64)) if counts.size else {"mean": len(ends) / (ends[-1] - ends[0])}
+    return {"window_seconds": QPS_WINDOW_S, "samples": int(counts.size), **stats}
+
+
+def _seconds(microseconds: list) -> np.ndarray:
+    return np.asarray([v for v in microseconds if v is not None and v > 0], dtype=np.float64) / 1e6
+
+
+def _rounded(value: Any) -> Any:
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            return value
+        rounded = round(value, DECIMALS)
+        return int(rounded) if abs(rounded) >= 1 and rounded.is_integer() else rounded
+    if isinstance(value, dict):
+        return {key: _rounded(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_rounded(item) for item in value]
+    return value

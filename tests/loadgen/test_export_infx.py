@@ -1,0 +1,178 @@
+"""`loadgen report --format infx|agentx` on results of the real replay pipeline: rows valid against
+the JSON Schemas written from InferenceX's ingest, shaped like the checked-in example rows, with
+InferenceX's statistics recomputed here from the request columns; identity flags and errors."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import jsonschema
+import numpy as np
+import pytest
+
+from loadgen.cli import main
+from loadgen.infx_identity import ExportError, IdentityFlags, resolve_identity
+from loadgen.results import write_results
+
+REPO = Path(__file__).resolve().parents[2]
+SCHEMAS = REPO / "loadgen" / "schemas"
+EXAMPLES = Path(__file__).with_name("data")
+IDENTITY = ("--hw", "h200", "--framework", "vllm", "--precision", "fp8", "--model-prefix", "dsv4")
+_RUN: dict[str, Path] = {}
+
+
+def _validator(shape: str) -> jsonschema.Draft202012Validator:
+    schema = json.loads((SCHEMAS / f"{shape}.schema.json").read_text())
+    jsonschema.Draft202012Validator.check_schema(schema)
+    return jsonschema.Draft202012Validator(schema)
+
+
+def _example(shape: str) -> dict:
+    return json.loads((EXAMPLES / f"{shape}_example_row.json").read_text())
+
+
+@pytest.fixture
+def result(start_server, sessions, replay, tmp_path_factory) -> Path:
+    """A 2-level sweep (conc 1, 3) whose sessions grow their input (so ISL varies) and ask 6 tokens."""
+    if not _RUN:
+        folder = sessions(*({"n_requests": 3, "think": 0.0, "n_out": 6} for _ in range(6)))
+        server = start_server(first_ms=15, itl_ms=4.0)
+        code, doc, _ = replay(server.url, "--traces", str(folder), "--conc", "1,3", "--duration", "1.2",
+                              "--gpus", "8")
+        assert code == 0
+        _RUN["path"] = write_results(tmp_path_factory.mktemp("infx") / "result.json", doc)
+    return _RUN["path"]
+
+
+def _report(capsys, *args) -> tuple[int, str, str]:
+    code = main(["report", *map(str, args)])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def _rows(capsys, tmp_path, result, shape, *flags) -> list[dict]:
+    code, out, err = _report(capsys, result, "--format", shape, "--out", tmp_path, *IDENTITY, *flags)
+    assert code == 0, err
+    assert f"wrote {tmp_path / f'{shape}.json'}" in out
+    return json.loads((tmp_path / f"{shape}.json").read_text())
+
+
+def _same_shape(row, example, where=""):
+    """Every key of the example is in the row with the same JSON type (null stands for any); maps
+    keyed by data (error categories) and our own provenance are not compared."""
+    for key, value in example.items():
+        if key in ("agentload", "error_categories"):
+            continue
+        assert key in row, f"{where}{key}"
+        if isinstance(value, dict) and value:
+            _same_shape(row[key], value, f"{where}{key}.")
+        elif value is not None and row[key] is not None:
+            number = (int, float)
+            same = isinstance(row[key], number) if isinstance(value, number) and not isinstance(value, bool) \
+                else type(row[key]) is type(value)
+            assert same, f"{where}{key}: {row[key]!r} vs example {value!r}"
+
+
+def _check_rows(rows: list[dict], shape: str) -> None:
+    """One row per level, each valid against the schema and shaped like the example row."""
+    assert [row["conc"] for row in rows] == [1, 3]
+    validator = _validator(shape)
+    for row in rows:
+        validator.validate(row)
+        _same_shape(row, _example(shape))
+
+
+def test_examples_follow_the_schemas():
+    for shape in ("infx", "agentx"):
+        _validator(shape).validate(_example(shape))
+
+
+def test_infx_rows_validate_and_carry_inferencex_statistics(result, capsys, tmp_path):
+    rows = _rows(capsys, tmp_path, result, "infx", "--isl", "300", "--osl", "6", "--tp", "4", "--pp", "2")
+    _check_rows(rows, "infx")
+    row, level = rows[0], json.loads(result.read_text())["levels"][0]
+    columns, counts = level["requests"], level["counts"]
+    assert (row["tp"], row["pp"], row["isl"], row["osl"], row["hw"], row["dp_attention"]) == (4, 2, 300, 6, "h200", "false")
+    assert row["num_requests_successful"] == counts["requests_ok"] == len(columns["ttft_us"])
+    ttft = np.asarray(columns["ttft_us"]) / 1e6
+    assert row["median_ttft"] == pytest.approx(np.percentile(ttft, 50))
+    assert row["p99.9_ttft"] == pytest.approx(np.percentile(ttft, 99.9))
+    assert row["std_ttft"] == pytest.approx(ttft.std())  # population std, as numpy's default
+    assert 0.015 <= row["median_ttft"] < 1.0  # the server waits 15 ms before the first token
+    tpot = np.asarray([v for v in columns["tpot_us"] if v]) / 1e6
+    assert row["p90_tpot"] == pytest.approx(np.percentile(tpot, 90))
+    for stat in ("mean", "median", "std", "p90", "p99", "p99.9"):
+        assert row[f"{stat}_intvty"] == pytest.approx(1 / row[f"{stat}_tpot"])  # InferenceX: every tpot key
+    itl = level["metrics"]["itl"]["stats"]  # per chunk, from the HDR histogram
+    assert row["p99_itl"] == pytest.approx(itl["p99"] / 1e6) and row["median_itl"] == pytest.approx(itl["p50"] / 1e6)
+    gpus = 4 * 2  # tp x pp x pcp_size
+    assert row["tput_per_gpu"] == pytest.approx((counts["input_tokens"] + counts["output_tokens"]) / level["window_s"] / gpus)
+    assert row["agentload"]["label"] == "conc 1" and row["agentload"]["e2e_intvty"] > 0
+    assert "failed" not in row and "run" not in row and "label" not in row  # never read as numbers at ingest
+
+
+def test_agentx_rows_validate_and_nest_per_request_itl(result, capsys, tmp_path):
+    rows = _rows(capsys, tmp_path, result, "agentx")
+    _check_rows(rows, "agentx")
+    row, level = rows[1], json.loads(result.read_text())["levels"][1]
+    columns = level["requests"]
+    assert row["scenario_type"] == "agentic-coding" and "isl" not in row and "osl" not in row
+    assert row["tp"] == 8  # the run's 8 GPUs / (pp x pcp_size)
+    latency = row["request_metrics"]["latency"]
+    itl = np.asarray([v for v in columns["tpot_us"] if v]) / 1e6  # per request: (E2EL - TTFT) / (OSL - 1)
+    assert latency["itl"]["p75"] == pytest.approx(np.percentile(itl, 75), abs=1e-5)
+    assert latency["itl"] == latency["tpot"]
+    assert latency["intvty"]["p90"] == pytest.approx(1 / latency["itl"]["p90"], rel=1e-3)  # slow tail
+    assert latency["intvty"]["std"] == pytest.approx((1 / itl).std(), abs=1e-4)
+    per_token = np.asarray(columns["e2el_us"]) / 1e6 / np.asarray(columns["osl"])
+    assert latency["e2e_norm_intvty"]["p50"] == pytest.approx(1 / np.percentile(per_token, 50), rel=1e-3)
+    counts = level["counts"]
+    accounting = row["request_accounting"]
+    assert accounting["records_profiled"] == row["num_requests_successful"] == counts["requests_ok"]
+    assert accounting["records_total"] == counts["requests_ok"] + counts["errors_total"] + counts["warmup_requests_ok"]
+    per_gpu = row["request_metrics"]["throughput"]["per_gpu"]
+    assert per_gpu["output_tput_tps"] == pytest.approx(counts["output_tokens"] / level["window_s"] / 8, abs=1e-4)
+
+
+def test_failed_levels_are_left_out(result, capsys, tmp_path):
+    doc = json.loads(result.read_text())
+    doc["levels"][0].update(failed=True, fail_reasons=["error rate 50.0% > --max-error-rate 10.0%"])
+    failed = write_results(tmp_path / "failed.json", doc)
+    rows = _rows(capsys, tmp_path, failed, "agentx")
+    assert [row["conc"] for row in rows] == [3]
+
+
+@pytest.mark.parametrize(("flags", "message"), [
+    (("--format", "agentx"), "--hw, --framework, --precision, --model-prefix required"),
+    (("--format", "infx", *IDENTITY), "--isl: the fixed-sequence shape needs one nominal ISL"),
+    (("--format", "agentx", *IDENTITY, "--tp", "4", "--dcp-size", "3"), "--dcp-size 3 must divide the TP degree 4"),
+    (("--format", "agentx", *IDENTITY, "--pp", "3"), "not a multiple of --pp x --pcp-size = 3"),
+    (("--format", "agentx", *IDENTITY, "--ep", "0"), None),  # argparse: exit 2 before any report
+])
+def test_identity_errors_exit_2_and_write_nothing(result, capsys, tmp_path, flags, message):
+    if message is None:
+        with pytest.raises(SystemExit) as raised:
+            main(["report", str(result), "--out", str(tmp_path / "out"), *flags])
+        assert raised.value.code == 2
+    else:
+        code, _, err = _report(capsys, result, "--out", tmp_path / "out", *flags)
+        assert code == 2 and message in err, err
+    assert not (tmp_path / "out").exists()
+
+
+def _our_config(num_gpus: int, speculative: dict | None = None) -> dict:
+    return {"model": "v32", "gpus": max(1, num_gpus),
+            "server": {"ours": True, "num_gpus": num_gpus, "models_entry": {"speculative": speculative}}}
+
+
+def test_our_server_fills_the_identity():
+    identity = resolve_identity(IdentityFlags(), _our_config(2, {"method": "dspark"}), "r")
+    assert (identity.hw, identity.framework, identity.precision, identity.infmax_model_prefix) == \
+        ("h200", "agentload", "bf16", "v32")
+    assert (identity.tp, identity.gpus, identity.spec_decoding) == (2, 2, "mtp")
+    assert resolve_identity(IdentityFlags(hw="b200"), _our_config(1), "r").keys()["spec_decoding"] == "none"
+    with pytest.raises(ExportError, match="--tp x --pp x --pcp-size = 4 GPUs, but our server ran on 2"):
+        resolve_identity(IdentityFlags(tp=4), _our_config(2), "r")
+    with pytest.raises(ExportError, match="--hw required .*served from CPU"):
+        resolve_identity(IdentityFlags(), _our_config(0), "r")
