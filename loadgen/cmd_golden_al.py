@@ -1,8 +1,12 @@
-"""`loadgen golden-al`: list the bundled golden acceptance-length curves and show one of them.
+"""`loadgen golden-al`: list the bundled golden acceptance-length curves, show one, or select the
+AL for a model prefix and draft length the way InferenceX does.
 
 `show` prints AL per k and thinking mode, and the per-position acceptance rates a synthetic
 sampler would use for each k (min-variance by default, as vLLM does), so what a run asks the
-server for can be checked before the run.
+server for can be checked before the run. `select PREFIX --spec-k K` maps an InferenceX model
+prefix to its model's curve and prints the one AL (thinking mode `on` unless told, InferenceX's
+default; a mode the curve lacks is an error). Curve references are described in
+golden_al/curves.py.
 """
 
 from __future__ import annotations
@@ -25,7 +29,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     list_parser.set_defaults(func=run_list)
 
     show_parser = actions.add_parser("show", help="AL per k and mode, with per-position rates")
-    show_parser.add_argument("curve", metavar="NAME|FILE", help="bundled curve name or YAML path")
+    show_parser.add_argument("curve", metavar="REF",
+                             help="bundled curve name, YAML path (FILE:MODEL for a file of several models) or model prefix")
     show_parser.add_argument(
         "--schedule",
         default="min-variance",
@@ -35,11 +40,19 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     show_parser.add_argument("--json", action="store_true", help="print JSON instead of tables")
     show_parser.set_defaults(func=run_show)
 
+    select_parser = actions.add_parser("select", help="the AL for a model prefix and draft length, as InferenceX selects it")
+    select_parser.add_argument("prefix", metavar="MODEL_PREFIX", help="InferenceX model prefix (e.g. dsv4) or model key")
+    select_parser.add_argument("--spec-k", type=int, required=True, metavar="K", help="num_speculative_tokens")
+    select_parser.add_argument("--thinking", choices=("on", "off"), default="on",
+                               help="thinking mode (default: on, as InferenceX)")
+    select_parser.add_argument("--json", action="store_true", help="print JSON")
+    select_parser.set_defaults(func=run_select)
+
 
 def run_list(args: argparse.Namespace) -> int:
-    from golden_al.curves import list_curves, load_curve
+    from golden_al.curves import bundled_curves
 
-    curves = [load_curve(name) for name in list_curves()]
+    curves = bundled_curves()
     if args.json:
         listing = [
             {
@@ -67,7 +80,7 @@ def run_list(args: argparse.Namespace) -> int:
 
 
 def run_show(args: argparse.Namespace) -> int:
-    from golden_al.curves import load_curve
+    from golden_al.curves import format_ks, load_curve
     from golden_al.schedules import schedule_rates
 
     curve = load_curve(args.curve)
@@ -81,6 +94,7 @@ def run_show(args: argparse.Namespace) -> int:
             "model_key": curve.model_key,
             "file": str(curve.source),
             "provenance": curve.provenance,
+            "not_measured": {mode: ks for mode, ks in curve.not_measured.items()},
             "al": {mode: {str(k): al for k, al in points.items()} for mode, points in curve.modes.items()},
             "schedule": args.schedule,
             "rates": {mode: {str(k): r for k, r in by_k.items()} for mode, by_k in rates.items()},
@@ -90,6 +104,8 @@ def run_show(args: argparse.Namespace) -> int:
     print(f"{curve.name}: {curve.model_key}  ({curve.source})")
     for key, value in curve.provenance.items():
         print(f"  {key}: {value}")
+    for mode, ks in curve.not_measured.items():
+        print(f"  not measured (N/A): {mode} k={format_ks(ks)}")
     modes = list(curve.modes)
     ks = sorted({k for points in curve.modes.values() for k in points})
     al_rows = [[str(k)] + [_fmt(curve.modes[mode].get(k)) for mode in modes] for k in ks]
@@ -103,6 +119,19 @@ def run_show(args: argparse.Namespace) -> int:
         for k in sorted(by_k)
     ]
     print(_table(["mode", "k", "r_1 .. r_k"], rate_rows))
+    return 0
+
+
+def run_select(args: argparse.Namespace) -> int:
+    from golden_al.curves import select_by_model
+
+    curve = select_by_model(args.prefix)
+    al = curve.al(args.spec_k, args.thinking == "on")
+    if args.json:
+        print(json.dumps({"prefix": args.prefix, "model_key": curve.model_key, "curve": curve.name,
+                          "file": str(curve.source), "k": args.spec_k, "thinking": args.thinking, "al": al}))
+    else:
+        print(f"{args.prefix} -> {curve.model_key} ({curve.name}): k={args.spec_k} thinking_{args.thinking} AL {al:g}")
     return 0
 
 

@@ -86,15 +86,17 @@ def add_replay_flags(p: argparse.ArgumentParser, http: bool) -> None:
     if http:
         # `loadgen bench` takes these from the engine's own --speculative-config/--golden-al/--thinking.
         spec = p.add_argument_group("speculative decoding (expected acceptance length)")
-        spec.add_argument("--golden-al", metavar="NAME|FILE",
-                          help="golden AL curve (bundled name, see `loadgen golden-al list`, or a YAML file): each "
+        spec.add_argument("--golden-al", metavar="NAME|FILE|PREFIX",
+                          help="golden AL curve (bundled name, see `loadgen golden-al list`, a YAML file[:MODEL], or "
+                          "an InferenceX model prefix such as dsv4, which selects that model's curve strictly): each "
                           "request expects the curve's AL at --spec-k for its thinking mode; sent per request "
                           "as `acceptance_length` only to our server, recorded beside the measured AL always")
         spec.add_argument("--spec-k", type=int, metavar="K",
                           help="num_speculative_tokens to read the curve at (default: our server's k)")
         spec.add_argument("--thinking", choices=("auto", "on", "off"),
                           help="curve mode: auto = per request from the trace (output_types has 'thinking'; "
-                          "a mode the curve lacks falls back to the other, with a warning) (default auto)")
+                          "a mode a named curve lacks falls back to the other, with a warning; one selected by model "
+                          "prefix fails instead, as in InferenceX) (default auto)")
     out = p.add_argument_group("output")
     out.add_argument("--out", metavar="DIR", help="results folder (default results/<UTC timestamp>/)")
     out.add_argument("--per-request", metavar="FILE.jsonl", help="also write one JSON line per request")

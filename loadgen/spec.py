@@ -1,10 +1,16 @@
 """Speculative decoding in a replay: the acceptance length each request is expected to reach, and
 the AL measured per level.
 
-Expected AL: `loadgen replay --golden-al NAME|FILE --spec-k K --thinking auto|on|off` picks it
-from a golden curve (`golden_al`). With `auto` a request's thinking mode is its trace record's
-(`output_types` contains "thinking"); a mode the curve lacks at k falls back to the other, with
-one warning on stderr. When the target is our server (which then must run synthetic speculative
+Expected AL: `loadgen replay --golden-al REF --spec-k K --thinking auto|on|off` picks it from a
+golden curve (`golden_al`). REF is a bundled curve name or a file (`NAME|FILE[:MODEL]`), or a
+model prefix / model key, which selects the model's one bundled curve the way InferenceX does
+(golden_al/curves.py). With `auto` a request's thinking mode is its trace record's
+(`output_types` contains "thinking"). A mode the curve lacks at k:
+- curve chosen by name or file (ours): `auto` falls back to the other mode, with one warning;
+- curve chosen by model prefix or key: an error, as InferenceX fails on a missing thinking mode
+  (`--thinking on` or `off` picks the mode the curve has);
+- `--thinking on|off` naming a missing mode: always an error.
+A curve in the plain or flat-list form has one AL per k for every thinking mode. When the target is our server (which then must run synthetic speculative
 decoding) the AL travels in each request body as the extension field `acceptance_length`; any
 other server only has it recorded as the expected value. `loadgen bench` and a replay without
 `--golden-al` expect the server's own default AL (our /v1/models `speculative` card).
@@ -104,13 +110,19 @@ def _load(golden_al: str) -> Curve:
 def _from_curve(curve: Curve, k: int, thinking: str, send: bool) -> SpecExpectation:
     on = curve.al(k, True) if curve.has(k, True) else None
     off = curve.al(k, False) if curve.has(k, False) else None
-    # An explicit mode must exist; `auto` needs at least one (the other falls back to it).
+    # An explicit mode must exist; `auto` needs at least one (the other falls back to it), and
+    # both when the curve was selected by model, InferenceX's way.
     needed = {"on": on, "off": off, "auto": on if on is not None else off}[thinking]
     if needed is None:
         try:
             curve.al(k, thinking != "off")
         except CurveError as exc:
             raise ValueError(f"--golden-al: {exc}") from None
+    if thinking == "auto" and curve.selected_by == "model" and None in (on, off):
+        lacking = "thinking_off" if off is None else "thinking_on"
+        raise ValueError(f"--golden-al: curve {curve.name!r}, selected by model {curve.model_key!r}, has no "
+                         f"{lacking} AL at k={k} (it has: {curve.describe_points()}); selected by model, a "
+                         "missing thinking mode is an error as in InferenceX: pass --thinking with the mode it has")
     return SpecExpectation(k, send, on, off, curve.name, thinking)
 
 

@@ -20,7 +20,7 @@ PUBLISHED = {
     ("qwen3.5_mtp", "qwen3.5-397b-a17b-nvfp4", "MTP", ON): [1.93, 2.73, 3.39, 3.97, 4.41, 4.80, 5.04, 5.21],
     ("qwen3.5_mtp", "qwen3.5-397b-a17b-nvfp4", "MTP", OFF): [1.92, 2.70, 3.33, 3.83, 4.20, 4.48, 4.73, 4.71],
     ("kimik3_dspark", "kimi-k3", "DSpark", ON): [1.84, 2.45, 2.87, 3.22, 3.44, 3.54, 3.78, 3.88],
-    ("kimik3_dspark_block_rejection", "kimi-k3", "DSpark, probabilistic draft, block rejection", ON): [1.85, 2.51, 3.00, 3.36, 3.62, 3.75, 3.84, 4.00],
+    ("kimik3_dspark_probabilistic_sample_method_block_rejection_sample_method", "kimi-k3", "DSpark, probabilistic draft, block rejection", ON): [1.85, 2.51, 3.00, 3.36, 3.62, 3.75, 3.84, 4.00],
     ("kimik2.5_eagle3", "kimi-k2.5-nvfp4", "EAGLE3", ON): [1.83, 2.43, 2.88, 3.24, 3.46, 3.62, 3.71, 3.77],
     ("kimik2.5_eagle3", "kimi-k2.5-nvfp4", "EAGLE3", OFF): [1.80, 2.33, 2.75, 3.06, 3.25, 3.43, 3.46, 3.51],
     ("minimaxm3_eagle3", "minimax-m3", "EAGLE3", ON): [1.78, 2.38, 2.83, 3.11, 3.35, 3.45, 3.53, 3.74],
@@ -113,8 +113,14 @@ def test_curve_from_a_file_path(tmp_path):
     ("text", "message"),
     [
         ("m:\n  thinking_on: {1: 1.5\n", r"malformed YAML"),
-        ("- 1\n- 2\n", r"exactly one top-level model key"),
-        ("a:\n  thinking_on: {1: 1.5}\nb:\n  thinking_on: {1: 1.5}\n", r"exactly one top-level"),
+        ("- 1\n- 2\n", r"expected a mapping of model keys to curves"),
+        ("a:\n  thinking_on: {1: 1.5}\nb:\n  thinking_on: {1: 1.5}\n", r"holds several models \(a, b\)"),
+        ("_metadata: {draft-model: x}\n", r"at least one top-level model key"),
+        ("m:\n  thinking_on: {1: N/A, 2: N/A}\n", r"m\.thinking_on: no measured AL"),
+        ("m:\n  - {1: 1.5, 2: 2.0}\n", r"m\[0\]: expected a single-key"),
+        ("m:\n  - {1: 1.5}\n  - {1: 1.6}\n", r"m\[1\]: k=1 appears twice"),
+        ("m: {1: 2.5}\n", r"m\.1: AL 2\.5 outside \[1, 2\]"),
+        ("m:\n  thinking_on: {1: n/a}\n", r"m\.thinking_on\.1: AL must be a number or N/A"),
         ("m: 3\n", r"m: expected a mapping"),
         ("m:\n  thinking_maybe: {1: 1.5}\n", r"m\.thinking_maybe: unknown mode"),
         ("m:\n  thinking_on: {}\n", r"m\.thinking_on: expected a non-empty mapping"),
@@ -133,3 +139,60 @@ def test_malformed_file_is_a_curve_error_naming_file_and_key(tmp_path, text, mes
         load_curve(path)
     assert path in str(raised.value)
     assert isinstance(raised.value, ValueError)
+
+
+FIXTURES = Path(__file__).with_name("fixtures")
+
+
+def test_upstream_file_with_run_header_metadata_and_na_cells_loads():
+    curve = load_curve(str(FIXTURES / "upstream_matrix_na.yaml"))
+    assert (curve.name, curve.model_key) == ("upstream_matrix_na", "test-model")
+    assert curve.modes == {ON: {1: 1.80, 3: 2.70}, OFF: {1: 1.75, 2: 2.40}}
+    assert curve.not_measured == {ON: [2], OFF: [3]}
+    assert curve.provenance["source"] == "https://github.com/example/collector/actions/runs/123"
+    assert curve.provenance["dataset"].startswith("coding")
+    assert curve.provenance["draft-model"] == "example/test-model-draft"
+    with pytest.raises(CurveError, match=r"no thinking_on AL at k=2"):
+        curve.al(2, thinking=True)  # N/A is absent, never a number
+
+
+def test_several_models_in_one_file_in_flat_plain_and_matrix_forms():
+    path = FIXTURES / "reference_several_models.yaml"
+    with pytest.raises(CurveError, match=r"holds several models \(flat-model, plain-model, matrix-model\)"):
+        load_curve(str(path))
+    flat = load_curve(f"{path}:flat-model")
+    assert flat.name == "reference_several_models:flat-model"
+    assert flat.modes == {"any": {1: 1.90, 2: 2.60}} and flat.not_measured == {"any": [3]}
+    assert flat.al(2, thinking=True) == flat.al(2, thinking=False) == 2.60  # one curve for every mode
+    assert load_curve(f"{path}:plain-model").al(1, thinking=False) == 1.70
+    matrix = load_curve(f"{path}:matrix-model")
+    assert matrix.al(2, thinking=True) == 2.50 and not matrix.has(2, thinking=False)
+    with pytest.raises(CurveError, match=r"no model 'other'; it has: flat-model, plain-model, matrix-model"):
+        load_curve(f"{path}:other")
+
+
+def test_selection_by_model_prefix_and_key_as_inferencex():
+    curve = load_curve("dsv4")  # InferenceX's prefix table: dsv4 -> deepseek-v4-pro
+    assert (curve.name, curve.model_key, curve.selected_by) == ("dsv4_mtp", "deepseek-v4-pro", "model")
+    assert curve.al(3, thinking=True) == 2.49
+    assert load_curve("dsv4dspark").name == "dsv4-pro-0813-dspark"
+    assert load_curve("qwen3.5-397b-a17b-nvfp4").name == "qwen3.5_mtp"  # any other prefix is the key itself
+    assert load_curve("dsv4_mtp").selected_by == "name"
+    with pytest.raises(CurveError, match=r"model 'minimax-m3' has several bundled curves \(minimaxm3_eagle3, "
+                                         r"minimaxm3_eagle3_gqa\); name one"):
+        load_curve("minimax-m3")
+
+
+def test_an_upstream_file_dropped_into_the_data_folder_is_bundled(tmp_path, monkeypatch):
+    import shutil
+
+    import golden_al.curves as curves
+
+    for path in curves.DATA_DIR.glob("*.yaml"):
+        shutil.copy(path, tmp_path)
+    shutil.copy(FIXTURES / "upstream_matrix_na.yaml", tmp_path / "testmodel_mtp.yaml")
+    monkeypatch.setattr(curves, "DATA_DIR", tmp_path)
+    assert "testmodel_mtp" in curves.list_curves()
+    assert curves.load_curve("testmodel_mtp").al(3, thinking=True) == 2.70
+    assert curves.load_curve("test-model").name == "testmodel_mtp"
+    assert {c.model_key for c in curves.bundled_curves()} >= {"test-model", "deepseek-v4-pro"}

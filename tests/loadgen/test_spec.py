@@ -100,6 +100,9 @@ def test_multi_token_chunks_tpot_itl_and_tokens_per_chunk(start_server, replay, 
     (["--golden-al", "dsv41flash_dspark", "--spec-k", "3"], "has no thinking_on AL at k=3"),
     (["--golden-al", "dsv41flash_dspark", "--spec-k", "5", "--thinking", "off"], "has no thinking_off AL at k=5"),
     (["--golden-al", "no_such_curve", "--spec-k", "3"], "--golden-al:"),
+    # selected by model prefix, InferenceX's way: a thinking mode the curve lacks is an error, not a fallback
+    (["--golden-al", "dsv4dspark", "--spec-k", "3"],
+     "selected by model 'deepseek-v4-pro-0813', has no thinking_off AL at k=3"),
     (["--golden-al", "dsv4_mtp"], "--spec-k: required with --golden-al"),
     (["--golden-al", "dsv4_mtp", "--spec-k", "0"], "--spec-k: must be >= 1"),
     (["--spec-k", "3"], "--spec-k: only meaningful with --golden-al"),
@@ -110,6 +113,17 @@ def test_bad_spec_flags_exit_2(start_server, replay_cli_error, flags, message):
     code, err = replay_cli_error("--url", server.url, "--duration", "1", *flags)
     assert code == 2
     assert message in err, err
+
+
+def test_model_prefix_selects_a_strict_curve_and_names_keep_the_fallback():
+    from loadgen.spec import expectation_from_flags
+
+    strict = expectation_from_flags("dsv4dspark", 3, "on", {}, ours=False).describe()
+    assert (strict["golden_al"], strict["al_thinking_on"], strict["al_thinking_off"]) == ("dsv4-pro-0813-dspark", 3.01, None)
+    both = expectation_from_flags("dsv4", 3, None, {}, ours=False).describe()  # auto: the curve has both modes
+    assert (both["golden_al"], both["al_thinking_on"], both["al_thinking_off"]) == ("dsv4_mtp", 2.49, 2.97)
+    named = expectation_from_flags("dsv4-pro-0813-dspark", 3, None, {}, ours=False).describe()
+    assert named["al_thinking_on"] == 3.01 and named["al_thinking_off"] is None  # falls back, with a warning
 
 
 def test_parse_spec_counters():
