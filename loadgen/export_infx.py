@@ -23,7 +23,8 @@ Fixed-sequence shape (InferenceX's process_result.py over vLLM-style benchmark k
 - tput_per_gpu, output_tput_per_gpu, input_tput_per_gpu: tokens in the window / window / GPUs.
 
 AgentX shape (InferenceX's agentic aggregation, schema v3): `scenario_type: agentic-coding`, no
-isl/osl, `kv_offloading`, `request_accounting`, and `request_metrics` with
+isl/osl, `kv_offloading`, `request_accounting` (whose `records_total`, warmup records included as
+InferenceX counts them, is also `num_requests_total`), and `request_metrics` with
 - latency.{ttft,e2el,itl,tpot,intvty,e2e_norm_intvty}.{mean,p50,p75,p90,p95,std}, seconds;
   itl is PER REQUEST, (E2EL - TTFT) / (OSL - 1), so tpot holds the same distribution;
   intvty's mean/pX = 1 / itl's mean/pX (slow tail), its std the spread of per-request 1 / itl;
@@ -173,10 +174,12 @@ def _agentic_row(run: Run, level: dict[str, Any], identity: Identity, flags: Ide
     columns, counts = level["requests"], level["counts"]
     per_gpu, totals = _per_gpu(level, identity.gpus), _per_gpu(level, 1)
     measured_hit = level["cache"].get("measured_hit_rate")
+    accounting = _accounting(counts)
     row = {
         **_common(run, level, identity), "scenario_type": SCENARIO_TYPE,
         "kv_offloading": "none", "kv_offload_backend": None, "allocated_cpu_dram_gb": 0,
-        "request_accounting": _accounting(counts),
+        "num_requests_total": accounting["records_total"],  # InferenceX counts warmup records too
+        "request_accounting": accounting,
         "request_metrics": {
             "qps": _qps(columns),
             "latency": _latency(columns),

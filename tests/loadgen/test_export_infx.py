@@ -131,6 +131,7 @@ def test_agentx_rows_validate_and_nest_per_request_itl(result, capsys, tmp_path)
     accounting = row["request_accounting"]
     assert accounting["records_profiled"] == row["num_requests_successful"] == counts["requests_ok"]
     assert accounting["records_total"] == counts["requests_ok"] + counts["errors_total"] + counts["warmup_requests_ok"]
+    assert row["num_requests_total"] == accounting["records_total"]
     per_gpu = row["request_metrics"]["throughput"]["per_gpu"]
     assert per_gpu["output_tput_tps"] == pytest.approx(counts["output_tokens"] / level["window_s"] / 8, abs=1e-4)
 
