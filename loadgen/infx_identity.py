@@ -11,7 +11,8 @@ defaults filled from the run's config where the run knows them:
   the TP GPUs, decode context parallelism reuses them too). Per-GPU throughput divides by it.
 - spec_decoding: our server's /v1/models card names its method; both of ours (MTP and DSpark,
   one draft head on the target's hidden state) are filed as `mtp`, the value InferenceX's
-  configs use for DSpark arms too. Without a card: `none`.
+  configs use for DSpark arms too; a run that expected a golden AL (--golden-al) is `mtp` as
+  well. Otherwise `none`.
 - our own server fills hw (`h200` when it served from GPUs), framework (`agentload`),
   precision (`bf16`) and the model prefix (its served model name); any other server needs
   --hw, --framework, --precision and --model-prefix.
@@ -113,7 +114,7 @@ def resolve_identity(flags: IdentityFlags, config: dict[str, Any], run_name: str
     identity = Identity(
         hw=chosen["hw"], model=str(config.get("model") or chosen["model_prefix"]),
         infmax_model_prefix=chosen["model_prefix"], framework=chosen["framework"],
-        precision=chosen["precision"], spec_decoding=chosen["spec_decoding"] or _spec_method(server),
+        precision=chosen["precision"], spec_decoding=chosen["spec_decoding"] or _spec_method(config),
         image=flags.image, recipe_fingerprint=flags.recipe_fingerprint, tp=tp, ep=flags.ep, pp=flags.pp,
         dcp_size=flags.dcp_size, pcp_size=flags.pcp_size, dp_attention=flags.dp_attention,
     )
@@ -144,6 +145,8 @@ def _check_gpu_count(identity: Identity, config: dict[str, Any], ours: bool, ser
                     run_name, gpus, identity.gpus)
 
 
-def _spec_method(server: dict[str, Any]) -> str:
-    card = (server.get("models_entry") or {}).get("speculative")
-    return "mtp" if isinstance(card, dict) and card.get("method") else "none"
+def _spec_method(config: dict[str, Any]) -> str:
+    """`mtp` when the server's card says it speculates or the run expected an AL, else `none`."""
+    card = ((config.get("server") or {}).get("models_entry") or {}).get("speculative")
+    speculates = isinstance(card, dict) and card.get("method") or config.get("spec_decode")
+    return "mtp" if speculates else "none"

@@ -177,3 +177,19 @@ def test_our_server_fills_the_identity():
         resolve_identity(IdentityFlags(tp=4), _our_config(2), "r")
     with pytest.raises(ExportError, match="--hw required .*served from CPU"):
         resolve_identity(IdentityFlags(), _our_config(0), "r")
+
+
+def test_a_run_that_expected_a_golden_al_is_filed_as_speculating():
+    config = {"model": "m", "gpus": 1, "server": {"ours": False}, "spec_decode": {"k": 3, "golden_al": "dsv4_mtp"}}
+    flags = IdentityFlags(hw="h200", framework="vllm", precision="fp8", model_prefix="dsv4")
+    assert resolve_identity(flags, config, "r").spec_decoding == "mtp"
+    assert resolve_identity(flags, {**config, "spec_decode": None}, "r").spec_decoding == "none"
+
+
+def test_agentx_schema_takes_an_empty_block_but_not_a_partial_one():
+    row = _example("agentx")
+    validator = _validator("agentx")
+    row["request_metrics"]["latency"]["itl"] = {}  # InferenceX writes {} when no request had the value
+    validator.validate(row)
+    row["request_metrics"]["latency"]["itl"] = {"mean": 0.01}
+    assert not validator.is_valid(row)
