@@ -27,6 +27,9 @@ from typing import Any
 log = logging.getLogger(__name__)
 
 SPEC_METHODS = ("mtp", "draft_model", "none")  # InferenceX's spec-decoding vocabulary
+# The GPU keys InferenceX's app maps a runner name to (the part before the first '-'); rows with
+# any other hardware are skipped at its ingest.
+INFX_GPU_KEYS = ("h100", "h200", "b200", "b300", "gb200", "gb300", "mi300x", "mi325x", "mi355x")
 OUR_FRAMEWORK = "agentload"
 OUR_GPU = "h200"  # the GPU our server's kernels target; override with --hw
 OUR_PRECISION = "bf16"
@@ -119,6 +122,9 @@ def resolve_identity(flags: IdentityFlags, config: dict[str, Any], run_name: str
         dcp_size=flags.dcp_size, pcp_size=flags.pcp_size, dp_attention=flags.dp_attention,
     )
     _check_gpu_count(identity, config, ours, server_gpus, run_name)
+    if identity.hw.lower().split("-")[0] not in INFX_GPU_KEYS:
+        log.warning("--hw %s is not a GPU key InferenceX knows (%s): its ingest would skip these rows",
+                    identity.hw, ", ".join(INFX_GPU_KEYS))
     return identity
 
 

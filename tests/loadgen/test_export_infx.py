@@ -193,3 +193,18 @@ def test_agentx_schema_takes_an_empty_block_but_not_a_partial_one():
     validator.validate(row)
     row["request_metrics"]["latency"]["itl"] = {"mean": 0.01}
     assert not validator.is_valid(row)
+
+
+def test_hardware_inferencex_does_not_know_is_warned(caplog):
+    flags = IdentityFlags(hw="cpu-box", framework="vllm", precision="fp8", model_prefix="dsv4")
+    with caplog.at_level("WARNING"):
+        resolve_identity(flags, {"model": "m", "gpus": 1, "server": {"ours": False}}, "r")
+    assert "--hw cpu-box is not a GPU key InferenceX knows" in caplog.text
+
+
+def test_schemas_and_exporter_share_the_gpu_keys():
+    from loadgen.infx_identity import INFX_GPU_KEYS
+
+    for shape in ("infx", "agentx"):
+        pattern = json.loads((SCHEMAS / f"{shape}.schema.json").read_text())["properties"]["hw"]["pattern"]
+        assert pattern == f"^({'|'.join(INFX_GPU_KEYS)})(-.*)?$"
