@@ -117,8 +117,9 @@ def load_curve(ref: str) -> Curve:
     path, model = _file_of(ref)
     if path is not None:
         return _one_model(read_curves(path), path, model)
-    if ref.endswith((".yaml", ".yml")) or "/" in ref:
-        raise CurveError(f"curve file {ref} does not exist")
+    file_part = ref.rsplit(":", 1)[0] if ":" in ref else ref
+    if file_part.endswith((".yaml", ".yml")) or "/" in file_part:
+        raise CurveError(f"curve file {file_part} does not exist")
     return select_by_model(ref)
 
 

@@ -91,6 +91,8 @@ def test_unknown_name_is_an_error_naming_it():
 def test_missing_file_path_is_an_error(tmp_path):
     with pytest.raises(CurveError, match="does not exist"):
         load_curve(str(tmp_path / "nope.yaml"))
+    with pytest.raises(CurveError, match=r"curve file .*nope\.yaml does not exist"):
+        load_curve(f"{tmp_path / 'nope.yaml'}:some-model")
 
 
 def _write(tmp_path: Path, text: str, name: str = "mine.yaml") -> str:
