@@ -259,7 +259,7 @@ def _qps(columns: dict[str, list]) -> dict[str, Any]:
     lows = np.arange(ends[0], ends[-1] - QPS_WINDOW_S + 1e-12, QPS_WINDOW_S)
     counts = (np.searchsorted(ends, lows + QPS_WINDOW_S, side="left")
               - np.searchsorted(ends, lows, side="left")) / QPS_WINDOW_S
-    stats = _distribution(counts.astype(np.float64)) if counts.size else {"mean": len(ends) / (ends[-1] - ends[0])}
+    stats = _distribution(counts.astype(np.float64)) if counts.size else {"mean": float(len(ends) / (ends[-1] - ends[0]))}
     return {"window_seconds": QPS_WINDOW_S, "samples": int(counts.size), **stats}
 
 
@@ -269,6 +269,7 @@ def _seconds(microseconds: list) -> np.ndarray:
 
 def _rounded(value: Any) -> Any:
     if isinstance(value, float):
+        value = float(value)  # numpy's float64 is a float, but not one JSON writers take
         if not math.isfinite(value):
             return value
         rounded = round(value, DECIMALS)

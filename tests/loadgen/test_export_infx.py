@@ -208,3 +208,14 @@ def test_schemas_and_exporter_share_the_gpu_keys():
     for shape in ("infx", "agentx"):
         pattern = json.loads((SCHEMAS / f"{shape}.schema.json").read_text())["properties"]["hw"]["pattern"]
         assert pattern == f"^({'|'.join(INFX_GPU_KEYS)})(-.*)?$"
+
+
+def test_completions_within_one_second_give_inferencex_fallback_qps(result, capsys, tmp_path):
+    doc = json.loads(result.read_text())
+    columns = doc["levels"][1]["requests"]
+    columns["start_ms"] = [i * 10.0 for i in range(len(columns["start_ms"]))]  # finishes within 1 s
+    short = write_results(tmp_path / "short.json", doc)
+    qps = _rows(capsys, tmp_path, short, "agentx")[1]["request_metrics"]["qps"]
+    ends = np.asarray(columns["start_ms"]) / 1e3 + np.asarray(columns["e2el_us"]) / 1e6
+    assert qps["samples"] == 0 and qps["window_seconds"] == 1
+    assert qps["mean"] == pytest.approx(len(ends) / (ends.max() - ends.min()), rel=1e-4)
