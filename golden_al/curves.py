@@ -131,9 +131,9 @@ def select_by_model(prefix: str) -> Curve:
         raise CurveError(f"model {key!r} has several bundled curves ({', '.join(c.name for c in matches)}); "
                          "name one of them")
     if not matches:
+        known = sorted({*MODEL_PREFIX_TO_KEY, *(c.model_key for c in bundled_curves())})
         raise CurveError(f"unknown curve {prefix!r}; bundled curves: {', '.join(list_curves())}; model prefixes "
-                         f"and keys: {', '.join(sorted({*MODEL_PREFIX_TO_KEY, *(c.model_key for c in bundled_curves())}))} "
-                         "(or give a path to a YAML file)")
+                         f"and keys: {', '.join(known)} (or give a path to a YAML file)")
     chosen = matches[0]
     return Curve(chosen.name, chosen.model_key, chosen.source, chosen.modes, chosen.provenance,
                  chosen.not_measured, selected_by="model")

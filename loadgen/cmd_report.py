@@ -56,7 +56,8 @@ def _add_identity_args(p: argparse.ArgumentParser) -> None:
                    help="InferenceX model prefix (infmax_model_prefix), e.g. dsv4, qwen3.5")
     g.add_argument("--image", default=_DEFAULTS.image, help="serving container image (default: empty)")
     g.add_argument("--spec-decoding", default=_DEFAULTS.spec_decoding, choices=SPEC_METHODS,
-                   help="speculative method (default: mtp when our server speculates or the run expected a golden AL, else none)")
+                   help="speculative method (default: mtp when our server speculates or the run expected a "
+                   "golden AL, else none)")
     g.add_argument("--tp", type=_positive, default=_DEFAULTS.tp,
                    help="tensor-parallel degree (default: our server's GPUs, else the run's GPUs / (pp x pcp))")
     g.add_argument("--ep", type=_positive, default=_DEFAULTS.ep, help=f"expert parallelism (default: {_DEFAULTS.ep})")

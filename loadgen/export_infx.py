@@ -259,7 +259,10 @@ def _qps(columns: dict[str, list]) -> dict[str, Any]:
     lows = np.arange(ends[0], ends[-1] - QPS_WINDOW_S + 1e-12, QPS_WINDOW_S)
     counts = (np.searchsorted(ends, lows + QPS_WINDOW_S, side="left")
               - np.searchsorted(ends, lows, side="left")) / QPS_WINDOW_S
-    stats = _distribution(counts.astype(np.float64)) if counts.size else {"mean": float(len(ends) / (ends[-1] - ends[0]))}
+    if counts.size:
+        stats = _distribution(counts.astype(np.float64))
+    else:  # under one window: InferenceX's mean over the whole span
+        stats = {"mean": float(len(ends) / (ends[-1] - ends[0]))}
     return {"window_seconds": QPS_WINDOW_S, "samples": int(counts.size), **stats}
 
 

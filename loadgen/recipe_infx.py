@@ -67,7 +67,8 @@ def read_entry(path: Path, key: str) -> dict[str, Any]:
         raise InfxConfigError(f"{path}: expected a mapping of entry names to configs")
     if key not in document:
         near = sorted(name for name in document if str(name).split("-")[0] == key.split("-")[0])[:8]
-        raise InfxConfigError(f"{path}: no entry {key!r}" + (f"; entries of that model: {', '.join(near)}" if near else ""))
+        hint = f"; entries of that model: {', '.join(near)}" if near else ""
+        raise InfxConfigError(f"{path}: no entry {key!r}{hint}")
     entry = document[key]
     if not isinstance(entry, dict):
         raise InfxConfigError(f"{path}: {key}: expected a mapping")
@@ -92,7 +93,8 @@ def pick_search_space(entry: dict[str, Any], where: str, index: int | None) -> d
         raise InfxConfigError(f"--entry: {where} has search-space entries 0..{len(spaces) - 1}, got {index}")
     space = spaces[index]
     if "prefill" in space or "decode" in space:
-        raise InfxConfigError(f"{where}.search-space[{index}]: disaggregated prefill/decode workers have no recipe form")
+        raise InfxConfigError(f"{where}.search-space[{index}]: disaggregated prefill/decode workers have no "
+                              "recipe form")
     return space
 
 
@@ -167,7 +169,8 @@ def _server(entry: dict[str, Any], space: dict[str, Any], topology: dict[str, in
     if options.server == "ours":
         unsupported = [f"{name} {value}" for name, value in topology.items() if name != "tp" and value > 1]
         unsupported += ["dp-attn"] if dp_attn else []
-        unsupported += [f"kv-offloading {space['kv-offloading']}"] if space.get("kv-offloading", "none") != "none" else []
+        offload = space.get("kv-offloading", "none")
+        unsupported += [f"kv-offloading {offload}"] if offload != "none" else []
         if unsupported:
             raise InfxConfigError(f"{where}: our server runs tensor parallelism only, not {', '.join(unsupported)}; "
                                   "use --server vllm or --server url")

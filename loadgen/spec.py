@@ -10,9 +10,11 @@ model prefix / model key, which selects the model's one bundled curve the way In
 - curve chosen by model prefix or key: an error, as InferenceX fails on a missing thinking mode
   (`--thinking on` or `off` picks the mode the curve has);
 - `--thinking on|off` naming a missing mode: always an error.
-A curve in the plain or flat-list form has one AL per k for every thinking mode. When the target is our server (which then must run synthetic speculative
-decoding) the AL travels in each request body as the extension field `acceptance_length`; any
-other server only has it recorded as the expected value. `loadgen bench` and a replay without
+A curve in the plain or flat-list form has one AL per k for every thinking mode.
+
+When the target is our server (which then must run synthetic speculative decoding) the AL
+travels in each request body as the extension field `acceptance_length`; any other server only
+has it recorded as the expected value. `loadgen bench` and a replay without
 `--golden-al` expect the server's own default AL (our /v1/models `speculative` card).
 
 Measured AL = accepted tokens per verify step = (num_drafts + num_accepted_tokens) / num_drafts,
