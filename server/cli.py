@@ -56,7 +56,8 @@ def build_parser() -> argparse.ArgumentParser:
     http.add_argument("--read-timeout", type=float, default=READ_TIMEOUT_S, metavar="S",
                       help="a client must send a complete request head within S seconds of connecting "
                            "(or of its previous response; idle keep-alive connections close then too) "
-                           "and its body within S more (else 408) (default: %(default)g)")
+                           "and its body within S more (else 408, and the connection closes S later at "
+                           "most) (default: %(default)g)")
     add_engine_args(start)
     start.set_defaults(func=start_command)
     return parser
@@ -146,10 +147,12 @@ async def _serve(args: argparse.Namespace, client, info) -> int:
     )
     server = OpenAIServer(client, info, settings,
                           ByteTokenizer(info.vocab_size, model.bos_token_id, info.eos_token_id))
-    # keepalive_timeout bounds the wait for a complete request head (see server/api.py); the
-    # drain below ends every handler, so cleanup's own timeout only covers stuck writes.
+    # keepalive_timeout bounds the wait for a complete request head (see server/api.py) and
+    # lingering_time the rest of a body after its 408; the drain below ends every handler, so
+    # cleanup's own timeout only covers writes stuck on clients that stopped reading.
     runner = web.AppRunner(server.build_app(), handler_cancellation=True, access_log=None,
-                           keepalive_timeout=args.read_timeout, shutdown_timeout=CUT_WRITE_GRACE_S)
+                           keepalive_timeout=args.read_timeout, lingering_time=args.read_timeout,
+                           shutdown_timeout=CUT_WRITE_GRACE_S)
     await runner.setup()
     try:
         await web.TCPSite(runner, args.host, args.port).start()
