@@ -189,8 +189,9 @@ class OpenAIServer:
         await asyncio.wait(waits, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
         for waiting in waits:
             waiting.cancel()
+        when = "at a second signal" if cut_now.is_set() else f"at the --shutdown-timeout deadline ({timeout_s:g} s)"
         for stream in list(self._running):
-            stream.cut(f"server shutting down: request cut at the --shutdown-timeout deadline ({timeout_s:g} s)")
+            stream.cut(f"server shutting down: request cut {when}")
         if not self._idle.is_set():
             # Bounded: a client that stopped reading could block a write; cleanup cancels it.
             await asyncio.wait([asyncio.ensure_future(self._idle.wait())], timeout=CUT_WRITE_GRACE_S)

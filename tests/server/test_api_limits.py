@@ -4,13 +4,16 @@ fields are validated: each over real sockets against a real server on 127.0.0.1.
 from __future__ import annotations
 
 import asyncio
+import os
 import socket
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 
 import pytest
 
-from tests.server.conftest import ServerProcess, start_server
+from tests.server.conftest import REPO, ServerProcess, start_server
 
 READ_TIMEOUT_S = 1.0
 
@@ -116,3 +119,9 @@ async def _stream_headers(server: ServerProcess, body: dict) -> dict[str, str]:
         async with session.post(server.url + "/v1/completions", json={**body, "stream": True}) as resp:
             await resp.read()
             return dict(resp.headers)
+
+
+def test_read_timeout_flag_is_checked():
+    bad = subprocess.run([sys.executable, "-m", "server.cli", "start", "--read-timeout", "0"], cwd=REPO,
+                         env=dict(os.environ, PYTHONPATH=str(REPO)), capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and bad.stderr.startswith("server start: error: --read-timeout: must be > 0")
