@@ -36,12 +36,13 @@ import sys
 import tempfile
 import time
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from loadgen.results import ResultsError, read_results  # noqa: E402
+from loadgen.results import ResultsError, read_results
 
 READY = re.compile(rb"ready at http://\S+ \(model \S+, engine pid (\d+)\)")
 REQUEST_ID = re.compile(rb"X-Request-Id: ([^\r\n]+)\r\n")
@@ -61,7 +62,7 @@ def free_port() -> int:
 class Server:
     """`server start` on a fixed port, restarted by `supervise` whenever it exits."""
 
-    def __init__(self, port: int, log_dir: Path, say) -> None:
+    def __init__(self, port: int, log_dir: Path, say: Callable[[str], None]) -> None:
         self.port = port
         self.log_dir = log_dir
         self.say = say
@@ -156,7 +157,7 @@ class Proxy:
             client.transport.abort()
             backend.transport.abort()
 
-    async def _connect_backend(self):
+    async def _connect_backend(self) -> tuple[asyncio.StreamReader | None, asyncio.StreamWriter | None]:
         deadline = time.monotonic() + self.backend_wait_s
         while time.monotonic() < deadline:
             with contextlib.suppress(OSError):
@@ -279,7 +280,7 @@ async def send_malformed(port: int, stop: asyncio.Event, outcomes: Counter, inte
 # ---- faults -------------------------------------------------------------------------------------
 
 async def inject_faults(server: Server, proxy: Proxy, stop: asyncio.Event, every_s: float,
-                        injected: Counter, say) -> None:
+                        injected: Counter, say: Callable[[str], None]) -> None:
     i = 0
     while True:
         with contextlib.suppress(asyncio.TimeoutError):
@@ -305,7 +306,7 @@ async def inject_faults(server: Server, proxy: Proxy, stop: asyncio.Event, every
 
 # ---- the run ------------------------------------------------------------------------------------
 
-async def run(args: argparse.Namespace, work: Path, say) -> dict:
+async def run(args: argparse.Namespace, work: Path, say: Callable[[str], None]) -> dict:
     server = Server(free_port(), work, say)
     await asyncio.to_thread(server.start)
     proxy = Proxy(server.port, args.backend_wait)
@@ -327,10 +328,10 @@ async def run(args: argparse.Namespace, work: Path, say) -> dict:
                asyncio.create_task(send_malformed(server.port, stop, malformed, args.malformed_every))]
     started = time.monotonic()
     try:
-        stdout, stderr = await asyncio.wait_for(replay.communicate(), args.duration + args.timeout + 120)
+        _, stderr = await asyncio.wait_for(replay.communicate(), args.duration + args.timeout + 120)
     except asyncio.TimeoutError:
         replay.kill()
-        stdout, stderr = await replay.communicate()
+        _, stderr = await replay.communicate()
     elapsed = time.monotonic() - started
     stop.set()
     await asyncio.gather(*helpers)

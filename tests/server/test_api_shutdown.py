@@ -30,15 +30,14 @@ def draining_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server
 async def _stream_events(server: ServerProcess, started: asyncio.Event) -> tuple[list, float]:
     """Every SSE payload of one long streamed request, and when its body ended (monotonic)."""
     events: list = []
-    async with server.session() as session:
-        async with session.post(server.url + "/v1/completions",
-                                data=orjson.dumps({**LONG, "stream": True})) as resp:
-            assert resp.status == 200
-            async for line in resp.content:  # raises if the chunked body is cut short
-                if line.startswith(b"data: "):
-                    payload = line[6:].strip()
-                    events.append("[DONE]" if payload == b"[DONE]" else orjson.loads(payload))
-                    started.set()
+    async with server.session() as session, session.post(server.url + "/v1/completions",
+                                                         data=orjson.dumps({**LONG, "stream": True})) as resp:
+        assert resp.status == 200
+        async for line in resp.content:  # raises if the chunked body is cut short
+            if line.startswith(b"data: "):
+                payload = line[6:].strip()
+                events.append("[DONE]" if payload == b"[DONE]" else orjson.loads(payload))
+                started.set()
     return events, time.monotonic()
 
 
