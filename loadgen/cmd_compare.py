@@ -1,5 +1,5 @@
-"""`loadgen compare BASE NEW`: per level and metric, both values, delta % and its 95 % bootstrap
-interval, and a verdict (better / worse / within noise); see loadgen/compare.py for the method.
+"""`loadgen compare BASE NEW`: per level and metric, both values, delta % and its 95 % interval,
+and a verdict (better / worse / within noise); see loadgen/compare/verdicts.py for the method.
 
 Exit codes: 0 compared (no gate tripped), 1 a `--fail-on-regression` gate tripped, 2 bad input
 (missing or malformed file, wrong schema, unknown metric, no common level).
@@ -8,17 +8,23 @@ Exit codes: 0 compared (no gate tripped), 1 a `--fail-on-regression` gate trippe
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
+    from loadgen.compare.verdicts import DEFAULT_FDR
+
     p = subparsers.add_parser(
         "compare",
-        help="compare two runs level by level with bootstrap confidence intervals",
+        help="compare two runs level by level with calibrated confidence intervals",
         description="Compare BASE and NEW results (agentload.result/1) level by level: for each "
-        "metric both values, delta % = (NEW - BASE) / BASE, its 95 % confidence interval by "
-        "bootstrap over session plays (paired when both runs replayed the same plays) or over "
-        "repeats, and a verdict: better, worse, or within noise (the interval includes 0).",
+        "metric both values, delta % = (NEW - BASE) / BASE, its 95 % confidence interval and a "
+        "verdict: better, worse, or within noise. With repeats (>= 2 runs of a level per side) the "
+        "interval is Welch's t on the per-run values, which includes run-to-run noise; with one run "
+        "per side it is a bootstrap over session plays (paired when both runs replayed the same "
+        "plays), which does not, unless --run-noise gives it. A verdict needs the interval to "
+        "exclude 0 and the change to survive Benjamini-Hochberg at --fdr over all compared rows.",
         epilog="A side is one results file or folder holding result.json, or several joined by "
         "commas: several runs of a level on a side are repeats. Metrics: ttft_p50|p90|p99, "
         "tpot_p50|p90, interactivity_p50|p90, e2el_p50|p90|p99, norm_e2el_p90, e2e_interactivity, "
@@ -34,8 +40,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, default=0, help="bootstrap seed (default 0)")
     p.add_argument("--resamples", type=int, default=2000, metavar="N", help="bootstrap resamples (default 2000)")
     p.add_argument("--min-effect", type=float, default=0.0, metavar="PCT",
-                   help="also call |delta| below PCT %% within noise, for drift between runs that a "
-                   "per-session bootstrap cannot see (default 0)")
+                   help="also call |delta| below PCT %% within noise (default 0)")
+    p.add_argument("--fdr", type=float, default=DEFAULT_FDR, metavar="Q",
+                   help=f"false-discovery rate of the Benjamini-Hochberg control over all (level, metric) "
+                   f"rows (default {DEFAULT_FDR:g})")
+    p.add_argument("--run-noise", metavar="PCT|FILE.json",
+                   help="single run per side: the run-to-run standard deviation in %% of each metric's "
+                   "value, one number for all metrics or a JSON file {metric: pct} as written by "
+                   "benchmarks/ab_calibration.py; widens the interval by it (default: none, and the "
+                   "output says the interval does not include run-to-run noise)")
     p.set_defaults(func=run)
 
 
@@ -47,13 +60,14 @@ def run(args: argparse.Namespace) -> int:
     from loadgen.report import load_runs
 
     metrics, gates = _metrics_and_gates(args.metrics, args.fail_on_regression)
+    run_noise = read_run_noise(args.run_noise)
     if args.min_effect < 0:
         raise UsageError(f"--min-effect: must be >= 0, got {args.min_effect:g}")
     base_paths, new_paths = _side(args.base, "BASE"), _side(args.new, "NEW")
     base, new = load_runs(base_paths), load_runs(new_paths)
     try:
         comparison = compare_runs([(r.name, r.doc) for r in base], [(r.name, r.doc) for r in new], metrics,
-                                  args.resamples, args.seed, args.min_effect)
+                                  args.resamples, args.seed, args.min_effect, args.fdr, run_noise)
     except CompareError as exc:
         raise UsageError(str(exc)) from exc
     tripped = regressions(comparison, gates)
@@ -63,6 +77,33 @@ def run(args: argparse.Namespace) -> int:
     else:
         print(format_comparison(comparison, tripped))
     return 1 if tripped else 0
+
+
+def read_run_noise(text: str | None) -> dict[str, float] | None:
+    """--run-noise: a number (every metric) or a JSON file {metric: pct}; None when not given."""
+    from loadgen.cli import UsageError
+    from loadgen.compare import METRIC_BY_NAME
+
+    if text is None:
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        value = None
+    if value is not None:
+        if value < 0:
+            raise UsageError(f"--run-noise: must be >= 0, got {text}")
+        return {name: value for name in METRIC_BY_NAME}
+    try:
+        with open(text, encoding="utf-8") as handle:
+            doc = json.load(handle)
+    except (OSError, json.JSONDecodeError) as exc:
+        raise UsageError(f"--run-noise: {text}: not a number and not a readable JSON file ({exc})") from None
+    table = doc.get("run_noise_pct", doc) if isinstance(doc, dict) else None
+    if not isinstance(table, dict) or any(k not in METRIC_BY_NAME or not isinstance(v, (int, float)) or v < 0
+                                          for k, v in table.items()):
+        raise UsageError(f"--run-noise: {text}: expected {{metric: pct >= 0}} with known metric names")
+    return {k: float(v) for k, v in table.items()}
 
 
 def _side(text: str, name: str) -> list[str]:

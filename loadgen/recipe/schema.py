@@ -8,8 +8,7 @@ warm-up, repeats, seed) and the variants (flag overrides; the first is the basel
 Build one programmatically (`Recipe(...)`, or `recipe_from_dict`) and write it with `to_dict` /
 `to_yaml`; `recipe_from_dict(to_dict(r)) == r`. Every error is a RecipeError naming the key
 (`server.kind`, `variants[1].flags`, ...). Server-flag names are checked against the engine's own
-flags later, by `loadgen recipe check` (loadgen/recipe/commands.py), not here: this module has no
-dependency beyond PyYAML.
+flags later, by `loadgen recipe check`, not here.
 """
 
 from __future__ import annotations
@@ -17,6 +16,8 @@ from __future__ import annotations
 import json
 from dataclasses import MISSING, dataclass, field, fields, is_dataclass
 from typing import Any, Union, get_args, get_origin, get_type_hints
+
+from loadgen.compare.verdicts import DEFAULT_FDR
 
 SCHEMA = "agentload.recipe/1"
 SERVER_KINDS = ("ours", "inprocess", "command", "url")
@@ -97,7 +98,8 @@ class CompareSpec:
     and the false-discovery rate controlled over each comparison's (level, metric) family."""
 
     metrics: tuple[str, ...] | None = None
-    fdr: float = 0.05
+    fdr: float = DEFAULT_FDR
+    run_noise_pct: float | None = None  # single-run recipes (repeats 1): the run-to-run SD of every metric
 
 
 @dataclass(frozen=True, slots=True)
