@@ -17,6 +17,7 @@ import json
 from dataclasses import MISSING, dataclass, field, fields, is_dataclass
 from typing import Any, Union, get_args, get_origin, get_type_hints
 
+from loadgen.compare.stats import METRIC_BY_NAME
 from loadgen.compare.verdicts import DEFAULT_FDR
 
 SCHEMA = "agentload.recipe/1"
@@ -161,6 +162,10 @@ def validate_recipe(r: Recipe) -> None:
         _require(getattr(w, name) > 0, f"workload.{name}: must be positive, got {getattr(w, name):g}")
     _require(w.thinking is None or w.golden_al is not None, "workload.thinking: only meaningful with workload.golden_al")
     _require(0 < r.compare.fdr < 1, f"compare.fdr: must be in (0, 1), got {r.compare.fdr:g}")
+    for i, name in enumerate(r.compare.metrics or ()):
+        _require(name in METRIC_BY_NAME, f"compare.metrics[{i}]: unknown metric {name!r}; known: {', '.join(METRIC_BY_NAME)}")
+    _require(r.compare.run_noise_pct is None or r.compare.run_noise_pct >= 0,
+             f"compare.run_noise_pct: must be >= 0, got {r.compare.run_noise_pct}")
     _require(bool(r.variants), "variants: need at least one (the first is the baseline)")
     names = [v.name for v in r.variants]
     for i, v in enumerate(r.variants):
