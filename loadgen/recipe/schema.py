@@ -172,7 +172,7 @@ def validate_recipe(r: Recipe) -> None:
         where = f"variants[{i}] ({v.name})"
         _require(bool(v.name) and v.name.replace("-", "").replace("_", "").replace(".", "").isalnum(),
                  f"variants[{i}].name: letters, digits, '-', '_' and '.' only, got {v.name!r}")
-        _require(names.count(v.name) == 1, f"variants[{i}].name: {v.name!r} is used twice")
+        _require(v.name not in names[:i], f"variants[{i}].name: {v.name!r} is used twice")
         if s.kind == "url":
             _require(not v.flags and not v.env, f"{where}.flags: a server at a URL cannot be given flags")
         if i == 0:
