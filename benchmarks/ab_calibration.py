@@ -13,9 +13,10 @@ on any metric row. Detection: draws of A runs against draws of B runs; "detected
   single/old      one run per side, session bootstrap, verdict when the 95 % interval excludes 0
                   (the method before the calibration work; no multiple-comparison control)
   single/bh       the same, plus Benjamini-Hochberg at FDR 0.05 over the comparison
-  single/floor    one run per side, the interval widened by the run-to-run SD per metric learned
-                  from the OTHER half of the pool (no in-sample floor), plus BH
-  repeats/N       N runs per side (disjoint), Welch t on per-run logs, plus BH (the new default)
+  single/prior    one run per side, the run-to-run SD per metric learned from the OTHER half of
+                  the pool (never in-sample) as the interval's variance, plus BH
+  repeats/N       N runs per side (disjoint), Welch t on per-run logs, plus BH (the default)
+  repeats/N+prior the same, the runs' variance pooled with the SD from the other half
 
 Pairs drawn from one pool share runs, so they are not independent; the script reports the
 number of distinct runs beside every rate. Also writes run_noise.json (run-to-run SD in % of
@@ -41,7 +42,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from loadgen.compare import METRICS, compare_runs  # noqa: E402
+from loadgen.compare import METRICS, RunNoise, compare_runs  # noqa: E402
 from loadgen.compare.stats import group_levels, point_values  # noqa: E402
 from loadgen.recipe.runner import RecipeRun  # noqa: E402
 from loadgen.recipe.schema import CompareSpec, Recipe, ServerSpec, Sweep, Variant, Workload  # noqa: E402
@@ -99,11 +100,12 @@ def analyze(out: Path) -> dict:
     rng = np.random.default_rng(0)
     values = np.array([[_metric(d, m.name) for m in METRICS] for d in pool])  # (runs, metrics)
     noise = {m.name: float(100.0 * np.std(np.log(values[:, i]), ddof=1)) for i, m in enumerate(METRICS)}
-    (out / "run_noise.json").write_text(json.dumps({"run_noise_pct": noise}, indent=1))
+    (out / "run_noise.json").write_text(json.dumps({"run_noise_pct": noise, "runs": len(pool)}, indent=1))
     report = {"runs": {"A+A2 (identical)": len(pool), "B (planted delay)": len(slow)},
               "run_noise_pct": {k: round(v, 2) for k, v in noise.items()}, "methods": {}}
     half = len(pool) // 2
-    for method in ("single/old", "single/bh", "single/floor", "repeats/2", "repeats/3"):
+    for method in ("single/old", "single/bh", "single/prior", "repeats/2", "repeats/3", "repeats/3+prior",
+                   "repeats/2+prior"):
         false, rows, aa_pairs = 0, 0, 0
         for a, b in _null_pairs(len(pool), method, rng):
             comparison = _compare(method, [pool[i] for i in a], [pool[i] for i in b], pool, a + b, half)
@@ -129,11 +131,22 @@ def analyze(out: Path) -> dict:
     return report
 
 
+def _size(method: str) -> int:
+    return 1 if method.startswith("single") else int(method.split("/")[1].split("+")[0])
+
+
 def _null_pairs(n: int, method: str, rng: np.random.Generator):
-    size = 1 if method.startswith("single") else int(method.split("/")[1])
-    if method == "single/floor":  # the floor comes from the other half: pairs within one half
-        halves = (list(range(n // 2)), list(range(n // 2, n)))
-        pairs = [([i], [j]) for h in halves for i, j in itertools.combinations(h, 2)]
+    size = _size(method)
+    halves = (list(range(n // 2)), list(range(n // 2, n)))
+    if method.endswith("prior"):  # the prior comes from the other half: both sides within one half
+        pairs = []
+        for h in halves:
+            if size == 1:
+                pairs += [([i], [j]) for i, j in itertools.combinations(h, 2)]
+            elif len(h) >= 2 * size:
+                for _ in range(MAX_PAIRS // 2):
+                    pick = rng.permutation(h)[: 2 * size].tolist()
+                    pairs.append((pick[:size], pick[size:]))
     elif size == 1:
         pairs = [([i], [j]) for i, j in itertools.combinations(range(n), 2)]
     else:
@@ -146,7 +159,7 @@ def _null_pairs(n: int, method: str, rng: np.random.Generator):
 
 
 def _ab_pairs(n: int, m: int, method: str, rng: np.random.Generator):
-    size = 1 if method.startswith("single") else int(method.split("/")[1])
+    size = _size(method)
     if size > m or size > n:
         return []
     if size == 1:
@@ -160,11 +173,11 @@ def _compare(method: str, base: list[dict], new: list[dict], pool: list[dict], u
     sides = ([(f"b{i}", d) for i, d in enumerate(base)], [(f"n{i}", d) for i, d in enumerate(new)])
     if method == "single/old":
         return compare_runs(*sides, resamples=400, fdr=0.999999)  # BH at ~1: the interval alone decides
-    if method == "single/floor":
+    if method.endswith("prior"):
         other = [d for i, d in enumerate(pool) if (i < half) != (used[0] < half)]
         values = np.array([[_metric(d, m.name) for m in METRICS] for d in other])
         noise = {m.name: float(100.0 * np.std(np.log(values[:, i]), ddof=1)) for i, m in enumerate(METRICS)}
-        return compare_runs(*sides, resamples=400, run_noise=noise)
+        return compare_runs(*sides, resamples=400, run_noise=RunNoise(noise, len(other)))
     return compare_runs(*sides, resamples=400)
 
 

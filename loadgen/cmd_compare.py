@@ -8,7 +8,6 @@ Exit codes: 0 compared (no gate tripped), 1 a `--fail-on-regression` gate trippe
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 
 
@@ -45,10 +44,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help=f"false-discovery rate of the Benjamini-Hochberg control over all (level, metric) "
                    f"rows (default {DEFAULT_FDR:g})")
     p.add_argument("--run-noise", metavar="PCT|FILE.json",
-                   help="single run per side: the run-to-run standard deviation in %% of each metric's "
-                   "value, one number for all metrics or a JSON file {metric: pct} as written by "
-                   "benchmarks/ab_calibration.py; widens the interval by it (default: none, and the "
-                   "output says the interval does not include run-to-run noise)")
+                   help="the run-to-run standard deviation of identical runs in %% of each metric's value: "
+                   "one number for all metrics (taken as exact), or run_noise.json as written by "
+                   "benchmarks/ab_calibration.py (per metric, with the number of A/A runs it came from). "
+                   "Pooled with the repeats' own variance; with one run per side it is the run-to-run "
+                   "noise (default: none; a single-run comparison then says its interval lacks it)")
     p.set_defaults(func=run)
 
 
@@ -79,31 +79,18 @@ def run(args: argparse.Namespace) -> int:
     return 1 if tripped else 0
 
 
-def read_run_noise(text: str | None) -> dict[str, float] | None:
-    """--run-noise: a number (every metric) or a JSON file {metric: pct}; None when not given."""
+def read_run_noise(text: str | None):
+    """--run-noise as a RunNoise (None when not given); UsageError naming the flag."""
     from loadgen.cli import UsageError
-    from loadgen.compare import METRIC_BY_NAME
+    from loadgen.compare import CompareError
+    from loadgen.compare.verdicts import load_run_noise
 
     if text is None:
         return None
     try:
-        value = float(text)
-    except ValueError:
-        value = None
-    if value is not None:
-        if value < 0:
-            raise UsageError(f"--run-noise: must be >= 0, got {text}")
-        return {name: value for name in METRIC_BY_NAME}
-    try:
-        with open(text, encoding="utf-8") as handle:
-            doc = json.load(handle)
-    except (OSError, json.JSONDecodeError) as exc:
-        raise UsageError(f"--run-noise: {text}: not a number and not a readable JSON file ({exc})") from None
-    table = doc.get("run_noise_pct", doc) if isinstance(doc, dict) else None
-    if not isinstance(table, dict) or any(k not in METRIC_BY_NAME or not isinstance(v, (int, float)) or v < 0
-                                          for k, v in table.items()):
-        raise UsageError(f"--run-noise: {text}: expected {{metric: pct >= 0}} with known metric names")
-    return {k: float(v) for k, v in table.items()}
+        return load_run_noise(text)
+    except CompareError as exc:
+        raise UsageError(str(exc)) from None
 
 
 def _side(text: str, name: str) -> list[str]:

@@ -23,8 +23,11 @@ from loadgen.compare.verdicts import (
     Gate,
     LevelComparison,
     MetricResult,
+    RunNoise,
     benjamini_hochberg,
     compare_runs,
+    load_run_noise,
+    pooled_log_test,
     regressions,
     verdict,
     welch_log_test,
@@ -32,7 +35,7 @@ from loadgen.compare.verdicts import (
 
 __all__ = [
     "CONFIDENCE", "DEFAULT_FDR", "METRICS", "METRIC_BY_NAME", "CompareError", "Comparison", "Gate",
-    "LevelComparison", "LevelSample", "MetricDef", "MetricResult", "RankedWeights", "benjamini_hochberg",
-    "cluster_counts", "compare_runs", "format_comparison", "level_sample", "play_keys", "point_values",
-    "regressions", "session_bootstrap", "to_json", "verdict", "welch_log_test",
+    "LevelComparison", "LevelSample", "MetricDef", "MetricResult", "RankedWeights", "RunNoise",
+    "benjamini_hochberg", "cluster_counts", "compare_runs", "format_comparison", "level_sample", "load_run_noise",
+    "play_keys", "point_values", "pooled_log_test", "regressions", "session_bootstrap", "to_json", "verdict", "welch_log_test",
 ]

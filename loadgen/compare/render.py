@@ -14,7 +14,8 @@ def to_json(comparison: Comparison, base_files: Sequence[str], new_files: Sequen
         "base": list(base_files), "new": list(new_files),
         "confidence": CONFIDENCE, "resamples": comparison.resamples, "seed": comparison.seed,
         "min_effect_pct": comparison.min_effect_pct, "fdr": comparison.fdr,
-        "run_noise_pct": dict(comparison.run_noise) if comparison.run_noise is not None else None,
+        "run_noise_pct": dict(comparison.run_noise.sd_pct) if comparison.run_noise else None,
+        "run_noise_runs": comparison.run_noise.runs if comparison.run_noise else None,
         "levels": [{
             "label": level.label, "method": level.method, "detail": level.detail,
             "run_to_run_noise": level.run_to_run,
@@ -38,7 +39,8 @@ def format_comparison(comparison: Comparison, tripped: Sequence[dict[str, Any]])
     for level in comparison.levels:
         flags = "".join(f" [{side} level FAILED]" for side, bad in (("base", level.base_failed),
                                                                     ("new", level.new_failed)) if bad)
-        how = "Welch t on per-run values" if level.method == "repeats" else "bootstrap"
+        how = ("bootstrap" if not level.run_to_run else "Welch t on per-run values" if comparison.run_noise is None
+               else "t on per-run values pooled with the A/A run noise")
         lines.append(f"== {level.label}: {level.base_requests} vs {level.new_requests} requests; "
                      f"{pct} % interval by {how}, {level.detail}{flags}")
         lines.append(f"   {'metric':<30}{'unit':>7}{'base':>11}{'new':>11}{'delta':>9}   {pct}% CI of delta"

@@ -16,11 +16,15 @@ too narrow). Logs make a ratio symmetric and tame the skew of tail percentiles: 
 hundred requests is one of a run's largest few values, and the spread of those values across runs
 is exactly what its test should see.
 
-One run per side: the session bootstrap of loadgen/compare/stats.py, which cannot see the
-run-to-run variation. With `run_noise` (per metric, the run-to-run standard deviation in % of
-the value, as measured by benchmarks/ab_calibration.py from A/A runs) the interval is widened by
-it in quadrature (both runs carry it: sqrt(2) x); without it the comparison is marked as not
-accounting for run-to-run noise.
+A/A prior (`run_noise`: per metric, the run-to-run standard deviation of identical runs in % of
+the value, and how many runs it came from, as benchmarks/ab_calibration.py measures it on the
+same machine and workload): the runs' own variance and the prior are pooled, the prior counting
+as (runs - 1) degrees of freedom (a moderated t-test). It is what makes a comparison with few
+repeats, or a single run per side, account for run-to-run noise honestly; without repeats the
+prior is all there is.
+
+One run per side and no prior: the session bootstrap of loadgen/compare/stats.py, which cannot
+see the run-to-run variation; the comparison is marked so (`run_to_run` false).
 
 Verdict. Every comparison's p-values, over all its (level, metric) pairs, go through the
 Benjamini-Hochberg procedure at false-discovery rate `fdr` (0.05): "better" or "worse" (by the
@@ -31,6 +35,7 @@ the chance of any false verdict in the family by `fdr`.
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
@@ -39,6 +44,7 @@ import numpy as np
 
 from loadgen.compare import student_t
 from loadgen.compare.stats import (
+    METRIC_BY_NAME,
     METRICS,
     CompareError,
     LevelSample,
@@ -50,7 +56,6 @@ from loadgen.compare.stats import (
 
 CONFIDENCE = 0.95
 DEFAULT_FDR = 0.05
-_Z = 1.959963984540054  # standard normal 97.5 % quantile
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,15 +98,52 @@ class Comparison:
     seed: int
     min_effect_pct: float
     fdr: float = DEFAULT_FDR
-    run_noise: Mapping[str, float] | None = None
+    run_noise: RunNoise | None = None
+
+
+@dataclass(frozen=True)
+class RunNoise:
+    """Run-to-run SD of identical runs, in % of each metric's value, measured over `runs` runs
+    (None: taken as exact)."""
+
+    sd_pct: Mapping[str, float]
+    runs: int | None = None
+
+    @property
+    def prior_df(self) -> float:
+        return 1e6 if self.runs is None else max(1, self.runs - 1)
+
+
+def load_run_noise(text: str) -> RunNoise:
+    """`--run-noise` / a recipe's compare.run_noise: a number (the SD in % of every metric, taken
+    as exact) or a JSON file {"run_noise_pct": {metric: pct}, "runs": N} (benchmarks/ab_calibration.py)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = None
+    if value is not None:
+        if not value > 0:
+            raise CompareError(f"--run-noise: must be > 0, got {text}")
+        return RunNoise({name: value for name in METRIC_BY_NAME})
+    try:
+        with open(text, encoding="utf-8") as handle:
+            doc = json.load(handle)
+    except (OSError, json.JSONDecodeError) as exc:
+        raise CompareError(f"--run-noise: {text}: not a number and not a readable JSON file ({exc})") from None
+    table, runs = (doc.get("run_noise_pct"), doc.get("runs")) if isinstance(doc, dict) else (None, None)
+    if not isinstance(table, dict) or any(k not in METRIC_BY_NAME or not isinstance(v, (int, float)) or v <= 0
+                                          for k, v in table.items()):
+        raise CompareError(f"--run-noise: {text}: run_noise_pct: expected {{metric: pct > 0}} with known metrics")
+    if runs is not None and (not isinstance(runs, int) or runs < 2):
+        raise CompareError(f"--run-noise: {text}: runs: expected an integer >= 2, got {runs!r}")
+    return RunNoise({k: float(v) for k, v in table.items()}, runs)
 
 
 def compare_runs(base: Sequence[tuple[str, dict[str, Any]]], new: Sequence[tuple[str, dict[str, Any]]],
                  metrics: Sequence[MetricDef] = METRICS, resamples: int = 2000, seed: int = 0,
                  min_effect_pct: float = 0.0, fdr: float = DEFAULT_FDR,
-                 run_noise: Mapping[str, float] | None = None) -> Comparison:
-    """Compare every level the two sides share; raises CompareError when they share none.
-    `run_noise`: {metric name: run-to-run SD in %} for single-run comparisons (None: unknown)."""
+                 run_noise: RunNoise | None = None) -> Comparison:
+    """Compare every level the two sides share; raises CompareError when they share none."""
     if resamples < 100:
         raise CompareError(f"--resamples: need at least 100 for a 95 % interval, got {resamples}")
     if not 0.0 < fdr < 1.0:
@@ -139,22 +181,27 @@ def _with_verdict(r: MetricResult, call: str | None) -> MetricResult:
 
 
 def _estimate_level(label: str, base: list[LevelSample], new: list[LevelSample], metrics: Sequence[MetricDef],
-                    resamples: int, rng: np.random.Generator, run_noise: Mapping[str, float] | None):
+                    resamples: int, rng: np.random.Generator, run_noise: RunNoise | None):
     """(LevelComparison fields but results, [MetricResult without verdict]) of one level."""
-    if len(base) == 1 and len(new) == 1:
+    if len(base) == 1 and len(new) == 1 and run_noise is None:
         point_base, point_new = point_values(base[0], metrics), point_values(new[0], metrics)
         boot = session_bootstrap(base[0], new[0], metrics, resamples, rng)
-        method, detail, run_to_run = boot.method, boot.detail, run_noise is not None
-        detail += "; single run per side, " + ("run-to-run noise from --run-noise" if run_to_run
-                                               else "run-to-run noise NOT in the interval")
-        tests = [_single_run_test(point_base[i], point_new[i], boot.base[i], boot.new[i],
-                                  (run_noise or {}).get(m.name, 0.0)) for i, m in enumerate(metrics)]
-    elif len(base) >= 2 and len(new) >= 2:
+        method, detail, run_to_run = boot.method, boot.detail + "; single run per side, run-to-run noise NOT in " \
+                                                                "the interval", False
+        tests = [_bootstrap_test(point_base[i], point_new[i], boot.base[i], boot.new[i]) for i in range(len(metrics))]
+    elif (len(base) >= 2 and len(new) >= 2) or (len(base) == 1 and len(new) == 1):
         per_base = np.stack([point_values(r, metrics) for r in base], axis=1)
         per_new = np.stack([point_values(r, metrics) for r in new], axis=1)
         point_base, point_new = per_base.mean(axis=1), per_new.mean(axis=1)
-        method, detail, run_to_run = "repeats", f"{len(base)} vs {len(new)} repeats", True
-        tests = [welch_log_test(per_base[i], per_new[i]) for i in range(len(metrics))]
+        single = len(base) == 1
+        method = "single run, A/A noise" if single else "repeats"
+        detail, run_to_run = ("1 vs 1 run" if single else f"{len(base)} vs {len(new)} repeats"), True
+        if run_noise is None:
+            tests = [welch_log_test(per_base[i], per_new[i]) for i in range(len(metrics))]
+        else:
+            detail += f", pooled with the A/A run noise ({run_noise.runs or 'exact'} runs)"
+            tests = [pooled_log_test(per_base[i], per_new[i], run_noise.sd_pct.get(m.name), run_noise.prior_df)
+                     for i, m in enumerate(metrics)]
     else:
         raise CompareError(f"level {label!r}: base has {len(base)} run(s) and new has {len(new)}; a comparison "
                            f"over repeats needs at least 2 on each side (or exactly 1 on each side)")
@@ -189,23 +236,40 @@ def welch_log_test(base: np.ndarray, new: np.ndarray) -> tuple[tuple[float, floa
     return ci, student_t.two_sided_p(diff / se, df)
 
 
-def _single_run_test(base: float, new: float, boot_base: np.ndarray, boot_new: np.ndarray,
-                     noise_pct: float) -> tuple[tuple[float, float] | None, float | None]:
-    """Interval and p-value of delta % from the session bootstrap; widened by a run-to-run SD
-    (noise_pct of the value on each side) in quadrature when one is known."""
+def pooled_log_test(base: np.ndarray, new: np.ndarray, prior_sd_pct: float | None,
+                    prior_df: float) -> tuple[tuple[float, float] | None, float | None]:
+    """Like welch_log_test, with one variance pooled over both sides' runs and the A/A prior
+    (SD of log values = prior_sd_pct / 100, worth prior_df degrees of freedom); works from one run
+    per side. A metric without a prior falls back to Welch."""
+    if prior_sd_pct is None:
+        return welch_log_test(base, new)
+    base, new = (np.log(v[np.isfinite(v) & (v > 0)]) for v in (base, new))
+    if not len(base) or not len(new):
+        return None, None
+    diff = float(new.mean() - base.mean())
+    squares = float(((base - base.mean()) ** 2).sum() + ((new - new.mean()) ** 2).sum())
+    df = len(base) + len(new) - 2 + prior_df
+    variance = (squares + prior_df * (prior_sd_pct / 100.0) ** 2) / df
+    se = math.sqrt(variance * (1.0 / len(base) + 1.0 / len(new)))
+    if se == 0.0:
+        pct = 100.0 * math.expm1(diff)
+        return (pct, pct), (1.0 if diff == 0.0 else 0.0)
+    half = student_t.quantile(0.5 + CONFIDENCE / 2.0, df) * se
+    return (100.0 * math.expm1(diff - half), 100.0 * math.expm1(diff + half)), student_t.two_sided_p(diff / se, df)
+
+
+def _bootstrap_test(base: float, new: float, boot_base: np.ndarray,
+                    boot_new: np.ndarray) -> tuple[tuple[float, float] | None, float | None]:
+    """Percentile interval of delta % over the session bootstrap, and its two-sided p-value."""
     with np.errstate(divide="ignore", invalid="ignore"):
         deltas = 100.0 * (boot_new - boot_base) / boot_base
-        delta = float(100.0 * (new - base) / base)
     deltas = deltas[np.isfinite(deltas)]
-    if not math.isfinite(delta) or deltas.size < 0.5 * boot_base.size:
+    if not (math.isfinite(base) and math.isfinite(new)) or deltas.size < 0.5 * boot_base.size:
         return None, None
-    if noise_pct <= 0.0:
-        tail = 100.0 * (1.0 - CONFIDENCE) / 2.0
-        low, high = np.percentile(deltas, [tail, 100.0 - tail])
-        below, above = int((deltas <= 0).sum()), int((deltas >= 0).sum())
-        return (float(low), float(high)), min(1.0, 2.0 * (min(below, above) + 1) / (deltas.size + 1))
-    se = math.sqrt(float(deltas.var()) + 2.0 * noise_pct ** 2)
-    return (delta - _Z * se, delta + _Z * se), math.erfc(abs(delta) / se / math.sqrt(2.0))
+    tail = 100.0 * (1.0 - CONFIDENCE) / 2.0
+    low, high = np.percentile(deltas, [tail, 100.0 - tail])
+    below, above = int((deltas <= 0).sum()), int((deltas >= 0).sum())
+    return (float(low), float(high)), min(1.0, 2.0 * (min(below, above) + 1) / (deltas.size + 1))
 
 
 def benjamini_hochberg(p_values: Sequence[float | None], fdr: float) -> list[bool]:

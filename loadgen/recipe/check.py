@@ -29,6 +29,13 @@ def check_recipe(recipe: Recipe, source: str) -> None:
 
 
 def _check(recipe: Recipe) -> None:
+    from loadgen.compare import CompareError, load_run_noise
+
+    if recipe.compare.run_noise is not None:
+        try:
+            load_run_noise(recipe.compare.run_noise)
+        except CompareError as exc:
+            raise RecipeError(f"compare.run_noise: {str(exc).removeprefix('--run-noise: ')}") from None
     kind = recipe.server.kind
     if kind == "inprocess":
         for name in HTTP_ONLY_WORKLOAD:

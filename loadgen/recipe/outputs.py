@@ -15,13 +15,12 @@ def write_outputs(recipe: Recipe, out: Path, runs: list[tuple[str, str]]) -> lis
     import orjson
 
     from loadgen.compare import METRIC_BY_NAME, METRICS, compare_runs, format_comparison, regressions, to_json
+    from loadgen.compare.verdicts import load_run_noise
 
     loaded = {name: _load(out / "runs" / name / "result.json", name) for _, name in runs}
     by_variant = {v.name: [loaded[name] for owner, name in runs if owner == v.name] for v in recipe.variants}
     metrics = [METRIC_BY_NAME[m] for m in recipe.compare.metrics] if recipe.compare.metrics else list(METRICS)
-    noise = None
-    if recipe.compare.run_noise_pct is not None:
-        noise = {m.name: recipe.compare.run_noise_pct for m in METRICS}
+    noise = load_run_noise(recipe.compare.run_noise) if recipe.compare.run_noise else None
     written, tables = [], []
     (out / "compare").mkdir(exist_ok=True)
     base = recipe.baseline.name

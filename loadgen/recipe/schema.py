@@ -100,7 +100,7 @@ class CompareSpec:
 
     metrics: tuple[str, ...] | None = None
     fdr: float = DEFAULT_FDR
-    run_noise_pct: float | None = None  # single-run recipes (repeats 1): the run-to-run SD of every metric
+    run_noise: str | None = None  # as `loadgen compare --run-noise`: PCT, or run_noise.json from an A/A calibration
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,8 +164,7 @@ def validate_recipe(r: Recipe) -> None:
     _require(0 < r.compare.fdr < 1, f"compare.fdr: must be in (0, 1), got {r.compare.fdr:g}")
     for i, name in enumerate(r.compare.metrics or ()):
         _require(name in METRIC_BY_NAME, f"compare.metrics[{i}]: unknown metric {name!r}; known: {', '.join(METRIC_BY_NAME)}")
-    _require(r.compare.run_noise_pct is None or r.compare.run_noise_pct >= 0,
-             f"compare.run_noise_pct: must be >= 0, got {r.compare.run_noise_pct}")
+
     _require(bool(r.variants), "variants: need at least one (the first is the baseline)")
     names = [v.name for v in r.variants]
     for i, v in enumerate(r.variants):

@@ -9,7 +9,7 @@ import math
 import numpy as np
 import pytest
 
-from loadgen.compare import METRIC_BY_NAME, benjamini_hochberg, compare_runs, welch_log_test
+from loadgen.compare import METRIC_BY_NAME, RunNoise, benjamini_hochberg, compare_runs, pooled_log_test, welch_log_test
 from loadgen.compare import student_t
 
 
@@ -80,12 +80,39 @@ def test_a_a_false_verdicts_stay_within_5_percent_and_a_10_percent_tpot_change_i
     assert detected / 40 >= 0.75
 
 
-def test_a_single_run_per_side_says_so_and_a_run_noise_floor_widens_it():
+def test_a_single_run_per_side_says_so_and_a_run_noise_prior_widens_it():
     rng = np.random.default_rng(5)
     base, new = _runs(rng, 1, 1.0), _runs(rng, 1, 1.0)
     plain = compare_runs(base, new, METRICS, resamples=300)
-    floored = compare_runs(base, new, METRICS, resamples=300, run_noise={m.name: 5.0 for m in METRICS})
+    floored = compare_runs(base, new, METRICS, resamples=300, run_noise=RunNoise({m.name: 8.0 for m in METRICS}, 12))
     assert not plain.levels[0].run_to_run and "NOT in the interval" in plain.levels[0].detail
-    assert floored.levels[0].run_to_run
+    assert floored.levels[0].run_to_run and floored.levels[0].method == "single run, A/A noise"
     for a, b in zip(plain.levels[0].results, floored.levels[0].results):
         assert (b.ci_pct[1] - b.ci_pct[0]) > (a.ci_pct[1] - a.ci_pct[0])
+
+
+def test_the_a_a_prior_pools_with_the_runs_own_variance():
+    base, new = np.array([100.0, 104.0, 98.0]), np.array([110.0, 112.0, 107.0])
+    ci, p = pooled_log_test(base, new, 2.0, 11)
+    lb, ln = np.log(base), np.log(new)
+    squares = ((lb - lb.mean()) ** 2).sum() + ((ln - ln.mean()) ** 2).sum()
+    se = math.sqrt((squares + 11 * 0.02 ** 2) / (4 + 11) * (2 / 3))
+    assert p == pytest.approx(student_t.two_sided_p((ln.mean() - lb.mean()) / se, 15))
+    assert pooled_log_test(base, new, None, 11) == welch_log_test(base, new)
+    one = pooled_log_test(base[:1], new[:1], 2.0, 1e6)  # one run per side: the prior is all there is
+    assert one[1] == pytest.approx(math.erfc(abs(math.log(1.1)) / (0.02 * math.sqrt(2)) / math.sqrt(2)), rel=1e-3)
+
+
+def test_a_a_prior_raises_the_detection_of_3_repeats():
+    rng = np.random.default_rng(12)
+    prior = RunNoise({m.name: 100 * math.hypot(RUN_NOISE, 0.027) for m in METRICS}, 12)
+    false = rows = detected = 0
+    for _ in range(100):
+        verdicts = [r.verdict for r in compare_runs(_runs(rng, 3, 1.0), _runs(rng, 3, 1.0), METRICS, resamples=100,
+                                                    run_noise=prior).levels[0].results]
+        false += sum(v != "within noise" for v in verdicts)
+        rows += len(verdicts)
+    for _ in range(40):
+        comparison = compare_runs(_runs(rng, 3, 1.0), _runs(rng, 3, 1.10), METRICS, resamples=100, run_noise=prior)
+        detected += comparison.levels[0].results[0].verdict == "worse"
+    assert false / rows <= 0.05 and detected / 40 >= 0.75
