@@ -193,6 +193,54 @@ def _variance(values: np.ndarray) -> dict:
     return out
 
 
+SOURCE_METRICS = ("tpot_p50", "ttft_p50", "e2el_p90", "output_tput_per_gpu")
+
+
+def sources(args: argparse.Namespace) -> dict:
+    """Where identical runs' variance comes from: SD over runs that differ in one thing each.
+    fresh/same seed: the recipe's A runs (a new server per run, seed 3); one server/consecutive:
+    `--repeat N` against one server (warm prefix cache and allocator carried over);
+    fresh/seed differs: a new server per run and a different load seed (session mix, offsets)."""
+    import dataclasses
+    import subprocess
+
+    from loadgen.recipe.runner import load_command
+    from loadgen.recipe.server import RunningServer
+
+    out = Path(args.out) / "sources"
+    out.mkdir(parents=True, exist_ok=True)
+    recipe = build_recipe(args, None, 1, "sources")
+    n = args.source_runs
+    docs: dict[str, list[dict]] = {"fresh server, same seed": _docs(Path(args.out) / "runs-recipe" / "runs", "A")}
+    server = RunningServer(recipe, recipe.baseline, out / "server-consecutive.log")
+    server.start()
+    try:
+        command = load_command(recipe, recipe.baseline, server.url, out / "consecutive", True) + ["--repeat", str(n)]
+        subprocess.run(command, check=True)
+    finally:
+        server.stop()
+    whole = json.loads((out / "consecutive" / "result.json").read_text())
+    docs["one server, consecutive"] = [dict(whole, levels=[level]) for level in whole["levels"]]
+    docs["fresh server, seed differs"] = []
+    for seed in range(n):
+        seeded = dataclasses.replace(recipe, sweep=dataclasses.replace(recipe.sweep, seed=100 + seed))
+        server = RunningServer(seeded, seeded.baseline, out / f"server-seed{seed}.log")
+        server.start()
+        try:
+            subprocess.run(load_command(seeded, seeded.baseline, server.url, out / f"seed{seed}", True), check=True)
+        finally:
+            server.stop()
+        docs["fresh server, seed differs"].append(json.loads((out / f"seed{seed}" / "result.json").read_text()))
+    table = {}
+    for name, runs in docs.items():
+        table[name] = {"runs": len(runs)}
+        for metric in SOURCE_METRICS:
+            logs = np.log([_metric(d, metric) for d in runs])
+            table[name][metric] = round(float(100 * logs.std(ddof=1)), 2)
+    (Path(args.out) / "sources.json").write_text(json.dumps(table, indent=1))
+    return table
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", default="/tmp/abcal", help="results folder (default /tmp/abcal)")
@@ -209,7 +257,14 @@ def main() -> int:
     p.add_argument("--think-time-scale", type=float, default=0.01)
     p.add_argument("--think-time-cap", type=float, default=1.0)
     p.add_argument("--quiet", action="store_true")
+    p.add_argument("--sources", action="store_true",
+                   help="after collecting (or with --analyze DIR as --out), also measure variance sources")
+    p.add_argument("--source-runs", type=int, default=6, help="runs per variance-source condition (default 6)")
     args = p.parse_args()
+    if args.sources and args.analyze:
+        args.out = args.analyze
+        print(json.dumps(sources(args), indent=1))
+        return 0
     out = Path(args.analyze) if args.analyze else collect(args)
     report = analyze(out)
     print(json.dumps({k: v for k, v in report.items() if k != "variance"}, indent=1))
