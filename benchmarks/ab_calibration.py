@@ -42,10 +42,17 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from loadgen.compare import METRICS, RunNoise, compare_runs  # noqa: E402
-from loadgen.compare.stats import group_levels, point_values  # noqa: E402
-from loadgen.recipe.runner import RecipeRun  # noqa: E402
-from loadgen.recipe.schema import CompareSpec, Recipe, ServerSpec, Sweep, Variant, Workload  # noqa: E402
+from loadgen.compare import METRICS, RunNoise, compare_runs
+from loadgen.compare.stats import group_levels, point_values
+from loadgen.recipe.runner import RecipeRun
+from loadgen.recipe.schema import (
+    CompareSpec,
+    Recipe,
+    ServerSpec,
+    Sweep,
+    Variant,
+    Workload,
+)
 
 MAX_PAIRS = 120  # comparisons per method (drawn without repeats, seeded)
 

@@ -56,7 +56,13 @@ def run(args: argparse.Namespace) -> int:
     import orjson
 
     from loadgen.cli import UsageError
-    from loadgen.compare import CompareError, compare_runs, format_comparison, regressions, to_json
+    from loadgen.compare import (
+        CompareError,
+        compare_runs,
+        format_comparison,
+        regressions,
+        to_json,
+    )
     from loadgen.report import load_runs
 
     metrics, gates = _metrics_and_gates(args.metrics, args.fail_on_regression)

@@ -19,9 +19,9 @@ variation of the server; loadgen/compare/verdicts.py says how that is accounted 
 
 from __future__ import annotations
 
-import math
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 

@@ -37,8 +37,9 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -211,9 +212,9 @@ def _estimate_level(label: str, base: list[LevelSample], new: list[LevelSample],
         delta = 100.0 * (new_v - base_v) / base_v if base_v and new_v is not None else None
         ci, p = tests[i] if delta is not None else (None, None)
         results.append(MetricResult(metric, base_v, new_v, delta, ci, "n/a", p if ci is not None else None))
-    header = dict(label=label, method=method, detail=detail, base_requests=sum(r.requests for r in base),
-                  new_requests=sum(r.requests for r in new), base_failed=any(r.failed for r in base),
-                  new_failed=any(r.failed for r in new), run_to_run=run_to_run)
+    header = {"label": label, "method": method, "detail": detail, "base_requests": sum(r.requests for r in base),
+              "new_requests": sum(r.requests for r in new), "base_failed": any(r.failed for r in base),
+              "new_failed": any(r.failed for r in new), "run_to_run": run_to_run}
     return header, results
 
 

@@ -14,7 +14,14 @@ def write_outputs(recipe: Recipe, out: Path, runs: list[tuple[str, str]]) -> lis
     runs, given as (variant name, run name); the paths written."""
     import orjson
 
-    from loadgen.compare import METRIC_BY_NAME, METRICS, compare_runs, format_comparison, regressions, to_json
+    from loadgen.compare import (
+        METRIC_BY_NAME,
+        METRICS,
+        compare_runs,
+        format_comparison,
+        regressions,
+        to_json,
+    )
     from loadgen.compare.verdicts import load_run_noise
 
     loaded = {name: _load(out / "runs" / name / "result.json", name) for _, name in runs}

@@ -27,7 +27,14 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from loadgen.recipe.schema import Recipe, RecipeError, Variant, recipe_from_dict, to_dict, to_yaml
+from loadgen.recipe.schema import (
+    Recipe,
+    RecipeError,
+    Variant,
+    recipe_from_dict,
+    to_dict,
+    to_yaml,
+)
 from loadgen.recipe.server import RunningServer, ServerStartError, flag_args, stop_group
 
 log = logging.getLogger(__name__)

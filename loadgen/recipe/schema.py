@@ -28,7 +28,7 @@ PORT_PLACEHOLDER = "{port}"
 
 # A flag value: a scalar, or a mapping/list given as JSON text on the command line
 # (e.g. speculative_config). True means a bare switch (--no-prefix-caching); False leaves it out.
-FlagValue = Union[str, int, float, bool]
+FlagValue = str | int | float | bool
 Flags = tuple[tuple[str, FlagValue], ...]
 
 

@@ -9,8 +9,15 @@ import math
 import numpy as np
 import pytest
 
-from loadgen.compare import METRIC_BY_NAME, RunNoise, benjamini_hochberg, compare_runs, pooled_log_test, welch_log_test
-from loadgen.compare import student_t
+from loadgen.compare import (
+    METRIC_BY_NAME,
+    RunNoise,
+    benjamini_hochberg,
+    compare_runs,
+    pooled_log_test,
+    student_t,
+    welch_log_test,
+)
 
 
 @pytest.mark.parametrize("df, expected", [(1, 12.7062), (2, 4.3027), (4, 2.7764), (10, 2.2281), (1000, 1.9623)])
@@ -93,7 +100,7 @@ def test_a_single_run_per_side_says_so_and_a_run_noise_prior_widens_it():
 
 def test_the_a_a_prior_pools_with_the_runs_own_variance():
     base, new = np.array([100.0, 104.0, 98.0]), np.array([110.0, 112.0, 107.0])
-    ci, p = pooled_log_test(base, new, 2.0, 11)
+    _, p = pooled_log_test(base, new, 2.0, 11)
     lb, ln = np.log(base), np.log(new)
     squares = ((lb - lb.mean()) ** 2).sum() + ((ln - ln.mean()) ** 2).sum()
     se = math.sqrt((squares + 11 * 0.02 ** 2) / (4 + 11) * (2 / 3))
