@@ -26,7 +26,7 @@ metric over A runs in run order, so drift and warm-up effects can be seen.
   python benchmarks/ab_calibration.py --rounds 6 --out /tmp/abcal            # CPU tiny
   python benchmarks/ab_calibration.py --analyze /tmp/abcal                   # re-analyse
   python benchmarks/ab_calibration.py --model v32 --num-layers 4 --device cuda --token-scale 0.25 \\
-      --conc 8 --duration 30 --rounds 4 --out /tmp/abcal-gpu
+      --think-time-scale 0.02 --think-time-cap 2 --conc 8 --duration 15 --rounds 4 --consecutive --out /tmp/abcal-gpu
 """
 
 from __future__ import annotations
@@ -100,10 +100,48 @@ def _metric(doc: dict, name: str) -> float:
     return float(point_values(sample, [m for m in METRICS if m.name == name])[0])
 
 
+def collect_consecutive(args: argparse.Namespace) -> Path:
+    """The cheap layout (a GPU's time is short): one server for A running --rounds x 2 repeats in a
+    row, then one for B (delay = 10 % of A's mean TPOT p50) running --rounds repeats. It misses
+    the variance between server starts, which the recipe layout includes."""
+    import subprocess
+
+    from loadgen.recipe.runner import load_command
+    from loadgen.recipe.server import RunningServer
+
+    out = Path(args.out)
+    recipe = build_recipe(args, 0.0, 1, "abcal-consecutive")
+    delay = args.delay_ms
+    for variant, repeats in ((recipe.variants[0], 2 * args.rounds), (recipe.variants[2], args.rounds)):
+        if variant.name == "B":
+            if delay is None:
+                delay = 0.10 * float(np.mean([_metric(d, "tpot_p50") for d in _split(out / "consecutive" / "A")]))
+            variant = Variant("B", flags=(("step_delay_ms", round(delay, 3)),))
+            print(f"planted delay {delay:.2f} ms per step", flush=True)
+        folder = out / "consecutive" / variant.name
+        folder.mkdir(parents=True, exist_ok=True)
+        server = RunningServer(recipe, variant, folder / "server.log")
+        server.start()
+        try:
+            command = load_command(recipe, variant, server.url, folder, args.quiet) + ["--repeat", str(repeats)]
+            subprocess.run(command, check=True)
+        finally:
+            server.stop()
+    return out
+
+
+def _split(folder: Path) -> list[dict]:
+    """A --repeat results file as one doc per repeat."""
+    whole = json.loads((folder / "result.json").read_text())
+    return [dict(whole, levels=[level]) for level in whole["levels"]]
+
+
 def analyze(out: Path) -> dict:
-    runs = out / "runs-recipe" / "runs"
-    pool = _docs(runs, "A") + _docs(runs, "A2")
-    slow = _docs(runs, "B")
+    if (out / "consecutive").exists():
+        pool, slow = _split(out / "consecutive" / "A"), _split(out / "consecutive" / "B")
+    else:
+        runs = out / "runs-recipe" / "runs"
+        pool, slow = _docs(runs, "A") + _docs(runs, "A2"), _docs(runs, "B")
     rng = np.random.default_rng(0)
     values = np.array([[_metric(d, m.name) for m in METRICS] for d in pool])  # (runs, metrics)
     noise = {m.name: float(100.0 * np.std(np.log(values[:, i]), ddof=1)) for i, m in enumerate(METRICS)}
@@ -226,8 +264,7 @@ def sources(args: argparse.Namespace) -> dict:
         subprocess.run(command, check=True)
     finally:
         server.stop()
-    whole = json.loads((out / "consecutive" / "result.json").read_text())
-    docs["one server, consecutive"] = [dict(whole, levels=[level]) for level in whole["levels"]]
+    docs["one server, consecutive"] = _split(out / "consecutive")
     docs["fresh server, seed differs"] = []
     for seed in range(n):
         seeded = dataclasses.replace(recipe, sweep=dataclasses.replace(recipe.sweep, seed=100 + seed))
@@ -264,6 +301,8 @@ def main() -> int:
     p.add_argument("--think-time-scale", type=float, default=0.01)
     p.add_argument("--think-time-cap", type=float, default=1.0)
     p.add_argument("--quiet", action="store_true")
+    p.add_argument("--consecutive", action="store_true",
+                   help="one server per variant, repeats in a row (cheap; misses restart-to-restart variance)")
     p.add_argument("--sources", action="store_true",
                    help="after collecting (or with --analyze DIR as --out), also measure variance sources")
     p.add_argument("--source-runs", type=int, default=6, help="runs per variance-source condition (default 6)")
@@ -272,7 +311,10 @@ def main() -> int:
         args.out = args.analyze
         print(json.dumps(sources(args), indent=1))
         return 0
-    out = Path(args.analyze) if args.analyze else collect(args)
+    if args.analyze:
+        out = Path(args.analyze)
+    else:
+        out = collect_consecutive(args) if args.consecutive else collect(args)
     report = analyze(out)
     print(json.dumps({k: v for k, v in report.items() if k != "variance"}, indent=1))
     return 0
