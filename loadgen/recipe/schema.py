@@ -78,7 +78,7 @@ class Sweep:
     rates: tuple[float, ...] | None = None
     duration_s: float = 60.0
     warmup: str = "0s"  # seconds ("30s") or requests per lane ("2req")
-    repeats: int = 3
+    repeats: int = 5
     seed: int = 0
 
 
