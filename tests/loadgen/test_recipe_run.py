@@ -129,3 +129,15 @@ def test_a_a_on_the_tiny_engine_stays_within_the_bound_and_a_planted_delay_is_fo
     for level in ab["levels"]:
         tpot = next(m for m in level["metrics"] if m["metric"] == "tpot_p50")
         assert tpot["verdict"] == "worse", (level["label"], tpot)
+
+
+def test_a_server_at_a_url_is_only_health_checked(tmp_path, start_server, sessions):
+    folder = sessions(*({"n_requests": 2, "think": 0.0, "n_out": 4} for _ in range(4)))
+    server = start_server(first_ms=2, itl_ms=2)
+    doc = {"name": "u", "server": {"kind": "url", "url": server.url, "health_path": "/v1/models"},
+           "workload": {"traces": str(folder)}, "sweep": {"conc": [1], "duration_s": 0.5, "repeats": 2},
+           "variants": [{"name": "a"}, {"name": "a2", "control": True}]}
+    out = tmp_path / "out"
+    assert main(["recipe", "run", str(_write(tmp_path, doc)), "--out", str(out), "--quiet"]) == 0
+    assert server.proc.poll() is None  # a server the recipe did not start is left running
+    assert json.loads((out / "compare" / "a2-vs-a.json").read_text())["levels"][0]["method"] == "repeats"
