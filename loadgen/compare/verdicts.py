@@ -190,11 +190,11 @@ def _estimate_level(label: str, base: list[LevelSample], new: list[LevelSample],
         method, detail, run_to_run = boot.method, boot.detail + "; single run per side, run-to-run noise NOT in " \
                                                                 "the interval", False
         tests = [_bootstrap_test(point_base[i], point_new[i], boot.base[i], boot.new[i]) for i in range(len(metrics))]
-    elif (len(base) >= 2 and len(new) >= 2) or (len(base) == 1 and len(new) == 1):
+    elif (len(base) >= 2 and len(new) >= 2) or (len(base) == 1 and len(new) == 1) or run_noise is not None:
         per_base = np.stack([point_values(r, metrics) for r in base], axis=1)
         per_new = np.stack([point_values(r, metrics) for r in new], axis=1)
         point_base, point_new = per_base.mean(axis=1), per_new.mean(axis=1)
-        single = len(base) == 1
+        single = len(base) == 1 and len(new) == 1
         method = "single run, A/A noise" if single else "repeats"
         detail, run_to_run = ("1 vs 1 run" if single else f"{len(base)} vs {len(new)} repeats"), True
         if run_noise is None:
@@ -205,7 +205,7 @@ def _estimate_level(label: str, base: list[LevelSample], new: list[LevelSample],
                      for i, m in enumerate(metrics)]
     else:
         raise CompareError(f"level {label!r}: base has {len(base)} run(s) and new has {len(new)}; a comparison "
-                           f"over repeats needs at least 2 on each side (or exactly 1 on each side)")
+                           f"over repeats needs at least 2 on each side (or exactly 1 on each side, or --run-noise)")
     results = []
     for i, metric in enumerate(metrics):
         base_v, new_v = _finite(point_base[i]), _finite(point_new[i])

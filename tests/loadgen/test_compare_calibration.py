@@ -123,3 +123,14 @@ def test_a_a_prior_raises_the_detection_of_3_repeats():
         comparison = compare_runs(_runs(rng, 3, 1.0), _runs(rng, 3, 1.10), METRICS, resamples=100, run_noise=prior)
         detected += comparison.levels[0].results[0].verdict == "worse"
     assert false / rows <= 0.05 and detected / 40 >= 0.75
+
+
+def test_an_a_a_prior_compares_five_runs_with_one():
+    """The issue's case: five baseline runs, one run of the change; the prior supplies the one
+    run's variance (without it, repeats on one side only are an error)."""
+    rng = np.random.default_rng(8)
+    prior = RunNoise({m.name: 100 * math.hypot(RUN_NOISE, 0.027) for m in METRICS}, 12)
+    comparison = compare_runs(_runs(rng, 5, 1.0), _runs(rng, 1, 1.3), METRICS, resamples=100, run_noise=prior)
+    level = comparison.levels[0]
+    assert level.method == "repeats" and level.detail.startswith("5 vs 1 repeats")
+    assert level.results[0].verdict == "worse"
