@@ -10,6 +10,7 @@ that never became healthy, 130 interrupted (finished runs are kept: `--resume`).
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 
 
@@ -78,6 +79,10 @@ def run_command(args: argparse.Namespace) -> int:
         raise UsageError("--resume: needs --out, the folder of the interrupted recipe")
     stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     out = Path(args.out or f"results/recipe-{recipe.name}-{stamp}")
+    # Servers and load commands run in their own process groups (out of reach of a terminal's
+    # Ctrl-C and of a kill of this process), so SIGTERM takes the same way out as Ctrl-C: every
+    # group is stopped on the way.
+    signal.signal(signal.SIGTERM, _raise_interrupt)
     try:
         return RecipeRun(recipe, out, args.resume, args.quiet).run()
     except RecipeError as exc:
@@ -90,3 +95,7 @@ def run_command(args: argparse.Namespace) -> int:
         print(f"loadgen recipe: interrupted; finished runs are kept in {out}; continue with "
               f"--resume --out {out}", file=sys.stderr)
         return 130
+
+
+def _raise_interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt

@@ -19,7 +19,6 @@ and redoes the others (an interrupted or crashed run is discarded whole).
 
 from __future__ import annotations
 
-import logging
 import shutil
 import subprocess
 import sys
@@ -36,8 +35,6 @@ from loadgen.recipe.schema import (
     to_yaml,
 )
 from loadgen.recipe.server import RunningServer, ServerStartError, flag_args, stop_group
-
-log = logging.getLogger(__name__)
 
 REPLAY_STOP_GRACE_S = 10.0
 

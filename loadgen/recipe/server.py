@@ -73,6 +73,7 @@ class RunningServer:
         port = free_port() if spec.kind == "command" else None
         self.command = server_command(self.recipe, self.variant, port)
         if self.command:
+            log.info("starting the server of %s: %s", self.variant.name, shlex.join(self.command))
             env = {**os.environ, **self.recipe.server_env(self.variant)}
             with open(self.log_path, "wb") as sink:
                 try:
@@ -121,6 +122,7 @@ class RunningServer:
         if self.process is None or self.process.poll() is not None:
             self.process = None
             return
+        log.info("stopping the server of %s (pid %d)", self.variant.name, self.process.pid)
         stop_group(self.process, STOP_GRACE_S)
         self.process = None
 

@@ -14,6 +14,7 @@ import time
 import uuid
 from pathlib import Path
 
+import pytest
 import yaml
 
 from loadgen.cli import main
@@ -80,7 +81,8 @@ def test_an_existing_folder_needs_resume(tmp_path, capsys):
     assert "exists and is not empty; give --resume" in capsys.readouterr().err
 
 
-def test_interrupted_recipe_keeps_finished_runs_and_resumes(tmp_path, sessions, capsys):
+@pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGTERM])
+def test_interrupted_recipe_keeps_finished_runs_and_resumes(tmp_path, sessions, capsys, stop):
     folder = sessions(*({"n_requests": 3, "think": 0.0, "n_out": 6} for _ in range(8)))
     marker = f"sse-{uuid.uuid4().hex}"
     config = json.dumps({"port": 0, "first_ms": 5, "itl_ms": 5, "model": marker}).replace('"port": 0', '"port": {port}')
@@ -93,7 +95,7 @@ def test_interrupted_recipe_keeps_finished_runs_and_resumes(tmp_path, sessions, 
     deadline = time.monotonic() + 120
     while not (out / "runs" / "b-r1" / "command.txt").exists() and time.monotonic() < deadline:
         time.sleep(0.05)
-    recipe.send_signal(signal.SIGINT)  # Ctrl-C while b-r1 runs
+    recipe.send_signal(stop)  # Ctrl-C (or a kill) while b-r1 runs
     assert recipe.wait(timeout=120) == 130
     assert "--resume --out" in recipe.stderr.read().decode()
     assert _processes_with(marker) == []
