@@ -187,10 +187,10 @@ def _estimate_level(label: str, base: list[LevelSample], new: list[LevelSample],
     if len(base) == 1 and len(new) == 1 and run_noise is None:
         point_base, point_new = point_values(base[0], metrics), point_values(new[0], metrics)
         boot = session_bootstrap(base[0], new[0], metrics, resamples, rng)
-        method, detail, run_to_run = boot.method, boot.detail + "; single run per side, run-to-run noise NOT in " \
-                                                                "the interval", False
+        method, run_to_run = boot.method, False
+        detail = boot.detail + "; single run per side, run-to-run noise NOT in the interval"
         tests = [_bootstrap_test(point_base[i], point_new[i], boot.base[i], boot.new[i]) for i in range(len(metrics))]
-    elif (len(base) >= 2 and len(new) >= 2) or (len(base) == 1 and len(new) == 1) or run_noise is not None:
+    elif (len(base) >= 2 and len(new) >= 2) or run_noise is not None:
         per_base = np.stack([point_values(r, metrics) for r in base], axis=1)
         per_new = np.stack([point_values(r, metrics) for r in new], axis=1)
         point_base, point_new = per_base.mean(axis=1), per_new.mean(axis=1)
