@@ -19,6 +19,7 @@ COMMAND_MODULES = (
     "loadgen.cmd_replay",
     "loadgen.cmd_report",
     "loadgen.cmd_compare",
+    "loadgen.cmd_recipe",
 )
 
 

@@ -1,5 +1,5 @@
-"""`loadgen compare BASE NEW`: per level and metric, both values, delta % and its 95 % bootstrap
-interval, and a verdict (better / worse / within noise); see loadgen/compare.py for the method.
+"""`loadgen compare BASE NEW`: per level and metric, both values, delta % and its 95 % interval,
+and a verdict (better / worse / within noise); see loadgen/compare/verdicts.py for the method.
 
 Exit codes: 0 compared (no gate tripped), 1 a `--fail-on-regression` gate tripped, 2 bad input
 (missing or malformed file, wrong schema, unknown metric, no common level).
@@ -12,13 +12,18 @@ import sys
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
+    from loadgen.compare.verdicts import DEFAULT_FDR
+
     p = subparsers.add_parser(
         "compare",
-        help="compare two runs level by level with bootstrap confidence intervals",
+        help="compare two runs level by level with calibrated confidence intervals",
         description="Compare BASE and NEW results (agentload.result/1) level by level: for each "
-        "metric both values, delta % = (NEW - BASE) / BASE, its 95 % confidence interval by "
-        "bootstrap over session plays (paired when both runs replayed the same plays) or over "
-        "repeats, and a verdict: better, worse, or within noise (the interval includes 0).",
+        "metric both values, delta % = (NEW - BASE) / BASE, its 95 % confidence interval and a "
+        "verdict: better, worse, or within noise. With repeats (>= 2 runs of a level per side) the "
+        "interval is Welch's t on the per-run values, which includes run-to-run noise; with one run "
+        "per side it is a bootstrap over session plays (paired when both runs replayed the same "
+        "plays), which does not, unless --run-noise gives it. A verdict needs the interval to "
+        "exclude 0 and the change to survive Benjamini-Hochberg at --fdr over all compared rows.",
         epilog="A side is one results file or folder holding result.json, or several joined by "
         "commas: several runs of a level on a side are repeats. Metrics: ttft_p50|p90|p99, "
         "tpot_p50|p90, interactivity_p50|p90, e2el_p50|p90|p99, norm_e2el_p90, e2e_interactivity, "
@@ -34,8 +39,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, default=0, help="bootstrap seed (default 0)")
     p.add_argument("--resamples", type=int, default=2000, metavar="N", help="bootstrap resamples (default 2000)")
     p.add_argument("--min-effect", type=float, default=0.0, metavar="PCT",
-                   help="also call |delta| below PCT %% within noise, for drift between runs that a "
-                   "per-session bootstrap cannot see (default 0)")
+                   help="also call |delta| below PCT %% within noise (default 0)")
+    p.add_argument("--fdr", type=float, default=DEFAULT_FDR, metavar="Q",
+                   help=f"false-discovery rate of the Benjamini-Hochberg control over all (level, metric) "
+                   f"rows (default {DEFAULT_FDR:g})")
+    p.add_argument("--run-noise", metavar="PCT|FILE.json",
+                   help="the run-to-run standard deviation of identical runs in %% of each metric's value: "
+                   "one number for all metrics (taken as exact), or run_noise.json as written by "
+                   "benchmarks/ab_calibration.py (per metric, with the number of A/A runs it came from). "
+                   "Pooled with the repeats' own variance; with one run per side it is the run-to-run "
+                   "noise (default: none; a single-run comparison then says its interval lacks it)")
     p.set_defaults(func=run)
 
 
@@ -43,17 +56,24 @@ def run(args: argparse.Namespace) -> int:
     import orjson
 
     from loadgen.cli import UsageError
-    from loadgen.compare import CompareError, compare_runs, format_comparison, regressions, to_json
+    from loadgen.compare import (
+        CompareError,
+        compare_runs,
+        format_comparison,
+        regressions,
+        to_json,
+    )
     from loadgen.report import load_runs
 
     metrics, gates = _metrics_and_gates(args.metrics, args.fail_on_regression)
+    run_noise = read_run_noise(args.run_noise)
     if args.min_effect < 0:
         raise UsageError(f"--min-effect: must be >= 0, got {args.min_effect:g}")
     base_paths, new_paths = _side(args.base, "BASE"), _side(args.new, "NEW")
     base, new = load_runs(base_paths), load_runs(new_paths)
     try:
         comparison = compare_runs([(r.name, r.doc) for r in base], [(r.name, r.doc) for r in new], metrics,
-                                  args.resamples, args.seed, args.min_effect)
+                                  args.resamples, args.seed, args.min_effect, args.fdr, run_noise)
     except CompareError as exc:
         raise UsageError(str(exc)) from exc
     tripped = regressions(comparison, gates)
@@ -63,6 +83,20 @@ def run(args: argparse.Namespace) -> int:
     else:
         print(format_comparison(comparison, tripped))
     return 1 if tripped else 0
+
+
+def read_run_noise(text: str | None):
+    """--run-noise as a RunNoise (None when not given); UsageError naming the flag."""
+    from loadgen.cli import UsageError
+    from loadgen.compare import CompareError
+    from loadgen.compare.verdicts import load_run_noise
+
+    if text is None:
+        return None
+    try:
+        return load_run_noise(text)
+    except CompareError as exc:
+        raise UsageError(str(exc)) from None
 
 
 def _side(text: str, name: str) -> list[str]:

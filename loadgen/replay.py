@@ -28,7 +28,7 @@ from loadgen.cli import UsageError
 from loadgen.cmd_replay import DEFAULT_FOREIGN_VOCAB, OUR_VOCAB, parse_headers, parse_list, parse_offset
 from loadgen.pareto import pareto
 from loadgen.plan import TimingConfig
-from loadgen.results import SCHEMA, write_results
+from loadgen.results import SCHEMA, check_writable, save_results
 from loadgen.runner import LevelRun, LevelSpec, RunConfig, Runner, Warmup, dumps_record, level_summary
 from loadgen.spec import SpecExpectation, expectation_from_flags, server_card, server_default
 from loadgen.table import format_level
@@ -76,7 +76,12 @@ def _check_flags(args: argparse.Namespace) -> dict[str, Any]:
         raise ValueError(f"--vocab-size: must be >= 2, got {args.vocab_size}")
     if args.vocab_offset is not None and args.vocab_offset < 0:
         raise ValueError(f"--vocab-offset: must be >= 0, got {args.vocab_offset}")
+    out_dir = Path(args.out) if args.out else default_out_dir()
+    check_writable(out_dir)  # before the run: its results must have somewhere to go
+    if args.per_request:
+        check_writable(Path(args.per_request).parent, "--per-request")
     return {
+        "out_dir": out_dir,
         "conc": parse_list(args.conc, "--conc", int),
         "rates": parse_list(args.rate, "--rate", float) if args.rate else None,
         "warmup": Warmup.parse(args.warmup),
@@ -116,8 +121,7 @@ async def _replay(args: argparse.Namespace, options: dict[str, Any], transport: 
     )
     vocab_offset, vocab_size = _vocab(args, info)
     synth = PromptSynth(traces.block_size, vocab_size=vocab_size, vocab_offset=vocab_offset)
-    out_dir = Path(args.out) if args.out else default_out_dir()
-    results_path = out_dir / "result.json"
+    planned_path = results_path = options["out_dir"] / "result.json"
     doc = {
         "schema": SCHEMA, "created": _utc_now(), "status": "complete", "message": None,
         "config": {**_config(args, target, config, info, traces, scale_report, levels, vocab_offset, vocab_size),
@@ -148,7 +152,7 @@ async def _replay(args: argparse.Namespace, options: dict[str, Any], transport: 
             summary = level_summary(level, config, runner.theoretical_hit_rate(level), expectation)
             summary["repeat"] = repeat
             doc["levels"].append(summary)
-            _finish(doc, runner, results_path)
+            results_path = _finish(doc, runner, results_path)
             say(format_level(doc["levels"][-1]))
             if runner.stopped:
                 break
@@ -159,9 +163,9 @@ async def _replay(args: argparse.Namespace, options: dict[str, Any], transport: 
         if per_request:
             per_request.close()
         gc.unfreeze()
-        _finish(doc, runner, results_path)
+        results_path = _finish(doc, runner, results_path)
     say(f"results: {results_path}")
-    return _exit_code(doc, runner, args.command)
+    return _exit_code(doc, runner, args.command) or int(results_path != planned_path)
 
 
 def default_out_dir() -> Path:
@@ -169,10 +173,11 @@ def default_out_dir() -> Path:
     return Path("results") / datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
 
 
-def _finish(doc: dict[str, Any], runner: Runner, path: Path) -> None:
+def _finish(doc: dict[str, Any], runner: Runner, path: Path) -> Path:
+    """Write the results as they stand; returns where they went (a temporary file if `path` failed)."""
     doc["status"], doc["message"] = runner.status, runner.message
     doc["pareto"] = pareto(doc["levels"])
-    write_results(path, doc)
+    return save_results(path, doc)
 
 
 def _exit_code(doc: dict[str, Any], runner: Runner, command: str) -> int:

@@ -13,10 +13,15 @@ Each level holds `counts`, `throughput`, `cache`, `metrics` ({name: {unit, stats
 `spec_decode` (null without speculative decoding) holds {k, golden_al, expected_al, measured_al,
 measured_from ("usage" | "metrics" | null), num_drafts, num_accepted_tokens, requests_with_usage}
 (see loadgen/spec.py), and `config.spec_decode` the expectation asked for.
+
+Results are never lost: a run checks its output folder with `check_writable` before it measures
+anything, and `save_results` falls back to a temporary file (logged with its path) when the folder
+cannot be written at the end anyway (disk full, folder removed or made read-only meanwhile).
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import tempfile
 from pathlib import Path
@@ -29,6 +34,7 @@ from loadgen.metrics import METRIC_SPECS, decode_histogram
 SCHEMA = "agentload.result/1"
 STATUSES = ("complete", "interrupted", "server_dead", "failed")
 REQUEST_COLUMNS = ("play", "session", "turn", "isl", "osl", "ttft_us", "e2el_us", "tpot_us")
+log = logging.getLogger(__name__)
 LEVEL_KEYS = ("concurrency", "rate", "mode", "failed", "fail_reasons", "window_s", "counts",
               "throughput", "cache", "metrics", "requests")
 
@@ -52,6 +58,36 @@ def write_results(path: str | os.PathLike, doc: dict[str, Any]) -> Path:
         Path(tmp).unlink(missing_ok=True)
         raise
     return path
+
+
+def check_writable(folder: str | os.PathLike, flag: str = "--out") -> None:
+    """Create `folder` and write (then remove) a probe file in it; ResultsError naming `flag`,
+    the folder and why if that fails. Called before a run so that no measurement is lost."""
+    folder = Path(folder)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(prefix=".write-probe.", dir=folder):
+            pass
+    except OSError as exc:
+        raise ResultsError(f"{flag} {folder}: cannot write there: {exc.strerror or exc}") from None
+
+
+def save_results(path: str | os.PathLike, doc: dict[str, Any]) -> Path:
+    """`write_results`, or, when `path` cannot be written, a new temporary file (an error is
+    logged naming both); returns the path written. ResultsError if neither can be written."""
+    try:
+        return write_results(path, doc)
+    except OSError as exc:
+        problem = exc.strerror or str(exc)
+    fd, fallback = tempfile.mkstemp(prefix="agentload-result-", suffix=".json")
+    os.close(fd)
+    try:
+        write_results(fallback, doc)
+    except OSError as exc:
+        raise ResultsError(f"cannot write results to {path} ({problem}) nor to {fallback} "
+                           f"({exc.strerror or exc})") from None
+    log.error("cannot write results to %s (%s); wrote them to %s instead", path, problem, fallback)
+    return Path(fallback)
 
 
 def read_results(path: str | os.PathLike) -> dict[str, Any]:

@@ -10,10 +10,18 @@ chunk (several tokens with speculative decoding), and chunks that piled up while
 was busy are written in one call. A streamed response sends its headers with the first engine
 output, so a request the engine refuses still gets a 400 (or 503 if the engine is gone); after
 that, failures are reported in-band as an SSE `data: {"error": ...}` event without `[DONE]`.
+
+Shutdown (`drain`): new requests get 503 `shutting_down`; running ones may finish until the
+deadline, then each is cut: a streamed one gets an SSE error event (code `server_shutdown`),
+`[DONE]` and the end of its chunked body; one that has sent nothing yet gets 503
+`server_shutdown`. Slow clients are bounded by `read_timeout_s`: a request head must be complete
+within it of the connection opening or of the previous response (aiohttp's keep-alive timer
+closes such connections), a body within it of the head (else 408).
 """
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import time
 import uuid
@@ -24,12 +32,15 @@ from aiohttp import web
 
 from server import protocol
 from server.engine.messages import AddRequest, RequestOutput
-from server.engine_client import EngineClient, EngineDeadError, EngineInfo, RequestStream
+from server.engine_client import EngineClient, EngineDeadError, EngineInfo, RequestCutError, RequestStream
 from server.metrics import ServerMetrics
 from server.protocol import ApiError, GenerationOptions, ResponseHeader
 from server.tokenizer import ByteTokenizer, StreamDecoder
 
 _HTTP_ERROR_CODES = {404: "not_found", 405: "method_not_allowed", 413: "request_too_large"}
+
+
+READ_TIMEOUT_S = 10.0  # --read-timeout's default
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,7 +50,11 @@ class ApiSettings:
     max_body_bytes: int
     max_queue: int  # requests allowed to wait beyond the engine's --max-num-seqs
     max_num_seqs: int
+    read_timeout_s: float = READ_TIMEOUT_S  # request head (and body) must arrive within this
     retry_after_s: int = 1
+
+
+CUT_WRITE_GRACE_S = 2.0  # at the shutdown deadline: time to write the final events of cut streams
 
 
 class _Generation:
@@ -99,6 +114,10 @@ class OpenAIServer:
         self.metrics = ServerMetrics(settings.served_model_name)
         self.in_flight = 0
         self.closing = False  # set on SIGTERM/SIGINT: new requests get 503
+        self.cut_requests = 0  # requests ended by the shutdown deadline
+        self._running: set[RequestStream] = set()
+        self._idle = asyncio.Event()  # set whenever no request is running
+        self._idle.set()
         self.created = int(time.time())
         self.speculative = client.config.speculative
 
@@ -130,8 +149,11 @@ class OpenAIServer:
 
     def _error_response(self, exc: ApiError) -> web.Response:
         self.metrics.observe_rejected(exc.code or str(exc.status))
-        return web.Response(status=exc.status, body=exc.body(), headers=exc.headers,
-                            content_type="application/json")
+        response = web.Response(status=exc.status, body=exc.body(), headers=exc.headers,
+                                content_type="application/json")
+        if exc.status == 408 or self.closing:
+            response.force_close()  # the rest of a late body, or a server on its way out
+        return response
 
     def _check_api_key(self, request: web.Request) -> None:
         given = request.headers.get("Authorization", "")
@@ -141,16 +163,39 @@ class OpenAIServer:
                            code="invalid_api_key")
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
-        req = protocol.parse_completion_request(await request.read())
+        req = protocol.parse_completion_request(await self._read_body(request))
         self._check_model(req.options.model)
         prompt = req.prompt if isinstance(req.prompt, tuple) else tuple(self.tokenizer.encode(req.prompt))
-        return await self._generate(request, prompt, req.options, chat=False)
+        return await self._generate(request, prompt, req.options, req.ignored_fields, chat=False)
 
     async def chat_completions(self, request: web.Request) -> web.StreamResponse:
-        req = protocol.parse_chat_request(await request.read())
+        req = protocol.parse_chat_request(await self._read_body(request))
         self._check_model(req.options.model)
         prompt = tuple(self.tokenizer.apply_chat_template(req.messages))
-        return await self._generate(request, prompt, req.options, chat=True)
+        return await self._generate(request, prompt, req.options, req.ignored_fields, chat=True)
+
+    async def _read_body(self, request: web.Request) -> bytes:
+        try:
+            return await asyncio.wait_for(request.read(), self.settings.read_timeout_s)
+        except asyncio.TimeoutError:
+            raise ApiError(408, f"request body not received within {self.settings.read_timeout_s:g} s "
+                           f"(--read-timeout)", code="request_timeout") from None
+
+    async def drain(self, timeout_s: float, cut_now: asyncio.Event) -> int:
+        """Refuse new requests; let running ones finish for up to `timeout_s` (or until `cut_now`
+        is set), then cut the rest. Returns the number of requests cut."""
+        self.closing = True
+        waits = [asyncio.ensure_future(self._idle.wait()), asyncio.ensure_future(cut_now.wait())]
+        await asyncio.wait(waits, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
+        for waiting in waits:
+            waiting.cancel()
+        when = "at a second signal" if cut_now.is_set() else f"at the --shutdown-timeout deadline ({timeout_s:g} s)"
+        for stream in list(self._running):
+            stream.cut(f"server shutting down: request cut {when}")
+        if not self._idle.is_set():
+            # Bounded: a client that stopped reading could block a write; cleanup cancels it.
+            await asyncio.wait([asyncio.ensure_future(self._idle.wait())], timeout=CUT_WRITE_GRACE_S)
+        return self.cut_requests
 
     async def models(self, request: web.Request) -> web.Response:
         card = {"id": self.settings.served_model_name, "object": "model", "created": self.created,
@@ -195,30 +240,40 @@ class OpenAIServer:
                            type="server_error", code="overloaded",
                            headers={"Retry-After": str(self.settings.retry_after_s)})
 
-    async def _generate(self, request: web.Request, prompt: tuple[int, ...],
-                        options: GenerationOptions, chat: bool) -> web.StreamResponse:
+    async def _generate(self, request: web.Request, prompt: tuple[int, ...], options: GenerationOptions,
+                        ignored_fields: tuple[str, ...], chat: bool) -> web.StreamResponse:
         protocol.check_prompt(prompt, self.info.vocab_size)
         protocol.check_acceptance_length(options, self.speculative)
-        max_tokens = protocol.resolve_max_tokens(options, len(prompt), self.info.max_model_len)
+        max_tokens = protocol.resolve_max_tokens(options, len(prompt), self.info.max_model_len,
+                                                 "messages" if chat else "prompt")
         self._check_admission()
         header = ResponseHeader(f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}",
                                 int(time.time()), self.settings.served_model_name, chat)
+        headers = {protocol.IGNORED_FIELDS_HEADER: ", ".join(ignored_fields)} if ignored_fields else {}
         arrival = time.monotonic()
         stream = self.client.submit(
             AddRequest(header.id, prompt, options.sampling_params(max_tokens), arrival))
         self.in_flight += 1
+        self._running.add(stream)
+        self._idle.clear()
         try:
             gen = _Generation(arrival, self.speculative is not None)
             if options.stream:
-                return await self._stream(request, stream, header, gen, options.include_usage)
-            return await self._complete(stream, header, gen)
+                return await self._stream(request, stream, header, gen, options.include_usage, headers)
+            return await self._complete(stream, header, gen, headers)
+        except RequestCutError as exc:
+            self.cut_requests += 1
+            raise ApiError(503, str(exc), type="server_error", code="server_shutdown") from None
         finally:
             self.in_flight -= 1
+            self._running.discard(stream)
+            if not self._running:
+                self._idle.set()
             if not stream.finished:
                 self.client.abort(header.id)  # client gone or server stopping: free its blocks
 
-    async def _complete(self, stream: RequestStream, header: ResponseHeader,
-                        gen: _Generation) -> web.Response:
+    async def _complete(self, stream: RequestStream, header: ResponseHeader, gen: _Generation,
+                        headers: dict[str, str]) -> web.Response:
         texts: list[str] = []
         token_ids: list[int] = []
         while gen.finish_reason is None:
@@ -232,10 +287,10 @@ class OpenAIServer:
         if gen.error is not None:
             raise ApiError(400, gen.error, code="engine_refused")
         body = header.full("".join(texts), token_ids, gen.finish_reason, gen.usage())
-        return web.Response(body=body, content_type="application/json")
+        return web.Response(body=body, content_type="application/json", headers=headers)
 
     async def _stream(self, request: web.Request, stream: RequestStream, header: ResponseHeader,
-                      gen: _Generation, include_usage: bool) -> web.StreamResponse:
+                      gen: _Generation, include_usage: bool, headers: dict[str, str]) -> web.StreamResponse:
         # Headers wait for the first engine output, so that a refusal by the engine (or its
         # death) before any token still gets a real status code instead of an in-band error.
         response: web.StreamResponse | None = None
@@ -250,6 +305,16 @@ class OpenAIServer:
                         raise _engine_dead(exc) from None
                     # Mid-stream: report in-band and end without [DONE].
                     await response.write(protocol.sse_error(_engine_dead(exc)))
+                    response.force_close()
+                    return response
+                except RequestCutError as exc:
+                    if response is None:
+                        raise
+                    # Mid-stream at the shutdown deadline: say why, then end the stream cleanly
+                    # ([DONE], and aiohttp's write_eof ends the chunked body).
+                    self.cut_requests += 1
+                    error = ApiError(503, str(exc), type="server_error", code="server_shutdown")
+                    await response.write(protocol.sse_error(error) + protocol.SSE_DONE)
                     response.force_close()
                     return response
                 for output, arrival in batch:
@@ -272,7 +337,7 @@ class OpenAIServer:
                     parts.append(protocol.SSE_DONE)
                 if response is None:
                     response = web.StreamResponse(headers={"Content-Type": "text/event-stream",
-                                                           "Cache-Control": "no-cache"})
+                                                           "Cache-Control": "no-cache", **headers})
                     await response.prepare(request)
                 await response.write(b"".join(parts))
         except ConnectionError:

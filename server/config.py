@@ -246,6 +246,7 @@ class EngineConfig:
     weights: str | None = None  # safetensors file; None means seeded random weights
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     speculative: SpeculativeConfig | None = None  # None: no speculative decoding
+    step_delay_ms: float = 0.0  # test-only: sleep this long in every step that runs a batch (planted A/B effect)
 
     def __post_init__(self) -> None:
         validate_engine_config(self)
@@ -318,6 +319,7 @@ def validate_engine_config(c: EngineConfig) -> None:
     _require(0 < sched.max_model_len <= m.max_position,
              f"--max-model-len: must be in 1..{m.max_position} for the {m.name} model, got {sched.max_model_len}")
     _require(c.weights is None or os.path.isfile(c.weights), f"--weights: no such file {c.weights!r}")
+    _require(c.step_delay_ms >= 0, f"--step-delay-ms: must be >= 0, got {c.step_delay_ms}")
     _validate_parallel(c)
     device = resolve_device(c.device)
     if device == "cuda":
@@ -375,6 +377,9 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
                    help="token budget of one engine step; longer prompts prefill in chunks (default: 2048)")
     g.add_argument("--max-model-len", type=int, default=None,
                    help="longest prompt + output in tokens (default: the preset's max position)")
+    g.add_argument("--step-delay-ms", type=float, default=0.0,
+                   help="test only: add this delay to every engine step that runs a batch, a known slowdown "
+                        "for A/B calibration (default: 0)")
     s = parser.add_argument_group("speculative decoding")
     s.add_argument("--speculative-config", default=None, metavar="JSON",
                    help="vLLM's speculative config, e.g. '{\"method\": \"mtp\", \"num_speculative_tokens\": 5, "
@@ -428,4 +433,4 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
     speculative = speculative_config_from_flags(args.speculative_config, args.golden_al, args.thinking)
     return EngineConfig(model=model, cache=cache, scheduler=scheduler, device=args.device,
                         attention_backend=args.attention_backend, seed=args.seed, weights=args.weights,
-                        parallel=parallel, speculative=speculative)
+                        parallel=parallel, speculative=speculative, step_delay_ms=args.step_delay_ms)

@@ -63,6 +63,10 @@ class EngineDeadError(Exception):
     """The engine process is gone; the request cannot complete."""
 
 
+class RequestCutError(Exception):
+    """The API side ended the request before it finished (the server's shutdown deadline)."""
+
+
 SHUTDOWN = None  # sent to the engine loop (child process or in-process thread) to make it exit cleanly
 _MAX_MESSAGES_PER_READ = 32
 
@@ -145,7 +149,7 @@ class RequestStream:
         self.request_id = request_id
         self._items: collections.deque[tuple[RequestOutput, float]] = collections.deque()
         self._waiter: asyncio.Future[None] | None = None
-        self._failure: str | None = None
+        self._failure: Exception | None = None
         self.finished = False
 
     def push(self, output: RequestOutput, arrival: float) -> None:
@@ -154,14 +158,21 @@ class RequestStream:
         self._wake()
 
     def fail(self, reason: str) -> None:
-        self._failure = reason
+        """The engine died: once the outputs already here are taken, EngineDeadError."""
+        self._failure = EngineDeadError(reason)
         self._wake()
+
+    def cut(self, reason: str) -> None:
+        """End the request early: once the outputs already here are taken, RequestCutError."""
+        if self._failure is None:
+            self._failure = RequestCutError(reason)
+            self._wake()
 
     async def next_batch(self) -> list[tuple[RequestOutput, float]]:
         """Every output that arrived since the last call; waits for at least one."""
         while not self._items:
             if self._failure is not None:
-                raise EngineDeadError(self._failure)
+                raise self._failure
             self._waiter = asyncio.get_running_loop().create_future()
             try:
                 await self._waiter

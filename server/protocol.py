@@ -3,8 +3,12 @@
 Validation is strict about types (a bool is not an int, a string is not a number) and refuses
 options the engine cannot honour (n > 1, logprobs, stop strings, penalties...) instead of
 ignoring them, so a benchmark never silently measures something other than what it asked for.
-Unknown fields are ignored, as OpenAI-compatible servers do. Every refusal is an `ApiError`
-that carries an OpenAI-style body naming the offending parameter.
+Options the engine cannot honour are validated like vLLM validates them (`top_k: -5` is
+`invalid_value`) and then refused unless neutral (`top_k: 50` is `unsupported_option`). Unknown
+fields are ignored, as vLLM and OpenAI-compatible servers do, and listed in the response header
+`X-Ignored-Fields`. Every refusal is an `ApiError` (400) whose OpenAI-style body names the
+offending parameter. Without max_tokens, a completion's default of 16 (a chat's whole context)
+is clamped to the room the prompt leaves.
 
 Extension fields (read only by our server): request `acceptance_length` (this request's
 synthetic speculative acceptance length, in [1, k+1]; refused unless the server runs synthetic
@@ -19,6 +23,7 @@ synthetic_acceptance_length (the server's default mean AL, null for `standard`)}
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,24 +35,94 @@ from server.tokenizer import ChatMessage
 
 CHAT_ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
 
-# Options a client may send only with their neutral value; anything else is refused.
-_NEUTRAL_OPTIONS: dict[str, tuple[Any, ...]] = {
-    "n": (None, 1),
-    "best_of": (None, 1),
-    "logprobs": (None, False, 0),
-    "top_logprobs": (None, 0),
-    "echo": (None, False),
-    "suffix": (None, ""),
-    "stop": (None, "", []),
-    "stop_token_ids": (None, []),
-    "presence_penalty": (None, 0, 0.0),
-    "frequency_penalty": (None, 0, 0.0),
-    "repetition_penalty": (None, 1, 1.0),
-    "logit_bias": (None, {}),
-    "tools": (None, []),
-    "functions": (None, []),
-    "response_format": (None, {"type": "text"}),
-}
+# Options the engine cannot honour (OpenAI's and vLLM's names): each is first checked for a
+# valid value (a bad one is `invalid_value`, as vLLM refuses it), then accepted only with a value
+# that asks for nothing (anything else is `unsupported_option`). `None` is always neutral.
+_UNSUPPORTED_OPTIONS: dict[str, tuple[Callable[[Any], str | None], tuple[Any, ...]]] = {}
+
+
+def _json_type(value: Any) -> str:
+    names = {bool: "boolean", int: "integer", float: "number", str: "string", list: "array",
+             dict: "object", type(None): "null"}
+    return names.get(type(value), type(value).__name__)
+
+
+def _unsupported(names: str, check: Callable[[Any], str | None], *neutral: Any) -> None:
+    for name in names.split():
+        _UNSUPPORTED_OPTIONS[name] = (check, (None, *neutral))
+
+
+def _int_at_least(low: int, high: int | None = None) -> Callable[[Any], str | None]:
+    def check(v: Any) -> str | None:
+        ok = type(v) is int and v >= low and (high is None or v <= high)
+        return None if ok else f"must be an integer {'>= ' + str(low) if high is None else f'in [{low}, {high}]'}"
+    return check
+
+
+def _number_in(low: float, high: float) -> Callable[[Any], str | None]:
+    def check(v: Any) -> str | None:
+        ok = type(v) in (int, float) and math.isfinite(v) and low <= v <= high
+        return None if ok else f"must be a number in [{low:g}, {high:g}]"
+    return check
+
+
+def _positive_number(v: Any) -> str | None:
+    return None if type(v) in (int, float) and math.isfinite(v) and v > 0 else "must be a number > 0"
+
+
+def _is(kind: type) -> Callable[[Any], str | None]:
+    name = _json_type(kind())
+    return lambda v: None if type(v) is kind else f"must be {'an' if name[0] in 'aeiou' else 'a'} {name}"
+
+
+def _top_k(v: Any) -> str | None:
+    return None if type(v) is int and v >= -1 else "must be an integer: -1 or 0 (no limit) or >= 1"
+
+
+def _logprobs(v: Any) -> str | None:  # completions: 0..20 candidates; chat: a boolean
+    return None if type(v) is bool or (type(v) is int and 0 <= v <= 20) else "must be a boolean or an integer in [0, 20]"
+
+
+def _stop(v: Any) -> str | None:
+    ok = type(v) is str or (type(v) is list and all(type(x) is str for x in v))
+    return None if ok else "must be a string or an array of strings"
+
+
+def _int_list(v: Any) -> str | None:
+    ok = type(v) is list and all(type(x) is int and x >= 0 for x in v)
+    return None if ok else "must be an array of non-negative integers"
+
+
+_unsupported("n best_of", _int_at_least(1), 1)
+_unsupported("logprobs", _logprobs, False, 0)
+_unsupported("top_logprobs", _int_at_least(0, 20), 0)
+_unsupported("prompt_logprobs", _int_at_least(0))
+_unsupported("echo use_beam_search include_stop_str_in_output", _is(bool), False)
+_unsupported("suffix", _is(str), "")
+_unsupported("stop", _stop, "", [])
+_unsupported("stop_token_ids allowed_token_ids", _int_list, [])
+_unsupported("bad_words", _stop, [])
+_unsupported("presence_penalty frequency_penalty", _number_in(-2, 2), 0, 0.0)
+_unsupported("repetition_penalty length_penalty", _positive_number, 1, 1.0)
+_unsupported("top_k", _top_k, -1, 0)
+_unsupported("min_p", _number_in(0, 1), 0, 0.0)
+_unsupported("truncate_prompt_tokens", _int_at_least(-1))
+_unsupported("logit_bias", _is(dict), {})
+_unsupported("tools functions", _is(list), [])
+_unsupported("response_format", _is(dict), {"type": "text"})
+_unsupported("guided_json guided_regex guided_choice guided_grammar structured_outputs", lambda v: None)
+
+# Fields that change nothing about the tokens generated: accepted without a check.
+_INERT_FIELDS = frozenset({"user", "metadata", "store", "service_tier", "request_id", "priority",
+                           "tool_choice", "parallel_tool_calls", "function_call", "skip_special_tokens",
+                           "spaces_between_special_tokens", "add_special_tokens", "cache_salt"})
+# Everything either endpoint reads; any other field is unknown: ignored, as vLLM does, and named
+# in the response header IGNORED_FIELDS_HEADER so that the client can see what had no effect.
+_OPTION_FIELDS = frozenset({"model", "min_tokens", "ignore_eos", "temperature", "top_p", "seed", "stream",
+                            "stream_options", "acceptance_length"}) | _INERT_FIELDS | frozenset(_UNSUPPORTED_OPTIONS)
+_COMPLETION_FIELDS = _OPTION_FIELDS | {"prompt", "max_tokens"}
+_CHAT_FIELDS = _OPTION_FIELDS | {"messages", "max_tokens", "max_completion_tokens"}
+IGNORED_FIELDS_HEADER = "X-Ignored-Fields"
 
 
 class ApiError(Exception):
@@ -89,6 +164,7 @@ class GenerationOptions:
 
     model: str | None
     max_tokens: int | None  # None: up to the model's context
+    max_tokens_is_default: bool  # not sent: clamped to the room the prompt leaves
     min_tokens: int
     ignore_eos: bool
     temperature: float
@@ -114,18 +190,20 @@ class GenerationOptions:
 class CompletionRequest:
     options: GenerationOptions
     prompt: str | tuple[int, ...]  # text, or token ids sent as they are
+    ignored_fields: tuple[str, ...] = ()  # unknown top-level fields, sorted
 
 
 @dataclass(frozen=True, slots=True)
 class ChatRequest:
     options: GenerationOptions
     messages: tuple[ChatMessage, ...]
+    ignored_fields: tuple[str, ...] = ()
 
 
 def parse_completion_request(body: bytes) -> CompletionRequest:
     obj = _load_object(body)
     options = _parse_options(obj, max_tokens_keys=("max_tokens",), default_max_tokens=16)
-    return CompletionRequest(options, _parse_prompt(obj.get("prompt")))
+    return CompletionRequest(options, _parse_prompt(obj.get("prompt")), _unknown(obj, _COMPLETION_FIELDS))
 
 
 def parse_chat_request(body: bytes) -> ChatRequest:
@@ -133,7 +211,11 @@ def parse_chat_request(body: bytes) -> ChatRequest:
     options = _parse_options(
         obj, max_tokens_keys=("max_completion_tokens", "max_tokens"), default_max_tokens=None
     )
-    return ChatRequest(options, _parse_messages(obj.get("messages")))
+    return ChatRequest(options, _parse_messages(obj.get("messages")), _unknown(obj, _CHAT_FIELDS))
+
+
+def _unknown(obj: dict[str, Any], known: frozenset[str]) -> tuple[str, ...]:
+    return tuple(sorted(key for key in obj if key not in known))
 
 
 def _load_object(body: bytes) -> dict[str, Any]:
@@ -149,14 +231,21 @@ def _load_object(body: bytes) -> dict[str, Any]:
 def _parse_options(
     obj: dict[str, Any], *, max_tokens_keys: tuple[str, ...], default_max_tokens: int | None
 ) -> GenerationOptions:
-    for name, neutral in _NEUTRAL_OPTIONS.items():
-        if name in obj and not _is_neutral(obj[name], neutral):
-            raise ApiError(400, f"{name}: not supported by this server (got {obj[name]!r})",
+    for name, (check, neutral) in _UNSUPPORTED_OPTIONS.items():
+        if obj.get(name) is None:
+            continue
+        problem = check(obj[name])
+        if problem is not None:
+            raise _invalid(name, f"{problem}, got {_shown(obj[name])}")
+        if not _is_neutral(obj[name], neutral):
+            raise ApiError(400, f"{name}: not supported by this server (got {_shown(obj[name])})",
                            param=name, code="unsupported_option")
     max_tokens = default_max_tokens
+    max_tokens_is_default = True
     for key in max_tokens_keys:
         if obj.get(key) is not None:
             max_tokens = _int(obj, key, minimum=1)
+            max_tokens_is_default = False
             break
     min_tokens = _int(obj, "min_tokens", minimum=0) if obj.get("min_tokens") is not None else 0
     if max_tokens is not None and min_tokens > max_tokens:
@@ -187,6 +276,7 @@ def _parse_options(
     return GenerationOptions(
         model=model,
         max_tokens=max_tokens,
+        max_tokens_is_default=max_tokens_is_default,
         min_tokens=min_tokens,
         ignore_eos=_bool(obj, "ignore_eos", False),
         temperature=temperature,
@@ -198,6 +288,11 @@ def _parse_options(
         include_usage=include_usage,
         acceptance_length=acceptance_length,
     )
+
+
+def _shown(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 def _is_neutral(value: Any, neutrals: tuple[Any, ...]) -> bool:
@@ -230,12 +325,6 @@ def _bool(obj: dict[str, Any], key: str, default: bool, prefix: str = "") -> boo
     if type(value) is not bool:
         raise _invalid(prefix + key, f"must be a boolean, got {_json_type(value)}")
     return value
-
-
-def _json_type(value: Any) -> str:
-    names = {bool: "boolean", int: "integer", float: "number", str: "string", list: "array",
-             dict: "object", type(None): "null"}
-    return names.get(type(value), type(value).__name__)
 
 
 def _parse_prompt(prompt: Any) -> str | tuple[int, ...]:
@@ -299,19 +388,23 @@ def check_prompt(token_ids: tuple[int, ...], vocab_size: int) -> None:
         raise _invalid("prompt", f"token id {bad} is outside the vocabulary (size {vocab_size})")
 
 
-def resolve_max_tokens(options: GenerationOptions, prompt_len: int, max_model_len: int) -> int:
-    """The number of tokens to generate; a prompt that does not fit is refused, never truncated."""
+def resolve_max_tokens(options: GenerationOptions, prompt_len: int, max_model_len: int,
+                       prompt_param: str = "prompt") -> int:
+    """The number of tokens to generate. A max_tokens the client sent must fit beside the prompt
+    (refused, never truncated); the default (16 for completions, the whole context for chat) is
+    clamped to the room the prompt leaves, as OpenAI-compatible servers do."""
     room = max_model_len - prompt_len
-    if options.max_tokens is None:
+    if options.max_tokens_is_default:
         if room < 1:
-            raise ApiError(400, f"prompt has {prompt_len} tokens; the model's context is "
+            raise ApiError(400, f"{prompt_param}: the prompt has {prompt_len} tokens; the model's context is "
                            f"{max_model_len} tokens, leaving no room to generate",
-                           param="messages", code="context_length_exceeded")
-        if options.min_tokens > room:
+                           param=prompt_param, code="context_length_exceeded")
+        limit = room if options.max_tokens is None else min(options.max_tokens, room)
+        if options.min_tokens > limit:
             raise ApiError(400, f"min_tokens ({options.min_tokens}) exceeds the {room} tokens left in "
                            f"the model's context after the prompt ({prompt_len} tokens)",
                            param="min_tokens", code="context_length_exceeded")
-        return room
+        return limit
     if options.max_tokens > room:
         raise ApiError(400, f"prompt ({prompt_len} tokens) + max_tokens ({options.max_tokens}) "
                        f"exceeds the model's context of {max_model_len} tokens",

@@ -2,8 +2,8 @@
 
 Formats are detected from the first record (`requests` -> session trace, `input_length` ->
 Mooncake) unless forced. Optional fields may be missing or null and get defaults; anything that
-would make a replay wrong (missing token counts, negative lengths, more hash ids than the input
-has blocks) raises TraceError naming the file, the request path and the field.
+would make a replay wrong (missing token counts, negative lengths, more or fewer hash ids than the
+input has full blocks) raises TraceError naming the file, the request path and the field.
 """
 
 from __future__ import annotations
@@ -358,6 +358,14 @@ def _hash_ids(
             "hash_ids",
             f"{len(value)} ids but the input ({input_tokens} tokens) has only {allowed} "
             f"{'' if partial_last else 'full '}blocks of {block_size}",
+        )
+    # Checked both ways, as Mooncake does: blocks without an id would be synthesized as fresh
+    # tokens, so the replay would understate the prefix the trace shares.
+    if len(value) < full_blocks:
+        raise where.fail(
+            "hash_ids",
+            f"{len(value)} ids but the input ({input_tokens} tokens) has {full_blocks} full blocks "
+            f"of {block_size}: one id per full block is needed",
         )
     # A Mooncake id for the trailing partial block names no full block: its tokens become tail.
     value = value[:full_blocks]

@@ -76,9 +76,13 @@ class HttpTransport(Transport):
     async def server_info(self) -> ServerInfo:
         url = self.base_url + "/v1/models"
         try:
-            resp = await self._client.request("GET", "/v1/models", timeout=30)
-        except (ResponseError, asyncio.TimeoutError) as exc:
-            raise TransportError(f"cannot reach the server at {self.base_url}: {exc or 'timed out'}") from exc
+            resp = await self._client.request("GET", "/v1/models", timeout=self.timeout_s)
+        except asyncio.TimeoutError:
+            raise TransportError(f"cannot reach the server at {self.base_url}: waited for the model list "
+                                 f"(GET {url}) and got no answer within {self.timeout_s:g} s (--timeout)") from None
+        except ResponseError as exc:
+            raise TransportError(f"cannot reach the server at {self.base_url}: waited for the model list "
+                                 f"(GET {url}): {exc}") from None
         if resp.status != 200:
             raise TransportError(f"GET {url} returned HTTP {resp.status}: {resp.body[:200]!r}")
         try:
@@ -91,7 +95,7 @@ class HttpTransport(Transport):
 
     async def spec_counters(self) -> tuple[int, int] | None:
         try:
-            resp = await self._client.request("GET", "/metrics", timeout=30)
+            resp = await self._client.request("GET", "/metrics", timeout=self.timeout_s)
         except (ResponseError, asyncio.TimeoutError):
             return None
         if resp.status != 200:

@@ -95,6 +95,8 @@ class Engine:
         batch = self.scheduler.schedule()
         if batch:
             new_tokens = self._run(batch)
+            if self.config.step_delay_ms:  # test-only planted slowdown (--step-delay-ms)
+                time.sleep(self.config.step_delay_ms / 1000.0)
             for seq, new in zip(batch.seqs, new_tokens):
                 if not new:
                     continue

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
+import socket
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -90,3 +93,62 @@ def test_interrupt_writes_what_was_measured(start_server, sessions, tmp_path):
 def test_an_unreachable_server_is_a_clear_error(replay_cli_error):
     code, err = replay_cli_error("--url", "http://127.0.0.1:9")
     assert code == 1 and "cannot reach the server at http://127.0.0.1:9" in err
+
+
+def test_a_server_that_never_answers_is_bounded_by_timeout(replay_cli_error):
+    # Listening but never accepting: the kernel completes the handshake, no byte ever comes back.
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(16)
+        url = f"http://127.0.0.1:{silent.getsockname()[1]}"
+        start = time.monotonic()
+        code, err = replay_cli_error("--url", url, "--timeout", "1")
+        waited = time.monotonic() - start
+    assert code == 1 and waited < 10, waited
+    assert f"cannot reach the server at {url}: waited for the model list (GET {url}/v1/models) and got no " \
+           "answer within 1 s (--timeout)" in err
+
+
+def test_an_unwritable_out_folder_is_refused_before_the_run(start_server, sessions, replay_cli_error):
+    server = start_server()
+    folder = sessions({"n_requests": 3, "think": 0.0})
+    code, err = replay_cli_error("--url", server.url, "--traces", str(folder), "--out", "/proc/x")
+    assert code == 2 and "--out /proc/x: cannot write there" in err and "Traceback" not in err
+    code, err = replay_cli_error("--url", server.url, "--traces", str(folder), "--per-request", "/proc/x/r.jsonl")
+    assert code == 2 and "--per-request /proc/x: cannot write there" in err
+    assert server.records()["records"] == []  # refused before a single request
+
+
+def test_results_survive_an_out_folder_that_breaks_during_the_run(start_server, sessions, tmp_path):
+    server = start_server(first_ms=5, itl_ms=2)
+    folder = sessions({"n_requests": 50, "think": 0.01, "n_out": 8})
+    out = tmp_path / "out"
+    proc = subprocess.Popen([sys.executable, "-m", "loadgen.cli", "replay", "--url", server.url, "--traces",
+                             str(folder), "--duration", "1.5", "--out", str(out)], cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert proc.stdout.readline().startswith("-- conc 1")  # checked writable, now measuring
+    shutil.rmtree(out)
+    out.write_text("a file where the results folder was")
+    stdout, err = proc.communicate(timeout=60)
+    assert proc.returncode == 1, err
+    assert "Traceback" not in err and f"cannot write results to {out / 'result.json'}" in err
+    fallback = Path(err.rpartition("wrote them to ")[2].split(" instead")[0])
+    try:
+        doc = read_results(fallback)
+        assert doc["status"] == "complete" and doc["levels"][0]["counts"]["requests_ok"] > 0
+        assert f"results: {fallback}" in stdout
+    finally:
+        fallback.unlink()
+
+
+def test_replay_refuses_hash_ids_shorter_than_the_input(start_server, tmp_path, replay_cli_error):
+    server = start_server()
+    trace = tmp_path / "short" / "s.json"
+    trace.parent.mkdir()
+    trace.write_text('{"id": "s", "block_size": 64, "requests": [{"in": 200, "out": 2, "hash_ids": [1, 2, 3]}, '
+                     '{"in": 300, "out": 2, "hash_ids": [1, 2, 3]}]}')
+    code, err = replay_cli_error("--url", server.url, "--traces", str(trace.parent))
+    assert code == 2 and "Traceback" not in err
+    assert f"{trace}: requests[1]: field 'hash_ids': 3 ids but the input (300 tokens) has 4 full blocks" in err
+    assert server.records()["records"] == []

@@ -5,7 +5,6 @@ name the key; the YAML passes the recipe schema's own validator when that module
 from __future__ import annotations
 
 import argparse
-import importlib.util
 from pathlib import Path
 
 import pytest
@@ -29,12 +28,12 @@ def _recipe(key: str = DSV4, **options) -> dict:
 
 
 def _validate_with_recipe_schema(recipe: dict) -> None:
-    """The recipe schema's own validator, when this tree has it (loadgen/recipe/schema.py)."""
-    if importlib.util.find_spec("loadgen.recipe") is None:
-        return
+    """The recipe schema's own validator and `loadgen recipe check`'s flag check against the engine."""
+    from loadgen.recipe.check import check_recipe
     from loadgen.recipe.schema import recipe_from_dict, to_dict
 
     built = recipe_from_dict(yaml.safe_load(yaml.safe_dump(recipe)), "from-infx")
+    check_recipe(built, "from-infx")
     assert to_dict(built)["sweep"]["conc"] == recipe["sweep"]["conc"]
 
 
@@ -130,3 +129,14 @@ def test_command_prints_or_writes_the_yaml(capsys, tmp_path):
 
     with pytest.raises(UsageError, match="--spec-k"):
         _cli(str(CONFIG), DSV4, "--entry", "0")
+
+
+def test_through_loadgen_recipe_and_recipe_check(capsys, tmp_path):
+    from loadgen.cli import main
+
+    out = tmp_path / "dsv4.yaml"
+    assert main(["recipe", "from-infx", str(CONFIG), DSV4, "--entry", "0", "--spec-k", "3", "--out", str(out)]) == 0
+    assert main(["recipe", "check", str(out)]) == 0
+    assert f"{out}: ok" in capsys.readouterr().out
+    assert main(["recipe", "from-infx", str(CONFIG), "no-such-entry"]) == 2
+    assert "no entry 'no-such-entry'" in capsys.readouterr().err

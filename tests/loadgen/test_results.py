@@ -8,7 +8,15 @@ import orjson
 import pytest
 
 from loadgen.metrics import LevelRecorder, decode_histogram, histogram_stats
-from loadgen.results import SCHEMA, ResultsError, read_results, validate_results, write_results
+from loadgen.results import (
+    SCHEMA,
+    ResultsError,
+    check_writable,
+    read_results,
+    save_results,
+    validate_results,
+    write_results,
+)
 
 
 def _level() -> dict:
@@ -93,3 +101,30 @@ def test_batched_recording_equals_one_value_at_a_time():
     record_many(many, values)
     assert many.encode() == one.encode()
     assert histogram_stats(many) == histogram_stats(one)
+
+
+def test_check_writable_names_the_flag_and_the_folder(tmp_path):
+    check_writable(tmp_path / "new" / "deeper")
+    assert (tmp_path / "new" / "deeper").is_dir() and not list((tmp_path / "new" / "deeper").iterdir())
+    with pytest.raises(ResultsError, match=r"^--out /proc/x: cannot write there: "):
+        check_writable("/proc/x")
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    with pytest.raises(ResultsError, match=r"^--per-request .*file/sub: cannot write there: "):
+        check_writable(blocker / "sub", "--per-request")
+
+
+def test_save_results_falls_back_to_a_temporary_file(tmp_path, caplog):
+    blocker = tmp_path / "was-a-folder"
+    blocker.write_text("x")
+    doc = _doc()
+    assert save_results(tmp_path / "ok" / "result.json", doc) == tmp_path / "ok" / "result.json"
+    with caplog.at_level("ERROR"):
+        written = save_results(blocker / "result.json", doc)
+    try:
+        assert written.parent != blocker and written.name.startswith("agentload-result-")
+        assert read_results(written) == orjson.loads(orjson.dumps(doc))
+        assert f"cannot write results to {blocker / 'result.json'}" in caplog.text
+        assert f"wrote them to {written} instead" in caplog.text
+    finally:
+        written.unlink()

@@ -92,6 +92,48 @@ def test_neutral_values_of_unsupported_options_are_accepted():
     assert req.prompt == "hi"
 
 
+@pytest.mark.parametrize("fields, param", [
+    ({"top_k": -5}, "top_k"),
+    ({"top_k": 1.5}, "top_k"),
+    ({"min_p": 2}, "min_p"),
+    ({"repetition_penalty": 0}, "repetition_penalty"),
+    ({"presence_penalty": 3}, "presence_penalty"),
+    ({"frequency_penalty": "x"}, "frequency_penalty"),
+    ({"n": 0}, "n"),
+    ({"best_of": -1}, "best_of"),
+    ({"logprobs": -1}, "logprobs"),
+    ({"top_logprobs": 21}, "top_logprobs"),
+    ({"stop": 5}, "stop"),
+    ({"stop_token_ids": [-1]}, "stop_token_ids"),
+    ({"use_beam_search": "yes"}, "use_beam_search"),
+    ({"truncate_prompt_tokens": -2}, "truncate_prompt_tokens"),
+])
+def test_out_of_range_sampling_fields_are_invalid_values(fields, param):
+    err = _error(_completion, **fields)
+    assert (err.status, err.param, err.code) == (400, param, "invalid_value")
+    assert err.message.startswith(param + ": must be")
+
+
+@pytest.mark.parametrize("fields, param", [
+    ({"top_k": 50}, "top_k"), ({"min_p": 0.1}, "min_p"), ({"use_beam_search": True}, "use_beam_search"),
+    ({"repetition_penalty": 1.2}, "repetition_penalty"), ({"truncate_prompt_tokens": 10}, "truncate_prompt_tokens"),
+    ({"guided_regex": "a+"}, "guided_regex"),
+])
+def test_valid_but_unsupported_sampling_fields_are_refused(fields, param):
+    err = _error(_completion, **fields)
+    assert (err.status, err.param, err.code) == (400, param, "unsupported_option")
+
+
+def test_neutral_sampling_fields_pass_and_unknown_fields_are_listed_as_ignored():
+    req = _completion(top_k=-1, min_p=0, repetition_penalty=1.0, use_beam_search=False, top_logprobs=0,
+                      length_penalty=1, metadata={"a": "b"}, mirostat=2, zzz=None)
+    assert req.ignored_fields == ("mirostat", "zzz")
+    assert _completion(top_k=0).ignored_fields == ()
+    chat = parse_chat_request(orjson.dumps({"messages": [{"role": "user", "content": "x"}], "prompt": "p",
+                                            "max_completion_tokens": 3}))
+    assert chat.ignored_fields == ("prompt",)
+
+
 def test_seed_beyond_64_bits_is_refused():
     # orjson reads it as a float; a torch generator could not take it (the engine would crash).
     err = _error(parse_completion_request, b'{"prompt": "x", "seed": 18446744073709551619}')
@@ -145,6 +187,19 @@ def test_context_limit_refuses_instead_of_truncating():
     assert _error(resolve_max_tokens, chat, 100, 100).code == "context_length_exceeded"
     at_least = parse_chat_request(b'{"messages": [{"role": "user", "content": "x"}], "min_tokens": 50}').options
     assert _error(resolve_max_tokens, at_least, 60, 100).param == "min_tokens"
+
+
+def test_default_max_tokens_is_clamped_to_the_room_left():
+    default = _completion().options
+    assert resolve_max_tokens(default, 10, 100) == 16
+    assert resolve_max_tokens(default, 99, 100) == 1  # OpenAI-compatible: the default shrinks to fit
+    err = _error(resolve_max_tokens, default, 100, 100)
+    assert (err.status, err.param, err.code) == (400, "prompt", "context_length_exceeded")
+    assert "leaving no room to generate" in err.message
+    explicit = _completion(max_tokens=16).options
+    assert _error(resolve_max_tokens, explicit, 99, 100).param == "max_tokens"  # sent: never truncated
+    at_least = _completion(min_tokens=5).options
+    assert _error(resolve_max_tokens, at_least, 97, 100).param == "min_tokens"
 
 
 def test_stream_chunks_carry_text_token_ids_and_usage_field():

@@ -53,6 +53,15 @@ def test_stats_errors_exit_2_with_a_clear_message(tmp_path: Path, files) -> None
     assert knob.returncode == 2 and "token_scale must be > 0" in knob.stderr
 
 
+def test_stats_refuses_hash_ids_shorter_than_the_input(files) -> None:
+    short = files.json("short.json", {"block_size": 4, "requests": [
+        {"in": 8, "out": 1, "hash_ids": [1, 2]}, {"in": 12, "out": 1, "hash_ids": [1, 2]}]})
+    out = _loadgen("traces", "stats", str(short))
+    assert out.returncode == 2, out.stdout
+    assert "short.json: requests[1]: field 'hash_ids': 2 ids but the input (12 tokens) has 3 full blocks" in out.stderr
+    assert "Traceback" not in out.stderr
+
+
 def test_traces_and_the_command_import_without_torch_and_only_numpy_orjson() -> None:
     code = (
         "import sys; sys.modules['torch'] = None\n"

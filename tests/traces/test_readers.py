@@ -18,7 +18,7 @@ SHARED_DIR = Path("/work/shared/traces/agentic-coding")
 
 MOONCAKE_LINES = [
     {"timestamp": 0, "input_length": 1100, "output_length": 52, "hash_ids": [46, 47, 2353]},
-    {"timestamp": 27482, "input_length": 6955, "output_length": 7, "hash_ids": [46, 47]},
+    {"timestamp": 27482, "input_length": 1030, "output_length": 7, "hash_ids": [46, 47]},
     {"timestamp": 27482, "input_length": 600, "output_length": 1},
 ]
 
@@ -87,7 +87,12 @@ def test_mooncake_auto_and_forced(files) -> None:
         assert [r.hash_ids for r in reqs] == [(46, 47), (46, 47), ()]
         assert all(r.think_time == 0.0 for r in reqs)
         assert ts.sessions[0].hash_id_scope == "global"
-    assert load_traces(path, block_size=256).sessions[0].requests[0].hash_ids == (46, 47, 2353)
+    # Read with 256-token blocks, the 1100 tokens hold four full blocks: three ids are too few.
+    with pytest.raises(TraceError, match=r"line 1: field 'hash_ids': 3 ids .* has 4 full blocks of 256"):
+        load_traces(path, block_size=256)
+    lines = [{**MOONCAKE_LINES[0], "hash_ids": [46, 47, 2353, 9]}]
+    assert load_traces(files.jsonl("mc256.jsonl", lines), block_size=256).sessions[0].requests[0].hash_ids == (
+        46, 47, 2353, 9)
 
 
 def test_forcing_the_wrong_format_names_the_missing_field(files, session_file: Path) -> None:
@@ -184,6 +189,32 @@ def test_malformed_mooncake_lines(files) -> None:
     lines[2]["timestamp"] = 10
     with pytest.raises(TraceError, match=r"line 3: field 'timestamp': 10 goes back in time"):
         load_traces(files.jsonl("mc.jsonl", lines))
+
+
+@pytest.mark.parametrize(
+    ("change", "expected"),
+    [
+        (lambda d: d["requests"][0].update({"hash_ids": [1]}),
+         r"broken\.json: requests\[0\]: field 'hash_ids': 1 ids but the input \(10 tokens\) has 2 full blocks of 4"),
+        (lambda d: d["requests"][1]["requests"][1].update({"hash_ids": [1, 2]}),
+         r"broken\.json: requests\[1\]\.requests\[1\]: field 'hash_ids': 2 ids but the input \(13 tokens\) has 3 full"),
+        (lambda d: d["requests"][3].update({"hash_ids": []}),
+         r"broken\.json: requests\[3\]: field 'hash_ids': 0 ids but the input \(12 tokens\) has 3 full blocks"),
+    ],
+)
+def test_hash_ids_shorter_than_the_full_blocks_are_refused(files, change, expected: str) -> None:
+    with pytest.raises(TraceError, match=expected):
+        load_traces(_broken(files, change))
+
+
+def test_mooncake_hash_ids_may_omit_only_the_partial_block(files) -> None:
+    lines = copy.deepcopy(MOONCAKE_LINES)
+    lines[0]["hash_ids"] = [46]  # 1100 tokens: two full 512-blocks need two ids
+    with pytest.raises(TraceError, match=r"mc\.jsonl:line 1: field 'hash_ids': 1 ids but the input \(1100 tokens\) "
+                                         r"has 2 full blocks of 512"):
+        load_traces(files.jsonl("mc.jsonl", lines))
+    lines[0]["hash_ids"] = [46, 47]  # the id of the trailing partial block is optional
+    assert load_traces(files.jsonl("ok.jsonl", lines)).sessions[0].requests[0].hash_ids == (46, 47)
 
 
 def test_bad_json_empty_file_unknown_format_and_missing_path(tmp_path: Path, files) -> None:

@@ -1,0 +1,331 @@
+"""Interval, p-value and verdict of every (level, metric) of an A/B comparison.
+
+Sides. BASE and NEW are each one or more results files (`agentload.result/1`). Levels match by
+label ("conc 4", "rate 2/s", "mooncake"). When a side holds several runs of the same level -
+several files for that side, or the same label more than once in one file (`--repeat N`,
+`loadgen recipe run` with `repeats`) - those are repeats.
+
+delta % = 100 (NEW - BASE) / BASE, where a side's value is the mean over its repeats.
+
+Repeats (>= 2 runs of the level on each side): Welch's t-test on the logarithm of the per-run
+values. Each run's value carries both the server's run-to-run variation (batching
+interleavings, cache state, clocks, other load on the machine) and its own sampling noise, so
+the between-run variance is the honest one; with 2-5 runs per side, the t distribution's few
+degrees of freedom widen the interval as they must (a bootstrap of 3 runs would be several times
+too narrow). Logs make a ratio symmetric and tame the skew of tail percentiles: a p99 over a few
+hundred requests is one of a run's largest few values, and the spread of those values across runs
+is exactly what its test should see.
+
+A/A prior (`run_noise`: per metric, the run-to-run standard deviation of identical runs in % of
+the value, and how many runs it came from, as benchmarks/ab_calibration.py measures it on the
+same machine and workload): the runs' own variance and the prior are pooled, the prior counting
+as (runs - 1) degrees of freedom (a moderated t-test). It is what makes a comparison with few
+repeats, or a single run per side, account for run-to-run noise honestly; without repeats the
+prior is all there is.
+
+One run per side and no prior: the session bootstrap of loadgen/compare/stats.py, which cannot
+see the run-to-run variation; the comparison is marked so (`run_to_run` false).
+
+Verdict. Every comparison's p-values, over all its (level, metric) pairs, go through the
+Benjamini-Hochberg procedure at false-discovery rate `fdr` (0.05): "better" or "worse" (by the
+metric's direction) only when the change survives it and its 95 % interval excludes 0 (and
+|delta| >= `min_effect_pct`); otherwise "within noise". Under no change at all this also bounds
+the chance of any false verdict in the family by `fdr`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from loadgen.compare import student_t
+from loadgen.compare.stats import (
+    METRIC_BY_NAME,
+    METRICS,
+    CompareError,
+    LevelSample,
+    MetricDef,
+    group_levels,
+    point_values,
+    session_bootstrap,
+)
+
+CONFIDENCE = 0.95
+DEFAULT_FDR = 0.05
+
+
+@dataclass(frozen=True, slots=True)
+class MetricResult:
+    metric: MetricDef
+    base: float | None
+    new: float | None
+    delta_pct: float | None
+    ci_pct: tuple[float, float] | None
+    verdict: str
+    p_value: float | None = None
+
+    @property
+    def worse_by_pct(self) -> float | None:
+        """How much worse NEW is, in % of BASE (negative when it is better)."""
+        if self.delta_pct is None:
+            return None
+        return -self.delta_pct if self.metric.higher_is_better else self.delta_pct
+
+
+@dataclass(frozen=True, slots=True)
+class LevelComparison:
+    label: str
+    method: str
+    detail: str
+    base_requests: int
+    new_requests: int
+    base_failed: bool
+    new_failed: bool
+    results: tuple[MetricResult, ...]
+    run_to_run: bool = True  # whether the interval includes the run-to-run variation
+
+
+@dataclass(frozen=True)
+class Comparison:
+    levels: tuple[LevelComparison, ...]
+    only_base: tuple[str, ...]
+    only_new: tuple[str, ...]
+    resamples: int
+    seed: int
+    min_effect_pct: float
+    fdr: float = DEFAULT_FDR
+    run_noise: RunNoise | None = None
+
+
+@dataclass(frozen=True)
+class RunNoise:
+    """Run-to-run SD of identical runs, in % of each metric's value, measured over `runs` runs
+    (None: taken as exact)."""
+
+    sd_pct: Mapping[str, float]
+    runs: int | None = None
+
+    @property
+    def prior_df(self) -> float:
+        return 1e6 if self.runs is None else max(1, self.runs - 1)
+
+
+def load_run_noise(text: str) -> RunNoise:
+    """`--run-noise` / a recipe's compare.run_noise: a number (the SD in % of every metric, taken
+    as exact) or a JSON file {"run_noise_pct": {metric: pct}, "runs": N} (benchmarks/ab_calibration.py)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = None
+    if value is not None:
+        if not value > 0:
+            raise CompareError(f"--run-noise: must be > 0, got {text}")
+        return RunNoise({name: value for name in METRIC_BY_NAME})
+    try:
+        with open(text, encoding="utf-8") as handle:
+            doc = json.load(handle)
+    except (OSError, json.JSONDecodeError) as exc:
+        raise CompareError(f"--run-noise: {text}: not a number and not a readable JSON file ({exc})") from None
+    table, runs = (doc.get("run_noise_pct"), doc.get("runs")) if isinstance(doc, dict) else (None, None)
+    if not isinstance(table, dict) or any(k not in METRIC_BY_NAME or not isinstance(v, (int, float)) or v <= 0
+                                          for k, v in table.items()):
+        raise CompareError(f"--run-noise: {text}: run_noise_pct: expected {{metric: pct > 0}} with known metrics")
+    if runs is not None and (not isinstance(runs, int) or runs < 2):
+        raise CompareError(f"--run-noise: {text}: runs: expected an integer >= 2, got {runs!r}")
+    return RunNoise({k: float(v) for k, v in table.items()}, runs)
+
+
+def compare_runs(base: Sequence[tuple[str, dict[str, Any]]], new: Sequence[tuple[str, dict[str, Any]]],
+                 metrics: Sequence[MetricDef] = METRICS, resamples: int = 2000, seed: int = 0,
+                 min_effect_pct: float = 0.0, fdr: float = DEFAULT_FDR,
+                 run_noise: RunNoise | None = None) -> Comparison:
+    """Compare every level the two sides share; raises CompareError when they share none."""
+    if resamples < 100:
+        raise CompareError(f"--resamples: need at least 100 for a 95 % interval, got {resamples}")
+    if not 0.0 < fdr < 1.0:
+        raise CompareError(f"--fdr: must be in (0, 1), got {fdr:g}")
+    base_groups, new_groups = group_levels(base), group_levels(new)
+    common = [label for label in base_groups if label in new_groups]
+    if not common:
+        raise CompareError(f"no common levels: base has {_list(base_groups)}, new has {_list(new_groups)}")
+    estimates = []
+    for number, label in enumerate(common):
+        rng = np.random.default_rng([seed, number])
+        estimates.append(_estimate_level(label, base_groups[label], new_groups[label], metrics, resamples, rng,
+                                         run_noise))
+    significant = benjamini_hochberg([e.p_value for level in estimates for e in level[1]], fdr)
+    levels, index = [], 0
+    for header, results in estimates:
+        judged = []
+        for r in results:
+            call = verdict(r.metric, r.delta_pct, r.ci_pct, min_effect_pct) if significant[index] else None
+            judged.append(_with_verdict(r, call))
+            index += 1
+        levels.append(LevelComparison(**header, results=tuple(judged)))
+    return Comparison(
+        levels=tuple(levels),
+        only_base=tuple(label for label in base_groups if label not in new_groups),
+        only_new=tuple(label for label in new_groups if label not in base_groups),
+        resamples=resamples, seed=seed, min_effect_pct=min_effect_pct, fdr=fdr, run_noise=run_noise,
+    )
+
+
+def _with_verdict(r: MetricResult, call: str | None) -> MetricResult:
+    if call is None:
+        call = "n/a" if r.delta_pct is None or r.ci_pct is None else "within noise"
+    return MetricResult(r.metric, r.base, r.new, r.delta_pct, r.ci_pct, call, r.p_value)
+
+
+def _estimate_level(label: str, base: list[LevelSample], new: list[LevelSample], metrics: Sequence[MetricDef],
+                    resamples: int, rng: np.random.Generator, run_noise: RunNoise | None):
+    """(LevelComparison fields but results, [MetricResult without verdict]) of one level."""
+    if len(base) == 1 and len(new) == 1 and run_noise is None:
+        point_base, point_new = point_values(base[0], metrics), point_values(new[0], metrics)
+        boot = session_bootstrap(base[0], new[0], metrics, resamples, rng)
+        method, run_to_run = boot.method, False
+        detail = boot.detail + "; single run per side, run-to-run noise NOT in the interval"
+        tests = [_bootstrap_test(point_base[i], point_new[i], boot.base[i], boot.new[i]) for i in range(len(metrics))]
+    elif (len(base) >= 2 and len(new) >= 2) or run_noise is not None:
+        per_base = np.stack([point_values(r, metrics) for r in base], axis=1)
+        per_new = np.stack([point_values(r, metrics) for r in new], axis=1)
+        point_base, point_new = per_base.mean(axis=1), per_new.mean(axis=1)
+        single = len(base) == 1 and len(new) == 1
+        method = "single run, A/A noise" if single else "repeats"
+        detail, run_to_run = ("1 vs 1 run" if single else f"{len(base)} vs {len(new)} repeats"), True
+        if run_noise is None:
+            tests = [welch_log_test(per_base[i], per_new[i]) for i in range(len(metrics))]
+        else:
+            detail += f", pooled with the A/A run noise ({run_noise.runs or 'exact'} runs)"
+            tests = [pooled_log_test(per_base[i], per_new[i], run_noise.sd_pct.get(m.name), run_noise.prior_df)
+                     for i, m in enumerate(metrics)]
+    else:
+        raise CompareError(f"level {label!r}: base has {len(base)} run(s) and new has {len(new)}; a comparison "
+                           f"over repeats needs at least 2 on each side (or exactly 1 on each side, or --run-noise)")
+    results = []
+    for i, metric in enumerate(metrics):
+        base_v, new_v = _finite(point_base[i]), _finite(point_new[i])
+        delta = 100.0 * (new_v - base_v) / base_v if base_v and new_v is not None else None
+        ci, p = tests[i] if delta is not None else (None, None)
+        results.append(MetricResult(metric, base_v, new_v, delta, ci, "n/a", p if ci is not None else None))
+    header = {"label": label, "method": method, "detail": detail, "base_requests": sum(r.requests for r in base),
+              "new_requests": sum(r.requests for r in new), "base_failed": any(r.failed for r in base),
+              "new_failed": any(r.failed for r in new), "run_to_run": run_to_run}
+    return header, results
+
+
+def welch_log_test(base: np.ndarray, new: np.ndarray) -> tuple[tuple[float, float] | None, float | None]:
+    """95 % interval of the ratio NEW/BASE - 1 in %, and the two-sided p-value, from Welch's t on
+    the logs of the per-run values (each side needs >= 2 positive values)."""
+    base, new = (np.log(v[np.isfinite(v) & (v > 0)]) for v in (base, new))
+    if len(base) < 2 or len(new) < 2:
+        return None, None
+    diff = float(new.mean() - base.mean())
+    var_base, var_new = base.var(ddof=1) / len(base), new.var(ddof=1) / len(new)
+    se = math.sqrt(var_base + var_new)
+    if se == 0.0:
+        pct = 100.0 * math.expm1(diff)
+        return (pct, pct), (1.0 if diff == 0.0 else 0.0)
+    df = se ** 4 / ((var_base ** 2 / (len(base) - 1) if var_base else 0.0)
+                    + (var_new ** 2 / (len(new) - 1) if var_new else 0.0))
+    half = student_t.quantile(0.5 + CONFIDENCE / 2.0, df) * se
+    ci = (100.0 * math.expm1(diff - half), 100.0 * math.expm1(diff + half))
+    return ci, student_t.two_sided_p(diff / se, df)
+
+
+def pooled_log_test(base: np.ndarray, new: np.ndarray, prior_sd_pct: float | None,
+                    prior_df: float) -> tuple[tuple[float, float] | None, float | None]:
+    """Like welch_log_test, with one variance pooled over both sides' runs and the A/A prior
+    (SD of log values = prior_sd_pct / 100, worth prior_df degrees of freedom); works from one run
+    per side. A metric without a prior falls back to Welch."""
+    if prior_sd_pct is None:
+        return welch_log_test(base, new)
+    base, new = (np.log(v[np.isfinite(v) & (v > 0)]) for v in (base, new))
+    if not len(base) or not len(new):
+        return None, None
+    diff = float(new.mean() - base.mean())
+    squares = float(((base - base.mean()) ** 2).sum() + ((new - new.mean()) ** 2).sum())
+    df = len(base) + len(new) - 2 + prior_df
+    variance = (squares + prior_df * (prior_sd_pct / 100.0) ** 2) / df
+    se = math.sqrt(variance * (1.0 / len(base) + 1.0 / len(new)))
+    if se == 0.0:
+        pct = 100.0 * math.expm1(diff)
+        return (pct, pct), (1.0 if diff == 0.0 else 0.0)
+    half = student_t.quantile(0.5 + CONFIDENCE / 2.0, df) * se
+    return (100.0 * math.expm1(diff - half), 100.0 * math.expm1(diff + half)), student_t.two_sided_p(diff / se, df)
+
+
+def _bootstrap_test(base: float, new: float, boot_base: np.ndarray,
+                    boot_new: np.ndarray) -> tuple[tuple[float, float] | None, float | None]:
+    """Percentile interval of delta % over the session bootstrap, and its two-sided p-value."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        deltas = 100.0 * (boot_new - boot_base) / boot_base
+    deltas = deltas[np.isfinite(deltas)]
+    if not (math.isfinite(base) and math.isfinite(new)) or deltas.size < 0.5 * boot_base.size:
+        return None, None
+    tail = 100.0 * (1.0 - CONFIDENCE) / 2.0
+    low, high = np.percentile(deltas, [tail, 100.0 - tail])
+    below, above = int((deltas <= 0).sum()), int((deltas >= 0).sum())
+    return (float(low), float(high)), min(1.0, 2.0 * (min(below, above) + 1) / (deltas.size + 1))
+
+
+def benjamini_hochberg(p_values: Sequence[float | None], fdr: float) -> list[bool]:
+    """Which hypotheses the Benjamini-Hochberg step-up procedure rejects at `fdr` (None: untested)."""
+    tested = sorted((p, i) for i, p in enumerate(p_values) if p is not None)
+    keep = [False] * len(p_values)
+    cutoff = 0
+    for rank, (p, _) in enumerate(tested, start=1):
+        if p <= fdr * rank / len(tested):
+            cutoff = rank
+    for _, i in tested[:cutoff]:
+        keep[i] = True
+    return keep
+
+
+def verdict(metric: MetricDef, delta_pct: float | None, ci_pct: tuple[float, float] | None,
+            min_effect_pct: float = 0.0) -> str:
+    """better / worse / within noise (the interval holds 0, or |delta| < min effect) / n/a."""
+    if delta_pct is None or ci_pct is None:
+        return "n/a"
+    low, high = ci_pct
+    if low <= 0.0 <= high or abs(delta_pct) < min_effect_pct:
+        return "within noise"
+    went_up = low > 0.0
+    return "better" if went_up == metric.higher_is_better else "worse"
+
+
+def _finite(value: float) -> float | None:
+    return float(value) if value is not None and math.isfinite(value) else None
+
+
+def _list(groups: dict[str, Any]) -> str:
+    return ", ".join(groups) or "no levels"
+
+
+# -- gates -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Gate:
+    """--fail-on-regression METRIC:PCT: fail when NEW is worse by more than PCT % beyond noise."""
+
+    metric: str
+    pct: float
+
+
+def regressions(comparison: Comparison, gates: Sequence[Gate]) -> list[dict[str, Any]]:
+    """Every (level, metric) where a gate trips: verdict worse and worse by more than its PCT."""
+    tripped = []
+    for level in comparison.levels:
+        for result in level.results:
+            for gate in gates:
+                if gate.metric != result.metric.name or result.verdict != "worse":
+                    continue
+                if result.worse_by_pct is not None and result.worse_by_pct > gate.pct:
+                    tripped.append({"level": level.label, "metric": gate.metric, "threshold_pct": gate.pct,
+                                    "delta_pct": result.delta_pct, "ci_pct": list(result.ci_pct)})
+    return tripped

@@ -1,0 +1,6 @@
+"""Recipes: one YAML file names a server, a workload, a sweep and variants; `loadgen recipe run`
+runs every variant (repeats interleaved), compares each with the first and writes one report.
+
+schema.py: the frozen dataclass tree and its YAML form; server.py: starting, health-checking and
+stopping a variant's server; runner.py: the interleaved runs, resume and the results folder.
+"""

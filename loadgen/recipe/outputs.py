@@ -1,0 +1,72 @@
+"""What a finished recipe writes beside its runs: each variant compared with the baseline
+(`loadgen compare` over all rounds), and the report of every run on shared axes."""
+
+from __future__ import annotations
+
+import html
+from pathlib import Path
+
+from loadgen.recipe.schema import Recipe
+
+
+def write_outputs(recipe: Recipe, out: Path, runs: list[tuple[str, str]]) -> list[Path]:
+    """compare/<variant>-vs-<baseline>.txt|.json and report/ (PNGs, report.html) from the finished
+    runs, given as (variant name, run name); the paths written."""
+    import orjson
+
+    from loadgen.compare import (
+        METRIC_BY_NAME,
+        METRICS,
+        compare_runs,
+        format_comparison,
+        regressions,
+        to_json,
+    )
+    from loadgen.compare.verdicts import load_run_noise
+
+    loaded = {name: _load(out / "runs" / name / "result.json", name) for _, name in runs}
+    by_variant = {v.name: [loaded[name] for owner, name in runs if owner == v.name] for v in recipe.variants}
+    metrics = [METRIC_BY_NAME[m] for m in recipe.compare.metrics] if recipe.compare.metrics else list(METRICS)
+    noise = load_run_noise(recipe.compare.run_noise) if recipe.compare.run_noise else None
+    written, tables = [], []
+    (out / "compare").mkdir(exist_ok=True)
+    base = recipe.baseline.name
+    for variant in recipe.variants[1:]:
+        sides = [[(str(r.path), r.doc) for r in by_variant[name]] for name in (base, variant.name)]
+        comparison = compare_runs(sides[0], sides[1], metrics, seed=recipe.sweep.seed, fdr=recipe.compare.fdr,
+                                  run_noise=noise)
+        text = format_comparison(comparison, [])
+        stem = out / "compare" / f"{variant.name}-vs-{base}"
+        doc = to_json(comparison, [p for p, _ in sides[0]], [p for p, _ in sides[1]], regressions(comparison, []))
+        stem.with_suffix(".json").write_bytes(orjson.dumps(doc, option=orjson.OPT_INDENT_2))
+        stem.with_suffix(".txt").write_text(text + "\n")
+        written += [stem.with_suffix(".txt"), stem.with_suffix(".json")]
+        tables.append((f"{variant.name} vs {base} (baseline)", text))
+    written += _report(list(loaded.values()), out / "report", tables)
+    return written
+
+
+def _load(path: Path, name: str):
+    from loadgen.report import Run, load_runs
+
+    run = load_runs([path])[0]
+    return Run(run.path, name, run.doc)
+
+
+def _report(runs: list, folder: Path, tables: list[tuple[str, str]]) -> list[Path]:
+    from loadgen.html_report import write_html
+    from loadgen.plots import write_plots
+
+    folder.mkdir(exist_ok=True)
+    written = write_plots(runs, folder)
+    page = write_html(runs, folder / "report.html")
+    _append_sections(page, tables)
+    return written + [page]
+
+
+def _append_sections(page: Path, tables: list[tuple[str, str]]) -> None:
+    """Each comparison's table at the end of the HTML report, so one page shows every variant."""
+    sections = "".join(f"<h2>{html.escape(title)}</h2><pre>{html.escape(text)}</pre>" for title, text in tables)
+    text = page.read_text(encoding="utf-8")
+    at = text.rfind("</body>")
+    page.write_text(text[:at] + sections + text[at:] if at >= 0 else text + sections, encoding="utf-8")

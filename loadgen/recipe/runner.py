@@ -1,0 +1,180 @@
+"""`loadgen recipe run`: every variant's runs, interleaved, into one results folder; resumable.
+
+Order: `sweep.repeats` rounds; each round runs every variant once in recipe order (A B A B ...),
+so slow drift of the machine falls on all variants alike instead of on the last one. Each run
+starts the variant's server afresh (cold caches, the same seed, no state carried from the
+previous run), runs the whole sweep with `loadgen replay` (or `loadgen bench` for the
+in-process engine) - the commands' own entry points, as a user would call them - and stops
+the server's process group.
+
+Folder:
+    recipe.yaml                  the recipe as run (a resume must match it)
+    runs/<variant>-r<k>/         result.json of the k-th round, replay.log, server.log
+    compare/<variant>-vs-<baseline>.txt|.json   loadgen compare of all rounds of both
+    report/                      Pareto and percentile PNGs of every run on shared axes, report.html
+
+A run counts as finished when its result.json says "complete"; `--resume` skips finished runs
+and redoes the others (an interrupted or crashed run is discarded whole).
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from loadgen.recipe.schema import (
+    Recipe,
+    RecipeError,
+    Variant,
+    recipe_from_dict,
+    to_dict,
+    to_yaml,
+)
+from loadgen.recipe.server import RunningServer, ServerStartError, flag_args, stop_group
+
+REPLAY_STOP_GRACE_S = 10.0
+
+
+class RecipeRunError(RuntimeError):
+    """A run that cannot go on (bad workload flags, a server that never became healthy)."""
+
+
+@dataclass(frozen=True, slots=True)
+class PlannedRun:
+    round: int  # 1-based
+    variant: Variant
+
+    @property
+    def name(self) -> str:
+        return f"{self.variant.name}-r{self.round}"
+
+
+def plan(recipe: Recipe) -> list[PlannedRun]:
+    """Rounds of all variants in recipe order: A-r1, B-r1, A-r2, B-r2, ..."""
+    return [PlannedRun(r, v) for r in range(1, recipe.sweep.repeats + 1) for v in recipe.variants]
+
+
+def load_command(recipe: Recipe, variant: Variant, url: str | None, out: Path, quiet: bool) -> list[str]:
+    """The `loadgen replay` (HTTP) or `loadgen bench` (in-process) argv of one run."""
+    sweep, work = recipe.sweep, recipe.workload
+    args = ["--duration", f"{sweep.duration_s:g}", "--warmup", sweep.warmup, "--seed", str(sweep.seed),
+            "--token-scale", f"{work.token_scale:g}", "--think-time-scale", f"{work.think_time_scale:g}",
+            "--out", str(out)]
+    args += ["--conc", ",".join(map(str, sweep.conc))] if sweep.conc else ["--rate", ",".join(f"{r:g}" for r in
+                                                                                          sweep.rates)]
+    optional = {"traces": work.traces, "think_time_cap": work.think_time_cap, "max_context": work.max_context,
+                "timeout": work.timeout_s, "gpus": recipe.server.gpus}
+    if url is not None:
+        optional.update(url=url, endpoint=work.endpoint, model=work.model, golden_al=work.golden_al,
+                        spec_k=work.spec_k, thinking=work.thinking)
+    args += flag_args({k: v for k, v in optional.items() if v is not None})
+    if quiet:
+        args.append("--quiet")
+    if url is None:
+        return [sys.executable, "-m", "loadgen.cli", "bench", *flag_args(recipe.server_flags(variant)), *args,
+                "--no-report"]
+    return [sys.executable, "-m", "loadgen.cli", "replay", *args]
+
+
+class RecipeRun:
+    def __init__(self, recipe: Recipe, out: Path, resume: bool, quiet: bool) -> None:
+        self.recipe, self.out, self.quiet = recipe, out, quiet
+        self.runs = plan(recipe)
+        self._prepare_folder(resume)
+
+    def _prepare_folder(self, resume: bool) -> None:
+        saved = self.out / "recipe.yaml"
+        if resume:
+            if not saved.exists():
+                raise RecipeError(f"--resume: {self.out} holds no recipe.yaml; nothing to resume")
+            import yaml
+
+            if to_dict(recipe_from_dict(yaml.safe_load(saved.read_text()), str(saved))) != to_dict(self.recipe):
+                raise RecipeError(f"--resume: {saved} is a different recipe; resume with the same file, or "
+                                  f"choose another --out")
+        elif self.out.exists() and any(self.out.iterdir()):
+            raise RecipeError(f"--out: {self.out} exists and is not empty; give --resume to continue it, or "
+                              f"another folder")
+        (self.out / "runs").mkdir(parents=True, exist_ok=True)
+        saved.write_text(to_yaml(self.recipe))
+
+    def finished(self, run: PlannedRun) -> bool:
+        path = self.out / "runs" / run.name / "result.json"
+        if not path.exists():
+            return False
+        import orjson
+
+        try:
+            return orjson.loads(path.read_bytes()).get("status") == "complete"
+        except orjson.JSONDecodeError:
+            return False
+
+    def run(self) -> int:
+        """Every unfinished run, then the comparisons and the report; the exit code."""
+        todo = [r for r in self.runs if not self.finished(r)]
+        if len(todo) < len(self.runs):
+            self._say(f"resuming: {len(self.runs) - len(todo)} of {len(self.runs)} runs already finished")
+        started = time.monotonic()
+        worst = 0
+        for number, run in enumerate(todo, start=1):
+            self._say(f"[{number}/{len(todo)}] {run.name}: starting "
+                      f"({time.monotonic() - started:.0f} s into the recipe)")
+            worst = max(worst, self._one(run))
+        self._say(f"all {len(self.runs)} runs finished; comparing and writing the report")
+        from loadgen.recipe.outputs import write_outputs
+
+        for path in write_outputs(self.recipe, self.out, [(r.variant.name, r.name) for r in self.runs]):
+            self._say(f"wrote {path}")
+        return worst
+
+    def _one(self, run: PlannedRun) -> int:
+        folder = self.out / "runs" / run.name
+        shutil.rmtree(folder, ignore_errors=True)  # a partial run from an interruption is redone whole
+        folder.mkdir(parents=True)
+        server = RunningServer(self.recipe, run.variant, folder / "server.log")
+        if self.recipe.server.kind != "inprocess":
+            began = time.monotonic()
+            try:
+                url = server.start()
+            except ServerStartError as exc:
+                raise RecipeRunError(f"variant {run.variant.name}: {exc}") from None
+            self._say(f"  server healthy at {url} after {time.monotonic() - began:.1f} s")
+        else:
+            url = None
+        try:
+            code = self._load(load_command(self.recipe, run.variant, url, folder, self.quiet), folder)
+        finally:
+            server.stop()
+        if code == 2:
+            raise RecipeRunError(f"{run.name}: the load command rejected its input (exit 2); see "
+                                 f"{folder / 'replay.log'}")
+        if not self.finished(run):
+            raise RecipeRunError(f"{run.name}: did not finish (exit {code}); see {folder / 'replay.log'} and "
+                                 f"{folder / 'server.log'}; `--resume` redoes it")
+        self._say(f"  {run.name}: finished (exit {code})")
+        return code
+
+    def _load(self, command: list[str], folder: Path) -> int:
+        """Run the load command in its own process group, its output teed to replay.log."""
+        (folder / "command.txt").write_text(" ".join(command) + "\n")
+        with open(folder / "replay.log", "wb") as sink:
+            process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                       start_new_session=True)
+            try:
+                for line in process.stdout:
+                    sink.write(line)
+                    if not self.quiet:
+                        sys.stdout.write("  | " + line.decode(errors="replace"))
+                        sys.stdout.flush()
+                return process.wait()
+            finally:
+                if process.poll() is None:
+                    stop_group(process, REPLAY_STOP_GRACE_S)
+
+    def _say(self, text: str) -> None:
+        if not self.quiet:
+            print(f"recipe {self.recipe.name}: {text}", flush=True)

@@ -1,0 +1,343 @@
+"""The recipe schema: one A/B experiment as a frozen dataclass tree, read from and written to YAML.
+
+A recipe names the server (ours started as `python -m server.cli start`, the in-process engine,
+an external command line such as `vllm serve`, or a URL), the workload (traces and their
+scaling, think time, golden AL and thinking mode), the sweep (concurrencies or rates, window,
+warm-up, repeats, seed) and the variants (flag overrides; the first is the baseline).
+
+Build one programmatically (`Recipe(...)`, or `recipe_from_dict`) and write it with `to_dict` /
+`to_yaml`; `recipe_from_dict(to_dict(r)) == r`. Every error is a RecipeError naming the key
+(`server.kind`, `variants[1].flags`, ...). Server-flag names are checked against the engine's own
+flags later, by `loadgen recipe check`, not here.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import MISSING, dataclass, field, fields, is_dataclass
+from typing import Any, Union, get_args, get_origin, get_type_hints
+
+from loadgen.compare.stats import METRIC_BY_NAME
+from loadgen.compare.verdicts import DEFAULT_FDR
+
+SCHEMA = "agentload.recipe/1"
+SERVER_KINDS = ("ours", "inprocess", "command", "url")
+THINKING_MODES = ("auto", "on", "off")
+ENDPOINTS = ("completions", "chat")
+PORT_PLACEHOLDER = "{port}"
+
+# A flag value: a scalar, or a mapping/list given as JSON text on the command line
+# (e.g. speculative_config). True means a bare switch (--no-prefix-caching); False leaves it out.
+FlagValue = str | int | float | bool
+Flags = tuple[tuple[str, FlagValue], ...]
+
+
+class RecipeError(ValueError):
+    """A recipe that cannot run: the message names the file and key."""
+
+
+@dataclass(frozen=True, slots=True)
+class ServerSpec:
+    """What serves the variants. `flags` are the baseline's: engine flags of `server start` for
+    ours/inprocess (key spelled with _ or -, e.g. indexer_key_dtype: mxfp4), appended as
+    `--key value` to `command` for an external server. A variant's flags override these."""
+
+    kind: str = field(metadata={"choices": SERVER_KINDS})
+    flags: Flags = ()
+    command: str | None = None  # kind command: the command line, with {port} where the port goes
+    url: str | None = None  # kind url: base URL of a running server (variants cannot change it)
+    health_path: str = "/health"
+    startup_timeout_s: float = 600.0  # bound on waiting for the health check to answer 200
+    env: Flags = ()  # extra environment for the server process
+    gpus: int | None = None  # GPUs behind the server, for throughput per GPU (default: server's own)
+
+
+@dataclass(frozen=True, slots=True)
+class Workload:
+    """The sessions replayed, and how they are scaled; `None` keeps the replay's default."""
+
+    traces: str | None = None  # bundled set name, trace file or folder (default: agentic-coding)
+    token_scale: float = 1.0
+    think_time_scale: float = 1.0
+    think_time_cap: float | None = None
+    max_context: int | None = None
+    golden_al: str | None = None  # golden AL curve sent per request (HTTP servers; see `loadgen golden-al`)
+    spec_k: int | None = None
+    thinking: str | None = field(default=None, metadata={"choices": THINKING_MODES})
+    endpoint: str = field(default="completions", metadata={"choices": ENDPOINTS})
+    model: str | None = None  # model id to ask an HTTP server for (default: its first)
+    timeout_s: float | None = None  # per-request limit (default: the replay's)
+
+
+@dataclass(frozen=True, slots=True)
+class Sweep:
+    """Levels of one run and how often each variant runs: `repeats` rounds, each round running
+    every variant once in recipe order (A B A B ...), each run on a freshly started server."""
+
+    conc: tuple[int, ...] | None = None
+    rates: tuple[float, ...] | None = None
+    duration_s: float = 60.0
+    warmup: str = "0s"  # seconds ("30s") or requests per lane ("2req")
+    repeats: int = 5
+    seed: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Variant:
+    """A named set of overrides of the server's flags and environment. `control: true` marks a
+    deliberate copy of the baseline (an A/A check); any other variant must override something."""
+
+    name: str
+    flags: Flags = ()
+    env: Flags = ()
+    control: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class CompareSpec:
+    """How variants are compared with the baseline (loadgen/compare): the metrics (default all)
+    and the false-discovery rate controlled over each comparison's (level, metric) family."""
+
+    metrics: tuple[str, ...] | None = None
+    fdr: float = DEFAULT_FDR
+    run_noise: str | None = None  # as `loadgen compare --run-noise`: PCT, or run_noise.json from an A/A calibration
+
+
+@dataclass(frozen=True, slots=True)
+class Recipe:
+    name: str
+    server: ServerSpec = field(metadata={"hint": ": what serves the variants (kind: ours, inprocess, command or url)"})
+    variants: tuple[Variant, ...]
+    sweep: Sweep = field(default_factory=Sweep)
+    workload: Workload = field(default_factory=Workload)
+    compare: CompareSpec = field(default_factory=CompareSpec)
+    description: str = ""
+
+    def __post_init__(self) -> None:
+        validate_recipe(self)
+
+    @property
+    def baseline(self) -> Variant:
+        return self.variants[0]
+
+    def server_flags(self, variant: Variant) -> dict[str, FlagValue]:
+        """The server flags of one variant: the server's, overridden by the variant's."""
+        return {**dict(self.server.flags), **dict(variant.flags)}
+
+    def server_env(self, variant: Variant) -> dict[str, str]:
+        return {key: str(value) for key, value in (*self.server.env, *variant.env)}
+
+
+# -- validation of the whole ---------------------------------------------------------------
+
+
+def validate_recipe(r: Recipe) -> None:
+    """Cross-field rules; raises RecipeError naming the key."""
+    s = r.server
+    need = {"command": "command", "url": "url"}.get(s.kind)
+    for key in ("command", "url"):
+        if key == need:
+            _require(getattr(s, key), f"server.{key}: required with server.kind {s.kind}")
+        else:
+            _require(getattr(s, key) is None, f"server.{key}: only meaningful with server.kind {key}")
+    if s.kind == "command":
+        _require(PORT_PLACEHOLDER in s.command, f"server.command: must contain {PORT_PLACEHOLDER} where the "
+                                                f"port goes, got {s.command!r}")
+    if s.kind == "url":
+        _require(s.url.startswith(("http://", "https://")), f"server.url: expected http(s)://HOST:PORT, got {s.url!r}")
+        _require(not s.flags and not s.env, "server.flags/env: a running server at a URL cannot be given flags")
+    _require(s.startup_timeout_s > 0, f"server.startup_timeout_s: must be positive, got {s.startup_timeout_s:g}")
+    _require(s.health_path.startswith("/"), f"server.health_path: must start with /, got {s.health_path!r}")
+    _require(s.gpus is None or s.gpus >= 1, f"server.gpus: must be >= 1, got {s.gpus}")
+    sw = r.sweep
+    _require((sw.conc is None) != (sw.rates is None), "sweep: give exactly one of sweep.conc and sweep.rates")
+    levels = sw.conc if sw.conc is not None else sw.rates
+    key = "sweep.conc" if sw.conc is not None else "sweep.rates"
+    _require(bool(levels) and all(v > 0 for v in levels), f"{key}: expected a non-empty list of positive numbers")
+    _require(sw.duration_s > 0, f"sweep.duration_s: must be positive, got {sw.duration_s:g}")
+    _require(sw.repeats >= 1, f"sweep.repeats: must be >= 1, got {sw.repeats}")
+    _require(sw.warmup.endswith(("s", "req")), f"sweep.warmup: expected '30s' or '2req', got {sw.warmup!r}")
+    w = r.workload
+    for name in ("token_scale", "think_time_scale"):
+        _require(getattr(w, name) > 0, f"workload.{name}: must be positive, got {getattr(w, name):g}")
+    _require(w.thinking is None or w.golden_al is not None, "workload.thinking: only meaningful with workload.golden_al")
+    _require(0 < r.compare.fdr < 1, f"compare.fdr: must be in (0, 1), got {r.compare.fdr:g}")
+    for i, name in enumerate(r.compare.metrics or ()):
+        _require(name in METRIC_BY_NAME, f"compare.metrics[{i}]: unknown metric {name!r}; known: {', '.join(METRIC_BY_NAME)}")
+
+    _require(bool(r.variants), "variants: need at least one (the first is the baseline)")
+    names = [v.name for v in r.variants]
+    for i, v in enumerate(r.variants):
+        where = f"variants[{i}] ({v.name})"
+        _require(bool(v.name) and v.name.replace("-", "").replace("_", "").replace(".", "").isalnum(),
+                 f"variants[{i}].name: letters, digits, '-', '_' and '.' only, got {v.name!r}")
+        _require(v.name not in names[:i], f"variants[{i}].name: {v.name!r} is used twice")
+        if s.kind == "url":
+            _require(not v.flags and not v.env, f"{where}.flags: a server at a URL cannot be given flags")
+        if i == 0:
+            _require(not v.control, f"{where}.control: the first variant is the baseline itself")
+            continue
+        same = r.server_flags(v) == r.server_flags(r.variants[0]) and r.server_env(v) == r.server_env(r.variants[0])
+        if v.control:
+            _require(not v.flags and not v.env, f"{where}.control: a control copies the baseline; drop its flags/env")
+        else:
+            _require(not same, f"{where}.flags: overrides nothing (same server flags and env as the baseline); "
+                               f"give a flag that differs, or `control: true` for a deliberate A/A copy")
+
+
+def _require(ok: Any, message: str) -> None:
+    if not ok:
+        raise RecipeError(message)
+
+
+# -- dict / YAML form ----------------------------------------------------------------------
+
+
+def recipe_from_dict(data: Any, source: str = "recipe") -> Recipe:
+    """Build a Recipe from its dict form (as read from YAML); RecipeError names `source` and the key."""
+    try:
+        if not isinstance(data, dict):
+            raise RecipeError(f"expected a mapping at the top, got {type(data).__name__}")
+        data = dict(data)
+        schema = data.pop("schema", SCHEMA)
+        _require(schema == SCHEMA, f"schema: expected {SCHEMA!r}, got {schema!r}")
+        return _build(Recipe, data, "")
+    except RecipeError as exc:
+        raise RecipeError(f"{source}: {exc}") from None
+
+
+def load_recipe(path: str) -> Recipe:
+    """Read and validate a recipe file."""
+    import yaml
+
+    try:
+        with open(path, encoding="utf-8") as handle:
+            data = yaml.safe_load(handle)
+    except OSError as exc:
+        raise RecipeError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    except yaml.YAMLError as exc:
+        raise RecipeError(f"{path}: not valid YAML: {exc}") from None
+    return recipe_from_dict(data, path)
+
+
+def to_dict(recipe: Recipe) -> dict[str, Any]:
+    """The dict form: only fields that differ from their defaults (plus the required ones)."""
+    return {"schema": SCHEMA, **_plain(recipe)}
+
+
+def to_yaml(recipe: Recipe) -> str:
+    import yaml
+
+    return yaml.safe_dump(to_dict(recipe), sort_keys=False, default_flow_style=None)
+
+
+def _plain(obj: Any) -> Any:
+    if is_dataclass(obj):
+        out = {}
+        for f in fields(obj):
+            value = getattr(obj, f.name)
+            default = f.default if f.default is not MISSING else (
+                f.default_factory() if f.default_factory is not MISSING else MISSING)
+            if value != default:
+                out[f.name] = _plain_field(f.name, value)
+        return out
+    return obj
+
+
+def _plain_field(name: str, value: Any) -> Any:
+    if name in ("flags", "env"):
+        return {key: val for key, val in value}
+    if isinstance(value, tuple):
+        return [_plain(v) for v in value]
+    return _plain(value)
+
+
+def _build(cls: type, data: Any, path: str) -> Any:
+    where = path or "recipe"
+    if not isinstance(data, dict):
+        raise RecipeError(f"{where}: expected a mapping, got {_kind(data)}")
+    hints = get_type_hints(cls)
+    known = {f.name: f for f in fields(cls)}
+    unknown = [key for key in data if key not in known]
+    if unknown:
+        raise RecipeError(f"{_join(path, str(unknown[0]))}: unknown key; known keys here: {', '.join(known)}")
+    values = {}
+    for name, f in known.items():
+        key = _join(path, name)
+        if name not in data:
+            if f.default is MISSING and f.default_factory is MISSING:
+                raise RecipeError(f"{key}: missing (required){f.metadata.get('hint', '')}")
+            continue
+        value = _convert(hints[name], data[name], key, name)
+        choices = f.metadata.get("choices")
+        if choices and value is not None and value not in choices:
+            raise RecipeError(f"{key}: must be one of {', '.join(choices)}, got {value!r}")
+        values[name] = value
+    return cls(**values)
+
+
+def _convert(hint: Any, value: Any, key: str, name: str) -> Any:
+    origin, args = get_origin(hint), get_args(hint)
+    if hint is Flags or name in ("flags", "env"):
+        return _flags(value, key)
+    if origin is Union or (origin is not None and type(None) in args):
+        if value is None:
+            return None
+        inner = [a for a in args if a is not type(None)]
+        return _convert(inner[0], value, key, name)
+    if origin is tuple:
+        if not isinstance(value, list):
+            value = [value] if isinstance(value, (int, float, str)) and not isinstance(value, bool) else value
+        if not isinstance(value, list):
+            raise RecipeError(f"{key}: expected a list, got {_kind(value)}")
+        return tuple(_convert(args[0], item, f"{key}[{i}]", name) for i, item in enumerate(value))
+    if is_dataclass(hint):
+        return _build(hint, value, key)
+    return _scalar(hint, value, key)
+
+
+def _scalar(hint: Any, value: Any, key: str) -> Any:
+    if hint is bool:
+        ok = isinstance(value, bool)
+    elif hint is int:
+        ok = isinstance(value, int) and not isinstance(value, bool)
+    elif hint is float:
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+        value = float(value) if ok else value
+    elif hint is str:
+        ok = isinstance(value, str)
+    else:
+        raise TypeError(f"no converter for {hint!r} at {key}")
+    if not ok:
+        raise RecipeError(f"{key}: expected {_NAMES[hint]}, got {_kind(value)} {value!r}")
+    return value
+
+
+_NAMES = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}
+
+
+def _flags(value: Any, key: str) -> Flags:
+    if value is None:
+        return ()
+    if not isinstance(value, dict):
+        raise RecipeError(f"{key}: expected a mapping of flag: value, got {_kind(value)}")
+    out = []
+    for name, item in value.items():
+        if not isinstance(name, str) or not name.strip("-"):
+            raise RecipeError(f"{key}: flag names must be strings, got {name!r}")
+        normalized = name.strip("-").replace("-", "_")
+        if isinstance(item, (dict, list)):
+            item = json.dumps(item)  # e.g. speculative_config, passed as JSON text
+        elif item is None or not isinstance(item, (str, int, float, bool)):
+            raise RecipeError(f"{key}.{name}: expected a string, number, true/false or mapping, got {_kind(item)}")
+        out.append((normalized, item))
+    return tuple(out)
+
+
+def _join(path: str, name: str) -> str:
+    return f"{path}.{name}" if path else name
+
+
+def _kind(value: Any) -> str:
+    return {dict: "a mapping", list: "a list", str: "a string", bool: "true/false", type(None): "nothing"}.get(
+        type(value), type(value).__name__)

@@ -1,0 +1,104 @@
+"""Recipe schema and `loadgen recipe check`: the dict/YAML round trip, the shipped recipes, and one
+clear error naming the key for each kind of bad recipe (nothing is started here)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from loadgen.cli import main
+from loadgen.recipe.schema import (
+    Recipe,
+    RecipeError,
+    ServerSpec,
+    Sweep,
+    Variant,
+    load_recipe,
+    recipe_from_dict,
+    to_dict,
+    to_yaml,
+)
+
+RECIPES = Path(__file__).resolve().parents[2] / "recipes"
+
+GOOD = {
+    "name": "t", "server": {"kind": "ours", "flags": {"model": "tiny", "device": "cpu"}},
+    "workload": {"token_scale": 0.02}, "sweep": {"conc": [1, 2], "duration_s": 5, "repeats": 2},
+    "variants": [{"name": "fp8"}, {"name": "mxfp4", "flags": {"indexer-key-dtype": "mxfp4"}}],
+}
+
+
+def _with(**changes) -> dict:
+    return {**GOOD, **changes}
+
+
+def test_a_recipe_built_in_code_round_trips_through_yaml():
+    recipe = Recipe(name="x", server=ServerSpec(kind="command", command="vllm serve m --port {port}"),
+                    sweep=Sweep(rates=(1.0, 2.0)), variants=(Variant("a"), Variant("b", flags=(("block_size", 128),))))
+    again = recipe_from_dict(yaml.safe_load(to_yaml(recipe)))
+    assert again == recipe
+    assert to_dict(recipe)["variants"][1] == {"name": "b", "flags": {"block_size": 128}}
+    assert recipe.server_flags(recipe.variants[1]) == {"block_size": 128}
+
+
+@pytest.mark.parametrize("name", ["seed.yaml", "cpu-smoke.yaml", "vllm.yaml"])
+def test_shipped_recipes_check(name, capsys):
+    assert main(["recipe", "check", str(RECIPES / name)]) == 0
+    assert "ok:" in capsys.readouterr().out
+
+
+def test_the_seed_recipe_is_the_issue_experiment():
+    recipe = load_recipe(str(RECIPES / "seed.yaml"))
+    flags = [recipe.server_flags(v) for v in recipe.variants]
+    assert {f["indexer_key_dtype"] for f in flags} == {"fp8", "mxfp4"}
+    assert {f["block_size"] for f in flags} == {64, 128}
+    assert '"synthetic_acceptance_length": 3.51' in flags[0]["speculative_config"]
+    assert recipe.workload.thinking == "auto"
+
+
+@pytest.mark.parametrize("doc, message", [
+    (_with(sweeps={}), "sweeps: unknown key"),
+    (_with(sweep={"conc": [1], "duration_s": "long"}), "sweep.duration_s: expected a number, got a string 'long'"),
+    (_with(sweep={"conc": ["x"]}), "sweep.conc[0]: expected an integer"),
+    (_with(sweep={"conc": [1], "rates": [2.0]}), "give exactly one of sweep.conc and sweep.rates"),
+    ({k: v for k, v in GOOD.items() if k != "server"}, "server: missing (required)"),
+    (_with(server={"kind": "docker"}), "server.kind: must be one of ours, inprocess, command, url"),
+    (_with(server={"kind": "command", "command": "vllm serve m"}), "server.command: must contain {port}"),
+    (_with(variants=[{"name": "a"}, {"name": "b", "flags": {"model": "tiny"}}]), "variants[1] (b).flags: overrides nothing"),
+    (_with(variants=[{"name": "a"}, {"name": "a", "control": True}]), "variants[1].name: 'a' is used twice"),
+    (_with(variants=[{"name": "a", "flags": {"block_size": [1, {"x": None}]}}, {"name": "b", "extra": 1}]),
+     "variants[1].extra: unknown key"),
+    (_with(workload={"thinking": "auto"}), "workload.thinking: only meaningful with workload.golden_al"),
+    (_with(compare={"metrics": ["speed"]}), "compare.metrics[0]: unknown metric 'speed'"),
+])
+def test_bad_recipes_name_the_key(doc, message):
+    with pytest.raises(RecipeError) as info:
+        recipe_from_dict(doc, "r.yaml")
+    assert str(info.value).startswith("r.yaml: ") and message in str(info.value)
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"variants": [{"name": "a"}, {"name": "b", "flags": {"indexer_key_dtype": "fp4"}}]},
+     "variants[1].flags.indexer_key_dtype: argument --indexer-key-dtype: invalid choice: 'fp4'"),
+    ({"variants": [{"name": "a"}, {"name": "b", "flags": {"blok_size": 32}}]},
+     "variants[1].flags.blok_size: not an engine flag of `server start`"),
+    ({"server": {"kind": "ours", "flags": {"port": 9000}}}, "server.flags.port: set by the recipe"),
+    ({"server": {"kind": "ours", "flags": {"max_num_seqs": "many"}}}, "server.flags.max_num_seqs: argument"),
+    ({"server": {"kind": "inprocess"}, "workload": {"golden_al": "dsv4_mtp"}}, "workload.golden_al: the in-process"),
+])
+def test_check_names_the_flag_and_exits_2(tmp_path, capsys, change, message):
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump(_with(**change)))
+    assert main(["recipe", "check", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"{path}: " in err and message in err, err
+
+
+def test_unreadable_and_non_yaml_files(tmp_path, capsys):
+    assert main(["recipe", "check", str(tmp_path / "missing.yaml")]) == 2
+    assert "missing.yaml: cannot read" in capsys.readouterr().err
+    (tmp_path / "x.yaml").write_text("name: [unclosed")
+    assert main(["recipe", "check", str(tmp_path / "x.yaml")]) == 2
+    assert "x.yaml: not valid YAML" in capsys.readouterr().err
