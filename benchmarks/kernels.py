@@ -180,7 +180,7 @@ def indexer_cases(rows: list[Row], requests: int, context: int) -> None:
         nbytes = requests * context * (indexer_row_bytes(D_I, key_dtype) + 4) + requests * (H_I * D_I + 4 * H_I)
         eager = bench([lambda q=q, w=w: indexer_logits_paged_torch(q, w, cache, key_dtype, block_table, block_size, seq_ids, lens, context) for q, w in sets])
         rows.append(Row(case, "torch eager", eager, flops, nbytes))
-        for cfg in [IndexerConfig(16, 4)] if SMOKE else (IndexerConfig(64, 4), IndexerConfig(128, 8), IndexerConfig(256, 8)):
+        for cfg in [IndexerConfig(16, 4)] if SMOKE else (IndexerConfig(64, 4), IndexerConfig(128, 4), IndexerConfig(128, 8), IndexerConfig(256, 8)):
 
             def run(q, w, cfg=cfg):
                 return indexer_logits_triton(q, w, cache, key_dtype, block_table, seq_ids, lens, lens, block_size, context, True, cfg)

@@ -11,7 +11,6 @@ the partial results weighted by their lse.
 
 from __future__ import annotations
 
-import functools
 import math
 from dataclasses import dataclass
 
@@ -21,7 +20,7 @@ import triton.language as tl
 
 from kernels.backend import resolve_backend
 from kernels.quant import DS_MLA_GROUP, KV_DTYPES, kv_row_width, read_kv_rows
-from kernels.triton_utils import E4M3_RAW_SCALE, dot_dtype, e4m3_to_raw_f16, f32_to_bf16, new_output
+from kernels.triton_utils import E4M3_RAW_SCALE, dot_dtype, e4m3_to_raw_f16, f32_to_bf16, new_output, sm_count
 
 LOG2E = tl.constexpr(1.4426950408889634)  # exp2/log2 in the kernels, natural log outside
 _REF_CHUNK = 1 << 24  # elements of the gathered [tokens, K, d] rows the reference holds at once
@@ -186,16 +185,10 @@ def auto_num_splits(programs: int, n_idx: int, block_n: int, device: torch.devic
     """
     if device.type != "cuda":
         return 1
-    sms = _sm_count(device)
+    sms = sm_count(device)
     if programs >= 0.75 * sms:
         return 1
     return max(1, min(4 * sms // programs, triton.cdiv(n_idx, block_n), 32))
-
-
-@functools.lru_cache(maxsize=None)
-def _sm_count(device: torch.device) -> int:
-    """Asked once per device: the property lookup ran on every call (every layer, every step)."""
-    return torch.cuda.get_device_properties(device).multi_processor_count
 
 
 def sparse_mla_triton(q, kv_cache, indices, scale, d_c, kv_dtype, num_splits=None, config=None):

@@ -80,8 +80,9 @@ class Indexer(nn.Module):
         weights = self.weights_proj(x).float() * q_scale * self.weight_scale
         partial = indexer_logits_paged(
             q8, weights, idx_cache, s.key_dtype, meta.block_table, meta.block_size, meta.seq_ids,
-            meta.context_lens, meta.max_context, backend=s.backend)
-        # A logit is a sum over heads: summing the ranks' partial sums gives every rank the same
+            meta.context_lens, meta.max_context, backend=s.backend, mask_tail=False)
+        # Columns past a token's context stay unwritten (mask_tail=False): top-k reads a row only up
+        # to its context length. A logit is a sum over heads: summing the ranks' partial sums gives every rank the same
         # logits, hence the same top-k (-inf + -inf stays -inf where keys are masked).
         return self.tp.all_reduce(partial)
 

@@ -12,6 +12,7 @@ loops in `serve`, running the steps it receives (see server/parallel.py).
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 import torch
@@ -21,8 +22,11 @@ from server.config import EngineConfig, resolve_backend, resolve_device
 from server.engine.kv_cache import KVCacheTensors, cache_bytes_per_token, kernel_kv_dtype
 from server.engine.scheduler import ScheduledBatch
 from server.model.attention import AttentionMetadata, CacheSettings
+from server.model.cuda_graph import DecodeGraphs, default_capture_sizes
 from server.model.model import build_model
 from server.parallel import TensorParallel
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -66,12 +70,27 @@ class ModelRunner:
         self.block_size = config.cache.block_size
         # Rank 0's block manager hands out slots that every rank's cache must hold.
         self.num_blocks = self.tp.agree_min(self._num_blocks())
-        self.cache = KVCacheTensors.allocate(config.model, config.cache, self.num_blocks, self.device)
         self.settings = CacheSettings(
             kv_dtype=kernel_kv_dtype(config.cache),
             key_dtype=config.cache.indexer_key_dtype,
             backend=resolve_backend(config.attention_backend, config.device),
         )
+        use_graphs = self._use_graphs()
+        # A graph's padding rows need a cache block no request owns: one more, past the block manager's.
+        self.cache = KVCacheTensors.allocate(config.model, config.cache, self.num_blocks + use_graphs, self.device)
+        self.graphs: DecodeGraphs | None = None
+        if use_graphs:
+            sched = config.scheduler
+            self.graphs = DecodeGraphs(
+                self.model, self.cache.kv, self.cache.indexer, self.settings, self.block_size, sched.max_model_len,
+                dummy_block=self.num_blocks,
+                sizes=config.cuda_graph_sizes or default_capture_sizes(sched.max_num_seqs))
+            self.graphs.capture(progress=log.info)
+
+    def _use_graphs(self) -> bool:
+        """CUDA graphs for decode steps: on CUDA with the Triton kernels at --tp 1, unless --enforce-eager."""
+        return (not self.config.enforce_eager and self.device.type == "cuda" and self.settings.backend == "triton"
+                and self.tp.world_size == 1)
 
     def _num_blocks(self) -> int:
         cache, sched = self.config.cache, self.config.scheduler
@@ -82,8 +101,10 @@ class ModelRunner:
             budget, flag = cache.kv_cache_gb * 2**30, "--kv-cache-gb"
         else:
             total = torch.cuda.get_device_properties(self.device).total_memory
-            # Peak step temporaries: indexer logits and top-k copies over the longest context.
-            activations = 4 * 4 * sched.max_num_batched_tokens * sched.max_model_len + 2**30
+            # Peak step temporaries: indexer logits and top-k copies over the longest context; the
+            # decode graphs' private pool holds the same for max_num_seqs rows.
+            rows = sched.max_num_batched_tokens + (0 if self.config.enforce_eager else sched.max_num_seqs)
+            activations = 4 * 4 * rows * sched.max_model_len + 2**30
             budget = total * cache.gpu_memory_utilization - torch.cuda.memory_allocated(self.device) - activations
             flag = "--gpu-memory-utilization"
         num_blocks = int(budget // block_bytes)
@@ -157,9 +178,18 @@ class ModelRunner:
         return out
 
     def _forward(self, inputs: StepInputs) -> tuple[torch.Tensor | None, torch.Tensor]:
+        if self._replayable(inputs):
+            check_slot_range(inputs.slots, self.num_blocks * self.block_size, "ModelRunner: step slots")
+            return self.graphs.replay(inputs.token_ids, inputs.positions, inputs.slots, inputs.block_table)
         input_ids, meta, wanted = self._on_device(inputs)
         hidden = self.model(input_ids, meta, self.cache.kv, self.cache.indexer, self.settings)[wanted]
         return self.model.parallel_logits(hidden), hidden
+
+    def _replayable(self, inputs: StepInputs) -> bool:
+        """A pure decode step (one token per request, each wanting logits) that a captured graph fits."""
+        batch = inputs.block_table.shape[0]
+        return (self.graphs is not None and inputs.token_ids.shape[0] == batch == inputs.wanted.shape[0]
+                and batch <= self.graphs.max_size)
 
     def _wait_for_device(self) -> None:
         """Under TP a step counts as done (for the hang watchdog) only when the device is done."""

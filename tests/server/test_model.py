@@ -230,3 +230,22 @@ def test_runner_refuses_a_slot_outside_the_cache():
     seq.block_ids = [runner.num_blocks]  # one past the last block
     with pytest.raises(ValueError, match="step slots: slots out of range"):
         runner.execute(ScheduledBatch((seq,), (3,)), [1])
+
+
+def test_default_capture_sizes_reach_max_num_seqs():
+    from server.model.cuda_graph import default_capture_sizes
+
+    assert default_capture_sizes(1) == (1,)
+    assert default_capture_sizes(3) == (1, 2, 4)
+    assert default_capture_sizes(16) == (1, 2, 4, 8, 16)
+    assert default_capture_sizes(20) == (1, 2, 4, 8, 16, 24)
+
+
+def test_cpu_runner_runs_eagerly_without_graphs():
+    """On CPU no graph is captured and no dummy block is allocated: the eager path is the one tested here."""
+    from server.model.runner import ModelRunner
+    from tests.server.engine_fixtures import tiny_config
+
+    runner = ModelRunner(tiny_config(num_blocks=8))
+    assert runner.graphs is None
+    assert runner.cache.kv[0].shape[0] == 8 * runner.block_size
