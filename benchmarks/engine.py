@@ -54,6 +54,7 @@ class Row:
     seconds: float  # per decode step, or for the whole prefill
     tokens: int  # tokens produced (decode) or prompt tokens (prefill) in `seconds`
     roofline_s: float
+    device_s: float | None = None  # graph mode: one replay of the step's graph alone (device time)
 
 
 def weight_bytes(model: torch.nn.Module) -> int:
@@ -136,6 +137,7 @@ def bench_decode(args: argparse.Namespace, backend: str, kv: str, batch: int, mo
             times.append(time.perf_counter() - start)
     if mode == "graph" and engine.runner.graphs is None:
         raise RuntimeError("--modes graph: the engine captured no CUDA graphs (CPU, torch backend or --tp > 1)")
+    device_s = replay_seconds(engine, batch) if mode == "graph" else None
     if args.count_kernels and mode == "eager" and engine.runner.device.type == "cuda":
         print(f"{args.model} {kv} B={batch}: {count_kernels(engine)} GPU kernels per eager decode step", flush=True)
     m = engine.config.model
@@ -143,7 +145,23 @@ def bench_decode(args: argparse.Namespace, backend: str, kv: str, batch: int, mo
     w = weight_bytes(engine.runner.model)
     w_params = w / engine.runner.model.lm_head.weight.element_size()
     limit = roofline(w + batch * att_bytes, 2 * w_params * batch + batch * att_flops)
-    return Row(args.model, backend, mode, kv, "decode", batch, args.context, statistics.median(times), batch, limit)
+    return Row(args.model, backend, mode, kv, "decode", batch, args.context, statistics.median(times), batch, limit,
+               device_s)
+
+
+def replay_seconds(engine: Engine, batch: int, reps: int = 20) -> float:
+    """Device time of the decode graph alone: back-to-back replays timed with CUDA events. The
+    step's wall time minus this is the host time the step does not hide."""
+    graphs = engine.runner.graphs
+    graph = graphs.graphs[graphs.bucket(batch)]
+    graph.replay()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(reps):
+        graph.replay()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / reps / 1e3
 
 
 def bench_prefill(args: argparse.Namespace, backend: str, kv: str) -> Row:
@@ -179,7 +197,15 @@ def count_kernels(engine: Engine) -> int:
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         engine.step()
         sync(engine.runner.device)
-    return sum(1 for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA)
+    kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    by_name: dict[str, list[float]] = {}
+    for e in kernels:
+        by_name.setdefault(e.name[:70], []).append(e.time_range.elapsed_us())
+    total = sum(map(sum, by_name.values()))
+    print(f"  kernel time {total / 1e3:.3f} ms in {len(kernels)} kernels; top by time (us total, count):")
+    for name, times in sorted(by_name.items(), key=lambda kv: -sum(kv[1]))[:18]:
+        print(f"    {sum(times):9.1f} {len(times):4d}  {name}")
+    return len(kernels)
 
 
 def check_graph_tokens(args: argparse.Namespace) -> None:
@@ -218,12 +244,13 @@ def check_graph_tokens(args: argparse.Namespace) -> None:
 
 
 def print_table(rows: list[Row]) -> None:
-    head = f"{'model':6} {'backend':7} {'kv':5} {'phase':8} {'batch':>5} {'ctx':>6} {'time ms':>10} {'tok/s':>11} {'roof ms':>9} {'% roof':>7} {'mode':5}"
+    head = f"{'model':6} {'backend':7} {'kv':5} {'phase':8} {'batch':>5} {'ctx':>6} {'time ms':>10} {'tok/s':>11} {'roof ms':>9} {'% roof':>7} {'mode':5} {'graph ms':>8} {'host ms':>7}"
     print(head)
     print("-" * len(head))
     for r in rows:
         print(f"{r.model:6} {r.backend:7} {r.kv:5} {r.phase:8} {r.batch:5d} {r.context:6d} {r.seconds * 1e3:10.3f} "
-              f"{r.tokens / r.seconds:11.1f} {r.roofline_s * 1e3:9.3f} {100 * r.roofline_s / r.seconds:6.1f}% {r.mode:5}")
+              f"{r.tokens / r.seconds:11.1f} {r.roofline_s * 1e3:9.3f} {100 * r.roofline_s / r.seconds:6.1f}% {r.mode:5}"
+              + (f" {r.device_s * 1e3:8.3f} {(r.seconds - r.device_s) * 1e3:7.3f}" if r.device_s is not None else ""))
 
 
 def progress(message: str) -> None:

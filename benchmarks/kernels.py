@@ -180,12 +180,12 @@ def indexer_cases(rows: list[Row], requests: int, context: int) -> None:
         nbytes = requests * context * (indexer_row_bytes(D_I, key_dtype) + 4) + requests * (H_I * D_I + 4 * H_I)
         eager = bench([lambda q=q, w=w: indexer_logits_paged_torch(q, w, cache, key_dtype, block_table, block_size, seq_ids, lens, context) for q, w in sets])
         rows.append(Row(case, "torch eager", eager, flops, nbytes))
-        for cfg in [IndexerConfig(16, 4)] if SMOKE else (IndexerConfig(64, 4), IndexerConfig(128, 4), IndexerConfig(128, 8), IndexerConfig(256, 8)):
+        for cfg in [IndexerConfig(16, 4)] if SMOKE else (IndexerConfig(64, 4, 4), IndexerConfig(64, 4, 8), IndexerConfig(64, 4, 16), IndexerConfig(128, 4, 8), IndexerConfig(32, 4, 16)):
 
             def run(q, w, cfg=cfg):
                 return indexer_logits_triton(q, w, cache, key_dtype, block_table, seq_ids, lens, lens, block_size, context, True, cfg)
 
-            label = f"triton n{cfg.block_n} w{cfg.num_warps}"
+            label = f"triton n{cfg.block_n} w{cfg.num_warps} p{cfg.programs_per_sm}/SM"
             q, w = sets[0]
             with poisoned_outputs():
                 got = run(q, w)
@@ -223,8 +223,8 @@ def topk_cases(rows: list[Row], n_rows: int, n_cols: int) -> None:
     short = torch.randint(0, n_cols + 1, (n_rows,), device=DEV, dtype=torch.int32)
     edge = torch.tensor([0, TOPK - 1, TOPK, TOPK + 1], device=DEV, dtype=torch.int32)
     short[: min(4, n_rows)] = edge[: min(4, n_rows)]
-    for cfg in [TopkConfig(512, 256, 4)] if SMOKE else (TopkConfig(4096, 1024, 4), TopkConfig(2048, 1024, 4), TopkConfig(8192, 1024, 8), TopkConfig(4096, 2048, 8)):
-        label = f"triton chunk{cfg.chunk} block{cfg.block} w{cfg.num_warps}"
+    for cfg in [TopkConfig(512, 256, 4)] if SMOKE else (TopkConfig(4096, 1024, 4), TopkConfig(2048, 1024, 4, 8), TopkConfig(1024, 1024, 4, 16), TopkConfig(2048, 512, 4, 16)):
+        label = f"triton chunk{cfg.chunk} block{cfg.block} w{cfg.num_warps} p{cfg.programs_per_sm}/SM"
         ok = True
         for lengths in (lens, short):
             with poisoned_outputs():
@@ -279,8 +279,12 @@ def main(argv: list[str] | None = None) -> int:
             sparse_mla_cases(rows, 4096 if SMOKE else args.kv_slots, 2 if SMOKE else 64)
         if "topk" in parts:
             topk_cases(rows, *((2, 4096) if SMOKE else (64, 65536)))
+            if not SMOKE:  # the v32 decode step's shape: 16 requests at 64k
+                topk_cases(rows, 16, 65536)
         if "indexer" in parts:
             indexer_cases(rows, *((2, 512) if SMOKE else (64, 65536)))
+            if not SMOKE:
+                indexer_cases(rows, 16, 65536)
     finally:
         print_table(rows)
     return 0

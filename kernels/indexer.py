@@ -186,10 +186,11 @@ def _indexer_logits_kernel(
 
 @dataclass(frozen=True)
 class IndexerConfig:
-    """Keys per block and warps of the indexer kernel."""
+    """Keys per block, warps, and programs per multiprocessor (the grid) of the indexer kernel."""
 
     block_n: int
     num_warps: int
+    programs_per_sm: int = 8
 
 
 def default_config(key_dtype: str, device: torch.device) -> IndexerConfig:
@@ -209,7 +210,7 @@ def indexer_logits_triton(q_fp8, weights, rows, key_dtype, block_table, seq_ids,
         return out
     cfg = config or default_config(key_dtype, q_fp8.device)
     words = rows.view(torch.int32) if key_dtype == "fp8" else rows
-    grid = (t, row_programs(t, triton.cdiv(n_cols, cfg.block_n), q_fp8.device))
+    grid = (t, row_programs(t, triton.cdiv(n_cols, cfg.block_n), q_fp8.device, cfg.programs_per_sm))
     _indexer_logits_kernel[grid](
         q_fp8, weights, rows, words, out,
         block_table, seq_ids, start, end,

@@ -9,6 +9,8 @@ b means 2^(b-127), with 0xFF NaN and 0x00 read as 0 (the encoder writes 1..254 o
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from kernels.backend import values_checkable
@@ -95,9 +97,15 @@ def fp8_e4m3_dequantize(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
 # ---------------------------------------------------------------- MXFP4
 
 
+@functools.lru_cache(maxsize=None)
+def _e2m1_midpoints(device: torch.device) -> torch.Tensor:
+    """Made once per device: a host-to-device copy cannot run inside a CUDA-graph capture."""
+    return torch.tensor(_E2M1_MIDPOINTS, device=device)
+
+
 def _e2m1_codes(a: torch.Tensor) -> torch.Tensor:
     """Magnitudes (already clamped to 6) -> 3-bit e2m1 codes, round to nearest, ties to even code."""
-    mids = torch.tensor(_E2M1_MIDPOINTS, device=a.device)
+    mids = _e2m1_midpoints(a.device)
     code = torch.bucketize(a, mids)  # ties land on the lower code
     at_tie = (code < len(_E2M1_MIDPOINTS)) & (a == mids[code.clamp(max=len(_E2M1_MIDPOINTS) - 1)])
     return torch.where(at_tie & (code % 2 == 1), code + 1, code)

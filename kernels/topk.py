@@ -134,11 +134,13 @@ def _radix_pass_kernel(
 
 @dataclass(frozen=True)
 class TopkConfig:
-    """Columns per chunk, columns per loop step (block) and warps of the radix passes."""
+    """Columns per chunk, columns per loop step (block), warps and programs per multiprocessor
+    (the grid) of the radix passes."""
 
     chunk: int
     block: int
     num_warps: int
+    programs_per_sm: int = 4
 
 
 def default_config(device: torch.device) -> TopkConfig:
@@ -156,7 +158,7 @@ def topk_triton(logits: torch.Tensor, lengths: torch.Tensor, k: int, config: Top
     levels = RADIX_LEVELS.value * 256
     scratch = torch.zeros(t * (levels + 2), dtype=torch.int32, device=logits.device)
     hist, counts = scratch[: t * levels], scratch[t * levels :]  # [t, levels, 256] and [t, 2], flat
-    grid = (t, row_programs(t, max(1, triton.cdiv(n, cfg.chunk)), logits.device))
+    grid = (t, row_programs(t, max(1, triton.cdiv(n, cfg.chunk)), logits.device, cfg.programs_per_sm))
     for level in range(RADIX_LEVELS.value + 1):
         _radix_pass_kernel[grid](logits, lengths, out, hist, counts, n, k, level, CHUNK=cfg.chunk, BLOCK=cfg.block, num_warps=cfg.num_warps)
     return out

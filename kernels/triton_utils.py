@@ -64,15 +64,15 @@ def sm_count(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
-def row_programs(rows: int, blocks: int, device: torch.device) -> int:
+def row_programs(rows: int, blocks: int, device: torch.device, per_sm: int = 4) -> int:
     """Programs per row for kernels that loop over a row's blocks (grid rows x programs).
 
-    Enough programs to give every multiprocessor about four, never more than the row has blocks.
+    Enough programs to give every multiprocessor about `per_sm`, never more than the row has blocks.
     The count depends only on the shapes, so a captured CUDA graph keeps a fixed grid while each
     program's loop bound (a row's length, read on the device) varies from replay to replay. In
     the interpreter two programs per row exercise the loop at little cost.
     """
-    target = 2 if device.type != "cuda" else max(1, -(-4 * sm_count(device) // max(1, rows)))
+    target = 2 if device.type != "cuda" else max(1, -(-per_sm * sm_count(device) // max(1, rows)))
     return max(1, min(blocks, target))
 
 

@@ -13,14 +13,17 @@ loops in `serve`, running the steps it receives (see server/parallel.py).
 from __future__ import annotations
 
 import logging
+import weakref
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from kernels.quant import check_slot_range
 from server.config import EngineConfig, resolve_backend, resolve_device
 from server.engine.kv_cache import KVCacheTensors, cache_bytes_per_token, kernel_kv_dtype
 from server.engine.scheduler import ScheduledBatch
+from server.engine.sequence import Sequence
 from server.model.attention import AttentionMetadata, CacheSettings
 from server.model.cuda_graph import DecodeGraphs, default_capture_sizes
 from server.model.model import build_model
@@ -51,6 +54,27 @@ class StepInputs:
         return cls(*per_token, block_table=table.int(), wanted=wanted, max_context=int(max_context[0]))
 
 
+class _TableRow:
+    """A request's block ids as a growing int32 array, valid while its block epoch holds."""
+
+    def __init__(self, epoch: int) -> None:
+        self.epoch = epoch
+        self.ids = np.empty(16, dtype=np.int32)
+        self.count = 0
+
+    def extend(self, block_ids: list[int]) -> np.ndarray:
+        """The first len(block_ids) entries, after appending the ones added since the last call."""
+        n = len(block_ids)
+        if n > self.ids.shape[0]:
+            grown = np.empty(max(n, 2 * self.ids.shape[0]), dtype=np.int32)
+            grown[: self.count] = self.ids[: self.count]
+            self.ids = grown
+        if n > self.count:
+            self.ids[self.count : n] = block_ids[self.count : n]
+        self.count = n
+        return self.ids[:n]
+
+
 class ModelRunner:
     def __init__(self, config: EngineConfig, tp: TensorParallel | None = None) -> None:
         """tp: a worker rank's joined group; None for the engine core, which is rank 0 and
@@ -68,6 +92,7 @@ class ModelRunner:
         if tp is None and size > 1:
             self.tp.start_workers(config)
         self.block_size = config.cache.block_size
+        self._rows: weakref.WeakKeyDictionary[Sequence, _TableRow] = weakref.WeakKeyDictionary()
         # Rank 0's block manager hands out slots that every rank's cache must hold.
         self.num_blocks = self.tp.agree_min(self._num_blocks())
         self.settings = CacheSettings(
@@ -116,12 +141,17 @@ class ModelRunner:
         """The batch's host-side inputs."""
         seqs, counts = batch.seqs, batch.num_new_tokens
         starts = [s.num_computed_tokens for s in seqs]
+        table = self._block_table(seqs)
+        if all(n == 1 for n in counts):  # decode: one token per request, built from plain lists
+            bs = self.block_size
+            wanted = [i for i, k in enumerate(num_logits) if k]
+            return StepInputs(
+                torch.tensor([s.token_ids[p] for s, p in zip(seqs, starts)]), torch.tensor(starts),
+                torch.arange(len(seqs)), torch.tensor([s.block_ids[p // bs] * bs + p % bs for s, p in zip(seqs, starts)]),
+                table, torch.tensor(wanted, dtype=torch.long), max(starts) + 1)
         ids: list[int] = []
         for s, start, n in zip(seqs, starts, counts):
             ids.extend(s.token_ids[start:start + n])
-        width = max(len(s.block_ids) for s in seqs)
-        table = torch.tensor([s.block_ids + [0] * (width - len(s.block_ids)) for s in seqs], dtype=torch.int32)
-
         counts_t = torch.tensor(counts)
         num_tokens = len(ids)
         seq_ids = torch.repeat_interleave(torch.arange(len(seqs)), counts_t, output_size=num_tokens)
@@ -132,6 +162,21 @@ class ModelRunner:
         wanted = [i for end, k in zip(ends, num_logits) for i in range(end - k, end)]
         return StepInputs(torch.tensor(ids, dtype=torch.long), positions, seq_ids, slots, table,
                           torch.tensor(wanted, dtype=torch.long), max(start + n for start, n in zip(starts, counts)))
+
+    def _block_table(self, seqs: tuple[Sequence, ...]) -> torch.Tensor:
+        """int32 [B, max blocks] of the batch, zero-padded. Each request's row is kept between steps
+        (its block list only grows at the end until its epoch changes), so a step copies rows
+        instead of converting every block id of every request from Python ints: at 64k tokens a
+        request has ~1,000 blocks."""
+        width = max(len(s.block_ids) for s in seqs)
+        table = np.zeros((len(seqs), width), dtype=np.int32)
+        for i, s in enumerate(seqs):
+            n = len(s.block_ids)
+            row = self._rows.get(s)
+            if row is None or row.epoch != s.block_epoch:
+                row = self._rows[s] = _TableRow(s.block_epoch)
+            table[i, :n] = row.extend(s.block_ids)
+        return torch.from_numpy(table)
 
     def prepare(self, batch: ScheduledBatch, num_logits: list[int]) -> tuple[torch.Tensor, AttentionMetadata, torch.Tensor]:
         """(input ids [T], metadata, indices of the tokens whose logits are wanted) on the device."""
