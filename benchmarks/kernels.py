@@ -223,8 +223,8 @@ def topk_cases(rows: list[Row], n_rows: int, n_cols: int) -> None:
     short = torch.randint(0, n_cols + 1, (n_rows,), device=DEV, dtype=torch.int32)
     edge = torch.tensor([0, TOPK - 1, TOPK, TOPK + 1], device=DEV, dtype=torch.int32)
     short[: min(4, n_rows)] = edge[: min(4, n_rows)]
-    for cfg in [TopkConfig(512, 256, 4)] if SMOKE else (TopkConfig(4096, 1024, 4), TopkConfig(2048, 1024, 4, 8), TopkConfig(1024, 1024, 4, 16), TopkConfig(2048, 512, 4, 16)):
-        label = f"triton chunk{cfg.chunk} block{cfg.block} w{cfg.num_warps} p{cfg.programs_per_sm}/SM"
+    for cfg in [TopkConfig(512, 256, 4)] if SMOKE else (TopkConfig(4096, 1024, 4), TopkConfig(2048, 1024, 4, 8), TopkConfig(1024, 1024, 4, 16), None):
+        label = "triton default config" if cfg is None else f"triton chunk{cfg.chunk} block{cfg.block} w{cfg.num_warps} p{cfg.programs_per_sm}/SM"
         ok = True
         for lengths in (lens, short):
             with poisoned_outputs():
@@ -279,8 +279,9 @@ def main(argv: list[str] | None = None) -> int:
             sparse_mla_cases(rows, 4096 if SMOKE else args.kv_slots, 2 if SMOKE else 64)
         if "topk" in parts:
             topk_cases(rows, *((2, 4096) if SMOKE else (64, 65536)))
-            if not SMOKE:  # the v32 decode step's shape: 16 requests at 64k
+            if not SMOKE:  # the decode steps' shapes: v32 16 requests at 64k, small 1 request at 4k
                 topk_cases(rows, 16, 65536)
+                topk_cases(rows, 1, 4096)
         if "indexer" in parts:
             indexer_cases(rows, *((2, 512) if SMOKE else (64, 65536)))
             if not SMOKE:

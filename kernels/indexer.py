@@ -194,10 +194,10 @@ class IndexerConfig:
 
 
 def default_config(key_dtype: str, device: torch.device) -> IndexerConfig:
-    """Measured best on an H200 at 64 requests x 64k keys (benchmarks/kernels_notes.md)."""
+    """Measured best on an H200 at 64 and 16 requests x 64k keys (benchmarks/kernels_notes.md)."""
     if device.type != "cuda":
         return IndexerConfig(16, 4)
-    return IndexerConfig(64, 4)
+    return IndexerConfig(64, 4, 16 if key_dtype == "fp8" else 8)
 
 
 def indexer_logits_triton(q_fp8, weights, rows, key_dtype, block_table, seq_ids, start, end, block_size, n_cols, paged,
