@@ -156,6 +156,9 @@ def sparse_mla_cases(rows: list[Row], num_slots: int, batch: int) -> None:
 
 # ---------------------------------------------------------------- indexer
 
+INDEXER_SWEEP = (IndexerConfig(64, 4, 8), IndexerConfig(64, 4, 16), IndexerConfig(64, 4, 8, 1), IndexerConfig(64, 4, 8, 2),
+                 IndexerConfig(64, 4, 8, 4), IndexerConfig(64, 4, 16, 2), IndexerConfig(128, 8, 8, 2), IndexerConfig(64, 8, 8, 2))
+
 
 def indexer_cases(rows: list[Row], requests: int, context: int) -> None:
     block_size = 64
@@ -180,12 +183,12 @@ def indexer_cases(rows: list[Row], requests: int, context: int) -> None:
         nbytes = requests * context * (indexer_row_bytes(D_I, key_dtype) + 4) + requests * (H_I * D_I + 4 * H_I)
         eager = bench([lambda q=q, w=w: indexer_logits_paged_torch(q, w, cache, key_dtype, block_table, block_size, seq_ids, lens, context) for q, w in sets])
         rows.append(Row(case, "torch eager", eager, flops, nbytes))
-        for cfg in [IndexerConfig(16, 4)] if SMOKE else (IndexerConfig(64, 4, 4), IndexerConfig(64, 4, 8), IndexerConfig(64, 4, 16), IndexerConfig(128, 4, 8), IndexerConfig(32, 4, 16)):
+        for cfg in [IndexerConfig(16, 4)] if SMOKE else INDEXER_SWEEP:
 
             def run(q, w, cfg=cfg):
                 return indexer_logits_triton(q, w, cache, key_dtype, block_table, seq_ids, lens, lens, block_size, context, True, cfg)
 
-            label = f"triton n{cfg.block_n} w{cfg.num_warps} p{cfg.programs_per_sm}/SM"
+            label = f"triton n{cfg.block_n} w{cfg.num_warps} p{cfg.programs_per_sm}/SM s{cfg.num_stages or '-'}"
             q, w = sets[0]
             with poisoned_outputs():
                 got = run(q, w)

@@ -186,18 +186,20 @@ def _indexer_logits_kernel(
 
 @dataclass(frozen=True)
 class IndexerConfig:
-    """Keys per block, warps, and programs per multiprocessor (the grid) of the indexer kernel."""
+    """Keys per block, warps, programs per multiprocessor (the grid) and software-pipelining
+    depth of the indexer kernel (None: Triton's default)."""
 
     block_n: int
     num_warps: int
     programs_per_sm: int = 8
+    num_stages: int | None = None
 
 
 def default_config(key_dtype: str, device: torch.device) -> IndexerConfig:
     """Measured best on an H200 at 64 and 16 requests x 64k keys (benchmarks/kernels_notes.md)."""
     if device.type != "cuda":
         return IndexerConfig(16, 4)
-    return IndexerConfig(64, 4, 16 if key_dtype == "fp8" else 8)
+    return IndexerConfig(64, 4, 8, 1) if key_dtype == "fp8" else IndexerConfig(64, 4, 8)
 
 
 def indexer_logits_triton(q_fp8, weights, rows, key_dtype, block_table, seq_ids, start, end, block_size, n_cols, paged,
@@ -217,7 +219,7 @@ def indexer_logits_triton(q_fp8, weights, rows, key_dtype, block_table, seq_ids,
         n_cols, block_table.stride(0), block_size,
         ROW_BYTES=rows.shape[1], H=h, D=d, BLOCK_H=max(16, triton.next_power_of_2(h)), BLOCK_N=cfg.block_n,
         PAGED=paged, MXFP4=key_dtype == "mxfp4", MASK_TAIL=mask_tail, DOT_DTYPE=dot_dtype(q_fp8, tl.float16),
-        num_warps=cfg.num_warps,
+        num_warps=cfg.num_warps, **({} if cfg.num_stages is None else {"num_stages": cfg.num_stages}),
     )
     return out
 
