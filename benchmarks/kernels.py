@@ -241,6 +241,43 @@ def topk_cases(rows: list[Row], n_rows: int, n_cols: int) -> None:
         rows.append(Row(case, f"{label} [{'ok' if ok else 'FAIL'}]", ms, 0, nbytes, plain))
 
 
+# ---------------------------------------------------------------- fp8 quantisation
+
+
+def quant_cases(rows: list[Row], n_rows: int) -> None:
+    """The indexer's per-layer query quantisation (T x 64 heads x 128): one kernel vs torch ops."""
+    from kernels.quant import mxfp4_quantize
+
+    sets = [torch.randn(n_rows, H_I, D_I, device=DEV) * torch.rand(n_rows, H_I, 1, device=DEV) * 10 for _ in range(3)]
+    case = f"fp8 quantize {n_rows}x{H_I}x{D_I}"
+    nbytes = n_rows * H_I * (D_I * 5 + 4)
+    eager = bench([lambda x=x: fp8_e4m3_quantize(x, backend="torch") for x in sets])
+    rows.append(Row(case, "torch eager", eager, 0, nbytes))
+    ok = True
+    for x in sets + [torch.randn(7, 16, device=DEV).bfloat16()]:
+        with poisoned_outputs():
+            q, s = fp8_e4m3_quantize(x, backend="triton")
+        rq, rs = fp8_e4m3_quantize(x, backend="torch")
+        ok = ok and torch.equal(q, rq) and torch.equal(s, rs)
+    ms = bench([lambda x=x: fp8_e4m3_quantize(x, backend="triton") for x in sets])
+    print(f"{case}: check {'ok (bit-identical)' if ok else 'FAIL'}, {ms * 1e3:.1f} us", flush=True)
+    rows.append(Row(case, f"triton one kernel [{'ok' if ok else 'FAIL'}]", ms, 0, nbytes, eager))
+    # the indexer keys of a 2k-token prefill chunk in MXFP4
+    keys = [torch.randn(2048, D_I, device=DEV) * torch.rand(2048, 1, device=DEV) * 10 for _ in range(3)]
+    case = f"mxfp4 quantize 2048x{D_I}"
+    nbytes = 2048 * (D_I * 4 + D_I // 2 + D_I // 32)
+    eager = bench([lambda x=x: mxfp4_quantize(x, backend="torch") for x in keys])
+    rows.append(Row(case, "torch eager", eager, 0, nbytes))
+    ok = True
+    for x in keys + [torch.randn(5, 32, device=DEV).bfloat16() * 1e-3]:
+        with poisoned_outputs():
+            got = mxfp4_quantize(x, backend="triton")
+        ok = ok and torch.equal(got, mxfp4_quantize(x, backend="torch"))
+    ms = bench([lambda x=x: mxfp4_quantize(x, backend="triton") for x in keys])
+    print(f"{case}: check {'ok (bit-identical)' if ok else 'FAIL'}, {ms * 1e3:.1f} us", flush=True)
+    rows.append(Row(case, f"triton one kernel [{'ok' if ok else 'FAIL'}]", ms, 0, nbytes, eager))
+
+
 # ---------------------------------------------------------------- report
 
 
@@ -259,7 +296,7 @@ def print_table(rows: list[Row]) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--only", choices=["mla", "indexer", "topk"], action="append", help="run only these parts (repeatable)")
+    parser.add_argument("--only", choices=["mla", "indexer", "topk", "quant"], action="append", help="run only these parts (repeatable)")
     parser.add_argument("--kv-slots", type=int, default=1 << 20, help="KV cache rows the sparse MLA indices draw from")
     parser.add_argument("--smoke", action="store_true", help="tiny shapes on CPU (set TRITON_INTERPRET=1) to test the script")
     args = parser.parse_args(argv)
@@ -269,7 +306,7 @@ def main(argv: list[str] | None = None) -> int:
     elif not torch.cuda.is_available():
         print("benchmarks/kernels.py needs a CUDA GPU (or --smoke)", file=sys.stderr)
         return 2
-    parts = args.only or ["mla", "indexer", "topk"]
+    parts = args.only or ["mla", "indexer", "topk", "quant"]
     name = "cpu (smoke)" if SMOKE else torch.cuda.get_device_name()
     print(f"device: {name}  torch {torch.__version__}  triton {triton.__version__}")
     copy, mm = measure_ceilings()
@@ -285,6 +322,8 @@ def main(argv: list[str] | None = None) -> int:
             if not SMOKE:  # the decode steps' shapes: v32 16 requests at 64k, small 1 request at 4k
                 topk_cases(rows, 16, 65536)
                 topk_cases(rows, 1, 4096)
+        if "quant" in parts:
+            quant_cases(rows, 2 if SMOKE else 16)
         if "indexer" in parts:
             indexer_cases(rows, *((2, 512) if SMOKE else (64, 65536)))
             if not SMOKE:

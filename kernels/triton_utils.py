@@ -80,7 +80,7 @@ _poison = False
 
 
 class poisoned_outputs:
-    """Context manager: kernels fill their outputs with garbage (NaN, -7777) before launching.
+    """Context manager: kernels fill their outputs with garbage (NaN, -7777, 0xFF) before launching.
 
     Tests use it to prove that every output element is written by the kernel.
     """
@@ -98,5 +98,6 @@ def new_output(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device)
     """torch.empty, or a poisoned tensor inside `poisoned_outputs()`."""
     if not _poison:
         return torch.empty(shape, dtype=dtype, device=device)
-    fill = float("nan") if dtype.is_floating_point else -7777
+    # uint8 outputs are fp8 bytes: 0xFF is e4m3 NaN, which no encoder writes for finite input
+    fill = float("nan") if dtype.is_floating_point else 0xFF if dtype == torch.uint8 else -7777
     return torch.full(shape, fill, dtype=dtype, device=device)

@@ -76,7 +76,7 @@ class Indexer(nn.Module):
         q, k = self._rope(torch.cat((q, k[:, None]), dim=1), rope).split([self.num_heads, 1], dim=1)
         k = k.squeeze(1)
         write_indexer_cache(idx_cache, meta.slot_mapping, k, s.key_dtype)
-        q8, q_scale = fp8_e4m3_quantize(q.float())
+        q8, q_scale = fp8_e4m3_quantize(q, backend=s.backend)
         weights = self.weights_proj(x).float() * q_scale * self.weight_scale
         partial = indexer_logits_paged(
             q8, weights, idx_cache, s.key_dtype, meta.block_table, meta.block_size, meta.seq_ids,
