@@ -104,7 +104,7 @@ def fp8_e4m3_dequantize(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
 # ---------------------------------------------------------------- MXFP4
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _e2m1_midpoints(device: torch.device) -> torch.Tensor:
     """Made once per device: a host-to-device copy cannot run inside a CUDA-graph capture."""
     return torch.tensor(_E2M1_MIDPOINTS, device=device)

@@ -52,7 +52,7 @@ def _encode_e4m3(v):
     up = ((low > 0x80000) | ((low == 0x80000) & (odd == 1))).to(tl.int32)
     normal = ((((abits >> 23) & 0xFF) - 120) << 3) + (mant >> 20) + up  # exponent bias 127 -> 7
     code = tl.where(a < 0.015625, sub, normal)
-    return tl.where(a != a, 0x7F, code) | sign
+    return tl.where(abits > 0x7F800000, 0x7F, code) | sign  # NaN: exponent all ones, mantissa not zero
 
 
 @triton.jit

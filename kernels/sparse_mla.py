@@ -11,7 +11,6 @@ the partial results weighted by their lse.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch

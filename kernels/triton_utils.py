@@ -58,7 +58,7 @@ def dot_dtype(t: torch.Tensor, gpu: tl.dtype = tl.bfloat16) -> tl.dtype:
     return tl.float32 if t.device.type == "cpu" else gpu
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def sm_count(device: torch.device) -> int:
     """Multiprocessors of a CUDA device, asked once: the property lookup cost a call per launch."""
     return torch.cuda.get_device_properties(device).multi_processor_count

@@ -23,16 +23,13 @@ bucket in step; not built yet).
 
 from __future__ import annotations
 
-import logging
+import sys
 import time
-from collections.abc import Callable
 
 import torch
 
 from server.model.attention import AttentionMetadata, CacheSettings
 from server.model.model import SparseMLAModel
-
-log = logging.getLogger(__name__)
 
 PAD_TOKEN = 0
 
@@ -88,9 +85,12 @@ class DecodeGraphs:
         return self.model.parallel_logits(hidden), hidden
 
     @torch.inference_mode()
-    def capture(self, progress: Callable[[str], None] | None = None) -> None:
-        """Capture every size, largest first (later graphs reuse the pool's memory)."""
+    def capture(self) -> None:
+        """Capture every size, largest first (later graphs reuse the pool's memory). Progress goes
+        to stderr on a terminal; the summary line (sizes, seconds) always does, like the
+        server's other start-up lines."""
         start = time.perf_counter()
+        live = sys.stderr.isatty()
         pool = torch.cuda.graph_pool_handle()
         self._fill_padding(0, self.max_size)
         for i, size in enumerate(reversed(self.sizes)):
@@ -100,12 +100,15 @@ class DecodeGraphs:
             with torch.cuda.graph(graph, pool=pool):
                 self.outputs[size] = self._forward(size)
             self.graphs[size] = graph
-            if progress is not None:
-                progress(f"captured CUDA graph {i + 1}/{len(self.sizes)} (batch {size})")
+            if live:
+                print(f"\rengine: capturing decode CUDA graphs {i + 1}/{len(self.sizes)} (batch {size})",
+                      end="", file=sys.stderr, flush=True)
         torch.cuda.synchronize()
         self.capture_seconds = time.perf_counter() - start
-        log.info("captured %d decode CUDA graphs (batch sizes %s) in %.1f s", len(self.sizes),
-                 ",".join(map(str, self.sizes)), self.capture_seconds)
+        if live:
+            print(file=sys.stderr)
+        print(f"engine: captured {len(self.sizes)} decode CUDA graphs (batch sizes "
+              f"{','.join(map(str, self.sizes))}) in {self.capture_seconds:.1f} s", file=sys.stderr, flush=True)
 
     def _fill_padding(self, batch: int, size: int) -> None:
         """Rows batch..size-1: token 0 at position 0 of their own table row, whose first block is the dummy."""

@@ -12,7 +12,6 @@ loops in `serve`, running the steps it receives (see server/parallel.py).
 
 from __future__ import annotations
 
-import logging
 import weakref
 from dataclasses import dataclass
 
@@ -28,8 +27,6 @@ from server.model.attention import AttentionMetadata, CacheSettings
 from server.model.cuda_graph import DecodeGraphs, default_capture_sizes
 from server.model.model import build_model
 from server.parallel import TensorParallel
-
-log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -110,7 +107,7 @@ class ModelRunner:
                 self.model, self.cache.kv, self.cache.indexer, self.settings, self.block_size, sched.max_model_len,
                 dummy_block=self.num_blocks,
                 sizes=config.cuda_graph_sizes or default_capture_sizes(sched.max_num_seqs))
-            self.graphs.capture(progress=log.info)
+            self.graphs.capture()
 
     def _use_graphs(self) -> bool:
         """CUDA graphs for decode steps: on CUDA with the Triton kernels at --tp 1, unless --enforce-eager."""
