@@ -24,6 +24,7 @@ import argparse
 import statistics
 import sys
 import time
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,7 +33,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import torch  # noqa: E402
 
 from kernels.quant import indexer_row_bytes, kv_row_bytes, write_indexer_cache, write_kv_cache  # noqa: E402
-from server.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig, model_preset  # noqa: E402
+from server.config import (  # noqa: E402
+    CacheConfig,
+    EngineConfig,
+    ModelConfig,
+    SchedulerConfig,
+    SpeculativeConfig,
+    model_preset,
+)
 from server.engine.core import Engine  # noqa: E402
 from server.engine.kv_cache import kernel_kv_dtype  # noqa: E402
 from server.engine.messages import AddRequest, SamplingParams  # noqa: E402
@@ -106,7 +114,8 @@ def place_prefilled(engine: Engine, batch: int, context: int, max_tokens: int) -
 
 
 def make_engine(args: argparse.Namespace, backend: str, kv: str, num_blocks: int, max_len: int,
-                max_seqs: int, budget: int, mode: str = "eager", graph_sizes: tuple[int, ...] = ()) -> Engine:
+                max_seqs: int, budget: int, mode: str = "eager", graph_sizes: tuple[int, ...] = (),
+                speculative: SpeculativeConfig | None = None) -> Engine:
     overrides = {"num_layers": args.num_layers} if args.num_layers else {}
     model = model_preset(args.model, **overrides)
     return Engine(EngineConfig(
@@ -116,7 +125,7 @@ def make_engine(args: argparse.Namespace, backend: str, kv: str, num_blocks: int
                           num_blocks=num_blocks),
         scheduler=SchedulerConfig(max_num_seqs=max_seqs, max_num_batched_tokens=budget, max_model_len=max_len),
         device=args.device, attention_backend=backend, seed=0, enforce_eager=mode == "eager",
-        cuda_graph_sizes=graph_sizes,
+        cuda_graph_sizes=graph_sizes, speculative=speculative,
     ))
 
 
@@ -210,37 +219,53 @@ def count_kernels(engine: Engine) -> int:
 
 def check_graph_tokens(args: argparse.Namespace) -> None:
     """Greedy tokens of a graph engine against an eager one over ragged requests (batches shrink
-    as requests finish, so several buckets and their padding run); prints the verdict and the
-    largest logit difference of a graph replay against the same padded step run eagerly."""
+    as requests finish, so several buckets and their padding run), without and with speculative
+    decoding (standard verification of 3 drafts: the verify steps replay their own graphs);
+    prints the verdicts, the graph replays per (batch, query tokens), and the largest logit
+    difference of a graph replay against the same padded step run eagerly."""
     lengths, outputs = (1, 17, 200, 1000, 3000, 70, 513), (8, 12, 16, 20, 24, 30, 5)
     gen = torch.Generator().manual_seed(2)
     prompts = [tuple(torch.randint(0, 256, (n,), generator=gen).tolist()) for n in lengths]
     blocks = sum(-(-(n + m) // 64) + 1 for n, m in zip(lengths, outputs)) + 8
-    results = {}
-    for mode in ("eager", "graph"):
-        engine = make_engine(args, "triton", args.kv_dtypes.split(",")[0], blocks * 4, 4096, 8, 4096, mode)
-        for i, (p, m) in enumerate(zip(prompts, outputs)):
-            engine.add_request(AddRequest(f"r{i}", p, SamplingParams(max_tokens=m, temperature=0.0, ignore_eos=True), 0.0))
-        tokens: dict[str, list[int]] = {}
-        while engine.has_unfinished():
-            for out in engine.step().outputs:
-                tokens.setdefault(out.request_id, []).extend(out.new_token_ids)
-        results[mode] = tokens
-        if mode == "graph":
+    for spec in (None, SpeculativeConfig(method="mtp", num_speculative_tokens=3)):
+        results, replays = {}, Counter()
+        for mode in ("eager", "graph"):
+            engine = make_engine(args, "triton", args.kv_dtypes.split(",")[0], blocks * 4, 4096, 8, 4096, mode,
+                                 speculative=spec)
             graphs = engine.runner.graphs
-            size = graphs.bucket(3)
-            with torch.inference_mode():
-                eager_a = graphs._forward(size)[0].clone()
-                eager_b = graphs._forward(size)[0].clone()
-                graphs.graphs[size].replay()
-                replay = graphs.outputs[size][0].clone()
-            print(f"graph check: batch {size} replay vs the same step eager: max |dlogit| "
-                  f"{float((replay - eager_a).abs().max()):.3e} (eager twice: {float((eager_b - eager_a).abs().max()):.3e}); "
-                  f"capture of {len(graphs.sizes)} graphs took {graphs.capture_seconds:.2f} s", flush=True)
-    same = results["eager"] == results["graph"]
-    diverged = [r for r in results["eager"] if results["eager"][r] != results["graph"].get(r)]
-    print(f"graph check: greedy tokens graph vs eager engine: {'IDENTICAL' if same else 'DIFFER in ' + ','.join(diverged)} "
-          f"({sum(map(len, results['eager'].values()))} tokens, {len(prompts)} requests)", flush=True)
+            if graphs is not None:
+                replay = graphs.replay
+
+                def counted(*a, _replay=replay, _graphs=graphs):
+                    batch = a[-1].shape[0]
+                    replays[_graphs.bucket(batch), a[0].shape[0] // batch] += 1
+                    return _replay(*a)
+
+                graphs.replay = counted
+            for i, (p, m) in enumerate(zip(prompts, outputs)):
+                engine.add_request(AddRequest(f"r{i}", p, SamplingParams(max_tokens=m, temperature=0.0, ignore_eos=True), 0.0))
+            tokens: dict[str, list[int]] = {}
+            while engine.has_unfinished():
+                for out in engine.step().outputs:
+                    tokens.setdefault(out.request_id, []).extend(out.new_token_ids)
+            results[mode] = tokens
+            if mode == "graph" and spec is None:
+                size = graphs.bucket(3)
+                with torch.inference_mode():
+                    eager_a = graphs._forward(size)[0].clone()
+                    eager_b = graphs._forward(size)[0].clone()
+                    graphs.graphs[size, 1].replay()
+                    replayed = graphs.outputs[size, 1][0].clone()
+                print(f"graph check: batch {size} replay vs the same step eager: max |dlogit| "
+                      f"{float((replayed - eager_a).abs().max()):.3e} (eager twice: {float((eager_b - eager_a).abs().max()):.3e}); "
+                      f"capture of {len(graphs.graphs)} graphs took {graphs.capture_seconds:.2f} s", flush=True)
+        same = results["eager"] == results["graph"]
+        diverged = [r for r in results["eager"] if results["eager"][r] != results["graph"].get(r)]
+        label = "decode" if spec is None else "speculative (k=3, standard)"
+        print(f"graph check {label}: greedy tokens graph vs eager engine: "
+              f"{'IDENTICAL' if same else 'DIFFER in ' + ','.join(diverged)} "
+              f"({sum(map(len, results['eager'].values()))} tokens, {len(prompts)} requests); "
+              f"replays by (batch, query tokens): {dict(sorted(replays.items()))}", flush=True)
 
 
 def print_table(rows: list[Row]) -> None:

@@ -106,7 +106,8 @@ class ModelRunner:
             self.graphs = DecodeGraphs(
                 self.model, self.cache.kv, self.cache.indexer, self.settings, self.block_size, sched.max_model_len,
                 dummy_block=self.num_blocks,
-                sizes=config.cuda_graph_sizes or default_capture_sizes(sched.max_num_seqs))
+                sizes=config.cuda_graph_sizes or default_capture_sizes(sched.max_num_seqs),
+                query_lens=(1,) if config.speculative is None else (1, config.speculative.num_speculative_tokens + 1))
             self.graphs.capture()
 
     def _use_graphs(self) -> bool:
@@ -222,16 +223,19 @@ class ModelRunner:
     def _forward(self, inputs: StepInputs) -> tuple[torch.Tensor | None, torch.Tensor]:
         if self._replayable(inputs):
             check_slot_range(inputs.slots, self.num_blocks * self.block_size, "ModelRunner: step slots")
-            return self.graphs.replay(inputs.token_ids, inputs.positions, inputs.slots, inputs.block_table)
+            return self.graphs.replay(inputs.token_ids, inputs.positions, inputs.seq_ids, inputs.slots,
+                                      inputs.block_table)
         input_ids, meta, wanted = self._on_device(inputs)
         hidden = self.model(input_ids, meta, self.cache.kv, self.cache.indexer, self.settings)[wanted]
         return self.model.parallel_logits(hidden), hidden
 
     def _replayable(self, inputs: StepInputs) -> bool:
-        """A pure decode step (one token per request, each wanting logits) that a captured graph fits."""
-        batch = inputs.block_table.shape[0]
-        return (self.graphs is not None and inputs.token_ids.shape[0] == batch == inputs.wanted.shape[0]
-                and batch <= self.graphs.max_size)
+        """Every request computes the same number of tokens and wants all their logits (decode, or
+        verification of as many drafts each), in a shape a captured graph fits."""
+        batch, tokens = inputs.block_table.shape[0], inputs.token_ids.shape[0]
+        return (self.graphs is not None and tokens % batch == 0 and inputs.wanted.shape[0] == tokens
+                and self.graphs.fits(batch, tokens // batch)
+                and bool((inputs.seq_ids == torch.arange(batch).repeat_interleave(tokens // batch)).all()))
 
     def _wait_for_device(self) -> None:
         """Under TP a step counts as done (for the hang watchdog) only when the device is done."""
