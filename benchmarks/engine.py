@@ -162,7 +162,7 @@ def replay_seconds(engine: Engine, batch: int, reps: int = 20) -> float:
     """Device time of the decode graph alone: back-to-back replays timed with CUDA events. The
     step's wall time minus this is the host time the step does not hide."""
     graphs = engine.runner.graphs
-    graph = graphs.graphs[graphs.bucket(batch)]
+    graph = graphs.graphs[graphs.bucket(batch), 1]
     graph.replay()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
