@@ -24,6 +24,7 @@ import argparse
 import statistics
 import sys
 import time
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,7 +33,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import torch  # noqa: E402
 
 from kernels.quant import indexer_row_bytes, kv_row_bytes, write_indexer_cache, write_kv_cache  # noqa: E402
-from server.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig, model_preset  # noqa: E402
+from server.config import (  # noqa: E402
+    CacheConfig,
+    EngineConfig,
+    ModelConfig,
+    SchedulerConfig,
+    SpeculativeConfig,
+    model_preset,
+)
 from server.engine.core import Engine  # noqa: E402
 from server.engine.kv_cache import kernel_kv_dtype  # noqa: E402
 from server.engine.messages import AddRequest, SamplingParams  # noqa: E402
@@ -46,6 +54,7 @@ MATMUL_TFLOPS = 738.0  # H200 bf16 matrix product measured for this project
 class Row:
     model: str
     backend: str
+    mode: str  # "graph" (CUDA-graph decode) or "eager"
     kv: str
     phase: str
     batch: int
@@ -53,6 +62,7 @@ class Row:
     seconds: float  # per decode step, or for the whole prefill
     tokens: int  # tokens produced (decode) or prompt tokens (prefill) in `seconds`
     roofline_s: float
+    device_s: float | None = None  # graph mode: one replay of the step's graph alone (device time)
 
 
 def weight_bytes(model: torch.nn.Module) -> int:
@@ -104,7 +114,8 @@ def place_prefilled(engine: Engine, batch: int, context: int, max_tokens: int) -
 
 
 def make_engine(args: argparse.Namespace, backend: str, kv: str, num_blocks: int, max_len: int,
-                max_seqs: int, budget: int) -> Engine:
+                max_seqs: int, budget: int, mode: str = "eager", graph_sizes: tuple[int, ...] = (),
+                speculative: SpeculativeConfig | None = None) -> Engine:
     overrides = {"num_layers": args.num_layers} if args.num_layers else {}
     model = model_preset(args.model, **overrides)
     return Engine(EngineConfig(
@@ -113,17 +124,19 @@ def make_engine(args: argparse.Namespace, backend: str, kv: str, num_blocks: int
                           indexer_key_dtype=args.indexer_key_dtype, enable_prefix_caching=False,
                           num_blocks=num_blocks),
         scheduler=SchedulerConfig(max_num_seqs=max_seqs, max_num_batched_tokens=budget, max_model_len=max_len),
-        device=args.device, attention_backend=backend, seed=0,
+        device=args.device, attention_backend=backend, seed=0, enforce_eager=mode == "eager",
+        cuda_graph_sizes=graph_sizes, speculative=speculative,
     ))
 
 
-def bench_decode(args: argparse.Namespace, backend: str, kv: str, batch: int) -> Row:
+def bench_decode(args: argparse.Namespace, backend: str, kv: str, batch: int, mode: str) -> Row:
     bs = args.block_size or model_preset(args.model).default_block_size
     steps = args.warmup + args.steps
-    max_len = args.context + steps + 1
+    max_len = args.context + steps + 2
     num_blocks = batch * -(-max_len // bs) + 1
-    engine = make_engine(args, backend, kv, num_blocks, max_len, max(batch, 1), max(batch, args.max_num_batched_tokens))
-    place_prefilled(engine, batch, args.context, steps)
+    engine = make_engine(args, backend, kv, num_blocks, max_len, max(batch, 1), max(batch, args.max_num_batched_tokens),
+                         mode, graph_sizes=(batch,))
+    place_prefilled(engine, batch, args.context, steps + 1)  # one more step for --count-kernels
     times = []
     for i in range(steps):
         sync(engine.runner.device)
@@ -131,12 +144,33 @@ def bench_decode(args: argparse.Namespace, backend: str, kv: str, batch: int) ->
         engine.step()  # ends in the sampled tokens' host copy, so the device work is done
         if i >= args.warmup:
             times.append(time.perf_counter() - start)
+    if mode == "graph" and engine.runner.graphs is None:
+        raise RuntimeError("--modes graph: the engine captured no CUDA graphs (CPU, torch backend or --tp > 1)")
+    device_s = replay_seconds(engine, batch) if mode == "graph" else None
+    if args.count_kernels and mode == "eager" and engine.runner.device.type == "cuda":
+        print(f"{args.model} {kv} B={batch}: {count_kernels(engine)} GPU kernels per eager decode step", flush=True)
     m = engine.config.model
     att_bytes, att_flops = attention_cost(m, kernel_kv_dtype(engine.config.cache), args.indexer_key_dtype, args.context)
     w = weight_bytes(engine.runner.model)
     w_params = w / engine.runner.model.lm_head.weight.element_size()
     limit = roofline(w + batch * att_bytes, 2 * w_params * batch + batch * att_flops)
-    return Row(args.model, backend, kv, "decode", batch, args.context, statistics.median(times), batch, limit)
+    return Row(args.model, backend, mode, kv, "decode", batch, args.context, statistics.median(times), batch, limit,
+               device_s)
+
+
+def replay_seconds(engine: Engine, batch: int, reps: int = 20) -> float:
+    """Device time of the decode graph alone: back-to-back replays timed with CUDA events. The
+    step's wall time minus this is the host time the step does not hide."""
+    graphs = engine.runner.graphs
+    graph = graphs.graphs[graphs.bucket(batch), 1]
+    graph.replay()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(reps):
+        graph.replay()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / reps / 1e3
 
 
 def bench_prefill(args: argparse.Namespace, backend: str, kv: str) -> Row:
@@ -162,16 +196,86 @@ def bench_prefill(args: argparse.Namespace, backend: str, kv: str) -> Row:
     _, att_flops = attention_cost(m, kernel_kv_dtype(engine.config.cache), args.indexer_key_dtype, length // 2)
     w_params = weight_bytes(engine.runner.model) / engine.runner.model.lm_head.weight.element_size()
     limit = n * length * roofline(0.0, 2 * w_params + att_flops)
-    return Row(args.model, backend, kv, "prefill", n, length, seconds, n * length, limit)
+    return Row(args.model, backend, "eager", kv, "prefill", n, length, seconds, n * length, limit)
+
+
+def count_kernels(engine: Engine) -> int:
+    """GPU kernels one decode step launches (what a graph replays node by node)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        engine.step()
+        sync(engine.runner.device)
+    kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    by_name: dict[str, list[float]] = {}
+    for e in kernels:
+        by_name.setdefault(e.name[:70], []).append(e.time_range.elapsed_us())
+    total = sum(map(sum, by_name.values()))
+    print(f"  kernel time {total / 1e3:.3f} ms in {len(kernels)} kernels; top by time (us total, count):")
+    for name, times in sorted(by_name.items(), key=lambda kv: -sum(kv[1]))[:18]:
+        print(f"    {sum(times):9.1f} {len(times):4d}  {name}")
+    return len(kernels)
+
+
+def check_graph_tokens(args: argparse.Namespace) -> None:
+    """Greedy tokens of a graph engine against an eager one over ragged requests (batches shrink
+    as requests finish, so several buckets and their padding run), without and with speculative
+    decoding (standard verification of 3 drafts: the verify steps replay their own graphs);
+    prints the verdicts, the graph replays per (batch, query tokens), and the largest logit
+    difference of a graph replay against the same padded step run eagerly."""
+    lengths, outputs = (1, 17, 200, 1000, 3000, 70, 513), (8, 12, 16, 20, 24, 30, 5)
+    gen = torch.Generator().manual_seed(2)
+    prompts = [tuple(torch.randint(0, 256, (n,), generator=gen).tolist()) for n in lengths]
+    blocks = sum(-(-(n + m) // 64) + 1 for n, m in zip(lengths, outputs)) + 8
+    for spec in (None, SpeculativeConfig(method="mtp", num_speculative_tokens=3)):
+        results, replays = {}, Counter()
+        for mode in ("eager", "graph"):
+            engine = make_engine(args, "triton", args.kv_dtypes.split(",")[0], blocks * 4, 4096, 8, 4096, mode,
+                                 speculative=spec)
+            graphs = engine.runner.graphs
+            if graphs is not None:
+                replay = graphs.replay
+
+                def counted(*a, _replay=replay, _graphs=graphs):
+                    batch = a[-1].shape[0]
+                    replays[_graphs.bucket(batch), a[0].shape[0] // batch] += 1
+                    return _replay(*a)
+
+                graphs.replay = counted
+            for i, (p, m) in enumerate(zip(prompts, outputs)):
+                engine.add_request(AddRequest(f"r{i}", p, SamplingParams(max_tokens=m, temperature=0.0, ignore_eos=True), 0.0))
+            tokens: dict[str, list[int]] = {}
+            while engine.has_unfinished():
+                for out in engine.step().outputs:
+                    tokens.setdefault(out.request_id, []).extend(out.new_token_ids)
+            results[mode] = tokens
+            if mode == "graph" and spec is None:
+                size = graphs.bucket(3)
+                with torch.inference_mode():
+                    eager_a = graphs._forward(size)[0].clone()
+                    eager_b = graphs._forward(size)[0].clone()
+                    graphs.graphs[size, 1].replay()
+                    replayed = graphs.outputs[size, 1][0].clone()
+                print(f"graph check: batch {size} replay vs the same step eager: max |dlogit| "
+                      f"{float((replayed - eager_a).abs().max()):.3e} (eager twice: {float((eager_b - eager_a).abs().max()):.3e}); "
+                      f"capture of {len(graphs.graphs)} graphs took {graphs.capture_seconds:.2f} s", flush=True)
+        same = results["eager"] == results["graph"]
+        diverged = [r for r in results["eager"] if results["eager"][r] != results["graph"].get(r)]
+        label = "decode" if spec is None else "speculative (k=3, standard)"
+        print(f"graph check {label}: greedy tokens graph vs eager engine: "
+              f"{'IDENTICAL' if same else 'DIFFER in ' + ','.join(diverged)} "
+              f"({sum(map(len, results['eager'].values()))} tokens, {len(prompts)} requests); "
+              f"replays by (batch, query tokens): {dict(sorted(replays.items()))}", flush=True)
 
 
 def print_table(rows: list[Row]) -> None:
-    head = f"{'model':6} {'backend':7} {'kv':5} {'phase':8} {'batch':>5} {'ctx':>6} {'time ms':>10} {'tok/s':>11} {'roof ms':>9} {'% roof':>7}"
+    head = f"{'model':6} {'backend':7} {'kv':5} {'phase':8} {'batch':>5} {'ctx':>6} {'time ms':>10} {'tok/s':>11} {'roof ms':>9} {'% roof':>7} {'mode':5} {'graph ms':>8} {'host ms':>7}"
     print(head)
     print("-" * len(head))
     for r in rows:
         print(f"{r.model:6} {r.backend:7} {r.kv:5} {r.phase:8} {r.batch:5d} {r.context:6d} {r.seconds * 1e3:10.3f} "
-              f"{r.tokens / r.seconds:11.1f} {r.roofline_s * 1e3:9.3f} {100 * r.roofline_s / r.seconds:6.1f}%")
+              f"{r.tokens / r.seconds:11.1f} {r.roofline_s * 1e3:9.3f} {100 * r.roofline_s / r.seconds:6.1f}% {r.mode:5}"
+              + (f" {r.device_s * 1e3:8.3f} {(r.seconds - r.device_s) * 1e3:7.3f}" if r.device_s is not None else ""))
 
 
 def progress(message: str) -> None:
@@ -187,6 +291,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--kv-dtypes", default="bf16,fp8", help="comma list of --kv-cache-dtype values")
     p.add_argument("--indexer-key-dtype", default="fp8", choices=("fp8", "mxfp4"))
     p.add_argument("--block-size", type=int, default=None)
+    p.add_argument("--modes", default="graph,eager",
+                   help="comma list of decode modes: graph (CUDA-graph replay) and/or eager (--enforce-eager); "
+                        "graph needs CUDA and the triton backend")
+    p.add_argument("--no-prefill", action="store_true", help="decode steps only")
+    p.add_argument("--count-kernels", action="store_true", help="print the GPU kernels of one eager decode step")
+    p.add_argument("--check-graphs", action="store_true",
+                   help="first check on the GPU that graph and eager engines emit the same greedy tokens")
     p.add_argument("--batches", default="1,8,32,128", help="decode batch sizes")
     p.add_argument("--context", type=int, default=4096, help="tokens per request during decode")
     p.add_argument("--steps", type=int, default=20, help="measured decode steps")
@@ -199,7 +310,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="tiny model on CPU with the torch backend and small sizes (checks this script)")
     args = p.parse_args(argv)
     if args.smoke:
-        args.model, args.device, args.backends, args.batches = "tiny", "cpu", "torch", "1,8"
+        args.model, args.device, args.backends, args.batches, args.modes = "tiny", "cpu", "torch", "1,8", "eager"
         args.context, args.steps, args.warmup = 256, 3, 1
         args.prefill_requests, args.prefill_len, args.max_num_batched_tokens = 2, 512, 512
     return args
@@ -208,13 +319,20 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     rows = []
+    if args.check_graphs:
+        check_graph_tokens(args)
+    modes = args.modes.split(",")
     for backend in args.backends.split(","):
         for kv in args.kv_dtypes.split(","):
             for batch in (int(b) for b in args.batches.split(",")):
-                rows.append(bench_decode(args, backend, kv, batch))
-                progress(f"done decode {backend} {kv} B={batch}")
-            rows.append(bench_prefill(args, backend, kv))
-            progress(f"done prefill {backend} {kv}")
+                for mode in modes:
+                    if mode == "graph" and backend != "triton":
+                        continue
+                    rows.append(bench_decode(args, backend, kv, batch, mode))
+                    progress(f"done decode {backend} {mode} {kv} B={batch}")
+            if not args.no_prefill:
+                rows.append(bench_prefill(args, backend, kv))
+                progress(f"done prefill {backend} {kv}")
     device = torch.cuda.get_device_name() if torch.cuda.is_available() and args.device != "cpu" else "cpu"
     print(f"# engine benchmark: {args.model} ({args.num_layers or model_preset(args.model).num_layers} layers) "
           f"on {device}, torch {torch.__version__}, roofline {HBM_TBPS} TB/s / {MATMUL_TFLOPS} TFLOP/s")

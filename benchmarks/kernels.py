@@ -156,6 +156,9 @@ def sparse_mla_cases(rows: list[Row], num_slots: int, batch: int) -> None:
 
 # ---------------------------------------------------------------- indexer
 
+INDEXER_SWEEP = (IndexerConfig(64, 4, 8), IndexerConfig(64, 4, 16), IndexerConfig(64, 4, 8, 1), IndexerConfig(64, 4, 8, 2),
+                 IndexerConfig(64, 4, 8, 4), IndexerConfig(64, 4, 16, 2), IndexerConfig(128, 8, 8, 2), IndexerConfig(64, 8, 8, 2))
+
 
 def indexer_cases(rows: list[Row], requests: int, context: int) -> None:
     block_size = 64
@@ -180,12 +183,12 @@ def indexer_cases(rows: list[Row], requests: int, context: int) -> None:
         nbytes = requests * context * (indexer_row_bytes(D_I, key_dtype) + 4) + requests * (H_I * D_I + 4 * H_I)
         eager = bench([lambda q=q, w=w: indexer_logits_paged_torch(q, w, cache, key_dtype, block_table, block_size, seq_ids, lens, context) for q, w in sets])
         rows.append(Row(case, "torch eager", eager, flops, nbytes))
-        for cfg in [IndexerConfig(16, 4)] if SMOKE else (IndexerConfig(64, 4), IndexerConfig(128, 8), IndexerConfig(256, 8)):
+        for cfg in [IndexerConfig(16, 4)] if SMOKE else INDEXER_SWEEP:
 
             def run(q, w, cfg=cfg):
                 return indexer_logits_triton(q, w, cache, key_dtype, block_table, seq_ids, lens, lens, block_size, context, True, cfg)
 
-            label = f"triton n{cfg.block_n} w{cfg.num_warps}"
+            label = f"triton n{cfg.block_n} w{cfg.num_warps} p{cfg.programs_per_sm}/SM s{cfg.num_stages or '-'}"
             q, w = sets[0]
             with poisoned_outputs():
                 got = run(q, w)
@@ -223,8 +226,8 @@ def topk_cases(rows: list[Row], n_rows: int, n_cols: int) -> None:
     short = torch.randint(0, n_cols + 1, (n_rows,), device=DEV, dtype=torch.int32)
     edge = torch.tensor([0, TOPK - 1, TOPK, TOPK + 1], device=DEV, dtype=torch.int32)
     short[: min(4, n_rows)] = edge[: min(4, n_rows)]
-    for cfg in [TopkConfig(512, 256, 4)] if SMOKE else (TopkConfig(4096, 1024, 4), TopkConfig(2048, 1024, 4), TopkConfig(8192, 1024, 8), TopkConfig(4096, 2048, 8)):
-        label = f"triton chunk{cfg.chunk} block{cfg.block} w{cfg.num_warps}"
+    for cfg in [TopkConfig(512, 256, 4)] if SMOKE else (TopkConfig(4096, 1024, 4), TopkConfig(2048, 1024, 4, 8), TopkConfig(1024, 1024, 4, 16), None):
+        label = "triton default config" if cfg is None else f"triton chunk{cfg.chunk} block{cfg.block} w{cfg.num_warps} p{cfg.programs_per_sm}/SM"
         ok = True
         for lengths in (lens, short):
             with poisoned_outputs():
@@ -236,6 +239,43 @@ def topk_cases(rows: list[Row], n_rows: int, n_cols: int) -> None:
         ms = bench([lambda x=x, cfg=cfg: topk_triton(x, lens, TOPK, cfg) for x in sets])
         print(f"{case} {label}: check {'ok' if ok else 'FAIL'}, {ms * 1e3:.1f} us", flush=True)
         rows.append(Row(case, f"{label} [{'ok' if ok else 'FAIL'}]", ms, 0, nbytes, plain))
+
+
+# ---------------------------------------------------------------- fp8 quantisation
+
+
+def quant_cases(rows: list[Row], n_rows: int) -> None:
+    """The indexer's per-layer query quantisation (T x 64 heads x 128): one kernel vs torch ops."""
+    from kernels.quant import mxfp4_quantize
+
+    sets = [torch.randn(n_rows, H_I, D_I, device=DEV) * torch.rand(n_rows, H_I, 1, device=DEV) * 10 for _ in range(3)]
+    case = f"fp8 quantize {n_rows}x{H_I}x{D_I}"
+    nbytes = n_rows * H_I * (D_I * 5 + 4)
+    eager = bench([lambda x=x: fp8_e4m3_quantize(x, backend="torch") for x in sets])
+    rows.append(Row(case, "torch eager", eager, 0, nbytes))
+    ok = True
+    for x in sets + [torch.randn(7, 16, device=DEV).bfloat16()]:
+        with poisoned_outputs():
+            q, s = fp8_e4m3_quantize(x, backend="triton")
+        rq, rs = fp8_e4m3_quantize(x, backend="torch")
+        ok = ok and torch.equal(q, rq) and torch.equal(s, rs)
+    ms = bench([lambda x=x: fp8_e4m3_quantize(x, backend="triton") for x in sets])
+    print(f"{case}: check {'ok (bit-identical)' if ok else 'FAIL'}, {ms * 1e3:.1f} us", flush=True)
+    rows.append(Row(case, f"triton one kernel [{'ok' if ok else 'FAIL'}]", ms, 0, nbytes, eager))
+    # the indexer keys of a 2k-token prefill chunk in MXFP4
+    keys = [torch.randn(2048, D_I, device=DEV) * torch.rand(2048, 1, device=DEV) * 10 for _ in range(3)]
+    case = f"mxfp4 quantize 2048x{D_I}"
+    nbytes = 2048 * (D_I * 4 + D_I // 2 + D_I // 32)
+    eager = bench([lambda x=x: mxfp4_quantize(x, backend="torch") for x in keys])
+    rows.append(Row(case, "torch eager", eager, 0, nbytes))
+    ok = True
+    for x in keys + [torch.randn(5, 32, device=DEV).bfloat16() * 1e-3]:
+        with poisoned_outputs():
+            got = mxfp4_quantize(x, backend="triton")
+        ok = ok and torch.equal(got, mxfp4_quantize(x, backend="torch"))
+    ms = bench([lambda x=x: mxfp4_quantize(x, backend="triton") for x in keys])
+    print(f"{case}: check {'ok (bit-identical)' if ok else 'FAIL'}, {ms * 1e3:.1f} us", flush=True)
+    rows.append(Row(case, f"triton one kernel [{'ok' if ok else 'FAIL'}]", ms, 0, nbytes, eager))
 
 
 # ---------------------------------------------------------------- report
@@ -256,7 +296,7 @@ def print_table(rows: list[Row]) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--only", choices=["mla", "indexer", "topk"], action="append", help="run only these parts (repeatable)")
+    parser.add_argument("--only", choices=["mla", "indexer", "topk", "quant"], action="append", help="run only these parts (repeatable)")
     parser.add_argument("--kv-slots", type=int, default=1 << 20, help="KV cache rows the sparse MLA indices draw from")
     parser.add_argument("--smoke", action="store_true", help="tiny shapes on CPU (set TRITON_INTERPRET=1) to test the script")
     args = parser.parse_args(argv)
@@ -266,7 +306,7 @@ def main(argv: list[str] | None = None) -> int:
     elif not torch.cuda.is_available():
         print("benchmarks/kernels.py needs a CUDA GPU (or --smoke)", file=sys.stderr)
         return 2
-    parts = args.only or ["mla", "indexer", "topk"]
+    parts = args.only or ["mla", "indexer", "topk", "quant"]
     name = "cpu (smoke)" if SMOKE else torch.cuda.get_device_name()
     print(f"device: {name}  torch {torch.__version__}  triton {triton.__version__}")
     copy, mm = measure_ceilings()
@@ -279,8 +319,15 @@ def main(argv: list[str] | None = None) -> int:
             sparse_mla_cases(rows, 4096 if SMOKE else args.kv_slots, 2 if SMOKE else 64)
         if "topk" in parts:
             topk_cases(rows, *((2, 4096) if SMOKE else (64, 65536)))
+            if not SMOKE:  # the decode steps' shapes: v32 16 requests at 64k, small 1 request at 4k
+                topk_cases(rows, 16, 65536)
+                topk_cases(rows, 1, 4096)
+        if "quant" in parts:
+            quant_cases(rows, 2 if SMOKE else 16)
         if "indexer" in parts:
             indexer_cases(rows, *((2, 512) if SMOKE else (64, 65536)))
+            if not SMOKE:
+                indexer_cases(rows, 16, 65536)
     finally:
         print_table(rows)
     return 0

@@ -19,9 +19,10 @@ from kernels.triton_utils import (
     E2M1_RAW_SCALE,
     E4M3_RAW_SCALE,
     dot_dtype,
-    new_output,
     e2m1_to_raw_f16,
     e4m3_to_raw_f16,
+    new_output,
+    row_programs,
     ue8m0_to_f32,
 )
 
@@ -72,6 +73,54 @@ def indexer_logits_ragged_torch(q_fp8, weights, keys, key_dtype, k_start, k_end)
 # ---------------------------------------------------------------- Triton kernel
 
 
+@triton.jit
+def _query_raw(q_ptr, t, offset, stride: tl.constexpr, H: tl.constexpr, D: tl.constexpr,
+               BLOCK_H: tl.constexpr, WIDTH: tl.constexpr, DOT_DTYPE: tl.constexpr):
+    """Query elements offset + stride * i (i < WIDTH) of every head as raw fp16 (value / 2^8)."""
+    heads = tl.arange(0, BLOCK_H)
+    ptr = q_ptr + t * H * D + heads[:, None] * D + offset + stride * tl.arange(0, WIDTH)[None, :]
+    return e4m3_to_raw_f16(tl.load(ptr, mask=heads[:, None] < H, other=0).to(tl.int32)).to(DOT_DTYPE)
+
+
+@triton.jit
+def _block_slots(blk, t, seq, start, end, block_table_ptr, block_table_stride, block_size,
+                 BLOCK_N: tl.constexpr, PAGED: tl.constexpr):
+    """(columns, visible mask, cache slots) of one block of keys of token t."""
+    cols = blk * BLOCK_N + tl.arange(0, BLOCK_N)
+    if PAGED:
+        visible = cols < end
+        block = tl.load(block_table_ptr + seq * block_table_stride + cols // block_size, mask=visible, other=0)
+    else:  # contiguous keys: block_size is 1 and block is the column itself
+        visible = (cols >= start) & (cols < end)
+        block = cols // block_size
+    # block_size is not specialised (do_not_specialize): were it known to be a multiple of 16, the
+    # compiler would take every slot for one and load rows of ROW_BYTES (132: 4-byte aligned) with
+    # 16-byte vectors, a misaligned access on the GPU. Invisible columns are masked, never read.
+    return cols, visible, block.to(tl.int64) * block_size + cols % block_size
+
+
+@triton.jit
+def _mx_group_scores(row, visible, g: tl.constexpr, q_even, q_odd, D: tl.constexpr, DOT_DTYPE: tl.constexpr):
+    """Raw scores of MXFP4 group g (32 values, bytes 16g..16g+15, one ue8m0 scale) [BLOCK_N, BLOCK_H].
+
+    Byte i holds elements 2i (low nibble) and 2i+1 (high nibble): two K=16 dots, even and odd
+    elements, and the group's power-of-two scale applied to their fp32 sum.
+    """
+    packed = tl.load(row[:, None] + 16 * g + tl.arange(0, 16)[None, :], mask=visible[:, None], other=0).to(tl.int32)
+    k_even = e2m1_to_raw_f16(packed & 0xF).to(DOT_DTYPE)
+    k_odd = e2m1_to_raw_f16(packed >> 4).to(DOT_DTYPE)
+    part = tl.dot(k_even, tl.trans(q_even)) + tl.dot(k_odd, tl.trans(q_odd))
+    scale = ue8m0_to_f32(tl.load(row + D // 2 + g, mask=visible, other=0).to(tl.int32))
+    return part * scale[:, None]
+
+
+@triton.jit
+def _store_logits(scores, w, visible, cols, out_ptr, t, n_cols):
+    logits = tl.sum(tl.maximum(scores, 0.0) * w[None, :], axis=1)
+    logits = tl.where(visible, logits, float("-inf"))
+    tl.store(out_ptr + t.to(tl.int64) * n_cols + cols, logits, mask=cols < n_cols)
+
+
 @triton.jit(do_not_specialize=["block_size"])
 def _indexer_logits_kernel(
     q_ptr, w_ptr, key_ptr, key_words_ptr, out_ptr,
@@ -79,89 +128,98 @@ def _indexer_logits_kernel(
     n_cols, block_table_stride, block_size,
     ROW_BYTES: tl.constexpr,  # fixed per model; as a constant it tells the compiler how wide rows can be loaded
     H: tl.constexpr, D: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
-    PAGED: tl.constexpr, MXFP4: tl.constexpr, DOT_DTYPE: tl.constexpr,
+    PAGED: tl.constexpr, MXFP4: tl.constexpr, MASK_TAIL: tl.constexpr, DOT_DTYPE: tl.constexpr,
 ):
+    """Grid (tokens, programs per token): program p scores the token's key blocks p, p + P, ...
+
+    The loop bound is read on the device (the token's end, or n_cols with MASK_TAIL), so the grid
+    depends only on the shapes and a CUDA graph replays it for any context lengths; the query is
+    decoded once per program, not once per block. Keys enter the dot as raw fp16 (value / 2^8
+    for e4m3, / 2^14 for e2m1: exact, and the products exact in the fp32 sums); every scale is
+    positive, so it multiplies the dot's fp32 result (per key, or per key and MXFP4 group)
+    instead of every element, and the decode is a few integer operations per byte.
+    """
     t = tl.program_id(0)
-    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     end = tl.load(end_ptr + t)
-    if PAGED:
-        visible = cols < end
-        seq = tl.load(seq_ids_ptr + t).to(tl.int64)
-        block = tl.load(block_table_ptr + seq * block_table_stride + cols // block_size, mask=visible, other=0)
-    else:  # contiguous keys: block_size is 1 and block is the column itself
-        visible = (cols >= tl.load(start_ptr + t)) & (cols < end)
-        block = cols // block_size
-    # block_size is not specialised (do_not_specialize): were it known to be a multiple of 16, the
-    # compiler would take every slot for one and load rows of ROW_BYTES (132: 4-byte aligned) with
-    # 16-byte vectors, a misaligned access on the GPU. Invisible columns are masked, never read.
-    slots = block.to(tl.int64) * block_size + cols % block_size
-    row = key_ptr + slots[:, None] * ROW_BYTES
-
+    start = 0 if PAGED else tl.load(start_ptr + t)
+    limit = n_cols if MASK_TAIL else tl.minimum(end, n_cols)
+    first = 0 if MASK_TAIL else start // BLOCK_N
     heads = tl.arange(0, BLOCK_H)
-    q_row = q_ptr + t * H * D + heads[:, None] * D
-    if MXFP4:
-        # byte i of a row holds elements 2i (low nibble) and 2i+1 (high nibble): score the even and
-        # odd elements as two half-width dots instead of interleaving the nibbles
-        half = tl.arange(0, D // 2)
-        q_even = e4m3_to_raw_f16(tl.load(q_row + 2 * half[None, :], mask=heads[:, None] < H, other=0).to(tl.int32))
-        q_odd = e4m3_to_raw_f16(tl.load(q_row + 2 * half[None, :] + 1, mask=heads[:, None] < H, other=0).to(tl.int32))
-        q_even = (q_even.to(tl.float32) * E4M3_RAW_SCALE).to(DOT_DTYPE)
-        q_odd = (q_odd.to(tl.float32) * E4M3_RAW_SCALE).to(DOT_DTYPE)
-        packed = tl.load(row + half[None, :], mask=visible[:, None], other=0).to(tl.int32)
-        scale_byte = tl.load(row + D // 2 + half[None, :] // 16, mask=visible[:, None], other=0).to(tl.int32)
-        scale = ue8m0_to_f32(scale_byte) * E2M1_RAW_SCALE
-        k_even = (e2m1_to_raw_f16(packed & 0xF).to(tl.float32) * scale).to(DOT_DTYPE)
-        k_odd = (e2m1_to_raw_f16(packed >> 4).to(tl.float32) * scale).to(DOT_DTYPE)
-        scores = tl.dot(k_even, tl.trans(q_even)) + tl.dot(k_odd, tl.trans(q_odd))  # [BLOCK_N, BLOCK_H]
-    else:
-        dims = tl.arange(0, D)
-        q_raw = e4m3_to_raw_f16(tl.load(q_row + dims[None, :], mask=heads[:, None] < H, other=0).to(tl.int32))
-        q = (q_raw.to(tl.float32) * E4M3_RAW_SCALE).to(DOT_DTYPE)
-        # fp8 rows are d_I + 4 bytes, d_I a multiple of 16: the scale is word d_I/4 of the row. It is
-        # positive, so it can scale the key before the ReLU; e4m3 times a power of two is exact in bf16.
-        scale_bits = tl.load(key_words_ptr + slots * (ROW_BYTES // 4) + D // 4, mask=visible, other=0)
-        key_scale = scale_bits.to(tl.float32, bitcast=True) * E4M3_RAW_SCALE
-        raw = e4m3_to_raw_f16(tl.load(row + dims[None, :], mask=visible[:, None], other=0).to(tl.int32))
-        keys = (raw.to(tl.float32) * key_scale[:, None]).to(DOT_DTYPE)
-        scores = tl.dot(keys, tl.trans(q))  # [BLOCK_N, BLOCK_H], exact products, fp32 sums
-
     w = tl.load(w_ptr + t * H + heads, mask=heads < H, other=0.0)
-    logits = tl.sum(tl.maximum(scores, 0.0) * w[None, :], axis=1)
-    logits = tl.where(visible, logits, float("-inf"))
-    tl.store(out_ptr + t.to(tl.int64) * n_cols + cols, logits, mask=cols < n_cols)
+    seq = tl.load(seq_ids_ptr + t).to(tl.int64) if PAGED else 0
+    if MXFP4:
+        # the query slices meeting each group's even and odd elements, decoded once (d_I <= 128:
+        # at most four groups; smaller d_I loads its groups again, harmlessly)
+        e0 = _query_raw(q_ptr, t, 0, 2, H, D, BLOCK_H, 16, DOT_DTYPE)
+        o0 = _query_raw(q_ptr, t, 1, 2, H, D, BLOCK_H, 16, DOT_DTYPE)
+        e1 = _query_raw(q_ptr, t, 32 % D, 2, H, D, BLOCK_H, 16, DOT_DTYPE)
+        o1 = _query_raw(q_ptr, t, 32 % D + 1, 2, H, D, BLOCK_H, 16, DOT_DTYPE)
+        e2 = _query_raw(q_ptr, t, 64 % D, 2, H, D, BLOCK_H, 16, DOT_DTYPE)
+        o2 = _query_raw(q_ptr, t, 64 % D + 1, 2, H, D, BLOCK_H, 16, DOT_DTYPE)
+        e3 = _query_raw(q_ptr, t, 96 % D, 2, H, D, BLOCK_H, 16, DOT_DTYPE)
+        o3 = _query_raw(q_ptr, t, 96 % D + 1, 2, H, D, BLOCK_H, 16, DOT_DTYPE)
+        for blk in range(first + tl.program_id(1), tl.cdiv(limit, BLOCK_N), tl.num_programs(1)):
+            cols, visible, slots = _block_slots(blk, t, seq, start, end, block_table_ptr, block_table_stride,
+                                                block_size, BLOCK_N, PAGED)
+            row = key_ptr + slots * ROW_BYTES  # [BLOCK_N] row starts
+            scores = _mx_group_scores(row, visible, 0, e0, o0, D, DOT_DTYPE)
+            if D >= 64:
+                scores += _mx_group_scores(row, visible, 1, e1, o1, D, DOT_DTYPE)
+            if D >= 128:
+                scores += _mx_group_scores(row, visible, 2, e2, o2, D, DOT_DTYPE)
+                scores += _mx_group_scores(row, visible, 3, e3, o3, D, DOT_DTYPE)
+            _store_logits(scores * (E2M1_RAW_SCALE * E4M3_RAW_SCALE), w, visible, cols, out_ptr, t, n_cols)
+    else:
+        q = _query_raw(q_ptr, t, 0, 1, H, D, BLOCK_H, D, DOT_DTYPE)
+        dims = tl.arange(0, D)
+        for blk in range(first + tl.program_id(1), tl.cdiv(limit, BLOCK_N), tl.num_programs(1)):
+            cols, visible, slots = _block_slots(blk, t, seq, start, end, block_table_ptr, block_table_stride,
+                                                block_size, BLOCK_N, PAGED)
+            raw = e4m3_to_raw_f16(tl.load(key_ptr + slots[:, None] * ROW_BYTES + dims[None, :],
+                                          mask=visible[:, None], other=0).to(tl.int32))
+            # fp8 rows are d_I + 4 bytes, d_I a multiple of 16: the scale is word d_I/4 of the row
+            scale_bits = tl.load(key_words_ptr + slots * (ROW_BYTES // 4) + D // 4, mask=visible, other=0)
+            key_scale = scale_bits.to(tl.float32, bitcast=True) * (E4M3_RAW_SCALE * E4M3_RAW_SCALE)
+            scores = tl.dot(raw.to(DOT_DTYPE), tl.trans(q)) * key_scale[:, None]
+            _store_logits(scores, w, visible, cols, out_ptr, t, n_cols)
 
 
 @dataclass(frozen=True)
 class IndexerConfig:
-    """Keys per program and warps of the indexer kernel."""
+    """Keys per block, warps, programs per multiprocessor (the grid) and software-pipelining
+    depth of the indexer kernel (None: Triton's default)."""
 
     block_n: int
     num_warps: int
+    programs_per_sm: int = 8
+    num_stages: int | None = None
 
 
 def default_config(key_dtype: str, device: torch.device) -> IndexerConfig:
-    """Measured best on an H200 at 64 requests x 64k keys (benchmarks/kernels_notes.md)."""
+    """Measured best on an H200 at 64 and 16 requests x 64k keys (benchmarks/kernels_notes.md)."""
     if device.type != "cuda":
         return IndexerConfig(16, 4)
-    return IndexerConfig(64, 4) if key_dtype == "fp8" else IndexerConfig(256, 8)
+    return IndexerConfig(64, 4, 8, 1) if key_dtype == "fp8" else IndexerConfig(64, 4, 8)
 
 
-def indexer_logits_triton(q_fp8, weights, rows, key_dtype, block_table, seq_ids, start, end, block_size, n_cols, paged, config=None):
-    """Launch the kernel on prepared (contiguous, int32) inputs; config overrides the tile shape."""
+def indexer_logits_triton(q_fp8, weights, rows, key_dtype, block_table, seq_ids, start, end, block_size, n_cols, paged,
+                          config=None, mask_tail=True):
+    """Launch the kernel on prepared (contiguous, int32) inputs; config overrides the tile shape.
+    mask_tail=False leaves the columns at or past each token's end unwritten."""
     t, h, d = q_fp8.shape
     out = new_output((t, n_cols), torch.float32, q_fp8.device)
     if t == 0 or n_cols == 0:
         return out
     cfg = config or default_config(key_dtype, q_fp8.device)
     words = rows.view(torch.int32) if key_dtype == "fp8" else rows
-    grid = (t, triton.cdiv(n_cols, cfg.block_n))
+    grid = (t, row_programs(t, triton.cdiv(n_cols, cfg.block_n), q_fp8.device, cfg.programs_per_sm))
     _indexer_logits_kernel[grid](
         q_fp8, weights, rows, words, out,
         block_table, seq_ids, start, end,
         n_cols, block_table.stride(0), block_size,
         ROW_BYTES=rows.shape[1], H=h, D=d, BLOCK_H=max(16, triton.next_power_of_2(h)), BLOCK_N=cfg.block_n,
-        PAGED=paged, MXFP4=key_dtype == "mxfp4", DOT_DTYPE=dot_dtype(q_fp8),
-        num_warps=cfg.num_warps,
+        PAGED=paged, MXFP4=key_dtype == "mxfp4", MASK_TAIL=mask_tail, DOT_DTYPE=dot_dtype(q_fp8, tl.float16),
+        num_warps=cfg.num_warps, **({} if cfg.num_stages is None else {"num_stages": cfg.num_stages}),
     )
     return out
 
@@ -177,6 +235,8 @@ def _check_inputs(q_fp8: torch.Tensor, weights: torch.Tensor, rows: torch.Tensor
         raise ValueError(f"{name}: d_I={d} must be a power of two >= 16")
     if weights.shape != (t, h):
         raise ValueError(f"{name}: weights must be [T, H_I] = {[t, h]}, got {list(weights.shape)}")
+    if key_dtype == "mxfp4" and d > 128:
+        raise ValueError(f"{name}: d_I={d}: the MXFP4 kernel holds at most four 32-value groups (d_I <= 128)")
     row = indexer_row_bytes(d, key_dtype)
     if rows.dtype != torch.uint8 or rows.dim() != 2 or rows.shape[1] != row:
         raise ValueError(f"{name}: key rows must be uint8[N, {row}] for d_I={d} {key_dtype}, got {rows.dtype}{list(rows.shape)}")
@@ -193,8 +253,13 @@ def indexer_logits_paged(
     context_lens: torch.Tensor,
     max_context: int,
     backend: str | None = None,
+    mask_tail: bool = True,
 ) -> torch.Tensor:
-    """fp32[T, max_context] logits of each query token over its request's paged keys (-inf past context_lens[t])."""
+    """fp32[T, max_context] logits of each query token over its request's paged keys (-inf past context_lens[t]).
+
+    mask_tail=False: the Triton kernel leaves the columns at or past context_lens[t] unwritten
+    and spends no work on them (the engine's top-k reads only a row's first context_lens[t]
+    columns, and a captured CUDA graph sizes max_context for the longest context it may see)."""
     _check_inputs(q_fp8, weights, idx_cache, key_dtype, "indexer_logits_paged")
     t = q_fp8.shape[0]
     if seq_ids.shape != (t,) or context_lens.shape != (t,):
@@ -207,7 +272,7 @@ def indexer_logits_paged(
     return indexer_logits_triton(
         q_fp8.contiguous(), weights.float().contiguous(), idx_cache.contiguous(), key_dtype,
         block_table.int().contiguous(), seq_ids.int().contiguous(), context_lens.int(), context_lens.int().contiguous(),
-        block_size, max_context, paged=True,
+        block_size, max_context, paged=True, mask_tail=mask_tail,
     )
 
 

@@ -9,9 +9,12 @@ b means 2^(b-127), with 0xFF NaN and 0x00 read as 0 (the encoder writes 1..254 o
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
-from kernels.backend import values_checkable
+from kernels.backend import resolve_backend, values_checkable
+from kernels.quant_kernels import fp8_e4m3_quantize_triton, mxfp4_quantize_triton
 
 E4M3_MAX = 448.0
 E2M1_MAX = 6.0
@@ -65,8 +68,14 @@ def _pow2_ceil(r: torch.Tensor) -> torch.Tensor:
     return torch.ldexp(torch.ones_like(r), exp)
 
 
-def fp8_e4m3_quantize(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Quantise each row of x[..., D] to e4m3 bytes with a power-of-two scale 2^ceil(log2(amax/448))."""
+def fp8_e4m3_quantize(x: torch.Tensor, backend: str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Quantise each row of x[..., D] to e4m3 bytes with a power-of-two scale 2^ceil(log2(amax/448)).
+
+    backend "triton" (the default on a GPU) runs kernels/quant_kernels.py's single kernel, with the
+    same bytes and scales; "torch" is the reference below."""
+    d = x.shape[-1] if x.dim() else 0
+    if d >= 16 and d & (d - 1) == 0 and resolve_backend(backend, x.device) == "triton":
+        return fp8_e4m3_quantize_triton(x)
     xf = x.float()
     amax = xf.abs().amax(dim=-1)
     scale = torch.where(amax > 0, _pow2_ceil(amax / E4M3_MAX), 1.0)  # a scalar: no ones tensor to fill
@@ -95,19 +104,30 @@ def fp8_e4m3_dequantize(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
 # ---------------------------------------------------------------- MXFP4
 
 
+@functools.cache
+def _e2m1_midpoints(device: torch.device) -> torch.Tensor:
+    """Made once per device: a host-to-device copy cannot run inside a CUDA-graph capture."""
+    return torch.tensor(_E2M1_MIDPOINTS, device=device)
+
+
 def _e2m1_codes(a: torch.Tensor) -> torch.Tensor:
     """Magnitudes (already clamped to 6) -> 3-bit e2m1 codes, round to nearest, ties to even code."""
-    mids = torch.tensor(_E2M1_MIDPOINTS, device=a.device)
+    mids = _e2m1_midpoints(a.device)
     code = torch.bucketize(a, mids)  # ties land on the lower code
     at_tie = (code < len(_E2M1_MIDPOINTS)) & (a == mids[code.clamp(max=len(_E2M1_MIDPOINTS) - 1)])
     return torch.where(at_tie & (code % 2 == 1), code + 1, code)
 
 
-def mxfp4_quantize(x: torch.Tensor) -> torch.Tensor:
-    """x[..., D] -> uint8[..., D/2 + D/32]: e2m1 nibbles, then one ue8m0 scale byte per 32 values."""
+def mxfp4_quantize(x: torch.Tensor, backend: str | None = None) -> torch.Tensor:
+    """x[..., D] -> uint8[..., D/2 + D/32]: e2m1 nibbles, then one ue8m0 scale byte per 32 values.
+
+    backend "triton" (the default on a GPU) runs kernels/quant_kernels.py's single kernel, with
+    the same bytes; "torch" is the reference below."""
     d = x.shape[-1]
     if d % MX_BLOCK:
         raise ValueError(f"mxfp4_quantize: last dim {d} is not a multiple of {MX_BLOCK}")
+    if resolve_backend(backend, x.device) == "triton":
+        return mxfp4_quantize_triton(x)
     xb = x.float().reshape(*x.shape[:-1], d // MX_BLOCK, MX_BLOCK)
     amax = xb.abs().amax(dim=-1)
     _, e = torch.frexp(amax)

@@ -1,7 +1,7 @@
 """Exact per-row top-k column indices with per-row lengths, and their mapping to cache slots.
 
-Triton path: a radix select on order-preserving 32-bit keys, spread over (rows x chunks of
-columns) so that a few long rows still fill the GPU. Four launches add 8-bit digit histograms
+Triton path: a radix select on order-preserving 32-bit keys, spread over (rows x programs, each
+looping over chunks of columns up to the row's length) so that a few long rows still fill the GPU. Four launches add 8-bit digit histograms
 (keys matching the digits chosen so far) into a per-row table, which narrows the k-th largest key
 down to one value; a fifth launch writes every column above it plus just enough columns equal to
 it. Rows no longer than k emit 0..len-1 then -1.
@@ -16,7 +16,7 @@ import triton
 import triton.language as tl
 
 from kernels.backend import resolve_backend, values_checkable
-from kernels.triton_utils import new_output
+from kernels.triton_utils import new_output, row_programs
 
 
 # ---------------------------------------------------------------- torch reference
@@ -81,60 +81,66 @@ def _radix_pass_kernel(
     logits_ptr, lengths_ptr, out_ptr, hist_ptr, count_ptr, n_cols, k, level,
     CHUNK: tl.constexpr, BLOCK: tl.constexpr,
 ):
-    """One pass of the radix select over a chunk of one row (grid: rows x chunks).
+    """One pass of the radix select over one row (grid: rows x programs per row).
 
+    Program p takes the row's chunks p, p + P, ... up to the row's length, a bound read on the
+    device, so the grid depends only on the shapes (a CUDA graph replays it for any lengths).
     Levels 0-3 add the histogram of that level's digit, over the keys that match the prefix
     chosen so far, into hist[row, level]. Level 4 emits: every column whose key is above the
     k-th largest, and just enough columns equal to it; per-row atomic counters give positions.
     """
     row = tl.program_id(0)
-    chunk = tl.program_id(1)
     length = tl.minimum(tl.load(lengths_ptr + row), n_cols)
     row_ptr = logits_ptr + row.to(tl.int64) * n_cols
     out_row = out_ptr + row.to(tl.int64) * k
-    lo = chunk * CHUNK
-    hi = tl.minimum(lo + CHUNK, length)
     if length <= k:  # short row: 0..len-1 then -1, written once in the emit pass
-        if (level == RADIX_LEVELS) & (chunk == 0):
+        if (level == RADIX_LEVELS) & (tl.program_id(1) == 0):
             for start in range(0, k, BLOCK):
                 slot = start + tl.arange(0, BLOCK)
                 tl.store(out_row + slot, tl.where(slot < length, slot, -1), mask=slot < k)
     else:
         prefix, prefix_mask, remaining = _replay_prefix(hist_ptr, row, level, k)
+        first, step = tl.program_id(1) * CHUNK, tl.num_programs(1) * CHUNK
         if level < RADIX_LEVELS:
             shift = (tl.zeros((), tl.int32) + 24 - 8 * level).to(tl.uint32)
             first_half = tl.arange(0, 2)[:, None] == 0
             hist = tl.zeros((256,), tl.int32)
-            for start in range(lo, hi, BLOCK):
-                col = start + tl.arange(0, BLOCK)
-                key = _ordered_key(tl.load(row_ptr + col, mask=col < hi, other=0.0))
-                match = (col < hi) & ((key & prefix_mask) == prefix)
-                # keys off the prefix go to bin 256, in the half of the histogram that is dropped
-                digit = tl.where(match, ((key >> shift) & 0xFF).to(tl.int32), 256)
-                hist += tl.sum(tl.where(first_half, tl.reshape(tl.histogram(digit, 512), (2, 256)), 0), axis=0)
+            for lo in range(first, length, step):
+                hi = tl.minimum(lo + CHUNK, length)
+                for start in range(lo, hi, BLOCK):
+                    col = start + tl.arange(0, BLOCK)
+                    key = _ordered_key(tl.load(row_ptr + col, mask=col < hi, other=0.0))
+                    match = (col < hi) & ((key & prefix_mask) == prefix)
+                    # keys off the prefix go to bin 256, in the half of the histogram that is dropped
+                    digit = tl.where(match, ((key >> shift) & 0xFF).to(tl.int32), 256)
+                    hist += tl.sum(tl.where(first_half, tl.reshape(tl.histogram(digit, 512), (2, 256)), 0), axis=0)
             tl.atomic_add(hist_ptr + (row * RADIX_LEVELS + level) * 256 + tl.arange(0, 256), hist)
         else:  # prefix is now the k-th largest key
             n_above = k - remaining
-            for start in range(lo, hi, BLOCK):
-                col = start + tl.arange(0, BLOCK)
-                key = _ordered_key(tl.load(row_ptr + col, mask=col < hi, other=0.0))
-                is_above = (col < hi) & (key > prefix)
-                is_equal = (col < hi) & (key == prefix)
-                base_above = tl.atomic_add(count_ptr + row * 2, tl.sum(is_above.to(tl.int32), axis=0))
-                base_equal = tl.atomic_add(count_ptr + row * 2 + 1, tl.sum(is_equal.to(tl.int32), axis=0))
-                pos_above = base_above + tl.cumsum(is_above.to(tl.int32), axis=0) - 1
-                pos_equal = base_equal + tl.cumsum(is_equal.to(tl.int32), axis=0) - 1
-                tl.store(out_row + pos_above, col, mask=is_above)
-                tl.store(out_row + n_above + pos_equal, col, mask=is_equal & (pos_equal < remaining))
+            for lo in range(first, length, step):
+                hi = tl.minimum(lo + CHUNK, length)
+                for start in range(lo, hi, BLOCK):
+                    col = start + tl.arange(0, BLOCK)
+                    key = _ordered_key(tl.load(row_ptr + col, mask=col < hi, other=0.0))
+                    is_above = (col < hi) & (key > prefix)
+                    is_equal = (col < hi) & (key == prefix)
+                    base_above = tl.atomic_add(count_ptr + row * 2, tl.sum(is_above.to(tl.int32), axis=0))
+                    base_equal = tl.atomic_add(count_ptr + row * 2 + 1, tl.sum(is_equal.to(tl.int32), axis=0))
+                    pos_above = base_above + tl.cumsum(is_above.to(tl.int32), axis=0) - 1
+                    pos_equal = base_equal + tl.cumsum(is_equal.to(tl.int32), axis=0) - 1
+                    tl.store(out_row + pos_above, col, mask=is_above)
+                    tl.store(out_row + n_above + pos_equal, col, mask=is_equal & (pos_equal < remaining))
 
 
 @dataclass(frozen=True)
 class TopkConfig:
-    """Columns per program (chunk), columns per loop step (block) and warps of the radix passes."""
+    """Columns per chunk, columns per loop step (block), warps and programs per multiprocessor
+    (the grid) of the radix passes."""
 
     chunk: int
     block: int
     num_warps: int
+    programs_per_sm: int = 4
 
 
 def default_config(device: torch.device) -> TopkConfig:
@@ -142,7 +148,7 @@ def default_config(device: torch.device) -> TopkConfig:
 
 
 def topk_triton(logits: torch.Tensor, lengths: torch.Tensor, k: int, config: TopkConfig | None = None) -> torch.Tensor:
-    """Five launches over (rows x chunks): four histogram levels, then the emit pass."""
+    """Five launches over (rows x programs per row): four histogram levels, then the emit pass."""
     t, n = logits.shape
     out = new_output((t, k), torch.int32, logits.device)
     if t == 0:
@@ -152,7 +158,7 @@ def topk_triton(logits: torch.Tensor, lengths: torch.Tensor, k: int, config: Top
     levels = RADIX_LEVELS.value * 256
     scratch = torch.zeros(t * (levels + 2), dtype=torch.int32, device=logits.device)
     hist, counts = scratch[: t * levels], scratch[t * levels :]  # [t, levels, 256] and [t, 2], flat
-    grid = (t, max(1, triton.cdiv(n, cfg.chunk)))
+    grid = (t, row_programs(t, max(1, triton.cdiv(n, cfg.chunk)), logits.device, cfg.programs_per_sm))
     for level in range(RADIX_LEVELS.value + 1):
         _radix_pass_kernel[grid](logits, lengths, out, hist, counts, n, k, level, CHUNK=cfg.chunk, BLOCK=cfg.block, num_warps=cfg.num_warps)
     return out

@@ -9,6 +9,8 @@ into a scale. fp16 keeps subnormals on every target, so e4m3 subnormals stay exa
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
@@ -47,19 +49,38 @@ def f32_to_bf16(x):
     return (rounded >> 16).to(tl.int16).to(tl.bfloat16, bitcast=True)
 
 
-def dot_dtype(t: torch.Tensor) -> tl.dtype:
-    """Operand type for bf16 tl.dot: bf16 on a GPU; fp32 in the interpreter, whose bf16 dot is wrong.
+def dot_dtype(t: torch.Tensor, gpu: tl.dtype = tl.bfloat16) -> tl.dtype:
+    """Operand type for a 16-bit tl.dot: `gpu` (bf16 or fp16) on a GPU; fp32 in the interpreter,
+    whose 16-bit dots are wrong.
 
-    The operands hold bf16-representable values either way, so only the summation order differs.
+    The operands hold values exact in the 16-bit type either way, so only the summation order differs.
     """
-    return tl.float32 if t.device.type == "cpu" else tl.bfloat16
+    return tl.float32 if t.device.type == "cpu" else gpu
+
+
+@functools.cache
+def sm_count(device: torch.device) -> int:
+    """Multiprocessors of a CUDA device, asked once: the property lookup cost a call per launch."""
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def row_programs(rows: int, blocks: int, device: torch.device, per_sm: int = 4) -> int:
+    """Programs per row for kernels that loop over a row's blocks (grid rows x programs).
+
+    Enough programs to give every multiprocessor about `per_sm`, never more than the row has blocks.
+    The count depends only on the shapes, so a captured CUDA graph keeps a fixed grid while each
+    program's loop bound (a row's length, read on the device) varies from replay to replay. In
+    the interpreter two programs per row exercise the loop at little cost.
+    """
+    target = 2 if device.type != "cuda" else max(1, -(-per_sm * sm_count(device) // max(1, rows)))
+    return max(1, min(blocks, target))
 
 
 _poison = False
 
 
 class poisoned_outputs:
-    """Context manager: kernels fill their outputs with garbage (NaN, -7777) before launching.
+    """Context manager: kernels fill their outputs with garbage (NaN, -7777, 0xFF) before launching.
 
     Tests use it to prove that every output element is written by the kernel.
     """
@@ -77,5 +98,6 @@ def new_output(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device)
     """torch.empty, or a poisoned tensor inside `poisoned_outputs()`."""
     if not _poison:
         return torch.empty(shape, dtype=dtype, device=device)
-    fill = float("nan") if dtype.is_floating_point else -7777
+    # uint8 outputs are fp8 bytes: 0xFF is e4m3 NaN, which no encoder writes for finite input
+    fill = float("nan") if dtype.is_floating_point else 0xFF if dtype == torch.uint8 else -7777
     return torch.full(shape, fill, dtype=dtype, device=device)

@@ -247,6 +247,8 @@ class EngineConfig:
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     speculative: SpeculativeConfig | None = None  # None: no speculative decoding
     step_delay_ms: float = 0.0  # test-only: sleep this long in every step that runs a batch (planted A/B effect)
+    enforce_eager: bool = False  # True: no CUDA graphs, every step runs eagerly
+    cuda_graph_sizes: tuple[int, ...] = ()  # decode batch sizes captured; () = 1, 2, 4, 8, 16, ... to max_num_seqs
 
     def __post_init__(self) -> None:
         validate_engine_config(self)
@@ -310,6 +312,8 @@ def validate_engine_config(c: EngineConfig) -> None:
     _require(0.0 < cache.gpu_memory_utilization <= 1.0,
              f"--gpu-memory-utilization: must be in (0, 1], got {cache.gpu_memory_utilization}")
     _require(cache.kv_cache_gb > 0, f"--kv-cache-gb: must be positive, got {cache.kv_cache_gb}")
+    _require(all(n > 0 for n in c.cuda_graph_sizes),
+             f"--cuda-graph-sizes: every size must be positive, got {list(c.cuda_graph_sizes)}")
     _require(cache.num_blocks is None or cache.num_blocks > 0,
              f"num_blocks: must be positive, got {cache.num_blocks}")
     _require(sched.max_num_seqs > 0, f"--max-num-seqs: must be positive, got {sched.max_num_seqs}")
@@ -380,6 +384,11 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--step-delay-ms", type=float, default=0.0,
                    help="test only: add this delay to every engine step that runs a batch, a known slowdown "
                         "for A/B calibration (default: 0)")
+    g.add_argument("--enforce-eager", action="store_true",
+                   help="run every step eagerly: no CUDA-graph capture of the decode step (default: capture on CUDA)")
+    g.add_argument("--cuda-graph-sizes", default=None, metavar="N,N,...",
+                   help="decode batch sizes to capture as CUDA graphs (default: 1, 2, 4, 8, 16, 24, ... up to "
+                        "--max-num-seqs)")
     s = parser.add_argument_group("speculative decoding")
     s.add_argument("--speculative-config", default=None, metavar="JSON",
                    help="vLLM's speculative config, e.g. '{\"method\": \"mtp\", \"num_speculative_tokens\": 5, "
@@ -433,4 +442,16 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
     speculative = speculative_config_from_flags(args.speculative_config, args.golden_al, args.thinking)
     return EngineConfig(model=model, cache=cache, scheduler=scheduler, device=args.device,
                         attention_backend=args.attention_backend, seed=args.seed, weights=args.weights,
-                        parallel=parallel, speculative=speculative, step_delay_ms=args.step_delay_ms)
+                        parallel=parallel, speculative=speculative, step_delay_ms=args.step_delay_ms,
+                        enforce_eager=args.enforce_eager,
+                        cuda_graph_sizes=_int_list(args.cuda_graph_sizes, "--cuda-graph-sizes"))
+
+
+def _int_list(text: str | None, flag: str) -> tuple[int, ...]:
+    """'1,2,4' -> (1, 2, 4); None -> ()."""
+    if text is None:
+        return ()
+    try:
+        return tuple(int(x) for x in text.split(","))
+    except ValueError:
+        raise ValueError(f"{flag}: expected comma-separated integers, got {text!r}") from None

@@ -152,6 +152,8 @@ class BlockManager:
     def release_tail(self, seq: Sequence) -> None:
         """Free the blocks past seq's computed tokens (they held only rejected draft positions)."""
         keep = self.blocks_needed(seq.num_computed_tokens)
+        if len(seq.block_ids) > keep:
+            seq.block_epoch += 1
         while len(seq.block_ids) > keep:
             self._release(seq.block_ids.pop())
 
@@ -160,6 +162,7 @@ class BlockManager:
         for block in reversed(seq.block_ids):
             self._release(block)
         seq.block_ids.clear()
+        seq.block_epoch += 1
         seq.block_hashes.clear()
         seq.num_computed_tokens = 0
 

@@ -34,6 +34,9 @@ class Sequence:
         self.num_computed_tokens = 0
         self.num_cached_tokens = 0  # prompt tokens served by the prefix cache at first admission
         self.block_ids: list[int] = []
+        # Bumped whenever block_ids loses entries (otherwise it only grows at the end), so a copy
+        # of its first entries made at the same epoch is still valid (the runner's block-table rows).
+        self.block_epoch = 0
         self.block_hashes: list[int] = []  # chained hashes of this sequence's full, computed blocks
         self.status = SequenceStatus.WAITING
         self.finish_reason: str | None = None

@@ -76,12 +76,13 @@ class Indexer(nn.Module):
         q, k = self._rope(torch.cat((q, k[:, None]), dim=1), rope).split([self.num_heads, 1], dim=1)
         k = k.squeeze(1)
         write_indexer_cache(idx_cache, meta.slot_mapping, k, s.key_dtype)
-        q8, q_scale = fp8_e4m3_quantize(q.float())
+        q8, q_scale = fp8_e4m3_quantize(q, backend=s.backend)
         weights = self.weights_proj(x).float() * q_scale * self.weight_scale
         partial = indexer_logits_paged(
             q8, weights, idx_cache, s.key_dtype, meta.block_table, meta.block_size, meta.seq_ids,
-            meta.context_lens, meta.max_context, backend=s.backend)
-        # A logit is a sum over heads: summing the ranks' partial sums gives every rank the same
+            meta.context_lens, meta.max_context, backend=s.backend, mask_tail=False)
+        # Columns past a token's context stay unwritten (mask_tail=False): top-k reads a row only up
+        # to its context length. A logit is a sum over heads: summing the ranks' partial sums gives every rank the same
         # logits, hence the same top-k (-inf + -inf stays -inf where keys are masked).
         return self.tp.all_reduce(partial)
 

@@ -12,15 +12,19 @@ loops in `serve`, running the steps it receives (see server/parallel.py).
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from kernels.quant import check_slot_range
 from server.config import EngineConfig, resolve_backend, resolve_device
 from server.engine.kv_cache import KVCacheTensors, cache_bytes_per_token, kernel_kv_dtype
 from server.engine.scheduler import ScheduledBatch
+from server.engine.sequence import Sequence
 from server.model.attention import AttentionMetadata, CacheSettings
+from server.model.cuda_graph import DecodeGraphs, default_capture_sizes
 from server.model.model import build_model
 from server.parallel import TensorParallel
 
@@ -47,6 +51,27 @@ class StepInputs:
         return cls(*per_token, block_table=table.int(), wanted=wanted, max_context=int(max_context[0]))
 
 
+class _TableRow:
+    """A request's block ids as a growing int32 array, valid while its block epoch holds."""
+
+    def __init__(self, epoch: int) -> None:
+        self.epoch = epoch
+        self.ids = np.empty(16, dtype=np.int32)
+        self.count = 0
+
+    def extend(self, block_ids: list[int]) -> np.ndarray:
+        """The first len(block_ids) entries, after appending the ones added since the last call."""
+        n = len(block_ids)
+        if n > self.ids.shape[0]:
+            grown = np.empty(max(n, 2 * self.ids.shape[0]), dtype=np.int32)
+            grown[: self.count] = self.ids[: self.count]
+            self.ids = grown
+        if n > self.count:
+            self.ids[self.count : n] = block_ids[self.count : n]
+        self.count = n
+        return self.ids[:n]
+
+
 class ModelRunner:
     def __init__(self, config: EngineConfig, tp: TensorParallel | None = None) -> None:
         """tp: a worker rank's joined group; None for the engine core, which is rank 0 and
@@ -64,14 +89,31 @@ class ModelRunner:
         if tp is None and size > 1:
             self.tp.start_workers(config)
         self.block_size = config.cache.block_size
+        self._rows: weakref.WeakKeyDictionary[Sequence, _TableRow] = weakref.WeakKeyDictionary()
         # Rank 0's block manager hands out slots that every rank's cache must hold.
         self.num_blocks = self.tp.agree_min(self._num_blocks())
-        self.cache = KVCacheTensors.allocate(config.model, config.cache, self.num_blocks, self.device)
         self.settings = CacheSettings(
             kv_dtype=kernel_kv_dtype(config.cache),
             key_dtype=config.cache.indexer_key_dtype,
             backend=resolve_backend(config.attention_backend, config.device),
         )
+        use_graphs = self._use_graphs()
+        # A graph's padding rows need a cache block no request owns: one more, past the block manager's.
+        self.cache = KVCacheTensors.allocate(config.model, config.cache, self.num_blocks + use_graphs, self.device)
+        self.graphs: DecodeGraphs | None = None
+        if use_graphs:
+            sched = config.scheduler
+            self.graphs = DecodeGraphs(
+                self.model, self.cache.kv, self.cache.indexer, self.settings, self.block_size, sched.max_model_len,
+                dummy_block=self.num_blocks,
+                sizes=config.cuda_graph_sizes or default_capture_sizes(sched.max_num_seqs),
+                query_lens=(1,) if config.speculative is None else (1, config.speculative.num_speculative_tokens + 1))
+            self.graphs.capture()
+
+    def _use_graphs(self) -> bool:
+        """CUDA graphs for decode steps: on CUDA with the Triton kernels at --tp 1, unless --enforce-eager."""
+        return (not self.config.enforce_eager and self.device.type == "cuda" and self.settings.backend == "triton"
+                and self.tp.world_size == 1)
 
     def _num_blocks(self) -> int:
         cache, sched = self.config.cache, self.config.scheduler
@@ -82,8 +124,10 @@ class ModelRunner:
             budget, flag = cache.kv_cache_gb * 2**30, "--kv-cache-gb"
         else:
             total = torch.cuda.get_device_properties(self.device).total_memory
-            # Peak step temporaries: indexer logits and top-k copies over the longest context.
-            activations = 4 * 4 * sched.max_num_batched_tokens * sched.max_model_len + 2**30
+            # Peak step temporaries: indexer logits and top-k copies over the longest context; the
+            # decode graphs' private pool holds the same for max_num_seqs rows.
+            rows = sched.max_num_batched_tokens + (0 if self.config.enforce_eager else sched.max_num_seqs)
+            activations = 4 * 4 * rows * sched.max_model_len + 2**30
             budget = total * cache.gpu_memory_utilization - torch.cuda.memory_allocated(self.device) - activations
             flag = "--gpu-memory-utilization"
         num_blocks = int(budget // block_bytes)
@@ -95,12 +139,17 @@ class ModelRunner:
         """The batch's host-side inputs."""
         seqs, counts = batch.seqs, batch.num_new_tokens
         starts = [s.num_computed_tokens for s in seqs]
+        table = self._block_table(seqs)
+        if all(n == 1 for n in counts):  # decode: one token per request, built from plain lists
+            bs = self.block_size
+            wanted = [i for i, k in enumerate(num_logits) if k]
+            return StepInputs(
+                torch.tensor([s.token_ids[p] for s, p in zip(seqs, starts)]), torch.tensor(starts),
+                torch.arange(len(seqs)), torch.tensor([s.block_ids[p // bs] * bs + p % bs for s, p in zip(seqs, starts)]),
+                table, torch.tensor(wanted, dtype=torch.long), max(starts) + 1)
         ids: list[int] = []
         for s, start, n in zip(seqs, starts, counts):
             ids.extend(s.token_ids[start:start + n])
-        width = max(len(s.block_ids) for s in seqs)
-        table = torch.tensor([s.block_ids + [0] * (width - len(s.block_ids)) for s in seqs], dtype=torch.int32)
-
         counts_t = torch.tensor(counts)
         num_tokens = len(ids)
         seq_ids = torch.repeat_interleave(torch.arange(len(seqs)), counts_t, output_size=num_tokens)
@@ -111,6 +160,21 @@ class ModelRunner:
         wanted = [i for end, k in zip(ends, num_logits) for i in range(end - k, end)]
         return StepInputs(torch.tensor(ids, dtype=torch.long), positions, seq_ids, slots, table,
                           torch.tensor(wanted, dtype=torch.long), max(start + n for start, n in zip(starts, counts)))
+
+    def _block_table(self, seqs: tuple[Sequence, ...]) -> torch.Tensor:
+        """int32 [B, max blocks] of the batch, zero-padded. Each request's row is kept between steps
+        (its block list only grows at the end until its epoch changes), so a step copies rows
+        instead of converting every block id of every request from Python ints: at 64k tokens a
+        request has ~1,000 blocks."""
+        width = max(len(s.block_ids) for s in seqs)
+        table = np.zeros((len(seqs), width), dtype=np.int32)
+        for i, s in enumerate(seqs):
+            n = len(s.block_ids)
+            row = self._rows.get(s)
+            if row is None or row.epoch != s.block_epoch:
+                row = self._rows[s] = _TableRow(s.block_epoch)
+            table[i, :n] = row.extend(s.block_ids)
+        return torch.from_numpy(table)
 
     def prepare(self, batch: ScheduledBatch, num_logits: list[int]) -> tuple[torch.Tensor, AttentionMetadata, torch.Tensor]:
         """(input ids [T], metadata, indices of the tokens whose logits are wanted) on the device."""
@@ -157,9 +221,21 @@ class ModelRunner:
         return out
 
     def _forward(self, inputs: StepInputs) -> tuple[torch.Tensor | None, torch.Tensor]:
+        if self._replayable(inputs):
+            check_slot_range(inputs.slots, self.num_blocks * self.block_size, "ModelRunner: step slots")
+            return self.graphs.replay(inputs.token_ids, inputs.positions, inputs.seq_ids, inputs.slots,
+                                      inputs.block_table)
         input_ids, meta, wanted = self._on_device(inputs)
         hidden = self.model(input_ids, meta, self.cache.kv, self.cache.indexer, self.settings)[wanted]
         return self.model.parallel_logits(hidden), hidden
+
+    def _replayable(self, inputs: StepInputs) -> bool:
+        """Every request computes the same number of tokens and wants all their logits (decode, or
+        verification of as many drafts each), in a shape a captured graph fits."""
+        batch, tokens = inputs.block_table.shape[0], inputs.token_ids.shape[0]
+        return (self.graphs is not None and tokens % batch == 0 and inputs.wanted.shape[0] == tokens
+                and self.graphs.fits(batch, tokens // batch)
+                and bool((inputs.seq_ids == torch.arange(batch).repeat_interleave(tokens // batch)).all()))
 
     def _wait_for_device(self) -> None:
         """Under TP a step counts as done (for the hang watchdog) only when the device is done."""

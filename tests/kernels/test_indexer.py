@@ -118,3 +118,21 @@ def test_zero_tokens_and_errors(gen):
         indexer_logits_ragged(q8, w[:, :2], cache, "fp8", one * 0, one, backend="triton")
     with pytest.raises(ValueError, match="exceeds"):
         indexer_logits_paged(q8, w, cache, "fp8", torch.zeros(1, 1, dtype=torch.int32), 4, one * 0, one * 5, 8, backend="torch")
+
+
+@pytest.mark.parametrize("key_dtype", ["fp8", "mxfp4"])
+def test_paged_unmasked_tail_scores_only_the_context(gen, key_dtype):
+    """mask_tail=False (the engine's call): columns below context_lens match the reference; the
+    kernel does no work past them, so they are left as they were (poisoned here)."""
+    d_i, heads, block_size, max_blocks = 64, 4, 16, 6
+    cache = make_cache(gen, 2 * max_blocks * block_size, d_i, key_dtype)
+    block_table = torch.randperm(2 * max_blocks, generator=gen).int().reshape(2, max_blocks)
+    seq_ids = torch.tensor([0, 1, 1], dtype=torch.int32)
+    context_lens = torch.tensor([5, 40, 90], dtype=torch.int32)
+    q8, w = make_inputs(gen, 3, heads, d_i)
+    args = (q8, w, cache, key_dtype, block_table, block_size, seq_ids, context_lens, max_blocks * block_size)
+    got = indexer_logits_paged(*args, backend="triton", mask_tail=False)
+    ref = indexer_logits_paged(*args, backend="torch")
+    for t, n in enumerate(context_lens.tolist()):
+        assert_logits_match(got[t : t + 1, :n], ref[t : t + 1, :n])
+    assert torch.isnan(got[0, 64:]).all(), "whole blocks past the context are not touched"

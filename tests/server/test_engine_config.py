@@ -44,6 +44,12 @@ def test_flags_build_config():
     assert c.seed == 7 and c.device == "cpu"
 
 
+def test_cuda_graph_flags():
+    assert parse("--device", "cpu").enforce_eager is False
+    c = parse("--device", "cpu", "--enforce-eager", "--cuda-graph-sizes", "1,2,8")
+    assert c.enforce_eager and c.cuda_graph_sizes == (1, 2, 8)
+
+
 def test_defaults_follow_preset():
     c = parse("--model", "small", "--device", "cpu")
     assert c.cache.block_size == 64 and c.scheduler.max_model_len == 32768
@@ -59,6 +65,8 @@ def test_defaults_follow_preset():
     (("--kv-cache-gb", "0"), "--kv-cache-gb"),
     (("--gpu-memory-utilization", "1.5"), "--gpu-memory-utilization"),
     (("--weights", "/nonexistent/w.safetensors"), "--weights"),
+    (("--cuda-graph-sizes", "1,x"), "--cuda-graph-sizes"),
+    (("--cuda-graph-sizes", "4,0"), "--cuda-graph-sizes"),
 ])
 def test_invalid_flags_name_the_flag(argv, flag):
     with pytest.raises(ValueError, match=flag):

@@ -230,3 +230,53 @@ def test_runner_refuses_a_slot_outside_the_cache():
     seq.block_ids = [runner.num_blocks]  # one past the last block
     with pytest.raises(ValueError, match="step slots: slots out of range"):
         runner.execute(ScheduledBatch((seq,), (3,)), [1])
+
+
+def test_default_capture_sizes_reach_max_num_seqs():
+    from server.model.cuda_graph import default_capture_sizes
+
+    assert default_capture_sizes(1) == (1,)
+    assert default_capture_sizes(3) == (1, 2, 4)
+    assert default_capture_sizes(16) == (1, 2, 4, 8, 16)
+    assert default_capture_sizes(20) == (1, 2, 4, 8, 16, 24)
+
+
+def test_cpu_runner_runs_eagerly_without_graphs():
+    """On CPU no graph is captured and no dummy block is allocated: the eager path is the one tested here."""
+    from server.model.runner import ModelRunner
+    from tests.server.engine_fixtures import tiny_config
+
+    runner = ModelRunner(tiny_config(num_blocks=8))
+    assert runner.graphs is None
+    assert runner.cache.kv[0].shape[0] == 8 * runner.block_size
+
+
+def test_block_table_rows_follow_appends_releases_and_frees():
+    """The runner keeps each request's block-table row between steps; after blocks are released
+    (rejected drafts) or freed (preemption) and others appended, the table is the block list again."""
+    runner = ModelRunner(tiny_config(num_blocks=32))
+    blocks = BlockManager(32, runner.block_size, enable_prefix_caching=False)
+    a = Sequence("a", list(range(40)), SamplingParams(max_tokens=4), 0.0)
+    b = Sequence("b", list(range(20)), SamplingParams(max_tokens=4), 0.0)
+
+    def table() -> list[list[int]]:
+        seqs = (a, b)
+        width = max(len(s.block_ids) for s in seqs)
+        expected = [s.block_ids + [0] * (width - len(s.block_ids)) for s in seqs]
+        got = runner._block_table(seqs).tolist()
+        assert got == expected
+        return got
+
+    blocks.append(a, 40)
+    blocks.append(b, 20)
+    table()
+    blocks.append(a, 60)  # grows: the kept row is extended
+    table()
+    a.num_computed_tokens = 33  # rejected drafts past 33 tokens: the tail blocks go back
+    blocks.release_tail(a)
+    blocks.append(b, 40)  # b may now get the released blocks
+    blocks.append(a, 30)  # and a new ones, the row's length as before
+    table()
+    blocks.free(a)  # preemption
+    blocks.append(a, 50)
+    table()

@@ -1,0 +1,158 @@
+"""CUDA-graph capture and replay of the decode step, one graph per batch-size bucket.
+
+A decode step launches ~1,100 kernels from Python; replaying a captured graph launches them in
+one call, so the step's host cost no longer grows with the model's depth. Captured at start-up
+for each bucket size (by default 1, 2, 4, 8, 16, 24, ... up to --max-num-seqs), largest first,
+in one shared memory pool.
+
+A graph replays fixed addresses and fixed launch grids, so:
+- inputs live in persistent device buffers: per token [ids, positions, block-table row, slot]
+  and the block table, filled by two asynchronous copies per step;
+- a batch of B requests runs in the smallest bucket >= B; the padding requests decode token 0
+  at positions 0..q-1 of their own block-table row, which points at a dummy cache block that no
+  request owns (the runner allocates it past the block manager's blocks), so they read and
+  write only it;
+- the indexer's logits are max_model_len wide and the indexer and top-k kernels loop up to each
+  token's context length read on the device (kernels/indexer.py, kernels/topk.py), so one graph
+  per batch bucket serves every context length at the cost of the contexts actually present.
+
+Steps replay when every request computes the same number of tokens q and wants all their
+logits: decode (q = 1) and, with speculative decoding, verification of k drafts (q = k + 1);
+prefill chunks, mixed steps and ragged verification run eagerly, as does everything on CPU,
+with the torch kernels, or under tensor parallelism (graphs there need every rank to replay the
+same bucket in step; not built yet).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+
+import torch
+
+from server.model.attention import AttentionMetadata, CacheSettings
+from server.model.model import SparseMLAModel
+
+PAD_TOKEN = 0
+
+
+def default_capture_sizes(max_num_seqs: int) -> tuple[int, ...]:
+    """1, 2, 4, then every multiple of 8, up to the first size >= max_num_seqs (vLLM's shape)."""
+    sizes = [1, 2, 4] + list(range(8, max_num_seqs + 8, 8))
+    return tuple(s for i, s in enumerate(sizes) if i == 0 or sizes[i - 1] < max_num_seqs)
+
+
+class DecodeGraphs:
+    """The captured decode graphs of one model and cache, and their persistent inputs.
+
+    A graph is keyed by (requests, query tokens per request): 1 query token for decode, k + 1
+    for speculative verification (each request's last token and its k drafts).
+    """
+
+    def __init__(self, model: SparseMLAModel, kv: list[torch.Tensor], indexer: list[torch.Tensor],
+                 settings: CacheSettings, block_size: int, max_model_len: int, dummy_block: int,
+                 sizes: tuple[int, ...], query_lens: tuple[int, ...] = (1,)) -> None:
+        self.model, self.kv, self.indexer, self.settings = model, kv, indexer, settings
+        self.block_size, self.max_model_len = block_size, max_model_len
+        self.dummy_slot = dummy_block * block_size
+        self.dummy_block = dummy_block
+        self.sizes = tuple(sorted(set(sizes)))
+        # padding rows decode positions 0..q-1 of the dummy block, so q must fit in one block
+        self.query_lens = tuple(sorted({q for q in query_lens if 1 <= q <= block_size}))
+        device = next(model.parameters()).device
+        max_rows = self.max_size * self.query_lens[-1]
+        max_blocks = -(-max_model_len // block_size)
+        self.tokens = torch.zeros(max_rows, 4, dtype=torch.long, device=device)  # ids, positions, table row, slot
+        self.block_table = torch.full((self.max_size, max_blocks), dummy_block, dtype=torch.int32, device=device)
+        # Two pinned staging buffers, alternated, so a step never overwrites one that a copy may still read.
+        self._host_tokens = [torch.zeros(max_rows, 4, dtype=torch.long).pin_memory() for _ in range(2)]
+        self._host_table = [torch.zeros(self.max_size * max_blocks, dtype=torch.int32).pin_memory() for _ in range(2)]
+        self._flip = 0
+        self.graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
+        self.outputs: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}
+        self.capture_seconds = 0.0
+
+    @property
+    def max_size(self) -> int:
+        return self.sizes[-1]
+
+    def bucket(self, batch: int) -> int | None:
+        """The smallest captured size >= batch, or None when the batch is larger than all."""
+        return next((s for s in self.sizes if s >= batch), None)
+
+    def fits(self, batch: int, query_len: int) -> bool:
+        return batch <= self.max_size and query_len in self.query_lens
+
+    def _forward(self, size: int, q: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+        """The step over the first size x q token rows of the persistent inputs: (logits, hidden)."""
+        tok = self.tokens[: size * q]
+        positions = tok[:, 1]
+        meta = AttentionMetadata(
+            positions=positions, slot_mapping=tok[:, 3], seq_ids=tok[:, 2].int(),
+            context_lens=(positions + 1).int(), block_table=self.block_table[:size],
+            block_size=self.block_size, max_context=self.max_model_len,
+        )
+        hidden = self.model(tok[:, 0], meta, self.kv, self.indexer, self.settings)
+        return self.model.parallel_logits(hidden), hidden
+
+    @torch.inference_mode()
+    def capture(self) -> None:
+        """Capture every (size, query length), largest first (later graphs reuse the pool's memory).
+        Progress goes to stderr on a terminal; the summary line (sizes, seconds) always does, like
+        the server's other start-up lines."""
+        start = time.perf_counter()
+        live = sys.stderr.isatty()
+        pool = torch.cuda.graph_pool_handle()
+        keys = [(size, q) for q in reversed(self.query_lens) for size in reversed(self.sizes)]
+        for i, (size, q) in enumerate(keys):
+            self._padding(self.tokens, self.block_table, 0, size, q)
+            self._forward(size, q)  # compiles the Triton kernels for this shape outside the capture
+            torch.cuda.synchronize()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=pool):
+                self.outputs[size, q] = self._forward(size, q)
+            self.graphs[size, q] = graph
+            if live:
+                print(f"\rengine: capturing CUDA graphs {i + 1}/{len(keys)} (batch {size} x {q} tokens)",
+                      end="", file=sys.stderr, flush=True)
+        torch.cuda.synchronize()
+        self.capture_seconds = time.perf_counter() - start
+        if live:
+            print(file=sys.stderr)
+        verify = "" if self.query_lens == (1,) else f", query tokens {','.join(map(str, self.query_lens))}"
+        print(f"engine: captured {len(keys)} CUDA graphs (batch sizes {','.join(map(str, self.sizes))}{verify}) "
+              f"in {self.capture_seconds:.1f} s", file=sys.stderr, flush=True)
+
+    def _padding(self, tokens: torch.Tensor, table: torch.Tensor, batch: int, size: int, q: int) -> None:
+        """Requests batch..size-1 (host or device buffers): token 0 at positions 0..q-1 of their own
+        table row, whose first block is the dummy."""
+        rows = torch.arange(batch * q, size * q, device=tokens.device)
+        tokens[batch * q : size * q, 0] = PAD_TOKEN
+        tokens[batch * q : size * q, 1] = rows % q
+        tokens[batch * q : size * q, 2] = rows // q
+        tokens[batch * q : size * q, 3] = self.dummy_slot + rows % q
+        table[batch:size, 0] = self.dummy_block
+
+    def replay(self, token_ids: torch.Tensor, positions: torch.Tensor, seq_ids: torch.Tensor, slots: torch.Tensor,
+               block_table: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Run one step of B requests with q tokens each (host tensors, request-major as the runner
+        builds them): (logits fp32 [B x q, vocab], hidden [B x q, hidden]), views valid until the
+        next replay."""
+        batch, width = block_table.shape
+        q = token_ids.shape[0] // batch
+        size = self.bucket(batch)
+        host = self._host_tokens[self._flip]
+        n = batch * q
+        host[:n, 0] = token_ids
+        host[:n, 1] = positions
+        host[:n, 2] = seq_ids
+        host[:n, 3] = slots
+        table = self._host_table[self._flip][: size * width].view(size, width)
+        table[:batch] = block_table
+        self._padding(host, table, batch, size, q)
+        self._flip ^= 1
+        self.tokens[: size * q].copy_(host[: size * q], non_blocking=True)
+        self.block_table[:size, :width].copy_(table, non_blocking=True)
+        self.graphs[size, q].replay()
+        logits, hidden = self.outputs[size, q]
+        return logits[:n], hidden[:n]
