@@ -18,7 +18,7 @@ ENGINE_DEATH_GRACE_S = 2.0  # keep answering 503 (not connection refused) this l
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from server.config import add_engine_args
+    from server.args import add_engine_args
 
     parser = argparse.ArgumentParser(
         prog="server",
@@ -64,7 +64,7 @@ def _check_http_args(args: argparse.Namespace) -> None:
 
 
 def start_command(args: argparse.Namespace) -> int:
-    from server.config import engine_config_from_args
+    from server.args import engine_config_from_args
     from server.engine_client import EngineClient, EngineStartError
 
     try:

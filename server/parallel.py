@@ -397,7 +397,7 @@ def _worker_main(config: EngineConfig, rank: int, local_rank: int, addr: str, po
 
 def main(argv: list[str] | None = None) -> int:
     """`python -m server.parallel`: the ranks of one node other than node 0."""
-    from server.config import add_engine_args, engine_config_from_args
+    from server.args import add_engine_args, engine_config_from_args
 
     parser = argparse.ArgumentParser(
         prog="python -m server.parallel",

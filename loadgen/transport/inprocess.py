@@ -41,7 +41,8 @@ from loadgen.transport.base import (
     WireRequest,
 )
 from loadgen.transport.http import check_complete
-from server.config import EngineConfig, add_engine_args, engine_config_from_args, resolve_device
+from server.args import add_engine_args, engine_config_from_args
+from server.config import EngineConfig, resolve_device
 from server.engine.messages import AbortRequest, AddRequest, RequestOutput, SamplingParams, StepOutputs
 from server.engine_client import SHUTDOWN, leave_a_core_for_http, serve_engine
 from server.protocol import speculative_card

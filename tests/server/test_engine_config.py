@@ -6,14 +6,8 @@ import argparse
 
 import pytest
 
-from server.config import (
-    CacheConfig,
-    EngineConfig,
-    SchedulerConfig,
-    add_engine_args,
-    engine_config_from_args,
-    model_preset,
-)
+from server.args import add_engine_args, engine_config_from_args
+from server.config import CacheConfig, EngineConfig, SchedulerConfig, model_preset
 
 
 def parse(*argv: str) -> EngineConfig:

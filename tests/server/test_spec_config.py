@@ -9,7 +9,8 @@ import json
 import pytest
 
 from golden_al import load_curve
-from server.config import SpeculativeConfig, add_engine_args, engine_config_from_args
+from server.args import add_engine_args, engine_config_from_args
+from server.config import SpeculativeConfig
 from server.engine.core import Engine
 from server.engine.messages import AddRequest, SamplingParams
 
