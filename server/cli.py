@@ -66,10 +66,12 @@ def _check_http_args(args: argparse.Namespace) -> None:
 def start_command(args: argparse.Namespace) -> int:
     from server.args import engine_config_from_args
     from server.engine_client import EngineClient, EngineStartError
+    from server.log import configure_logging
 
     try:
         _check_http_args(args)
         config = engine_config_from_args(args)
+        configure_logging()
     except ValueError as exc:
         print(f"server start: error: {exc}", file=sys.stderr)
         return 2

@@ -27,6 +27,7 @@ from multiprocessing.connection import Connection
 from typing import TYPE_CHECKING
 
 from server.config import EngineConfig, resolve_device
+from server.log import configure_logging
 from server.engine.messages import AbortRequest, AddRequest, EngineStats, RequestOutput, StepOutputs
 
 if TYPE_CHECKING:  # the engine imports torch: only the child process loads it
@@ -75,6 +76,7 @@ def run_engine_process(config: EngineConfig, requests: Connection, outputs: Conn
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     engine = None
     try:
+        configure_logging()
         leave_a_core_for_http(config)
         from server.engine.core import Engine
 
