@@ -32,8 +32,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from loadgen.transport.base import (
-    ERROR_CONNECT,
-    ERROR_TIMEOUT,
+    ErrorKind,
     Exchange,
     ServerInfo,
     Transport,
@@ -47,8 +46,6 @@ from server.engine.messages import AbortRequest, AddRequest, RequestOutput, Samp
 from server.engine_client import SHUTDOWN, leave_a_core_for_http, serve_engine
 from server.protocol import speculative_card
 
-ERROR_REFUSED = "engine_refused"  # the engine refused the request (too long for the context or the KV cache)
-ERROR_ENGINE_DEAD = "engine_dead"  # the engine raised while the request was in flight
 
 
 class EngineConfigError(TransportError):
@@ -148,7 +145,7 @@ class InProcessTransport(Transport):
         self._thread = None
         for entry in self._pending.values():  # aborted above: no output will come for them
             entry.exchange.end_ns = time.perf_counter_ns()
-            entry.exchange.error, entry.exchange.error_detail = "cancelled", "the transport was closed"
+            entry.exchange.error, entry.exchange.error_detail = ErrorKind.CANCELLED, "the transport was closed"
             if not entry.done.done():
                 entry.done.set_result(None)
         self._pending.clear()
@@ -179,7 +176,7 @@ class InProcessTransport(Transport):
         ex.start_ns = time.perf_counter_ns()
         if self.dead_reason is not None or self._thread is None:
             ex.end_ns = ex.start_ns
-            ex.error = ERROR_CONNECT
+            ex.error = ErrorKind.CONNECT
             ex.error_detail = f"the in-process engine is not running: {self.dead_reason or 'transport closed'}"
             return ex
         rid = request.request_id
@@ -192,7 +189,7 @@ class InProcessTransport(Transport):
             await asyncio.wait_for(asyncio.shield(done), self.timeout_s)
         except asyncio.TimeoutError:
             ex.end_ns = time.perf_counter_ns()
-            ex.error, ex.error_detail = ERROR_TIMEOUT, f"no complete answer within {self.timeout_s:g} s"
+            ex.error, ex.error_detail = ErrorKind.TIMEOUT, f"no complete answer within {self.timeout_s:g} s"
             self._abort(rid)
         except asyncio.CancelledError:
             self._abort(rid)
@@ -239,7 +236,7 @@ class InProcessTransport(Transport):
         now = time.perf_counter_ns()
         for entry in self._pending.values():
             entry.exchange.end_ns = now
-            entry.exchange.error = ERROR_ENGINE_DEAD
+            entry.exchange.error = ErrorKind.ENGINE_DEAD
             entry.exchange.error_detail = f"the in-process engine died: {reason}"
             if not entry.done.done():
                 entry.done.set_result(None)
@@ -263,7 +260,7 @@ def _finish(entry: _Pending, output: RequestOutput, now: int) -> None:
     ex = entry.exchange
     ex.end_ns = now
     if output.finish_reason == "error":
-        ex.error, ex.error_detail = ERROR_REFUSED, output.error
+        ex.error, ex.error_detail = ErrorKind.ENGINE_REFUSED, output.error
     else:
         ex.usage_prompt_tokens = output.num_prompt_tokens
         ex.cached_tokens = output.num_cached_tokens
