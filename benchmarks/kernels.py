@@ -1,7 +1,7 @@
 """GPU benchmark of the kernels package at DeepSeek-V3.2 shapes (not run by CI).
 
 First checks every Triton kernel against its torch reference on the GPU (fresh random inputs,
-outputs poisoned, SPARSE_MLA.md bars), then times each one with triton.testing.do_bench (median
+outputs poisoned, docs/sparse_mla.md bars), then times each one with triton.testing.do_bench (median
 after warm-up; do_bench also flushes the L2 between runs, and inputs rotate among sets larger than
 the 60 MB L2) and prints one table: time, TFLOP/s, GB/s, fractions of the measured ceilings and
 the speed-up over torch eager (the package's torch references).

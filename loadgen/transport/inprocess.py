@@ -1,6 +1,6 @@
 """In-process transport: the engine runs in this process and requests reach it without sockets.
 
-The one place where loadgen imports the server (DESIGN.md: `loadgen.inprocess -> server.engine`);
+The one place where loadgen imports the server (docs/architecture.md: `loadgen -> server` only here);
 `server.engine.core` (torch) is imported only when the engine is built, so loadgen still imports
 and runs `replay` without torch.
 

@@ -48,7 +48,7 @@ class CacheSettings:
 
 
 class Indexer(nn.Module):
-    """Lightning indexer: scores every visible key for each query token (SPARSE_MLA.md step 3)."""
+    """Lightning indexer: scores every visible key for each query token (docs/sparse_mla.md, step 3)."""
 
     def __init__(self, c: ModelConfig, tp: TensorParallel) -> None:
         super().__init__()

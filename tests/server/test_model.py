@@ -1,5 +1,5 @@
 """The paged, absorbed sparse-MLA model against a straightforward dense per-token implementation
-of SPARSE_MLA.md written here; KV/indexer dtypes; safetensors save/load."""
+of docs/sparse_mla.md written here; KV/indexer dtypes; safetensors save/load."""
 
 from __future__ import annotations
 
@@ -60,7 +60,7 @@ def rms(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
 
 
 def dense_attention(attn, h: torch.Tensor, kv_dtype: str, key_dtype: str) -> torch.Tensor:
-    """SPARSE_MLA.md steps 1-5 for one request's tokens 0..N-1, non-absorbed, token by token."""
+    """docs/sparse_mla.md steps 1-5 for one request's tokens 0..N-1, non-absorbed, token by token."""
     c = attn.c
     n, H, dn, dr, dc, dv = h.shape[0], c.num_heads, c.qk_nope_dim, c.qk_rope_dim, c.kv_lora_rank, c.v_head_dim
     hi, di, eps, theta = c.index_num_heads, c.index_head_dim, c.rms_norm_eps, c.rope_theta
