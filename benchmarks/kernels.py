@@ -26,7 +26,14 @@ import torch  # noqa: E402
 import triton  # noqa: E402
 
 from kernels.indexer import IndexerConfig, indexer_logits_paged_torch, indexer_logits_triton  # noqa: E402
-from kernels.quant import fp8_e4m3_quantize, indexer_row_bytes, kv_row_bytes, kv_row_width, write_indexer_cache, write_kv_cache  # noqa: E402
+from kernels.quant import (  # noqa: E402
+    fp8_e4m3_quantize,
+    indexer_row_bytes,
+    kv_row_bytes,
+    kv_row_width,
+    write_indexer_cache,
+    write_kv_cache,
+)
 from kernels.sparse_mla import SparseMlaConfig, auto_num_splits, sparse_mla_torch, sparse_mla_triton  # noqa: E402
 from kernels.topk import TopkConfig, topk_indices_torch, topk_triton  # noqa: E402
 from kernels.triton_utils import poisoned_outputs  # noqa: E402

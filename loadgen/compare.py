@@ -37,8 +37,9 @@ not drift of the machine between two runs; repeats measure that.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 

@@ -32,8 +32,9 @@ and e2e_intvty = 1 / p90(E2EL / OSL), tokens/s/user.
 from __future__ import annotations
 
 import csv
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import orjson
 

@@ -70,7 +70,7 @@ class ErrorCode(str, Enum):
     CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"
 
     __str__ = str.__str__
-    __format__ = str.__format__
+    __format__ = str.__format__  # type: ignore[assignment]  # str's, not Enum's
 
 
 class ApiError(Exception):

@@ -31,7 +31,7 @@ class ErrorKind(str, Enum):
 
     # Formatted and printed as the bare value, as the strings these replace were.
     __str__ = str.__str__
-    __format__ = str.__format__
+    __format__ = str.__format__  # type: ignore[assignment]  # str's, not Enum's
 
 
 @dataclass(frozen=True, slots=True)

@@ -29,7 +29,7 @@ import threading
 import time
 import traceback
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from loadgen.transport.base import (
     ErrorKind,
@@ -46,6 +46,8 @@ from server.engine.messages import AbortRequest, AddRequest, RequestOutput, Samp
 from server.engine_client import SHUTDOWN, leave_a_core_for_http, serve_engine
 from server.protocol import speculative_card
 
+if TYPE_CHECKING:
+    from server.engine.core import Engine
 
 
 class EngineConfigError(TransportError):
@@ -103,7 +105,7 @@ class InProcessTransport(Transport):
     def __init__(self, config: EngineConfig, timeout_s: float = 600.0) -> None:
         self.config = config
         self.timeout_s = timeout_s
-        self.engine = None  # server.engine.core.Engine once built
+        self.engine: Engine | None = None  # built by build_engine
         self.device = resolve_device(config.device)
         self.dead_reason: str | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -180,6 +182,7 @@ class InProcessTransport(Transport):
             ex.error_detail = f"the in-process engine is not running: {self.dead_reason or 'transport closed'}"
             return ex
         rid = request.request_id
+        assert self._loop is not None  # open() set it, before the step thread that _thread checks
         done = self._loop.create_future()
         self._pending[rid] = _Pending(ex, request.max_tokens, done)
         params = SamplingParams(max_tokens=request.max_tokens, min_tokens=request.max_tokens, ignore_eos=True,
@@ -204,11 +207,13 @@ class InProcessTransport(Transport):
 
     def _step_loop(self, outbox: _Outbox) -> None:
         try:
+            assert self.engine is not None, "build_engine runs before the step thread starts"
             serve_engine(self.engine, self._inbox, outbox)
         except BaseException as exc:  # report anything: the run must end with a reason, not hang
             reason = f"{type(exc).__name__}: {exc}"
             details = traceback.format_exc()
             try:
+                assert self._loop is not None
                 self._loop.call_soon_threadsafe(self._die, reason, details)
             except RuntimeError:  # the event loop is already closed
                 print(f"loadgen: the in-process engine died: {details}", file=sys.stderr)

@@ -17,8 +17,8 @@ from server.engine.messages import AddRequest, EngineStats, RequestOutput, StepO
 from server.engine.sampler import Sampler
 from server.engine.scheduler import ScheduledBatch, Scheduler
 from server.engine.sequence import Sequence
-from server.model.runner import ModelRunner
 from server.engine.spec_decode import SpeculativeDecoder
+from server.model.runner import ModelRunner
 
 
 class Engine:

@@ -43,7 +43,8 @@ def main(argv: list[str] | None = None) -> int:
         per_node = p.tensor_parallel_size // p.nnodes
         local_rank = os.environ.get("LOCAL_RANK")
         if local_rank is not None and not (local_rank.isdigit() and int(local_rank) < per_node):
-            raise ValueError(f"LOCAL_RANK={local_rank!r}: must be in 0..{per_node - 1} (--tp / --nnodes ranks per node)")
+            raise ValueError(f"LOCAL_RANK={local_rank!r}: must be in 0..{per_node - 1} "
+                             "(--tp / --nnodes ranks per node)")
         configure_logging()
     except ValueError as exc:
         print(f"server.parallel: error: {exc}", file=sys.stderr)

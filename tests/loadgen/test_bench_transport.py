@@ -105,7 +105,8 @@ async def _scenarios(transport: InProcessTransport) -> dict:
 
 
 if __name__ == "__main__":
-    config = EngineConfig(device="cpu", cache=CacheConfig(num_blocks=256), scheduler=SchedulerConfig(max_model_len=1024))
+    config = EngineConfig(device="cpu", cache=CacheConfig(num_blocks=256),
+                          scheduler=SchedulerConfig(max_model_len=1024))
     transport = InProcessTransport(config, timeout_s=60.0)
     try:
         print(json.dumps(asyncio.run(_scenarios(transport))))

@@ -17,7 +17,6 @@ from server.config import SpeculativeConfig
 from server.engine.core import Engine
 from server.engine.messages import AddRequest, SamplingParams
 from server.engine.sequence import Sequence
-
 from tests.server.engine_fixtures import greedy, prompt, run, tiny_config, tokens
 
 EOS = 257

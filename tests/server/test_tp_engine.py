@@ -1,8 +1,8 @@
 """Tensor parallelism on CPU (gloo, 2 ranks): the sharded engine computes what the unsharded one
 does. Logits agree to 1e-3 (the row-parallel sums add in another order, so a bf16 or fp8 cache
-row can round the other way) and greedy tokens are equal, over batched prefill chunks, multi-token queries, decodes, prefix-cache hits,
-both KV cache layouts and both indexer key formats, speculative decoding (the draft head runs on
-rank 0 alone), and with weights loaded from a file."""
+row can round the other way) and greedy tokens are equal, over batched prefill chunks, multi-token queries,
+decodes, prefix-cache hits, both KV cache layouts and both indexer key formats, speculative decoding (the
+draft head runs on rank 0 alone), and with weights loaded from a file."""
 
 from __future__ import annotations
 
@@ -18,7 +18,6 @@ from server.config import EngineConfig, ParallelConfig, SpeculativeConfig
 from server.engine.core import Engine
 from server.model.model import save_weights
 from server.model.runner import ModelRunner
-
 from tests.server.engine_fixtures import greedy, prompt, run, tiny_config, tokens
 from tests.server.test_model import CHUNKS, feed, token_lists
 
