@@ -11,6 +11,9 @@ Measures, on this machine, what each side costs where it runs:
 Both sides render the same families, labels and buckets from the same data; the script checks
 that the parsed values agree before timing anything.
 
+Needs prometheus_client, which agentload itself does not depend on (`pip install prometheus_client`).
+Result and decision: benchmarks/RESULTS.md, "Prometheus text: hand-written vs prometheus_client".
+
     PYTHONPATH=. python benchmarks/metrics_exposition.py            # full run (about a minute)
     PYTHONPATH=. python benchmarks/metrics_exposition.py --smoke    # a few iterations: tests the script
 """
@@ -184,6 +187,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--smoke", action="store_true", help="a few iterations, to test the script")
     args = parser.parse_args(argv)
+    try:
+        import prometheus_client  # noqa: F401
+    except ImportError:
+        print("metrics_exposition: error: needs prometheus_client (pip install prometheus_client)", file=sys.stderr)
+        return 2
     n_obs, calls, repeats, imports = (200, 20, 3, 2) if args.smoke else (20_000, 2_000, 7, 9)
 
     obs, stats = observations(n_obs), engine_stats()
