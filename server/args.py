@@ -1,9 +1,10 @@
-"""The engine's command-line flags, built from the config dataclasses' `cli(...)` field metadata.
+"""Command-line flags built from the config dataclasses' `cli(...)` field metadata.
 
 `server start`, `loadgen bench` and `python -m server.parallel` call `add_engine_args` and
-`engine_config_from_args`. Nothing here holds a default or a help text of its own: each flag's
-name, type, default and help come from its field in server/config.py, and argparse's dest is the
-field's name, so the parsed values go back into the same dataclasses unchanged.
+`engine_config_from_args`; `server start` also calls `add_http_args` and `http_config_from_args`.
+Nothing here holds a default or a help text of its own: each flag's name, type, default and help
+come from its field in server/config.py, and argparse's dest is the field's name, so the parsed
+values go back into the same dataclasses unchanged.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from server.config import (
     CacheConfig,
     EngineConfig,
     Flag,
+    HttpConfig,
     ModelChoice,
     ParallelConfig,
     SchedulerConfig,
@@ -31,8 +33,22 @@ FLAGGED_CONFIGS: tuple[type, ...] = (ModelChoice, EngineConfig, CacheConfig, Sch
 
 def add_engine_args(parser: argparse.ArgumentParser) -> None:
     """Add every engine flag to `parser`, one argument group per Flag.group."""
+    add_config_args(parser, FLAGGED_CONFIGS)
+
+
+def add_http_args(parser: argparse.ArgumentParser) -> None:
+    """`server start`'s HTTP flags (HttpConfig)."""
+    add_config_args(parser, (HttpConfig,))
+
+
+def http_config_from_args(args: argparse.Namespace) -> HttpConfig:
+    return HttpConfig(**_values(HttpConfig, args))
+
+
+def add_config_args(parser: argparse.ArgumentParser, configs: tuple[type, ...]) -> None:
+    """One flag per flagged field of each dataclass in `configs`, grouped by Flag.group."""
     groups: dict[str, Any] = {}
-    for cls in FLAGGED_CONFIGS:
+    for cls in configs:
         hints = typing.get_type_hints(cls)
         for f, flag in _flagged_fields(cls):
             if flag.group not in groups:

@@ -13,12 +13,16 @@ import argparse
 import asyncio
 import signal
 import sys
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from server.config import HttpConfig
 
 ENGINE_DEATH_GRACE_S = 2.0  # keep answering 503 (not connection refused) this long, then exit
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from server.args import add_engine_args
+    from server.args import add_engine_args, add_http_args
 
     parser = argparse.ArgumentParser(
         prog="server",
@@ -30,46 +34,19 @@ def build_parser() -> argparse.ArgumentParser:
         description="Serve the engine over an OpenAI-compatible HTTP API: /v1/completions, "
                     "/v1/chat/completions, /v1/models, /health, /metrics.",
     )
-    http = start.add_argument_group("HTTP")
-    http.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1)")
-    http.add_argument("--port", type=int, default=8000,
-                      help="port to bind; 0 picks a free one, printed on the ready line (default: 8000)")
-    http.add_argument("--api-key", default=None,
-                      help="require 'Authorization: Bearer KEY' on /v1 routes (default: none)")
-    http.add_argument("--max-body-mb", type=float, default=32.0,
-                      help="largest request body in MiB; larger ones get 413 (default: 32)")
-    http.add_argument("--max-queue", type=int, default=1024,
-                      help="requests allowed to wait beyond --max-num-seqs running ones; more get "
-                           "503 with Retry-After (default: 1024)")
-    http.add_argument("--served-model-name", default=None,
-                      help="model id in /v1/models and responses (default: the preset name)")
-    http.add_argument("--shutdown-timeout", type=float, default=30.0,
-                      help="on SIGTERM/SIGINT, seconds to let running requests finish (default: 30)")
+    add_http_args(start)
     add_engine_args(start)
     start.set_defaults(func=start_command)
     return parser
 
 
-def _check_http_args(args: argparse.Namespace) -> None:
-    if not 0 <= args.port <= 65535:
-        raise ValueError(f"--port: must be in 0..65535, got {args.port}")
-    if args.max_body_mb <= 0:
-        raise ValueError(f"--max-body-mb: must be positive, got {args.max_body_mb}")
-    if args.max_queue < 0:
-        raise ValueError(f"--max-queue: must be >= 0, got {args.max_queue}")
-    if args.shutdown_timeout < 0:
-        raise ValueError(f"--shutdown-timeout: must be >= 0, got {args.shutdown_timeout}")
-    if args.api_key == "":
-        raise ValueError("--api-key: must not be empty")
-
-
 def start_command(args: argparse.Namespace) -> int:
-    from server.args import engine_config_from_args
+    from server.args import engine_config_from_args, http_config_from_args
     from server.engine_client import EngineClient, EngineStartError
     from server.log import configure_logging
 
     try:
-        _check_http_args(args)
+        http = http_config_from_args(args)
         config = engine_config_from_args(args)
         configure_logging()
     except ValueError as exc:
@@ -82,7 +59,7 @@ def start_command(args: argparse.Namespace) -> int:
         print(f"server start: error: {exc}", file=sys.stderr)
         return 2 if exc.bad_config else 1
     try:
-        return _run(_serve(args, client, info))
+        return _run(_serve(http, client, info))
     finally:
         client.shutdown()
 
@@ -95,7 +72,7 @@ def _run(coro) -> int:
     return uvloop.run(coro)
 
 
-async def _serve(args: argparse.Namespace, client, info) -> int:
+async def _serve(http: HttpConfig, client, info) -> int:
     from aiohttp import web
 
     from server.api import ApiSettings, OpenAIServer
@@ -118,21 +95,21 @@ async def _serve(args: argparse.Namespace, client, info) -> int:
 
     model = client.config.model
     settings = ApiSettings(
-        served_model_name=args.served_model_name or info.model_name,
-        api_key=args.api_key,
-        max_body_bytes=int(args.max_body_mb * 1024 * 1024),
-        max_queue=args.max_queue,
+        served_model_name=http.served_model_name or info.model_name,
+        api_key=http.api_key,
+        max_body_bytes=int(http.max_body_mb * 1024 * 1024),
+        max_queue=http.max_queue,
         max_num_seqs=client.config.scheduler.max_num_seqs,
     )
     server = OpenAIServer(client, info, settings,
                           ByteTokenizer(info.vocab_size, model.bos_token_id, info.eos_token_id))
     runner = web.AppRunner(server.build_app(), handler_cancellation=True, access_log=None,
-                           shutdown_timeout=args.shutdown_timeout)
+                           shutdown_timeout=http.shutdown_timeout)
     await runner.setup()
     try:
-        await web.TCPSite(runner, args.host, args.port).start()
+        await web.TCPSite(runner, http.host, http.port).start()
     except OSError as exc:
-        print(f"server start: error: cannot bind {args.host}:{args.port}: {exc}", file=sys.stderr)
+        print(f"server start: error: cannot bind {http.host}:{http.port}: {exc}", file=sys.stderr)
         await runner.cleanup()
         return 1
     host, port = runner.addresses[0][:2]

@@ -1,6 +1,6 @@
-"""Engine configuration: model presets, cache, scheduler, parallelism, speculative decoding.
+"""Server configuration: model presets, cache, scheduler, parallelism, speculative decoding, HTTP.
 
-The frozen dataclasses here are the only home of every engine default. A field that is also a
+The frozen dataclasses here are the only home of every default of `server start` and the engine. A field that is also a
 command-line flag carries its flag in `metadata=cli(...)` (name, help, choices); server/args.py
 builds argparse from those fields, so adding a flag is adding one field here. `server start`,
 `loadgen bench` and `python -m server.parallel` share that one definition, and validation errors
@@ -449,3 +449,34 @@ def _validate_parallel(c: EngineConfig) -> None:
              f"--nnodes: must be at least 1 and divide --tp ({tp}), got {p.nnodes}")
     _require(0 <= p.node_rank < p.nnodes, f"--node-rank: must be in 0..{p.nnodes - 1}, got {p.node_rank}")
     _require(0 < p.master_port < 65536, f"--master-port: must be a TCP port, got {p.master_port}")
+
+
+_HTTP = "HTTP"
+
+
+@dataclass(frozen=True, slots=True)
+class HttpConfig:
+    """`server start`'s HTTP side: where it listens, who may call it, how much it queues."""
+
+    host: str = field(default="127.0.0.1", metadata=cli("--host", group=_HTTP, help="address to bind"))
+    port: int = field(default=8000, metadata=cli(
+        "--port", group=_HTTP, help="port to bind; 0 picks a free one, printed on the ready line"))
+    api_key: str | None = field(default=None, metadata=cli(
+        "--api-key", group=_HTTP, default_text="none", help="require 'Authorization: Bearer KEY' on /v1 routes"))
+    max_body_mb: float = field(default=32.0, metadata=cli(
+        "--max-body-mb", group=_HTTP, help="largest request body in MiB; larger ones get 413"))
+    max_queue: int = field(default=1024, metadata=cli(
+        "--max-queue", group=_HTTP,
+        help="requests allowed to wait beyond --max-num-seqs running ones; more get 503 with Retry-After"))
+    served_model_name: str | None = field(default=None, metadata=cli(
+        "--served-model-name", group=_HTTP, default_text="the preset name",
+        help="model id in /v1/models and responses"))
+    shutdown_timeout: float = field(default=30.0, metadata=cli(
+        "--shutdown-timeout", group=_HTTP, help="on SIGTERM/SIGINT, seconds to let running requests finish"))
+
+    def __post_init__(self) -> None:
+        _require(0 <= self.port <= 65535, f"--port: must be in 0..65535, got {self.port}")
+        _require(self.max_body_mb > 0, f"--max-body-mb: must be positive, got {self.max_body_mb}")
+        _require(self.max_queue >= 0, f"--max-queue: must be >= 0, got {self.max_queue}")
+        _require(self.shutdown_timeout >= 0, f"--shutdown-timeout: must be >= 0, got {self.shutdown_timeout}")
+        _require(self.api_key != "", "--api-key: must not be empty")
