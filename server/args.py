@@ -82,6 +82,8 @@ def _argument_options(f: dataclasses.Field, flag: Flag, annotation: Any) -> dict
     if value_type is bool:
         # A switch flips the field's default: --no-prefix-caching stores False.
         return {"action": "store_false" if default else "store_true", "help": flag.help}
+    if flag.parse is None and value_type not in (int, float, str):
+        raise TypeError(f"{f.name}: a {annotation} flag needs cli(..., parse=...) to read its value")
     shown = flag.default_text if flag.default_text is not None else _show(default)
     options: dict[str, Any] = {"default": default, "type": flag.parse or value_type,
                                "help": flag.help if shown is None else f"{flag.help} (default: {shown})"}

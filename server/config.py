@@ -39,8 +39,9 @@ class Flag:
     """How a config field appears on the command line; argparse's dest is the field's name.
 
     The type comes from the field's annotation (a bool field is a switch that flips its default),
-    the default from the field's default; `parse` replaces the annotation's type for values that
-    need more than int()/float()/str()."""
+    the default from the field's default; a field of another type (e.g. `tuple[int, ...]`) names
+    the function that reads its value in `parse`. A new flag is one field, e.g.
+    `enforce_eager: bool = field(default=False, metadata=cli("--enforce-eager", help="..."))`."""
 
     names: tuple[str, ...]
     help: str
