@@ -36,7 +36,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import torch  # noqa: E402
 from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 
-import kernels  # noqa: E402  (sets TRITON_INTERPRET=1 without a GPU before triton loads)
 from benchmarks.engine import make_engine, place_prefilled  # noqa: E402
 
 # aten ops that wait for the device when their input is a CUDA tensor

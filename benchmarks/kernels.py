@@ -1,7 +1,7 @@
 """GPU benchmark of the kernels package at DeepSeek-V3.2 shapes (not run by CI).
 
 First checks every Triton kernel against its torch reference on the GPU (fresh random inputs,
-outputs poisoned, SPARSE_MLA.md bars), then times each one with triton.testing.do_bench (median
+outputs poisoned, docs/sparse_mla.md bars), then times each one with triton.testing.do_bench (median
 after warm-up; do_bench also flushes the L2 between runs, and inputs rotate among sets larger than
 the 60 MB L2) and prints one table: time, TFLOP/s, GB/s, fractions of the measured ceilings and
 the speed-up over torch eager (the package's torch references).
@@ -26,7 +26,14 @@ import torch  # noqa: E402
 import triton  # noqa: E402
 
 from kernels.indexer import IndexerConfig, indexer_logits_paged_torch, indexer_logits_triton  # noqa: E402
-from kernels.quant import fp8_e4m3_quantize, indexer_row_bytes, kv_row_bytes, kv_row_width, write_indexer_cache, write_kv_cache  # noqa: E402
+from kernels.quant import (  # noqa: E402
+    fp8_e4m3_quantize,
+    indexer_row_bytes,
+    kv_row_bytes,
+    kv_row_width,
+    write_indexer_cache,
+    write_kv_cache,
+)
 from kernels.sparse_mla import SparseMlaConfig, auto_num_splits, sparse_mla_torch, sparse_mla_triton  # noqa: E402
 from kernels.topk import TopkConfig, topk_indices_torch, topk_triton  # noqa: E402
 from kernels.triton_utils import poisoned_outputs  # noqa: E402

@@ -1,4 +1,5 @@
-"""Sparse-MLA kernels in portable Triton, each with its torch reference: indexer logits, top-k, sparse MLA, quantisation.
+"""Sparse-MLA kernels in portable Triton, each with its torch reference: indexer logits, top-k, sparse MLA,
+quantisation.
 
 Every op takes backend="triton" | "torch" | None; None means get_backend(): set_backend's choice,
 else $AGENTLOAD_KERNEL_BACKEND, else "triton" when CUDA is available and "torch" otherwise. The

@@ -42,7 +42,8 @@ def _scores(q: torch.Tensor, w: torch.Tensor, keys: torch.Tensor, key_scale: tor
     return out
 
 
-def indexer_logits_paged_torch(q_fp8, weights, idx_cache, key_dtype, block_table, block_size, seq_ids, context_lens, max_context):
+def indexer_logits_paged_torch(q_fp8, weights, idx_cache, key_dtype, block_table, block_size, seq_ids, context_lens,
+                               max_context):
     """Reference for indexer_logits_paged: dequantise each request's keys once, fp32 dots."""
     d_i = q_fp8.shape[-1]
     q, w = decode_e4m3(q_fp8), weights.float()
@@ -239,7 +240,8 @@ def _check_inputs(q_fp8: torch.Tensor, weights: torch.Tensor, rows: torch.Tensor
         raise ValueError(f"{name}: d_I={d}: the MXFP4 kernel holds at most four 32-value groups (d_I <= 128)")
     row = indexer_row_bytes(d, key_dtype)
     if rows.dtype != torch.uint8 or rows.dim() != 2 or rows.shape[1] != row:
-        raise ValueError(f"{name}: key rows must be uint8[N, {row}] for d_I={d} {key_dtype}, got {rows.dtype}{list(rows.shape)}")
+        raise ValueError(f"{name}: key rows must be uint8[N, {row}] for d_I={d} {key_dtype}, "
+                         f"got {rows.dtype}{list(rows.shape)}")
 
 
 def indexer_logits_paged(
@@ -265,10 +267,12 @@ def indexer_logits_paged(
     if seq_ids.shape != (t,) or context_lens.shape != (t,):
         raise ValueError(f"indexer_logits_paged: seq_ids and context_lens must be [T={t}]")
     # a host sync on a GPU (values_checkable): there the caller's host-side max_context stands for it
-    if t and values_checkable(context_lens) and int(context_lens.max()) > min(max_context, block_table.shape[1] * block_size):
+    visible = min(max_context, block_table.shape[1] * block_size)
+    if t and values_checkable(context_lens) and int(context_lens.max()) > visible:
         raise ValueError("indexer_logits_paged: a context_lens entry exceeds max_context or the block table")
     if resolve_backend(backend, q_fp8.device) == "torch":
-        return indexer_logits_paged_torch(q_fp8, weights, idx_cache, key_dtype, block_table, block_size, seq_ids, context_lens, max_context)
+        return indexer_logits_paged_torch(q_fp8, weights, idx_cache, key_dtype, block_table, block_size, seq_ids,
+                                          context_lens, max_context)
     return indexer_logits_triton(
         q_fp8.contiguous(), weights.float().contiguous(), idx_cache.contiguous(), key_dtype,
         block_table.int().contiguous(), seq_ids.int().contiguous(), context_lens.int(), context_lens.int().contiguous(),

@@ -211,7 +211,8 @@ def write_kv_cache(
 ) -> None:
     """Write the latent rows [c ; k_pe] of N tokens at the given global slots."""
     if c.dim() != 2 or k_pe.dim() != 2 or c.shape[0] != k_pe.shape[0]:
-        raise ValueError(f"write_kv_cache: c [N, d_c] and k_pe [N, d_r] expected, got {list(c.shape)}, {list(k_pe.shape)}")
+        raise ValueError(f"write_kv_cache: c [N, d_c] and k_pe [N, d_r] expected, "
+                         f"got {list(c.shape)}, {list(k_pe.shape)}")
     d_c, d_r = c.shape[1], k_pe.shape[1]
     dtype = torch.bfloat16 if kv_dtype == "bf16" else torch.uint8
     _check_cache(kv_cache, dtype, kv_row_width(d_c, d_r, kv_dtype), "write_kv_cache: kv_cache")

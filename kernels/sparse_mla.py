@@ -72,9 +72,11 @@ def _gather_rows(
             group_scale = tl.where(cols_c[None, :] // 128 == g, s_g.to(tl.float32, bitcast=True)[:, None], group_scale)
         k_c = (k_c * group_scale * E4M3_RAW_SCALE).to(DOT_DTYPE)
     else:
-        k_c = tl.load(kv_ptr + slot[:, None] * KV_STRIDE + cols_c[None, :], mask=valid[:, None], other=0.0).to(DOT_DTYPE)
+        k_c = tl.load(kv_ptr + slot[:, None] * KV_STRIDE + cols_c[None, :], mask=valid[:, None],
+                      other=0.0).to(DOT_DTYPE)
     cols_r = tl.arange(0, D_R)
-    k_r = tl.load(kv_ptr + slot[:, None] * KV_STRIDE + ROPE_OFFSET + cols_r[None, :], mask=valid[:, None], other=0.0).to(DOT_DTYPE)
+    k_r = tl.load(kv_ptr + slot[:, None] * KV_STRIDE + ROPE_OFFSET + cols_r[None, :], mask=valid[:, None],
+                  other=0.0).to(DOT_DTYPE)
     return k_c, k_r, valid
 
 
@@ -108,7 +110,8 @@ def _store_result(acc, m, l, o_ptr, lse_ptr, t, heads, n_heads, D_C: tl.constexp
 def _sparse_mla_kernel(
     q_ptr, kv_ptr, kv_bytes_ptr, kv_words_ptr, idx_ptr, o_ptr, lse_ptr,
     sm_scale_log2, n_idx, n_heads,
-    KV_STRIDE: tl.constexpr, ROW_BYTES: tl.constexpr, ROPE_OFFSET: tl.constexpr,  # fixed per model; lets loads vectorise
+    # fixed per model; lets loads vectorise
+    KV_STRIDE: tl.constexpr, ROW_BYTES: tl.constexpr, ROPE_OFFSET: tl.constexpr,
     D_C: tl.constexpr, D_R: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
     FP8: tl.constexpr, SPLIT: tl.constexpr, DOT_DTYPE: tl.constexpr,
 ):
@@ -227,7 +230,8 @@ def sparse_mla_triton(q, kv_cache, indices, scale, d_c, kv_dtype, num_splits=Non
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     if splits > 1:
-        _combine_kernel[(t * h,)](part_o, part_lse, out, lse, splits, D_C=d_c, BLOCK_S=max(2, triton.next_power_of_2(splits)))
+        _combine_kernel[(t * h,)](part_o, part_lse, out, lse, splits, D_C=d_c,
+                                  BLOCK_S=max(2, triton.next_power_of_2(splits)))
     return out, lse
 
 
@@ -259,11 +263,13 @@ def sparse_mla(
     dtype = torch.bfloat16 if kv_dtype == "bf16" else torch.uint8
     width = kv_row_width(d_c, d_r, kv_dtype)
     if kv_cache.dim() != 2 or kv_cache.dtype != dtype or kv_cache.shape[1] != width:
-        raise ValueError(f"sparse_mla: kv_cache must be {dtype}[num_slots, {width}] for {kv_dtype}, got {kv_cache.dtype}{list(kv_cache.shape)}")
+        raise ValueError(f"sparse_mla: kv_cache must be {dtype}[num_slots, {width}] for {kv_dtype}, "
+                         f"got {kv_cache.dtype}{list(kv_cache.shape)}")
     if indices.dim() != 2 or indices.shape[0] != q.shape[0]:
         raise ValueError(f"sparse_mla: indices must be int[T={q.shape[0]}, K], got {list(indices.shape)}")
     if num_splits is not None and num_splits < 1:
         raise ValueError(f"sparse_mla: num_splits={num_splits} must be >= 1")
     if resolve_backend(backend, q.device) == "torch":
         return sparse_mla_torch(q, kv_cache, indices, scale, d_c, kv_dtype)
-    return sparse_mla_triton(q.contiguous(), kv_cache.contiguous(), indices.int().contiguous(), scale, d_c, kv_dtype, num_splits)
+    return sparse_mla_triton(q.contiguous(), kv_cache.contiguous(), indices.int().contiguous(), scale, d_c, kv_dtype,
+                             num_splits)

@@ -18,7 +18,6 @@ import triton.language as tl
 from kernels.backend import resolve_backend, values_checkable
 from kernels.triton_utils import new_output, row_programs
 
-
 # ---------------------------------------------------------------- torch reference
 
 
@@ -45,7 +44,8 @@ def topk_indices_torch(logits: torch.Tensor, lengths: torch.Tensor, k: int) -> t
 def _ordered_key(x):
     """fp32 -> uint32 whose unsigned order is the float order (NaN above +inf)."""
     bits = x.to(tl.uint32, bitcast=True)
-    flip = tl.where((bits >> 31) != 0, tl.full(bits.shape, 0xFFFFFFFF, tl.uint32), tl.full(bits.shape, 0x80000000, tl.uint32))
+    flip = tl.where((bits >> 31) != 0, tl.full(bits.shape, 0xFFFFFFFF, tl.uint32),
+                    tl.full(bits.shape, 0x80000000, tl.uint32))
     return bits ^ flip
 
 
@@ -144,7 +144,10 @@ class TopkConfig:
 
 
 def default_config(device: torch.device) -> TopkConfig:
-    return TopkConfig(4096, 1024, 4) if device.type == "cuda" else TopkConfig(64, 32, 4)
+    # On CPU the kernel runs in the Triton interpreter, whose cost grows with the number of programs
+    # (measured: 2 rows of 2600 columns, k=2048 take 20 s at 64-column chunks, 5.7 s at 256); 256
+    # still splits the tests' rows of 700 columns into several chunks of several blocks each.
+    return TopkConfig(4096, 1024, 4) if device.type == "cuda" else TopkConfig(256, 64, 4)
 
 
 def topk_triton(logits: torch.Tensor, lengths: torch.Tensor, k: int, config: TopkConfig | None = None) -> torch.Tensor:
@@ -160,7 +163,8 @@ def topk_triton(logits: torch.Tensor, lengths: torch.Tensor, k: int, config: Top
     hist, counts = scratch[: t * levels], scratch[t * levels :]  # [t, levels, 256] and [t, 2], flat
     grid = (t, row_programs(t, max(1, triton.cdiv(n, cfg.chunk)), logits.device, cfg.programs_per_sm))
     for level in range(RADIX_LEVELS.value + 1):
-        _radix_pass_kernel[grid](logits, lengths, out, hist, counts, n, k, level, CHUNK=cfg.chunk, BLOCK=cfg.block, num_warps=cfg.num_warps)
+        _radix_pass_kernel[grid](logits, lengths, out, hist, counts, n, k, level, CHUNK=cfg.chunk, BLOCK=cfg.block,
+                                 num_warps=cfg.num_warps)
     return out
 
 
@@ -183,10 +187,12 @@ def topk_indices(logits: torch.Tensor, lengths: torch.Tensor, k: int, backend: s
     return topk_triton(logits.contiguous(), lengths.int().contiguous(), k)
 
 
-def positions_to_slots(idx: torch.Tensor, block_table: torch.Tensor, seq_ids: torch.Tensor, block_size: int) -> torch.Tensor:
+def positions_to_slots(idx: torch.Tensor, block_table: torch.Tensor, seq_ids: torch.Tensor,
+                       block_size: int) -> torch.Tensor:
     """Map positions idx[T, k] of request seq_ids[t] to global slots through the block table; -1 stays -1."""
     if idx.dim() != 2 or seq_ids.shape != (idx.shape[0],):
-        raise ValueError(f"positions_to_slots: idx [T, k] and seq_ids [T] expected, got {list(idx.shape)}, {list(seq_ids.shape)}")
+        raise ValueError(f"positions_to_slots: idx [T, k] and seq_ids [T] expected, "
+                         f"got {list(idx.shape)}, {list(seq_ids.shape)}")
     valid = idx >= 0
     pos = torch.where(valid, idx, 0)
     # a host sync on a GPU (values_checkable): there top-k positions come from context lengths

@@ -72,10 +72,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             action.help = re.sub(r"\s*\(default[^)]*\)$", "", action.help or "") + " (default: see below)"
             action.default = None
         elif action.dest == "model":
-            action.help = "model preset (SPARSE_MLA.md shapes) (default: see below)"
+            action.help = "model preset (shapes in docs/sparse_mla.md) (default: see below)"
             action.default = None
         elif action.dest == "seed":
-            action.help = "seeds the load (session order, offsets, salts, arrivals) and the engine's random weights (default 0)"
+            action.help = ("seeds the load (session order, offsets, salts, arrivals) and the engine's random weights "
+                           "(default 0)")
     p.add_argument("--no-report", action="store_true", help="skip the PNG plots and the HTML report")
     p.set_defaults(func=run)
 

@@ -82,7 +82,8 @@ def add_replay_flags(p: argparse.ArgumentParser, http: bool) -> None:
     tr.add_argument("--think-time-cap", type=float, metavar="S", help="cap think times and subagent gaps (seconds)")
     tr.add_argument("--vocab-size", type=int, metavar="N", help="synthesized token ids lie in [offset, offset+size) "
                     "(default: 256 byte ids for our server, else 30000)")
-    tr.add_argument("--vocab-offset", type=int, metavar="ID", help="lowest synthesized token id (default: 0 for our server, else 1000)")
+    tr.add_argument("--vocab-offset", type=int, metavar="ID",
+                    help="lowest synthesized token id (default: 0 for our server, else 1000)")
     if http:
         # `loadgen bench` takes these from the engine's own --speculative-config/--golden-al/--thinking.
         spec = p.add_argument_group("speculative decoding (expected acceptance length)")

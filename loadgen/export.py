@@ -11,8 +11,9 @@ shapes, with InferenceX's own statistics, are loadgen/export_infx.py.
 from __future__ import annotations
 
 import csv
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from loadgen.metrics import METRIC_SPECS, PERCENTILES
 from loadgen.pareto import NORMALIZED

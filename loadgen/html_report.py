@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import base64
 import tempfile
+from collections.abc import Sequence
 from html import escape
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from loadgen.report import SUMMARY_COLUMNS, Run, format_cell, summary_rows
 from loadgen.table import COLUMNS, ROWS

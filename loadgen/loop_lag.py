@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Callable
+from collections.abc import Callable
 
 INTERVAL_S = 0.005
 WARN_P99_US = 5_000  # above this the report warns that the client may be the bottleneck

@@ -130,14 +130,16 @@ def interactivity_stats(tpot: HdrHistogram, interactivity: HdrHistogram) -> dict
         return stats
 
     own = histogram_stats(interactivity)
+    mean, std = own["mean"], own["std"]
+    assert mean is not None and std is not None  # the same requests as the non-empty TPOT histogram
 
     def per_s(tpot_us: float | int | None) -> float | None:
         return round(1e6 / tpot_us, 3) if tpot_us else None
 
     out: dict[str, float | int | None] = {
         "count": stats["count"],
-        "mean": round(own["mean"] / 1000, 3),
-        "std": round(own["std"] / 1000, 3),
+        "mean": round(mean / 1000, 3),
+        "std": round(std / 1000, 3),
         "min": per_s(stats["max"]),
     }
     for p in PERCENTILES:

@@ -18,8 +18,9 @@ frontier, so a frontier point is never beaten on its own chart by a point the ru
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 NORMALIZED = "e2e_interactivity"
 # axis name -> (Point attribute, +1 when higher is better / -1 when lower is better)

@@ -21,8 +21,8 @@ Open loop: `poisson_arrivals` spreads a trace's requests over exponential gaps a
 from __future__ import annotations
 
 import random
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Iterator
 
 from traces import Request, Session, Subagent
 

@@ -13,8 +13,9 @@ failed levels out and circle the p50 of the levels on the e2e-normalized frontie
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from loadgen.pareto import AXES, NORMALIZED, Point, frontiers
 from loadgen.report import Run, run_points
@@ -95,7 +96,7 @@ def _percentiles(plt, runs: Sequence[Run], metric: str, ylabel: str, scale: floa
     labels = list(dict.fromkeys(level.get("label") or f"level {i}" for run in runs
                                 for i, level in enumerate(run.doc["levels"])))
     fig, ax = plt.subplots(figsize=(7.5, 5))
-    legend = "on the e2e Pareto frontier"
+    legend: str | None = "on the e2e Pareto frontier"
     for number, run in enumerate(runs):
         by_label = {level.get("label") or f"level {i}": (i, level) for i, level in enumerate(run.doc["levels"])}
         for stat, style in PERCENTILE_STYLES:

@@ -9,9 +9,10 @@ shared by the terminal, CSV and HTML outputs so they all show the same numbers.
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from loadgen.pareto import NORMALIZED, Point, e2e_interactivity, frontiers, level_point
 from loadgen.table import format_level

@@ -39,6 +39,10 @@ LEVEL_KEYS = ("concurrency", "rate", "mode", "failed", "fail_reasons", "window_s
               "throughput", "cache", "metrics", "requests")
 
 
+# OPT_NON_STR_KEYS: error counts are keyed by ErrorKind members (str enums), written as their values.
+_JSON_OPTIONS = orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_NON_STR_KEYS
+
+
 class ResultsError(ValueError):
     """A results file that cannot be read or does not follow the schema; names file and field."""
 
@@ -50,7 +54,7 @@ def write_results(path: str | os.PathLike, doc: dict[str, Any]) -> Path:
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as handle:
-            handle.write(orjson.dumps(doc, option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY))
+            handle.write(orjson.dumps(doc, option=_JSON_OPTIONS))
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(tmp, path)

@@ -28,11 +28,10 @@ from loadgen.loop_lag import WARN_P99_US, monitor_loop_lag
 from loadgen.metrics import LevelRecorder
 from loadgen.plan import Play, PlaySource, TimingConfig
 from loadgen.spec import SpecCounters, SpecExpectation, SpecTally
-from loadgen.transport.base import ERROR_CONNECT, Exchange, Transport, WireRequest
+from loadgen.transport.base import ErrorKind, Exchange, Transport, WireRequest
 from traces import PromptSynth, Request, Session, TraceSet
 
 DEAD_AFTER = 5  # consecutive refused connections that mean the server is gone
-CANCELLED = "cancelled"
 TIMER_RESOLUTION_S = 0.001  # event-loop timers (libuv) count milliseconds  # counted requests cut off by Ctrl-C or by a dead server
 
 
@@ -398,9 +397,9 @@ class Runner:
             exchange = await self.transport.send(wire)
         except asyncio.CancelledError:
             if counted:
-                level.errors[CANCELLED] += 1
+                level.errors[ErrorKind.CANCELLED] += 1
             if self.on_request is not None:  # the per-request file keeps every counted error
-                cancelled = Exchange(start_ns=origin, end_ns=time.perf_counter_ns(), error=CANCELLED,
+                cancelled = Exchange(start_ns=origin, end_ns=time.perf_counter_ns(), error=ErrorKind.CANCELLED,
                                      error_detail="cancelled when the level stopped")
                 self.on_request(_request_record(level, meta, wire.request_id, cancelled, origin, counted, al))
             raise
@@ -483,7 +482,7 @@ class Runner:
                 level.open_window(self.config.duration_s)
 
     def _watch_server(self, ex: Exchange) -> None:
-        if ex.error != ERROR_CONNECT:
+        if ex.error != ErrorKind.CONNECT:
             if ex.error is None:
                 self._consecutive_refused = 0
             return

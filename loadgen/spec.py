@@ -63,6 +63,7 @@ class SpecExpectation:
         value = self._al[thinking]
         if value is None:
             value = self._al[not thinking]
+            assert value is not None, "an expectation has at least one of the two ALs"
             if not self._warned:
                 self._warned = True
                 have, lack = ("on", "off") if not thinking else ("off", "on")
@@ -165,12 +166,14 @@ class SpecTally:
             self.num_accepted_tokens += usage.num_accepted_tokens
 
     def summary(self, expectation: SpecExpectation | None) -> dict[str, Any] | None:
-        drafts, accepted, source = self.num_drafts, self.num_accepted_tokens, "usage"
+        drafts, accepted = self.num_drafts, self.num_accepted_tokens
+        source: str | None = "usage"
         if not self.usage_requests:
             source = None
-            if len(self.scraped) == 2 and None not in self.scraped:
-                start, end = self.scraped
-                drafts, accepted = end.num_drafts - start.num_drafts, end.num_accepted_tokens - start.num_accepted_tokens
+            start, end = self.scraped if len(self.scraped) == 2 else (None, None)
+            if start is not None and end is not None:
+                drafts = end.num_drafts - start.num_drafts
+                accepted = end.num_accepted_tokens - start.num_accepted_tokens
                 source = "metrics" if drafts > 0 else None
         if expectation is None and source is None:
             return None

@@ -31,16 +31,17 @@ import orjson
 from aiohttp import web
 
 from server import protocol
+from server.config import HttpConfig
 from server.engine.messages import AddRequest, RequestOutput
 from server.engine_client import EngineClient, EngineDeadError, EngineInfo, RequestCutError, RequestStream
 from server.metrics import ServerMetrics
-from server.protocol import ApiError, GenerationOptions, ResponseHeader
+from server.protocol import ApiError, ErrorCode, GenerationOptions, ResponseHeader
 from server.tokenizer import ByteTokenizer, StreamDecoder
 
-_HTTP_ERROR_CODES = {404: "not_found", 405: "method_not_allowed", 413: "request_too_large"}
+_HTTP_ERROR_CODES = {404: ErrorCode.NOT_FOUND, 405: ErrorCode.METHOD_NOT_ALLOWED, 413: ErrorCode.REQUEST_TOO_LARGE}
 
 
-READ_TIMEOUT_S = 10.0  # --read-timeout's default
+READ_TIMEOUT_S = HttpConfig().read_timeout  # --read-timeout's default, defined in server/config.py
 
 
 @dataclass(frozen=True, slots=True)
@@ -160,7 +161,7 @@ class OpenAIServer:
         expected = f"Bearer {self.settings.api_key}"
         if not hmac.compare_digest(given.encode(), expected.encode()):
             raise ApiError(401, "missing or wrong API key (send 'Authorization: Bearer <key>')",
-                           code="invalid_api_key")
+                           code=ErrorCode.INVALID_API_KEY)
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
         req = protocol.parse_completion_request(await self._read_body(request))
@@ -179,7 +180,7 @@ class OpenAIServer:
             return await asyncio.wait_for(request.read(), self.settings.read_timeout_s)
         except asyncio.TimeoutError:
             raise ApiError(408, f"request body not received within {self.settings.read_timeout_s:g} s "
-                           f"(--read-timeout)", code="request_timeout") from None
+                           f"(--read-timeout)", code=ErrorCode.REQUEST_TIMEOUT) from None
 
     async def drain(self, timeout_s: float, cut_now: asyncio.Event) -> int:
         """Refuse new requests; let running ones finish for up to `timeout_s` (or until `cut_now`
@@ -210,7 +211,7 @@ class OpenAIServer:
                 "engine_pid": self.info.pid, "requests_in_flight": self.in_flight}
         status = 200
         if self.client.dead_reason is not None:
-            body.update(status="engine_dead", reason=self.client.dead_reason)
+            body.update(status=ErrorCode.ENGINE_DEAD, reason=self.client.dead_reason)
             status = 503
         elif self.closing:
             body["status"] = "shutting_down"
@@ -225,19 +226,19 @@ class OpenAIServer:
         # A missing model means the served one (convenient for curl; OpenAI clients send it).
         if model is not None and model != self.settings.served_model_name:
             raise ApiError(404, f"model {model!r} does not exist; this server serves "
-                           f"{self.settings.served_model_name!r}", param="model", code="model_not_found")
+                           f"{self.settings.served_model_name!r}", param="model", code=ErrorCode.MODEL_NOT_FOUND)
 
     def _check_admission(self) -> None:
         if self.client.dead_reason is not None:
             raise ApiError(503, f"engine is not running: {self.client.dead_reason}",
-                           type="server_error", code="engine_dead")
+                           type="server_error", code=ErrorCode.ENGINE_DEAD)
         if self.closing:
-            raise ApiError(503, "server is shutting down", type="server_error", code="shutting_down")
+            raise ApiError(503, "server is shutting down", type="server_error", code=ErrorCode.SHUTTING_DOWN)
         waiting = self.in_flight - self.settings.max_num_seqs
         if waiting >= self.settings.max_queue:
             raise ApiError(503, f"server overloaded: {waiting} requests already waiting "
                            f"(--max-queue {self.settings.max_queue}); retry later",
-                           type="server_error", code="overloaded",
+                           type="server_error", code=ErrorCode.OVERLOADED,
                            headers={"Retry-After": str(self.settings.retry_after_s)})
 
     async def _generate(self, request: web.Request, prompt: tuple[int, ...], options: GenerationOptions,
@@ -263,7 +264,7 @@ class OpenAIServer:
             return await self._complete(stream, header, gen, headers)
         except RequestCutError as exc:
             self.cut_requests += 1
-            raise ApiError(503, str(exc), type="server_error", code="server_shutdown") from None
+            raise ApiError(503, str(exc), type="server_error", code=ErrorCode.SERVER_SHUTDOWN) from None
         finally:
             self.in_flight -= 1
             self._running.discard(stream)
@@ -285,7 +286,7 @@ class OpenAIServer:
                 texts.append(gen.absorb(output, arrival, self.metrics))
                 token_ids.extend(output.new_token_ids)
         if gen.error is not None:
-            raise ApiError(400, gen.error, code="engine_refused")
+            raise ApiError(400, gen.error, code=ErrorCode.ENGINE_REFUSED)
         body = header.full("".join(texts), token_ids, gen.finish_reason, gen.usage())
         return web.Response(body=body, content_type="application/json", headers=headers)
 
@@ -313,7 +314,7 @@ class OpenAIServer:
                     # Mid-stream at the shutdown deadline: say why, then end the stream cleanly
                     # ([DONE], and aiohttp's write_eof ends the chunked body).
                     self.cut_requests += 1
-                    error = ApiError(503, str(exc), type="server_error", code="server_shutdown")
+                    error = ApiError(503, str(exc), type="server_error", code=ErrorCode.SERVER_SHUTDOWN)
                     await response.write(protocol.sse_error(error) + protocol.SSE_DONE)
                     response.force_close()
                     return response
@@ -328,8 +329,8 @@ class OpenAIServer:
                         first = False
                 if gen.error is not None:
                     if response is None:
-                        raise ApiError(400, gen.error, code="engine_refused")
-                    parts.append(protocol.sse_error(ApiError(400, gen.error, code="engine_refused")))
+                        raise ApiError(400, gen.error, code=ErrorCode.ENGINE_REFUSED)
+                    parts.append(protocol.sse_error(ApiError(400, gen.error, code=ErrorCode.ENGINE_REFUSED)))
                     response.force_close()
                 elif gen.finish_reason is not None:
                     if include_usage:
@@ -346,7 +347,7 @@ class OpenAIServer:
 
 
 def _engine_dead(exc: EngineDeadError) -> ApiError:
-    return ApiError(503, f"engine is not running: {exc}", type="server_error", code="engine_dead")
+    return ApiError(503, f"engine is not running: {exc}", type="server_error", code=ErrorCode.ENGINE_DEAD)
 
 
 def _dumps(obj: object) -> str:

@@ -18,14 +18,17 @@ import argparse
 import asyncio
 import signal
 import sys
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from server.config import HttpConfig
 
 ENGINE_DEATH_GRACE_S = 2.0  # keep answering 503 (not connection refused) this long, then exit
 EXIT_REQUESTS_CUT = 3
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from server.api import READ_TIMEOUT_S
-    from server.config import add_engine_args
+    from server.args import add_engine_args, add_http_args
 
     parser = argparse.ArgumentParser(
         prog="server",
@@ -37,54 +40,21 @@ def build_parser() -> argparse.ArgumentParser:
         description="Serve the engine over an OpenAI-compatible HTTP API: /v1/completions, "
                     "/v1/chat/completions, /v1/models, /health, /metrics.",
     )
-    http = start.add_argument_group("HTTP")
-    http.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1)")
-    http.add_argument("--port", type=int, default=8000,
-                      help="port to bind; 0 picks a free one, printed on the ready line (default: 8000)")
-    http.add_argument("--api-key", default=None,
-                      help="require 'Authorization: Bearer KEY' on /v1 routes (default: none)")
-    http.add_argument("--max-body-mb", type=float, default=32.0,
-                      help="largest request body in MiB; larger ones get 413 (default: 32)")
-    http.add_argument("--max-queue", type=int, default=1024,
-                      help="requests allowed to wait beyond --max-num-seqs running ones; more get "
-                           "503 with Retry-After (default: 1024)")
-    http.add_argument("--served-model-name", default=None,
-                      help="model id in /v1/models and responses (default: the preset name)")
-    http.add_argument("--shutdown-timeout", type=float, default=30.0,
-                      help="on SIGTERM/SIGINT, seconds to let running requests finish; then (or at a "
-                           "second signal) the rest are cut and the exit code is 3 (default: 30)")
-    http.add_argument("--read-timeout", type=float, default=READ_TIMEOUT_S, metavar="S",
-                      help="a client must send a complete request head within S seconds of connecting "
-                           "(or of its previous response; idle keep-alive connections close then too) "
-                           "and its body within S more (else 408, and the connection closes S later at "
-                           "most) (default: %(default)g)")
+    add_http_args(start)
     add_engine_args(start)
     start.set_defaults(func=start_command)
     return parser
 
 
-def _check_http_args(args: argparse.Namespace) -> None:
-    if not 0 <= args.port <= 65535:
-        raise ValueError(f"--port: must be in 0..65535, got {args.port}")
-    if args.max_body_mb <= 0:
-        raise ValueError(f"--max-body-mb: must be positive, got {args.max_body_mb}")
-    if args.max_queue < 0:
-        raise ValueError(f"--max-queue: must be >= 0, got {args.max_queue}")
-    if args.shutdown_timeout < 0:
-        raise ValueError(f"--shutdown-timeout: must be >= 0, got {args.shutdown_timeout}")
-    if not args.read_timeout > 0:
-        raise ValueError(f"--read-timeout: must be > 0, got {args.read_timeout}")
-    if args.api_key == "":
-        raise ValueError("--api-key: must not be empty")
-
-
 def start_command(args: argparse.Namespace) -> int:
-    from server.config import engine_config_from_args
+    from server.args import engine_config_from_args, http_config_from_args
     from server.engine_client import EngineClient, EngineStartError
+    from server.log import configure_logging
 
     try:
-        _check_http_args(args)
+        http = http_config_from_args(args)
         config = engine_config_from_args(args)
+        configure_logging()
     except ValueError as exc:
         print(f"server start: error: {exc}", file=sys.stderr)
         return 2
@@ -95,7 +65,7 @@ def start_command(args: argparse.Namespace) -> int:
         print(f"server start: error: {exc}", file=sys.stderr)
         return 2 if exc.bad_config else 1
     try:
-        return _run(_serve(args, client, info))
+        return _run(_serve(http, client, info))
     finally:
         client.shutdown()
 
@@ -108,7 +78,7 @@ def _run(coro) -> int:
     return uvloop.run(coro)
 
 
-async def _serve(args: argparse.Namespace, client, info) -> int:
+async def _serve(http: HttpConfig, client, info) -> int:
     from aiohttp import web
 
     from server.api import CUT_WRITE_GRACE_S, ApiSettings, OpenAIServer
@@ -138,12 +108,12 @@ async def _serve(args: argparse.Namespace, client, info) -> int:
 
     model = client.config.model
     settings = ApiSettings(
-        served_model_name=args.served_model_name or info.model_name,
-        api_key=args.api_key,
-        max_body_bytes=int(args.max_body_mb * 1024 * 1024),
-        max_queue=args.max_queue,
+        served_model_name=http.served_model_name or info.model_name,
+        api_key=http.api_key,
+        max_body_bytes=int(http.max_body_mb * 1024 * 1024),
+        max_queue=http.max_queue,
         max_num_seqs=client.config.scheduler.max_num_seqs,
-        read_timeout_s=args.read_timeout,
+        read_timeout_s=http.read_timeout,
     )
     server = OpenAIServer(client, info, settings,
                           ByteTokenizer(info.vocab_size, model.bos_token_id, info.eos_token_id))
@@ -151,13 +121,13 @@ async def _serve(args: argparse.Namespace, client, info) -> int:
     # lingering_time the rest of a body after its 408; the drain below ends every handler, so
     # cleanup's own timeout only covers writes stuck on clients that stopped reading.
     runner = web.AppRunner(server.build_app(), handler_cancellation=True, access_log=None,
-                           keepalive_timeout=args.read_timeout, lingering_time=args.read_timeout,
+                           keepalive_timeout=http.read_timeout, lingering_time=http.read_timeout,
                            shutdown_timeout=CUT_WRITE_GRACE_S)
     await runner.setup()
     try:
-        await web.TCPSite(runner, args.host, args.port).start()
+        await web.TCPSite(runner, http.host, http.port).start()
     except OSError as exc:
-        print(f"server start: error: cannot bind {args.host}:{args.port}: {exc}", file=sys.stderr)
+        print(f"server start: error: cannot bind {http.host}:{http.port}: {exc}", file=sys.stderr)
         await runner.cleanup()
         return 1
     host, port = runner.addresses[0][:2]
@@ -166,8 +136,8 @@ async def _serve(args: argparse.Namespace, client, info) -> int:
           file=sys.stderr, flush=True)
     code, reason = await done
     print(f"server: {reason}; draining (running requests: {server.in_flight}, up to "
-          f"{args.shutdown_timeout:g} s)", file=sys.stderr, flush=True)
-    cut = await server.drain(args.shutdown_timeout, cut_now)
+          f"{http.shutdown_timeout:g} s)", file=sys.stderr, flush=True)
+    cut = await server.drain(http.shutdown_timeout, cut_now)
     await runner.cleanup()
     if client.dead_reason is not None:
         code = 1

@@ -1,9 +1,11 @@
-"""Engine configuration: model presets, cache, scheduler, and the command-line flags that build them.
+"""Server configuration: model presets, cache, scheduler, parallelism, speculative decoding, HTTP.
 
-`server start` and `loadgen bench` both call `add_engine_args` and `engine_config_from_args`, so
-every engine flag is defined (and validated) once, here. Model shapes follow the table in
-SPARSE_MLA.md; FFN widths and vocab sizes are ours (the model is random by default, so they only
-set the cost of the dense parts):
+The frozen dataclasses here are the only home of every default of `server start` and the engine. A field that is also a
+command-line flag carries its flag in `metadata=cli(...)` (name, help, choices); server/args.py
+builds argparse from those fields, so adding a flag is adding one field here. `server start`,
+`loadgen bench` and `python -m server.parallel` share that one definition, and validation errors
+name the flag. Model shapes follow docs/sparse_mla.md; FFN widths and vocab sizes are ours (the
+model is random by default, so they only set the cost of the dense parts):
 
 - tiny  (CPU, CI):   hidden 256,  2 layers,  FFN 768   (3 x hidden),   vocab 1024
 - small (one GPU):   hidden 2048, 8 layers,  FFN 5632  (~2.75 x hidden, Llama-like), vocab 32768
@@ -15,11 +17,12 @@ Token ids 0..255 are bytes, BOS = 256, EOS = 257 in every preset.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from golden_al import CurveError, load_curve, min_variance_rates, validate_rates
 from golden_al.schedules import check_al
@@ -29,6 +32,31 @@ KV_CACHE_DTYPES = ("bf16", "fp8")
 INDEXER_KEY_DTYPES = ("fp8", "mxfp4")
 DEVICES = ("auto", "cpu", "cuda")
 ATTENTION_BACKENDS = ("auto", "torch", "triton")
+
+
+@dataclass(frozen=True, slots=True)
+class Flag:
+    """How a config field appears on the command line; argparse's dest is the field's name.
+
+    The type comes from the field's annotation (a bool field is a switch that flips its default),
+    the default from the field's default; a field of another type (e.g. `tuple[int, ...]`) names
+    the function that reads its value in `parse`. A new flag is one field, e.g.
+    `enforce_eager: bool = field(default=False, metadata=cli("--enforce-eager", help="..."))`."""
+
+    names: tuple[str, ...]
+    help: str
+    choices: tuple[str, ...] | None = None
+    metavar: str | None = None
+    default_text: str | None = None  # "(default: ...)" when the value itself does not say it
+    group: str = "engine"  # the --help section
+    parse: Callable[[str], Any] | None = None
+
+
+def cli(*names: str, help: str, choices: tuple[str, ...] | None = None, metavar: str | None = None,
+        default_text: str | None = None, group: str = "engine",
+        parse: Callable[[str], Any] | None = None) -> dict[str, Flag]:
+    """Field metadata that makes the field a flag: `field(default=..., metadata=cli("--x", help=...))`."""
+    return {"flag": Flag(names, help, choices, metavar, default_text, group, parse)}
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,32 +123,75 @@ def model_preset(name: str, **overrides: int) -> ModelConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class ModelChoice:
+    """Which model to build: a preset and the overrides the command line may give."""
+
+    model: str = field(default="tiny", metadata=cli(
+        "--model", choices=MODEL_PRESETS, help="model preset (shapes in docs/sparse_mla.md)"))
+    num_layers: int | None = field(default=None, metadata=cli(
+        "--num-layers", help="override the preset's layer count"))
+    num_heads: int | None = field(default=None, metadata=cli(
+        "--num-heads", help="override the preset's attention heads (e.g. heads per GPU)"))
+    top_k: int | None = field(default=None, metadata=cli(
+        "--top-k", help="override the preset's sparse top-k K"))
+
+    def build(self) -> ModelConfig:
+        overrides = {"num_layers": self.num_layers, "num_heads": self.num_heads, "index_topk": self.top_k}
+        flag = {"num_layers": "--num-layers", "num_heads": "--num-heads", "index_topk": "--top-k"}
+        given = {key: value for key, value in overrides.items() if value is not None}
+        for key, value in given.items():
+            _require(value > 0, f"{flag[key]}: must be positive, got {value}")
+        return model_preset(self.model, **given)
+
+
+@dataclass(frozen=True, slots=True)
 class CacheConfig:
-    block_size: int = 16
-    kv_cache_dtype: str = "bf16"  # "bf16" or "fp8" (the fp8_ds_mla layout)
-    indexer_key_dtype: str = "fp8"  # "fp8" or "mxfp4"
-    gpu_memory_utilization: float = 0.9  # fraction of GPU memory the engine may use in all
-    kv_cache_gb: float = 0.25  # KV pool size on CPU
-    enable_prefix_caching: bool = True
+    # None: the model preset's default_block_size (EngineConfig fills it in).
+    block_size: int | None = field(default=None, metadata=cli(
+        "--block-size", help="KV block size in tokens: 64 or 128; any multiple of 16 on tiny",
+        default_text="the preset's, 16 on tiny, 64 otherwise"))
+    kv_cache_dtype: str = field(default="bf16", metadata=cli(
+        "--kv-cache-dtype", choices=KV_CACHE_DTYPES, help="latent KV rows: bf16 or fp8 (fp8_ds_mla layout)"))
+    indexer_key_dtype: str = field(default="fp8", metadata=cli(
+        "--indexer-key-dtype", choices=INDEXER_KEY_DTYPES, help="indexer key cache: fp8 or mxfp4"))
+    gpu_memory_utilization: float = field(default=0.9, metadata=cli(
+        "--gpu-memory-utilization", help="fraction of GPU memory for weights, activations and KV cache"))
+    kv_cache_gb: float = field(default=0.25, metadata=cli(
+        "--kv-cache-gb", help="KV cache size in GiB on CPU"))
+    enable_prefix_caching: bool = field(default=True, metadata=cli(
+        "--no-prefix-caching", help="disable prefix caching"))
     num_blocks: int | None = None  # fixed pool size (tests); overrides both sizing rules
 
 
 @dataclass(frozen=True, slots=True)
 class SchedulerConfig:
-    max_num_seqs: int = 64
-    max_num_batched_tokens: int = 2048
-    max_model_len: int = 8192
+    max_num_seqs: int = field(default=64, metadata=cli(
+        "--max-num-seqs", help="most requests running at once"))
+    max_num_batched_tokens: int = field(default=2048, metadata=cli(
+        "--max-num-batched-tokens", help="token budget of one engine step; longer prompts prefill in chunks"))
+    # None: the model's max_position (EngineConfig fills it in).
+    max_model_len: int | None = field(default=None, metadata=cli(
+        "--max-model-len", help="longest prompt + output in tokens", default_text="the preset's max position"))
 
 
 @dataclass(frozen=True, slots=True)
 class ParallelConfig:
-    """Tensor parallelism: one process per rank; rank 0 is the engine core (see server/parallel.py)."""
+    """Tensor parallelism: one process per rank; rank 0 is the engine core (see server/parallel/)."""
 
-    tensor_parallel_size: int = 1
-    nnodes: int = 1
-    node_rank: int = 0
-    master_addr: str = "127.0.0.1"
-    master_port: int = 29513
+    tensor_parallel_size: int = field(default=1, metadata=cli(
+        "--tp", "--tensor-parallel-size", metavar="N", group="tensor parallelism",
+        help="shard the model over this many GPUs (or CPU processes with gloo)"))
+    nnodes: int = field(default=1, metadata=cli(
+        "--nnodes", group="tensor parallelism", help="nodes in the tensor-parallel group"))
+    node_rank: int = field(default=0, metadata=cli(
+        "--node-rank", group="tensor parallelism", help="this node's rank"))
+    master_addr: str = field(default="127.0.0.1", metadata=cli(
+        "--master-addr", group="tensor parallelism",
+        help="address of rank 0 for torch.distributed rendezvous, used with --nnodes > 1"))
+    master_port: int = field(default=29513, metadata=cli(
+        "--master-port", group="tensor parallelism",
+        help="port of rank 0 for torch.distributed rendezvous, used with --nnodes > 1; "
+             "a single node picks a free loopback port"))
 
 
 SPEC_METHODS = ("mtp", "dspark")  # one mechanism: a one-layer draft head on the target's hidden state
@@ -235,22 +306,68 @@ def speculative_config_from_flags(text: str | None, golden_al: str | None,
     )
 
 
+_SPEC_GROUP = "speculative decoding"
+
+
+@dataclass(frozen=True, slots=True)
+class SpeculativeFlags:
+    """The command line's speculative-decoding flags, turned into a SpeculativeConfig by `build`."""
+
+    speculative_config: str | None = field(default=None, metadata=cli(
+        "--speculative-config", metavar="JSON", group=_SPEC_GROUP, default_text="off",
+        help="vLLM's speculative config, e.g. '{\"method\": \"mtp\", \"num_speculative_tokens\": 5, "
+             "\"rejection_sample_method\": \"synthetic\", \"synthetic_acceptance_length\": 3.51}'. "
+             "method: mtp or dspark (the same mechanism here: a one-layer draft head on the target's "
+             "last hidden state); rejection_sample_method: synthetic (needs exactly one of "
+             "synthetic_acceptance_length or synthetic_acceptance_rates, per-position unconditional, "
+             "non-increasing, length k) or standard (greedy / rejection-sampling verification)"))
+    golden_al: str | None = field(default=None, metadata=cli(
+        "--golden-al", metavar="NAME|FILE", group=_SPEC_GROUP,
+        help="take the synthetic acceptance length at num_speculative_tokens from this golden curve "
+             "(bundled name, see `loadgen golden-al list`, or a YAML file)"))
+    thinking: str | None = field(default=None, metadata=cli(
+        "--thinking", choices=("on", "off"), group=_SPEC_GROUP, default_text="on",
+        help="with --golden-al: the curve's thinking_on or thinking_off AL"))
+
+    def build(self) -> SpeculativeConfig | None:
+        return speculative_config_from_flags(self.speculative_config, self.golden_al, self.thinking)
+
+
 @dataclass(frozen=True, slots=True)
 class EngineConfig:
-    model: ModelConfig = field(default_factory=lambda: model_preset("tiny"))
+    model: ModelConfig = field(default_factory=lambda: ModelChoice().build())
     cache: CacheConfig = field(default_factory=CacheConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
-    device: str = "auto"  # "auto", "cpu" or "cuda"
-    attention_backend: str = "auto"  # "auto" (triton on CUDA, torch on CPU), "torch", "triton"
-    seed: int = 0
-    weights: str | None = None  # safetensors file; None means seeded random weights
+    device: str = field(default="auto", metadata=cli(
+        "--device", choices=DEVICES, help="auto, cpu or cuda (auto: cuda when a GPU is visible)"))
+    attention_backend: str = field(default="auto", metadata=cli(
+        "--attention-backend", choices=ATTENTION_BACKENDS,
+        help="kernel backend: triton or torch (auto: triton on CUDA, torch on CPU)"))
+    seed: int = field(default=0, metadata=cli("--seed", help="seed of the random weights"))
+    weights: str | None = field(default=None, metadata=cli(
+        "--weights", help="safetensors file to load", default_text="seeded random"))
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     speculative: SpeculativeConfig | None = None  # None: no speculative decoding
-    step_delay_ms: float = 0.0  # test-only: sleep this long in every step that runs a batch (planted A/B effect)
-    enforce_eager: bool = False  # True: no CUDA graphs, every step runs eagerly
-    cuda_graph_sizes: tuple[int, ...] = ()  # decode batch sizes captured; () = 1, 2, 4, 8, 16, ... to max_num_seqs
+    step_delay_ms: float = field(default=0.0, metadata=cli(
+        "--step-delay-ms", metavar="MS",
+        help="test only: add this delay to every engine step that runs a batch, a known slowdown "
+             "for A/B calibration"))
+    enforce_eager: bool = field(default=False, metadata=cli(
+        "--enforce-eager", default_text="capture on CUDA",
+        help="run every step eagerly: no CUDA-graph capture of the decode step"))
+    cuda_graph_sizes: tuple[int, ...] = field(default=(), metadata=cli(
+        "--cuda-graph-sizes", metavar="N,N,...", parse=lambda text: _int_list(text, "--cuda-graph-sizes"),
+        default_text="1, 2, 4, 8, 16, 24, ... up to --max-num-seqs",
+        help="decode batch sizes to capture as CUDA graphs"))
 
     def __post_init__(self) -> None:
+        # The cache's block size and the context length default to the model preset's.
+        if self.cache.block_size is None:
+            object.__setattr__(self, "cache", dataclasses.replace(
+                self.cache, block_size=self.model.default_block_size))
+        if self.scheduler.max_model_len is None:
+            object.__setattr__(self, "scheduler", dataclasses.replace(
+                self.scheduler, max_model_len=self.model.max_position))
         validate_engine_config(self)
 
 
@@ -349,108 +466,47 @@ def _validate_parallel(c: EngineConfig) -> None:
     _require(0 < p.master_port < 65536, f"--master-port: must be a TCP port, got {p.master_port}")
 
 
-def add_engine_args(parser: argparse.ArgumentParser) -> None:
-    """Add every engine flag to `parser` (one argument group)."""
-    g = parser.add_argument_group("engine")
-    g.add_argument("--model", default="tiny", choices=MODEL_PRESETS,
-                   help="model preset (SPARSE_MLA.md shapes; default: tiny)")
-    g.add_argument("--num-layers", type=int, default=None, help="override the preset's layer count")
-    g.add_argument("--num-heads", type=int, default=None,
-                   help="override the preset's attention heads (e.g. heads per GPU)")
-    g.add_argument("--top-k", type=int, default=None, help="override the preset's sparse top-k K")
-    g.add_argument("--weights", default=None, help="safetensors file to load (default: seeded random)")
-    g.add_argument("--seed", type=int, default=0, help="seed of the random weights (default: 0)")
-    g.add_argument("--kv-cache-dtype", default="bf16", choices=KV_CACHE_DTYPES,
-                   help="latent KV rows: bf16 or fp8 (fp8_ds_mla layout) (default: bf16)")
-    g.add_argument("--indexer-key-dtype", default="fp8", choices=INDEXER_KEY_DTYPES,
-                   help="indexer key cache: fp8 or mxfp4 (default: fp8)")
-    g.add_argument("--block-size", type=int, default=None,
-                   help="KV block size in tokens: 64 or 128; any multiple of 16 on tiny "
-                        "(default: the preset's, 16 on tiny, 64 otherwise)")
-    g.add_argument("--attention-backend", default="auto", choices=ATTENTION_BACKENDS,
-                   help="kernel backend: triton or torch (default: triton on CUDA, torch on CPU)")
-    g.add_argument("--device", default="auto", choices=DEVICES, help="auto, cpu or cuda (default: auto)")
-    g.add_argument("--gpu-memory-utilization", type=float, default=0.9,
-                   help="fraction of GPU memory for weights, activations and KV cache (default: 0.9)")
-    g.add_argument("--kv-cache-gb", type=float, default=0.25,
-                   help="KV cache size in GiB on CPU (default: 0.25)")
-    g.add_argument("--no-prefix-caching", action="store_true", help="disable prefix caching")
-    g.add_argument("--max-num-seqs", type=int, default=64,
-                   help="most requests running at once (default: 64)")
-    g.add_argument("--max-num-batched-tokens", type=int, default=2048,
-                   help="token budget of one engine step; longer prompts prefill in chunks (default: 2048)")
-    g.add_argument("--max-model-len", type=int, default=None,
-                   help="longest prompt + output in tokens (default: the preset's max position)")
-    g.add_argument("--step-delay-ms", type=float, default=0.0,
-                   help="test only: add this delay to every engine step that runs a batch, a known slowdown "
-                        "for A/B calibration (default: 0)")
-    g.add_argument("--enforce-eager", action="store_true",
-                   help="run every step eagerly: no CUDA-graph capture of the decode step (default: capture on CUDA)")
-    g.add_argument("--cuda-graph-sizes", default=None, metavar="N,N,...",
-                   help="decode batch sizes to capture as CUDA graphs (default: 1, 2, 4, 8, 16, 24, ... up to "
-                        "--max-num-seqs)")
-    s = parser.add_argument_group("speculative decoding")
-    s.add_argument("--speculative-config", default=None, metavar="JSON",
-                   help="vLLM's speculative config, e.g. '{\"method\": \"mtp\", \"num_speculative_tokens\": 5, "
-                        "\"rejection_sample_method\": \"synthetic\", \"synthetic_acceptance_length\": 3.51}'. "
-                        "method: mtp or dspark (the same mechanism here: a one-layer draft head on the target's "
-                        "last hidden state); rejection_sample_method: synthetic (needs exactly one of "
-                        "synthetic_acceptance_length or synthetic_acceptance_rates, per-position unconditional, "
-                        "non-increasing, length k) or standard (greedy / rejection-sampling verification) "
-                        "(default: off)")
-    s.add_argument("--golden-al", default=None, metavar="NAME|FILE",
-                   help="take the synthetic acceptance length at num_speculative_tokens from this golden curve "
-                        "(bundled name, see `loadgen golden-al list`, or a YAML file)")
-    s.add_argument("--thinking", default=None, choices=("on", "off"),
-                   help="with --golden-al: the curve's thinking_on or thinking_off AL (default: on)")
-    t = parser.add_argument_group("tensor parallelism")
-    t.add_argument("--tp", "--tensor-parallel-size", dest="tp", type=int, default=1,
-                   help="shard the model over this many GPUs (or CPU processes with gloo) (default: 1)")
-    t.add_argument("--nnodes", type=int, default=1, help="nodes in the tensor-parallel group (default: 1)")
-    t.add_argument("--node-rank", type=int, default=0, help="this node's rank (default: 0)")
-    t.add_argument("--master-addr", default="127.0.0.1",
-                   help="address of rank 0 for torch.distributed rendezvous, used with --nnodes > 1 "
-                        "(default: 127.0.0.1)")
-    t.add_argument("--master-port", type=int, default=29513,
-                   help="port of rank 0 for torch.distributed rendezvous, used with --nnodes > 1; "
-                        "a single node picks a free loopback port (default: 29513)")
+_HTTP = "HTTP"
 
 
-def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
-    """Build and validate an EngineConfig from parsed `add_engine_args` flags."""
-    overrides = {k: v for k, v in (("num_layers", args.num_layers), ("num_heads", args.num_heads),
-                                   ("index_topk", args.top_k)) if v is not None}
-    flag = {"num_layers": "--num-layers", "num_heads": "--num-heads", "index_topk": "--top-k"}
-    for key, value in overrides.items():
-        _require(value > 0, f"{flag[key]}: must be positive, got {value}")
-    model = model_preset(args.model, **overrides)
-    cache = CacheConfig(
-        block_size=args.block_size if args.block_size is not None else model.default_block_size,
-        kv_cache_dtype=args.kv_cache_dtype,
-        indexer_key_dtype=args.indexer_key_dtype,
-        gpu_memory_utilization=args.gpu_memory_utilization,
-        kv_cache_gb=args.kv_cache_gb,
-        enable_prefix_caching=not args.no_prefix_caching,
-    )
-    scheduler = SchedulerConfig(
-        max_num_seqs=args.max_num_seqs,
-        max_num_batched_tokens=args.max_num_batched_tokens,
-        max_model_len=args.max_model_len if args.max_model_len is not None else model.max_position,
-    )
-    parallel = ParallelConfig(tensor_parallel_size=args.tp, nnodes=args.nnodes, node_rank=args.node_rank,
-                              master_addr=args.master_addr, master_port=args.master_port)
-    speculative = speculative_config_from_flags(args.speculative_config, args.golden_al, args.thinking)
-    return EngineConfig(model=model, cache=cache, scheduler=scheduler, device=args.device,
-                        attention_backend=args.attention_backend, seed=args.seed, weights=args.weights,
-                        parallel=parallel, speculative=speculative, step_delay_ms=args.step_delay_ms,
-                        enforce_eager=args.enforce_eager,
-                        cuda_graph_sizes=_int_list(args.cuda_graph_sizes, "--cuda-graph-sizes"))
+@dataclass(frozen=True, slots=True)
+class HttpConfig:
+    """`server start`'s HTTP side: where it listens, who may call it, how much it queues."""
+
+    host: str = field(default="127.0.0.1", metadata=cli("--host", group=_HTTP, help="address to bind"))
+    port: int = field(default=8000, metadata=cli(
+        "--port", group=_HTTP, help="port to bind; 0 picks a free one, printed on the ready line"))
+    api_key: str | None = field(default=None, metadata=cli(
+        "--api-key", group=_HTTP, default_text="none", help="require 'Authorization: Bearer KEY' on /v1 routes"))
+    max_body_mb: float = field(default=32.0, metadata=cli(
+        "--max-body-mb", group=_HTTP, help="largest request body in MiB; larger ones get 413"))
+    max_queue: int = field(default=1024, metadata=cli(
+        "--max-queue", group=_HTTP,
+        help="requests allowed to wait beyond --max-num-seqs running ones; more get 503 with Retry-After"))
+    served_model_name: str | None = field(default=None, metadata=cli(
+        "--served-model-name", group=_HTTP, default_text="the preset name",
+        help="model id in /v1/models and responses"))
+    shutdown_timeout: float = field(default=30.0, metadata=cli(
+        "--shutdown-timeout", group=_HTTP,
+        help="on SIGTERM/SIGINT, seconds to let running requests finish; then (or at a second signal) "
+             "the rest are cut and the exit code is 3"))
+    read_timeout: float = field(default=10.0, metadata=cli(
+        "--read-timeout", group=_HTTP, metavar="S",
+        help="a client must send a complete request head within S seconds of connecting (or of its "
+             "previous response; idle keep-alive connections close then too) and its body within S more "
+             "(else 408, and the connection closes S later at most)"))
+
+    def __post_init__(self) -> None:
+        _require(0 <= self.port <= 65535, f"--port: must be in 0..65535, got {self.port}")
+        _require(self.max_body_mb > 0, f"--max-body-mb: must be positive, got {self.max_body_mb}")
+        _require(self.max_queue >= 0, f"--max-queue: must be >= 0, got {self.max_queue}")
+        _require(self.shutdown_timeout >= 0, f"--shutdown-timeout: must be >= 0, got {self.shutdown_timeout}")
+        _require(self.api_key != "", "--api-key: must not be empty")
+        _require(self.read_timeout > 0, f"--read-timeout: must be > 0, got {self.read_timeout}")
 
 
-def _int_list(text: str | None, flag: str) -> tuple[int, ...]:
-    """'1,2,4' -> (1, 2, 4); None -> ()."""
-    if text is None:
-        return ()
+def _int_list(text: str, flag: str) -> tuple[int, ...]:
+    """'1,2,4' -> (1, 2, 4)."""
     try:
         return tuple(int(x) for x in text.split(","))
     except ValueError:

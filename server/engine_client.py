@@ -24,10 +24,11 @@ import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Protocol
 
 from server.config import EngineConfig, resolve_device
 from server.engine.messages import AbortRequest, AddRequest, EngineStats, RequestOutput, StepOutputs
+from server.log import configure_logging
 
 if TYPE_CHECKING:  # the engine imports torch: only the child process loads it
     from server.engine.core import Engine
@@ -79,6 +80,7 @@ def run_engine_process(config: EngineConfig, requests: Connection, outputs: Conn
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     engine = None
     try:
+        configure_logging()
         leave_a_core_for_http(config)
         from server.engine.core import Engine
 
@@ -114,7 +116,21 @@ def leave_a_core_for_http(config: EngineConfig) -> None:
     torch.set_num_threads(max(1, cores - 1))
 
 
-def serve_engine(engine: Engine, requests: Connection, outputs: Connection) -> None:
+class MessageSource(Protocol):
+    """Where the engine loop reads requests: a pipe end, or the in-process transport's inbox."""
+
+    def poll(self, timeout: float | None = ...) -> bool: ...
+
+    def recv(self) -> Any: ...
+
+
+class MessageSink(Protocol):
+    """Where the engine loop sends its step outputs: a pipe end, or the in-process transport's outbox."""
+
+    def send(self, obj: Any) -> None: ...
+
+
+def serve_engine(engine: Engine, requests: MessageSource, outputs: MessageSink) -> None:
     while True:
         if not engine.has_unfinished():
             requests.poll(None)  # idle: sleep until a message (or EOF) arrives

@@ -25,6 +25,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from enum import Enum
 from typing import Any
 
 import orjson
@@ -125,6 +126,30 @@ _CHAT_FIELDS = _OPTION_FIELDS | {"messages", "max_tokens", "max_completion_token
 IGNORED_FIELDS_HEADER = "X-Ignored-Fields"
 
 
+class ErrorCode(str, Enum):
+    """The `code` of an OpenAI-style error body (and the label of agentload:requests_rejected_total);
+    a member is a str equal to its value."""
+
+    NOT_FOUND = "not_found"
+    METHOD_NOT_ALLOWED = "method_not_allowed"
+    REQUEST_TOO_LARGE = "request_too_large"
+    INVALID_API_KEY = "invalid_api_key"
+    MODEL_NOT_FOUND = "model_not_found"
+    ENGINE_DEAD = "engine_dead"
+    SHUTTING_DOWN = "shutting_down"
+    OVERLOADED = "overloaded"
+    ENGINE_REFUSED = "engine_refused"
+    INVALID_VALUE = "invalid_value"
+    INVALID_JSON = "invalid_json"
+    UNSUPPORTED_OPTION = "unsupported_option"
+    CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"
+    REQUEST_TIMEOUT = "request_timeout"
+    SERVER_SHUTDOWN = "server_shutdown"
+
+    __str__ = str.__str__
+    __format__ = str.__format__  # type: ignore[assignment]  # str's, not Enum's
+
+
 class ApiError(Exception):
     """A request refused with an HTTP status and an OpenAI-style error body."""
 
@@ -135,7 +160,7 @@ class ApiError(Exception):
         *,
         type: str = "invalid_request_error",
         param: str | None = None,
-        code: str | None = None,
+        code: ErrorCode | None = None,
         headers: dict[str, str] | None = None,
     ) -> None:
         super().__init__(message)
@@ -150,12 +175,12 @@ class ApiError(Exception):
         return error_body(self.message, self.type, self.param, self.code)
 
 
-def error_body(message: str, type: str, param: str | None = None, code: str | None = None) -> bytes:
+def error_body(message: str, type: str, param: str | None = None, code: ErrorCode | None = None) -> bytes:
     return orjson.dumps({"error": {"message": message, "type": type, "param": param, "code": code}})
 
 
 def _invalid(param: str, message: str) -> ApiError:
-    return ApiError(400, f"{param}: {message}", param=param, code="invalid_value")
+    return ApiError(400, f"{param}: {message}", param=param, code=ErrorCode.INVALID_VALUE)
 
 
 @dataclass(frozen=True, slots=True)
@@ -222,9 +247,9 @@ def _load_object(body: bytes) -> dict[str, Any]:
     try:
         obj = orjson.loads(body)
     except orjson.JSONDecodeError as exc:
-        raise ApiError(400, f"request body is not valid JSON: {exc}", code="invalid_json") from None
+        raise ApiError(400, f"request body is not valid JSON: {exc}", code=ErrorCode.INVALID_JSON) from None
     if not isinstance(obj, dict):
-        raise ApiError(400, "request body must be a JSON object", code="invalid_json")
+        raise ApiError(400, "request body must be a JSON object", code=ErrorCode.INVALID_JSON)
     return obj
 
 
@@ -239,7 +264,7 @@ def _parse_options(
             raise _invalid(name, f"{problem}, got {_shown(obj[name])}")
         if not _is_neutral(obj[name], neutral):
             raise ApiError(400, f"{name}: not supported by this server (got {_shown(obj[name])})",
-                           param=name, code="unsupported_option")
+                           param=name, code=ErrorCode.UNSUPPORTED_OPTION)
     max_tokens = default_max_tokens
     max_tokens_is_default = True
     for key in max_tokens_keys:
@@ -333,7 +358,7 @@ def _parse_prompt(prompt: Any) -> str | tuple[int, ...]:
         prompt = prompt[0]
     elif isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
         raise ApiError(400, "prompt: batches of several prompts are not supported",
-                       param="prompt", code="unsupported_option")
+                       param="prompt", code=ErrorCode.UNSUPPORTED_OPTION)
     if isinstance(prompt, str):
         if not prompt:
             raise _invalid("prompt", "must not be empty")
@@ -378,7 +403,7 @@ def _parse_message(index: int, message: Any) -> ChatMessage:
 def _text_part(param: str, part: Any) -> str:
     if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
         raise ApiError(400, f"{param}: only text parts ({{'type': 'text', 'text': ...}}) are supported",
-                       param=param, code="unsupported_option")
+                       param=param, code=ErrorCode.UNSUPPORTED_OPTION)
     return part["text"]
 
 
@@ -398,17 +423,17 @@ def resolve_max_tokens(options: GenerationOptions, prompt_len: int, max_model_le
         if room < 1:
             raise ApiError(400, f"{prompt_param}: the prompt has {prompt_len} tokens; the model's context is "
                            f"{max_model_len} tokens, leaving no room to generate",
-                           param=prompt_param, code="context_length_exceeded")
+                           param=prompt_param, code=ErrorCode.CONTEXT_LENGTH_EXCEEDED)
         limit = room if options.max_tokens is None else min(options.max_tokens, room)
         if options.min_tokens > limit:
             raise ApiError(400, f"min_tokens ({options.min_tokens}) exceeds the {room} tokens left in "
                            f"the model's context after the prompt ({prompt_len} tokens)",
-                           param="min_tokens", code="context_length_exceeded")
+                           param="min_tokens", code=ErrorCode.CONTEXT_LENGTH_EXCEEDED)
         return limit
     if options.max_tokens > room:
         raise ApiError(400, f"prompt ({prompt_len} tokens) + max_tokens ({options.max_tokens}) "
                        f"exceeds the model's context of {max_model_len} tokens",
-                       param="max_tokens", code="context_length_exceeded")
+                       param="max_tokens", code=ErrorCode.CONTEXT_LENGTH_EXCEEDED)
     return options.max_tokens
 
 
@@ -420,7 +445,7 @@ def check_acceptance_length(options: GenerationOptions, speculative: Speculative
     if speculative is None or not speculative.synthetic:
         raise ApiError(400, "acceptance_length: this server does not run synthetic speculative decoding "
                        "(start it with --speculative-config ... rejection_sample_method 'synthetic')",
-                       param="acceptance_length", code="unsupported_option")
+                       param="acceptance_length", code=ErrorCode.UNSUPPORTED_OPTION)
 
 
 def speculative_card(speculative: SpeculativeConfig | None) -> dict[str, Any] | None:

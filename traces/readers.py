@@ -11,8 +11,8 @@ from __future__ import annotations
 import gzip
 import os
 import zlib
-from itertools import islice
 from dataclasses import dataclass
+from itertools import islice
 from pathlib import Path
 from typing import Any
 
@@ -160,7 +160,7 @@ def _records(path: Path) -> list[tuple[_Where, dict[str, Any]]]:
 
 
 def _jsonl_records(source: str, data: bytes, whole_error: Exception) -> list[tuple[_Where, dict[str, Any]]]:
-    records = []
+    records: list[tuple[_Where, dict[str, Any]]] = []
     for number, line in enumerate(data.splitlines(), start=1):
         if not line.strip():
             continue

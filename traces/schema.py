@@ -6,8 +6,8 @@ statistics, the load generator) reads only these, never raw JSON.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Iterator
 
 SESSIONS = "sessions"
 MOONCAKE = "mooncake"

@@ -15,8 +15,9 @@ Definitions (all over parent and subagent requests together):
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass
-from typing import Any, Iterable, Iterator
+from typing import Any
 
 import numpy as np
 

@@ -9,16 +9,29 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
+from enum import Enum
 from typing import Any
 
 import numpy as np
 
-# Error kinds an Exchange may carry (HTTP errors are "http_<status>").
-ERROR_CONNECT = "connect"      # could not open a connection (refused, unreachable)
-ERROR_RESET = "reset"          # connection closed or reset after it was opened
-ERROR_TIMEOUT = "timeout"      # the request took longer than the per-request timeout
-ERROR_TRUNCATED = "truncated"  # stream ended without [DONE]/usage, or with fewer tokens than asked
-ERROR_PROTOCOL = "protocol"    # unparseable stream data or an error event inside the stream
+
+class ErrorKind(str, Enum):
+    """Why one request failed. The value is what results files and the per-request file record
+    (docs/results_schema.md); a member is a str equal to its value. An HTTP error status is not a
+    member: its kind is "http_<status>"."""
+
+    CONNECT = "connect"                # could not open a connection (refused, unreachable)
+    RESET = "reset"                    # connection closed or reset after it was opened
+    TIMEOUT = "timeout"                # the request took longer than the per-request timeout
+    TRUNCATED = "truncated"            # stream ended without [DONE]/usage, or with fewer tokens than asked
+    PROTOCOL = "protocol"              # unparseable stream data or an error event inside the stream
+    CANCELLED = "cancelled"            # the run ended (or the transport closed) with the request in flight
+    ENGINE_REFUSED = "engine_refused"  # in-process: too long for the context or the KV cache
+    ENGINE_DEAD = "engine_dead"        # in-process: the engine raised while the request was in flight
+
+    # Formatted and printed as the bare value, as the strings these replace were.
+    __str__ = str.__str__
+    __format__ = str.__format__  # type: ignore[assignment]  # str's, not Enum's
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,7 +58,7 @@ class Exchange:
     cached_tokens: int | None = None
     spec_num_drafts: int | None = None           # usage.spec_decode (our server, when it speculates)
     spec_num_accepted_tokens: int | None = None
-    error: str | None = None
+    error: str | None = None  # an ErrorKind, or "http_<status>"
     error_detail: str | None = None
 
     @property

@@ -28,9 +28,7 @@ from typing import Any
 import orjson
 
 from loadgen.transport.base import (
-    ERROR_PROTOCOL,
-    ERROR_TIMEOUT,
-    ERROR_TRUNCATED,
+    ErrorKind,
     Exchange,
     ServerInfo,
     Transport,
@@ -116,7 +114,7 @@ class HttpTransport(Transport):
                 ex.error = f"http_{resp.status}"
                 ex.error_detail = resp.body[:300].decode("utf-8", "replace")
         except asyncio.TimeoutError:
-            ex.error, ex.error_detail = ERROR_TIMEOUT, f"no complete answer within {self.timeout_s:g} s"
+            ex.error, ex.error_detail = ErrorKind.TIMEOUT, f"no complete answer within {self.timeout_s:g} s"
         except ResponseError as exc:
             ex.error, ex.error_detail = exc.kind, str(exc)
         ex.end_ns = time.perf_counter_ns()
@@ -175,23 +173,23 @@ class _SseStream:
                     self.ex.chunk_ns.append(now)
                     self.ex.chunk_tokens.append(tokens)
             elif "error" in event:
-                self.error, self.detail = ERROR_PROTOCOL, str(event["error"])[:300]
+                self.error, self.detail = ErrorKind.PROTOCOL, str(event["error"])[:300]
                 return
             usage = event.get("usage")
             if usage:
                 _take_usage(self.ex, usage)
         except orjson.JSONDecodeError:
-            self.error, self.detail = ERROR_PROTOCOL, f"bad SSE data: {payload[:200]!r}"
+            self.error, self.detail = ErrorKind.PROTOCOL, f"bad SSE data: {payload[:200]!r}"
         except (AttributeError, TypeError, KeyError, IndexError, ValueError) as exc:
             # valid JSON of the wrong shape (`[1]`, `"choices": ["x"]`, `"usage": 5`)
-            self.error = ERROR_PROTOCOL
+            self.error = ErrorKind.PROTOCOL
             self.detail = f"SSE event is not an OpenAI stream chunk ({type(exc).__name__}: {exc}): {payload[:200]!r}"
 
     def problem(self) -> tuple[str | None, str | None]:
         if self.error is not None:
             return self.error, self.detail
         if not self.done:
-            return ERROR_TRUNCATED, "stream ended without [DONE]"
+            return ErrorKind.TRUNCATED, "stream ended without [DONE]"
         return None, None
 
 
@@ -223,7 +221,7 @@ def _take_usage(ex: Exchange, usage: dict) -> None:
 def check_complete(ex: Exchange, asked: int) -> None:
     got = ex.output_tokens
     if got < asked or not ex.chunk_ns:
-        ex.error = ERROR_TRUNCATED
+        ex.error = ErrorKind.TRUNCATED
         ex.error_detail = f"asked for {asked} tokens, got {got}"
 
 

@@ -1,6 +1,6 @@
 """In-process transport: the engine runs in this process and requests reach it without sockets.
 
-The one place where loadgen imports the server (DESIGN.md: `loadgen.inprocess -> server.engine`);
+The one place where loadgen imports the server (docs/architecture.md: `loadgen -> server` only here);
 `server.engine.core` (torch) is imported only when the engine is built, so loadgen still imports
 and runs `replay` without torch.
 
@@ -29,11 +29,10 @@ import threading
 import time
 import traceback
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from loadgen.transport.base import (
-    ERROR_CONNECT,
-    ERROR_TIMEOUT,
+    ErrorKind,
     Exchange,
     ServerInfo,
     Transport,
@@ -41,13 +40,14 @@ from loadgen.transport.base import (
     WireRequest,
 )
 from loadgen.transport.http import check_complete
-from server.config import EngineConfig, add_engine_args, engine_config_from_args, resolve_device
+from server.args import add_engine_args, engine_config_from_args
+from server.config import EngineConfig, resolve_device
 from server.engine.messages import AbortRequest, AddRequest, RequestOutput, SamplingParams, StepOutputs
 from server.engine_client import SHUTDOWN, leave_a_core_for_http, serve_engine
 from server.protocol import speculative_card
 
-ERROR_REFUSED = "engine_refused"  # the engine refused the request (too long for the context or the KV cache)
-ERROR_ENGINE_DEAD = "engine_dead"  # the engine raised while the request was in flight
+if TYPE_CHECKING:
+    from server.engine.core import Engine
 
 
 class EngineConfigError(TransportError):
@@ -105,7 +105,7 @@ class InProcessTransport(Transport):
     def __init__(self, config: EngineConfig, timeout_s: float = 600.0) -> None:
         self.config = config
         self.timeout_s = timeout_s
-        self.engine = None  # server.engine.core.Engine once built
+        self.engine: Engine | None = None  # built by build_engine
         self.device = resolve_device(config.device)
         self.dead_reason: str | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -147,7 +147,7 @@ class InProcessTransport(Transport):
         self._thread = None
         for entry in self._pending.values():  # aborted above: no output will come for them
             entry.exchange.end_ns = time.perf_counter_ns()
-            entry.exchange.error, entry.exchange.error_detail = "cancelled", "the transport was closed"
+            entry.exchange.error, entry.exchange.error_detail = ErrorKind.CANCELLED, "the transport was closed"
             if not entry.done.done():
                 entry.done.set_result(None)
         self._pending.clear()
@@ -178,10 +178,11 @@ class InProcessTransport(Transport):
         ex.start_ns = time.perf_counter_ns()
         if self.dead_reason is not None or self._thread is None:
             ex.end_ns = ex.start_ns
-            ex.error = ERROR_CONNECT
+            ex.error = ErrorKind.CONNECT
             ex.error_detail = f"the in-process engine is not running: {self.dead_reason or 'transport closed'}"
             return ex
         rid = request.request_id
+        assert self._loop is not None  # open() set it, before the step thread that _thread checks
         done = self._loop.create_future()
         self._pending[rid] = _Pending(ex, request.max_tokens, done)
         params = SamplingParams(max_tokens=request.max_tokens, min_tokens=request.max_tokens, ignore_eos=True,
@@ -191,7 +192,7 @@ class InProcessTransport(Transport):
             await asyncio.wait_for(asyncio.shield(done), self.timeout_s)
         except asyncio.TimeoutError:
             ex.end_ns = time.perf_counter_ns()
-            ex.error, ex.error_detail = ERROR_TIMEOUT, f"no complete answer within {self.timeout_s:g} s"
+            ex.error, ex.error_detail = ErrorKind.TIMEOUT, f"no complete answer within {self.timeout_s:g} s"
             self._abort(rid)
         except asyncio.CancelledError:
             self._abort(rid)
@@ -206,11 +207,13 @@ class InProcessTransport(Transport):
 
     def _step_loop(self, outbox: _Outbox) -> None:
         try:
+            assert self.engine is not None, "build_engine runs before the step thread starts"
             serve_engine(self.engine, self._inbox, outbox)
         except BaseException as exc:  # report anything: the run must end with a reason, not hang
             reason = f"{type(exc).__name__}: {exc}"
             details = traceback.format_exc()
             try:
+                assert self._loop is not None
                 self._loop.call_soon_threadsafe(self._die, reason, details)
             except RuntimeError:  # the event loop is already closed
                 print(f"loadgen: the in-process engine died: {details}", file=sys.stderr)
@@ -238,7 +241,7 @@ class InProcessTransport(Transport):
         now = time.perf_counter_ns()
         for entry in self._pending.values():
             entry.exchange.end_ns = now
-            entry.exchange.error = ERROR_ENGINE_DEAD
+            entry.exchange.error = ErrorKind.ENGINE_DEAD
             entry.exchange.error_detail = f"the in-process engine died: {reason}"
             if not entry.done.done():
                 entry.done.set_result(None)
@@ -262,7 +265,7 @@ def _finish(entry: _Pending, output: RequestOutput, now: int) -> None:
     ex = entry.exchange
     ex.end_ns = now
     if output.finish_reason == "error":
-        ex.error, ex.error_detail = ERROR_REFUSED, output.error
+        ex.error, ex.error_detail = ErrorKind.ENGINE_REFUSED, output.error
     else:
         ex.usage_prompt_tokens = output.num_prompt_tokens
         ex.cached_tokens = output.num_cached_tokens

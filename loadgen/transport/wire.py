@@ -26,13 +26,13 @@ import time
 from typing import Callable
 from urllib.parse import urlsplit
 
-from loadgen.transport.base import ERROR_CONNECT, ERROR_PROTOCOL, ERROR_RESET
+from loadgen.transport.base import ErrorKind
 
 LineSink = Callable[[bytes, int], None]  # (one body line without b"\n", arrival perf_counter_ns)
 
 
 class ResponseError(Exception):
-    """The request failed: `kind` is ERROR_CONNECT, ERROR_RESET, or ERROR_PROTOCOL (the line sink
+    """The request failed: `kind` is ErrorKind.CONNECT, ErrorKind.RESET, or ErrorKind.PROTOCOL (the line sink
     or the parser raised on what came back); `received` tells if any byte came back."""
 
     def __init__(self, kind: str, detail: str, received: bool) -> None:
@@ -91,7 +91,7 @@ class _Conn(asyncio.Protocol):
                 self._fail_unexpected(exc)
             return
         detail = f"connection closed by the server{': ' + str(exc) if exc else ''}"
-        done.set_exception(ResponseError(ERROR_RESET, detail, self._received))
+        done.set_exception(ResponseError(ErrorKind.RESET, detail, self._received))
 
     def data_received(self, data: bytes) -> None:
         self.feed(data, time.perf_counter_ns())
@@ -226,7 +226,7 @@ class _Conn(asyncio.Protocol):
         if done is not None and not done.done():
             done.set_result(self._response)
 
-    def _fail(self, detail: str, kind: str = ERROR_RESET) -> None:
+    def _fail(self, detail: str, kind: str = ErrorKind.RESET) -> None:
         self._keep_alive = False
         if self._done is not None and not self._done.done():
             self._done.set_exception(ResponseError(kind, detail, True))
@@ -234,7 +234,7 @@ class _Conn(asyncio.Protocol):
             self.transport.close()
 
     def _fail_unexpected(self, exc: Exception) -> None:
-        self._fail(f"reading the response raised {type(exc).__name__}: {exc}", ERROR_PROTOCOL)
+        self._fail(f"reading the response raised {type(exc).__name__}: {exc}", ErrorKind.PROTOCOL)
 
     # -- used by the pool --------------------------------------------------------------------
 
@@ -425,7 +425,7 @@ class HttpClient:
         try:
             conn = await asyncio.wait_for(self._connect(loop), timeout)
         except OSError as exc:
-            raise ResponseError(ERROR_CONNECT, f"cannot connect to {self.host}:{self.port}: {exc}", False) from exc
+            raise ResponseError(ErrorKind.CONNECT, f"cannot connect to {self.host}:{self.port}: {exc}", False) from exc
         self._open.add(conn)
         return conn, False
 

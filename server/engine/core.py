@@ -3,7 +3,7 @@
 Pure synchronous code with no threads; the API process (or the in-process benchmark transport)
 owns the loop around it. One step = schedule, build the batch, run the model, sample on the
 device, then a single host copy of the sampled tokens. With speculative decoding
-(`server/spec_decode.py`) the step verifies each request's drafts in the same pass, may emit
+(`server/engine/spec_decode.py`) the step verifies each request's drafts in the same pass, may emit
 several tokens per request, and ends with the draft head proposing the next drafts.
 """
 
@@ -17,8 +17,8 @@ from server.engine.messages import AddRequest, EngineStats, RequestOutput, StepO
 from server.engine.sampler import Sampler
 from server.engine.scheduler import ScheduledBatch, Scheduler
 from server.engine.sequence import Sequence
+from server.engine.spec_decode import SpeculativeDecoder
 from server.model.runner import ModelRunner
-from server.spec_decode import SpeculativeDecoder
 
 
 class Engine:

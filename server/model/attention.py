@@ -8,7 +8,7 @@ lengths, and prefill and decode are the same code path through the kernels API.
 
 Under tensor parallelism each rank runs its share of the attention heads and of the indexer's
 heads; the latent row and the indexer key are per token, shared by every head, so every rank
-computes and caches all of them (see server/parallel.py).
+computes and caches all of them (see server/parallel/__init__.py).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from kernels.sparse_mla import sparse_mla
 from kernels.topk import positions_to_slots, topk_indices
 from server.config import ModelConfig
 from server.model.layers import ColumnParallelLinear, RMSNorm, RopeAngles, RowParallelLinear
-from server.parallel import TensorParallel
+from server.parallel.collectives import TensorParallel
 
 
 @dataclass(frozen=True)
@@ -48,7 +48,7 @@ class CacheSettings:
 
 
 class Indexer(nn.Module):
-    """Lightning indexer: scores every visible key for each query token (SPARSE_MLA.md step 3)."""
+    """Lightning indexer: scores every visible key for each query token (docs/sparse_mla.md, step 3)."""
 
     def __init__(self, c: ModelConfig, tp: TensorParallel) -> None:
         super().__init__()

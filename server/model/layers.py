@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from server.parallel import TensorParallel
+from server.parallel.collectives import TensorParallel
 
 
 class RMSNorm(nn.Module):

@@ -19,7 +19,7 @@ from torch import nn
 from server.config import ModelConfig
 from server.model.attention import AttentionMetadata, CacheSettings, MLAttention
 from server.model.layers import ColumnParallelLinear, RMSNorm, Rotary, SwiGLU, copy_shard, full_shape, init_linear
-from server.parallel import TensorParallel
+from server.parallel.collectives import TensorParallel
 
 
 class DecoderLayer(nn.Module):

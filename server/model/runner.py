@@ -7,7 +7,7 @@ of query tokens in a step (a prefill chunk, one decode token, or k+1 tokens to v
 
 Under tensor parallelism (`--tp N`) the engine core's runner is rank 0: it starts the other ranks,
 broadcasts each step's host inputs to them, and alone gets the logits; a worker rank's runner
-loops in `serve`, running the steps it receives (see server/parallel.py).
+loops in `serve`, running the steps it receives (see server/parallel/).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from server.engine.sequence import Sequence
 from server.model.attention import AttentionMetadata, CacheSettings
 from server.model.cuda_graph import DecodeGraphs, default_capture_sizes
 from server.model.model import build_model
-from server.parallel import TensorParallel
+from server.parallel.collectives import TensorParallel
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""Comparison helpers for the kernel tests (the SPARSE_MLA.md bars)."""
+"""Comparison helpers for the kernel tests (the bars of docs/sparse_mla.md)."""
 
 from __future__ import annotations
 

@@ -12,6 +12,7 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 from kernels.triton_utils import poisoned_outputs  # noqa: E402
+from tests.torch_threads import one_torch_thread  # noqa: E402, F401  (autouse)
 
 
 @pytest.fixture(autouse=True)

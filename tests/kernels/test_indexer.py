@@ -63,13 +63,15 @@ def test_paged_matches_reference_and_independent(gen, key_dtype, block_size):
     context_lens = torch.tensor([0, 1, full - 2, full - 1, full], dtype=torch.int32)
     max_context = full + 3
     q8, w = make_inputs(gen, len(seq_ids), heads, d_i)
-    got = indexer_logits_paged(q8, w, cache, key_dtype, block_table, block_size, seq_ids, context_lens, max_context, backend="triton")
-    ref = indexer_logits_paged(q8, w, cache, key_dtype, block_table, block_size, seq_ids, context_lens, max_context, backend="torch")
+    args = (q8, w, cache, key_dtype, block_table, block_size, seq_ids, context_lens, max_context)
+    got = indexer_logits_paged(*args, backend="triton")
+    ref = indexer_logits_paged(*args, backend="torch")
     assert got.shape == (5, max_context) and got.dtype == torch.float32
     assert_logits_match(got, ref)
     assert torch.isneginf(got[0]).all(), "an empty context scores nothing"
     pos = torch.arange(max_context)
-    slots = block_table[seq_ids.long()][:, (pos // block_size).clamp(max=max_blocks - 1)].long() * block_size + pos % block_size
+    blocks = block_table[seq_ids.long()][:, (pos // block_size).clamp(max=max_blocks - 1)].long()
+    slots = blocks * block_size + pos % block_size
     for t in range(len(seq_ids)):
         keys = independent_keys(cache[slots[t]], d_i, key_dtype)
         indep = independent_logits(q8[t : t + 1], w[t : t + 1], keys, [range(int(context_lens[t]))])
@@ -83,8 +85,9 @@ def test_paged_larger_dims_and_heads(gen):
     seq_ids = torch.tensor([1, 0], dtype=torch.int32)
     context_lens = torch.tensor([128, 77], dtype=torch.int32)
     q8, w = make_inputs(gen, 2, heads, d_i)
-    got = indexer_logits_paged(q8, w, cache, "fp8", block_table, block_size, seq_ids, context_lens, 128, backend="triton")
-    ref = indexer_logits_paged(q8, w, cache, "fp8", block_table, block_size, seq_ids, context_lens, 128, backend="torch")
+    args = (q8, w, cache, "fp8", block_table, block_size, seq_ids, context_lens, 128)
+    got = indexer_logits_paged(*args, backend="triton")
+    ref = indexer_logits_paged(*args, backend="torch")
     assert_logits_match(got, ref)
 
 
@@ -100,7 +103,8 @@ def test_ragged_windows(gen, key_dtype):
     ref = indexer_logits_ragged(q8, w, keys, key_dtype, k_start, k_end, backend="torch")
     assert got.shape == (6, n_keys)
     assert_logits_match(got, ref)
-    indep = independent_logits(q8, w, independent_keys(keys, d_i, key_dtype), [range(int(a), int(b)) for a, b in zip(k_start, k_end)])
+    ranges = [range(int(a), int(b)) for a, b in zip(k_start, k_end)]
+    indep = independent_logits(q8, w, independent_keys(keys, d_i, key_dtype), ranges)
     assert_logits_match(got.double(), indep)
     assert torch.isneginf(got[5]).all()
 
@@ -117,7 +121,8 @@ def test_zero_tokens_and_errors(gen):
     with pytest.raises(ValueError, match="weights"):
         indexer_logits_ragged(q8, w[:, :2], cache, "fp8", one * 0, one, backend="triton")
     with pytest.raises(ValueError, match="exceeds"):
-        indexer_logits_paged(q8, w, cache, "fp8", torch.zeros(1, 1, dtype=torch.int32), 4, one * 0, one * 5, 8, backend="torch")
+        indexer_logits_paged(q8, w, cache, "fp8", torch.zeros(1, 1, dtype=torch.int32), 4, one * 0, one * 5, 8,
+                             backend="torch")
 
 
 @pytest.mark.parametrize("key_dtype", ["fp8", "mxfp4"])

@@ -87,7 +87,8 @@ def test_wider_rows_and_all_invalid_batch(gen):
     cache = make_cache(gen, 64, "bf16", d_c, d_r)
     q = torch.randn(1, 16, d_c + d_r, generator=gen).bfloat16()
     run_both(q, cache, make_indices(gen, 1, 16, 64, [16]), "bf16", None, d_c)
-    out, lse = sparse_mla(q, cache, torch.full((1, 16), -1, dtype=torch.int32), SCALE, d_c, "bf16", num_splits=2, backend="triton")
+    none_valid = torch.full((1, 16), -1, dtype=torch.int32)
+    out, lse = sparse_mla(q, cache, none_valid, SCALE, d_c, "bf16", num_splits=2, backend="triton")
     assert (out == 0).all() and torch.isneginf(lse).all()
 
 

@@ -7,7 +7,8 @@ it listens on 127.0.0.1. /v1/completions and /v1/chat/completions stream `max_to
 serves one request at a time (a slow server: the others queue). It records, per
 request, its own timestamps (time.perf_counter_ns, CLOCK_MONOTONIC: comparable across
 processes on Linux), the prompt, the fields asked for, and how many distinct `user`s (session
-plays) and requests were in flight at once. GET /_records returns them (`writes_ns`: just before each chunk's write, `written_ns`: just after).
+plays) and requests were in flight at once. GET /_records returns them (`writes_ns`: just before each chunk's
+write, `written_ns`: just after).
 
 Speculative decoding as vLLM reports it: with `spec_metrics` = [drafts, accepted] per request,
 GET /metrics serves `vllm:spec_decode_num_drafts_total` and `..._num_accepted_tokens_total`

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-
 import pytest
 
 
@@ -43,7 +42,8 @@ def test_times_and_tokens_match_the_server_at_concurrency_64(start_server, sessi
         assert name == "ITL" or errors[0] > 0  # a chunk is received after it was sent
         median, p90, p99 = (errors[int(q * (len(errors) - 1))] for q in (0.5, 0.9, 0.99))
         print(f"{name} error: median {median / 1e6:.3f} ms, p90 {p90 / 1e6:.3f} ms, p99 {p99 / 1e6:.3f} ms")
-        assert median < 1_000_000 and p99 < 2_000_000, f"{name} error median {median / 1e6:.2f} ms, p99 {p99 / 1e6:.2f} ms"
+        assert median < 1_000_000 and p99 < 2_000_000, \
+            f"{name} error median {median / 1e6:.2f} ms, p99 {p99 / 1e6:.2f} ms"
     # the reported latencies start when the request reached the wire (start_ns), so the client's
     # own prompt synthesis and body encoding are never counted as server time
     reported = level["requests"]

@@ -150,7 +150,7 @@ def test_a_dead_tensor_parallel_rank_ends_the_bench_with_partial_results(session
     traces = sessions({"n_requests": 30, "think": 0.05})
     prelude = ("import os, signal\n"
                "os.environ['AGENTLOAD_TP_STEP_TIMEOUT_S'] = '2'\n"
-               "import server.engine.core as core, server.parallel as par\n"
+               "import server.engine.core as core, server.parallel.supervisor as par\n"
                "worker_sets, real_spawn = [], par.WorkerSet.spawn.__func__\n"
                "def spawn(cls, *args, **kwargs):\n"
                "    worker_sets.append(real_spawn(cls, *args, **kwargs))\n"

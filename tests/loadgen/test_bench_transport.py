@@ -19,8 +19,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from loadgen.transport.base import ERROR_CONNECT, ERROR_TIMEOUT, Exchange, WireRequest
-from loadgen.transport.inprocess import ERROR_ENGINE_DEAD, ERROR_REFUSED, InProcessTransport
+from loadgen.transport.base import ErrorKind, Exchange, WireRequest
+from loadgen.transport.inprocess import InProcessTransport
 from server.config import CacheConfig, EngineConfig, SchedulerConfig
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -49,16 +49,16 @@ def test_streams_every_token_with_times_and_usage(report):
 
 def test_refusal_and_timeout_abort(report):
     too_long, slow, after = report["too_long"], report["slow"], report["after"]
-    assert too_long["error"] == ERROR_REFUSED and "context length 1024" in too_long["error_detail"]
-    assert slow["error"] == ERROR_TIMEOUT and slow["output_tokens"] < 900
+    assert too_long["error"] == ErrorKind.ENGINE_REFUSED and "context length 1024" in too_long["error_detail"]
+    assert slow["error"] == ErrorKind.TIMEOUT and slow["output_tokens"] < 900
     assert after["error"] is None and after["output_tokens"] == 3
     assert report["engine_idle_after_timeout"]  # the timed-out request was aborted inside the engine
 
 
 def test_engine_crash_fails_in_flight_then_refuses(report):
     in_flight, later = report["crash"], report["later"]
-    assert in_flight["error"] == ERROR_ENGINE_DEAD and "planted fault" in in_flight["error_detail"]
-    assert later["error"] == ERROR_CONNECT and "planted fault" in later["error_detail"]
+    assert in_flight["error"] == ErrorKind.ENGINE_DEAD and "planted fault" in in_flight["error_detail"]
+    assert later["error"] == ErrorKind.CONNECT and "planted fault" in later["error_detail"]
     assert "the in-process engine died" in report["stderr"] and "RuntimeError: planted fault" in report["stderr"]
 
 
@@ -105,7 +105,8 @@ async def _scenarios(transport: InProcessTransport) -> dict:
 
 
 if __name__ == "__main__":
-    config = EngineConfig(device="cpu", cache=CacheConfig(num_blocks=256), scheduler=SchedulerConfig(max_model_len=1024))
+    config = EngineConfig(device="cpu", cache=CacheConfig(num_blocks=256),
+                          scheduler=SchedulerConfig(max_model_len=1024))
     transport = InProcessTransport(config, timeout_s=60.0)
     try:
         print(json.dumps(asyncio.run(_scenarios(transport))))

@@ -4,8 +4,15 @@ from __future__ import annotations
 
 import pytest
 
-from loadgen.plan import (PlaySource, TimingConfig, joins_before, poisson_arrivals, subagent_delay,
-                          subagents_after, timestamp_arrivals)
+from loadgen.plan import (
+    PlaySource,
+    TimingConfig,
+    joins_before,
+    poisson_arrivals,
+    subagent_delay,
+    subagents_after,
+    timestamp_arrivals,
+)
 from loadgen.runner import Warmup
 from traces import Request, Session, Subagent
 

@@ -53,7 +53,7 @@ def test_terminal_table_has_every_level_and_the_sweep_summary(runs, capsys):
     assert "# fast (" in out and "# slow (" in out  # a folder's result.json is named by its folder
     summary = out[out.index("== sweep summary"):].splitlines()
     assert len(summary) == 2 + 4  # title, header, one row per level per file
-    # p90 interactivity = 1 / p90(TPOT) is the slow tail (DESIGN.md) and is labelled so
+    # p90 interactivity = 1 / p90(TPOT) is the slow tail (docs/results_schema.md) and is labelled so
     assert "slow-tail intvty p90 (tok/s)" in summary[1]
     assert len({len(line) for line in summary[1:]}) == 1  # right-aligned columns: equal line widths
     rows = {tuple(line.split()[:3]) for line in summary[2:]}

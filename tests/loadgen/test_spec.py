@@ -133,4 +133,5 @@ def test_parse_spec_counters():
             "vllm:spec_decode_num_accepted_tokens_per_pos_total{position=\"0\"} 99\n")
     assert parse_spec_counters(text) == SpecCounters(15, 21)
     assert parse_spec_counters("vllm:spec_decode_num_drafts_total 3\n") is None
-    assert parse_spec_counters("vllm:spec_decode_num_drafts_total x\nvllm:spec_decode_num_accepted_tokens_total 1\n") is None
+    bad_value = "vllm:spec_decode_num_drafts_total x\nvllm:spec_decode_num_accepted_tokens_total 1\n"
+    assert parse_spec_counters(bad_value) is None

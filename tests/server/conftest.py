@@ -22,6 +22,8 @@ import aiohttp
 import orjson
 import pytest
 
+from tests.torch_threads import one_torch_thread  # noqa: F401  (autouse: the in-process engine tests)
+
 REPO = Path(__file__).resolve().parents[2]
 API_KEY = "test-key"
 STARTUP_TIMEOUT_S = 180.0

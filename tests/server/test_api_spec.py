@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import random
 import re
-from typing import Iterator
+from collections.abc import Iterator
 
 import pytest
 

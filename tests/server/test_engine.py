@@ -7,7 +7,6 @@ import pytest
 
 from server.engine.core import Engine
 from server.engine.messages import AddRequest, SamplingParams
-
 from tests.server.engine_fixtures import greedy, prompt, run, tiny_config, tokens
 
 LENGTHS = (5, 37, 64, 90, 130)

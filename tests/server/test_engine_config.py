@@ -6,14 +6,8 @@ import argparse
 
 import pytest
 
-from server.config import (
-    CacheConfig,
-    EngineConfig,
-    SchedulerConfig,
-    add_engine_args,
-    engine_config_from_args,
-    model_preset,
-)
+from server.args import add_engine_args, engine_config_from_args
+from server.config import CacheConfig, EngineConfig, SchedulerConfig, model_preset
 
 
 def parse(*argv: str) -> EngineConfig:
@@ -24,7 +18,8 @@ def parse(*argv: str) -> EngineConfig:
 
 def test_presets_match_sparse_mla_table():
     tiny, small, v32 = model_preset("tiny"), model_preset("small"), model_preset("v32")
-    assert (tiny.hidden_size, tiny.num_layers, tiny.num_heads, tiny.kv_lora_rank, tiny.index_topk) == (256, 2, 16, 128, 32)
+    tiny_shape = (tiny.hidden_size, tiny.num_layers, tiny.num_heads, tiny.kv_lora_rank, tiny.index_topk)
+    assert tiny_shape == (256, 2, 16, 128, 32)
     assert (small.hidden_size, small.q_lora_rank, small.index_num_heads, small.index_head_dim) == (2048, 512, 16, 128)
     assert (v32.num_heads, v32.q_lora_rank, v32.kv_row_dim, v32.index_topk) == (128, 1536, 576, 2048)
     assert v32.softmax_scale == pytest.approx(192 ** -0.5)

@@ -9,7 +9,6 @@ from server.engine.core import Engine
 from server.engine.messages import SamplingParams
 from server.engine.sampler import Sampler
 from server.engine.sequence import Sequence
-
 from tests.server.engine_fixtures import greedy, prompt, run, tiny_config, tokens
 
 EOS = 257

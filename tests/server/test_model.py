@@ -1,5 +1,5 @@
 """The paged, absorbed sparse-MLA model against a straightforward dense per-token implementation
-of SPARSE_MLA.md written here; KV/indexer dtypes; safetensors save/load."""
+of docs/sparse_mla.md written here; KV/indexer dtypes; safetensors save/load."""
 
 from __future__ import annotations
 
@@ -23,7 +23,6 @@ from server.engine.scheduler import ScheduledBatch
 from server.engine.sequence import Sequence
 from server.model.model import save_weights
 from server.model.runner import ModelRunner
-
 from tests.server.engine_fixtures import prompt, tiny_config
 
 # Two requests fed in ragged steps: a prefill chunk, a multi-token chunk, then single tokens.
@@ -60,7 +59,7 @@ def rms(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
 
 
 def dense_attention(attn, h: torch.Tensor, kv_dtype: str, key_dtype: str) -> torch.Tensor:
-    """SPARSE_MLA.md steps 1-5 for one request's tokens 0..N-1, non-absorbed, token by token."""
+    """docs/sparse_mla.md steps 1-5 for one request's tokens 0..N-1, non-absorbed, token by token."""
     c = attn.c
     n, H, dn, dr, dc, dv = h.shape[0], c.num_heads, c.qk_nope_dim, c.qk_rope_dim, c.kv_lora_rank, c.v_head_dim
     hi, di, eps, theta = c.index_num_heads, c.index_head_dim, c.rms_norm_eps, c.rope_theta
@@ -105,7 +104,8 @@ def dense_model_logits(model, ids: list[int], kv_dtype: str, key_dtype: str) -> 
         x = x + dense_attention(layer.attn, rms(x, layer.attn_norm.weight, eps).float(), kv_dtype, key_dtype)
         m = rms(x, layer.mlp_norm.weight, eps)
         mlp = layer.mlp
-        x = x + (F.silu(m @ mlp.w_gate.weight.double().T) * (m @ mlp.w_up.weight.double().T)) @ mlp.w_down.weight.double().T
+        gate, up = m @ mlp.w_gate.weight.double().T, m @ mlp.w_up.weight.double().T
+        x = x + (F.silu(gate) * up) @ mlp.w_down.weight.double().T
     return rms(x, model.norm.weight, eps) @ model.lm_head.weight.double().T
 
 
@@ -159,7 +159,8 @@ def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
 def test_attention_layers_match_dense_reference(kv_cache_dtype, key_dtype):
     """Each layer's sparse attention, fed the layer input the model saw, equals the dense
     per-token computation, with top-k (16) smaller than most contexts (up to 42)."""
-    runner = ModelRunner(tiny_config(kv_cache_dtype=kv_cache_dtype, indexer_key_dtype=key_dtype, num_blocks=16, **SMALL))
+    runner = ModelRunner(tiny_config(kv_cache_dtype=kv_cache_dtype, indexer_key_dtype=key_dtype, num_blocks=16,
+                                     **SMALL))
     _, per_layer = feed(runner, token_lists(), CHUNKS)
     kv_dtype = runner.settings.kv_dtype
     for layer, captured in zip(runner.model.layers, per_layer):

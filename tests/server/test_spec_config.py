@@ -9,7 +9,8 @@ import json
 import pytest
 
 from golden_al import load_curve
-from server.config import SpeculativeConfig, add_engine_args, engine_config_from_args
+from server.args import add_engine_args, engine_config_from_args
+from server.config import SpeculativeConfig
 from server.engine.core import Engine
 from server.engine.messages import AddRequest, SamplingParams
 
@@ -57,11 +58,13 @@ def test_golden_al_picks_the_curve_value(curve, thinking, k):
     ({**MTP5, "synthetic_acceptance_length": 6.5}, (), r"synthetic_acceptance_length: .*outside \[1, 6\]"),
     ({**MTP5, "synthetic_acceptance_length": 0.5}, (), r"synthetic_acceptance_length: .*outside \[1, 6\]"),
     ({**MTP5, "synthetic_acceptance_rates": [0.5, 0.9, 0, 0, 0]}, (), r"synthetic_acceptance_rates: .*non-increasing"),
-    ({**MTP5, "synthetic_acceptance_rates": [1.5, 0.9, 0, 0, 0]}, (), r"synthetic_acceptance_rates: .*outside \[0, 1\]"),
+    ({**MTP5, "synthetic_acceptance_rates": [1.5, 0.9, 0, 0, 0]}, (),
+     r"synthetic_acceptance_rates: .*outside \[0, 1\]"),
     ({**MTP5, "synthetic_acceptance_rates": [0.9, 0.5]}, (), r"synthetic_acceptance_rates: .*expected 5 values"),
     ({**MTP5, "synthetic_acceptance_length": 3, "synthetic_acceptance_rates": [1, 1, 0, 0, 0]}, (), "not both"),
     ({**MTP5, "rejection_sample_method": "synthetic"}, (), "needs synthetic_acceptance_length or"),
-    ({**MTP5, "rejection_sample_method": "standard", "synthetic_acceptance_length": 3}, (), "need rejection_sample_method"),
+    ({**MTP5, "rejection_sample_method": "standard", "synthetic_acceptance_length": 3}, (),
+     "need rejection_sample_method"),
     ({**MTP5, "rejection_sample_method": "magic"}, (), "rejection_sample_method must be one of"),
     ({"method": "eagle9", "num_speculative_tokens": 2}, (), "method must be one of mtp, dspark"),
     ({"method": "mtp", "num_speculative_tokens": 0}, (), "num_speculative_tokens must be an integer >= 1"),
@@ -69,10 +72,12 @@ def test_golden_al_picks_the_curve_value(curve, thinking, k):
     ({**MTP5, "bogus": 1}, (), r"unknown key\(s\) \['bogus'\]"),
     ({"method": "mtp", "num_speculative_tokens": 3}, ("--golden-al", "dsv41flash_dspark"),
      r"--golden-al: .*has no thinking_on AL at k=3"),
-    ({**MTP5}, ("--golden-al", "dsv41flash_dspark", "--thinking", "off"), r"--golden-al: .*has no thinking_off AL at k=5"),
+    ({**MTP5}, ("--golden-al", "dsv41flash_dspark", "--thinking", "off"),
+     r"--golden-al: .*has no thinking_off AL at k=5"),
     ({**MTP5}, ("--golden-al", "no_such_curve"), "--golden-al: unknown curve 'no_such_curve'"),
     ({**MTP5, "synthetic_acceptance_length": 3}, ("--golden-al", "dsv4_mtp"), "--golden-al: the curve gives"),
-    ({**MTP5, "rejection_sample_method": "standard"}, ("--golden-al", "dsv4_mtp"), "--golden-al: needs rejection_sample_method"),
+    ({**MTP5, "rejection_sample_method": "standard"}, ("--golden-al", "dsv4_mtp"),
+     "--golden-al: needs rejection_sample_method"),
     ({**MTP5}, ("--thinking", "on"), "--thinking: only meaningful with --golden-al"),
 ])
 def test_invalid_configs_are_refused(obj, flags, message):

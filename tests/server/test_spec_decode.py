@@ -17,19 +17,9 @@ from server.config import SpeculativeConfig
 from server.engine.core import Engine
 from server.engine.messages import AddRequest, SamplingParams
 from server.engine.sequence import Sequence
-
 from tests.server.engine_fixtures import greedy, prompt, run, tiny_config, tokens
 
 EOS = 257
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """These batches are tiny: a second OpenMP thread only adds spin and hand-off (3-4x slower)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def spec_engine(spec: SpeculativeConfig | None, **kw) -> Engine:

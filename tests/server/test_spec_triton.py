@@ -23,8 +23,9 @@ CHILD = textwrap.dedent("""
 
     # K = 32 covers every context here (at most 27 + 3 drafts): dense selection, see test_spec_decode.
     def config(spec):
-        return dataclasses.replace(tiny_config(backend="triton", num_layers=1, num_heads=2, index_num_heads=1,
-                                               index_topk=32, num_blocks=8, max_num_batched_tokens=16), speculative=spec)
+        base = tiny_config(backend="triton", num_layers=1, num_heads=2, index_num_heads=1, index_topk=32,
+                           num_blocks=8, max_num_batched_tokens=16)
+        return dataclasses.replace(base, speculative=spec)
 
     reqs = {"x": (prompt(5, 19), greedy(8)), "y": (prompt(6, 7), greedy(8))}
     plain = tokens(run(Engine(config(None)), reqs))

@@ -29,7 +29,7 @@ def test_chat_template_is_bos_then_role_markers():
 
 
 def test_stream_decoder_holds_back_split_characters():
-    data = "é🚀x".encode("utf-8")
+    data = "é🚀x".encode()
     dec = StreamDecoder()
     pieces = [dec.decode([b]) for b in data]
     assert "".join(pieces) + dec.flush() == "é🚀x"

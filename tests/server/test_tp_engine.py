@@ -1,13 +1,14 @@
 """Tensor parallelism on CPU (gloo, 2 ranks): the sharded engine computes what the unsharded one
 does. Logits agree to 1e-3 (the row-parallel sums add in another order, so a bf16 or fp8 cache
-row can round the other way) and greedy tokens are equal, over batched prefill chunks, multi-token queries, decodes, prefix-cache hits,
-both KV cache layouts and both indexer key formats, speculative decoding (the draft head runs on
-rank 0 alone), and with weights loaded from a file."""
+row can round the other way) and greedy tokens are equal, over batched prefill chunks, multi-token queries,
+decodes, prefix-cache hits, both KV cache layouts and both indexer key formats, speculative decoding (the
+draft head runs on rank 0 alone), and with weights loaded from a file."""
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import logging
 from collections.abc import Iterator
 
 import pytest
@@ -17,7 +18,6 @@ from server.config import EngineConfig, ParallelConfig, SpeculativeConfig
 from server.engine.core import Engine
 from server.model.model import save_weights
 from server.model.runner import ModelRunner
-
 from tests.server.engine_fixtures import greedy, prompt, run, tiny_config, tokens
 from tests.server.test_model import CHUNKS, feed, token_lists
 
@@ -112,9 +112,10 @@ def test_sharded_engine_loads_a_weights_file(tmp_path):
         torch.testing.assert_close(got[rid], expected[rid], rtol=1e-3, atol=1e-3)
 
 
-def test_bad_weights_file_is_refused_before_any_rank_starts(tmp_path, capfd):
+def test_bad_weights_file_is_refused_before_any_rank_starts(tmp_path, capfd, caplog):
     junk = tmp_path / "junk.safetensors"
     junk.write_bytes(b"not a safetensors file")
+    caplog.set_level(logging.INFO, logger="server")  # a started rank is logged at INFO
     with pytest.raises(ValueError, match="cannot read safetensors"):
         ModelRunner(with_tp(tiny_config(num_blocks=4, weights=str(junk))))
-    assert "tensor-parallel rank 1 started" not in capfd.readouterr().err
+    assert "tensor-parallel rank 1 started" not in capfd.readouterr().err + caplog.text

@@ -12,7 +12,6 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -21,8 +20,8 @@ import pytest
 
 from server.config import ParallelConfig
 from server.model.runner import ModelRunner
-from server.parallel import STEP_TIMEOUT_ENV
-from server.parallel import main as parallel_main
+from server.parallel.launcher import main as parallel_main
+from server.parallel.settings import STEP_TIMEOUT_ENV
 from tests.server.conftest import TINY, ServerProcess, start_server
 from tests.server.engine_fixtures import tiny_config
 from tests.server.test_api_lifecycle import LONG, _stream_raw, _wait_in_flight

@@ -9,6 +9,7 @@ from typing import Any
 import orjson
 import pytest
 
+
 def small_session(session_id: str = "tiny") -> dict[str, Any]:
     """A parent with three requests and one subagent of two requests, block size 4."""
     return {

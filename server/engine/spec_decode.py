@@ -160,7 +160,8 @@ class SpeculativeDecoder:
             sampler = self._acceptance[seq.request_id] = AcceptanceSampler(rates, seed=seed)
         return sampler
 
-    def _rejection_sample(self, seq: Sequence, drafts: list[int], logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def _rejection_sample(self, seq: Sequence, drafts: list[int],
+                          logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(accepted count, emitted token) as device scalars, by standard rejection sampling."""
         k = len(drafts)
         row_seqs = [seq] * (k + 1)

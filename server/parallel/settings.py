@@ -1,0 +1,29 @@
+"""Process-wide switches every tensor-parallel rank applies: NCCL multicast off, the step timeout."""
+
+from __future__ import annotations
+
+import os
+
+# NVLink multicast (NVLS) hangs or fails on the lent H200 hosts; every rank keeps it off.
+MULTICAST_OFF = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
+STEP_TIMEOUT_ENV = "AGENTLOAD_TP_STEP_TIMEOUT_S"
+DEFAULT_STEP_TIMEOUT_S = 120.0
+
+
+def disable_multicast() -> None:
+    for key, value in MULTICAST_OFF.items():
+        os.environ.setdefault(key, value)
+
+
+def step_timeout_s() -> float:
+    """How long a step may take before the watchdog declares a rank hung (AGENTLOAD_TP_STEP_TIMEOUT_S)."""
+    raw = os.environ.get(STEP_TIMEOUT_ENV)
+    if raw is None:
+        return DEFAULT_STEP_TIMEOUT_S
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if value <= 0:
+        raise ValueError(f"{STEP_TIMEOUT_ENV}: must be a positive number of seconds, got {raw!r}")
+    return value
