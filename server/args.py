@@ -73,7 +73,10 @@ def _flagged_fields(cls: type) -> list[tuple[dataclasses.Field, Flag]]:
 
 
 def _values(cls: type, args: argparse.Namespace) -> dict[str, Any]:
-    return {f.name: getattr(args, f.name) for f, _ in _flagged_fields(cls)}
+    # A `parse` flag arrives as its text and is read here, so its ValueError names the flag the
+    # way every other configuration error does (argparse would say only "invalid value").
+    return {f.name: flag.parse(value) if flag.parse is not None and isinstance(value, str) else value
+            for f, flag in _flagged_fields(cls) for value in (getattr(args, f.name),)}
 
 
 def _argument_options(f: dataclasses.Field, flag: Flag, annotation: Any) -> dict[str, Any]:
@@ -85,7 +88,7 @@ def _argument_options(f: dataclasses.Field, flag: Flag, annotation: Any) -> dict
     if flag.parse is None and value_type not in (int, float, str):
         raise TypeError(f"{f.name}: a {annotation} flag needs cli(..., parse=...) to read its value")
     shown = flag.default_text if flag.default_text is not None else _show(default)
-    options: dict[str, Any] = {"default": default, "type": flag.parse or value_type,
+    options: dict[str, Any] = {"default": default, "type": str if flag.parse else value_type,
                                "help": flag.help if shown is None else f"{flag.help} (default: {shown})"}
     if flag.choices is not None:
         options["choices"] = flag.choices
