@@ -11,6 +11,8 @@ import argparse
 import importlib
 import sys
 
+from loadgen.errors import UsageError
+
 # Order is the order in `loadgen --help`.
 COMMAND_MODULES = (
     "loadgen.cmd_bench",
@@ -20,10 +22,6 @@ COMMAND_MODULES = (
     "loadgen.cmd_report",
     "loadgen.cmd_compare",
 )
-
-
-class UsageError(Exception):
-    """Bad input from the user: printed to stderr without a traceback, exit code 2."""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -58,8 +56,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    # Run the canonical module, not this __main__ copy: command modules raise
-    # loadgen.cli.UsageError, which a second copy of this file would not catch.
-    from loadgen.cli import main as canonical_main
-
-    sys.exit(canonical_main())
+    sys.exit(main())

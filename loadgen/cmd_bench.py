@@ -16,34 +16,14 @@ from __future__ import annotations
 import argparse
 import gc
 import re
-from dataclasses import dataclass
+import sys
+import threading
+import time
 from pathlib import Path
 
-
-@dataclass(frozen=True, slots=True)
-class BenchPreset:
-    """Replay flags that fit the bundled traces (~107k input, ~450 output tokens per request,
-    think times of minutes) onto a model and device; the context cap is the engine's
-    max_model_len. Only the flags the user did not give are taken from here."""
-
-    conc: str
-    duration: float
-    warmup: str
-    token_scale: float
-    think_time_scale: float
-    think_time_cap: float
+from loadgen.presets import BENCH_PRESETS, CPU_MODEL, GPU_MODEL, PRESET_FIELDS, preset_for
 
 
-# tiny on 2 CPU cores: ~2.1k input / 9 output tokens per request (prefix hits ~95 %), think
-# times <= 1 s; three levels of 15 s plus warm-up finish in about a minute and a half.
-# small on one GPU: ~10.7k input / 45 output tokens, the long tail dropped at 32k context.
-BENCH_PRESETS = {
-    "tiny": BenchPreset(conc="1,2,4", duration=15.0, warmup="2req", token_scale=0.02,
-                        think_time_scale=0.01, think_time_cap=1.0),
-    "small": BenchPreset(conc="1,2,4,8,16", duration=30.0, warmup="2req", token_scale=0.1,
-                         think_time_scale=0.02, think_time_cap=2.0),
-}
-GPU_MODEL, CPU_MODEL = "small", "tiny"
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -68,7 +48,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_replay_flags(p, http=False)
     add_engine_args(p)
     for action in p._actions:
-        if action.dest in _PRESET_FIELDS:
+        if action.dest in PRESET_FIELDS:
             action.help = re.sub(r"\s*\(default[^)]*\)$", "", action.help or "") + " (default: see below)"
             action.default = None
         elif action.dest == "model":
@@ -80,15 +60,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-_PRESET_FIELDS = ("conc", "duration", "warmup", "token_scale", "think_time_scale", "think_time_cap")
-
-
 def _preset_text() -> str:
     lines = [f"defaults: --model {CPU_MODEL} on CPU, {GPU_MODEL} when a GPU is visible; "
              "--max-context: the engine's --max-model-len; per model:"]
     for model, preset in BENCH_PRESETS.items():
         lines.append(f"  {model}: " + " ".join(f"--{name.replace('_', '-')} {getattr(preset, name)}"
-                                                for name in _PRESET_FIELDS))
+                                                for name in PRESET_FIELDS))
     return "\n".join(lines)
 
 
@@ -130,8 +107,8 @@ def _default_model(device: str) -> str:
 
 
 def _apply_preset(args: argparse.Namespace) -> None:
-    preset = BENCH_PRESETS.get(args.model, BENCH_PRESETS[GPU_MODEL])
-    for name in _PRESET_FIELDS:
+    preset = preset_for(args.model)
+    for name in PRESET_FIELDS:
         if getattr(args, name) is None:
             setattr(args, name, getattr(preset, name))
 

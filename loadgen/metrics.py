@@ -198,6 +198,11 @@ class LevelRecorder:
     def record_loop_lag(self, lag_us: int) -> None:
         self.hists["loop_lag"].record_value(_clamp(max(0, lag_us)))
 
+    def encoded(self) -> dict[str, str]:
+        """Every histogram in HDR's encoded form, for merging in another process."""
+        self.flush()
+        return {name: encode_histogram(hist) for name, hist in self.hists.items()}
+
     def summary(self) -> dict[str, dict]:
         """{metric: {"unit", "description", "stats", "hdr"}} for the results file."""
         self.flush()

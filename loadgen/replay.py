@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import gc
+import math
 import os
 import platform
 import signal
@@ -23,22 +24,30 @@ from pathlib import Path
 from typing import Any, BinaryIO
 from urllib.parse import urlsplit
 
-from loadgen import __version__
-from loadgen.cli import UsageError
-from loadgen.cmd_replay import DEFAULT_FOREIGN_VOCAB, OUR_VOCAB, parse_headers, parse_list, parse_offset
+from loadgen import __version__, closed_loop, open_loop
+from loadgen.errors import UsageError
+from loadgen.event_loop import run_event_loop
+from loadgen.level import LevelRun, LevelSpec, RunConfig, Share, Warmup
+from loadgen.options import (DEFAULT_FOREIGN_VOCAB, DEFAULTS, OUR_VOCAB, parse_headers, parse_list, parse_offset,
+                             parse_workers)
 from loadgen.pareto import pareto
-from loadgen.plan import TimingConfig
+from loadgen.plan import TimingConfig, max_subagents
+from loadgen.presets import TRACE_FIELDS, preset_for
+from loadgen.progress import ProgressPrinter, describe
 from loadgen.results import SCHEMA, write_results
-from loadgen.runner import LevelRun, LevelSpec, RunConfig, Runner, Warmup, dumps_record, level_summary
+from loadgen.runner import Runner
 from loadgen.spec import SpecExpectation, expectation_from_flags, server_card, server_default
+from loadgen.summary import TraceHitRates, dumps_record, level_summary
 from loadgen.table import format_level
 from loadgen.transport.base import ServerInfo, Transport, TransportError
 from loadgen.transport.http import HttpTransport
+from loadgen.workers import HttpTarget, LocalPool, Pool, ProcessPool, WorkerSetup, auto_workers
 from traces import DEFAULT_SET, PromptSynth, TraceError, TraceSet, load_traces
 from traces.scale import ScaleConfig, scale_traces
 from traces.stats import theoretical_hit_rate
 
 OPEN_LOOP_CONNECTIONS = 4096
+POLL_S = 0.2  # how often the parent looks at the level's progress (and at the workers' warm-up)
 
 
 def replay_main(args: argparse.Namespace) -> int:
@@ -49,21 +58,26 @@ def replay_main(args: argparse.Namespace) -> int:
         headers = parse_headers(args.header)
     except ValueError as exc:
         raise UsageError(str(exc)) from exc
+    target = HttpTarget(args.url, args.endpoint, args.model, args.api_key, headers, args.timeout)
     transport = HttpTransport(args.url, args.endpoint, args.model, args.api_key, headers, args.timeout)
-    return replay_with(args, transport, {"url": args.url, "endpoint": args.endpoint})
+    return replay_with(args, transport, {"url": args.url, "endpoint": args.endpoint}, http_target=target)
 
 
-def replay_with(args: argparse.Namespace, transport: Transport, target: dict[str, Any]) -> int:
-    """Replay through `transport`; `target` (what was driven, e.g. the URL) goes into the results config."""
+def replay_with(args: argparse.Namespace, transport: Transport, target: dict[str, Any],
+                http_target: HttpTarget | None = None) -> int:
+    """Replay through `transport`; `target` (what was driven, e.g. the URL) goes into the results
+    config. With `http_target`, --workers/--ray may spread the load over worker processes, each
+    with its own HTTP transport to that target."""
     try:
         options = _check_flags(args)
     except ValueError as exc:
         raise UsageError(str(exc)) from exc
-    return _run_event_loop(_replay(args, options, transport, target))
+    return run_event_loop(_replay(args, options, transport, target, http_target))
 
 
 def _check_flags(args: argparse.Namespace) -> dict[str, Any]:
-    for flag, value in (("--duration", args.duration), ("--timeout", args.timeout)):
+    for flag, value in (("--duration", args.duration), ("--timeout", args.timeout),
+                        ("--warmup-timeout", args.warmup_timeout)):
         if not value > 0:
             raise ValueError(f"{flag}: must be > 0, got {value:g}")
     if not 0 <= args.max_error_rate <= 1:
@@ -81,20 +95,13 @@ def _check_flags(args: argparse.Namespace) -> dict[str, Any]:
         "rates": parse_list(args.rate, "--rate", float) if args.rate else None,
         "warmup": Warmup.parse(args.warmup),
         "start_offset": parse_offset(args.start_offset),
+        "workers": parse_workers(getattr(args, "workers", "1")),
     }
 
 
-def _run_event_loop(coro) -> int:
-    try:
-        import uvloop
-    except ImportError:
-        return asyncio.run(coro)
-    return uvloop.run(coro)
-
-
 async def _replay(args: argparse.Namespace, options: dict[str, Any], transport: Transport,
-                  target: dict[str, Any]) -> int:
-    say = (lambda text: None) if args.quiet else (lambda text: print(text, flush=True))
+                  target: dict[str, Any], http_target: HttpTarget | None) -> int:
+    printer = ProgressPrinter(DEFAULTS.piped_progress_interval_s, enabled=not args.quiet)
     await transport.open(max_connections=64)
     try:
         info = await transport.server_info()
@@ -105,6 +112,8 @@ async def _replay(args: argparse.Namespace, options: dict[str, Any], transport: 
     await transport.close()
 
     expectation = _spec_expectation(args, info)
+    for line in _fit_bundled_sessions(args, info):
+        printer.say(line)
     traces, scale_report = _load_traces(args, info)
     levels = _level_specs(args, options, traces)
     config = RunConfig(
@@ -112,12 +121,12 @@ async def _replay(args: argparse.Namespace, options: dict[str, Any], transport: 
         timing=TimingConfig(args.think_time_scale, args.think_time_cap),
         seed=args.seed, start_offset=options["start_offset"], time_scale=args.time_scale,
         timeout_s=args.timeout, max_error_rate=args.max_error_rate,
-        gpus=args.gpus or info.num_gpus or 1,
+        gpus=args.gpus or info.num_gpus or 1, warmup_timeout_s=args.warmup_timeout,
     )
     vocab_offset, vocab_size = _vocab(args, info)
-    synth = PromptSynth(traces.block_size, vocab_size=vocab_size, vocab_offset=vocab_offset)
     out_dir = Path(args.out) if args.out else default_out_dir()
     results_path = out_dir / "result.json"
+    workers = _worker_count(args, options, levels, traces, http_target)
     doc = {
         "schema": SCHEMA, "created": _utc_now(), "status": "complete", "message": None,
         "config": {**_config(args, target, config, info, traces, scale_report, levels, vocab_offset, vocab_size),
@@ -125,43 +134,109 @@ async def _replay(args: argparse.Namespace, options: dict[str, Any], transport: 
         "levels": [], "pareto": None,
     }
     per_request = _open_per_request(args.per_request)
-    runner = Runner(
-        transport, traces, synth, config, theoretical_hit_rate,
-        on_request=(lambda rec: per_request.write(dumps_record(rec))) if per_request else None,
-        progress=_progress_line if sys.stderr.isatty() and not args.quiet else None,
-        spec=expectation,
-    )
+    if workers > 1 or getattr(args, "ray", None):
+        setups = [WorkerSetup(http_target, traces, (vocab_offset, vocab_size), config,
+                              expectation.describe() if expectation else None, Share(i, workers),
+                              _pool_size(levels, traces, workers), per_request is not None)
+                  for i in range(workers)]
+        on_records = per_request.write if per_request else None
+        pool: Pool = _ray_pool(args.ray, setups, on_records) if getattr(args, "ray", None) else ProcessPool(setups, on_records)
+        where = f"Ray actors ({args.ray})" if getattr(args, "ray", None) else "processes"
+        printer.say(f"client: {workers} worker {where}")
+    else:
+        synth = PromptSynth(traces.block_size, vocab_size=vocab_size, vocab_offset=vocab_offset)
+        runner = Runner(transport, traces, synth, config, spec=expectation,
+                        on_request=(lambda rec: per_request.write(dumps_record(rec))) if per_request else None)
+        pool = LocalPool(runner)
+    hit_rates = TraceHitRates(traces, theoretical_hit_rate)
     loop = asyncio.get_running_loop()
     # The traces are many long-lived objects: keep the cyclic GC from walking them during the run.
     gc.collect()
     gc.freeze()
     try:
-        await transport.open(max_connections=_pool_size(levels, traces))
+        if isinstance(pool, LocalPool):
+            await transport.open(max_connections=_pool_size(levels, traces, 1))
+        else:
+            await pool.start()
         for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, runner.interrupt)
+            loop.add_signal_handler(sig, pool.interrupt)
+        index = 0
         for spec, repeat in ((spec, r) for spec in levels for r in range(args.repeat)):
             of = f" (repeat {repeat + 1} of {args.repeat})" if args.repeat > 1 else ""
-            say(f"-- {spec.label}{of}: warm-up {config.warmup.describe()}, window {config.duration_s:g} s")
-            level = await runner.run_level(spec)
-            if sys.stderr.isatty() and not args.quiet:
-                print("\r\033[K", end="", file=sys.stderr)
-            summary = level_summary(level, config, runner.theoretical_hit_rate(level), expectation)
+            printer.say(f"-- {spec.label}{of}: {_level_plan(spec, index, traces, config)}")
+            level = await _drive_level(pool, spec, index, config, printer)
+            index += 1
+            printer.clear()
+            summary = level_summary(level, config, hit_rates.of(level), expectation)
             summary["repeat"] = repeat
             doc["levels"].append(summary)
-            _finish(doc, runner, results_path)
-            say(format_level(doc["levels"][-1]))
-            if runner.stopped:
+            _finish(doc, pool, results_path)
+            printer.say(_level_report(summary, level, pool))
+            if pool.stopped:
                 break
     finally:
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.remove_signal_handler(sig)
+        printer.clear()
+        await pool.close()
         await transport.close()
         if per_request:
             per_request.close()
         gc.unfreeze()
-        _finish(doc, runner, results_path)
-    say(f"results: {results_path}")
-    return _exit_code(doc, runner, args.command)
+        _finish(doc, pool, results_path)
+    printer.say(f"results: {results_path}")
+    return _exit_code(doc, pool, args.command)
+
+
+async def _drive_level(pool: Pool, spec: LevelSpec, index: int, config: RunConfig,
+                       printer: ProgressPrinter) -> LevelRun:
+    """Run one level on the pool, showing its progress; with several workers and a warm-up that
+    counts requests, open the window once every worker's lanes are warm."""
+    task = asyncio.ensure_future(pool.run_level(spec, index))
+    started = time.monotonic()
+    coordinate = pool.workers > 1 and spec.mode == "closed" and bool(config.warmup.requests)
+    opened = False
+    while True:
+        done, _ = await asyncio.wait({task}, timeout=POLL_S)
+        if done:
+            return task.result()
+        snap = await pool.snapshot()
+        if coordinate and not opened and snap.get("running") and snap["lanes_warm"] >= spec.concurrency:
+            opened = True
+            await pool.open_window()
+        printer.show(describe(spec.label, snap, time.monotonic() - started, config.duration_s,
+                              config.warmup_timeout_s, config.timeout_s))
+
+
+def _level_plan(spec: LevelSpec, index: int, traces: TraceSet, config: RunConfig) -> str:
+    """What a level will do, before it starts: so a slow server can be told from a hung one."""
+    warm = config.warmup
+    if spec.mode == "closed":
+        plays = closed_loop.plays_of(traces, config, index, spec.concurrency)
+        sessions, tokens = closed_loop.warmup_plan(plays, spec.concurrency, warm.requests)
+        what = f"{_plural(spec.concurrency, 'lane')} over {_plural(sessions, 'session')}"
+        warmup = (f"warm-up {warm.describe()} per lane" if warm.requests else
+                  f"warm-up {warm.describe()}") + f" (each lane first re-sends its start context: {tokens:,} prompt tokens"
+        warmup += " in the warm-up requests)" if warm.requests else ")"
+    else:
+        tokens = open_loop.warmup_prompt_tokens(traces, config, spec, index)
+        what = f"{'Poisson arrivals at ' + format(spec.rate, 'g') + '/s' if spec.mode == 'poisson' else 'recorded arrivals'}"
+        warmup = f"warm-up {warm.describe()}" + (f" ({tokens:,} prompt tokens)" if warm.requests else "")
+    return f"{what}, {warmup}, window {config.duration_s:g} s"
+
+
+def _plural(n: int, noun: str) -> str:
+    return f"{n} {noun}{'' if n == 1 else 's'}"
+
+
+def _level_report(summary: dict[str, Any], level: LevelRun, pool: Pool) -> str:
+    if level.window_start_ns is None or (summary["window_s"] == 0 and not summary["counts"]["requests_ok"]):
+        done = summary["counts"]["warmup_requests_ok"]
+        why = {"interrupted": "interrupted", "server_dead": "the server went away", "failed": "stopped"}.get(
+            pool.status, "stopped")
+        return (f"== {summary['label']}: {why} during the warm-up ({done} warm-up requests done): "
+                "nothing measured")
+    return format_level(summary)
 
 
 def default_out_dir() -> Path:
@@ -169,24 +244,70 @@ def default_out_dir() -> Path:
     return Path("results") / datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
 
 
-def _finish(doc: dict[str, Any], runner: Runner, path: Path) -> None:
-    doc["status"], doc["message"] = runner.status, runner.message
+def _finish(doc: dict[str, Any], pool: Pool, path: Path) -> None:
+    doc["status"], doc["message"] = pool.status, pool.message
     doc["pareto"] = pareto(doc["levels"])
     write_results(path, doc)
 
 
-def _exit_code(doc: dict[str, Any], runner: Runner, command: str) -> int:
-    if runner.status == "interrupted":
+def _exit_code(doc: dict[str, Any], pool: Pool, command: str) -> int:
+    if pool.status == "interrupted":
         print(f"loadgen {command}: interrupted; results of what ran are written", file=sys.stderr)
         return 130
-    if runner.status == "server_dead":
-        print(f"loadgen {command}: error: {runner.message}", file=sys.stderr)
+    if pool.status in ("server_dead", "failed"):
+        print(f"loadgen {command}: error: {pool.message}", file=sys.stderr)
         return 1
     failed = [level["label"] for level in doc["levels"] if level["failed"]]
     if failed:
         print(f"loadgen {command}: failed levels: {', '.join(failed)}", file=sys.stderr)
         return 1
     return 0
+
+
+def _fit_bundled_sessions(args: argparse.Namespace, info: ServerInfo) -> list[str]:
+    """Against our own server, the bundled sessions are fitted to the model it serves the way
+    `loadgen bench` fits them (presets.py), for the flags the user did not give; the lines say
+    what was chosen. Other servers and other traces are never rescaled behind the user's back."""
+    chosen = {}
+    bundled = args.traces in (None, DEFAULT_SET)
+    if info.ours and bundled and hasattr(args, "workers"):  # `loadgen bench` applied its whole preset already
+        model = info.raw.get("root") or info.model
+        preset = preset_for(model)
+        chosen = {name: getattr(preset, name) for name in TRACE_FIELDS if getattr(args, name) is None}
+        for name, value in chosen.items():
+            setattr(args, name, value)
+    args.token_scale = 1.0 if args.token_scale is None else args.token_scale
+    args.think_time_scale = 1.0 if args.think_time_scale is None else args.think_time_scale
+    if not chosen:
+        return []
+    flags = " ".join(f"--{name.replace('_', '-')} {value:g}" for name, value in chosen.items())
+    limit = f", max context {info.max_model_len}" if info.max_model_len else ""
+    return [f"{args.command}: our server ({model}{limit}): the bundled sessions are scaled to it as "
+            f"`loadgen bench` does: {flags}",
+            f"{args.command}: give --token-scale / --think-time-scale / --think-time-cap to choose otherwise"]
+
+
+def _worker_count(args: argparse.Namespace, options: dict[str, Any], levels: list[LevelSpec], traces: TraceSet,
+                  http_target: HttpTarget | None) -> int:
+    ray = getattr(args, "ray", None)
+    if http_target is None:
+        if options["workers"] not in (None, 1) or ray:
+            raise UsageError(f"--workers/--ray: `loadgen {args.command}` drives one in-process engine; "
+                             "worker processes need an HTTP server (`loadgen replay`)")
+        return 1
+    if options["workers"] is not None:
+        return options["workers"]
+    requests = [r for s in traces.sessions for r in s.all_requests()]
+    mean_osl = sum(r.output_tokens for r in requests) / max(1, len(requests))
+    return auto_workers(levels, mean_osl, cpus=(1 << 16) if ray else None)
+
+
+def _ray_pool(address: str, setups: list[WorkerSetup], on_records) -> Pool:
+    try:
+        from loadgen.ray_pool import RayPool
+    except ImportError as exc:
+        raise UsageError(f"--ray: Ray is not installed ({exc}); install it with `pip install agentload[ray]`") from exc
+    return RayPool(address, setups, on_records)
 
 
 def _spec_expectation(args: argparse.Namespace, info: ServerInfo) -> SpecExpectation | None:
@@ -240,12 +361,12 @@ def _vocab(args: argparse.Namespace, info: ServerInfo) -> tuple[int, int]:
     return offset, size
 
 
-def _pool_size(levels: list[LevelSpec], traces: TraceSet) -> int:
-    from loadgen.plan import max_subagents
-
+def _pool_size(levels: list[LevelSpec], traces: TraceSet, workers: int) -> int:
+    """Connections per worker: every request the heaviest level can have in flight at once."""
     if levels[0].mode != "closed":
-        return OPEN_LOOP_CONNECTIONS
-    return max(spec.concurrency for spec in levels) * (1 + max_subagents(traces.sessions))
+        return math.ceil(OPEN_LOOP_CONNECTIONS / workers)
+    lanes = math.ceil(max(spec.concurrency for spec in levels) / workers)
+    return lanes * (1 + max_subagents(traces.sessions))
 
 
 def _config(args, target: dict[str, Any], config: RunConfig, info: ServerInfo, traces: TraceSet, scale_report,
@@ -320,20 +441,6 @@ def _open_per_request(path: str | None) -> BinaryIO | None:
         return None
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     return open(path, "wb")
-
-
-def _progress_line(level: LevelRun, duration_s: float) -> None:
-    now = time.perf_counter_ns()
-    if level.window_start_ns is None:
-        where = f"warm-up {(now - level.started_ns) / 1e9:.0f} s"
-        tput = ""
-    else:
-        elapsed = max(1e-9, (now - level.window_start_ns) / 1e9)
-        where = f"{min(elapsed, duration_s):.0f}/{duration_s:g} s"
-        tput = f" | {level.output_tokens / elapsed:.0f} out tok/s"
-    errors = sum(level.errors.values())
-    print(f"\r\033[K[{level.spec.label}] {where} | {level.ok} ok, {errors} errors, "
-          f"{level.inflight} in flight{tput}", end="", file=sys.stderr, flush=True)
 
 
 def _utc_now() -> str:

@@ -6,7 +6,7 @@ import pytest
 
 from loadgen.plan import (PlaySource, TimingConfig, joins_before, poisson_arrivals, subagent_delay,
                           subagents_after, timestamp_arrivals)
-from loadgen.runner import Warmup
+from loadgen.level import Warmup
 from traces import Request, Session, Subagent
 
 
