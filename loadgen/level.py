@@ -146,6 +146,7 @@ class LevelRun:
     columns: dict[str, list] = field(default_factory=lambda: {k: [] for k in COLUMNS})
     lane_requests: Counter = field(default_factory=Counter)
     lanes_warm: int = 0
+    lanes_ready: asyncio.Future | None = None  # coordinated runs: this share's lanes are all warm
     warmup_prompt_tokens: int = 0  # planned: the resent contexts and warm-up requests' inputs
     spec_tally: SpecTally = field(default_factory=SpecTally)
     workers: int = 1

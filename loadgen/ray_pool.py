@@ -40,16 +40,22 @@ class RayPool(RemotePool):
 
     async def start(self) -> None:
         if not ray.is_initialized():
+            self._join_cluster()
+            self._started_ray = True
+        actor = ray.remote(num_cpus=1, max_concurrency=64)(_WorkerActor)
+        self._actors = [actor.options(scheduling_strategy="SPREAD").remote(setup) for setup in self._setups]
+        await self._all("open")
+
+    def _join_cluster(self) -> None:
+        try:
             try:
                 ray.init(address=self._address, log_to_driver=False, logging_level="ERROR")
             except ConnectionError:
                 if self._address != "auto":
                     raise
                 ray.init(log_to_driver=False, logging_level="ERROR")  # no cluster running: a local one
-            self._started_ray = True
-        actor = ray.remote(num_cpus=1, max_concurrency=64)(_WorkerActor)
-        self._actors = [actor.options(scheduling_strategy="SPREAD").remote(setup) for setup in self._setups]
-        await self._all("open")
+        except Exception as exc:  # Ray raises a mix of ConnectionError, RuntimeError, ValueError
+            raise WorkerError(f"cannot join the Ray cluster at {self._address}: {exc}") from exc
 
     async def _call(self, worker: int, method: str, *args: Any) -> Any:
         try:

@@ -41,7 +41,7 @@ from loadgen.summary import TraceHitRates, dumps_record, level_summary
 from loadgen.table import format_level
 from loadgen.transport.base import ServerInfo, Transport, TransportError
 from loadgen.transport.http import HttpTransport
-from loadgen.workers import HttpTarget, LocalPool, Pool, ProcessPool, WorkerSetup, auto_workers
+from loadgen.workers import HttpTarget, LocalPool, Pool, ProcessPool, WorkerError, WorkerSetup, auto_workers
 from traces import DEFAULT_SET, PromptSynth, TraceError, TraceSet, load_traces
 from traces.scale import ScaleConfig, scale_traces
 from traces.stats import theoretical_hit_rate
@@ -154,17 +154,23 @@ async def _replay(args: argparse.Namespace, options: dict[str, Any], transport: 
     gc.collect()
     gc.freeze()
     try:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, pool.interrupt)
         if isinstance(pool, LocalPool):
             await transport.open(max_connections=_pool_size(levels, traces, 1))
         else:
-            await pool.start()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, pool.interrupt)
+            await _start_workers(pool, printer)
         index = 0
         for spec, repeat in ((spec, r) for spec in levels for r in range(args.repeat)):
+            if pool.stopped:
+                break
             of = f" (repeat {repeat + 1} of {args.repeat})" if args.repeat > 1 else ""
             printer.say(f"-- {spec.label}{of}: {_level_plan(spec, index, traces, config)}")
-            level = await _drive_level(pool, spec, index, config, printer)
+            try:
+                level = await _drive_level(pool, spec, index, config, printer)
+            except WorkerError as exc:
+                pool.status, pool.message = "failed", f"a client worker failed: {exc}"
+                break
             index += 1
             printer.clear()
             summary = level_summary(level, config, hit_rates.of(level), expectation)
@@ -188,6 +194,19 @@ async def _replay(args: argparse.Namespace, options: dict[str, Any], transport: 
     return _exit_code(doc, pool, args.command)
 
 
+async def _start_workers(pool: Pool, printer: ProgressPrinter) -> None:
+    started = time.monotonic()
+    task = asyncio.ensure_future(pool.start())
+    while not task.done():
+        await asyncio.wait({task}, timeout=POLL_S)
+        printer.show(f"starting {pool.workers} client workers: {time.monotonic() - started:.0f} s")
+    printer.clear()
+    try:
+        task.result()
+    except WorkerError as exc:
+        pool.status, pool.message = "failed", f"the client workers did not start: {exc}"
+
+
 async def _drive_level(pool: Pool, spec: LevelSpec, index: int, config: RunConfig,
                        printer: ProgressPrinter) -> LevelRun:
     """Run one level on the pool, showing its progress; with several workers and a warm-up that
@@ -195,17 +214,21 @@ async def _drive_level(pool: Pool, spec: LevelSpec, index: int, config: RunConfi
     task = asyncio.ensure_future(pool.run_level(spec, index))
     started = time.monotonic()
     coordinate = pool.workers > 1 and spec.mode == "closed" and bool(config.warmup.requests)
-    opened = False
-    while True:
-        done, _ = await asyncio.wait({task}, timeout=POLL_S)
-        if done:
-            return task.result()
-        snap = await pool.snapshot()
-        if coordinate and not opened and snap.get("running") and snap["lanes_warm"] >= spec.concurrency:
-            opened = True
-            await pool.open_window()
-        printer.show(describe(spec.label, snap, time.monotonic() - started, config.duration_s,
-                              config.warmup_timeout_s, config.timeout_s))
+    opener = asyncio.ensure_future(pool.open_window_when_warm()) if coordinate else None
+    try:
+        while True:
+            done, _ = await asyncio.wait({task}, timeout=POLL_S)
+            if done:
+                return task.result()
+            snap = await pool.snapshot()
+            printer.show(describe(spec.label, snap, time.monotonic() - started, config.duration_s,
+                                  config.warmup_timeout_s, config.timeout_s))
+    finally:
+        if opener is not None:
+            opener.cancel()
+            await asyncio.gather(opener, return_exceptions=True)
+        if not task.done():
+            task.cancel()
 
 
 def _level_plan(spec: LevelSpec, index: int, traces: TraceSet, config: RunConfig) -> str:

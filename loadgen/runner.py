@@ -93,6 +93,13 @@ class Runner:
         if level is not None and level.window_start_ns is None and not level.stopping:
             level.open_window(self.config.duration_s, start_ns)
 
+    async def wait_warm(self) -> None:
+        """Until the current level's lanes are all warm (or the level stopped)."""
+        while self.current is None:
+            await asyncio.sleep(TIMER_RESOLUTION_S)
+        level = self.current
+        await asyncio.wait({level.lanes_ready, level.stop}, return_when=asyncio.FIRST_COMPLETED)
+
     async def run_level(self, spec: LevelSpec, level_index: int | None = None,
                         started_ns: int | None = None) -> LevelRun:
         """Run one level; `level_index` (default: levels run so far) keys its plan, `started_ns`
@@ -101,6 +108,9 @@ class Runner:
         self.levels_run = index + 1
         level = LevelRun(spec, time.perf_counter_ns() if started_ns is None else started_ns)
         level.stop = asyncio.get_running_loop().create_future()
+        level.lanes_ready = asyncio.get_running_loop().create_future()
+        if spec.mode == "closed" and not self.share.lanes(spec.concurrency):
+            level.lanes_ready.set_result(None)  # more workers than lanes: this one has none to warm
         self.current = level
         lag = asyncio.create_task(monitor_loop_lag(
             lambda us: level.in_window(time.perf_counter_ns()) and level.recorder.record_loop_lag(us)))
@@ -238,8 +248,11 @@ class Runner:
             return
         if level.lane_requests[lane] == wanted:
             level.lanes_warm += 1
-            if level.lanes_warm == len(self.share.lanes(level.spec.concurrency)) and not self.coordinated:
-                level.open_window(self.config.duration_s)
+            if level.lanes_warm == len(self.share.lanes(level.spec.concurrency)):
+                if self.coordinated:
+                    level.lanes_ready.set_result(None)  # the parent opens the window for every share
+                else:
+                    level.open_window(self.config.duration_s)
 
     def _watch_server(self, ex: Exchange) -> None:
         if ex.error != ERROR_CONNECT:

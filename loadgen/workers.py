@@ -121,6 +121,9 @@ class Worker:
         snap["status"], snap["message"] = self.runner.status, self.runner.message
         return snap
 
+    async def wait_warm(self) -> None:
+        await self.runner.wait_warm()
+
     def open_window(self, wall_ns: int) -> None:
         self.runner.open_window(mono_from_wall(wall_ns))
 
@@ -161,8 +164,9 @@ class Pool:
         """All workers' progress as one (progress.combine); stops every worker when one stopped."""
         raise NotImplementedError
 
-    async def open_window(self) -> None:
-        """Every share's lanes are warm: open the window everywhere, now."""
+    async def open_window_when_warm(self) -> None:
+        """Once every share's lanes are warm (a warm-up counting requests), open the window
+        everywhere at that moment."""
 
     def interrupt(self, status: str = "interrupted", message: str | None = None) -> None:
         raise NotImplementedError
@@ -229,9 +233,9 @@ class RemotePool(Pool):
                 self.interrupt(part["status"], part["message"])
         return progress.combine(parts)
 
-    async def open_window(self) -> None:
-        now = time.time_ns()
-        await self._all("open_window", now)
+    async def open_window_when_warm(self) -> None:
+        await self._all("wait_warm")
+        await self._all("open_window", time.time_ns())
 
     def interrupt(self, status: str = "interrupted", message: str | None = None) -> None:
         if not self.stopped:
@@ -290,7 +294,7 @@ class _Channel:
         self._next = 0
         self._waiting: dict[int, asyncio.Future] = {}
         self._loop = asyncio.get_running_loop()
-        self._loop.add_reader(conn.fileno(), self._readable)
+        _watch(self._loop, conn, self._readable)
 
     async def call(self, method: str, *args: Any) -> Any:
         if not self.alive:
@@ -321,6 +325,14 @@ class _Channel:
             if not future.done():
                 future.set_exception(WorkerError(f"worker process {self.proc.pid} exited"))
         self._waiting.clear()
+
+
+def _watch(loop: asyncio.AbstractEventLoop, conn, callback: Callable[[], None]) -> None:
+    """Call `callback` when `conn` has data. The loop makes the descriptor non-blocking; the
+    Connection's recv and send expect a blocking one (whole messages), so it is set back: the
+    callback reads only when a message has begun to arrive, and the sender writes it whole."""
+    loop.add_reader(conn.fileno(), callback)
+    os.set_blocking(conn.fileno(), True)
 
 
 def worker_process_main(conn) -> None:
@@ -374,7 +386,7 @@ async def _serve(conn) -> None:
             if not closed.done():
                 closed.set_result(None)
 
-    loop.add_reader(conn.fileno(), readable)
+    _watch(loop, conn, readable)
     await closed
     loop.remove_reader(conn.fileno())
     worker = state.get("worker")
