@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import gc
 import re
-import sys
 import threading
 import time
 from pathlib import Path
@@ -70,7 +69,7 @@ def _preset_text() -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from loadgen.cli import UsageError
+    from loadgen.errors import UsageError
     from loadgen.replay import default_out_dir, replay_with
     from loadgen.transport.inprocess import EngineConfigError, InProcessTransport, engine_config_from_args
 
@@ -87,6 +86,7 @@ def run(args: argparse.Namespace) -> int:
     if args.out is None:
         args.out = str(default_out_dir())
     try:
+        _build_engine(transport, args.quiet)
         code = replay_with(args, transport, transport.describe())
     except EngineConfigError as exc:
         raise UsageError(str(exc)) from exc
@@ -98,6 +98,30 @@ def run(args: argparse.Namespace) -> int:
     if not args.no_report:
         _write_report(Path(args.out), args.quiet)
     return code
+
+
+def _build_engine(transport, quiet: bool) -> None:
+    """Build the engine here (it takes from seconds to minutes), with its elapsed time shown live."""
+    from loadgen.options import DEFAULTS
+    from loadgen.progress import ProgressPrinter
+
+    printer = ProgressPrinter(DEFAULTS.piped_progress_interval_s, enabled=not quiet)
+    done = threading.Event()
+    started = time.monotonic()
+
+    def tick() -> None:
+        while not done.wait(DEFAULTS.progress_interval_s):
+            printer.show(f"bench: engine starting, {time.monotonic() - started:.0f} s")
+
+    ticker = threading.Thread(target=tick, name="agentload-engine-start-progress", daemon=True)
+    ticker.start()
+    try:
+        transport.build_engine()
+    finally:
+        done.set()
+        ticker.join()
+        printer.clear()
+    printer.say(f"bench: engine ready in {time.monotonic() - started:.1f} s")
 
 
 def _default_model(device: str) -> str:
