@@ -46,14 +46,16 @@ class ResponseError(Exception):
 
 
 class Response:
-    """Status, headers, and (for non-2xx or non-streamed use) the body bytes."""
+    """Status, headers, (for non-2xx or non-streamed use) the body bytes, and when its last
+    bytes arrived (perf_counter_ns; the kernel's stamp on raw sockets)."""
 
-    __slots__ = ("status", "headers", "body")
+    __slots__ = ("status", "headers", "body", "end_ns")
 
     def __init__(self) -> None:
         self.status = 0
         self.headers: dict[str, str] = {}
         self.body = b""
+        self.end_ns = 0
 
 
 class _Conn(asyncio.Protocol):
@@ -150,6 +152,7 @@ class _Conn(asyncio.Protocol):
                 sink(line, now)
 
     def on_message_complete(self) -> None:
+        self._response.end_ns = self._now if not self._until_close else time.perf_counter_ns()
         self._keep_alive = self._parser.should_keep_alive() and not self._until_close
         if self._line and self._sink is not None:
             self._sink(self._line, time.perf_counter_ns())
