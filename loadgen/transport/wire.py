@@ -78,6 +78,8 @@ class _Conn(asyncio.Protocol):
         self._keep_alive = True
         self._received = False
         self._now = 0
+        self._first_now = 0  # the stamp of the read's first segment, for its first line (0: none)
+        self.awaiting_body = False  # the head is read, no body yet: the transport peeks a stamp
 
     # -- asyncio.Protocol --------------------------------------------------------------------
 
@@ -101,10 +103,12 @@ class _Conn(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         self.feed(data, time.perf_counter_ns())
 
-    def feed(self, data: bytes, now: int) -> None:
-        """Bytes that arrived at `now` (perf_counter_ns)."""
+    def feed(self, data: bytes, now: int, first: int = 0) -> None:
+        """Bytes that arrived by `now` (perf_counter_ns); `first`, when known, is when the first
+        of them arrived (the first line gets it)."""
         self._received = True
         self._now = now
+        self._first_now = first
         try:
             self._parser.feed_data(data)
         except httptools.HttpParserError as exc:
@@ -132,14 +136,17 @@ class _Conn(asyncio.Protocol):
         self._headers_done = True
         self._until_close = ("chunked" not in headers.get("transfer-encoding", "").lower()
                              and "content-length" not in headers)
+        self.awaiting_body = self._sink is not None
 
     def on_body(self, data: bytes) -> None:
         sink = self._sink
         if sink is None:
             self._response.body += data
             return
+        self.awaiting_body = False
+        first, self._first_now = self._first_now, 0
         if not self._line and data[-2:] == b"\n\n" and data.count(b"\n") == 2:
-            sink(data[:-2], self._now)  # the usual piece: exactly one SSE event
+            sink(data[:-2], first or self._now)  # the usual piece: exactly one SSE event
             return
         if b"\n" not in data:
             self._line += data
@@ -149,7 +156,8 @@ class _Conn(asyncio.Protocol):
         now = self._now
         for line in lines:
             if len(line) > 1:  # SSE's blank separator lines ("" or "\r") carry nothing
-                sink(line, now)
+                sink(line, first or now)
+                first = 0
 
     def on_message_complete(self) -> None:
         self._response.end_ns = self._now if not self._until_close else time.perf_counter_ns()
@@ -230,6 +238,16 @@ class _SocketTransport:
             self._loop.remove_writer(self._fd)
 
     def _readable(self) -> None:
+        first = 0
+        if self._conn.awaiting_body:
+            # A TCP read carries the stamp of the last segment it takes. When the loop was late
+            # and several events of this stream queued, the first event (TTFT) would get the
+            # stamp of the last one: peek one byte first, which takes only the first segment.
+            try:
+                _, ancillary, _, _ = self._sock.recvmsg(1, _ANCILLARY_SIZE, socket.MSG_PEEK)
+                first = _stamp(ancillary)
+            except OSError:
+                pass  # the read below meets the same condition and handles it
         try:
             data, ancillary, _, _ = self._sock.recvmsg(READ_SIZE, _ANCILLARY_SIZE)
         except (BlockingIOError, InterruptedError):
@@ -240,12 +258,7 @@ class _SocketTransport:
         if not data:
             self._lost(None)
             return
-        if ancillary and ancillary[0][1] == _SO_TIMESTAMPNS:  # the only message asked for
-            seconds, nanoseconds = _TIMESPEC.unpack_from(ancillary[0][2])
-            now = _REALTIME.to_perf_counter(seconds * 1_000_000_000 + nanoseconds)
-        else:
-            now = time.perf_counter_ns()
-        self._conn.feed(data, now)
+        self._conn.feed(data, _stamp(ancillary), first)
 
     def close(self) -> None:
         self._lost(None)
@@ -265,6 +278,14 @@ READ_SIZE = 1 << 16  # larger buffers cost more per read (allocation) than they 
 _SO_TIMESTAMPNS = 35  # Linux, all architectures Python runs on; not exported by the socket module
 _TIMESPEC = struct.Struct("qq")  # struct timespec on 64-bit Linux
 _ANCILLARY_SIZE = socket.CMSG_SPACE(_TIMESPEC.size) if hasattr(socket, "CMSG_SPACE") else 0
+
+
+def _stamp(ancillary: list) -> int:
+    """The kernel's receive time of a read (perf_counter_ns), or now when it carries none."""
+    if ancillary and ancillary[0][1] == _SO_TIMESTAMPNS:  # the only message asked for
+        seconds, nanoseconds = _TIMESPEC.unpack_from(ancillary[0][2])
+        return _REALTIME.to_perf_counter(seconds * 1_000_000_000 + nanoseconds)
+    return time.perf_counter_ns()
 
 
 class _RealtimeToPerfCounter:
