@@ -9,6 +9,7 @@ workers meet at a wall-clock start time.
 
 from __future__ import annotations
 
+import logging
 from typing import Any, Callable
 
 import ray
@@ -49,11 +50,11 @@ class RayPool(RemotePool):
     def _join_cluster(self) -> None:
         try:
             try:
-                ray.init(address=self._address, log_to_driver=False, logging_level="ERROR")
+                ray.init(address=self._address, log_to_driver=False, logging_level=logging.ERROR)
             except ConnectionError:
                 if self._address != "auto":
                     raise
-                ray.init(log_to_driver=False, logging_level="ERROR")  # no cluster running: a local one
+                ray.init(log_to_driver=False, logging_level=logging.ERROR)  # no cluster running: a local one
         except Exception as exc:  # Ray raises a mix of ConnectionError, RuntimeError, ValueError
             raise WorkerError(f"cannot join the Ray cluster at {self._address}: {exc}") from exc
 
