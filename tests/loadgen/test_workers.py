@@ -83,3 +83,36 @@ def test_auto_workers_follow_the_load():
 def test_bad_worker_count_is_named(replay_cli_error):
     code, err = replay_cli_error("--url", "http://127.0.0.1:9", "--workers", "0")
     assert code == 2 and "--workers" in err
+
+
+def test_ctrl_c_stops_every_worker_and_keeps_what_they_measured(start_server, sessions, tmp_path):
+    import os
+    import signal
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from loadgen.results import read_results
+
+    server = start_server(first_ms=3, itl_ms=1)
+    folder = sessions(*({"n_requests": 8, "think": 0.01, "n_out": 4} for _ in range(4)))
+    out = tmp_path / "out"
+    repo = Path(__file__).resolve().parents[2]
+    proc = subprocess.Popen([sys.executable, "-m", "loadgen.cli", "replay", "--url", server.url, "--traces",
+                             str(folder), "--conc", "4", "--duration", "60", "--workers", "2", "--out", str(out)],
+                            cwd=repo, env=dict(os.environ, PYTHONPATH=str(repo)), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().startswith("client: 2 worker processes")
+        assert proc.stdout.readline().startswith("-- conc 4")
+        import time
+
+        time.sleep(1.5)  # inside the window
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, err
+    doc = read_results(out / "result.json")
+    assert doc["status"] == "interrupted" and doc["levels"][0]["counts"]["requests_ok"] > 0
