@@ -28,21 +28,42 @@ from loadgen import __version__, closed_loop, open_loop
 from loadgen.errors import UsageError
 from loadgen.event_loop import run_event_loop
 from loadgen.level import LevelRun, LevelSpec, RunConfig, Share, Warmup
-from loadgen.options import (DEFAULT_FOREIGN_VOCAB, DEFAULTS, OUR_VOCAB, parse_headers, parse_list, parse_offset,
-                             parse_workers)
+from loadgen.options import (
+    DEFAULT_FOREIGN_VOCAB,
+    DEFAULTS,
+    OUR_VOCAB,
+    parse_headers,
+    parse_list,
+    parse_offset,
+    parse_workers,
+)
 from loadgen.pareto import pareto
 from loadgen.plan import TimingConfig, max_subagents
 from loadgen.presets import TRACE_FIELDS, preset_for
 from loadgen.progress import ProgressPrinter, describe
 from loadgen.results import SCHEMA, write_results
 from loadgen.runner import Runner
-from loadgen.spec import SpecExpectation, expectation_from_flags, server_card, server_default
+from loadgen.spec import (
+    SpecExpectation,
+    expectation_from_flags,
+    server_card,
+    server_default,
+)
 from loadgen.summary import TraceHitRates, dumps_record, level_summary
 from loadgen.table import format_level
+from loadgen.trace_cache import load_traces_cached
 from loadgen.transport.base import ServerInfo, Transport, TransportError
 from loadgen.transport.http import HttpTransport
-from loadgen.workers import HttpTarget, LocalPool, Pool, ProcessPool, WorkerError, WorkerSetup, auto_workers
-from traces import DEFAULT_SET, PromptSynth, TraceError, TraceSet, load_traces
+from loadgen.workers import (
+    HttpTarget,
+    LocalPool,
+    Pool,
+    ProcessPool,
+    WorkerError,
+    WorkerSetup,
+    auto_workers,
+)
+from traces import DEFAULT_SET, PromptSynth, TraceError, TraceSet
 from traces.scale import ScaleConfig, scale_traces
 from traces.stats import theoretical_hit_rate
 
@@ -345,7 +366,7 @@ def _spec_expectation(args: argparse.Namespace, info: ServerInfo) -> SpecExpecta
 
 
 def _load_traces(args: argparse.Namespace, info: ServerInfo) -> tuple[TraceSet, Any]:
-    traces = load_traces(args.traces or DEFAULT_SET, args.trace_format)
+    traces = load_traces_cached(args.traces or DEFAULT_SET, args.trace_format)
     if traces.format == "mooncake" and len(traces.sessions) > 1:
         raise UsageError(f"--traces: a Mooncake replay takes one file (its timestamps are one timeline); "
                          f"{args.traces} holds {len(traces.sessions)}")
