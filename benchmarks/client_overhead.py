@@ -51,12 +51,28 @@ def pin(cpu: int) -> None:
         os.sched_setaffinity(0, {cpu})
 
 
+class FastServer:
+    """benchmarks/fast_sse_server.py in its own process (zero delay, little CPU per token)."""
+
+    def __init__(self) -> None:
+        self.proc = subprocess.Popen([sys.executable, str(ROOT / "benchmarks" / "fast_sse_server.py")],
+                                     stdout=subprocess.PIPE, text=True)
+        self.url = f"http://127.0.0.1:{int(self.proc.stdout.readline().split()[1])}"
+
+    def records(self) -> dict:
+        return {"records": []}
+
+    def stop(self) -> None:
+        self.proc.kill()
+        self.proc.wait(timeout=10)
+
+
 def run_case(conc: int, first_ms: float, itl_ms: float, osl: int, duration: float, server_cpu: int | None,
-             workers: int = 1) -> dict:
+             workers: int = 1, fast_server: bool = False) -> dict:
     from loadgen.cli import main
 
-    server = ServerProcess({"first_ms": first_ms, "itl_ms": itl_ms, "tokens_per_chunk": 1},
-                           cpu=server_cpu)
+    server = FastServer() if fast_server else ServerProcess(
+        {"first_ms": first_ms, "itl_ms": itl_ms, "tokens_per_chunk": 1}, cpu=server_cpu)
     try:
         with tempfile.TemporaryDirectory() as tmp:
             tmp_path = Path(tmp)
@@ -77,7 +93,8 @@ def run_case(conc: int, first_ms: float, itl_ms: float, osl: int, duration: floa
     counts, client = level["counts"], level["client"]
     tokens = counts["output_tokens"]
     return {
-        "client": f"loadgen x{workers}" if workers > 1 else "loadgen", "conc": conc, "first_ms": first_ms,
+        "client": f"loadgen --workers {workers}" + (" (fast server)" if fast_server else ""), "conc": conc,
+        "first_ms": first_ms,
         "itl_ms": itl_ms, "osl": osl, "exit": code,
         "requests": counts["requests_ok"], "errors": counts["errors_total"],
         "tok_s": level["throughput"]["output_tokens_per_s"],
@@ -85,7 +102,7 @@ def run_case(conc: int, first_ms: float, itl_ms: float, osl: int, duration: floa
         "cpu_us_per_request": 1e6 * client["cpu_s"] / counts["requests_ok"] if counts["requests_ok"] else None,
         "sys_us_per_token": 1e6 * client["cpu_sys_s"] / tokens if tokens else None,
         "cpu_util": client["cpu_util"], "server_cpu_util": server_cpu_s / (duration + 2.0),
-        **_errors(counted, seen),
+        **(_errors(counted, seen) if seen else {}),
         "loop_lag_ms_p99": (level["metrics"]["loop_lag"]["stats"]["p99"] or 0) / 1000,
     }
 
@@ -190,7 +207,8 @@ def main() -> None:
     parser.add_argument("--osl", type=int, default=64, help="output tokens per request (default 64)")
     parser.add_argument("--duration", type=float, default=8.0, help="window seconds per case (default 8)")
     parser.add_argument("--scaling", type=int, metavar="CONC",
-                        help="also: --workers 1 vs 2 at this concurrency against a zero-delay server, unpinned")
+                        help="also: --workers 1 vs 2 at this concurrency against fast_sse_server.py (zero delay, "
+                        "cheap per token), nothing pinned")
     parser.add_argument("--no-startup", action="store_true", help="skip the start-up timings")
     parser.add_argument("--json", help="also write the rows to this JSON file")
     args = parser.parse_args()
@@ -212,7 +230,8 @@ def main() -> None:
     if args.scaling:
         if cpus:
             os.sched_setaffinity(0, set(cpus))  # the workers and the server share every core
-        rows += [run_case(args.scaling, 0.0, 0.0, args.osl, args.duration, None, workers=n) for n in (1, 2)]
+        rows += [run_case(args.scaling, 0.0, 0.0, args.osl, args.duration, None, workers=n, fast_server=True)
+                 for n in (1, 2)]
     start = None if args.no_startup else startup_times()
     print("| " + " | ".join(HEADER) + " |")
     print("|" + "---|" * len(HEADER))
