@@ -26,7 +26,7 @@ def plays_of(traces: TraceSet, config: RunConfig, level_index: int, concurrency:
 
 
 async def run(runner: Runner, level: LevelRun, level_index: int) -> None:
-    config, n = runner.config, level.spec.concurrency
+    config, n = runner.config, level.spec.lanes
     plays = plays_of(runner.traces, config, level_index, n)
     lanes = [runner.spawn(_lane(runner, level, plays, lane)) for lane in runner.share.lanes(n)]
     if config.warmup.requests in (None, 0):

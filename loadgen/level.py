@@ -41,10 +41,10 @@ class Warmup:
                 if value < 0:
                     raise ValueError
                 return cls(0.0, value)
-            value = float(raw[:-1] if raw.endswith("s") else raw)
-            if value < 0:
+            seconds = float(raw[:-1] if raw.endswith("s") else raw)
+            if seconds < 0:
                 raise ValueError
-            return cls(value, None)
+            return cls(seconds, None)
         except ValueError:
             raise ValueError(f"--warmup: expected seconds like '30s' or requests like '2req', got {text!r}") from None
 
@@ -57,6 +57,11 @@ class LevelSpec:
     mode: str  # "closed" | "poisson" | "mooncake"
     concurrency: int | None = None
     rate: float | None = None
+
+    @property
+    def lanes(self) -> int:
+        """Closed loop: the concurrency; 0 for the open loop, which has no lanes."""
+        return self.concurrency or 0
 
     @property
     def label(self) -> str:
@@ -121,7 +126,8 @@ class LevelRun:
     recorder: LevelRecorder = field(default_factory=LevelRecorder)
     window_start_ns: int | None = None
     window_end_ns: int | None = None
-    stop: asyncio.Future | None = None
+    # set when the level stops (window closed, interrupted); made inside the running loop
+    stop: asyncio.Future = field(default_factory=lambda: asyncio.get_running_loop().create_future())
     ok: int = 0
     errors: Counter = field(default_factory=Counter)
     warmup_ok: int = 0
@@ -146,7 +152,8 @@ class LevelRun:
     columns: dict[str, list] = field(default_factory=lambda: {k: [] for k in COLUMNS})
     lane_requests: Counter = field(default_factory=Counter)
     lanes_warm: int = 0
-    lanes_ready: asyncio.Future | None = None  # coordinated runs: this share's lanes are all warm
+    # coordinated runs: this share's lanes are all warm
+    lanes_ready: asyncio.Future = field(default_factory=lambda: asyncio.get_running_loop().create_future())
     warmup_prompt_tokens: int = 0  # planned: the resent contexts and warm-up requests' inputs
     spec_tally: SpecTally = field(default_factory=SpecTally)
     workers: int = 1

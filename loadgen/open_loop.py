@@ -26,7 +26,7 @@ def arrivals(traces: TraceSet, config: RunConfig, spec: LevelSpec, level_index: 
     ones derive theirs from it, so every level sends fresh plays."""
     seed = config.seed if level_index == 0 else config.seed ^ (level_index * 0x9E3779B1)
     source = PlaySource(traces.sessions, seed, config.start_offset, first_id=level_index << 32)
-    if spec.mode == "poisson":
+    if spec.mode == "poisson" and spec.rate is not None:
         return plan.poisson_arrivals(source, spec.rate, seed + int(spec.rate * 1000))
     return plan.timestamp_arrivals(source.next_play(first_of_lane=False), config.time_scale)
 
@@ -71,7 +71,7 @@ async def run(runner: Runner, level: LevelRun, level_index: int) -> None:
     else:
         # The trace ran out before the window closed: the window ends at the last arrival.
         if level.window_end_ns is not None:
-            level.window_end_ns = max(level.window_start_ns, min(level.window_end_ns, last_due + 1))
+            level.window_end_ns = max(level.window_start_ns or 0, min(level.window_end_ns, last_due + 1))
     if level.window_start_ns is None:
         level.window_start_ns = level.window_end_ns = last_due
     if level.cpu_start == 0.0:

@@ -43,8 +43,8 @@ class RayPool(RemotePool):
         if not ray.is_initialized():
             self._join_cluster()
             self._started_ray = True
-        actor = ray.remote(num_cpus=1, max_concurrency=64)(_WorkerActor)
-        self._actors = [actor.options(scheduling_strategy="SPREAD").remote(setup) for setup in self._setups]
+        actor = ray.remote(_WorkerActor).options(num_cpus=1, max_concurrency=64, scheduling_strategy="SPREAD")
+        self._actors = [actor.remote(setup) for setup in self._setups]
         await self._all("open")
 
     def _join_cluster(self) -> None:

@@ -256,9 +256,9 @@ def _level_plan(spec: LevelSpec, index: int, traces: TraceSet, config: RunConfig
     """What a level will do, before it starts: so a slow server can be told from a hung one."""
     warm = config.warmup
     if spec.mode == "closed":
-        plays = closed_loop.plays_of(traces, config, index, spec.concurrency)
-        sessions, tokens = closed_loop.warmup_plan(plays, spec.concurrency, warm.requests)
-        what = f"{_plural(spec.concurrency, 'lane')} over {_plural(sessions, 'session')}"
+        plays = closed_loop.plays_of(traces, config, index, spec.lanes)
+        sessions, tokens = closed_loop.warmup_plan(plays, spec.lanes, warm.requests)
+        what = f"{_plural(spec.lanes, 'lane')} over {_plural(sessions, 'session')}"
         warmup = (f"warm-up {warm.describe()} per lane" if warm.requests else
                   f"warm-up {warm.describe()}") + f" (each lane first re-sends its start context: {tokens:,} prompt tokens"
         warmup += " in the warm-up requests)" if warm.requests else ")"

@@ -107,13 +107,14 @@ class Runner:
         index = self.levels_run if level_index is None else level_index
         self.levels_run = index + 1
         level = LevelRun(spec, time.perf_counter_ns() if started_ns is None else started_ns)
-        level.stop = asyncio.get_running_loop().create_future()
-        level.lanes_ready = asyncio.get_running_loop().create_future()
-        if spec.mode == "closed" and not self.share.lanes(spec.concurrency):
+        if spec.mode == "closed" and not self.share.lanes(spec.lanes):
             level.lanes_ready.set_result(None)  # more workers than lanes: this one has none to warm
         self.current = level
-        lag = asyncio.create_task(monitor_loop_lag(
-            lambda us: level.in_window(time.perf_counter_ns()) and level.recorder.record_loop_lag(us)))
+        def record_lag(us: int) -> None:
+            if level.in_window(time.perf_counter_ns()):
+                level.recorder.record_loop_lag(us)
+
+        lag = asyncio.create_task(monitor_loop_lag(record_lag))
         scrape = asyncio.create_task(self._scrape_at_window_start(level)) if self.share.index == 0 else None
         watchdog = asyncio.create_task(self._warmup_watchdog(level))
         try:
@@ -240,7 +241,7 @@ class Runner:
         cols["ttft_us"].append(ttft_us)
         cols["e2el_us"].append(e2el_us)
         cols["tpot_us"].append(tpot_us)
-        cols["start_ms"].append(round((origin - level.window_start_ns) / 1e6, 3))
+        cols["start_ms"].append(round((origin - (level.window_start_ns or origin)) / 1e6, 3))
 
     def _maybe_open_window_after_warmup_requests(self, level: LevelRun, lane: int) -> None:
         wanted = self.config.warmup.requests
@@ -248,7 +249,7 @@ class Runner:
             return
         if level.lane_requests[lane] == wanted:
             level.lanes_warm += 1
-            if level.lanes_warm == len(self.share.lanes(level.spec.concurrency)):
+            if level.lanes_warm == len(self.share.lanes(level.spec.lanes)):
                 if self.coordinated:
                     level.lanes_ready.set_result(None)  # the parent opens the window for every share
                 else:

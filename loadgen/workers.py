@@ -19,9 +19,11 @@ progress snapshots and announces to all of them (`open_window`).
 from __future__ import annotations
 
 import asyncio
+import functools
 import gc
 import math
 import multiprocessing
+import multiprocessing.process
 import os
 import signal
 import time
@@ -47,9 +49,9 @@ def auto_workers(levels: list[LevelSpec], mean_output_tokens: float, cpus: int |
     demand = 0.0
     for spec in levels:
         if spec.mode == "closed":
-            demand = max(demand, spec.concurrency * STREAM_TOKENS_PER_S)
+            demand = max(demand, spec.lanes * STREAM_TOKENS_PER_S)
         elif spec.mode == "poisson":
-            demand = max(demand, spec.rate * mean_output_tokens)
+            demand = max(demand, (spec.rate or 0.0) * mean_output_tokens)
     cpus = cpus or os.cpu_count() or 1
     return max(1, min(cpus, math.ceil(demand / TOKENS_PER_S_PER_CORE)))
 
@@ -251,7 +253,7 @@ class ProcessPool(RemotePool):
         super().__init__(len(setups), on_records)
         self._setups = setups
         self._channels: list[_Channel] = []
-        self._procs: list[multiprocessing.Process] = []
+        self._procs: list[multiprocessing.process.BaseProcess] = []
 
     async def start(self) -> None:
         context = multiprocessing.get_context("spawn")
@@ -287,7 +289,7 @@ class ProcessPool(RemotePool):
 class _Channel:
     """The parent's end of one worker's pipe: numbered calls, answers matched to them."""
 
-    def __init__(self, conn, proc: multiprocessing.Process) -> None:
+    def __init__(self, conn, proc: multiprocessing.process.BaseProcess) -> None:
         self.conn = conn
         self.proc = proc
         self.alive = True
@@ -379,7 +381,7 @@ async def _serve(conn) -> None:
                     continue
                 if asyncio.iscoroutine(result):
                     task = loop.create_task(result)
-                    task.add_done_callback(lambda t, n=number: finished(n, t))
+                    task.add_done_callback(functools.partial(finished, number))
                 else:
                     answer(number, True, result)
         except (EOFError, OSError):
