@@ -21,7 +21,7 @@ import sys
 import time
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, Callable
 from urllib.parse import urlsplit
 
 from loadgen import __version__, closed_loop, open_loop
@@ -148,27 +148,27 @@ async def _replay(args: argparse.Namespace, options: dict[str, Any], transport: 
     out_dir = Path(args.out) if args.out else default_out_dir()
     results_path = out_dir / "result.json"
     workers = _worker_count(args, options, levels, traces, http_target)
-    doc = {
+    doc: dict[str, Any] = {
         "schema": SCHEMA, "created": _utc_now(), "status": "complete", "message": None,
         "config": {**_config(args, target, config, info, traces, scale_report, levels, vocab_offset, vocab_size),
                    "spec_decode": expectation.describe() if expectation else None},
         "levels": [], "pareto": None,
     }
     per_request = _open_per_request(args.per_request)
-    if workers > 1 or getattr(args, "ray", None):
+    write_records = _record_writer(per_request)
+    if http_target is not None and (workers > 1 or getattr(args, "ray", None)):
         setups = [WorkerSetup(http_target, traces, (vocab_offset, vocab_size), config,
                               expectation.describe() if expectation else None, Share(i, workers),
                               _pool_size(levels, traces, workers), per_request is not None)
                   for i in range(workers)]
-        on_records = per_request.write if per_request else None
-        pool: Pool = _ray_pool(args.ray, setups, on_records) if getattr(args, "ray", None) else ProcessPool(setups, on_records)
+        pool: Pool = _ray_pool(args.ray, setups, write_records) if getattr(args, "ray", None) \
+            else ProcessPool(setups, write_records)
         where = f"Ray actors ({args.ray})" if getattr(args, "ray", None) else "processes"
         printer.say(f"client: {workers} worker {where}")
     else:
         synth = PromptSynth(traces.block_size, vocab_size=vocab_size, vocab_offset=vocab_offset)
-        runner = Runner(transport, traces, synth, config, spec=expectation,
-                        on_request=(lambda rec: per_request.write(dumps_record(rec))) if per_request else None)
-        pool = LocalPool(runner)
+        on_request = None if write_records is None else (lambda rec: write_records(dumps_record(rec)))
+        pool = LocalPool(Runner(transport, traces, synth, config, spec=expectation, on_request=on_request))
     hit_rates = TraceHitRates(traces, theoretical_hit_rate)
     loop = asyncio.get_running_loop()
     # The traces are many long-lived objects: keep the cyclic GC from walking them during the run.
@@ -409,7 +409,7 @@ def _pool_size(levels: list[LevelSpec], traces: TraceSet, workers: int) -> int:
     """Connections per worker: every request the heaviest level can have in flight at once."""
     if levels[0].mode != "closed":
         return math.ceil(OPEN_LOOP_CONNECTIONS / workers)
-    lanes = math.ceil(max(spec.concurrency for spec in levels) / workers)
+    lanes = math.ceil(max(spec.lanes for spec in levels) / workers)
     return lanes * (1 + max_subagents(traces.sessions))
 
 
@@ -478,6 +478,16 @@ def _git_revision() -> str | None:
         return head.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
     except (OSError, subprocess.SubprocessError):
         return None
+
+
+def _record_writer(file: BinaryIO | None) -> Callable[[bytes], None] | None:
+    if file is None:
+        return None
+
+    def write(lines: bytes) -> None:
+        file.write(lines)
+
+    return write
 
 
 def _open_per_request(path: str | None) -> BinaryIO | None:

@@ -94,8 +94,8 @@ class _Conn(asyncio.Protocol):
         if self._until_close:
             try:
                 self.on_message_complete()  # read-until-close body ends here
-            except Exception as exc:
-                self._fail_unexpected(exc)
+            except Exception as error:
+                self._fail_unexpected(error)
             return
         detail = f"connection closed by the server{': ' + str(exc) if exc else ''}"
         done.set_exception(ResponseError(ERROR_RESET, detail, self._received))
