@@ -110,8 +110,9 @@ def add_replay_flags(p: argparse.ArgumentParser, http: bool) -> None:
                            "sends the same requests whatever N; auto: enough for the load at a measured "
                            f"per-core capacity, at most the CPU count (default {DEFAULTS.workers})")
         scale.add_argument("--ray", metavar="auto|ADDRESS",
-                           help="place the workers as Ray actors on a Ray cluster (auto: the running one, else "
-                           "the cluster at ADDRESS); needs `pip install agentload[ray]`")
+                           help="place the workers as Ray actors spread over a Ray cluster's nodes (auto: the "
+                           "running cluster, else a local one for the run; ADDRESS: that cluster's head); needs "
+                           "`pip install agentload[ray]`")
     out = p.add_argument_group("output")
     out.add_argument("--out", metavar="DIR", help="results folder (default results/<UTC timestamp>/)")
     out.add_argument("--per-request", metavar="FILE.jsonl", help="also write one JSON line per request")
