@@ -128,7 +128,9 @@ async def _replay(args: argparse.Namespace, options: dict[str, Any], transport: 
         info = await transport.server_info()
     except TransportError as exc:
         await transport.close()
-        print(f"loadgen {args.command}: error: {exc}", file=sys.stderr)
+        hint = (f" (--url defaults to {DEFAULTS.url}, where `server start` listens: start the server, or "
+                "give --url)") if getattr(args, "url", None) == DEFAULTS.url else ""
+        print(f"loadgen {args.command}: error: {exc}{hint}", file=sys.stderr)
         return 1
     await transport.close()
 

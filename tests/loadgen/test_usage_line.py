@@ -87,3 +87,18 @@ def test_a_foreign_server_gets_the_sessions_unscaled(start_server, tmp_path, cap
     assert code in (0, 1) and "-- conc 1" in text and "our server" not in text and "scale" not in text
     scale = json.loads((out / "result.json").read_text())["config"]["traces"]["scale"]["config"]
     assert scale["token_scale"] == scale["think_time_scale"] == 1.0 and scale["think_time_cap"] is None
+
+
+def test_no_server_at_the_default_address_says_what_to_do(capsys, tmp_path):
+    import socket
+    from urllib.parse import urlsplit
+
+    from loadgen.cli import main
+
+    address = urlsplit(LOCAL_SERVER_URL)
+    with socket.socket() as probe:
+        if probe.connect_ex((address.hostname, address.port)) == 0:
+            pytest.skip(f"something listens on {LOCAL_SERVER_URL}")
+    code = main(["replay", "--conc", "1", "--duration", "1", "--timeout", "5", "--out", str(tmp_path / "out")])
+    err = capsys.readouterr().err
+    assert code == 1 and LOCAL_SERVER_URL in err and "`server start`" in err and "--url" in err
