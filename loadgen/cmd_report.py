@@ -33,7 +33,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def parse_formats(text: str) -> list[str]:
-    from loadgen.cli import UsageError
+    from loadgen.errors import UsageError
 
     names = [name.strip() for name in text.split(",") if name.strip()]
     if names == ["all"]:
