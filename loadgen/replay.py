@@ -98,7 +98,7 @@ def replay_with(args: argparse.Namespace, transport: Transport, target: dict[str
 
 def _check_flags(args: argparse.Namespace) -> dict[str, Any]:
     for flag, value in (("--duration", args.duration), ("--timeout", args.timeout),
-                        ("--warmup-timeout", args.warmup_timeout)):
+                        ("--warmup-timeout", _warmup_timeout(args))):
         if not value > 0:
             raise ValueError(f"{flag}: must be > 0, got {value:g}")
     if not 0 <= args.max_error_rate <= 1:
@@ -118,6 +118,11 @@ def _check_flags(args: argparse.Namespace) -> dict[str, Any]:
         "start_offset": parse_offset(args.start_offset),
         "workers": parse_workers(getattr(args, "workers", "1")),
     }
+
+
+def _warmup_timeout(args: argparse.Namespace) -> float:
+    """Callers that build their own namespace (recipes) may leave the newer flags out."""
+    return getattr(args, "warmup_timeout", DEFAULTS.warmup_timeout_s)
 
 
 async def _replay(args: argparse.Namespace, options: dict[str, Any], transport: Transport,
@@ -144,7 +149,7 @@ async def _replay(args: argparse.Namespace, options: dict[str, Any], transport: 
         timing=TimingConfig(args.think_time_scale, args.think_time_cap),
         seed=args.seed, start_offset=options["start_offset"], time_scale=args.time_scale,
         timeout_s=args.timeout, max_error_rate=args.max_error_rate,
-        gpus=args.gpus or info.num_gpus or 1, warmup_timeout_s=args.warmup_timeout,
+        gpus=args.gpus or info.num_gpus or 1, warmup_timeout_s=_warmup_timeout(args),
     )
     vocab_offset, vocab_size = _vocab(args, info)
     out_dir = Path(args.out) if args.out else default_out_dir()
