@@ -33,6 +33,7 @@ import httptools
 from loadgen.transport.base import ERROR_CONNECT, ERROR_PROTOCOL, ERROR_RESET
 
 LineSink = Callable[[bytes, int], None]  # (one body line without b"\n", arrival perf_counter_ns)
+_NOTHING, _HEAD, _BODY = 0, 1, 2  # _Conn.waiting
 
 
 class ResponseError(Exception):
@@ -79,7 +80,9 @@ class _Conn(asyncio.Protocol):
         self._received = False
         self._now = 0
         self._first_now = 0  # the stamp of the read's first segment, for its first line (0: none)
-        self.awaiting_body = False  # the head is read, no body yet: the transport peeks a stamp
+        # what a streamed response still waits for before its first body bytes: _HEAD, _BODY
+        # or nothing; while it waits the transport peeks the first body byte's stamp
+        self.waiting = _HEAD if sink is not None else _NOTHING
 
     # -- asyncio.Protocol --------------------------------------------------------------------
 
@@ -136,14 +139,14 @@ class _Conn(asyncio.Protocol):
         self._headers_done = True
         self._until_close = ("chunked" not in headers.get("transfer-encoding", "").lower()
                              and "content-length" not in headers)
-        self.awaiting_body = self._sink is not None
+        self.waiting = _BODY if self._sink is not None else _NOTHING
 
     def on_body(self, data: bytes) -> None:
         sink = self._sink
         if sink is None:
             self._response.body += data
             return
-        self.awaiting_body = False
+        self.waiting = _NOTHING
         first, self._first_now = self._first_now, 0
         if not self._line and data[-2:] == b"\n\n" and data.count(b"\n") == 2:
             sink(data[:-2], first or self._now)  # the usual piece: exactly one SSE event
@@ -160,6 +163,7 @@ class _Conn(asyncio.Protocol):
                 first = 0
 
     def on_message_complete(self) -> None:
+        self.waiting = _NOTHING
         self._response.end_ns = self._now if not self._until_close else time.perf_counter_ns()
         self._keep_alive = self._parser.should_keep_alive() and not self._until_close
         if self._line and self._sink is not None:
@@ -171,6 +175,7 @@ class _Conn(asyncio.Protocol):
             done.set_result(self._response)
 
     def _fail(self, detail: str, kind: str = ERROR_RESET) -> None:
+        self.waiting = _NOTHING
         self._keep_alive = False
         self._until_close = False
         if self._done is not None and not self._done.done():
@@ -238,14 +243,15 @@ class _SocketTransport:
             self._loop.remove_writer(self._fd)
 
     def _readable(self) -> None:
+        # A TCP read carries the stamp of the last segment it takes. When the loop was late and
+        # several events of this stream queued, the first event (TTFT) would get the stamp of a
+        # later one; so until a response's first body bytes are in, peek first: a peek that
+        # ends inside the first body segment is stamped by that segment alone.
         first = 0
-        if self._conn.awaiting_body:
-            # A TCP read carries the stamp of the last segment it takes. When the loop was late
-            # and several events of this stream queued, the first event (TTFT) would get the
-            # stamp of the last one: peek one byte first, which takes only the first segment.
+        waiting = self._conn.waiting
+        if waiting:
             try:
-                _, ancillary, _, _ = self._sock.recvmsg(1, _ANCILLARY_SIZE, socket.MSG_PEEK)
-                first = _stamp(ancillary)
+                first = self._first_body_stamp(waiting == _HEAD)
             except OSError:
                 pass  # the read below meets the same condition and handles it
         try:
@@ -259,6 +265,18 @@ class _SocketTransport:
             self._lost(None)
             return
         self._conn.feed(data, _stamp(ancillary), first)
+
+    def _first_body_stamp(self, head_too: bool) -> int:
+        """The arrival of the first body byte waiting in the socket (0: none waiting)."""
+        offset = 0
+        if head_too:  # the head may wait in front of it: find where the body starts
+            queued = self._sock.recv(READ_SIZE, socket.MSG_PEEK)
+            end = queued.find(b"\r\n\r\n")
+            if end < 0 or end + 4 >= len(queued):
+                return 0
+            offset = end + 4
+        _, ancillary, _, _ = self._sock.recvmsg(offset + 1, _ANCILLARY_SIZE, socket.MSG_PEEK)
+        return _stamp(ancillary)
 
     def close(self) -> None:
         self._lost(None)
