@@ -10,7 +10,11 @@ about 0.5 µs per streamed event against 3.5 µs (benchmarks/RESULTS.md, "Client
 
 Timestamps: plain-http connections are read with recvmsg and SO_TIMESTAMPNS on Linux, so a
 read carries the kernel's arrival time, which a busy event loop cannot delay (see
-_SocketTransport). https connections (and other systems) use the time of the read.
+_SocketTransport). https connections (and other systems) use the time of the read. The limit:
+segments of one connection that queue while the loop is late are coalesced by the kernel into
+one buffer that keeps only the newest stamp (even a one-byte MSG_PEEK reports it), so events of
+a stream that wait together all get the last one's time. Kernel stamps make a late loop
+harmless only up to one event interval; beyond that the client must keep up (--workers).
 
 Scope: what an OpenAI-compatible server needs: one request per connection at a time, request
 bodies with Content-Length, responses with Content-Length, chunked, or read-until-close bodies,
@@ -33,7 +37,6 @@ import httptools
 from loadgen.transport.base import ERROR_CONNECT, ERROR_PROTOCOL, ERROR_RESET
 
 LineSink = Callable[[bytes, int], None]  # (one body line without b"\n", arrival perf_counter_ns)
-_NOTHING, _HEAD, _BODY = 0, 1, 2  # _Conn.waiting
 
 
 class ResponseError(Exception):
@@ -79,10 +82,6 @@ class _Conn(asyncio.Protocol):
         self._keep_alive = True
         self._received = False
         self._now = 0
-        self._first_now = 0  # the stamp of the read's first segment, for its first line (0: none)
-        # what a streamed response still waits for before its first body bytes: _HEAD, _BODY
-        # or nothing; while it waits the transport peeks the first body byte's stamp
-        self.waiting = _HEAD if sink is not None else _NOTHING
 
     # -- asyncio.Protocol --------------------------------------------------------------------
 
@@ -106,12 +105,10 @@ class _Conn(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         self.feed(data, time.perf_counter_ns())
 
-    def feed(self, data: bytes, now: int, first: int = 0) -> None:
-        """Bytes that arrived by `now` (perf_counter_ns); `first`, when known, is when the first
-        of them arrived (the first line gets it)."""
+    def feed(self, data: bytes, now: int) -> None:
+        """Bytes that arrived by `now` (perf_counter_ns)."""
         self._received = True
         self._now = now
-        self._first_now = first
         try:
             self._parser.feed_data(data)
         except httptools.HttpParserError as exc:
@@ -139,17 +136,14 @@ class _Conn(asyncio.Protocol):
         self._headers_done = True
         self._until_close = ("chunked" not in headers.get("transfer-encoding", "").lower()
                              and "content-length" not in headers)
-        self.waiting = _BODY if self._sink is not None else _NOTHING
 
     def on_body(self, data: bytes) -> None:
         sink = self._sink
         if sink is None:
             self._response.body += data
             return
-        self.waiting = _NOTHING
-        first, self._first_now = self._first_now, 0
         if not self._line and data[-2:] == b"\n\n" and data.count(b"\n") == 2:
-            sink(data[:-2], first or self._now)  # the usual piece: exactly one SSE event
+            sink(data[:-2], self._now)  # the usual piece: exactly one SSE event
             return
         if b"\n" not in data:
             self._line += data
@@ -159,11 +153,9 @@ class _Conn(asyncio.Protocol):
         now = self._now
         for line in lines:
             if len(line) > 1:  # SSE's blank separator lines ("" or "\r") carry nothing
-                sink(line, first or now)
-                first = 0
+                sink(line, now)
 
     def on_message_complete(self) -> None:
-        self.waiting = _NOTHING
         self._response.end_ns = self._now if not self._until_close else time.perf_counter_ns()
         self._keep_alive = self._parser.should_keep_alive() and not self._until_close
         if self._line and self._sink is not None:
@@ -175,7 +167,6 @@ class _Conn(asyncio.Protocol):
             done.set_result(self._response)
 
     def _fail(self, detail: str, kind: str = ERROR_RESET) -> None:
-        self.waiting = _NOTHING
         self._keep_alive = False
         self._until_close = False
         if self._done is not None and not self._done.done():
@@ -243,17 +234,6 @@ class _SocketTransport:
             self._loop.remove_writer(self._fd)
 
     def _readable(self) -> None:
-        # A TCP read carries the stamp of the last segment it takes. When the loop was late and
-        # several events of this stream queued, the first event (TTFT) would get the stamp of a
-        # later one; so until a response's first body bytes are in, peek first: a peek that
-        # ends inside the first body segment is stamped by that segment alone.
-        first = 0
-        waiting = self._conn.waiting
-        if waiting:
-            try:
-                first = self._first_body_stamp(waiting == _HEAD)
-            except OSError:
-                pass  # the read below meets the same condition and handles it
         try:
             data, ancillary, _, _ = self._sock.recvmsg(READ_SIZE, _ANCILLARY_SIZE)
         except (BlockingIOError, InterruptedError):
@@ -264,19 +244,7 @@ class _SocketTransport:
         if not data:
             self._lost(None)
             return
-        self._conn.feed(data, _stamp(ancillary), first)
-
-    def _first_body_stamp(self, head_too: bool) -> int:
-        """The arrival of the first body byte waiting in the socket (0: none waiting)."""
-        offset = 0
-        if head_too:  # the head may wait in front of it: find where the body starts
-            queued = self._sock.recv(READ_SIZE, socket.MSG_PEEK)
-            end = queued.find(b"\r\n\r\n")
-            if end < 0 or end + 4 >= len(queued):
-                return 0
-            offset = end + 4
-        _, ancillary, _, _ = self._sock.recvmsg(offset + 1, _ANCILLARY_SIZE, socket.MSG_PEEK)
-        return _stamp(ancillary)
+        self._conn.feed(data, _stamp(ancillary))
 
     def close(self) -> None:
         self._lost(None)
