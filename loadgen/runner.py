@@ -28,6 +28,7 @@ from typing import Any, Callable
 from loadgen import closed_loop, open_loop
 from loadgen.level import LevelRun, LevelSpec, RequestMeta, RunConfig, Share
 from loadgen.loop_lag import monitor_loop_lag
+from loadgen.pacer import Pacer
 from loadgen.plan import TimingConfig
 from loadgen.spec import SpecCounters, SpecExpectation
 from loadgen.summary import request_record
@@ -66,6 +67,7 @@ class Runner:
         self._consecutive_refused = 0
         self._tasks: set[asyncio.Task] = set()
         self._request_numbers = itertools.count()
+        self._pacer = Pacer()
 
     @property
     def timing(self) -> TimingConfig:
@@ -159,6 +161,7 @@ class Runner:
 
     async def send(self, level: LevelRun, meta: RequestMeta, salt: int, warm: bool = False,
                    due_ns: int | None = None) -> None:
+        await self._pacer.turn()
         origin = due_ns if due_ns is not None else time.perf_counter_ns()
         if not warm and level.window_closed(origin):
             return  # a lane woken late by a busy loop: no request starts after the window
