@@ -13,6 +13,9 @@ is bounded by the per-request timeout). Failures are counted by kind. A server t
 (Ctrl-C), and so does a warm-up that outlasts `RunConfig.warmup_timeout_s`. Either way the
 levels measured so far, and the partial one, are kept.
 
+Requests are prepared a few per event-loop turn (loadgen/pacer.py), so a burst of lanes
+finishing together never keeps the loop from reading its sockets.
+
 A worker process (loadgen/workers.py) runs a `Runner` over its `Share` of the level; with
 `coordinated` the window of a requests-counted warm-up is opened by the parent (`open_window`)
 once every worker's lanes are warm, so all shares measure the same window.
