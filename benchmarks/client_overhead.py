@@ -51,42 +51,103 @@ def pin(cpu: int) -> None:
         os.sched_setaffinity(0, {cpu})
 
 
-def run_case(conc: int, first_ms: float, itl_ms: float, osl: int, duration: float, server_cpu: int | None) -> dict:
+class FastServer:
+    """benchmarks/fast_sse_server.py in its own process (zero delay, little CPU per token)."""
+
+    def __init__(self) -> None:
+        self.proc = subprocess.Popen([sys.executable, str(ROOT / "benchmarks" / "fast_sse_server.py")],
+                                     stdout=subprocess.PIPE, text=True)
+        self.url = f"http://127.0.0.1:{int(self.proc.stdout.readline().split()[1])}"
+
+    def records(self) -> dict:
+        return {"records": []}
+
+    def stop(self) -> None:
+        self.proc.kill()
+        self.proc.wait(timeout=10)
+
+
+def run_case(conc: int, first_ms: float, itl_ms: float, osl: int, duration: float, server_cpu: int | None,
+             workers: int = 1, fast_server: bool = False) -> dict:
     from loadgen.cli import main
 
-    server = ServerProcess({"first_ms": first_ms, "itl_ms": itl_ms, "tokens_per_chunk": 1},
-                           cpu=server_cpu)
+    server = FastServer() if fast_server else ServerProcess(
+        {"first_ms": first_ms, "itl_ms": itl_ms, "tokens_per_chunk": 1}, cpu=server_cpu)
     try:
         with tempfile.TemporaryDirectory() as tmp:
             tmp_path = Path(tmp)
             write_traces(tmp_path, osl)
             out = tmp_path / "out"
+            server_cpu_before = _process_cpu(server.proc.pid)
             code = main(["replay", "--url", server.url, "--traces", str(tmp_path), "--conc", str(conc),
                          "--duration", str(duration), "--warmup", "1s", "--start-offset", "0:0",
+                         "--workers", str(workers),
                          "--out", str(out), "--per-request", str(out / "req.jsonl"), "--quiet"])
+            server_cpu_s = _process_cpu(server.proc.pid) - server_cpu_before
             level = json.loads((out / "result.json").read_text())["levels"][0]
             records = [json.loads(line) for line in (out / "req.jsonl").read_text().splitlines()]
         seen = {r["id"]: r for r in server.records()["records"]}
     finally:
         server.stop()
     counted = [r for r in records if r["counted"]]
-    receive = sorted(_lateness(r["first_ns"], seen[r["id"]]) / 1e6 for r in counted)
-    full = sorted(((r["first_ns"] - r["start_ns"]) - (seen[r["id"]]["writes_ns"][0] - seen[r["id"]]["received_ns"])) / 1e6
-                  for r in counted)
     counts, client = level["counts"], level["client"]
     tokens = counts["output_tokens"]
     return {
-        "conc": conc, "first_ms": first_ms, "itl_ms": itl_ms, "osl": osl, "exit": code,
+        "client": f"loadgen --workers {workers}" + (" (fast server)" if fast_server else ""), "conc": conc,
+        "first_ms": first_ms,
+        "itl_ms": itl_ms, "osl": osl, "exit": code,
         "requests": counts["requests_ok"], "errors": counts["errors_total"],
         "tok_s": level["throughput"]["output_tokens_per_s"],
         "cpu_us_per_token": 1e6 * client["cpu_s"] / tokens if tokens else None,
         "cpu_us_per_request": 1e6 * client["cpu_s"] / counts["requests_ok"] if counts["requests_ok"] else None,
         "sys_us_per_token": 1e6 * client["cpu_sys_s"] / tokens if tokens else None,
-        "cpu_util": client["cpu_util"],
-        "recv_err_ms_p50": _pct(receive, 50), "recv_err_ms_p99": _pct(receive, 99),
-        "full_err_ms_p50": _pct(full, 50), "full_err_ms_p99": _pct(full, 99),
+        "cpu_util": client["cpu_util"], "server_cpu_util": server_cpu_s / (duration + 2.0),
+        **(_errors(counted, seen) if seen else {}),
         "loop_lag_ms_p99": (level["metrics"]["loop_lag"]["stats"]["p99"] or 0) / 1000,
     }
+
+
+def run_bare_case(conc: int, first_ms: float, itl_ms: float, osl: int, duration: float,
+                  server_cpu: int | None) -> dict:
+    """The same load through benchmarks/bare_client.py: the floor."""
+    from bare_client import run_bare
+
+    server = ServerProcess({"first_ms": first_ms, "itl_ms": itl_ms, "tokens_per_chunk": 1}, cpu=server_cpu)
+    try:
+        result = run_bare(server.url, conc, osl, 1.0, duration)
+        seen = {r["id"]: r for r in server.records()["records"]}
+    finally:
+        server.stop()
+    tokens, records = result["tokens"], result["records"]
+    return {
+        "client": "bare uvloop", "conc": conc, "first_ms": first_ms, "itl_ms": itl_ms, "osl": osl, "exit": 0,
+        "requests": len(records), "errors": 0, "tok_s": tokens / duration,
+        "cpu_us_per_token": 1e6 * result["cpu_s"] / tokens if tokens else None,
+        "cpu_us_per_request": 1e6 * result["cpu_s"] / len(records) if records else None,
+        "sys_us_per_token": None, "cpu_util": result["cpu_s"] / duration, "server_cpu_util": None,
+        **_errors(records, seen), "loop_lag_ms_p99": None,
+    }
+
+
+def _errors(records: list[dict], seen: dict) -> dict:
+    """TTFT error two ways (see the module docstring) and the E2EL error: the client's last-chunk
+    time minus the end of the server's last content write."""
+    receive = sorted(_lateness(r["first_ns"], seen[r["id"]]) / 1e6 for r in records)
+    full = sorted(((r["first_ns"] - r["start_ns"]) - (seen[r["id"]]["writes_ns"][0] - seen[r["id"]]["received_ns"])) / 1e6
+                  for r in records)
+    e2el = sorted(max(0, r["last_ns"] - seen[r["id"]]["written_ns"][-1]) / 1e6 for r in records)
+    return {"recv_err_ms_p50": _pct(receive, 50), "recv_err_ms_p99": _pct(receive, 99),
+            "full_err_ms_p50": _pct(full, 50), "full_err_ms_p99": _pct(full, 99),
+            "e2el_err_ms_p50": _pct(e2el, 50), "e2el_err_ms_p99": _pct(e2el, 99)}
+
+
+def _process_cpu(pid: int) -> float:
+    """User + system CPU seconds of another process (Linux /proc; 0 elsewhere)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _lateness(arrival_ns: int, server: dict) -> int:
@@ -102,28 +163,40 @@ def _pct(values: list[float], p: float) -> float | None:
 
 
 def startup_times(repeats: int = 5) -> dict:
-    """Wall time of `loadgen replay --help`, and of a client from spawn to its first request."""
+    """Wall time of `loadgen replay --help`, and of a client from spawn to its first request
+    (small synthetic traces, and the bundled agentic-coding sessions)."""
     help_times = []
     for _ in range(repeats):
         t0 = time.perf_counter()
         subprocess.run([sys.executable, "-m", "loadgen.cli", "replay", "--help"], cwd=ROOT,
                        capture_output=True, check=True)
         help_times.append(time.perf_counter() - t0)
-    first_request = []
     with tempfile.TemporaryDirectory() as tmp:
         write_traces(Path(tmp), 8, sessions=2, requests=4)
-        for _ in range(repeats):
-            server = ServerProcess({})
-            try:
-                t0 = time.perf_counter_ns()
-                subprocess.run([sys.executable, "-m", "loadgen.cli", "replay", "--url", server.url, "--traces", tmp,
-                                "--conc", "1", "--duration", "0.2", "--quiet", "--out", str(Path(tmp) / "o")],
-                               cwd=ROOT, capture_output=True, check=True)
-                first = min(r["received_ns"] for r in server.records()["records"])
-                first_request.append((first - t0) / 1e9)
-            finally:
-                server.stop()
-    return {"help_s": statistics.median(help_times), "first_request_s": statistics.median(first_request)}
+        small = _first_request_s(["--traces", tmp], Path(tmp), repeats)
+        bundled = _first_request_s([], Path(tmp), repeats)
+    return {"help_s": statistics.median(help_times), "first_request_s": small, "first_request_bundled_s": bundled}
+
+
+def _first_request_s(flags: list[str], tmp: Path, repeats: int) -> float:
+    times = []
+    for _ in range(repeats):
+        server = ServerProcess({})
+        try:
+            t0 = time.perf_counter_ns()
+            subprocess.run([sys.executable, "-m", "loadgen.cli", "replay", "--url", server.url, *flags,
+                            "--conc", "1", "--duration", "0.2", "--quiet", "--out", str(tmp / "o")],
+                           cwd=ROOT, capture_output=True)
+            first = min(r["received_ns"] for r in server.records()["records"])
+            times.append((first - t0) / 1e9)
+        finally:
+            server.stop()
+    return statistics.median(times)
+
+
+HEADER = ("client", "conc", "first_ms", "itl_ms", "tok_s", "cpu_us_per_token", "cpu_vs_bare", "sys_us_per_token",
+          "cpu_us_per_request", "cpu_util", "server_cpu_util", "recv_err_ms_p50", "recv_err_ms_p99",
+          "full_err_ms_p50", "full_err_ms_p99", "e2el_err_ms_p50", "e2el_err_ms_p99", "loop_lag_ms_p99", "errors")
 
 
 def main() -> None:
@@ -133,6 +206,10 @@ def main() -> None:
     parser.add_argument("--itl-ms", type=float, help="one delay case: ms between tokens")
     parser.add_argument("--osl", type=int, default=64, help="output tokens per request (default 64)")
     parser.add_argument("--duration", type=float, default=8.0, help="window seconds per case (default 8)")
+    parser.add_argument("--scaling", type=int, metavar="CONC",
+                        help="also: --workers 1 vs 2 at this concurrency against fast_sse_server.py (zero delay, "
+                        "cheap per token), nothing pinned")
+    parser.add_argument("--no-startup", action="store_true", help="skip the start-up timings")
     parser.add_argument("--json", help="also write the rows to this JSON file")
     args = parser.parse_args()
     cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
@@ -142,26 +219,38 @@ def main() -> None:
     load_before = os.getloadavg()[0]
     delays = [(args.first_ms or 0.0, args.itl_ms or 0.0)] if args.first_ms is not None or args.itl_ms is not None \
         else [(0.0, 0.0), (50.0, 10.0)]
-    rows = [run_case(conc, first, itl, args.osl, args.duration, server_cpu)
-            for first, itl in delays for conc in (int(c) for c in args.conc.split(","))]
-    start = startup_times()
-    header = ("conc", "first_ms", "itl_ms", "tok_s", "cpu_us_per_token", "sys_us_per_token", "cpu_us_per_request",
-              "cpu_util",
-              "recv_err_ms_p50", "recv_err_ms_p99", "full_err_ms_p50", "full_err_ms_p99", "loop_lag_ms_p99", "errors")
-    print("| " + " | ".join(header) + " |")
-    print("|" + "---|" * len(header))
+    rows = []
+    for first, itl in delays:
+        for conc in (int(c) for c in args.conc.split(",")):
+            bare = run_bare_case(conc, first, itl, args.osl, args.duration, server_cpu)
+            ours = run_case(conc, first, itl, args.osl, args.duration, server_cpu)
+            if bare["cpu_us_per_token"] and ours["cpu_us_per_token"]:
+                ours["cpu_vs_bare"] = ours["cpu_us_per_token"] / bare["cpu_us_per_token"]
+            rows += [bare, ours]
+    if args.scaling:
+        if cpus:
+            os.sched_setaffinity(0, set(cpus))  # the workers and the server share every core
+        rows += [run_case(args.scaling, 0.0, 0.0, args.osl, args.duration, None, workers=n, fast_server=True)
+                 for n in (1, 2)]
+    start = None if args.no_startup else startup_times()
+    print("| " + " | ".join(HEADER) + " |")
+    print("|" + "---|" * len(HEADER))
     for row in rows:
-        print("| " + " | ".join(_fmt(row[k]) for k in header) + " |")
-    print(f"\nstart-up: `loadgen replay --help` {start['help_s'] * 1000:.0f} ms; "
-          f"client spawn -> first request {start['first_request_s'] * 1000:.0f} ms (median of 5)")
-    print(f"client pinned to CPU {cpus[0] if server_cpu is not None else '-'}, server to CPU {server_cpu}; "
-          f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; load average before/after: "
-          f"{load_before:.2f} / {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs")
+        print("| " + " | ".join(_fmt(row.get(k)) for k in HEADER) + " |")
+    if start:
+        print(f"\nstart-up: `loadgen replay --help` {start['help_s'] * 1000:.0f} ms; client spawn -> first request "
+              f"{start['first_request_s'] * 1000:.0f} ms (small traces), {start['first_request_bundled_s'] * 1000:.0f} ms "
+              "(bundled sessions) (medians of 5)")
+    print(f"client pinned to CPU {cpus[0] if server_cpu is not None else '-'}, server to CPU {server_cpu} "
+          f"(scaling rows: both unpinned); {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; load average "
+          f"before/after: {load_before:.2f} / {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs")
     if args.json:
         Path(args.json).write_text(json.dumps({"rows": rows, "startup": start}, indent=2))
 
 
 def _fmt(value) -> str:
+    if value is None:
+        return "-"
     if isinstance(value, float):
         return f"{value:.3f}" if abs(value) < 100 else f"{value:.0f}"
     return str(value)

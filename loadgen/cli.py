@@ -11,6 +11,8 @@ import argparse
 import importlib
 import sys
 
+from loadgen.errors import UsageError
+
 # Order is the order in `loadgen --help`.
 COMMAND_MODULES = (
     "loadgen.cmd_bench",
@@ -21,10 +23,6 @@ COMMAND_MODULES = (
     "loadgen.cmd_compare",
     "loadgen.cmd_recipe",
 )
-
-
-class UsageError(Exception):
-    """Bad input from the user: printed to stderr without a traceback, exit code 2."""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -59,8 +57,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    # Run the canonical module, not this __main__ copy: command modules raise
-    # loadgen.cli.UsageError, which a second copy of this file would not catch.
-    from loadgen.cli import main as canonical_main
-
-    sys.exit(canonical_main())
+    sys.exit(main())

@@ -16,34 +16,13 @@ from __future__ import annotations
 import argparse
 import gc
 import re
-from dataclasses import dataclass
+import threading
+import time
 from pathlib import Path
 
-
-@dataclass(frozen=True, slots=True)
-class BenchPreset:
-    """Replay flags that fit the bundled traces (~107k input, ~450 output tokens per request,
-    think times of minutes) onto a model and device; the context cap is the engine's
-    max_model_len. Only the flags the user did not give are taken from here."""
-
-    conc: str
-    duration: float
-    warmup: str
-    token_scale: float
-    think_time_scale: float
-    think_time_cap: float
+from loadgen.presets import BENCH_PRESETS, CPU_MODEL, GPU_MODEL, PRESET_FIELDS, preset_for
 
 
-# tiny on 2 CPU cores: ~2.1k input / 9 output tokens per request (prefix hits ~95 %), think
-# times <= 1 s; three levels of 15 s plus warm-up finish in about a minute and a half.
-# small on one GPU: ~10.7k input / 45 output tokens, the long tail dropped at 32k context.
-BENCH_PRESETS = {
-    "tiny": BenchPreset(conc="1,2,4", duration=15.0, warmup="2req", token_scale=0.02,
-                        think_time_scale=0.01, think_time_cap=1.0),
-    "small": BenchPreset(conc="1,2,4,8,16", duration=30.0, warmup="2req", token_scale=0.1,
-                         think_time_scale=0.02, think_time_cap=2.0),
-}
-GPU_MODEL, CPU_MODEL = "small", "tiny"
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -68,7 +47,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_replay_flags(p, http=False)
     add_engine_args(p)
     for action in p._actions:
-        if action.dest in _PRESET_FIELDS:
+        if action.dest in PRESET_FIELDS:
             action.help = re.sub(r"\s*\(default[^)]*\)$", "", action.help or "") + " (default: see below)"
             action.default = None
         elif action.dest == "model":
@@ -81,20 +60,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-_PRESET_FIELDS = ("conc", "duration", "warmup", "token_scale", "think_time_scale", "think_time_cap")
-
-
 def _preset_text() -> str:
     lines = [f"defaults: --model {CPU_MODEL} on CPU, {GPU_MODEL} when a GPU is visible; "
              "--max-context: the engine's --max-model-len; per model:"]
     for model, preset in BENCH_PRESETS.items():
         lines.append(f"  {model}: " + " ".join(f"--{name.replace('_', '-')} {getattr(preset, name)}"
-                                                for name in _PRESET_FIELDS))
+                                                for name in PRESET_FIELDS))
     return "\n".join(lines)
 
 
 def run(args: argparse.Namespace) -> int:
-    from loadgen.cli import UsageError
+    from loadgen.errors import UsageError
     from loadgen.replay import default_out_dir, replay_with
     from loadgen.transport.inprocess import EngineConfigError, InProcessTransport, engine_config_from_args
 
@@ -111,6 +87,7 @@ def run(args: argparse.Namespace) -> int:
     if args.out is None:
         args.out = str(default_out_dir())
     try:
+        _build_engine(transport, args.quiet)
         code = replay_with(args, transport, transport.describe())
     except EngineConfigError as exc:
         raise UsageError(str(exc)) from exc
@@ -124,6 +101,30 @@ def run(args: argparse.Namespace) -> int:
     return code
 
 
+def _build_engine(transport, quiet: bool) -> None:
+    """Build the engine here (it takes from seconds to minutes), with its elapsed time shown live."""
+    from loadgen.options import DEFAULTS
+    from loadgen.progress import ProgressPrinter
+
+    printer = ProgressPrinter(DEFAULTS.piped_progress_interval_s, enabled=not quiet)
+    done = threading.Event()
+    started = time.monotonic()
+
+    def tick() -> None:
+        while not done.wait(DEFAULTS.progress_interval_s):
+            printer.show(f"bench: engine starting, {time.monotonic() - started:.0f} s")
+
+    ticker = threading.Thread(target=tick, name="agentload-engine-start-progress", daemon=True)
+    ticker.start()
+    try:
+        transport.build_engine()
+    finally:
+        done.set()
+        ticker.join()
+        printer.clear()
+    printer.say(f"bench: engine ready in {time.monotonic() - started:.1f} s")
+
+
 def _default_model(device: str) -> str:
     from server.config import resolve_device
 
@@ -131,8 +132,8 @@ def _default_model(device: str) -> str:
 
 
 def _apply_preset(args: argparse.Namespace) -> None:
-    preset = BENCH_PRESETS.get(args.model, BENCH_PRESETS[GPU_MODEL])
-    for name in _PRESET_FIELDS:
+    preset = preset_for(args.model)
+    for name in PRESET_FIELDS:
         if getattr(args, name) is None:
             setattr(args, name, getattr(preset, name))
 

@@ -10,8 +10,7 @@ from __future__ import annotations
 
 import argparse
 
-DEFAULT_FOREIGN_VOCAB = (1000, 30000)  # offset, size: clear of the low special ids many vocabularies use
-OUR_VOCAB = (0, 256)  # our server's byte-level tokenizer: ids 0..255 are bytes, specials above
+from loadgen.options import DEFAULTS
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -31,7 +30,8 @@ def add_replay_flags(p: argparse.ArgumentParser, http: bool) -> None:
     """The replay flags; `loadgen bench` (in-process, http=False) leaves out the ones naming an HTTP target."""
     target = p.add_argument_group("server")
     if http:
-        target.add_argument("--url", required=True, help="server base URL, e.g. http://127.0.0.1:8000")
+        target.add_argument("--url", default=DEFAULTS.url,
+                            help=f"server base URL (default {DEFAULTS.url}: where `server start` listens)")
         target.add_argument("--endpoint", choices=("completions", "chat"), default="completions",
                             help="completions: prompt as token ids, exact length (default); chat: messages "
                             "whose text is the token ids as decimal words (length approximate)")
@@ -39,8 +39,8 @@ def add_replay_flags(p: argparse.ArgumentParser, http: bool) -> None:
         target.add_argument("--api-key", help="sent as 'Authorization: Bearer KEY'")
         target.add_argument("--header", action="append", default=[], metavar="K:V",
                             help="extra HTTP header (repeatable)")
-    target.add_argument("--timeout", type=float, default=600.0, metavar="S",
-                        help="per-request limit in seconds, also bounds the drain (default 600)")
+    target.add_argument("--timeout", type=float, default=DEFAULTS.timeout_s, metavar="S",
+                        help=f"per-request limit in seconds, also bounds the drain (default {DEFAULTS.timeout_s:g})")
     target.add_argument("--gpus", type=int, metavar="N",
                         help="GPUs behind the server, for throughput per GPU (default: the server's "
                         "num_gpus when it is ours, else 1)")
@@ -51,11 +51,14 @@ def add_replay_flags(p: argparse.ArgumentParser, http: bool) -> None:
                       help="open loop: Poisson arrivals per second over the trace's requests, one level per rate")
     load.add_argument("--time-scale", type=float, default=1.0, metavar="F",
                       help="Mooncake traces (always open loop): multiply recorded timestamps by F (default 1)")
-    load.add_argument("--duration", type=float, default=60.0, metavar="S",
-                      help="measurement window per level in seconds (default 60)")
-    load.add_argument("--warmup", default="0s", metavar="Ns|Nreq",
+    load.add_argument("--duration", type=float, default=DEFAULTS.duration_s, metavar="S",
+                      help=f"measurement window per level in seconds (default {DEFAULTS.duration_s:g})")
+    load.add_argument("--warmup", default=DEFAULTS.warmup, metavar="Ns|Nreq",
                       help="warm-up before each window: seconds ('30s') or requests per lane ('2req'; "
-                      "open loop: in total); never counted (default 0s)")
+                      f"open loop: in total); never counted (default {DEFAULTS.warmup})")
+    load.add_argument("--warmup-timeout", type=float, default=DEFAULTS.warmup_timeout_s, metavar="S",
+                      help="stop the run when a level's warm-up has not finished after S seconds (a server "
+                      f"too slow for the warm-up, or a hung one) (default {DEFAULTS.warmup_timeout_s:g})")
     load.add_argument("--start-offset", default="0.25:0.75", metavar="LO:HI",
                       help="a lane's first session starts at a uniform fraction in [LO, HI] of its "
                       "requests, after re-sending that request's context as warm-up (default 0.25:0.75)")
@@ -76,10 +79,13 @@ def add_replay_flags(p: argparse.ArgumentParser, http: bool) -> None:
     tr.add_argument("--over-context", choices=("drop", "trim"), default="drop",
                     help="over --max-context: drop the request, or trim its input to fit keeping the "
                     "leading blocks (default: drop)")
-    tr.add_argument("--token-scale", type=float, default=1.0, metavar="F", help="multiply token counts (default 1)")
-    tr.add_argument("--think-time-scale", type=float, default=1.0, metavar="F",
-                    help="multiply think times and subagent start gaps (default 1)")
-    tr.add_argument("--think-time-cap", type=float, metavar="S", help="cap think times and subagent gaps (seconds)")
+    scaled = (" (default 1; our server with the bundled sessions: the `loadgen bench` preset for its model, "
+              "printed at the start)") if http else " (default 1)"
+    tr.add_argument("--token-scale", type=float, metavar="F", help="multiply token counts" + scaled)
+    tr.add_argument("--think-time-scale", type=float, metavar="F",
+                    help="multiply think times and subagent start gaps" + scaled)
+    tr.add_argument("--think-time-cap", type=float, metavar="S",
+                    help="cap think times and subagent gaps (seconds)" + scaled.replace("default 1", "default none"))
     tr.add_argument("--vocab-size", type=int, metavar="N", help="synthesized token ids lie in [offset, offset+size) "
                     "(default: 256 byte ids for our server, else 30000)")
     tr.add_argument("--vocab-offset", type=int, metavar="ID",
@@ -98,45 +104,27 @@ def add_replay_flags(p: argparse.ArgumentParser, http: bool) -> None:
                           help="curve mode: auto = per request from the trace (output_types has 'thinking'; "
                           "a mode a named curve lacks falls back to the other, with a warning; one selected by model "
                           "prefix fails instead, as in InferenceX) (default auto)")
+    if http:
+        # The in-process engine (`loadgen bench`) lives in its one process: no worker processes there.
+        scale = p.add_argument_group("client processes")
+        scale.add_argument("--workers", default=DEFAULTS.workers, metavar="N|auto",
+                           help="client processes: the lanes (closed loop) or arrivals (open loop) are split "
+                           "across N processes, each with its own event loop and connections; the same seed "
+                           "sends the same requests whatever N; auto: enough for the load at a measured "
+                           f"per-core capacity, at most the CPU count (default {DEFAULTS.workers})")
+        scale.add_argument("--ray", metavar="auto|ADDRESS",
+                           help="place the workers as Ray actors spread over a Ray cluster's nodes (auto: the "
+                           "running cluster, else a local one for the run; ADDRESS: that cluster's head); needs "
+                           "`pip install agentload[ray]`")
     out = p.add_argument_group("output")
     out.add_argument("--out", metavar="DIR", help="results folder (default results/<UTC timestamp>/)")
     out.add_argument("--per-request", metavar="FILE.jsonl", help="also write one JSON line per request")
-    out.add_argument("--quiet", action="store_true", help="no tables or progress, only errors")
+    out.add_argument("--quiet", action="store_true",
+                     help="no tables or progress, only errors (progress: in place on a terminal, else a line "
+                     f"every {DEFAULTS.piped_progress_interval_s:g} s)")
 
 
 def run(args: argparse.Namespace) -> int:
     from loadgen.replay import replay_main
 
     return replay_main(args)
-
-
-def parse_list(text: str, flag: str, kind: type) -> list:
-    """'1,2,4' -> [1, 2, 4]; every item positive; ValueError naming the flag otherwise."""
-    try:
-        values = [kind(item) for item in text.split(",") if item.strip()]
-    except ValueError:
-        raise ValueError(f"{flag}: expected comma-separated numbers, got {text!r}") from None
-    if not values or any(v <= 0 for v in values):
-        raise ValueError(f"{flag}: expected positive numbers, got {text!r}")
-    return values
-
-
-def parse_offset(text: str) -> tuple[float, float]:
-    try:
-        low, high = (float(x) for x in text.split(":"))
-    except ValueError:
-        raise ValueError(f"--start-offset: expected LO:HI like 0.25:0.75, got {text!r}") from None
-    if not 0.0 <= low <= high <= 1.0:
-        raise ValueError(f"--start-offset: need 0 <= LO <= HI <= 1, got {text!r}")
-    return low, high
-
-
-def parse_headers(items: list[str]) -> dict[str, str]:
-    headers = {}
-    for item in items:
-        key, sep, value = item.partition(":")
-        if not sep or not key.strip():
-            raise ValueError(f"--header: expected K:V, got {item!r}")
-        headers[key.strip()] = value.strip()
-    return headers
-

@@ -87,7 +87,7 @@ def _positive(text: str) -> int:
 
 
 def parse_formats(text: str) -> list[str]:
-    from loadgen.cli import UsageError
+    from loadgen.errors import UsageError
 
     names = [name.strip() for name in text.split(",") if name.strip()]
     if names == ["all"]:

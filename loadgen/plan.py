@@ -50,7 +50,8 @@ class Play:
 class PlaySource:
     """Seeded endless stream of plays: sessions in shuffled order, reshuffled on each pass."""
 
-    def __init__(self, sessions: tuple[Session, ...], seed: int, start_offset: tuple[float, float]) -> None:
+    def __init__(self, sessions: tuple[Session, ...], seed: int, start_offset: tuple[float, float],
+                 first_id: int = 0) -> None:
         if not sessions:
             raise ValueError("the trace set has no sessions to replay")
         self._sessions = sessions
@@ -58,7 +59,7 @@ class PlaySource:
         self._salt_rng = random.Random(seed ^ 0x5A17)
         self._start_offset = start_offset
         self._order: list[int] = []
-        self._next_id = 0
+        self._next_id = first_id
 
     def next_play(self, first_of_lane: bool) -> Play:
         if not self._order:
@@ -129,3 +130,45 @@ def timestamp_arrivals(play: Play, time_scale: float) -> Iterator[tuple[float, P
 
 def max_subagents(sessions: tuple[Session, ...]) -> int:
     return max((len(s.subagents) for s in sessions), default=0)
+
+
+class LanePlays:
+    """The closed loop's plays of one level, fixed by (seed, level, play number) alone, so the
+    plan is the same however the lanes are spread over worker processes.
+
+    Play number k goes to lane k % lanes as that lane's (k // lanes)-th play: the first round
+    deals every lane a different session (while there are enough), as one shared shuffled
+    deck would. Sessions come in seeded shuffled passes; each play has its own seeded salt; a
+    lane's first play starts at a seeded offset in `start_offset`.
+    """
+
+    def __init__(self, sessions: tuple[Session, ...], seed: int, level: int, lanes: int,
+                 start_offset: tuple[float, float]) -> None:
+        if not sessions:
+            raise ValueError("the trace set has no sessions to replay")
+        self._sessions = sessions
+        self._key = f"{seed}:{level}"
+        self._lanes = lanes
+        self._start_offset = start_offset
+        self._id_base = level << 32  # play ids stay unique across the levels of a run
+        self._orders: dict[int, list[int]] = {}
+
+    def play(self, lane: int, round_: int) -> Play:
+        number = round_ * self._lanes + lane
+        session = self._sessions[self._order(number // len(self._sessions))[number % len(self._sessions)]]
+        rng = random.Random(f"{self._key}:play:{number}")
+        start = 0
+        if round_ == 0 and len(session.requests) > 1:
+            low, high = self._start_offset
+            start = min(int(rng.uniform(low, high) * len(session.requests)), len(session.requests) - 1)
+        return Play(self._id_base + number, session, start, rng.getrandbits(62))
+
+    def _order(self, pass_: int) -> list[int]:
+        order = self._orders.get(pass_)
+        if order is None:
+            order = list(range(len(self._sessions)))
+            random.Random(f"{self._key}:pass:{pass_}").shuffle(order)
+            if len(self._orders) > 8:  # lanes move through the passes about together
+                self._orders.clear()
+            self._orders[pass_] = order
+        return order

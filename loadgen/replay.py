@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import gc
+import math
 import os
 import platform
 import signal
@@ -20,25 +21,54 @@ import sys
 import time
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, Callable
 from urllib.parse import urlsplit
 
-from loadgen import __version__
-from loadgen.cli import UsageError
-from loadgen.cmd_replay import DEFAULT_FOREIGN_VOCAB, OUR_VOCAB, parse_headers, parse_list, parse_offset
+from loadgen import __version__, closed_loop, open_loop
+from loadgen.errors import UsageError
+from loadgen.event_loop import run_event_loop
+from loadgen.level import LevelRun, LevelSpec, RunConfig, Share, Warmup
+from loadgen.options import (
+    DEFAULT_FOREIGN_VOCAB,
+    DEFAULTS,
+    OUR_VOCAB,
+    parse_headers,
+    parse_list,
+    parse_offset,
+    parse_workers,
+)
 from loadgen.pareto import pareto
-from loadgen.plan import TimingConfig
+from loadgen.plan import TimingConfig, max_subagents
+from loadgen.presets import TRACE_FIELDS, preset_for
+from loadgen.progress import ProgressPrinter, describe
 from loadgen.results import SCHEMA, check_writable, save_results
-from loadgen.runner import LevelRun, LevelSpec, RunConfig, Runner, Warmup, dumps_record, level_summary
-from loadgen.spec import SpecExpectation, expectation_from_flags, server_card, server_default
+from loadgen.runner import Runner
+from loadgen.spec import (
+    SpecExpectation,
+    expectation_from_flags,
+    server_card,
+    server_default,
+)
+from loadgen.summary import TraceHitRates, dumps_record, level_summary
 from loadgen.table import format_level
+from loadgen.trace_cache import load_traces_cached
 from loadgen.transport.base import ServerInfo, Transport, TransportError
 from loadgen.transport.http import HttpTransport
-from traces import DEFAULT_SET, PromptSynth, TraceError, TraceSet, load_traces
+from loadgen.workers import (
+    HttpTarget,
+    LocalPool,
+    Pool,
+    ProcessPool,
+    WorkerError,
+    WorkerSetup,
+    auto_workers,
+)
+from traces import DEFAULT_SET, PromptSynth, TraceError, TraceSet
 from traces.scale import ScaleConfig, scale_traces
 from traces.stats import theoretical_hit_rate
 
 OPEN_LOOP_CONNECTIONS = 4096
+POLL_S = 0.2  # how often the parent looks at the level's progress (and at the workers' warm-up)
 
 
 def replay_main(args: argparse.Namespace) -> int:
@@ -49,21 +79,26 @@ def replay_main(args: argparse.Namespace) -> int:
         headers = parse_headers(args.header)
     except ValueError as exc:
         raise UsageError(str(exc)) from exc
+    target = HttpTarget(args.url, args.endpoint, args.model, args.api_key, headers, args.timeout)
     transport = HttpTransport(args.url, args.endpoint, args.model, args.api_key, headers, args.timeout)
-    return replay_with(args, transport, {"url": args.url, "endpoint": args.endpoint})
+    return replay_with(args, transport, {"url": args.url, "endpoint": args.endpoint}, http_target=target)
 
 
-def replay_with(args: argparse.Namespace, transport: Transport, target: dict[str, Any]) -> int:
-    """Replay through `transport`; `target` (what was driven, e.g. the URL) goes into the results config."""
+def replay_with(args: argparse.Namespace, transport: Transport, target: dict[str, Any],
+                http_target: HttpTarget | None = None) -> int:
+    """Replay through `transport`; `target` (what was driven, e.g. the URL) goes into the results
+    config. With `http_target`, --workers/--ray may spread the load over worker processes, each
+    with its own HTTP transport to that target."""
     try:
         options = _check_flags(args)
     except ValueError as exc:
         raise UsageError(str(exc)) from exc
-    return _run_event_loop(_replay(args, options, transport, target))
+    return run_event_loop(_replay(args, options, transport, target, http_target))
 
 
 def _check_flags(args: argparse.Namespace) -> dict[str, Any]:
-    for flag, value in (("--duration", args.duration), ("--timeout", args.timeout)):
+    for flag, value in (("--duration", args.duration), ("--timeout", args.timeout),
+                        ("--warmup-timeout", _warmup_timeout(args))):
         if not value > 0:
             raise ValueError(f"{flag}: must be > 0, got {value:g}")
     if not 0 <= args.max_error_rate <= 1:
@@ -86,30 +121,32 @@ def _check_flags(args: argparse.Namespace) -> dict[str, Any]:
         "rates": parse_list(args.rate, "--rate", float) if args.rate else None,
         "warmup": Warmup.parse(args.warmup),
         "start_offset": parse_offset(args.start_offset),
+        "workers": parse_workers(getattr(args, "workers", "1")),
     }
 
 
-def _run_event_loop(coro) -> int:
-    try:
-        import uvloop
-    except ImportError:
-        return asyncio.run(coro)
-    return uvloop.run(coro)
+def _warmup_timeout(args: argparse.Namespace) -> float:
+    """Callers that build their own namespace (recipes) may leave the newer flags out."""
+    return getattr(args, "warmup_timeout", DEFAULTS.warmup_timeout_s)
 
 
 async def _replay(args: argparse.Namespace, options: dict[str, Any], transport: Transport,
-                  target: dict[str, Any]) -> int:
-    say = (lambda text: None) if args.quiet else (lambda text: print(text, flush=True))
+                  target: dict[str, Any], http_target: HttpTarget | None) -> int:
+    printer = ProgressPrinter(DEFAULTS.piped_progress_interval_s, enabled=not args.quiet)
     await transport.open(max_connections=64)
     try:
         info = await transport.server_info()
     except TransportError as exc:
         await transport.close()
-        print(f"loadgen {args.command}: error: {exc}", file=sys.stderr)
+        hint = (f" (--url defaults to {DEFAULTS.url}, where `server start` listens: start the server, or "
+                "give --url)") if getattr(args, "url", None) == DEFAULTS.url else ""
+        print(f"loadgen {args.command}: error: {exc}{hint}", file=sys.stderr)
         return 1
     await transport.close()
 
     expectation = _spec_expectation(args, info)
+    for line in _fit_bundled_sessions(args, info):
+        printer.say(line)
     traces, scale_report = _load_traces(args, info)
     levels = _level_specs(args, options, traces)
     config = RunConfig(
@@ -117,55 +154,144 @@ async def _replay(args: argparse.Namespace, options: dict[str, Any], transport: 
         timing=TimingConfig(args.think_time_scale, args.think_time_cap),
         seed=args.seed, start_offset=options["start_offset"], time_scale=args.time_scale,
         timeout_s=args.timeout, max_error_rate=args.max_error_rate,
-        gpus=args.gpus or info.num_gpus or 1,
+        gpus=args.gpus or info.num_gpus or 1, warmup_timeout_s=_warmup_timeout(args),
     )
     vocab_offset, vocab_size = _vocab(args, info)
-    synth = PromptSynth(traces.block_size, vocab_size=vocab_size, vocab_offset=vocab_offset)
     planned_path = results_path = options["out_dir"] / "result.json"
-    doc = {
+    workers = _worker_count(args, options, levels, traces, http_target)
+    doc: dict[str, Any] = {
         "schema": SCHEMA, "created": _utc_now(), "status": "complete", "message": None,
         "config": {**_config(args, target, config, info, traces, scale_report, levels, vocab_offset, vocab_size),
                    "spec_decode": expectation.describe() if expectation else None},
         "levels": [], "pareto": None,
     }
     per_request = _open_per_request(args.per_request)
-    runner = Runner(
-        transport, traces, synth, config, theoretical_hit_rate,
-        on_request=(lambda rec: per_request.write(dumps_record(rec))) if per_request else None,
-        progress=_progress_line if sys.stderr.isatty() and not args.quiet else None,
-        spec=expectation,
-    )
+    write_records = _record_writer(per_request)
+    if http_target is not None and (workers > 1 or getattr(args, "ray", None)):
+        setups = [WorkerSetup(http_target, traces, (vocab_offset, vocab_size), config,
+                              expectation.describe() if expectation else None, Share(i, workers),
+                              _pool_size(levels, traces, workers), per_request is not None)
+                  for i in range(workers)]
+        pool: Pool = _ray_pool(args.ray, setups, write_records) if getattr(args, "ray", None) \
+            else ProcessPool(setups, write_records)
+        where = f"Ray actors ({args.ray})" if getattr(args, "ray", None) else "processes"
+        printer.say(f"client: {workers} worker {where}")
+    else:
+        synth = PromptSynth(traces.block_size, vocab_size=vocab_size, vocab_offset=vocab_offset)
+        on_request = None if write_records is None else (lambda rec: write_records(dumps_record(rec)))
+        pool = LocalPool(Runner(transport, traces, synth, config, spec=expectation, on_request=on_request))
+    hit_rates = TraceHitRates(traces, theoretical_hit_rate)
     loop = asyncio.get_running_loop()
     # The traces are many long-lived objects: keep the cyclic GC from walking them during the run.
     gc.collect()
     gc.freeze()
     try:
-        await transport.open(max_connections=_pool_size(levels, traces))
         for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, runner.interrupt)
+            loop.add_signal_handler(sig, pool.interrupt)
+        if isinstance(pool, LocalPool):
+            await transport.open(max_connections=_pool_size(levels, traces, 1))
+        else:
+            await _start_workers(pool, printer)
+        index = 0
         for spec, repeat in ((spec, r) for spec in levels for r in range(args.repeat)):
+            if pool.stopped:
+                break
             of = f" (repeat {repeat + 1} of {args.repeat})" if args.repeat > 1 else ""
-            say(f"-- {spec.label}{of}: warm-up {config.warmup.describe()}, window {config.duration_s:g} s")
-            level = await runner.run_level(spec)
-            if sys.stderr.isatty() and not args.quiet:
-                print("\r\033[K", end="", file=sys.stderr)
-            summary = level_summary(level, config, runner.theoretical_hit_rate(level), expectation)
+            printer.say(f"-- {spec.label}{of}: {_level_plan(spec, index, traces, config)}")
+            try:
+                level = await _drive_level(pool, spec, index, config, printer)
+            except WorkerError as exc:
+                pool.status, pool.message = "failed", f"a client worker failed: {exc}"
+                break
+            index += 1
+            printer.clear()
+            summary = level_summary(level, config, hit_rates.of(level), expectation)
             summary["repeat"] = repeat
             doc["levels"].append(summary)
-            results_path = _finish(doc, runner, results_path)
-            say(format_level(doc["levels"][-1]))
-            if runner.stopped:
+            results_path = _finish(doc, pool, results_path)
+            printer.say(_level_report(summary, level, pool))
+            if pool.stopped:
                 break
     finally:
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.remove_signal_handler(sig)
+        printer.clear()
+        await pool.close()
         await transport.close()
         if per_request:
             per_request.close()
         gc.unfreeze()
-        results_path = _finish(doc, runner, results_path)
-    say(f"results: {results_path}")
-    return _exit_code(doc, runner, args.command) or int(results_path != planned_path)
+        results_path = _finish(doc, pool, results_path)
+    printer.say(f"results: {results_path}")
+    return _exit_code(doc, pool, args.command) or int(results_path != planned_path)
+
+
+async def _start_workers(pool: Pool, printer: ProgressPrinter) -> None:
+    started = time.monotonic()
+    task = asyncio.ensure_future(pool.start())
+    while not task.done():
+        await asyncio.wait({task}, timeout=POLL_S)
+        printer.show(f"starting {pool.workers} client workers: {time.monotonic() - started:.0f} s")
+    printer.clear()
+    try:
+        task.result()
+    except WorkerError as exc:
+        pool.status, pool.message = "failed", f"the client workers did not start: {exc}"
+
+
+async def _drive_level(pool: Pool, spec: LevelSpec, index: int, config: RunConfig,
+                       printer: ProgressPrinter) -> LevelRun:
+    """Run one level on the pool, showing its progress; with several workers and a warm-up that
+    counts requests, open the window once every worker's lanes are warm."""
+    task = asyncio.ensure_future(pool.run_level(spec, index))
+    started = time.monotonic()
+    coordinate = pool.workers > 1 and spec.mode == "closed" and bool(config.warmup.requests)
+    opener = asyncio.ensure_future(pool.open_window_when_warm()) if coordinate else None
+    try:
+        while True:
+            done, _ = await asyncio.wait({task}, timeout=POLL_S)
+            if done:
+                return task.result()
+            snap = await pool.snapshot()
+            printer.show(describe(spec.label, snap, time.monotonic() - started, config.duration_s,
+                                  config.warmup_timeout_s, config.timeout_s))
+    finally:
+        if opener is not None:
+            opener.cancel()
+            await asyncio.gather(opener, return_exceptions=True)
+        if not task.done():
+            task.cancel()
+
+
+def _level_plan(spec: LevelSpec, index: int, traces: TraceSet, config: RunConfig) -> str:
+    """What a level will do, before it starts: so a slow server can be told from a hung one."""
+    warm = config.warmup
+    if spec.mode == "closed":
+        plays = closed_loop.plays_of(traces, config, index, spec.lanes)
+        sessions, tokens = closed_loop.warmup_plan(plays, spec.lanes, warm.requests)
+        what = f"{_plural(spec.lanes, 'lane')} over {_plural(sessions, 'session')}"
+        warmup = (f"warm-up {warm.describe()} per lane" if warm.requests else
+                  f"warm-up {warm.describe()}") + f" (each lane first re-sends its start context: {tokens:,} prompt tokens"
+        warmup += " in the warm-up requests)" if warm.requests else ")"
+    else:
+        tokens = open_loop.warmup_prompt_tokens(traces, config, spec, index)
+        what = f"{'Poisson arrivals at ' + format(spec.rate, 'g') + '/s' if spec.mode == 'poisson' else 'recorded arrivals'}"
+        warmup = f"warm-up {warm.describe()}" + (f" ({tokens:,} prompt tokens)" if warm.requests else "")
+    return f"{what}, {warmup}, window {config.duration_s:g} s"
+
+
+def _plural(n: int, noun: str) -> str:
+    return f"{n} {noun}{'' if n == 1 else 's'}"
+
+
+def _level_report(summary: dict[str, Any], level: LevelRun, pool: Pool) -> str:
+    if level.window_start_ns is None or (summary["window_s"] == 0 and not summary["counts"]["requests_ok"]):
+        done = summary["counts"]["warmup_requests_ok"]
+        why = {"interrupted": "interrupted", "server_dead": "the server went away", "failed": "stopped"}.get(
+            pool.status, "stopped")
+        return (f"== {summary['label']}: {why} during the warm-up ({done} warm-up requests done): "
+                "nothing measured")
+    return format_level(summary)
 
 
 def default_out_dir() -> Path:
@@ -173,25 +299,71 @@ def default_out_dir() -> Path:
     return Path("results") / datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
 
 
-def _finish(doc: dict[str, Any], runner: Runner, path: Path) -> Path:
+def _finish(doc: dict[str, Any], pool: Pool, path: Path) -> Path:
     """Write the results as they stand; returns where they went (a temporary file if `path` failed)."""
-    doc["status"], doc["message"] = runner.status, runner.message
+    doc["status"], doc["message"] = pool.status, pool.message
     doc["pareto"] = pareto(doc["levels"])
     return save_results(path, doc)
 
 
-def _exit_code(doc: dict[str, Any], runner: Runner, command: str) -> int:
-    if runner.status == "interrupted":
+def _exit_code(doc: dict[str, Any], pool: Pool, command: str) -> int:
+    if pool.status == "interrupted":
         print(f"loadgen {command}: interrupted; results of what ran are written", file=sys.stderr)
         return 130
-    if runner.status == "server_dead":
-        print(f"loadgen {command}: error: {runner.message}", file=sys.stderr)
+    if pool.status in ("server_dead", "failed"):
+        print(f"loadgen {command}: error: {pool.message}", file=sys.stderr)
         return 1
     failed = [level["label"] for level in doc["levels"] if level["failed"]]
     if failed:
         print(f"loadgen {command}: failed levels: {', '.join(failed)}", file=sys.stderr)
         return 1
     return 0
+
+
+def _fit_bundled_sessions(args: argparse.Namespace, info: ServerInfo) -> list[str]:
+    """Against our own server, the bundled sessions are fitted to the model it serves the way
+    `loadgen bench` fits them (presets.py), for the flags the user did not give; the lines say
+    what was chosen. Other servers and other traces are never rescaled behind the user's back."""
+    chosen = {}
+    bundled = args.traces in (None, DEFAULT_SET)
+    if info.ours and bundled and hasattr(args, "workers"):  # `loadgen bench` applied its whole preset already
+        model = info.raw.get("root") or info.model
+        preset = preset_for(model)
+        chosen = {name: getattr(preset, name) for name in TRACE_FIELDS if getattr(args, name) is None}
+        for name, value in chosen.items():
+            setattr(args, name, value)
+    args.token_scale = 1.0 if args.token_scale is None else args.token_scale
+    args.think_time_scale = 1.0 if args.think_time_scale is None else args.think_time_scale
+    if not chosen:
+        return []
+    flags = " ".join(f"--{name.replace('_', '-')} {value:g}" for name, value in chosen.items())
+    limit = f", max context {info.max_model_len}" if info.max_model_len else ""
+    return [f"{args.command}: our server ({model}{limit}): the bundled sessions are scaled to it as "
+            f"`loadgen bench` does: {flags}",
+            f"{args.command}: give --token-scale / --think-time-scale / --think-time-cap to choose otherwise"]
+
+
+def _worker_count(args: argparse.Namespace, options: dict[str, Any], levels: list[LevelSpec], traces: TraceSet,
+                  http_target: HttpTarget | None) -> int:
+    ray = getattr(args, "ray", None)
+    if http_target is None:
+        if options["workers"] not in (None, 1) or ray:
+            raise UsageError(f"--workers/--ray: `loadgen {args.command}` drives one in-process engine; "
+                             "worker processes need an HTTP server (`loadgen replay`)")
+        return 1
+    if options["workers"] is not None:
+        return options["workers"]
+    requests = [r for s in traces.sessions for r in s.all_requests()]
+    mean_osl = sum(r.output_tokens for r in requests) / max(1, len(requests))
+    return auto_workers(levels, mean_osl, cpus=(1 << 16) if ray else None)
+
+
+def _ray_pool(address: str, setups: list[WorkerSetup], on_records) -> Pool:
+    try:
+        from loadgen.ray_pool import RayPool
+    except ImportError as exc:
+        raise UsageError(f"--ray: Ray is not installed ({exc}); install it with `pip install agentload[ray]`") from exc
+    return RayPool(address, setups, on_records)
 
 
 def _spec_expectation(args: argparse.Namespace, info: ServerInfo) -> SpecExpectation | None:
@@ -206,7 +378,7 @@ def _spec_expectation(args: argparse.Namespace, info: ServerInfo) -> SpecExpecta
 
 
 def _load_traces(args: argparse.Namespace, info: ServerInfo) -> tuple[TraceSet, Any]:
-    traces = load_traces(args.traces or DEFAULT_SET, args.trace_format)
+    traces = load_traces_cached(args.traces or DEFAULT_SET, args.trace_format)
     if traces.format == "mooncake" and len(traces.sessions) > 1:
         raise UsageError(f"--traces: a Mooncake replay takes one file (its timestamps are one timeline); "
                          f"{args.traces} holds {len(traces.sessions)}")
@@ -245,12 +417,12 @@ def _vocab(args: argparse.Namespace, info: ServerInfo) -> tuple[int, int]:
     return offset, size
 
 
-def _pool_size(levels: list[LevelSpec], traces: TraceSet) -> int:
-    from loadgen.plan import max_subagents
-
+def _pool_size(levels: list[LevelSpec], traces: TraceSet, workers: int) -> int:
+    """Connections per worker: every request the heaviest level can have in flight at once."""
     if levels[0].mode != "closed":
-        return OPEN_LOOP_CONNECTIONS
-    return max(spec.concurrency for spec in levels) * (1 + max_subagents(traces.sessions))
+        return math.ceil(OPEN_LOOP_CONNECTIONS / workers)
+    lanes = math.ceil(max(spec.lanes for spec in levels) / workers)
+    return lanes * (1 + max_subagents(traces.sessions))
 
 
 def _config(args, target: dict[str, Any], config: RunConfig, info: ServerInfo, traces: TraceSet, scale_report,
@@ -320,25 +492,21 @@ def _git_revision() -> str | None:
         return None
 
 
+def _record_writer(file: BinaryIO | None) -> Callable[[bytes], None] | None:
+    if file is None:
+        return None
+
+    def write(lines: bytes) -> None:
+        file.write(lines)
+
+    return write
+
+
 def _open_per_request(path: str | None) -> BinaryIO | None:
     if not path:
         return None
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     return open(path, "wb")
-
-
-def _progress_line(level: LevelRun, duration_s: float) -> None:
-    now = time.perf_counter_ns()
-    if level.window_start_ns is None:
-        where = f"warm-up {(now - level.started_ns) / 1e9:.0f} s"
-        tput = ""
-    else:
-        elapsed = max(1e-9, (now - level.window_start_ns) / 1e9)
-        where = f"{min(elapsed, duration_s):.0f}/{duration_s:g} s"
-        tput = f" | {level.output_tokens / elapsed:.0f} out tok/s"
-    errors = sum(level.errors.values())
-    print(f"\r\033[K[{level.spec.label}] {where} | {level.ok} ok, {errors} errors, "
-          f"{level.inflight} in flight{tput}", end="", file=sys.stderr, flush=True)
 
 
 def _utc_now() -> str:

@@ -38,7 +38,7 @@ def resolve(path: str | os.PathLike) -> Path:
 
 def load_runs(paths: Sequence[str | os.PathLike]) -> list[Run]:
     """Read and validate every file; a bad one raises UsageError naming the file and field."""
-    from loadgen.cli import UsageError
+    from loadgen.errors import UsageError
     from loadgen.results import ResultsError, read_results
 
     files = [resolve(p) for p in paths]

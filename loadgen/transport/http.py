@@ -110,6 +110,7 @@ class HttpTransport(Transport):
             resp = await self._client.request("POST", self._path, body, f"Content-Type: application/json\r\n"
                                               f"X-Request-Id: {request.request_id}\r\n", stream.line,
                                               self.timeout_s)
+            ex.end_ns = resp.end_ns  # the arrival of the response's last bytes, stamped like the chunks
             if resp.status != 200:
                 ex.error = f"http_{resp.status}"
                 ex.error_detail = resp.body[:300].decode("utf-8", "replace")
@@ -117,7 +118,8 @@ class HttpTransport(Transport):
             ex.error, ex.error_detail = ErrorKind.TIMEOUT, f"no complete answer within {self.timeout_s:g} s"
         except ResponseError as exc:
             ex.error, ex.error_detail = exc.kind, str(exc)
-        ex.end_ns = time.perf_counter_ns()
+        if not ex.end_ns:
+            ex.end_ns = time.perf_counter_ns()
         if ex.error is None:
             ex.error, ex.error_detail = stream.problem()
         if ex.error is None:
@@ -160,15 +162,17 @@ class _SseStream:
     def line(self, line: bytes, now: int) -> None:
         if line[:5] != b"data:" or self.error is not None:
             return  # comments, event names; blank separators never get here
-        payload = line[5:].strip()
-        if payload == b"[DONE]":
+        payload = line[5:]  # JSON allows the leading space
+        if payload[-6:] == b"[DONE]" and payload.strip() == b"[DONE]":
             self.done = True
             return
         try:
             event = orjson.loads(payload)
             choices = event.get("choices")
             if choices:
-                tokens = _content_tokens(choices[0], self.chat)
+                choice = choices[0]
+                ids = choice.get("token_ids")  # the hot path: one dict lookup when the server sends ids
+                tokens = len(ids) if ids else _content_tokens(choice, self.chat)
                 if tokens:
                     self.ex.chunk_ns.append(now)
                     self.ex.chunk_tokens.append(tokens)
@@ -179,11 +183,11 @@ class _SseStream:
             if usage:
                 _take_usage(self.ex, usage)
         except orjson.JSONDecodeError:
-            self.error, self.detail = ErrorKind.PROTOCOL, f"bad SSE data: {payload[:200]!r}"
+            self.error, self.detail = ErrorKind.PROTOCOL, f"bad SSE data: {payload.strip()[:200]!r}"
         except (AttributeError, TypeError, KeyError, IndexError, ValueError) as exc:
             # valid JSON of the wrong shape (`[1]`, `"choices": ["x"]`, `"usage": 5`)
             self.error = ErrorKind.PROTOCOL
-            self.detail = f"SSE event is not an OpenAI stream chunk ({type(exc).__name__}: {exc}): {payload[:200]!r}"
+            self.detail = f"SSE event is not an OpenAI stream chunk ({type(exc).__name__}: {exc}): {payload.strip()[:200]!r}"
 
     def problem(self) -> tuple[str | None, str | None]:
         if self.error is not None:

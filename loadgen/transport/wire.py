@@ -3,12 +3,18 @@
 Why not aiohttp for the hot path: every streamed chunk through aiohttp's StreamReader wakes a
 coroutine and runs several Python layers; measured on a 2-core machine that costs about 20
 client CPU-microseconds per token before any SSE parsing. Here each socket read gets one
-timestamp, the chunked framing is undone in place, and complete body lines go to a callback;
-the waiting coroutine wakes once, when the response is complete.
+timestamp, llhttp (the parser of Node.js, through httptools) undoes the HTTP/1.1 framing in C
+and hands over the de-chunked body, and complete body lines go to a callback; the waiting
+coroutine wakes once, when the response is complete. llhttp replaced a hand-written parser:
+about 0.5 µs per streamed event against 3.5 µs (benchmarks/RESULTS.md, "Client at scale").
 
 Timestamps: plain-http connections are read with recvmsg and SO_TIMESTAMPNS on Linux, so a
 read carries the kernel's arrival time, which a busy event loop cannot delay (see
-_SocketTransport). https connections (and other systems) use the time of the read.
+_SocketTransport). https connections (and other systems) use the time of the read. The limit:
+segments of one connection that queue while the loop is late are coalesced by the kernel into
+one buffer that keeps only the newest stamp (even a one-byte MSG_PEEK reports it), so events of
+a stream that wait together all get the last one's time. Kernel stamps make a late loop
+harmless only up to one event interval; beyond that the client must keep up (--workers).
 
 Scope: what an OpenAI-compatible server needs: one request per connection at a time, request
 bodies with Content-Length, responses with Content-Length, chunked, or read-until-close bodies,
@@ -26,6 +32,8 @@ import time
 from typing import Callable
 from urllib.parse import urlsplit
 
+import httptools
+
 from loadgen.transport.base import ErrorKind
 
 LineSink = Callable[[bytes, int], None]  # (one body line without b"\n", arrival perf_counter_ns)
@@ -42,37 +50,38 @@ class ResponseError(Exception):
 
 
 class Response:
-    """Status, headers, and (for non-2xx or non-streamed use) the body bytes."""
+    """Status, headers, (for non-2xx or non-streamed use) the body bytes, and when its last
+    bytes arrived (perf_counter_ns; the kernel's stamp on raw sockets)."""
 
-    __slots__ = ("status", "headers", "body")
+    __slots__ = ("status", "headers", "body", "end_ns")
 
     def __init__(self) -> None:
         self.status = 0
         self.headers: dict[str, str] = {}
         self.body = b""
+        self.end_ns = 0
 
 
 class _Conn(asyncio.Protocol):
-    """One keep-alive connection; parses one response at a time."""
+    """One keep-alive connection; parses one response at a time with llhttp (httptools), whose
+    callbacks below receive the status, headers and de-chunked body pieces of each read."""
 
     def __init__(self) -> None:
         self.transport: asyncio.Transport | None = None
         self.closed = False
+        self._parser = httptools.HttpResponseParser(self)
         self._reset(None, None)
 
     def _reset(self, sink: LineSink | None, done: asyncio.Future | None) -> None:
         self._sink = sink
         self._done = done
         self._response = Response()
-        self._head = b""
-        self._in_body = False
-        self._chunked = False
-        self._remaining = -1  # body bytes left (Content-Length), -1 = until close
-        self._chunk_left = 0  # bytes left in the current chunk
-        self._framing = b""  # unparsed chunk-size line or trailer bytes
+        self._headers_done = False
+        self._until_close = False  # a body with neither length nor chunking ends with the connection
         self._line = b""  # partial body line
         self._keep_alive = True
         self._received = False
+        self._now = 0
 
     # -- asyncio.Protocol --------------------------------------------------------------------
 
@@ -84,11 +93,11 @@ class _Conn(asyncio.Protocol):
         done = self._done
         if done is None or done.done():
             return
-        if self._in_body and not self._chunked and self._remaining < 0:
+        if self._until_close:
             try:
-                self._finish()  # read-until-close body ends here
-            except Exception as exc:
-                self._fail_unexpected(exc)
+                self.on_message_complete()  # read-until-close body ends here
+            except Exception as error:
+                self._fail_unexpected(error)
             return
         detail = f"connection closed by the server{': ' + str(exc) if exc else ''}"
         done.set_exception(ResponseError(ErrorKind.RESET, detail, self._received))
@@ -97,143 +106,75 @@ class _Conn(asyncio.Protocol):
         self.feed(data, time.perf_counter_ns())
 
     def feed(self, data: bytes, now: int) -> None:
-        """Bytes that arrived at `now` (perf_counter_ns)."""
+        """Bytes that arrived by `now` (perf_counter_ns)."""
+        self._received = True
+        self._now = now
         try:
-            self._take(data, now)
+            self._parser.feed_data(data)
+        except httptools.HttpParserError as exc:
+            cause = exc.__context__ if isinstance(exc, httptools.HttpParserCallbackError) else None
+            if cause is not None:  # one of the callbacks below (the line sink) raised
+                self._fail_unexpected(cause)
+            else:
+                self._fail(f"malformed HTTP response: {exc}", ErrorKind.PROTOCOL if self._headers_done else ErrorKind.RESET)
         except Exception as exc:
             # Raised here it would end in the event loop's handler (raw sockets) and the rest
             # of the read would be lost while the request carried on; fail the request instead.
             self._fail_unexpected(exc)
 
-    def _take(self, data: bytes, now: int) -> None:
-        self._received = True
-        if not self._in_body:
-            self._head += data
-            end = self._head.find(b"\r\n\r\n")
-            if end < 0:
-                return
-            data = self._head[end + 4:]
-            try:
-                self._parse_head(self._head[:end])
-            except ValueError as exc:
-                self._fail(str(exc))
-                return
-            self._in_body = True
-            if self._remaining == 0:
-                self._finish()
-                return
-        if self._chunked:
-            self._chunked_body(data, now)
-        else:
-            self._plain_body(data, now)
+    # -- llhttp callbacks --------------------------------------------------------------------
 
-    # -- parsing -----------------------------------------------------------------------------
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._response.headers[name.decode("latin-1").lower()] = value.decode("latin-1").strip()
 
-    def _parse_head(self, head: bytes) -> None:
-        lines = head.decode("latin-1").split("\r\n")
-        parts = lines[0].split(" ", 2)
-        if len(parts) < 2 or not parts[0].startswith("HTTP/1."):
-            raise ValueError(f"not an HTTP/1.x response: {lines[0][:100]!r}")
-        self._response.status = int(parts[1])
-        if self._response.status != 200:
+    def on_headers_complete(self) -> None:
+        response = self._response
+        response.status = self._parser.get_status_code()
+        if response.status != 200:
             self._sink = None  # an error body is kept whole, not streamed
-        headers = self._response.headers
-        for line in lines[1:]:
-            name, _, value = line.partition(":")
-            headers[name.strip().lower()] = value.strip()
-        self._chunked = "chunked" in headers.get("transfer-encoding", "").lower()
-        if not self._chunked and "content-length" in headers:
-            self._remaining = int(headers["content-length"])
-        self._keep_alive = headers.get("connection", "").lower() != "close" and parts[0] != "HTTP/1.0"
+        headers = response.headers
+        self._headers_done = True
+        self._until_close = ("chunked" not in headers.get("transfer-encoding", "").lower()
+                             and "content-length" not in headers)
 
-    def _plain_body(self, data: bytes, now: int) -> None:
-        if self._remaining >= 0:
-            data = data[: self._remaining]
-            self._remaining -= len(data)
-        self._feed(data, now)
-        if self._remaining == 0:
-            self._finish()
-
-    def _chunked_body(self, data: bytes, now: int) -> None:
-        """Undo chunked framing; one read usually holds whole chunks, so this loops rarely."""
-        if not self._framing and not self._chunk_left:
-            # fast path: the read is exactly one whole chunk (one streamed event)
-            end = data.find(b"\r\n")
-            if 0 < end < 8 and data.endswith(b"\r\n"):
-                try:
-                    size = int(data[:end], 16)
-                except ValueError:
-                    size = -1
-                if size > 0 and len(data) == end + size + 4:
-                    self._feed(data[end + 2:-2], now)
-                    return
-        if self._framing:
-            data = self._framing + data
-            self._framing = b""
-        pos, size, pieces = 0, len(data), []
-        while pos < size:
-            left = self._chunk_left
-            if left:
-                piece = data[pos:pos + left]
-                pieces.append(piece)
-                self._chunk_left = left - len(piece)
-                pos += len(piece)
-                continue
-            if data.startswith(b"\r\n", pos):
-                pos += 2  # the end of the previous chunk's data
-                continue
-            end = data.find(b"\r\n", pos)
-            if end < 0:
-                self._framing = data[pos:]
-                break
-            try:
-                chunk = int(data[pos:end].split(b";", 1)[0], 16)
-            except ValueError:
-                self._fail(f"bad chunk size line {data[pos:end][:40]!r}")
-                return
-            if chunk == 0:
-                if data.find(b"\r\n\r\n", end) >= 0:  # the (empty) trailer ended too
-                    self._feed(b"".join(pieces), now)
-                    self._finish()
-                else:
-                    self._framing = data[pos:]
-                    self._feed(b"".join(pieces), now)
-                return
-            self._chunk_left = chunk
-            pos = end + 2
-        if pieces:
-            self._feed(pieces[0] if len(pieces) == 1 else b"".join(pieces), now)
-
-    def _feed(self, data: bytes, now: int) -> None:
+    def on_body(self, data: bytes) -> None:
         sink = self._sink
         if sink is None:
             self._response.body += data
+            return
+        if not self._line and data[-2:] == b"\n\n" and data.count(b"\n") == 2:
+            sink(data[:-2], self._now)  # the usual piece: exactly one SSE event
             return
         if b"\n" not in data:
             self._line += data
             return
         lines = (self._line + data).split(b"\n")
         self._line = lines.pop()
+        now = self._now
         for line in lines:
             if len(line) > 1:  # SSE's blank separator lines ("" or "\r") carry nothing
                 sink(line, now)
 
-    def _finish(self) -> None:
+    def on_message_complete(self) -> None:
+        self._response.end_ns = self._now if not self._until_close else time.perf_counter_ns()
+        self._keep_alive = self._parser.should_keep_alive() and not self._until_close
         if self._line and self._sink is not None:
             self._sink(self._line, time.perf_counter_ns())
             self._line = b""
+        self._until_close = False
         done = self._done
         if done is not None and not done.done():
             done.set_result(self._response)
 
     def _fail(self, detail: str, kind: str = ErrorKind.RESET) -> None:
         self._keep_alive = False
+        self._until_close = False
         if self._done is not None and not self._done.done():
             self._done.set_exception(ResponseError(kind, detail, True))
         if self.transport is not None:
             self.transport.close()
 
-    def _fail_unexpected(self, exc: Exception) -> None:
+    def _fail_unexpected(self, exc: BaseException) -> None:
         self._fail(f"reading the response raised {type(exc).__name__}: {exc}", ErrorKind.PROTOCOL)
 
     # -- used by the pool --------------------------------------------------------------------
@@ -303,12 +244,7 @@ class _SocketTransport:
         if not data:
             self._lost(None)
             return
-        if ancillary and ancillary[0][1] == _SO_TIMESTAMPNS:  # the only message asked for
-            seconds, nanoseconds = _TIMESPEC.unpack_from(ancillary[0][2])
-            now = _REALTIME.to_perf_counter(seconds * 1_000_000_000 + nanoseconds)
-        else:
-            now = time.perf_counter_ns()
-        self._conn.feed(data, now)
+        self._conn.feed(data, _stamp(ancillary))
 
     def close(self) -> None:
         self._lost(None)
@@ -328,6 +264,14 @@ READ_SIZE = 1 << 16  # larger buffers cost more per read (allocation) than they 
 _SO_TIMESTAMPNS = 35  # Linux, all architectures Python runs on; not exported by the socket module
 _TIMESPEC = struct.Struct("qq")  # struct timespec on 64-bit Linux
 _ANCILLARY_SIZE = socket.CMSG_SPACE(_TIMESPEC.size) if hasattr(socket, "CMSG_SPACE") else 0
+
+
+def _stamp(ancillary: list) -> int:
+    """The kernel's receive time of a read (perf_counter_ns), or now when it carries none."""
+    if ancillary and ancillary[0][1] == _SO_TIMESTAMPNS:  # the only message asked for
+        seconds, nanoseconds = _TIMESPEC.unpack_from(ancillary[0][2])
+        return _REALTIME.to_perf_counter(seconds * 1_000_000_000 + nanoseconds)
+    return time.perf_counter_ns()
 
 
 class _RealtimeToPerfCounter:

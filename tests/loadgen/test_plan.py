@@ -13,7 +13,7 @@ from loadgen.plan import (
     subagents_after,
     timestamp_arrivals,
 )
-from loadgen.runner import Warmup
+from loadgen.level import Warmup
 from traces import Request, Session, Subagent
 
 

@@ -1,0 +1,79 @@
+"""A minimal zero-delay streaming server for client-scaling runs (benchmarks/client_overhead.py --scaling).
+
+tests/loadgen/sse_server.py runs on aiohttp and spends more CPU per token than the client under
+test, so with two client workers on a 2-core machine it, not the client, would set the pace.
+This one answers /v1/completions on raw uvloop protocols: it reads `max_tokens` from the body
+and writes that many pre-encoded SSE events (one token each, one write each: the client still
+sees one event per read when it keeps up), then usage and [DONE]. /v1/models answers like a
+foreign server's. Prints `PORT <n>`; runs until killed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import socket
+import sys
+
+import orjson
+import uvloop
+
+EVENT = b"data: " + orjson.dumps({"id": "c", "object": "text_completion",
+                                  "choices": [{"index": 0, "text": "x", "token_ids": [7], "finish_reason": None}]}) + b"\n\n"
+CHUNK = b"%x\r\n" % len(EVENT) + EVENT + b"\r\n"
+HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+MODELS = orjson.dumps({"object": "list", "data": [{"id": "m", "object": "model", "owned_by": "bench"}]})
+MAX_TOKENS = re.compile(rb'"max_tokens":(\d+)')
+LENGTH = re.compile(rb"content-length:\s*(\d+)", re.IGNORECASE)
+
+
+def _chunk(data: bytes) -> bytes:
+    return b"%x\r\n" % len(data) + data + b"\r\n"
+
+
+class Handler(asyncio.Protocol):
+    def connection_made(self, transport) -> None:
+        self.transport = transport
+        self.buffer = b""
+
+    def data_received(self, data: bytes) -> None:
+        self.buffer += data
+        while True:
+            end = self.buffer.find(b"\r\n\r\n")
+            if end < 0:
+                return
+            head = self.buffer[:end]
+            match = LENGTH.search(head)
+            size = int(match.group(1)) if match else 0
+            if len(self.buffer) < end + 4 + size:
+                return
+            body = self.buffer[end + 4:end + 4 + size]
+            self.buffer = self.buffer[end + 4 + size:]
+            self._answer(head, body)
+
+    def _answer(self, head: bytes, body: bytes) -> None:
+        write = self.transport.write
+        if head.startswith(b"GET /v1/models"):
+            write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(MODELS)
+                  + MODELS)
+            return
+        match = MAX_TOKENS.search(body)
+        tokens = int(match.group(1)) if match else 16
+        write(HEAD)
+        for _ in range(tokens):
+            write(CHUNK)
+        usage = orjson.dumps({"id": "c", "choices": [], "usage": {"prompt_tokens": 1, "completion_tokens": tokens}})
+        write(_chunk(b"data: " + usage + b"\n\n") + _chunk(b"data: [DONE]\n\n") + b"0\r\n\r\n")
+
+
+async def main() -> None:
+    loop = asyncio.get_running_loop()
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    server = await loop.create_server(Handler, sock=sock)
+    print(f"PORT {sock.getsockname()[1]}", flush=True)
+    await server.serve_forever()
+
+
+if __name__ == "__main__":
+    sys.exit(uvloop.run(main()))

@@ -1,0 +1,14 @@
+"""The client's event loop: uvloop where installed (less overhead per socket read), else asyncio's."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any, Coroutine
+
+
+def run_event_loop(coro: Coroutine[Any, Any, Any]) -> Any:
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.run(coro)
+    return uvloop.run(coro)

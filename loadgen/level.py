@@ -1,0 +1,247 @@
+"""One level of a sweep: what it is (`LevelSpec`), how it runs (`RunConfig`, `Warmup`), and
+its state while it runs (`LevelRun`).
+
+A level run by several worker processes (loadgen/workers.py) is one `LevelRun` per worker;
+`LevelRun.export` turns one into plain data (histograms in HDR's encoded form) and
+`LevelRun.absorb` adds such data into another, exactly: counts add, histograms merge bucket by
+bucket, per-request columns concatenate.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import resource
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+from loadgen.metrics import LevelRecorder, decode_histogram
+from loadgen.plan import TimingConfig
+from loadgen.spec import SpecCounters, SpecTally
+from traces import Request
+
+COLUMNS = ("play", "session", "agent", "turn", "isl", "osl", "ttft_us", "e2el_us", "tpot_us", "start_ms")
+
+
+@dataclass(frozen=True, slots=True)
+class Warmup:
+    """Warm-up before each window: `seconds`, or `requests` per lane (open loop: in total)."""
+
+    seconds: float = 0.0
+    requests: int | None = None
+
+    @classmethod
+    def parse(cls, text: str) -> Warmup:
+        """"30s", "30" (seconds) or "2req" (requests); raises ValueError naming --warmup."""
+        raw = text.strip().lower()
+        try:
+            if raw.endswith("req"):
+                value = int(raw[:-3])
+                if value < 0:
+                    raise ValueError
+                return cls(0.0, value)
+            seconds = float(raw[:-1] if raw.endswith("s") else raw)
+            if seconds < 0:
+                raise ValueError
+            return cls(seconds, None)
+        except ValueError:
+            raise ValueError(f"--warmup: expected seconds like '30s' or requests like '2req', got {text!r}") from None
+
+    def describe(self) -> str:
+        return f"{self.requests}req" if self.requests is not None else f"{self.seconds:g}s"
+
+
+@dataclass(frozen=True, slots=True)
+class LevelSpec:
+    mode: str  # "closed" | "poisson" | "mooncake"
+    concurrency: int | None = None
+    rate: float | None = None
+
+    @property
+    def lanes(self) -> int:
+        """Closed loop: the concurrency; 0 for the open loop, which has no lanes."""
+        return self.concurrency or 0
+
+    @property
+    def label(self) -> str:
+        if self.mode == "closed":
+            return f"conc {self.concurrency}"
+        return f"rate {self.rate:g}/s" if self.mode == "poisson" else "mooncake"
+
+
+@dataclass(frozen=True, slots=True)
+class RunConfig:
+    duration_s: float
+    warmup: Warmup
+    timing: TimingConfig
+    seed: int = 0
+    start_offset: tuple[float, float] = (0.25, 0.75)
+    time_scale: float = 1.0
+    timeout_s: float = 600.0
+    max_error_rate: float = 0.10
+    gpus: int = 1
+    warmup_timeout_s: float = 1800.0
+
+
+@dataclass(frozen=True, slots=True)
+class Share:
+    """The part of a level one worker plays: lanes `index`, `index + count`, ... (closed loop),
+    or arrivals number `index`, `index + count`, ... (open loop). The whole level is Share(0, 1)."""
+
+    index: int = 0
+    count: int = 1
+
+    def lanes(self, concurrency: int) -> range:
+        return range(self.index, concurrency, self.count)
+
+    def owns_arrival(self, number: int) -> bool:
+        return number % self.count == self.index
+
+
+class RequestMeta:
+    """Where a request comes from, for the per-request record."""
+
+    __slots__ = ("play_id", "session", "agent", "request", "lane")
+
+    def __init__(self, play_id: int, session: str, agent: str, request: Request, lane: int) -> None:
+        self.play_id = play_id
+        self.session = session
+        self.agent = agent  # "" for the parent
+        self.request = request
+        self.lane = lane
+
+
+_COUNTERS = ("ok", "warmup_ok", "input_tokens", "output_tokens", "counted_tokens", "usage_mismatches",
+             "cached_tokens", "cached_reported", "cached_input_tokens")
+_TALLIES = ("errors", "warmup_errors", "session_input_tokens")
+
+
+@dataclass
+class LevelRun:
+    """Mutable state of one level (or of one worker's share of it) while it runs."""
+
+    spec: LevelSpec
+    started_ns: int
+    recorder: LevelRecorder = field(default_factory=LevelRecorder)
+    window_start_ns: int | None = None
+    window_end_ns: int | None = None
+    # set when the level stops (window closed, interrupted); made inside the running loop
+    stop: asyncio.Future = field(default_factory=lambda: asyncio.get_running_loop().create_future())
+    ok: int = 0
+    errors: Counter = field(default_factory=Counter)
+    warmup_ok: int = 0
+    warmup_errors: Counter = field(default_factory=Counter)
+    input_tokens: int = 0
+    output_tokens: int = 0
+    counted_tokens: int = 0
+    usage_mismatches: int = 0
+    cached_tokens: int = 0
+    cached_reported: int = 0
+    cached_input_tokens: int = 0  # input tokens of the requests that reported cached tokens
+    session_input_tokens: Counter = field(default_factory=Counter)  # measured input per session
+    inflight: int = 0
+    inflight_since: dict[int, int] = field(default_factory=dict)  # request number -> start, oldest first
+    max_inflight: int = 0
+    active_trees: int = 0
+    max_active_trees: int = 0
+    cpu_start: float = 0.0
+    sys_start: float = 0.0
+    cpu_s: float | None = None
+    sys_s: float | None = None
+    columns: dict[str, list] = field(default_factory=lambda: {k: [] for k in COLUMNS})
+    lane_requests: Counter = field(default_factory=Counter)
+    lanes_warm: int = 0
+    # coordinated runs: this share's lanes are all warm
+    lanes_ready: asyncio.Future = field(default_factory=lambda: asyncio.get_running_loop().create_future())
+    warmup_prompt_tokens: int = 0  # planned: the resent contexts and warm-up requests' inputs
+    spec_tally: SpecTally = field(default_factory=SpecTally)
+    workers: int = 1
+
+    @property
+    def stopping(self) -> bool:
+        return self.stop.done()
+
+    @property
+    def window_s(self) -> float:
+        if self.window_start_ns is None or self.window_end_ns is None:
+            return 0.0
+        return max(0.0, (self.window_end_ns - self.window_start_ns) / 1e9)
+
+    def in_window(self, t_ns: int) -> bool:
+        return self.window_start_ns is not None and self.window_start_ns <= t_ns and (
+            self.window_end_ns is None or t_ns < self.window_end_ns)
+
+    def window_closed(self, t_ns: int) -> bool:
+        return self.window_end_ns is not None and t_ns >= self.window_end_ns
+
+    def open_window(self, duration_s: float, start_ns: int | None = None) -> None:
+        self.window_start_ns = time.perf_counter_ns() if start_ns is None else start_ns
+        self.window_end_ns = self.window_start_ns + int(duration_s * 1e9)
+        self.cpu_start = cpu_seconds()
+        self.sys_start = sys_seconds()
+
+    def close_window(self) -> None:
+        """After the drain (or a stop): the client CPU of the window, and a window cut short ends now."""
+        if self.window_start_ns is None:
+            return
+        self.cpu_s = cpu_seconds() - self.cpu_start
+        self.sys_s = sys_seconds() - self.sys_start
+        now = time.perf_counter_ns()
+        if self.window_end_ns is None or self.window_end_ns > now:
+            self.window_end_ns = now
+
+    # -- merging the shares of several workers ---------------------------------------------
+
+    def export(self) -> dict[str, Any]:
+        """Plain, picklable data of what this share measured (for `absorb` in the parent)."""
+        hists = self.recorder.encoded()
+        return {
+            **{name: getattr(self, name) for name in _COUNTERS},
+            **{name: dict(getattr(self, name)) for name in _TALLIES},
+            "max_inflight": self.max_inflight, "max_active_trees": self.max_active_trees,
+            "window_s": self.window_s if self.window_start_ns is not None else None,
+            "cpu_s": self.cpu_s, "sys_s": self.sys_s, "columns": self.columns, "hdr": hists,
+            "spec": [self.spec_tally.expected_weighted, self.spec_tally.expected_tokens,
+                     self.spec_tally.usage_requests, self.spec_tally.num_drafts, self.spec_tally.num_accepted_tokens,
+                     [None if c is None else (c.num_drafts, c.num_accepted_tokens) for c in self.spec_tally.scraped]],
+        }
+
+    def absorb(self, part: dict[str, Any]) -> None:
+        """Add one worker's exported share. The merged window is the longest of the shares'
+        (they open and close together; a share cut short by a stop ends early); CPU adds up."""
+        for name in _COUNTERS:
+            setattr(self, name, getattr(self, name) + part[name])
+        for name in _TALLIES:
+            getattr(self, name).update(part[name])
+        self.max_inflight += part["max_inflight"]  # shares peak at about the same time: an upper bound
+        self.max_active_trees += part["max_active_trees"]
+        if part["window_s"] is not None:
+            start = self.window_start_ns if self.window_start_ns is not None else 0
+            self.window_start_ns = start
+            self.window_end_ns = max(self.window_end_ns or start, start + int(part["window_s"] * 1e9))
+        if part["cpu_s"] is not None:
+            self.cpu_s = (self.cpu_s or 0.0) + part["cpu_s"]
+            self.sys_s = (self.sys_s or 0.0) + part["sys_s"]
+        for name in COLUMNS:
+            self.columns[name].extend(part["columns"][name])
+        for name, text in part["hdr"].items():
+            self.recorder.hists[name].add(decode_histogram(text))
+        tally = self.spec_tally
+        weighted, tokens, usage, drafts, accepted, scraped = part["spec"]
+        tally.expected_weighted += weighted
+        tally.expected_tokens += tokens
+        tally.usage_requests += usage
+        tally.num_drafts += drafts
+        tally.num_accepted_tokens += accepted
+        if scraped:  # server-wide counters: one worker scrapes them for all
+            tally.scraped = [None if c is None else SpecCounters(*c) for c in scraped]
+
+
+def cpu_seconds() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def sys_seconds() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_stime

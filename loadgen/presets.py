@@ -1,0 +1,43 @@
+"""How the bundled agentic sessions are fitted to our engine's models: `loadgen bench` takes
+every field of a preset the user did not give, and `loadgen replay` against our own server takes
+the trace-shaping ones (token and think-time scale, think-time cap) for the model it serves.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class BenchPreset:
+    """Replay flags that fit the bundled traces (~107k input, ~450 output tokens per request,
+    think times of minutes) onto a model and device; the context cap is the engine's
+    max_model_len. Only the flags the user did not give are taken from here."""
+
+    conc: str
+    duration: float
+    warmup: str
+    token_scale: float
+    think_time_scale: float
+    think_time_cap: float
+
+
+# tiny on 2 CPU cores: ~2.1k input / 9 output tokens per request (prefix hits ~95 %), think
+# times <= 1 s; three levels of 15 s plus warm-up finish in about a minute and a half.
+# small on one GPU: ~10.7k input / 45 output tokens, the long tail dropped at 32k context.
+BENCH_PRESETS = {
+    "tiny": BenchPreset(conc="1,2,4", duration=15.0, warmup="2req", token_scale=0.02,
+                        think_time_scale=0.01, think_time_cap=1.0),
+    "small": BenchPreset(conc="1,2,4,8,16", duration=30.0, warmup="2req", token_scale=0.1,
+                         think_time_scale=0.02, think_time_cap=2.0),
+}
+GPU_MODEL, CPU_MODEL = "small", "tiny"
+
+
+PRESET_FIELDS = ("conc", "duration", "warmup", "token_scale", "think_time_scale", "think_time_cap")
+TRACE_FIELDS = ("token_scale", "think_time_scale", "think_time_cap")  # what replay takes for our server
+
+
+def preset_for(model: str) -> BenchPreset:
+    """The model's preset; models without one (larger ones, on a GPU) take the GPU model's."""
+    return BENCH_PRESETS.get(model, BENCH_PRESETS[GPU_MODEL])
