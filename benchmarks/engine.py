@@ -236,9 +236,9 @@ def check_graph_tokens(args: argparse.Namespace) -> None:
             if graphs is not None:
                 replay = graphs.replay
 
-                def counted(*a, _replay=replay, _graphs=graphs):
+                def counted(*a, _replay=replay, _graphs=graphs, _replays=replays):
                     batch = a[-1].shape[0]
-                    replays[_graphs.bucket(batch), a[0].shape[0] // batch] += 1
+                    _replays[_graphs.bucket(batch), a[0].shape[0] // batch] += 1
                     return _replay(*a)
 
                 graphs.replay = counted

@@ -82,12 +82,13 @@ class Curve:
         return k in (self.points(thinking) or {})
 
     def al(self, k: int, thinking: bool) -> float:
-        if not self.has(k, thinking):
+        points = self.points(thinking)
+        if points is None or k not in points:  # not self.has(k, thinking)
             raise CurveError(
                 f"curve {self.name!r} ({self.source}) has no {mode_name(thinking)} AL at k={k}; "
                 f"it has: {self.describe_points()}"
             )
-        return self.points(thinking)[k]
+        return points[k]
 
     def describe_points(self) -> str:
         """What exists, e.g. 'thinking_on k=1..8, thinking_off k=1..8' or 'thinking_on k=5'."""
@@ -141,7 +142,11 @@ def select_by_model(prefix: str) -> Curve:
 
 def _file_of(ref: str) -> tuple[Path | None, str | None]:
     """(file, model) when `ref` names a bundled curve or an existing file, optionally `:MODEL`."""
-    for text, model in ((ref, None), *([tuple(ref.rsplit(":", 1))] if ":" in ref else [])):
+    candidates: list[tuple[str, str | None]] = [(ref, None)]
+    if ":" in ref:
+        name, suffix = ref.rsplit(":", 1)
+        candidates.append((name, suffix))
+    for text, model in candidates:
         if text in list_curves():
             return DATA_DIR / f"{text}.yaml", model
         if Path(text).is_file():
@@ -250,7 +255,7 @@ def _read_points(points: object, where: str) -> tuple[dict[int, float], list[int
 
 def _read_header(text: str) -> dict[str, str]:
     """`# key: value` lines of the leading comment block; upstream's run URL becomes `source`."""
-    fields = {}
+    fields: dict[str, str] = {}
     for line in text.splitlines():
         if not line.startswith("#"):
             break

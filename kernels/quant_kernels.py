@@ -135,5 +135,6 @@ def mxfp4_quantize_triton(x: torch.Tensor) -> torch.Tensor:
     n_groups = flat.shape[0] * (d // 32)
     if n_groups:
         block_g = 64
-        _mxfp4_quantize_kernel[(triton.cdiv(n_groups, block_g),)](flat, out, n_groups, D=d, BLOCK_G=block_g, num_warps=4)
+        _mxfp4_quantize_kernel[(triton.cdiv(n_groups, block_g),)](flat, out, n_groups, D=d, BLOCK_G=block_g,
+                                                                  num_warps=4)
     return out.reshape(*lead, d // 2 + d // 32)

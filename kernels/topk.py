@@ -1,10 +1,10 @@
 """Exact per-row top-k column indices with per-row lengths, and their mapping to cache slots.
 
 Triton path: a radix select on order-preserving 32-bit keys, spread over (rows x programs, each
-looping over chunks of columns up to the row's length) so that a few long rows still fill the GPU. Four launches add 8-bit digit histograms
-(keys matching the digits chosen so far) into a per-row table, which narrows the k-th largest key
-down to one value; a fifth launch writes every column above it plus just enough columns equal to
-it. Rows no longer than k emit 0..len-1 then -1.
+looping over chunks of columns up to the row's length) so that a few long rows still fill the GPU.
+Four launches add 8-bit digit histograms (keys matching the digits chosen so far) into a per-row
+table, which narrows the k-th largest key down to one value; a fifth launch writes every column
+above it plus just enough columns equal to it. Rows no longer than k emit 0..len-1 then -1.
 """
 
 from __future__ import annotations

@@ -23,8 +23,6 @@ from pathlib import Path
 from loadgen.presets import BENCH_PRESETS, CPU_MODEL, GPU_MODEL, PRESET_FIELDS, preset_for
 
 
-
-
 def register(subparsers: argparse._SubParsersAction) -> None:
     from loadgen.cmd_replay import add_replay_flags
     from loadgen.transport.inprocess import add_engine_args

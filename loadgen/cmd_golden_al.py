@@ -41,9 +41,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     show_parser.add_argument("--json", action="store_true", help="print JSON instead of tables")
     show_parser.set_defaults(func=run_show)
 
-    select_parser = actions.add_parser("select",
-                                       help="the AL for a model prefix and draft length, as InferenceX selects it")
-    select_parser.add_argument("prefix", metavar="MODEL_PREFIX", help="InferenceX model prefix (e.g. dsv4) or model key")
+    select_parser = actions.add_parser(
+        "select", help="the AL for a model prefix and draft length, as InferenceX selects it")
+    select_parser.add_argument("prefix", metavar="MODEL_PREFIX",
+                               help="InferenceX model prefix (e.g. dsv4) or model key")
     select_parser.add_argument("--spec-k", type=int, required=True, metavar="K", help="num_speculative_tokens")
     select_parser.add_argument("--thinking", choices=("on", "off"), default="on",
                                help="thinking mode (default: on, as InferenceX)")

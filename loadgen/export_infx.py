@@ -45,8 +45,9 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import numpy as np
 import orjson

@@ -10,7 +10,8 @@ or of the first N arrivals) is the same in every worker.
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING, Iterator
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 from loadgen import plan
 from loadgen.level import LevelRun, LevelSpec, RequestMeta, RunConfig, cpu_seconds, sys_seconds
@@ -21,7 +22,9 @@ if TYPE_CHECKING:
     from loadgen.runner import Runner
 
 
-def arrivals(traces: TraceSet, config: RunConfig, spec: LevelSpec, level_index: int) -> Iterator[tuple[float, Play, Request]]:
+def arrivals(
+    traces: TraceSet, config: RunConfig, spec: LevelSpec, level_index: int
+) -> Iterator[tuple[float, Play, Request]]:
     """The level's (offset_s, play, request) sequence: the first level keeps the run's seed, later
     ones derive theirs from it, so every level sends fresh plays."""
     seed = config.seed if level_index == 0 else config.seed ^ (level_index * 0x9E3779B1)

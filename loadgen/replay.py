@@ -19,9 +19,10 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, BinaryIO, Callable
+from typing import Any, BinaryIO
 from urllib.parse import urlsplit
 
 from loadgen import __version__, closed_loop, open_loop
@@ -271,11 +272,12 @@ def _level_plan(spec: LevelSpec, index: int, traces: TraceSet, config: RunConfig
         sessions, tokens = closed_loop.warmup_plan(plays, spec.lanes, warm.requests)
         what = f"{_plural(spec.lanes, 'lane')} over {_plural(sessions, 'session')}"
         warmup = (f"warm-up {warm.describe()} per lane" if warm.requests else
-                  f"warm-up {warm.describe()}") + f" (each lane first re-sends its start context: {tokens:,} prompt tokens"
+                  f"warm-up {warm.describe()}")
+        warmup += f" (each lane first re-sends its start context: {tokens:,} prompt tokens"
         warmup += " in the warm-up requests)" if warm.requests else ")"
     else:
         tokens = open_loop.warmup_prompt_tokens(traces, config, spec, index)
-        what = f"{'Poisson arrivals at ' + format(spec.rate, 'g') + '/s' if spec.mode == 'poisson' else 'recorded arrivals'}"
+        what = f"Poisson arrivals at {spec.rate:g}/s" if spec.mode == "poisson" else "recorded arrivals"
         warmup = f"warm-up {warm.describe()}" + (f" ({tokens:,} prompt tokens)" if warm.requests else "")
     return f"{what}, {warmup}, window {config.duration_s:g} s"
 

@@ -26,7 +26,8 @@ from __future__ import annotations
 import asyncio
 import itertools
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from loadgen import closed_loop, open_loop
 from loadgen.level import LevelRun, LevelSpec, RequestMeta, RunConfig, Share
@@ -40,6 +41,7 @@ from traces import PromptSynth, TraceSet
 
 DEAD_AFTER = 5  # consecutive refused connections that mean the server is gone
 TIMER_RESOLUTION_S = 0.001  # event-loop timers (libuv) count milliseconds
+WHOLE_LEVEL = Share()  # the default share: one worker plays the whole level
 
 
 class Runner:
@@ -51,7 +53,7 @@ class Runner:
         config: RunConfig,
         on_request: Callable[[dict[str, Any]], None] | None = None,
         spec: SpecExpectation | None = None,
-        share: Share = Share(),
+        share: Share = WHOLE_LEVEL,
         coordinated: bool = False,
     ) -> None:
         self.transport = transport
@@ -210,7 +212,8 @@ class Runner:
             level.warmup_ok += 1
         else:
             self._measure(level, meta, ex, origin, open_loop)
-            usage = None if ex.spec_num_drafts is None else SpecCounters(ex.spec_num_drafts, ex.spec_num_accepted_tokens or 0)
+            usage = (None if ex.spec_num_drafts is None
+                     else SpecCounters(ex.spec_num_drafts, ex.spec_num_accepted_tokens or 0))
             level.spec_tally.add(al, ex.output_tokens, usage)
         self._maybe_open_window_after_warmup_requests(level, meta.lane)
         if self.on_request is not None:

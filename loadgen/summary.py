@@ -4,7 +4,8 @@
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import orjson
 
@@ -122,7 +123,8 @@ def request_record(level: LevelRun, meta: RequestMeta, wire_id: str, ex: Exchang
         "first_ns": ex.chunk_ns[0] if ex.chunk_ns else None,
         "last_ns": ex.chunk_ns[-1] if ex.chunk_ns else None, "end_ns": ex.end_ns,
         "chunk_ns": ex.chunk_ns, "chunk_tokens": ex.chunk_tokens, "thinking": meta.request.thinking,
-        "expected_al": al, "spec_num_drafts": ex.spec_num_drafts, "spec_num_accepted_tokens": ex.spec_num_accepted_tokens,
+        "expected_al": al, "spec_num_drafts": ex.spec_num_drafts,
+        "spec_num_accepted_tokens": ex.spec_num_accepted_tokens,
         "counted": counted and ex.error is None, "error": ex.error, "error_detail": ex.error_detail,
     }
 

@@ -27,8 +27,9 @@ import multiprocessing.process
 import os
 import signal
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from loadgen import progress
 from loadgen.level import LevelRun, LevelSpec, RunConfig, Share
@@ -259,8 +260,8 @@ class ProcessPool(RemotePool):
         context = multiprocessing.get_context("spawn")
         for setup in self._setups:
             parent, child = context.Pipe()
-            proc = context.Process(target=worker_process_main, args=(child,), name=f"agentload-worker-{setup.share.index}",
-                                   daemon=True)
+            proc = context.Process(target=worker_process_main, args=(child,),
+                                   name=f"agentload-worker-{setup.share.index}", daemon=True)
             proc.start()
             child.close()
             self._procs.append(proc)

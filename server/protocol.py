@@ -81,7 +81,9 @@ def _top_k(v: Any) -> str | None:
 
 
 def _logprobs(v: Any) -> str | None:  # completions: 0..20 candidates; chat: a boolean
-    return None if type(v) is bool or (type(v) is int and 0 <= v <= 20) else "must be a boolean or an integer in [0, 20]"
+    if type(v) is bool or (type(v) is int and 0 <= v <= 20):
+        return None
+    return "must be a boolean or an integer in [0, 20]"
 
 
 def _stop(v: Any) -> str | None:

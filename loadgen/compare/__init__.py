@@ -37,5 +37,6 @@ __all__ = [
     "CONFIDENCE", "DEFAULT_FDR", "METRICS", "METRIC_BY_NAME", "CompareError", "Comparison", "Gate",
     "LevelComparison", "LevelSample", "MetricDef", "MetricResult", "RankedWeights", "RunNoise",
     "benjamini_hochberg", "cluster_counts", "compare_runs", "format_comparison", "level_sample", "load_run_noise",
-    "play_keys", "point_values", "pooled_log_test", "regressions", "session_bootstrap", "to_json", "verdict", "welch_log_test",
+    "play_keys", "point_values", "pooled_log_test", "regressions", "session_bootstrap", "to_json", "verdict",
+    "welch_log_test",
 ]

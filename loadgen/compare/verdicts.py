@@ -325,7 +325,8 @@ def regressions(comparison: Comparison, gates: Sequence[Gate]) -> list[dict[str,
             for gate in gates:
                 if gate.metric != result.metric.name or result.verdict != "worse":
                     continue
-                if result.worse_by_pct is not None and result.worse_by_pct > gate.pct:
+                # "worse" always has an interval (verdict() says "n/a" without one)
+                if result.worse_by_pct is not None and result.worse_by_pct > gate.pct and result.ci_pct is not None:
                     tripped.append({"level": level.label, "metric": gate.metric, "threshold_pct": gate.pct,
                                     "delta_pct": result.delta_pct, "ci_pct": list(result.ci_pct)})
     return tripped

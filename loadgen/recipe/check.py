@@ -5,6 +5,7 @@ Nothing is started; the error names the recipe key."""
 from __future__ import annotations
 
 import argparse
+from typing import NoReturn
 
 from loadgen.recipe.schema import FlagValue, Recipe, RecipeError
 from loadgen.recipe.server import flag_args
@@ -16,7 +17,7 @@ HTTP_ONLY_WORKLOAD = ("golden_al", "spec_k", "thinking", "model")
 
 
 class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # raise instead of exiting
+    def error(self, message: str) -> NoReturn:  # raise instead of exiting
         raise ValueError(message)
 
 

@@ -64,8 +64,11 @@ def load_command(recipe: Recipe, variant: Variant, url: str | None, out: Path, q
     args = ["--duration", f"{sweep.duration_s:g}", "--warmup", sweep.warmup, "--seed", str(sweep.seed),
             "--token-scale", f"{work.token_scale:g}", "--think-time-scale", f"{work.think_time_scale:g}",
             "--out", str(out)]
-    args += ["--conc", ",".join(map(str, sweep.conc))] if sweep.conc else ["--rate", ",".join(f"{r:g}" for r in
-                                                                                          sweep.rates)]
+    if sweep.conc:
+        args += ["--conc", ",".join(map(str, sweep.conc))]
+    else:
+        assert sweep.rates is not None  # validate(): exactly one of sweep.conc and sweep.rates
+        args += ["--rate", ",".join(f"{r:g}" for r in sweep.rates)]
     optional = {"traces": work.traces, "think_time_cap": work.think_time_cap, "max_context": work.max_context,
                 "timeout": work.timeout_s, "gpus": recipe.server.gpus}
     if url is not None:
@@ -165,6 +168,7 @@ class RecipeRun:
             process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                        start_new_session=True)
             try:
+                assert process.stdout is not None  # stdout=PIPE
                 for line in process.stdout:
                     sink.write(line)
                     if not self.quiet:

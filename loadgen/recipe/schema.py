@@ -141,9 +141,11 @@ def validate_recipe(r: Recipe) -> None:
         else:
             _require(getattr(s, key) is None, f"server.{key}: only meaningful with server.kind {key}")
     if s.kind == "command":
+        assert s.command is not None  # required above
         _require(PORT_PLACEHOLDER in s.command, f"server.command: must contain {PORT_PLACEHOLDER} where the "
                                                 f"port goes, got {s.command!r}")
     if s.kind == "url":
+        assert s.url is not None  # required above
         _require(s.url.startswith(("http://", "https://")), f"server.url: expected http(s)://HOST:PORT, got {s.url!r}")
         _require(not s.flags and not s.env, "server.flags/env: a running server at a URL cannot be given flags")
     _require(s.startup_timeout_s > 0, f"server.startup_timeout_s: must be positive, got {s.startup_timeout_s:g}")
@@ -151,7 +153,7 @@ def validate_recipe(r: Recipe) -> None:
     _require(s.gpus is None or s.gpus >= 1, f"server.gpus: must be >= 1, got {s.gpus}")
     sw = r.sweep
     _require((sw.conc is None) != (sw.rates is None), "sweep: give exactly one of sweep.conc and sweep.rates")
-    levels = sw.conc if sw.conc is not None else sw.rates
+    levels = sw.conc if sw.conc is not None else (sw.rates or ())
     key = "sweep.conc" if sw.conc is not None else "sweep.rates"
     _require(bool(levels) and all(v > 0 for v in levels), f"{key}: expected a non-empty list of positive numbers")
     _require(sw.duration_s > 0, f"sweep.duration_s: must be positive, got {sw.duration_s:g}")
@@ -160,10 +162,12 @@ def validate_recipe(r: Recipe) -> None:
     w = r.workload
     for name in ("token_scale", "think_time_scale"):
         _require(getattr(w, name) > 0, f"workload.{name}: must be positive, got {getattr(w, name):g}")
-    _require(w.thinking is None or w.golden_al is not None, "workload.thinking: only meaningful with workload.golden_al")
+    _require(w.thinking is None or w.golden_al is not None,
+             "workload.thinking: only meaningful with workload.golden_al")
     _require(0 < r.compare.fdr < 1, f"compare.fdr: must be in (0, 1), got {r.compare.fdr:g}")
     for i, name in enumerate(r.compare.metrics or ()):
-        _require(name in METRIC_BY_NAME, f"compare.metrics[{i}]: unknown metric {name!r}; known: {', '.join(METRIC_BY_NAME)}")
+        _require(name in METRIC_BY_NAME,
+                 f"compare.metrics[{i}]: unknown metric {name!r}; known: {', '.join(METRIC_BY_NAME)}")
 
     _require(bool(r.variants), "variants: need at least one (the first is the baseline)")
     names = [v.name for v in r.variants]
@@ -291,7 +295,7 @@ def _convert(hint: Any, value: Any, key: str, name: str) -> Any:
         if not isinstance(value, list):
             raise RecipeError(f"{key}: expected a list, got {_kind(value)}")
         return tuple(_convert(args[0], item, f"{key}[{i}]", name) for i, item in enumerate(value))
-    if is_dataclass(hint):
+    if isinstance(hint, type) and is_dataclass(hint):
         return _build(hint, value, key)
     return _scalar(hint, value, key)
 

@@ -54,6 +54,7 @@ def server_command(recipe: Recipe, variant: Variant, port: int | None) -> list[s
     if kind == "ours":
         return [sys.executable, "-m", "server.cli", "start", "--port", "0", *flags]
     if kind == "command":
+        assert recipe.server.command is not None  # validate(): server.kind command requires it
         return shlex.split(recipe.server.command.replace(PORT_PLACEHOLDER, str(port))) + flags
     return []
 

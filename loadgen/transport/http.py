@@ -27,6 +27,7 @@ from typing import Any
 
 import orjson
 
+from loadgen.spec import parse_spec_counters
 from loadgen.transport.base import (
     ErrorKind,
     Exchange,
@@ -35,7 +36,6 @@ from loadgen.transport.base import (
     TransportError,
     WireRequest,
 )
-from loadgen.spec import parse_spec_counters
 from loadgen.transport.wire import HttpClient, ResponseError
 
 ENDPOINT_PATHS = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}
@@ -63,6 +63,10 @@ class HttpTransport(Transport):
         self._path = ENDPOINT_PATHS[endpoint]
         self._client: HttpClient | None = None
 
+    def _opened(self) -> HttpClient:
+        assert self._client is not None, "open() first"
+        return self._client
+
     async def open(self, max_connections: int) -> None:
         self._client = HttpClient(self.base_url, self.headers, max_connections)
 
@@ -74,7 +78,7 @@ class HttpTransport(Transport):
     async def server_info(self) -> ServerInfo:
         url = self.base_url + "/v1/models"
         try:
-            resp = await self._client.request("GET", "/v1/models", timeout=self.timeout_s)
+            resp = await self._opened().request("GET", "/v1/models", timeout=self.timeout_s)
         except asyncio.TimeoutError:
             raise TransportError(f"cannot reach the server at {self.base_url}: waited for the model list "
                                  f"(GET {url}) and got no answer within {self.timeout_s:g} s (--timeout)") from None
@@ -93,7 +97,7 @@ class HttpTransport(Transport):
 
     async def spec_counters(self) -> tuple[int, int] | None:
         try:
-            resp = await self._client.request("GET", "/metrics", timeout=self.timeout_s)
+            resp = await self._opened().request("GET", "/metrics", timeout=self.timeout_s)
         except (ResponseError, asyncio.TimeoutError):
             return None
         if resp.status != 200:
@@ -107,9 +111,9 @@ class HttpTransport(Transport):
         stream = _SseStream(ex, self.endpoint == "chat")
         ex.start_ns = time.perf_counter_ns()
         try:
-            resp = await self._client.request("POST", self._path, body, f"Content-Type: application/json\r\n"
-                                              f"X-Request-Id: {request.request_id}\r\n", stream.line,
-                                              self.timeout_s)
+            resp = await self._opened().request("POST", self._path, body, f"Content-Type: application/json\r\n"
+                                                f"X-Request-Id: {request.request_id}\r\n", stream.line,
+                                                self.timeout_s)
             ex.end_ns = resp.end_ns  # the arrival of the response's last bytes, stamped like the chunks
             if resp.status != 200:
                 ex.error = f"http_{resp.status}"
@@ -187,7 +191,8 @@ class _SseStream:
         except (AttributeError, TypeError, KeyError, IndexError, ValueError) as exc:
             # valid JSON of the wrong shape (`[1]`, `"choices": ["x"]`, `"usage": 5`)
             self.error = ErrorKind.PROTOCOL
-            self.detail = f"SSE event is not an OpenAI stream chunk ({type(exc).__name__}: {exc}): {payload.strip()[:200]!r}"
+            self.detail = (f"SSE event is not an OpenAI stream chunk ({type(exc).__name__}: {exc}): "
+                           f"{payload.strip()[:200]!r}")
 
     def problem(self) -> tuple[str | None, str | None]:
         if self.error is not None:

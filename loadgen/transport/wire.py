@@ -29,7 +29,7 @@ import ssl
 import struct
 import sys
 import time
-from typing import Callable
+from collections.abc import Callable
 from urllib.parse import urlsplit
 
 import httptools
@@ -116,7 +116,8 @@ class _Conn(asyncio.Protocol):
             if cause is not None:  # one of the callbacks below (the line sink) raised
                 self._fail_unexpected(cause)
             else:
-                self._fail(f"malformed HTTP response: {exc}", ErrorKind.PROTOCOL if self._headers_done else ErrorKind.RESET)
+                self._fail(f"malformed HTTP response: {exc}",
+                           ErrorKind.PROTOCOL if self._headers_done else ErrorKind.RESET)
         except Exception as exc:
             # Raised here it would end in the event loop's handler (raw sockets) and the rest
             # of the read would be lost while the request carried on; fail the request instead.
@@ -181,6 +182,7 @@ class _Conn(asyncio.Protocol):
 
     def start(self, request: bytes, sink: LineSink | None, done: asyncio.Future) -> None:
         self._reset(sink, done)
+        assert self.transport is not None, "start() on a connection that was never made"
         self.transport.write(request)
 
     @property
@@ -221,14 +223,16 @@ class _SocketTransport:
             self._loop.add_writer(self._fd, self._writable)
 
     def _writable(self) -> None:
+        out = self._out
+        assert out is not None, "the writer is registered only while output is pending"
         try:
-            sent = self._sock.send(self._out)
+            sent = self._sock.send(out)
         except (BlockingIOError, InterruptedError):
             return
         except OSError as exc:
             self._lost(exc)
             return
-        self._out = self._out[sent:]
+        self._out = out[sent:]
         if not len(self._out):
             self._out = None
             self._loop.remove_writer(self._fd)

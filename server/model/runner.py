@@ -145,7 +145,8 @@ class ModelRunner:
             wanted = [i for i, k in enumerate(num_logits) if k]
             return StepInputs(
                 torch.tensor([s.token_ids[p] for s, p in zip(seqs, starts)]), torch.tensor(starts),
-                torch.arange(len(seqs)), torch.tensor([s.block_ids[p // bs] * bs + p % bs for s, p in zip(seqs, starts)]),
+                torch.arange(len(seqs)),
+                torch.tensor([s.block_ids[p // bs] * bs + p % bs for s, p in zip(seqs, starts)]),
                 table, torch.tensor(wanted, dtype=torch.long), max(starts) + 1)
         ids: list[int] = []
         for s, start, n in zip(seqs, starts, counts):
@@ -176,7 +177,9 @@ class ModelRunner:
             table[i, :n] = row.extend(s.block_ids)
         return torch.from_numpy(table)
 
-    def prepare(self, batch: ScheduledBatch, num_logits: list[int]) -> tuple[torch.Tensor, AttentionMetadata, torch.Tensor]:
+    def prepare(
+        self, batch: ScheduledBatch, num_logits: list[int]
+    ) -> tuple[torch.Tensor, AttentionMetadata, torch.Tensor]:
         """(input ids [T], metadata, indices of the tokens whose logits are wanted) on the device."""
         return self._on_device(self.step_inputs(batch, num_logits))
 

@@ -93,7 +93,8 @@ def test_infx_rows_validate_and_carry_inferencex_statistics(result, capsys, tmp_
     _check_rows(rows, "infx")
     row, level = rows[0], json.loads(result.read_text())["levels"][0]
     columns, counts = level["requests"], level["counts"]
-    assert (row["tp"], row["pp"], row["isl"], row["osl"], row["hw"], row["dp_attention"]) == (4, 2, 300, 6, "h200", "false")
+    assert ((row["tp"], row["pp"], row["isl"], row["osl"], row["hw"], row["dp_attention"])
+            == (4, 2, 300, 6, "h200", "false"))
     assert row["num_requests_successful"] == counts["requests_ok"] == len(columns["ttft_us"])
     ttft = np.asarray(columns["ttft_us"]) / 1e6
     assert row["median_ttft"] == pytest.approx(np.percentile(ttft, 50))
@@ -107,7 +108,8 @@ def test_infx_rows_validate_and_carry_inferencex_statistics(result, capsys, tmp_
     itl = level["metrics"]["itl"]["stats"]  # per chunk, from the HDR histogram
     assert row["p99_itl"] == pytest.approx(itl["p99"] / 1e6) and row["median_itl"] == pytest.approx(itl["p50"] / 1e6)
     gpus = 4 * 2  # tp x pp x pcp_size
-    assert row["tput_per_gpu"] == pytest.approx((counts["input_tokens"] + counts["output_tokens"]) / level["window_s"] / gpus)
+    tokens = counts["input_tokens"] + counts["output_tokens"]
+    assert row["tput_per_gpu"] == pytest.approx(tokens / level["window_s"] / gpus)
     assert row["agentload"]["label"] == "conc 1" and row["agentload"]["e2e_intvty"] > 0
     assert "failed" not in row and "run" not in row and "label" not in row  # never read as numbers at ingest
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from loadgen.level import Warmup
 from loadgen.plan import (
     PlaySource,
     TimingConfig,
@@ -13,7 +14,6 @@ from loadgen.plan import (
     subagents_after,
     timestamp_arrivals,
 )
-from loadgen.level import Warmup
 from traces import Request, Session, Subagent
 
 

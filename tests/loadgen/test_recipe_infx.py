@@ -84,7 +84,8 @@ def test_conc_start_end_doubles_and_keeps_the_end():
     (DSV4, {"entry": 3, "spec_k": 3}, r"--entry: .* entries 0\.\.2, got 3"),
     (DSV4, {"entry": 0, "spec_k": 3, "server": "url"}, r"--url: required"),
     ("qwen3.5-fp8-h200-sglang-agentic", {}, r"tensor parallelism only, not kv-offloading dram"),
-    ("qwen3.5-fp8-h200-sglang-agentic", {"spec_k": 2, "server": "url", "url": "http://h:1"}, r"--spec-k: .* no speculative"),
+    ("qwen3.5-fp8-h200-sglang-agentic", {"spec_k": 2, "server": "url", "url": "http://h:1"},
+     r"--spec-k: .* no speculative"),
     ("glm5.2-fp8-h200-sglang-agentic-mtp", {"spec_k": 3}, r"--golden-al: unknown curve 'glm5\.2'"),
     ("dsr1-fp8-h200-sglang", {}, r"no agentic-coding scenario \(it has: fixed-seq-len\)"),
 ])

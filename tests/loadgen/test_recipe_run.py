@@ -53,7 +53,8 @@ def _command_recipe(command: str, traces: str = "agentic-coding", **server) -> d
 
 def test_a_server_never_healthy_is_named_and_its_process_group_killed(tmp_path, capsys):
     marker = f"never-healthy-{uuid.uuid4().hex}"
-    child = f"import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)', '{marker}']); time.sleep(600)"
+    child = ("import subprocess, sys, time; "
+             f"subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)', '{marker}']); time.sleep(600)")
     command = f"{sys.executable} -c \"{child}\" {marker} {{port}}"
     path = _write(tmp_path, _command_recipe(command, startup_timeout_s=3))
     assert main(["recipe", "run", str(path), "--out", str(tmp_path / "out"), "--quiet"]) == 2

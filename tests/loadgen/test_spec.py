@@ -119,7 +119,8 @@ def test_model_prefix_selects_a_strict_curve_and_names_keep_the_fallback():
     from loadgen.spec import expectation_from_flags
 
     strict = expectation_from_flags("dsv4dspark", 3, "on", {}, ours=False).describe()
-    assert (strict["golden_al"], strict["al_thinking_on"], strict["al_thinking_off"]) == ("dsv4-pro-0813-dspark", 3.01, None)
+    assert ((strict["golden_al"], strict["al_thinking_on"], strict["al_thinking_off"])
+            == ("dsv4-pro-0813-dspark", 3.01, None))
     both = expectation_from_flags("dsv4", 3, None, {}, ours=False).describe()  # auto: the curve has both modes
     assert (both["golden_al"], both["al_thinking_on"], both["al_thinking_off"]) == ("dsv4_mtp", 2.49, 2.97)
     named = expectation_from_flags("dsv4-pro-0813-dspark", 3, None, {}, ours=False).describe()

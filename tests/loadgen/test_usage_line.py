@@ -69,8 +69,8 @@ def test_replay_against_our_server_fits_the_bundled_sessions(tiny_server, tmp_pa
     scale = json.loads((out / "result.json").read_text())["config"]["traces"]["scale"]["config"]
     assert scale["token_scale"] == preset.token_scale and scale["think_time_cap"] == preset.think_time_cap
     # a flag the user gives wins, and is no longer announced as chosen
-    code = main(["replay", "--url", tiny_server, "--conc", "1", "--duration", "3", "--warmup", "1req", "--token-scale", "0.01",
-                 "--out", str(out)])
+    code = main(["replay", "--url", tiny_server, "--conc", "1", "--duration", "3", "--warmup", "1req",
+                 "--token-scale", "0.01", "--out", str(out)])
     first = capsys.readouterr().out.splitlines()[0]
     assert code == 0 and "--token-scale" not in first and "--think-time-scale" in first
     assert json.loads((out / "result.json").read_text())["config"]["traces"]["scale"]["config"]["token_scale"] == 0.01

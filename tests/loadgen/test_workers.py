@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-
 from hdrh.histogram import HdrHistogram
 
 from loadgen.level import LevelSpec
