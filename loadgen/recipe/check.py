@@ -70,7 +70,9 @@ def _check_flag(parser: _Parser, kind: str, where: str, key: str, value: FlagVal
         raise RecipeError(f"{where}: the in-process engine takes its seed from sweep.seed")
     if kind == "ours" and key in OUR_HTTP_FLAGS:
         return
-    known = {action.dest for action in parser._actions}
+    # A key names a flag as written without its dashes (`tp`, `tensor_parallel_size`) or by its dest.
+    known = {action.dest for action in parser._actions} | {
+        name.lstrip("-").replace("-", "_") for action in parser._actions for name in action.option_strings}
     if key not in known:
         raise RecipeError(f"{where}: not an engine flag of `server start` (known: {', '.join(sorted(known))})")
     try:
