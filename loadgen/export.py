@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from loadgen.metrics import METRIC_SPECS, PERCENTILES
+from loadgen.metrics import METRIC_DEFINITIONS, PERCENTILES
 from loadgen.pareto import NORMALIZED
 from loadgen.report import Run, frontier_keys
 
@@ -38,7 +38,7 @@ def csv_rows(runs: Sequence[Run]) -> list[dict[str, Any]]:
             }
             for axis in ("interactivity", "e2el", NORMALIZED):
                 row[f"on_frontier_{axis}"] = (run.name, index) in keys[axis]
-            for spec in METRIC_SPECS:
+            for spec in METRIC_DEFINITIONS:
                 entry = level["metrics"][spec.name]
                 unit = entry["unit"].replace("/", "_")
                 for stat in STATS:

@@ -1,4 +1,4 @@
-"""One level of a sweep: what it is (`LevelSpec`), how it runs (`RunConfig`, `Warmup`), and
+"""One level of a sweep: what it is (`LevelLoad`), how it runs (`RunConfig`, `Warmup`), and
 its state while it runs (`LevelRun`).
 
 A level run by several worker processes (loadgen/workers.py) is one `LevelRun` per worker;
@@ -53,7 +53,7 @@ class Warmup:
 
 
 @dataclass(frozen=True, slots=True)
-class LevelSpec:
+class LevelLoad:
     mode: str  # "closed" | "poisson" | "mooncake"
     concurrency: int | None = None
     rate: float | None = None
@@ -121,7 +121,7 @@ _TALLIES = ("errors", "warmup_errors", "session_input_tokens")
 class LevelRun:
     """Mutable state of one level (or of one worker's share of it) while it runs."""
 
-    spec: LevelSpec
+    spec: LevelLoad
     started_ns: int
     recorder: LevelRecorder = field(default_factory=LevelRecorder)
     window_start_ns: int | None = None

@@ -31,25 +31,26 @@ PERCENTILES = (50.0, 90.0, 95.0, 99.0, 99.9)
 
 
 @dataclass(frozen=True, slots=True)
-class MetricSpec:
+class MetricDefinition:
     name: str
     unit: str
     highest: int
     description: str
 
 
-METRIC_SPECS: tuple[MetricSpec, ...] = (
-    MetricSpec("ttft", "us", HIGHEST_US, "request sent -> first content chunk"),
-    MetricSpec("itl", "us", HIGHEST_US, "gap between consecutive content chunks"),
-    MetricSpec("tokens_per_chunk", "tokens", 10**7, "tokens carried by one content chunk"),
-    MetricSpec("tpot", "us", HIGHEST_US, "(E2EL - TTFT) / (OSL - 1) per request"),
-    MetricSpec("interactivity", "mtok/s", 10**12, "1 / TPOT per request, tokens/s/user (histogram in milli-tokens/s)"),
-    MetricSpec("e2el", "us", HIGHEST_US, "request sent -> last token"),
-    MetricSpec("norm_e2el", "us/token", HIGHEST_US, "E2EL / OSL per request"),
-    MetricSpec("queue_delay", "us", HIGHEST_US, "open loop: actual send - intended send"),
-    MetricSpec("loop_lag", "us", HIGHEST_US, "client event-loop timer lateness"),
+METRIC_DEFINITIONS: tuple[MetricDefinition, ...] = (
+    MetricDefinition("ttft", "us", HIGHEST_US, "request sent -> first content chunk"),
+    MetricDefinition("itl", "us", HIGHEST_US, "gap between consecutive content chunks"),
+    MetricDefinition("tokens_per_chunk", "tokens", 10**7, "tokens carried by one content chunk"),
+    MetricDefinition("tpot", "us", HIGHEST_US, "(E2EL - TTFT) / (OSL - 1) per request"),
+    MetricDefinition("interactivity", "mtok/s", 10**12,
+                     "1 / TPOT per request, tokens/s/user (histogram in milli-tokens/s)"),
+    MetricDefinition("e2el", "us", HIGHEST_US, "request sent -> last token"),
+    MetricDefinition("norm_e2el", "us/token", HIGHEST_US, "E2EL / OSL per request"),
+    MetricDefinition("queue_delay", "us", HIGHEST_US, "open loop: actual send - intended send"),
+    MetricDefinition("loop_lag", "us", HIGHEST_US, "client event-loop timer lateness"),
 )
-SPEC_BY_NAME = {spec.name: spec for spec in METRIC_SPECS}
+SPEC_BY_NAME = {spec.name: spec for spec in METRIC_DEFINITIONS}
 
 
 def new_histogram(name: str) -> HdrHistogram:
@@ -175,7 +176,7 @@ class LevelRecorder:
     FLUSH_EVERY = 64  # requests per batch: about a millisecond of recording
 
     def __init__(self) -> None:
-        self.hists = {spec.name: new_histogram(spec.name) for spec in METRIC_SPECS}
+        self.hists = {spec.name: new_histogram(spec.name) for spec in METRIC_DEFINITIONS}
         self._pending: dict[str, list[int]] = {name: [] for name in ("ttft", "e2el", "norm_e2el", "tpot",
                                                                       "interactivity")}
         self._chunk_times: list[list[int]] = []
@@ -241,7 +242,7 @@ class LevelRecorder:
         """{metric: {"unit", "description", "stats", "hdr"}} for the results file."""
         self.flush()
         out = {}
-        for spec in METRIC_SPECS:
+        for spec in METRIC_DEFINITIONS:
             hist = self.hists[spec.name]
             if spec.name == "interactivity":
                 stats = interactivity_stats(self.hists["tpot"], hist)

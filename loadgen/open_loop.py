@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 from loadgen import plan
-from loadgen.level import LevelRun, LevelSpec, RequestMeta, RunConfig, cpu_seconds, sys_seconds
+from loadgen.level import LevelLoad, LevelRun, RequestMeta, RunConfig, cpu_seconds, sys_seconds
 from loadgen.plan import Play, PlaySource
 from traces import Request, TraceSet
 
@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 
 
 def arrivals(
-    traces: TraceSet, config: RunConfig, spec: LevelSpec, level_index: int
+    traces: TraceSet, config: RunConfig, spec: LevelLoad, level_index: int
 ) -> Iterator[tuple[float, Play, Request]]:
     """The level's (offset_s, play, request) sequence: the first level keeps the run's seed, later
     ones derive theirs from it, so every level sends fresh plays."""
@@ -34,7 +34,7 @@ def arrivals(
     return plan.timestamp_arrivals(source.next_play(first_of_lane=False), config.time_scale)
 
 
-def warmup_prompt_tokens(traces: TraceSet, config: RunConfig, spec: LevelSpec, level_index: int) -> int:
+def warmup_prompt_tokens(traces: TraceSet, config: RunConfig, spec: LevelLoad, level_index: int) -> int:
     """Prompt tokens of the warm-up arrivals when the warm-up counts requests (else 0: a warm-up
     of seconds sends what arrives in them)."""
     wanted = config.warmup.requests or 0

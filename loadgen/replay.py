@@ -28,7 +28,7 @@ from urllib.parse import urlsplit
 from loadgen import __version__, closed_loop, open_loop
 from loadgen.errors import UsageError
 from loadgen.event_loop import run_event_loop
-from loadgen.level import LevelRun, LevelSpec, RunConfig, Share, Warmup
+from loadgen.level import LevelLoad, LevelRun, RunConfig, Share, Warmup
 from loadgen.options import (
     DEFAULT_FOREIGN_VOCAB,
     DEFAULTS,
@@ -240,7 +240,7 @@ async def _start_workers(pool: Pool, printer: ProgressPrinter) -> None:
         pool.status, pool.message = "failed", f"the client workers did not start: {exc}"
 
 
-async def _drive_level(pool: Pool, spec: LevelSpec, index: int, config: RunConfig,
+async def _drive_level(pool: Pool, spec: LevelLoad, index: int, config: RunConfig,
                        printer: ProgressPrinter) -> LevelRun:
     """Run one level on the pool, showing its progress; with several workers and a warm-up that
     counts requests, open the window once every worker's lanes are warm."""
@@ -264,7 +264,7 @@ async def _drive_level(pool: Pool, spec: LevelSpec, index: int, config: RunConfi
             task.cancel()
 
 
-def _level_plan(spec: LevelSpec, index: int, traces: TraceSet, config: RunConfig) -> str:
+def _level_plan(spec: LevelLoad, index: int, traces: TraceSet, config: RunConfig) -> str:
     """What a level will do, before it starts: so a slow server can be told from a hung one."""
     warm = config.warmup
     if spec.mode == "closed":
@@ -345,7 +345,7 @@ def _fit_bundled_sessions(args: argparse.Namespace, info: ServerInfo) -> list[st
             f"{args.command}: give --token-scale / --think-time-scale / --think-time-cap to choose otherwise"]
 
 
-def _worker_count(args: argparse.Namespace, options: dict[str, Any], levels: list[LevelSpec], traces: TraceSet,
+def _worker_count(args: argparse.Namespace, options: dict[str, Any], levels: list[LevelLoad], traces: TraceSet,
                   http_target: HttpTarget | None) -> int:
     ray = getattr(args, "ray", None)
     if http_target is None:
@@ -397,12 +397,12 @@ def _load_traces(args: argparse.Namespace, info: ServerInfo) -> tuple[TraceSet, 
                          f"(e.g. --token-scale 0.01) or raise the limit") from exc
 
 
-def _level_specs(args: argparse.Namespace, options: dict[str, Any], traces: TraceSet) -> list[LevelSpec]:
+def _level_specs(args: argparse.Namespace, options: dict[str, Any], traces: TraceSet) -> list[LevelLoad]:
     if options["rates"]:
-        return [LevelSpec("poisson", rate=rate) for rate in options["rates"]]
+        return [LevelLoad("poisson", rate=rate) for rate in options["rates"]]
     if traces.format == "mooncake":
-        return [LevelSpec("mooncake")]
-    return [LevelSpec("closed", concurrency=n) for n in options["conc"]]
+        return [LevelLoad("mooncake")]
+    return [LevelLoad("closed", concurrency=n) for n in options["conc"]]
 
 
 def _vocab(args: argparse.Namespace, info: ServerInfo) -> tuple[int, int]:
@@ -419,7 +419,7 @@ def _vocab(args: argparse.Namespace, info: ServerInfo) -> tuple[int, int]:
     return offset, size
 
 
-def _pool_size(levels: list[LevelSpec], traces: TraceSet, workers: int) -> int:
+def _pool_size(levels: list[LevelLoad], traces: TraceSet, workers: int) -> int:
     """Connections per worker: every request the heaviest level can have in flight at once."""
     if levels[0].mode != "closed":
         return math.ceil(OPEN_LOOP_CONNECTIONS / workers)
@@ -428,7 +428,7 @@ def _pool_size(levels: list[LevelSpec], traces: TraceSet, workers: int) -> int:
 
 
 def _config(args, target: dict[str, Any], config: RunConfig, info: ServerInfo, traces: TraceSet, scale_report,
-            levels: list[LevelSpec], vocab_offset: int, vocab_size: int) -> dict[str, Any]:
+            levels: list[LevelLoad], vocab_offset: int, vocab_size: int) -> dict[str, Any]:
     return {
         "command_line": _redacted([Path(sys.argv[0]).name, *sys.argv[1:]]),
         "loadgen_version": __version__,

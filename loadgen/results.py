@@ -29,7 +29,7 @@ from typing import Any
 
 import orjson
 
-from loadgen.metrics import METRIC_SPECS, decode_histogram
+from loadgen.metrics import METRIC_DEFINITIONS, decode_histogram
 
 SCHEMA = "agentload.result/1"
 STATUSES = ("complete", "interrupted", "server_dead", "failed")
@@ -139,7 +139,7 @@ def _validate_level(level: Any, where: str, fail) -> None:
     metrics = level["metrics"]
     if not isinstance(metrics, dict):
         fail(f"{where}.metrics", "expected an object")
-    for spec in METRIC_SPECS:
+    for spec in METRIC_DEFINITIONS:
         entry = metrics.get(spec.name)
         field = f"{where}.metrics.{spec.name}"
         if not isinstance(entry, dict):

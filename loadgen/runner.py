@@ -1,7 +1,7 @@
 """The level runner: runs one level at a time (warm-up, measurement window, drain) and times and
 accounts every request it sends.
 
-Closed loop (`LevelSpec.concurrency`, loadgen/closed_loop.py): N lanes, each playing one session
+Closed loop (`LevelLoad.concurrency`, loadgen/closed_loop.py): N lanes, each playing one session
 tree at a time (see plan.py for the timing of a play). Open loop (`rate` or Mooncake timestamps,
 loadgen/open_loop.py): requests start at their intended times whatever the server does, and
 latency counts from the intended time.
@@ -30,7 +30,7 @@ from collections.abc import Callable
 from typing import Any
 
 from loadgen import closed_loop, open_loop
-from loadgen.level import LevelRun, LevelSpec, RequestMeta, RunConfig, Share
+from loadgen.level import LevelLoad, LevelRun, RequestMeta, RunConfig, Share
 from loadgen.loop_lag import monitor_loop_lag
 from loadgen.pacer import Pacer
 from loadgen.plan import TimingConfig
@@ -106,7 +106,7 @@ class Runner:
         level = self.current
         await asyncio.wait({level.lanes_ready, level.stop}, return_when=asyncio.FIRST_COMPLETED)
 
-    async def run_level(self, spec: LevelSpec, level_index: int | None = None,
+    async def run_level(self, spec: LevelLoad, level_index: int | None = None,
                         started_ns: int | None = None) -> LevelRun:
         """Run one level; `level_index` (default: levels run so far) keys its plan, `started_ns`
         (default: now) is its common start when several workers share it."""

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from loadgen import progress
-from loadgen.level import LevelRun, LevelSpec, RunConfig, Share
+from loadgen.level import LevelLoad, LevelRun, RunConfig, Share
 from loadgen.runner import Runner
 from loadgen.spec import SpecExpectation
 from loadgen.summary import dumps_record
@@ -45,7 +45,7 @@ STREAM_TOKENS_PER_S = 100  # a busy stream of a fast server (10 ms between token
 START_AHEAD_S = 0.05  # workers start a level together this long after the parent asks
 
 
-def auto_workers(levels: list[LevelSpec], mean_output_tokens: float, cpus: int | None = None) -> int:
+def auto_workers(levels: list[LevelLoad], mean_output_tokens: float, cpus: int | None = None) -> int:
     """Enough worker processes for the heaviest level at TOKENS_PER_S_PER_CORE, at most the CPUs."""
     demand = 0.0
     for spec in levels:
@@ -113,7 +113,7 @@ class Worker:
         gc.collect()
         gc.freeze()  # the traces are many long-lived objects: the cyclic GC need not walk them
 
-    async def run_level(self, spec: LevelSpec, index: int, start_wall_ns: int) -> dict[str, Any]:
+    async def run_level(self, spec: LevelLoad, index: int, start_wall_ns: int) -> dict[str, Any]:
         level = await self.runner.run_level(spec, index, mono_from_wall(start_wall_ns))
         records, self.records = b"".join(self.records), []
         return {"part": level.export(), "status": self.runner.status, "message": self.runner.message,
@@ -160,7 +160,7 @@ class Pool:
     async def start(self) -> None:
         """Start the workers (processes, actors) and open their connections."""
 
-    async def run_level(self, spec: LevelSpec, index: int) -> LevelRun:
+    async def run_level(self, spec: LevelLoad, index: int) -> LevelRun:
         raise NotImplementedError
 
     async def snapshot(self) -> dict[str, Any]:
@@ -185,7 +185,7 @@ class LocalPool(Pool):
         super().__init__()
         self.runner = runner
 
-    async def run_level(self, spec: LevelSpec, index: int) -> LevelRun:
+    async def run_level(self, spec: LevelLoad, index: int) -> LevelRun:
         level = await self.runner.run_level(spec, index)
         self.status, self.message = self.runner.status, self.runner.message
         return level
@@ -216,7 +216,7 @@ class RemotePool(Pool):
     async def _all(self, method: str, *args: Any) -> list[Any]:
         return await asyncio.gather(*(self._call(w, method, *args) for w in range(self.workers)))
 
-    async def run_level(self, spec: LevelSpec, index: int) -> LevelRun:
+    async def run_level(self, spec: LevelLoad, index: int) -> LevelRun:
         start_wall = time.time_ns() + int(START_AHEAD_S * 1e9)
         results = await self._all("run_level", spec, index, start_wall)
         merged = LevelRun(spec, 0)

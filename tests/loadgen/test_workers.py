@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from hdrh.histogram import HdrHistogram
 
-from loadgen.level import LevelSpec
+from loadgen.level import LevelLoad
 from loadgen.metrics import SIGNIFICANT_DIGITS, SPEC_BY_NAME
 from loadgen.workers import TOKENS_PER_S_PER_CORE, auto_workers
 
@@ -71,12 +71,12 @@ def test_open_loop_arrivals_do_not_depend_on_the_worker_count(start_server, sess
 
 
 def test_auto_workers_follow_the_load():
-    closed = [LevelSpec("closed", concurrency=1), LevelSpec("closed", concurrency=16)]
+    closed = [LevelLoad("closed", concurrency=1), LevelLoad("closed", concurrency=16)]
     assert auto_workers(closed, 100.0, cpus=8) == 1
     heavy = TOKENS_PER_S_PER_CORE * 3 // 100  # streams of 100 tok/s that fill three cores
-    assert auto_workers([LevelSpec("closed", concurrency=heavy)], 100.0, cpus=8) == 3
-    assert auto_workers([LevelSpec("closed", concurrency=heavy)], 100.0, cpus=2) == 2
-    assert auto_workers([LevelSpec("poisson", rate=TOKENS_PER_S_PER_CORE / 50)], 100.0, cpus=8) == 2
+    assert auto_workers([LevelLoad("closed", concurrency=heavy)], 100.0, cpus=8) == 3
+    assert auto_workers([LevelLoad("closed", concurrency=heavy)], 100.0, cpus=2) == 2
+    assert auto_workers([LevelLoad("poisson", rate=TOKENS_PER_S_PER_CORE / 50)], 100.0, cpus=8) == 2
 
 
 def test_bad_worker_count_is_named(replay_cli_error):
