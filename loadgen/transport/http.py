@@ -167,7 +167,8 @@ class _SseStream:
         if line[:5] != b"data:" or self.error is not None:
             return  # comments, event names; blank separators never get here
         payload = line[5:]  # JSON allows the leading space
-        if payload[-6:] == b"[DONE]" and payload.strip() == b"[DONE]":
+        # `in` the last 8 bytes, not `==` the last 6: CRLF servers leave a `\r` after [DONE].
+        if b"[DONE]" in payload[-8:] and payload.strip() == b"[DONE]":
             self.done = True
             return
         try:

@@ -132,3 +132,14 @@ def test_a_list_event_fails_its_request_and_is_counted(bad_event_server, session
     assert counts["requests_ok"] == 0 and counts["warmup_requests_ok"] == 0
     assert counts["errors"].get("protocol", 0) + counts["warmup_errors"].get("protocol", 0) == len(records)
     assert level["failed"] and code == 1  # every request failed: above any error-rate limit
+
+
+@pytest.mark.parametrize("line", [b"data: [DONE]", b"data:[DONE]", b"data: [DONE]\r", b"data: [DONE] \r"])
+def test_done_ends_the_stream_with_or_without_a_carriage_return(line):
+    """Servers that end SSE lines with CRLF leave a `\\r` on each line (the body is split on `\\n`)."""
+    from loadgen.transport.base import Exchange
+    from loadgen.transport.http import _SseStream
+
+    stream = _SseStream(Exchange(), chat=False)
+    stream.line(line, 0)
+    assert stream.done and stream.error is None
