@@ -149,7 +149,8 @@ class DecodeGraphs:
         host[:n, 3] = slots
         table = self._host_table[self._flip][: size * width].view(size, width)
         table[:batch] = block_table
-        self._padding(host, table, batch, size, q)
+        if batch < size:
+            self._padding(host, table, batch, size, q)
         self._flip ^= 1
         self.tokens[: size * q].copy_(host[: size * q], non_blocking=True)
         self.block_table[:size, :width].copy_(table, non_blocking=True)

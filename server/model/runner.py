@@ -91,13 +91,13 @@ class ModelRunner:
         self.block_size = config.cache.block_size
         self._rows: weakref.WeakKeyDictionary[Sequence, _TableRow] = weakref.WeakKeyDictionary()
         # Rank 0's block manager hands out slots that every rank's cache must hold.
-        self.num_blocks = self.tp.agree_min(self._num_blocks())
         self.settings = CacheSettings(
             kv_dtype=kernel_kv_dtype(config.cache),
             key_dtype=config.cache.indexer_key_dtype,
             backend=resolve_backend(config.attention_backend, config.device),
         )
         use_graphs = self._use_graphs()
+        self.num_blocks = self.tp.agree_min(self._num_blocks(use_graphs))
         # A graph's padding rows need a cache block no request owns: one more, past the block manager's.
         self.cache = KVCacheTensors.allocate(config.model, config.cache, self.num_blocks + use_graphs, self.device)
         self.graphs: DecodeGraphs | None = None
@@ -115,7 +115,7 @@ class ModelRunner:
         return (not self.config.enforce_eager and self.device.type == "cuda" and self.settings.backend == "triton"
                 and self.tp.world_size == 1)
 
-    def _num_blocks(self) -> int:
+    def _num_blocks(self, use_graphs: bool) -> int:
         cache, sched = self.config.cache, self.config.scheduler
         if cache.num_blocks is not None:
             return cache.num_blocks
@@ -126,7 +126,7 @@ class ModelRunner:
             total = torch.cuda.get_device_properties(self.device).total_memory
             # Peak step temporaries: indexer logits and top-k copies over the longest context; the
             # decode graphs' private pool holds the same for max_num_seqs rows.
-            rows = sched.max_num_batched_tokens + (0 if self.config.enforce_eager else sched.max_num_seqs)
+            rows = sched.max_num_batched_tokens + (sched.max_num_seqs if use_graphs else 0)
             activations = 4 * 4 * rows * sched.max_model_len + 2**30
             budget = total * cache.gpu_memory_utilization - torch.cuda.memory_allocated(self.device) - activations
             flag = "--gpu-memory-utilization"
@@ -177,16 +177,7 @@ class ModelRunner:
             table[i, :n] = row.extend(s.block_ids)
         return torch.from_numpy(table)
 
-    def prepare(
-        self, batch: ScheduledBatch, num_logits: list[int]
-    ) -> tuple[torch.Tensor, AttentionMetadata, torch.Tensor]:
-        """(input ids [T], metadata, indices of the tokens whose logits are wanted) on the device."""
-        return self._on_device(self.step_inputs(batch, num_logits))
-
     def _on_device(self, inputs: StepInputs) -> tuple[torch.Tensor, AttentionMetadata, torch.Tensor]:
-        # The cache writers check slots only on CPU tensors (on a GPU it costs two host syncs per
-        # write, four per layer): the whole step's slots are checked here once, on the host.
-        check_slot_range(inputs.slots, self.num_blocks * self.block_size, "ModelRunner: step slots")
         dev = self._to_device(torch.stack((inputs.token_ids, inputs.positions, inputs.seq_ids, inputs.slots)))
         meta = AttentionMetadata(
             positions=dev[1], slot_mapping=dev[3], seq_ids=dev[2].int(), context_lens=(dev[1] + 1).int(),
@@ -224,8 +215,10 @@ class ModelRunner:
         return out
 
     def _forward(self, inputs: StepInputs) -> tuple[torch.Tensor | None, torch.Tensor]:
+        # The cache writers check slots only on CPU tensors (on a GPU it costs two host syncs per
+        # write, four per layer): the whole step's slots are checked here once, on the host.
+        check_slot_range(inputs.slots, self.num_blocks * self.block_size, "ModelRunner: step slots")
         if self._replayable(inputs):
-            check_slot_range(inputs.slots, self.num_blocks * self.block_size, "ModelRunner: step slots")
             return self.graphs.replay(inputs.token_ids, inputs.positions, inputs.seq_ids, inputs.slots,
                                       inputs.block_table)
         input_ids, meta, wanted = self._on_device(inputs)
