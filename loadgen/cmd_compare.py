@@ -55,7 +55,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     import orjson
 
-    from loadgen.cli import UsageError
     from loadgen.compare import (
         CompareError,
         compare_runs,
@@ -63,6 +62,7 @@ def run(args: argparse.Namespace) -> int:
         regressions,
         to_json,
     )
+    from loadgen.errors import UsageError
     from loadgen.report import load_runs
 
     metrics, gates = _metrics_and_gates(args.metrics, args.fail_on_regression)
@@ -87,9 +87,9 @@ def run(args: argparse.Namespace) -> int:
 
 def read_run_noise(text: str | None):
     """--run-noise as a RunNoise (None when not given); UsageError naming the flag."""
-    from loadgen.cli import UsageError
     from loadgen.compare import CompareError
     from loadgen.compare.verdicts import load_run_noise
+    from loadgen.errors import UsageError
 
     if text is None:
         return None
@@ -100,7 +100,7 @@ def read_run_noise(text: str | None):
 
 
 def _side(text: str, name: str) -> list[str]:
-    from loadgen.cli import UsageError
+    from loadgen.errors import UsageError
 
     paths = [item.strip() for item in text.split(",") if item.strip()]
     if not paths:
@@ -111,8 +111,8 @@ def _side(text: str, name: str) -> list[str]:
 def _metrics_and_gates(metrics_text: str | None, gate_texts: list[str]):
     """--metrics and --fail-on-regression checked against the known metric names; gated metrics
     are compared even when --metrics leaves them out."""
-    from loadgen.cli import UsageError
     from loadgen.compare import METRIC_BY_NAME, METRICS, Gate
+    from loadgen.errors import UsageError
 
     known = ", ".join(METRIC_BY_NAME)
     chosen = list(METRICS)

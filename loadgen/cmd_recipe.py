@@ -3,7 +3,7 @@ loadgen/recipe/schema.py, documented in README "Recipes"): every variant's serve
 turn, the sweep run with repeats interleaved across variants, each variant compared with the
 first, and one results folder with every run, the comparisons and the HTML report.
 `loadgen recipe from-infx CONFIG KEY` writes a recipe from an InferenceX config entry
-(loadgen/recipe_infx.py).
+(loadgen/recipe/from_infx.py).
 
 Exit codes: 0 done (or recipe valid), 1 a level failed in some run, 2 bad recipe or a server
 that never became healthy, 130 interrupted (finished runs are kept: `--resume`).
@@ -43,13 +43,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                                 "flags against the engine's; starts nothing.")
     check.add_argument("file", metavar="FILE", help="recipe YAML")
     check.set_defaults(func=check_command)
-    from loadgen.recipe_infx import register_from_infx
+    from loadgen.recipe.from_infx import register_from_infx
 
     register_from_infx(commands)  # `loadgen recipe from-infx CONFIG KEY`
 
 
 def _load(path: str):
-    from loadgen.cli import UsageError
+    from loadgen.errors import UsageError
     from loadgen.recipe.check import check_recipe
     from loadgen.recipe.schema import RecipeError, load_recipe
 
@@ -75,7 +75,7 @@ def run_command(args: argparse.Namespace) -> int:
     from datetime import datetime, timezone
     from pathlib import Path
 
-    from loadgen.cli import UsageError
+    from loadgen.errors import UsageError
     from loadgen.recipe.runner import RecipeRun, RecipeRunError
     from loadgen.recipe.schema import RecipeError
 

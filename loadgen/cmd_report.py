@@ -143,7 +143,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _infx_rows(runs, formats: list[str], flags: IdentityFlags) -> dict[str, list]:
-    from loadgen.cli import UsageError
+    from loadgen.errors import UsageError
     from loadgen.export_infx import agentx_rows, infx_rows
     from loadgen.infx_identity import ExportError
 

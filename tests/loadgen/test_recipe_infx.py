@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from loadgen.recipe_infx import (
+from loadgen.recipe.from_infx import (
     FromInfxOptions,
     InfxConfigError,
     concurrencies,
