@@ -4,8 +4,8 @@ results files, with the Pareto frontiers over all their levels.
 Formats (comma-separated, or `all` for table, csv, png and html): table (stdout), csv
 (levels.csv), png (plots, see loadgen/plots.py), html (report.html, self-contained), and the two
 InferenceX shapes, asked for by name because they need the run's identity: infx (infx.json,
-fixed-sequence rows) and agentx (agentx.json, agentic rows); see loadgen/export_infx.py and
-loadgen/infx_identity.py for their keys, statistics and the identity flags' defaults.
+fixed-sequence rows) and agentx (agentx.json, agentic rows); see loadgen/export/infx.py and
+loadgen/export/infx_identity.py for their keys, statistics and the identity flags' defaults.
 Files go to --out (default: a `report` folder beside the first results file).
 Exit codes: 0 written, 2 bad input (missing or malformed file, wrong schema, unknown format,
 identity a row needs and neither the run nor a flag gives).
@@ -16,7 +16,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from loadgen.infx_identity import SPEC_METHODS, IdentityFlags
+from loadgen.export.infx_identity import SPEC_METHODS, IdentityFlags
 
 REPORT_FORMATS = ("table", "csv", "png", "html")
 INFX_FORMATS = {"infx": "infx.json", "agentx": "agentx.json"}
@@ -122,11 +122,11 @@ def run(args: argparse.Namespace) -> int:
     out.mkdir(parents=True, exist_ok=True)
     written = []
     if "csv" in files:
-        from loadgen.export import write_csv
+        from loadgen.export.levels_csv import write_csv
 
         written.append(write_csv(runs, out / "levels.csv"))
     if infx:
-        from loadgen.export_infx import write_rows
+        from loadgen.export.infx import write_rows
 
         written += [write_rows(rows, out / INFX_FORMATS[name]) for name, rows in infx.items()]
     if "png" in files:
@@ -144,8 +144,8 @@ def run(args: argparse.Namespace) -> int:
 
 def _infx_rows(runs, formats: list[str], flags: IdentityFlags) -> dict[str, list]:
     from loadgen.errors import UsageError
-    from loadgen.export_infx import agentx_rows, infx_rows
-    from loadgen.infx_identity import ExportError
+    from loadgen.export.infx import agentx_rows, infx_rows
+    from loadgen.export.infx_identity import ExportError
 
     build = {"infx": infx_rows, "agentx": agentx_rows}
     try:

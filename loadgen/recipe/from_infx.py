@@ -33,10 +33,10 @@ from typing import Any
 
 import yaml
 
+from loadgen.export.infx_identity import AGENTIC_SCENARIO
 from loadgen.recipe.schema import SCHEMA, RecipeError, recipe_from_dict
 
 SERVERS = ("ours", "vllm", "url")
-SCENARIO = "agentic-coding"
 CONC_STEP = 2  # InferenceX's conc-start..conc-end step factor
 
 
@@ -81,9 +81,9 @@ def read_entry(path: Path, key: str) -> dict[str, Any]:
 
 def pick_search_space(entry: dict[str, Any], where: str, index: int | None) -> dict[str, Any]:
     scenarios = entry["scenarios"] or {}
-    blocks = scenarios.get(SCENARIO)
+    blocks = scenarios.get(AGENTIC_SCENARIO)
     if not blocks:
-        raise InfxConfigError(f"{where}.scenarios: no {SCENARIO} scenario (it has: {', '.join(scenarios)}); "
+        raise InfxConfigError(f"{where}.scenarios: no {AGENTIC_SCENARIO} scenario (it has: {', '.join(scenarios)}); "
                               "agentload replays agentic traces")
     spaces = [space for block in blocks for space in block.get("search-space", [])]
     if index is None and len(spaces) > 1:

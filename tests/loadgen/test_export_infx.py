@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from loadgen.cli import main
-from loadgen.infx_identity import ExportError, IdentityFlags, resolve_identity
+from loadgen.export.infx_identity import ExportError, IdentityFlags, resolve_identity
 from loadgen.results import write_results
 
 REPO = Path(__file__).resolve().parents[2]
@@ -205,7 +205,7 @@ def test_hardware_inferencex_does_not_know_is_warned(caplog):
 
 
 def test_schemas_and_exporter_share_the_gpu_keys():
-    from loadgen.infx_identity import INFX_GPU_KEYS
+    from loadgen.export.infx_identity import INFX_GPU_KEYS
 
     for shape in ("infx", "agentx"):
         pattern = json.loads((SCHEMAS / f"{shape}.schema.json").read_text())["properties"]["hw"]["pattern"]

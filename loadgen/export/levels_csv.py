@@ -5,7 +5,7 @@ every throughput figure, the Pareto marks (on_frontier_interactivity / _e2el / _
 over all levels of all files given), then `<metric>_<stat>` for every metric and statistic in
 the metric's stored unit, named in the column (`ttft_p90_us`, `interactivity_p50_tok_s`, ...).
 Percentiles here are ours (HDR histograms, interactivity's pX = 1 / pX(TPOT)); the InferenceX
-shapes, with InferenceX's own statistics, are loadgen/export_infx.py.
+shapes, with InferenceX's own statistics, are loadgen/export/infx.py.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """InferenceX rows of results files: the fixed-sequence shape (`--format infx`) and the agentic
 AgentX shape (`--format agentx`), one row per closed-loop level, ready for InferenceX's ingest.
 
-Both shapes carry the identity and topology keys (loadgen/infx_identity.py), `conc`,
+Both shapes carry the identity and topology keys (loadgen/export/infx_identity.py), `conc`,
 `num_requests_total` and `num_requests_successful` (InferenceX drops a row with no successful
 request), and our own provenance under `agentload` (an object, which the ingest never mistakes
 for a metric: a bare `failed: true` or a label like "8 users" would be read as a number).
@@ -52,13 +52,12 @@ from typing import Any
 import numpy as np
 import orjson
 
-from loadgen.infx_identity import ExportError, Identity, IdentityFlags, resolve_identity
+from loadgen.export.infx_identity import AGENTIC_SCENARIO, ExportError, Identity, IdentityFlags, resolve_identity
 from loadgen.pareto import e2e_interactivity
 from loadgen.report import Run
 
 log = logging.getLogger(__name__)
 
-SCENARIO_TYPE = "agentic-coding"
 FIXED_STATS = (("mean", "mean"), ("median", "p50"), ("std", "std"), ("p90", "p90"), ("p99", "p99"),
                ("p99.9", "p99.9"))
 AGENTIC_STATS = ("mean", "p50", "p75", "p90", "p95")
@@ -177,7 +176,7 @@ def _agentic_row(run: Run, level: dict[str, Any], identity: Identity, flags: Ide
     measured_hit = level["cache"].get("measured_hit_rate")
     accounting = _accounting(counts)
     row = {
-        **_common(run, level, identity), "scenario_type": SCENARIO_TYPE,
+        **_common(run, level, identity), "scenario_type": AGENTIC_SCENARIO,
         "kv_offloading": "none", "kv_offload_backend": None, "allocated_cpu_dram_gb": 0,
         "num_requests_total": accounting["records_total"],  # InferenceX counts warmup records too
         "request_accounting": accounting,

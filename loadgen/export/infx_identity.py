@@ -26,6 +26,7 @@ from typing import Any
 
 log = logging.getLogger(__name__)
 
+AGENTIC_SCENARIO = "agentic-coding"  # InferenceX's name of the agentic scenario (configs and rows)
 SPEC_METHODS = ("mtp", "draft_model", "none")  # InferenceX's spec-decoding vocabulary
 # The GPU keys InferenceX's app maps a runner name to (the part before the first '-'); rows with
 # any other hardware are skipped at its ingest.
