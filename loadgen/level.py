@@ -140,7 +140,6 @@ class LevelRun:
     cached_reported: int = 0
     cached_input_tokens: int = 0  # input tokens of the requests that reported cached tokens
     session_input_tokens: Counter = field(default_factory=Counter)  # measured input per session
-    inflight: int = 0
     inflight_since: dict[int, int] = field(default_factory=dict)  # request number -> start, oldest first
     max_inflight: int = 0
     active_trees: int = 0
@@ -171,6 +170,10 @@ class LevelRun:
     def in_window(self, t_ns: int) -> bool:
         return self.window_start_ns is not None and self.window_start_ns <= t_ns and (
             self.window_end_ns is None or t_ns < self.window_end_ns)
+
+    @property
+    def inflight(self) -> int:
+        return len(self.inflight_since)
 
     def window_closed(self, t_ns: int) -> bool:
         return self.window_end_ns is not None and t_ns >= self.window_end_ns

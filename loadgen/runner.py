@@ -180,7 +180,6 @@ class Runner:
             acceptance_length=al if self.spec is not None and self.spec.send else None,
         )
         counted = not warm and level.in_window(origin)
-        level.inflight += 1
         level.inflight_since[number] = origin
         level.max_inflight = max(level.max_inflight, level.inflight)
         try:
@@ -194,7 +193,6 @@ class Runner:
                 self.on_request(request_record(level, meta, wire.request_id, cancelled, origin, counted, al))
             raise
         finally:
-            level.inflight -= 1
             del level.inflight_since[number]
         if due_ns is None and exchange.start_ns:
             # Closed loop: latency starts when the request reached the wire, so the client's own

@@ -22,6 +22,7 @@ closes such connections), a body within it of the head (else 408).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hmac
 import time
 import uuid
@@ -113,7 +114,6 @@ class OpenAIServer:
         self.settings = settings
         self.tokenizer = tokenizer
         self.metrics = ServerMetrics(settings.served_model_name)
-        self.in_flight = 0
         self.closing = False  # set on SIGTERM/SIGINT: new requests get 503
         self.cut_requests = 0  # requests ended by the shutdown deadline
         self._running: set[RequestStream] = set()
@@ -121,6 +121,11 @@ class OpenAIServer:
         self._idle.set()
         self.created = int(time.time())
         self.speculative = client.config.speculative
+
+    @property
+    def in_flight(self) -> int:
+        """Requests admitted and not finished."""
+        return len(self._running)
 
     def build_app(self) -> web.Application:
         app = web.Application(client_max_size=self.settings.max_body_bytes,
@@ -195,7 +200,8 @@ class OpenAIServer:
             stream.cut(f"server shutting down: request cut {when}")
         if not self._idle.is_set():
             # Bounded: a client that stopped reading could block a write; cleanup cancels it.
-            await asyncio.wait([asyncio.ensure_future(self._idle.wait())], timeout=CUT_WRITE_GRACE_S)
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._idle.wait(), CUT_WRITE_GRACE_S)
         return self.cut_requests
 
     async def models(self, request: web.Request) -> web.Response:
@@ -254,7 +260,6 @@ class OpenAIServer:
         arrival = time.monotonic()
         stream = self.client.submit(
             AddRequest(header.id, prompt, options.sampling_params(max_tokens), arrival))
-        self.in_flight += 1
         self._running.add(stream)
         self._idle.clear()
         try:
@@ -266,7 +271,6 @@ class OpenAIServer:
             self.cut_requests += 1
             raise ApiError(503, str(exc), type="server_error", code=ErrorCode.SERVER_SHUTDOWN) from None
         finally:
-            self.in_flight -= 1
             self._running.discard(stream)
             if not self._running:
                 self._idle.set()
