@@ -178,7 +178,7 @@ class LevelRecorder:
     def __init__(self) -> None:
         self.hists = {spec.name: new_histogram(spec.name) for spec in METRIC_DEFINITIONS}
         self._pending: dict[str, list[int]] = {name: [] for name in ("ttft", "e2el", "norm_e2el", "tpot",
-                                                                      "interactivity")}
+                                                                      "interactivity", "queue_delay")}
         self._chunk_times: list[list[int]] = []
         self._chunk_tokens: list[list[int]] = []
 
@@ -228,7 +228,7 @@ class LevelRecorder:
         self._chunk_times, self._chunk_tokens = [], []
 
     def record_queue_delay(self, delay_us: int) -> None:
-        self.hists["queue_delay"].record_value(_clamp(max(0, delay_us)))
+        self._pending["queue_delay"].append(delay_us)  # recorded with the next batch
 
     def record_loop_lag(self, lag_us: int) -> None:
         self.hists["loop_lag"].record_value(_clamp(max(0, lag_us)))
