@@ -12,7 +12,8 @@ import sys
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    from loadgen.compare.verdicts import DEFAULT_FDR
+    from loadgen.compare.stats import METRICS
+    from loadgen.compare.verdicts import DEFAULT_FDR, DEFAULT_RESAMPLES
 
     p = subparsers.add_parser(
         "compare",
@@ -25,9 +26,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "plays), which does not, unless --run-noise gives it. A verdict needs the interval to "
         "exclude 0 and the change to survive Benjamini-Hochberg at --fdr over all compared rows.",
         epilog="A side is one results file or folder holding result.json, or several joined by "
-        "commas: several runs of a level on a side are repeats. Metrics: ttft_p50|p90|p99, "
-        "tpot_p50|p90, interactivity_p50|p90, e2el_p50|p90|p99, norm_e2el_p90, e2e_interactivity, "
-        "output_tput_per_gpu, total_tput_per_gpu, request_rate.",
+        "commas: several runs of a level on a side are repeats. Metrics: "
+        f"{', '.join(m.name for m in METRICS)}.",
     )
     p.add_argument("base", metavar="BASE", help="baseline results: FILE|DIR[,FILE|DIR...]")
     p.add_argument("new", metavar="NEW", help="new results: FILE|DIR[,FILE|DIR...]")
@@ -37,7 +37,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="exit 1 when NEW is worse than BASE on METRIC by more than PCT %% with the "
                    "interval excluding 0, at any common level (repeatable)")
     p.add_argument("--seed", type=int, default=0, help="bootstrap seed (default 0)")
-    p.add_argument("--resamples", type=int, default=2000, metavar="N", help="bootstrap resamples (default 2000)")
+    p.add_argument("--resamples", type=int, default=DEFAULT_RESAMPLES, metavar="N",
+                   help=f"bootstrap resamples (default {DEFAULT_RESAMPLES})")
     p.add_argument("--min-effect", type=float, default=0.0, metavar="PCT",
                    help="also call |delta| below PCT %% within noise (default 0)")
     p.add_argument("--fdr", type=float, default=DEFAULT_FDR, metavar="Q",

@@ -57,6 +57,7 @@ from loadgen.compare.stats import (
 
 CONFIDENCE = 0.95
 DEFAULT_FDR = 0.05
+DEFAULT_RESAMPLES = 2000  # bootstrap resamples per (level, metric) row
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,7 +142,7 @@ def load_run_noise(text: str) -> RunNoise:
 
 
 def compare_runs(base: Sequence[tuple[str, dict[str, Any]]], new: Sequence[tuple[str, dict[str, Any]]],
-                 metrics: Sequence[MetricDef] = METRICS, resamples: int = 2000, seed: int = 0,
+                 metrics: Sequence[MetricDef] = METRICS, resamples: int = DEFAULT_RESAMPLES, seed: int = 0,
                  min_effect_pct: float = 0.0, fdr: float = DEFAULT_FDR,
                  run_noise: RunNoise | None = None) -> Comparison:
     """Compare every level the two sides share; raises CompareError when they share none."""
