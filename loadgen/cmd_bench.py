@@ -139,7 +139,7 @@ def _apply_preset(args: argparse.Namespace) -> None:
 def _write_report(out: Path, quiet: bool) -> None:
     """PNG plots and the HTML report of the results file (what `loadgen report --format png,html` writes)."""
     from loadgen.html_report import write_html
-    from loadgen.plots import write_plots
+    from loadgen.plots import render_plots
     from loadgen.report import load_runs, resolve
 
     path = resolve(out)
@@ -150,7 +150,8 @@ def _write_report(out: Path, quiet: bool) -> None:
         return
     folder = out / "report"
     folder.mkdir(parents=True, exist_ok=True)
-    written = write_plots(runs, folder) + [write_html(runs, folder / "report.html")]
+    plots = render_plots(runs, folder)
+    written = [png for png, _ in plots] + [write_html(runs, folder / "report.html", plots)]
     if not quiet:
         for file in written:
             print(f"wrote {file}")

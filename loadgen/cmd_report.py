@@ -129,14 +129,16 @@ def run(args: argparse.Namespace) -> int:
         from loadgen.export.infx import write_rows
 
         written += [write_rows(rows, out / INFX_FORMATS[name]) for name, rows in infx.items()]
+    plots = None
     if "png" in files:
-        from loadgen.plots import write_plots
+        from loadgen.plots import render_plots
 
-        written += write_plots(runs, out)
+        plots = render_plots(runs, out)
+        written += [png for png, _ in plots]
     if "html" in files:
         from loadgen.html_report import write_html
 
-        written.append(write_html(runs, out / "report.html"))
+        written.append(write_html(runs, out / "report.html", plots))  # embeds the PNGs just written
     for path in written:
         print(f"wrote {path}")
     return 0

@@ -41,17 +41,23 @@ DEFINITIONS = (
 )
 
 
-def write_html(runs: Sequence[Run], path: Path) -> Path:
-    """Render the plots into a scratch folder, embed them, write one HTML file."""
-    from loadgen.plots import render_plots
+def write_html(runs: Sequence[Run], path: Path, plots: Sequence[tuple[Path, str]] | None = None,
+               sections: Sequence[tuple[str, str]] = ()) -> Path:
+    """Embed the plots (the (png, title) pairs `plots.render_plots` wrote; rendered into a scratch
+    folder when not given), write one HTML file; `sections` are extra (title, text) blocks at the end."""
+    if plots is None:
+        from loadgen.plots import render_plots
 
-    with tempfile.TemporaryDirectory(prefix="agentload-plots-") as scratch:
-        images = [(title, png.read_bytes()) for png, title in render_plots(runs, Path(scratch))]
-    path.write_text(render_html(runs, images), encoding="utf-8")
+        with tempfile.TemporaryDirectory(prefix="agentload-plots-") as scratch:
+            images = [(title, png.read_bytes()) for png, title in render_plots(runs, Path(scratch))]
+    else:
+        images = [(title, png.read_bytes()) for png, title in plots]
+    path.write_text(render_html(runs, images, sections), encoding="utf-8")
     return path
 
 
-def render_html(runs: Sequence[Run], images: Sequence[tuple[str, bytes]]) -> str:
+def render_html(runs: Sequence[Run], images: Sequence[tuple[str, bytes]],
+                sections: Sequence[tuple[str, str]] = ()) -> str:
     parts = ["<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
              "<title>agentload report</title>", f"<style>{STYLE}</style></head><body>",
              "<h1>agentload report</h1>", _runs_table(runs), "<h2>Sweep summary</h2>",
@@ -62,6 +68,7 @@ def render_html(runs: Sequence[Run], images: Sequence[tuple[str, bytes]]) -> str
     for run in runs:
         parts.append(f"<h2>Levels of {escape(run.name)}</h2>")
         parts += [_level_section(level) for level in run.doc["levels"]] or ["<p>No levels measured.</p>"]
+    parts += [f"<h2>{escape(title)}</h2><pre>{escape(text)}</pre>" for title, text in sections]
     parts.append("<h2>Definitions</h2><ul>")
     parts += [f"<li><b>{escape(name)}</b>: {escape(text)}</li>" for name, text in DEFINITIONS]
     parts.append("</ul></body></html>")

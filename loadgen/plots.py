@@ -41,11 +41,6 @@ def _pyplot():
     return plt
 
 
-def write_plots(runs: Sequence[Run], out: Path) -> list[Path]:
-    """Every plot as a PNG in `out`; returns their paths."""
-    return [path for path, _ in render_plots(runs, out)]
-
-
 def render_plots(runs: Sequence[Run], out: Path) -> list[tuple[Path, str]]:
     """Write the plots; returns (path, title) pairs, for the HTML report too."""
     plt = _pyplot()

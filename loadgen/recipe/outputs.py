@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import html
 from pathlib import Path
 
 from loadgen.recipe.schema import Recipe
@@ -54,19 +53,11 @@ def _load(path: Path, name: str):
 
 
 def _report(runs: list, folder: Path, tables: list[tuple[str, str]]) -> list[Path]:
+    """Plots of every variant on shared axes, and one HTML page that also shows each comparison."""
     from loadgen.html_report import write_html
-    from loadgen.plots import write_plots
+    from loadgen.plots import render_plots
 
     folder.mkdir(exist_ok=True)
-    written = write_plots(runs, folder)
-    page = write_html(runs, folder / "report.html")
-    _append_sections(page, tables)
-    return written + [page]
-
-
-def _append_sections(page: Path, tables: list[tuple[str, str]]) -> None:
-    """Each comparison's table at the end of the HTML report, so one page shows every variant."""
-    sections = "".join(f"<h2>{html.escape(title)}</h2><pre>{html.escape(text)}</pre>" for title, text in tables)
-    text = page.read_text(encoding="utf-8")
-    at = text.rfind("</body>")
-    page.write_text(text[:at] + sections + text[at:] if at >= 0 else text + sections, encoding="utf-8")
+    plots = render_plots(runs, folder)
+    page = write_html(runs, folder / "report.html", plots, tables)
+    return [png for png, _ in plots] + [page]
