@@ -129,7 +129,7 @@ def sparse_mla_cases(rows: list[Row], num_slots: int, batch: int, head_counts: t
     c = SparseMlaConfig
     sweep = {  # heads: (tile config, num_splits or None for the automatic choice)
         128: [(c(64, 64, 8, 2), None), (c(32, 64, 4, 2), None), (c(64, 64, 8, 1), None), (c(64, 32, 8, 2), None),
-              (c(64, 32, 4, 2), None), (c(64, 64, 8, 3), None), (c(32, 32, 4, 3), None)],
+              (c(64, 64, 8, 3), None), (c(128, 32, 8, 2), None), (c(128, 32, 16, 2), None), (c(128, 64, 16, 2), None)],
         16: [(c(16, 32, 4, 2), None), (c(16, 32, 4, 2), 16), (c(16, 64, 4, 2), 5), (c(16, 32, 4, 3), 8),
              (c(16, 32, 8, 4), 16), (c(16, 64, 4, 2), 8)],
     }
@@ -257,9 +257,8 @@ def check_tiled(key_dtype: str, cfg: TiledConfig, fp8_dot: bool) -> str:
     return f"{'ok' if ok else 'FAIL'} (diff {diff:.1e})"
 
 
-PREFILL_SWEEP = ((TiledConfig(4, 64, 8), True), (TiledConfig(4, 128, 8), True), (TiledConfig(4, 64, 4, 2), True),
-                 (TiledConfig(2, 128, 4), True), (TiledConfig(4, 64, 4), True), (TiledConfig(4, 64, 8, 4, 3), True),
-                 (TiledConfig(4, 64, 8), False), (TiledConfig(4, 32, 4), True))
+PREFILL_SWEEP = ((TiledConfig(4, 128, 4), True), (TiledConfig(2, 128, 4), True), (TiledConfig(8, 128, 4), True),
+                 (TiledConfig(4, 128, 4), False), (TiledConfig(2, 128, 4), False))
 
 
 def indexer_prefill_cases(rows: list[Row], chunk: int, context: int) -> None:

@@ -137,12 +137,13 @@ class TiledConfig:
     num_stages: int | None = None
 
 
-def default_tiled_config(device: torch.device) -> TiledConfig:
-    """Interpreter: small tiles that still span two tokens. GPU: measured best on an H200
-    (benchmarks/RESULTS.md, issue 12 prefill)."""
+def default_tiled_config(key_dtype: str, device: torch.device) -> TiledConfig:
+    """Interpreter: small tiles that still span two tokens. GPU: measured best on an H200 for a
+    2,048-token chunk at 64k (benchmarks/RESULTS.md, issue 12 prefill); the MXFP4 decode is ALU
+    work per key that fewer warps per tile hide better."""
     if device.type != "cuda":
         return TiledConfig(2, 16, 4)
-    return TiledConfig(4, 64, 8)
+    return TiledConfig(4, 128, 4) if key_dtype == "fp8" else TiledConfig(2, 128, 4)
 
 
 def fp8_dot_supported(device: torch.device) -> bool:
@@ -157,7 +158,7 @@ def indexer_logits_tiled(q_fp8, weights, rows, key_dtype, block_table, seq_ids, 
     out = new_output((t, n_cols), torch.float32, q_fp8.device)
     if t == 0 or n_cols == 0:
         return out
-    cfg = config or default_tiled_config(q_fp8.device)
+    cfg = config or default_tiled_config(key_dtype, q_fp8.device)
     use_fp8 = key_dtype == "fp8" and (fp8_dot_supported(q_fp8.device) if fp8_dot is None else fp8_dot)
     tiles = triton.cdiv(t, cfg.block_m)
     grid = (tiles, row_programs(tiles, triton.cdiv(n_cols, cfg.block_n), q_fp8.device, cfg.programs_per_sm))
