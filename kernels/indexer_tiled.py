@@ -7,12 +7,15 @@ all heads, as one [BLOCK_M * H, d_I] operand, and for each block of keys compute
     scores[key, token * H + h] = k[key] . q[token, h]                  (one dot)
     logits[key, token] = sum_h w[token, h] * relu(scores[key, token, h])  (a reshape and a sum)
 
-so a key block is loaded (and decoded) once per BLOCK_M tokens. Keys enter the dot as fp8 e4m3
-bytes where the device has fp8 tensor cores (FP8_DOT: the bytes are reinterpreted, no decode);
-otherwise, and for MXFP4 keys, as fp16 decoded by integer arithmetic (kernels/triton_utils.py).
+so a key block is loaded (and decoded) once per BLOCK_M tokens. Where the device has fp8 tensor
+cores (FP8_DOT) the dot takes e4m3 operands: fp8 keys and the queries are their bytes
+reinterpreted (no decode); otherwise fp16 decoded by integer arithmetic (kernels/triton_utils.py).
 MXFP4 rows are brought to one scale per row: each 32-value group's e2m1 values are multiplied by
-2^(its scale - the row's largest scale) in fp16, exact down to 2^-24, so the whole row is one dot
-and the row's scale multiplies the result.
+2^-drop, drop = the row's largest group scale minus the group's, in fp16 (exact down to 2^-24),
+so the whole row is one dot and the row's scale multiplies the result. For an fp8 dot these
+values are then converted to e4m3, exact while drop <= 8 (e2m1 values have two significant bits
+and stay multiples of 2^-9); groups more than 2^8 below their row's largest are rounded to e4m3
+(3 mantissa bits, subnormals down to 2^-9), a change far below the indexer's bar.
 
 Tokens of one request are contiguous in a batch. A tile whose tokens all belong to one request
 makes one pass over its keys; a tile straddling requests makes one pass per token (the other
@@ -55,8 +58,9 @@ def _fp8_keys(key_ptr, key_words_ptr, slots, visible, ROW_BYTES: tl.constexpr, D
 
 
 @triton.jit
-def _mxfp4_keys(key_ptr, slots, visible, ROW_BYTES: tl.constexpr, D: tl.constexpr, DOT_DTYPE: tl.constexpr):
-    """MXFP4 rows -> (fp16 operand [BLOCK_N, D] at one scale per row, per-key factor)."""
+def _mxfp4_keys(key_ptr, slots, visible, ROW_BYTES: tl.constexpr, D: tl.constexpr, FP8_DOT: tl.constexpr,
+                DOT_DTYPE: tl.constexpr):
+    """MXFP4 rows -> (operand [BLOCK_N, D] at one scale per row, per-key factor)."""
     dims = tl.arange(0, D)
     row = key_ptr + slots[:, None] * ROW_BYTES
     # element i is nibble i % 2 of byte i // 2 (each byte is loaded twice, from the same line)
@@ -67,8 +71,14 @@ def _mxfp4_keys(key_ptr, slots, visible, ROW_BYTES: tl.constexpr, D: tl.constexp
     # 2^(14 - drop) as fp16 bits (exponent bias 15); a group 2^28 below the row's largest is flushed
     drop = row_exp[:, None] - group_exp
     factor = tl.where(drop <= 28, (29 - drop) << 10, 0).to(tl.int16).to(tl.float16, bitcast=True)
-    keys = (raw * factor).to(DOT_DTYPE)  # = value * 2^-drop: exact products of powers of two
-    return keys, ue8m0_to_f32(row_exp) * E4M3_RAW_SCALE
+    keys = raw * factor  # = value * 2^-drop: exact products of powers of two
+    row_scale = ue8m0_to_f32(row_exp)
+    if FP8_DOT:  # e4m3 holds value * 2^-drop exactly while drop <= 8 (two significant bits, >= 2^-9)
+        keys = keys.to(tl.float8e4nv)
+    else:
+        keys = keys.to(DOT_DTYPE)
+        row_scale = row_scale * E4M3_RAW_SCALE
+    return keys, row_scale
 
 
 @triton.jit(do_not_specialize=["block_size"])
@@ -115,7 +125,7 @@ def _indexer_tiled_kernel(
             block = tl.load(block_table_ptr + seq * block_table_stride + cols // block_size, mask=visible, other=0)
             slots = block.to(tl.int64) * block_size + cols % block_size
             if MXFP4:
-                keys, key_factor = _mxfp4_keys(key_ptr, slots, visible, ROW_BYTES, D, DOT_DTYPE)
+                keys, key_factor = _mxfp4_keys(key_ptr, slots, visible, ROW_BYTES, D, FP8_DOT, DOT_DTYPE)
             else:
                 keys, key_factor = _fp8_keys(key_ptr, key_words_ptr, slots, visible, ROW_BYTES, D, FP8_DOT, DOT_DTYPE)
             scores = tl.dot(keys, tl.trans(q))  # [BLOCK_N, BLOCK_M * BLOCK_H]
@@ -128,7 +138,11 @@ def _indexer_tiled_kernel(
 
 @dataclass(frozen=True)
 class TiledConfig:
-    """Query tokens per tile, keys per block, warps, programs per multiprocessor, pipelining depth."""
+    """Query tokens per tile, keys per block, warps, programs per multiprocessor, pipelining depth.
+
+    Check a new shape on the GPU before using it (benchmarks/kernels.py --only prefill): on triton
+    3.6 / H200 the tile of 8 tokens x 64 keys with 8 warps gave wrong logits (the same tile with
+    128 keys and 4 warps, and every 4-token tile, matched the reference)."""
 
     block_m: int
     block_n: int
@@ -139,11 +153,14 @@ class TiledConfig:
 
 def default_tiled_config(key_dtype: str, device: torch.device) -> TiledConfig:
     """Interpreter: small tiles that still span two tokens. GPU: measured best on an H200 for a
-    2,048-token chunk at 64k (benchmarks/RESULTS.md, issue 12 prefill); the MXFP4 decode is ALU
-    work per key that fewer warps per tile hide better."""
+    2,048-token chunk at 64k (benchmarks/RESULTS.md, issue 12 prefill). MXFP4 keys are decoded
+    per element (ALU work): with fp8 dots an 8-token tile shares that work best; with fp16 dots a
+    2-token tile did."""
     if device.type != "cuda":
         return TiledConfig(2, 16, 4)
-    return TiledConfig(4, 128, 4) if key_dtype == "fp8" else TiledConfig(2, 128, 4)
+    if key_dtype == "mxfp4":
+        return TiledConfig(8, 128, 4) if fp8_dot_supported(device) else TiledConfig(2, 128, 4)
+    return TiledConfig(4, 128, 4)
 
 
 def fp8_dot_supported(device: torch.device) -> bool:
@@ -159,7 +176,7 @@ def indexer_logits_tiled(q_fp8, weights, rows, key_dtype, block_table, seq_ids, 
     if t == 0 or n_cols == 0:
         return out
     cfg = config or default_tiled_config(key_dtype, q_fp8.device)
-    use_fp8 = key_dtype == "fp8" and (fp8_dot_supported(q_fp8.device) if fp8_dot is None else fp8_dot)
+    use_fp8 = fp8_dot_supported(q_fp8.device) if fp8_dot is None else fp8_dot
     tiles = triton.cdiv(t, cfg.block_m)
     grid = (tiles, row_programs(tiles, triton.cdiv(n_cols, cfg.block_n), q_fp8.device, cfg.programs_per_sm))
     _indexer_tiled_kernel[grid](

@@ -2,7 +2,8 @@
 
 o[t, h] = softmax_j(scale * q[t, h] . row[idx[t, j]]) @ row[idx[t, j]][:d_c], lse in fp32 (natural
 log); entries with idx -1 take no part; a token with no valid entry gets o = 0, lse = -inf.
-The Triton kernel runs one program per (token, block of heads, split of the index list): it
+The Triton kernel runs one program per (token, block of heads, split of the index list; a
+token's head blocks adjacent in the grid): it
 gathers BLOCK_N rows, scores them with two dots (latent and rope parts), keeps an exp2 online
 softmax (masked scores -1e30, never -inf, so no NaN) and accumulates P @ rows[:, :d_c]. When
 (tokens x head blocks) would not fill the GPU the index list is split and a second kernel merges

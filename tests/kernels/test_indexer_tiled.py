@@ -26,15 +26,17 @@ def paged_batch(gen, key_dtype: str, block_size: int, d_i: int = 64):
     return q8, w, cache, block_table, seq_ids, context_lens
 
 
+@pytest.mark.parametrize("fp8_dot", [False, True])
 @pytest.mark.parametrize("key_dtype", ["fp8", "mxfp4"])
 @pytest.mark.parametrize("block_size", [16, 61])
-def test_tiled_matches_reference(gen, key_dtype, block_size):
+def test_tiled_matches_reference(gen, key_dtype, block_size, fp8_dot):
+    """Both dot paths (the interpreter emulates the e4m3 operands of the fp8 one)."""
     q8, w, cache, block_table, seq_ids, lens = paged_batch(gen, key_dtype, block_size)
     max_context = 55
     ref = indexer_logits_paged(q8, w, cache, key_dtype, block_table, block_size, seq_ids, lens, max_context,
                                backend="torch")
     got = indexer_logits_tiled(q8, w, cache, key_dtype, block_table, seq_ids, lens, block_size, max_context,
-                               config=TiledConfig(4, 16, 4))
+                               config=TiledConfig(4, 16, 4), fp8_dot=fp8_dot)
     assert_logits_match(got, ref)
 
 
@@ -52,7 +54,8 @@ def test_tiled_unmasked_tail(gen, key_dtype):
 
 
 def test_mxfp4_groups_far_apart_in_scale(gen):
-    """Groups of one row whose scales differ by 2^10: brought to the row's scale, still exact."""
+    """Groups of one row whose scales differ by 2^10: brought to the row's scale, still exact in
+    fp16 (the fp8 dot would round the small group: 2^-10 is past e4m3's exact range)."""
     d_i = 64
     keys = torch.randn(20, d_i, generator=gen)
     keys[:, 32:] *= 2.0**-10
@@ -63,7 +66,8 @@ def test_mxfp4_groups_far_apart_in_scale(gen):
     lens = torch.tensor([18, 19, 20], dtype=torch.int32)
     table = torch.arange(20, dtype=torch.int32)[None]
     ref = indexer_logits_paged(q8, w, cache, "mxfp4", table, 1, seq_ids, lens, 20, backend="torch")
-    got = indexer_logits_tiled(q8, w, cache, "mxfp4", table, seq_ids, lens, 1, 20, config=TiledConfig(2, 16, 4))
+    got = indexer_logits_tiled(q8, w, cache, "mxfp4", table, seq_ids, lens, 1, 20, config=TiledConfig(2, 16, 4),
+                               fp8_dot=False)
     assert_logits_match(got, ref)
 
 
