@@ -18,9 +18,9 @@ import triton.language as tl
 from kernels.backend import resolve_backend, values_checkable
 from kernels.triton_utils import new_output, row_programs
 
-# From this many rows (a prefill chunk; never a decode step's graph) the GPU takes torch.topk: its
-# row-parallel selection beat the radix passes 2.7 vs 4.8 ms at 2048 x 65,536 on an H200
-# (benchmarks/RESULTS.md, issue 12 prefill), where the histogram passes are bound by their ALU work.
+# From this many rows (a prefill chunk; no decode step's graph has as many) the GPU takes
+# torch.topk: with the length mask it beat the radix passes 2.7 vs 4.8 ms at 2048 x 65,536 on an
+# H200 (benchmarks/RESULTS.md, issue 12 prefill), where the five passes run far below bandwidth.
 TORCH_TOPK_MIN_ROWS = 1024
 
 # ---------------------------------------------------------------- torch reference
