@@ -39,8 +39,9 @@ from conftest import ServerProcess  # noqa: E402  (the test server's launcher)
 
 def write_traces(folder: Path, osl: int, sessions: int = 64, requests: int = 400) -> None:
     for s in range(sessions):
-        items = [{"t": 0.0, "type": "n", "in": 256 + 64 * (i % 4), "out": osl, "hash_ids": [1, 2, 3, 4],
-                  "think_time": 0.0} for i in range(requests)]
+        inputs = [256 + 64 * (i % 4) for i in range(requests)]
+        items = [{"t": 0.0, "type": "n", "in": n, "out": osl, "hash_ids": list(range(1, n // 64 + 1)),
+                  "think_time": 0.0} for n in inputs]
         doc = {"id": f"bench{s}", "models": ["m"], "block_size": 64, "requests": items}
         with gzip.open(folder / f"bench{s}.json.gz", "wt") as handle:
             json.dump(doc, handle)

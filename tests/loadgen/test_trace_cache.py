@@ -34,3 +34,24 @@ def test_an_unwritable_cache_only_costs_the_parse(tmp_path, monkeypatch):
     blocked.write_text("a file where the cache folder would go")
     monkeypatch.setenv("XDG_CACHE_HOME", str(blocked))
     assert trace_cache.load_traces_cached(DEFAULT_SET, "auto").sessions
+
+
+def test_the_entry_keeps_each_shared_run_of_hash_ids_once():
+    """Requests that extend, shrink or leave an earlier one's ids, in the parent and a subagent,
+    come back equal; the bundled set's entry is a fraction of its plain pickle."""
+    import pickle
+
+    from traces import Request, Session, Subagent, TraceSet
+
+    def request(index: int, ids: tuple[int, ...]) -> Request:
+        return Request(index, 0.0, 64 * len(ids) + 5, 3, ids, 0.0, model="m", input_types=("text",))
+
+    grows = [request(0, (1, 2)), request(1, (1, 2, 3, 4)), request(3, (1, 2, 3)), request(4, (9,)), request(5, ())]
+    sub = Subagent("a", "Explore", 0.5, 1, 10.0, 7, 1, "completed", (request(2, (1, 2, 70, 71)),))
+    session = Session("s", 64, ("m",), tuple(grows), (sub,), "f.json", 10, 20, "local")
+    small = TraceSet("t", "sessions", 64, (session, session))
+    assert trace_cache.unpack(pickle.loads(pickle.dumps(trace_cache.pack(small)))) == small
+    bundled = load_traces(DEFAULT_SET, "auto")
+    entry = pickle.dumps(trace_cache.pack(bundled))
+    assert trace_cache.unpack(pickle.loads(entry)) == bundled
+    assert len(entry) * 5 < len(pickle.dumps(bundled))
