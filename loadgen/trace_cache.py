@@ -3,8 +3,9 @@
 Parsing and validating the bundled agentic-coding sessions takes about a second (every hash id
 is checked). Only sets shipped inside the traces package are cached, keyed by their files and
 the package's own source files (size and mtime), so a new or edited trace file, or a new reader,
-never meets a stale entry. Any problem with the cache (unwritable folder, unreadable entry)
-falls back to parsing.
+never meets a stale entry. A home without a writable cache folder (containers often have one)
+uses a folder in the temporary directory instead; any other problem (unreadable entry, no
+writable folder at all) falls back to parsing.
 
 The entry is not the pickled TraceSet: its requests hold about 3.5 million hash ids, but only
 some 22 thousand distinct ones, because each request of a conversation repeats the ids of the
@@ -40,19 +41,29 @@ def cache_dir() -> Path:
     return Path(base) / "agentload" / "traces"
 
 
+def _cache_dirs() -> list[Path]:
+    """Where entries are looked for and kept, in order of preference."""
+    user = f"-{os.getuid()}" if hasattr(os, "getuid") else ""
+    return [cache_dir(), Path(tempfile.gettempdir()) / f"agentload{user}" / "traces"]
+
+
 def load_traces_cached(source: str, fmt: str) -> TraceSet:
     """`traces.load_traces(source, fmt)`, through the cache when `source` names a bundled set."""
     if Path(source).exists() or source not in bundled_sets():
         return load_traces(source, fmt)
-    path = cache_dir() / f"{source}-{fmt}-{FORMAT}-{_fingerprint(source)}.pickle"
-    try:
-        with open(path, "rb") as handle:
-            return unpack(pickle.load(handle))
-    except (OSError, pickle.UnpicklingError, EOFError, AttributeError, ImportError, TypeError, ValueError,
-            IndexError):
-        pass
+    name = f"{source}-{fmt}-{FORMAT}-{_fingerprint(source)}.pickle"
+    for folder in _cache_dirs():
+        try:
+            with open(folder / name, "rb") as handle:
+                return unpack(pickle.load(handle))
+        except (OSError, pickle.UnpicklingError, EOFError, AttributeError, ImportError, TypeError, ValueError,
+                IndexError):
+            pass
     loaded = load_traces(source, fmt)
-    _store(path, pack(loaded))
+    entry = pack(loaded)
+    for folder in _cache_dirs():
+        if _store(folder / name, entry):
+            break
     return loaded
 
 
@@ -154,11 +165,13 @@ def _fingerprint(name: str) -> str:
     return digest.hexdigest()[:16]
 
 
-def _store(path: Path, entry: Any) -> None:
+def _store(path: Path, entry: Any) -> bool:
+    """Write the entry atomically; False when the folder cannot take it."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.NamedTemporaryFile(dir=path.parent, delete=False, suffix=".tmp") as handle:
             pickle.dump(entry, handle, protocol=pickle.HIGHEST_PROTOCOL)
         os.replace(handle.name, path)
     except OSError:
-        pass  # a read-only home: parse every time
+        return False
+    return True

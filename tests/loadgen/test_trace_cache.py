@@ -2,8 +2,16 @@
 
 from __future__ import annotations
 
+import pytest
+
 import loadgen.trace_cache as trace_cache
 from traces import DEFAULT_SET, load_traces
+
+
+@pytest.fixture(autouse=True)
+def _own_temporary_directory(tmp_path, monkeypatch):
+    """The fallback cache folder lives in the temporary directory: a test's own, not the host's."""
+    monkeypatch.setattr(trace_cache.tempfile, "tempdir", str(tmp_path / "tmp"))
 
 
 def test_a_bundled_set_is_parsed_once_then_read_back_equal(tmp_path, monkeypatch):
@@ -29,11 +37,18 @@ def test_a_broken_entry_is_parsed_again_and_user_files_never_cached(tmp_path, mo
     assert len(list(trace_cache.cache_dir().glob("*.pickle"))) == 1
 
 
-def test_an_unwritable_cache_only_costs_the_parse(tmp_path, monkeypatch):
+def test_an_unwritable_cache_folder_falls_back_to_the_temporary_directory(tmp_path, monkeypatch):
     blocked = tmp_path / "file"
     blocked.write_text("a file where the cache folder would go")
     monkeypatch.setenv("XDG_CACHE_HOME", str(blocked))
-    assert trace_cache.load_traces_cached(DEFAULT_SET, "auto").sessions
+    first = trace_cache.load_traces_cached(DEFAULT_SET, "auto")
+    assert len(list((tmp_path / "tmp").glob("agentload*/traces/*.pickle"))) == 1
+
+    def no_parsing(*args, **kwargs):
+        raise AssertionError("parsed again instead of read from the cache")
+
+    monkeypatch.setattr(trace_cache, "load_traces", no_parsing)
+    assert trace_cache.load_traces_cached(DEFAULT_SET, "auto") == first
 
 
 def test_the_entry_keeps_each_shared_run_of_hash_ids_once():
