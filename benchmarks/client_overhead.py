@@ -133,7 +133,8 @@ def run_bare_case(conc: int, first_ms: float, itl_ms: float, osl: int, duration:
         "requests": len(records), "errors": 0, "tok_s": tokens / duration,
         "cpu_us_per_token": 1e6 * result["cpu_s"] / tokens if tokens else None,
         "cpu_us_per_request": 1e6 * result["cpu_s"] / len(records) if records else None,
-        "sys_us_per_token": None, "cpu_util": result["cpu_s"] / duration, "server_cpu_util": None,
+        "sys_us_per_token": 1e6 * result["sys_s"] / tokens if tokens else None,
+        "cpu_util": result["cpu_s"] / duration, "server_cpu_util": None,
         **_errors(records, seen), "loop_lag_ms_p99": None,
     }
 
