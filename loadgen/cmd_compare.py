@@ -50,6 +50,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    "benchmarks/ab_calibration.py (per metric, with the number of A/A runs it came from). "
                    "Pooled with the repeats' own variance; with one run per side it is the run-to-run "
                    "noise (default: none; a single-run comparison then says its interval lacks it)")
+    p.add_argument("--paired", action="store_true",
+                   help="the k-th run of a level on each side belong together (interleaved rounds A B A B, or "
+                   "the k-th --repeat): a paired t on the per-round ratios, each percentile taken over the "
+                   "requests both runs of the round measured; needs as many runs on each side (default: "
+                   "unpaired Welch)")
     p.set_defaults(func=run)
 
 
@@ -74,7 +79,7 @@ def run(args: argparse.Namespace) -> int:
     base, new = load_runs(base_paths), load_runs(new_paths)
     try:
         comparison = compare_runs([(r.name, r.doc) for r in base], [(r.name, r.doc) for r in new], metrics,
-                                  args.resamples, args.seed, args.min_effect, args.fdr, run_noise)
+                                  args.resamples, args.seed, args.min_effect, args.fdr, run_noise, args.paired)
     except CompareError as exc:
         raise UsageError(str(exc)) from exc
     tripped = regressions(comparison, gates)

@@ -101,6 +101,7 @@ class CompareSpec:
     metrics: tuple[str, ...] | None = None
     fdr: float = DEFAULT_FDR
     run_noise: str | None = None  # as `loadgen compare --run-noise`: PCT, or run_noise.json from an A/A calibration
+    paired: bool = True  # round k of every variant compared together (`loadgen compare --paired`)
 
 
 @dataclass(frozen=True, slots=True)
