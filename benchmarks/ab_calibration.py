@@ -16,6 +16,9 @@ Analyse: comparisons are drawn round by round. An A/A comparison of n rounds tak
 n rounds and, per round, one of its A/A2 runs as BASE and the other as NEW (every subset and
 assignment is an A/A comparison; a "false verdict" is a better/worse verdict on a metric row). An
 A/B comparison takes, per round, A or A2 as BASE and B as NEW; "detected" = TPOT p50 "worse".
+Spike-in: every A/A comparison again with NEW's per-request TPOT made SPIKE_PCT (10) % longer -
+an exactly known 10 % change on the real noise of identical runs, whatever the planted delay
+turned out to do to TPOT on the day.
 Methods (all with Benjamini-Hochberg at FDR 0.05 over the comparison's rows, except single/old):
 
   single/old      one run per side, session bootstrap, verdict when the 95 % interval excludes 0
@@ -78,6 +81,7 @@ MAX_COMPARISONS = 120  # per method and size (drawn without repeats, seeded)
 RESAMPLES = 2000  # matched-boot's bootstrap over rounds
 SIZES = (3, 5)  # rounds per comparison for the repeats methods (those that fit in --rounds)
 METHODS = ("welch", "paired", "matched", "matched-boot")
+SPIKE_PCT = 10.0  # the known TPOT change added to one side of every A/A comparison
 
 
 def build_recipe(args: argparse.Namespace, delay_ms: float | None, rounds: int, name: str) -> Recipe:
@@ -188,7 +192,7 @@ def analyze(out: Path) -> dict:
     plans = [("single/old", 1), ("single/bh", 1)]
     plans += [(f"{m}/{n}", n) for n in SIZES if n <= len(a) for m in METHODS]
     for method, n in plans:
-        false = rows = aa = 0
+        false = rows = aa = spiked = 0
         for subset, flips in _draws(len(a), n, null=True, rng=rng):
             base = [(a2 if f else a)[k] for k, f in zip(subset, flips)]
             new = [(a if f else a2)[k] for k, f in zip(subset, flips)]
@@ -196,6 +200,7 @@ def analyze(out: Path) -> dict:
             false += sum(v in ("better", "worse") for v in verdicts.values())
             rows += len(verdicts)
             aa += 1
+            spiked += _verdicts(method, base, [_spiked(d) for d in new], rng)["tpot_p50"] == "worse"
         detected = tries = 0
         for subset, flips in _draws(len(a), n, null=False, rng=rng):
             base = [(a2 if f else a)[k] for k, f in zip(subset, flips)]
@@ -205,7 +210,8 @@ def analyze(out: Path) -> dict:
             "aa_comparisons": aa, "aa_metric_rows": rows,
             "aa_false_verdicts": false, "aa_false_verdict_rate": round(false / rows, 4) if rows else None,
             "ab_comparisons": tries, "tpot_detected": detected,
-            "tpot_detection_rate": round(detected / tries, 4) if tries else None}
+            "tpot_detection_rate": round(detected / tries, 4) if tries else None,
+            f"spike_{SPIKE_PCT:g}pct_detected": spiked, f"spike_{SPIKE_PCT:g}pct_detection_rate": round(spiked / aa, 4)}
     (out / "calibration.json").write_text(json.dumps(report, indent=1))
     return report
 
@@ -234,6 +240,13 @@ def _verdicts(method: str, base: list[dict], new: list[dict], rng: np.random.Gen
     comparison = compare_runs([(d["path"], d) for d in base], [(d["path"], d) for d in new], resamples=400,
                               fdr=fdr, paired=name in ("paired", "matched"), seed=int(rng.integers(1 << 30)))
     return {r.metric.name: r.verdict for r in comparison.levels[0].results}
+
+
+def _spiked(doc: dict) -> dict:
+    """The run with every request's TPOT SPIKE_PCT % longer: a known effect on real A/A noise."""
+    level = doc["levels"][0]
+    tpot = [None if v is None else v * (1 + SPIKE_PCT / 100) for v in level["requests"]["tpot_us"]]
+    return dict(doc, levels=[dict(level, requests=dict(level["requests"], tpot_us=tpot))])
 
 
 def _without_turns(doc: dict) -> dict:

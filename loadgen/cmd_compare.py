@@ -21,7 +21,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="Compare BASE and NEW results (agentload.result/1) level by level: for each "
         "metric both values, delta % = (NEW - BASE) / BASE, its 95 % confidence interval and a "
         "verdict: better, worse, or within noise. With repeats (>= 2 runs of a level per side) the "
-        "interval is Welch's t on the per-run values, which includes run-to-run noise; with one run "
+        "interval is Welch's t on the per-run values (with --paired: a t on the per-round ratios, "
+        "percentiles over the requests both runs of a round measured), which includes run-to-run noise; with one run "
         "per side it is a bootstrap over session plays (paired when both runs replayed the same "
         "plays), which does not, unless --run-noise gives it. A verdict needs the interval to "
         "exclude 0 and the change to survive Benjamini-Hochberg at --fdr over all compared rows.",

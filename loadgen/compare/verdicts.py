@@ -5,7 +5,19 @@ label ("conc 4", "rate 2/s", "mooncake"). When a side holds several runs of the 
 several files for that side, or the same label more than once in one file (`--repeat N`,
 `loadgen recipe run` with `repeats`) - those are repeats.
 
-delta % = 100 (NEW - BASE) / BASE, where a side's value is the mean over its repeats.
+delta % = 100 (NEW - BASE) / BASE, where a side's value is the mean over its repeats (paired
+rounds: the geometric mean of the per-round ratios, the centre of its interval).
+
+Paired rounds (`paired`, a recipe's default; as many runs on each side): the k-th runs of the
+two sides were measured together (round k of A B A B ..., the k-th `--repeat`), so what a round
+shares - the machine's load and drift while its runs ran - cancels in their ratio. The test is
+the one-sample t on the per-round log ratios (rounds - 1 degrees of freedom): the rounds are the
+unit, so the run-level noise stays in the interval. Matched requests: two runs that replayed the
+same plan measured mostly the same (session play, agent, turn) requests; then each percentile of
+the round is taken over the requests both measured (stats.matched), so request-to-request
+variation - which requests fell in each window; a slower run finishes fewer - drops out and the
+ratio is the server's alone. Rates count whole windows. (A cluster bootstrap over 3-5 rounds
+instead of the t gave 25 % A/A false verdicts in benchmarks/ab_calibration.py: far too narrow.)
 
 Repeats (>= 2 runs of the level on each side): Welch's t-test on the logarithm of the per-run
 values. Each run's value carries both the server's run-to-run variation (batching
