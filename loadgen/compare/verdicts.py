@@ -204,9 +204,7 @@ def _estimate_level(label: str, base: list[LevelSample], new: list[LevelSample],
     """(LevelComparison fields but results, [MetricResult without verdict]) of one level."""
     centre: list[float | None] | None = None  # paired: delta % is the test's own estimate
     if paired and run_noise is None and len(base) == len(new) >= 2:
-        per_base = np.stack([point_values(r, metrics) for r in base], axis=1)
-        per_new = np.stack([point_values(r, metrics) for r in new], axis=1)
-        point_base, point_new = per_base.mean(axis=1), per_new.mean(axis=1)
+        point_base, point_new = (_per_run(side, metrics).mean(axis=1) for side in (base, new))
         ratios, shares = round_log_ratios(base, new, metrics)
         tests = [paired_log_test(ratios[i]) for i in range(len(metrics))]
         centre = [_mean_ratio_pct(row) for row in ratios]
@@ -222,8 +220,7 @@ def _estimate_level(label: str, base: list[LevelSample], new: list[LevelSample],
         detail = boot.detail + "; single run per side, run-to-run noise NOT in the interval"
         tests = [_bootstrap_test(point_base[i], point_new[i], boot.base[i], boot.new[i]) for i in range(len(metrics))]
     elif (len(base) >= 2 and len(new) >= 2) or run_noise is not None:
-        per_base = np.stack([point_values(r, metrics) for r in base], axis=1)
-        per_new = np.stack([point_values(r, metrics) for r in new], axis=1)
+        per_base, per_new = _per_run(base, metrics), _per_run(new, metrics)
         point_base, point_new = per_base.mean(axis=1), per_new.mean(axis=1)
         single = len(base) == 1 and len(new) == 1
         method = "single run, A/A noise" if single else "repeats"
@@ -249,6 +246,11 @@ def _estimate_level(label: str, base: list[LevelSample], new: list[LevelSample],
               "new_requests": sum(r.requests for r in new), "base_failed": any(r.failed for r in base),
               "new_failed": any(r.failed for r in new), "run_to_run": run_to_run}
     return header, results
+
+
+def _per_run(runs: Sequence[LevelSample], metrics: Sequence[MetricDef]) -> np.ndarray:
+    """(metrics, runs) values of every run."""
+    return np.stack([point_values(r, metrics) for r in runs], axis=1)
 
 
 def round_log_ratios(base: Sequence[LevelSample], new: Sequence[LevelSample],
