@@ -5,7 +5,7 @@ Collect: our server with three variants - A, A2 (`control`, an identical copy of
 - over --rounds rounds; round k runs A, A2 and B once each. Two layouts:
 
   recipe (default)  one recipe (loadgen/recipe): every run on a freshly started server, the same
-                    seed in every run, rounds interleaved A A2 B A A2 B ...
+                    seed in every run, rounds interleaved (A A2 B, A2 B A, B A A2, ...)
   --alternate       (a GPU's time is short) the three servers started once, side by side on one
                     device (each with --gpu-memory-fraction of its memory), then round k replays
                     seed + k against each in turn, the order rotated per round (A A2 B, A2 B A,
