@@ -43,7 +43,7 @@ matching remove).
   python benchmarks/ab_calibration.py --analyze /tmp/abcal                          # re-analyse
   python benchmarks/ab_calibration.py --model v32 --num-layers 4 --device cuda --token-scale 0.25 \\
       --think-time-scale 0.02 --think-time-cap 2 --conc 8 --duration 10 --rounds 4 --alternate \\
-      --delay-ms 1.5 --budget-s 220 --out /tmp/abcal-gpu
+      --delay-ms 0.45 --budget-s 232 --out /tmp/abcal-gpu    # one H200: ~60 s per round of 10 s windows
 """
 
 from __future__ import annotations
