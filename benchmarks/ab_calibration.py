@@ -1,50 +1,72 @@
 """A/A false-verdict rate and planted-effect detection rate of `loadgen compare`'s methods.
 
-Collect: one recipe (loadgen/recipe) on our server with three variants - A, A2 (`control`, an
-identical copy of A) and B (A plus `--step-delay-ms D`, D = 10 % of A's TPOT p50 measured in a
-pilot run unless --delay-ms is given) - over --rounds interleaved rounds (A A2 B A A2 B ...),
-every run on a freshly started server with the same seed.
+Collect: our server with three variants - A, A2 (`control`, an identical copy of A) and B (A plus
+`--step-delay-ms D`, D = 10 % of A's TPOT p50 measured in a pilot run unless --delay-ms is given)
+- over --rounds rounds; round k runs A, A2 and B once each. Two layouts:
 
-Analyse: A and A2 runs form a pool of identical runs. For each method, every A/A comparison is a
-comparison of two disjoint draws from that pool; a "false verdict" is a better/worse verdict
-on any metric row. Detection: draws of A runs against draws of B runs; "detected" = TPOT p50
-"worse". Methods:
+  recipe (default)  one recipe (loadgen/recipe): every run on a freshly started server, the same
+                    seed in every run, rounds interleaved (A A2 B, A2 B A, B A A2, ...)
+  --alternate       (a GPU's time is short) the three servers started once, side by side on one
+                    device (each with --gpu-memory-fraction of its memory), then round k replays
+                    seed + k against each in turn, the order rotated per round (A A2 B, A2 B A,
+                    B A A2, ...); the fresh seed per round keeps a server's prefix cache from
+                    holding the next round's prompts. --budget-s stops starting rounds in time.
+
+Analyse: comparisons are drawn round by round. An A/A comparison of n rounds takes a subset of
+n rounds and, per round, one of its A/A2 runs as BASE and the other as NEW (every subset and
+assignment is an A/A comparison; a "false verdict" is a better/worse verdict on a metric row). An
+A/B comparison takes, per round, A or A2 as BASE and B as NEW; "detected" = TPOT p50 "worse".
+Spike-in: every A/A comparison again with NEW's per-request TPOT made SPIKE_PCT (10) % longer -
+an exactly known 10 % change on the real noise of identical runs, whatever the planted delay
+turned out to do to TPOT on the day.
+Methods (all with Benjamini-Hochberg at FDR 0.05 over the comparison's rows, except single/old):
 
   single/old      one run per side, session bootstrap, verdict when the 95 % interval excludes 0
-                  (the method before the calibration work; no multiple-comparison control)
-  single/bh       the same, plus Benjamini-Hochberg at FDR 0.05 over the comparison
-  single/prior    one run per side, the run-to-run SD per metric learned from the OTHER half of
-                  the pool (never in-sample) as the interval's variance, plus BH
-  repeats/N       N runs per side (disjoint), Welch t on per-run logs, plus BH (the default)
-  repeats/N+prior the same, the runs' variance pooled with the SD from the other half
+                  (the method before the calibration work)
+  single/bh       the same, plus Benjamini-Hochberg
+  welch/n         n runs per side, Welch t on the logs of per-run values (`loadgen compare`
+                  without --paired)
+  paired/n        n rounds, t on the per-round log ratios of whole-run values (the runs'
+                  request keys removed, so no matching)
+  matched/n       `loadgen compare --paired` (a recipe's default): per round, percentiles over
+                  the requests both runs measured, t on the per-round log ratios
+  matched-boot/n  the same per-round ratios, interval by a bootstrap over rounds (percentile,
+                  RESAMPLES draws) instead of the t: the cluster bootstrap that the t replaces
 
-Pairs drawn from one pool share runs, so they are not independent; the script reports the
-number of distinct runs beside every rate. Also writes run_noise.json (run-to-run SD in % of
-each metric over the pool) for `loadgen compare --run-noise`, and variance.json: the SD of each
-metric over A runs in run order, so drift and warm-up effects can be seen.
+Comparisons drawn from one set of runs share runs, so they are not independent: the report
+gives the number of distinct runs beside every rate. Also writes run_noise.json (run-to-run SD in
+% of each metric over the A and A2 runs) for `loadgen compare --run-noise`, and per metric the SD
+of the A/A2 difference within a round with and without matching requests (what pairing and
+matching remove).
 
-  python benchmarks/ab_calibration.py --rounds 6 --out /tmp/abcal            # CPU tiny
-  python benchmarks/ab_calibration.py --analyze /tmp/abcal                   # re-analyse
+  python benchmarks/ab_calibration.py --rounds 6 --duration 60 --out /tmp/abcal      # CPU tiny
+  python benchmarks/ab_calibration.py --analyze /tmp/abcal                          # re-analyse
   python benchmarks/ab_calibration.py --model v32 --num-layers 4 --device cuda --token-scale 0.25 \\
-      --think-time-scale 0.02 --think-time-cap 2 --conc 8 --duration 15 --rounds 4 --consecutive --out /tmp/abcal-gpu
+      --think-time-scale 0.02 --think-time-cap 2 --conc 8 --duration 10 --rounds 4 --alternate \\
+      --delay-ms 0.45 --budget-s 232 --out /tmp/abcal-gpu    # one H200: ~60 s per round of 10 s windows
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import itertools
 import json
 import math
+import subprocess
 import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from loadgen.compare import METRICS, RunNoise, compare_runs
-from loadgen.compare.stats import group_levels, point_values
-from loadgen.recipe.runner import RecipeRun
+from loadgen.compare import METRICS, benjamini_hochberg, compare_runs, verdict
+from loadgen.compare.stats import LevelSample, group_levels, point_values
+from loadgen.compare.verdicts import round_log_ratios
+from loadgen.recipe.runner import RecipeRun, load_command
 from loadgen.recipe.schema import (
     CompareSpec,
     Recipe,
@@ -53,14 +75,21 @@ from loadgen.recipe.schema import (
     Variant,
     Workload,
 )
+from loadgen.recipe.server import RunningServer
 
-MAX_PAIRS = 120  # comparisons per method (drawn without repeats, seeded)
+MAX_COMPARISONS = 120  # per method and size (drawn without repeats, seeded)
+RESAMPLES = 2000  # matched-boot's bootstrap over rounds
+SIZES = (3, 5)  # rounds per comparison for the repeats methods (those that fit in --rounds)
+METHODS = ("welch", "paired", "matched", "matched-boot")
+SPIKE_PCT = 10.0  # the known TPOT change added to one side of every A/A comparison
 
 
 def build_recipe(args: argparse.Namespace, delay_ms: float | None, rounds: int, name: str) -> Recipe:
     flags = [("model", args.model), ("device", args.device)]
     if args.num_layers:
         flags.append(("num_layers", args.num_layers))
+    if args.alternate and args.device != "cpu":
+        flags.append(("gpu_memory_utilization", args.gpu_memory_fraction))
     variants = [Variant("A")]
     if delay_ms is not None:
         variants += [Variant("A2", control=True), Variant("B", flags=(("step_delay_ms", round(delay_ms, 3)),))]
@@ -77,22 +106,70 @@ def build_recipe(args: argparse.Namespace, delay_ms: float | None, rounds: int, 
 
 def collect(args: argparse.Namespace) -> Path:
     out = Path(args.out)
-    delay = args.delay_ms
-    if delay is None:
-        pilot = build_recipe(args, None, 1, "abcal-pilot")
-        RecipeRun(pilot, out / "pilot", resume=(out / "pilot" / "recipe.yaml").exists(), quiet=args.quiet).run()
-        tpot = _metric(_docs(out / "pilot" / "runs", "A")[0], "tpot_p50")
-        delay = 0.10 * tpot
-        print(f"pilot: TPOT p50 {tpot:.2f} ms -> planted delay {delay:.2f} ms per step", flush=True)
-    recipe = build_recipe(args, delay, args.rounds, "abcal")
+    recipe = build_recipe(args, _delay(args, out), args.rounds, "abcal")
     RecipeRun(recipe, out / "runs-recipe", resume=(out / "runs-recipe" / "recipe.yaml").exists(),
               quiet=args.quiet).run()
     return out
 
 
-def _docs(runs: Path, variant: str) -> list[dict]:
-    files = sorted(runs.glob(f"{variant}-r*/result.json"), key=lambda p: int(p.parent.name.rsplit("-r", 1)[1]))
-    return [json.loads(f.read_text()) for f in files]
+def _delay(args: argparse.Namespace, out: Path) -> float:
+    """--delay-ms, or 10 % of a pilot run's TPOT p50."""
+    if args.delay_ms is not None:
+        return args.delay_ms
+    pilot = build_recipe(args, None, 1, "abcal-pilot")
+    RecipeRun(pilot, out / "pilot", resume=(out / "pilot" / "recipe.yaml").exists(), quiet=args.quiet).run()
+    tpot = _metric(json.loads((out / "pilot" / "runs" / "A-r1" / "result.json").read_text()), "tpot_p50")
+    print(f"pilot: TPOT p50 {tpot:.2f} ms -> planted delay {0.10 * tpot:.2f} ms per step", flush=True)
+    return 0.10 * tpot
+
+
+def collect_alternate(args: argparse.Namespace) -> Path:
+    """The three servers started once, side by side; round k replays seed + k on each in turn."""
+    out = Path(args.out)
+    began = time.monotonic()
+    recipe = build_recipe(args, _delay(args, out), args.rounds, "abcal-alternate")
+    folder = out / "alternate"
+    folder.mkdir(parents=True, exist_ok=True)
+    servers = [RunningServer(recipe, v, folder / f"server-{v.name}.log") for v in recipe.variants]
+    try:
+        with ThreadPoolExecutor(len(servers)) as pool:
+            list(pool.map(lambda server: server.start(), servers))
+        print(f"servers healthy after {time.monotonic() - began:.0f} s", flush=True)
+        round_s = 0.0
+        for k in range(args.rounds):
+            if time.monotonic() - began + round_s > args.budget_s:
+                print(f"stopping after {k} rounds: the next would pass --budget-s {args.budget_s:g}", flush=True)
+                break
+            started = time.monotonic()
+            seeded = dataclasses.replace(recipe, sweep=dataclasses.replace(recipe.sweep, seed=recipe.sweep.seed + k))
+            for i in range(len(servers)):
+                server = servers[(i + k) % len(servers)]
+                run = folder / f"{server.variant.name}-r{k + 1}"
+                subprocess.run(load_command(seeded, server.variant, server.url, run, True), check=True)
+            round_s = time.monotonic() - started
+            print(f"round {k + 1}: {round_s:.0f} s", flush=True)
+    finally:
+        for server in servers:
+            server.stop()
+    return out
+
+
+def _rounds(out: Path) -> dict[str, list[dict]]:
+    """Per variant, its results doc (first level only) of every round that all variants finished."""
+    runs = out / "alternate" if (out / "alternate").exists() else out / "runs-recipe" / "runs"
+    found: dict[str, dict[int, dict]] = {}
+    for path in runs.glob("*-r*/result.json"):
+        variant, k = path.parent.name.rsplit("-r", 1)
+        doc = json.loads(path.read_text())
+        if doc.get("status") == "complete":
+            found.setdefault(variant, {})[int(k)] = dict(doc, levels=doc["levels"][:1], path=str(path))
+    complete = sorted(set.intersection(*(set(v) for v in found.values())))
+    return {variant: [by_round[k] for k in complete] for variant, by_round in found.items()}
+
+
+def _samples(docs: list[dict], matched: bool = True) -> list[LevelSample]:
+    samples = [next(iter(group_levels([(d["path"], d)]).values()))[0] for d in docs]
+    return samples if matched else [dataclasses.replace(s, keys=None) for s in samples]
 
 
 def _metric(doc: dict, name: str) -> float:
@@ -100,189 +177,119 @@ def _metric(doc: dict, name: str) -> float:
     return float(point_values(sample, [m for m in METRICS if m.name == name])[0])
 
 
-def collect_consecutive(args: argparse.Namespace) -> Path:
-    """The cheap layout (a GPU's time is short): one server for A running --rounds x 2 repeats in a
-    row, then one for B (delay = 10 % of A's mean TPOT p50) running --rounds repeats. It misses
-    the variance between server starts, which the recipe layout includes."""
-    import subprocess
-
-    from loadgen.recipe.runner import load_command
-    from loadgen.recipe.server import RunningServer
-
-    out = Path(args.out)
-    recipe = build_recipe(args, 0.0, 1, "abcal-consecutive")
-    delay = args.delay_ms
-    for variant, repeats in ((recipe.variants[0], 2 * args.rounds), (recipe.variants[2], args.rounds)):
-        if variant.name == "B":
-            if delay is None:
-                delay = 0.10 * float(np.mean([_metric(d, "tpot_p50") for d in _split(out / "consecutive" / "A")]))
-            variant = Variant("B", flags=(("step_delay_ms", round(delay, 3)),))
-            print(f"planted delay {delay:.2f} ms per step", flush=True)
-        folder = out / "consecutive" / variant.name
-        folder.mkdir(parents=True, exist_ok=True)
-        server = RunningServer(recipe, variant, folder / "server.log")
-        server.start()
-        try:
-            command = load_command(recipe, variant, server.url, folder, args.quiet) + ["--repeat", str(repeats)]
-            subprocess.run(command, check=True)
-        finally:
-            server.stop()
-    return out
-
-
-def _split(folder: Path) -> list[dict]:
-    """A --repeat results file as one doc per repeat."""
-    whole = json.loads((folder / "result.json").read_text())
-    return [dict(whole, levels=[level]) for level in whole["levels"]]
-
-
 def analyze(out: Path) -> dict:
-    if (out / "consecutive").exists():
-        pool, slow = _split(out / "consecutive" / "A"), _split(out / "consecutive" / "B")
-    else:
-        runs = out / "runs-recipe" / "runs"
-        pool, slow = _docs(runs, "A") + _docs(runs, "A2"), _docs(runs, "B")
+    rounds = _rounds(out)
+    a, a2, b = rounds["A"], rounds["A2"], rounds["B"]
     rng = np.random.default_rng(0)
-    values = np.array([[_metric(d, m.name) for m in METRICS] for d in pool])  # (runs, metrics)
+    pool = a + a2
+    values = np.array([point_values(s, METRICS) for s in _samples(pool)])  # (runs, metrics)
     noise = {m.name: float(100.0 * np.std(np.log(values[:, i]), ddof=1)) for i, m in enumerate(METRICS)}
     (out / "run_noise.json").write_text(json.dumps({"run_noise_pct": noise, "runs": len(pool)}, indent=1))
-    report = {"runs": {"A+A2 (identical)": len(pool), "B (planted delay)": len(slow)},
-              "run_noise_pct": {k: round(v, 2) for k, v in noise.items()}, "methods": {}}
-    half = len(pool) // 2
-    for method in ("single/old", "single/bh", "single/prior", "repeats/2", "repeats/3", "repeats/3+prior",
-                   "repeats/2+prior"):
-        false, rows, aa_pairs = 0, 0, 0
-        for a, b in _null_pairs(len(pool), method, rng):
-            comparison = _compare(method, [pool[i] for i in a], [pool[i] for i in b], pool, a + b, half)
-            verdicts = [r.verdict for lv in comparison.levels for r in lv.results]
-            false += sum(v in ("better", "worse") for v in verdicts)
+    report: dict = {"rounds": len(a), "runs": {"A+A2 (identical)": len(pool), "B (planted delay)": len(b)},
+                    "run_noise_pct": {k: round(v, 2) for k, v in noise.items()},
+                    "within_round_aa_sd_pct": _within_round_sd(a, a2),
+                    "planted_tpot_change_pct": _planted(a, a2, b), "methods": {}}
+    plans = [("single/old", 1), ("single/bh", 1)]
+    plans += [(f"{m}/{n}", n) for n in SIZES if n <= len(a) for m in METHODS]
+    for method, n in plans:
+        false = rows = aa = spiked = 0
+        for subset, flips in _draws(len(a), n, null=True, rng=rng):
+            base = [(a2 if f else a)[k] for k, f in zip(subset, flips)]
+            new = [(a if f else a2)[k] for k, f in zip(subset, flips)]
+            verdicts = _verdicts(method, base, new, rng)
+            false += sum(v in ("better", "worse") for v in verdicts.values())
             rows += len(verdicts)
-            aa_pairs += 1
-        detected, tries = 0, 0
-        for a, b in _ab_pairs(len(pool), len(slow), method, rng):
-            comparison = _compare(method, [pool[i] for i in a], [slow[i] for i in b], pool, a, half)
-            tpot = next(r for r in comparison.levels[0].results if r.metric.name == "tpot_p50")
-            detected += tpot.verdict == "worse"
+            aa += 1
+            spiked += _verdicts(method, base, [_spiked(d) for d in new], rng)["tpot_p50"] == "worse"
+        detected = tries = 0
+        for subset, flips in _draws(len(a), n, null=False, rng=rng):
+            base = [(a2 if f else a)[k] for k, f in zip(subset, flips)]
+            detected += _verdicts(method, base, [b[k] for k in subset], rng)["tpot_p50"] == "worse"
             tries += 1
         report["methods"][method] = {
-            "aa_comparisons": aa_pairs, "aa_metric_rows": rows,
-            "aa_false_verdict_rate": round(false / rows, 4) if rows else None,
-            "ab_comparisons": tries, "tpot_detection_rate": round(detected / tries, 4) if tries else None}
-    tpot_a = np.mean([_metric(d, "tpot_p50") for d in pool])
-    tpot_b = np.mean([_metric(d, "tpot_p50") for d in slow]) if slow else math.nan
-    report["planted_tpot_change_pct"] = round(100.0 * (tpot_b / tpot_a - 1.0), 2)
-    report["variance"] = _variance(values)
+            "aa_comparisons": aa, "aa_metric_rows": rows,
+            "aa_false_verdicts": false, "aa_false_verdict_rate": round(false / rows, 4) if rows else None,
+            "ab_comparisons": tries, "tpot_detected": detected,
+            "tpot_detection_rate": round(detected / tries, 4) if tries else None,
+            f"spike_{SPIKE_PCT:g}pct_detected": spiked, f"spike_{SPIKE_PCT:g}pct_detection_rate": round(spiked / aa, 4)}
     (out / "calibration.json").write_text(json.dumps(report, indent=1))
     return report
 
 
-def _size(method: str) -> int:
-    return 1 if method.startswith("single") else int(method.split("/")[1].split("+")[0])
+def _draws(rounds: int, n: int, null: bool, rng: np.random.Generator) -> list[tuple[tuple[int, ...], tuple]]:
+    """(rounds subset, which of A/A2 is BASE per round) draws, at most MAX_COMPARISONS. A/A: the
+    first round's assignment is fixed (swapping every round mirrors the comparison)."""
+    draws = []
+    for subset in itertools.combinations(range(rounds), n):
+        free = n - 1 if null else n
+        for pattern in itertools.product((False, True), repeat=free):
+            draws.append((subset, ((False,) if null else ()) + pattern))
+    if len(draws) > MAX_COMPARISONS:
+        draws = [draws[i] for i in sorted(rng.choice(len(draws), MAX_COMPARISONS, replace=False))]
+    return draws
 
 
-def _null_pairs(n: int, method: str, rng: np.random.Generator):
-    size = _size(method)
-    halves = (list(range(n // 2)), list(range(n // 2, n)))
-    if method.endswith("prior"):  # the prior comes from the other half: both sides within one half
-        pairs = []
-        for h in halves:
-            if size == 1:
-                pairs += [([i], [j]) for i, j in itertools.combinations(h, 2)]
-            elif len(h) >= 2 * size:
-                for _ in range(MAX_PAIRS // 2):
-                    pick = rng.permutation(h)[: 2 * size].tolist()
-                    pairs.append((pick[:size], pick[size:]))
-    elif size == 1:
-        pairs = [([i], [j]) for i, j in itertools.combinations(range(n), 2)]
-    else:
-        pairs = []
-        for _ in range(MAX_PAIRS):
-            pick = rng.permutation(n)[: 2 * size].tolist()
-            pairs.append((pick[:size], pick[size:]))
-    rng.shuffle(pairs)
-    return pairs[:MAX_PAIRS]
+def _verdicts(method: str, base: list[dict], new: list[dict], rng: np.random.Generator) -> dict:
+    """{metric: verdict} of one comparison by `method`."""
+    name = method.split("/")[0]
+    if name == "matched-boot":
+        return _round_bootstrap(_samples(base), _samples(new), rng)
+    if name == "paired":  # no request keys: whole-run percentiles
+        base, new = ([_without_turns(d) for d in side] for side in (base, new))
+    fdr = 0.999999 if method == "single/old" else 0.05  # BH at ~1: the interval alone decides
+    comparison = compare_runs([(d["path"], d) for d in base], [(d["path"], d) for d in new], resamples=400,
+                              fdr=fdr, paired=name in ("paired", "matched"), seed=int(rng.integers(1 << 30)))
+    return {r.metric.name: r.verdict for r in comparison.levels[0].results}
 
 
-def _ab_pairs(n: int, m: int, method: str, rng: np.random.Generator):
-    size = _size(method)
-    if size > m or size > n:
-        return []
-    if size == 1:
-        pairs = [([i], [j]) for i in range(n) for j in range(m)]
-        rng.shuffle(pairs)
-        return pairs[:MAX_PAIRS]
-    return [(rng.permutation(n)[:size].tolist(), rng.permutation(m)[:size].tolist()) for _ in range(MAX_PAIRS)]
+def _spiked(doc: dict) -> dict:
+    """The run with every request's TPOT SPIKE_PCT % longer: a known effect on real A/A noise."""
+    level = doc["levels"][0]
+    tpot = [None if v is None else v * (1 + SPIKE_PCT / 100) for v in level["requests"]["tpot_us"]]
+    return dict(doc, levels=[dict(level, requests=dict(level["requests"], tpot_us=tpot))])
 
 
-def _compare(method: str, base: list[dict], new: list[dict], pool: list[dict], used: list[int], half: int):
-    sides = ([(f"b{i}", d) for i, d in enumerate(base)], [(f"n{i}", d) for i, d in enumerate(new)])
-    if method == "single/old":
-        return compare_runs(*sides, resamples=400, fdr=0.999999)  # BH at ~1: the interval alone decides
-    if method.endswith("prior"):
-        other = [d for i, d in enumerate(pool) if (i < half) != (used[0] < half)]
-        values = np.array([[_metric(d, m.name) for m in METRICS] for d in other])
-        noise = {m.name: float(100.0 * np.std(np.log(values[:, i]), ddof=1)) for i, m in enumerate(METRICS)}
-        return compare_runs(*sides, resamples=400, run_noise=RunNoise(noise, len(other)))
-    return compare_runs(*sides, resamples=400)
+def _without_turns(doc: dict) -> dict:
+    level = doc["levels"][0]
+    requests = {k: v for k, v in level["requests"].items() if k != "turn"}
+    return dict(doc, levels=[dict(level, requests=requests)])
 
 
-def _variance(values: np.ndarray) -> dict:
-    """Per metric: SD in % over identical runs, and the correlation of the value with run order
-    (drift, warm-up of the machine)."""
-    order = np.arange(len(values))
-    out = {}
-    for i, m in enumerate(METRICS):
-        logs = np.log(values[:, i])
-        out[m.name] = {"sd_pct": round(float(100 * logs.std(ddof=1)), 2),
-                       "corr_with_run_order": round(float(np.corrcoef(order, logs)[0, 1]), 2)}
-    return out
+def _round_bootstrap(base: list[LevelSample], new: list[LevelSample], rng: np.random.Generator) -> dict:
+    ratios, _ = round_log_ratios(base, new, METRICS)
+    draws = rng.integers(0, ratios.shape[1], size=(RESAMPLES, ratios.shape[1]))
+    means = ratios[:, draws].mean(axis=2)  # (metrics, resamples)
+    rows = []
+    for i in range(len(METRICS)):
+        boot = means[i][np.isfinite(means[i])]
+        centre = float(np.nanmean(ratios[i]))
+        low, high = np.percentile(boot, [2.5, 97.5])
+        p = min(1.0, 2.0 * (min((boot <= 0).sum(), (boot >= 0).sum()) + 1) / (boot.size + 1))
+        rows.append((100 * math.expm1(centre), (100 * math.expm1(low), 100 * math.expm1(high)), p))
+    keep = benjamini_hochberg([p for *_, p in rows], 0.05)
+    return {m.name: (verdict(m, d, ci) if keep[i] else "within noise") for i, (m, (d, ci, _)) in
+            enumerate(zip(METRICS, rows))}
 
 
-SOURCE_METRICS = ("tpot_p50", "ttft_p50", "e2el_p90", "output_tput_per_gpu")
+def _within_round_sd(a: list[dict], a2: list[dict]) -> dict:
+    """Per metric, the SD (% of the value) of log(A2_k / A_k) over rounds, whole runs and over
+    the requests both runs measured, divided by sqrt 2: one run's share of the pair's noise."""
+    whole = round_log_ratios(_samples(a, matched=False), _samples(a2, matched=False), METRICS)[0]
+    matched = round_log_ratios(_samples(a), _samples(a2), METRICS)[0]
+    return {m.name: {"whole_runs": round(float(100 * np.std(whole[i], ddof=1) / math.sqrt(2)), 2),
+                     "matched_requests": round(float(100 * np.std(matched[i], ddof=1) / math.sqrt(2)), 2)}
+            for i, m in enumerate(METRICS) if len(a) >= 2}
 
 
-def sources(args: argparse.Namespace) -> dict:
-    """Where identical runs' variance comes from: SD over runs that differ in one thing each.
-    fresh/same seed: the recipe's A runs (a new server per run, seed 3); one server/consecutive:
-    `--repeat N` against one server (warm prefix cache and allocator carried over);
-    fresh/seed differs: a new server per run and a different load seed (session mix, offsets)."""
-    import dataclasses
-    import subprocess
-
-    from loadgen.recipe.runner import load_command
-    from loadgen.recipe.server import RunningServer
-
-    out = Path(args.out) / "sources"
-    out.mkdir(parents=True, exist_ok=True)
-    recipe = build_recipe(args, None, 1, "sources")
-    n = args.source_runs
-    docs: dict[str, list[dict]] = {"fresh server, same seed": _docs(Path(args.out) / "runs-recipe" / "runs", "A")}
-    server = RunningServer(recipe, recipe.baseline, out / "server-consecutive.log")
-    server.start()
-    try:
-        command = load_command(recipe, recipe.baseline, server.url, out / "consecutive", True) + ["--repeat", str(n)]
-        subprocess.run(command, check=True)
-    finally:
-        server.stop()
-    docs["one server, consecutive"] = _split(out / "consecutive")
-    docs["fresh server, seed differs"] = []
-    for seed in range(n):
-        seeded = dataclasses.replace(recipe, sweep=dataclasses.replace(recipe.sweep, seed=100 + seed))
-        server = RunningServer(seeded, seeded.baseline, out / f"server-seed{seed}.log")
-        server.start()
-        try:
-            subprocess.run(load_command(seeded, seeded.baseline, server.url, out / f"seed{seed}", True), check=True)
-        finally:
-            server.stop()
-        docs["fresh server, seed differs"].append(json.loads((out / f"seed{seed}" / "result.json").read_text()))
-    table = {}
-    for name, runs in docs.items():
-        table[name] = {"runs": len(runs)}
-        for metric in SOURCE_METRICS:
-            logs = np.log([_metric(d, metric) for d in runs])
-            table[name][metric] = round(float(100 * logs.std(ddof=1)), 2)
-    (Path(args.out) / "sources.json").write_text(json.dumps(table, indent=1))
-    return table
+def _planted(a: list[dict], a2: list[dict], b: list[dict]) -> dict:
+    """TPOT p50 change of B against A and A2: ratio of means, and the geometric mean of per-round
+    ratios over matched requests."""
+    tpot = [m for m in METRICS if m.name == "tpot_p50"]
+    mean = {name: float(np.mean([point_values(s, tpot)[0] for s in _samples(runs)])) for name, runs in
+            (("A", a + a2), ("B", b))}
+    matched = np.concatenate([round_log_ratios(_samples(side), _samples(b), tpot)[0][0] for side in (a, a2)])
+    return {"ratio_of_means_pct": round(100 * (mean["B"] / mean["A"] - 1), 2),
+            "matched_geometric_pct": round(100 * math.expm1(float(np.nanmean(matched))), 2)}
 
 
 def main() -> int:
@@ -301,22 +308,18 @@ def main() -> int:
     p.add_argument("--think-time-scale", type=float, default=0.01)
     p.add_argument("--think-time-cap", type=float, default=1.0)
     p.add_argument("--quiet", action="store_true")
-    p.add_argument("--consecutive", action="store_true",
-                   help="one server per variant, repeats in a row (cheap; misses restart-to-restart variance)")
-    p.add_argument("--sources", action="store_true",
-                   help="after collecting (or with --analyze DIR as --out), also measure variance sources")
-    p.add_argument("--source-runs", type=int, default=6, help="runs per variance-source condition (default 6)")
+    p.add_argument("--alternate", action="store_true",
+                   help="the three servers started once side by side, a fresh seed per round (cheap on a GPU)")
+    p.add_argument("--gpu-memory-fraction", type=float, default=0.25,
+                   help="--alternate on a GPU: each server's --gpu-memory-utilization (default 0.25)")
+    p.add_argument("--budget-s", type=float, default=math.inf,
+                   help="--alternate: start no round that would end later than this many seconds")
     args = p.parse_args()
-    if args.sources and args.analyze:
-        args.out = args.analyze
-        print(json.dumps(sources(args), indent=1))
-        return 0
     if args.analyze:
         out = Path(args.analyze)
     else:
-        out = collect_consecutive(args) if args.consecutive else collect(args)
-    report = analyze(out)
-    print(json.dumps({k: v for k, v in report.items() if k != "variance"}, indent=1))
+        out = collect_alternate(args) if args.alternate else collect(args)
+    print(json.dumps(analyze(out), indent=1))
     return 0
 
 

@@ -21,7 +21,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="Compare BASE and NEW results (agentload.result/1) level by level: for each "
         "metric both values, delta % = (NEW - BASE) / BASE, its 95 % confidence interval and a "
         "verdict: better, worse, or within noise. With repeats (>= 2 runs of a level per side) the "
-        "interval is Welch's t on the per-run values, which includes run-to-run noise; with one run "
+        "interval is Welch's t on the per-run values (with --paired: a t on the per-round ratios, "
+        "percentiles over the requests both runs of a round measured), which includes run-to-run noise; with one run "
         "per side it is a bootstrap over session plays (paired when both runs replayed the same "
         "plays), which does not, unless --run-noise gives it. A verdict needs the interval to "
         "exclude 0 and the change to survive Benjamini-Hochberg at --fdr over all compared rows.",
@@ -50,6 +51,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    "benchmarks/ab_calibration.py (per metric, with the number of A/A runs it came from). "
                    "Pooled with the repeats' own variance; with one run per side it is the run-to-run "
                    "noise (default: none; a single-run comparison then says its interval lacks it)")
+    p.add_argument("--paired", action="store_true",
+                   help="the k-th run of a level on each side belong together (interleaved rounds A B A B, or "
+                   "the k-th --repeat): a paired t on the per-round ratios, each percentile taken over the "
+                   "requests both runs of the round measured; needs as many runs on each side (default: "
+                   "unpaired Welch)")
     p.set_defaults(func=run)
 
 
@@ -74,7 +80,7 @@ def run(args: argparse.Namespace) -> int:
     base, new = load_runs(base_paths), load_runs(new_paths)
     try:
         comparison = compare_runs([(r.name, r.doc) for r in base], [(r.name, r.doc) for r in new], metrics,
-                                  args.resamples, args.seed, args.min_effect, args.fdr, run_noise)
+                                  args.resamples, args.seed, args.min_effect, args.fdr, run_noise, args.paired)
     except CompareError as exc:
         raise UsageError(str(exc)) from exc
     tripped = regressions(comparison, gates)

@@ -28,7 +28,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     run = commands.add_parser(
         "run", help="run every variant, compare each with the first, write one results folder",
         description="Start each variant's server, wait for its health check, run the sweep, stop it; "
-        "sweep.repeats rounds with the variants interleaved (A B A B ...). Writes OUT/recipe.yaml, "
+        "sweep.repeats rounds with the variants interleaved, the order rotated per round (A B, B A, ...). "
+        "Writes OUT/recipe.yaml, "
         "OUT/runs/<variant>-r<k>/result.json, OUT/compare/<variant>-vs-<baseline>.txt|.json and "
         "OUT/report/ (PNG plots of all runs on shared axes, report.html).",
     )

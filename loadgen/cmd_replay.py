@@ -65,7 +65,8 @@ def add_replay_flags(p: argparse.ArgumentParser, http: bool) -> None:
     load.add_argument("--seed", type=int, default=0, help="seeds session order, offsets, salts, arrivals (default 0)")
     load.add_argument("--repeat", type=int, default=1, metavar="N",
                       help="run each level N times in a row (one results entry per repeat, same label), so "
-                      "`loadgen compare` can put a confidence interval on run-to-run noise (default 1)")
+                      "`loadgen compare` can put a confidence interval on run-to-run noise; every repeat "
+                      "replays the same sessions and turns (fresh prompt salts) (default 1)")
     load.add_argument("--max-error-rate", type=float, default=0.10, metavar="F",
                       help="a level with a larger share of failed requests is marked failed (default 0.10)")
     tr = p.add_argument_group("traces")

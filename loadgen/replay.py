@@ -194,8 +194,8 @@ async def _replay(args: argparse.Namespace, options: dict[str, Any], transport: 
             await transport.open(max_connections=_pool_size(levels, traces, 1))
         else:
             await _start_workers(pool, printer)
-        index = 0
-        for spec, repeat in ((spec, r) for spec in levels for r in range(args.repeat)):
+        # a level's repeats share its index, so they replay the same plan (loadgen/runner.py)
+        for index, spec, repeat in ((i, spec, r) for i, spec in enumerate(levels) for r in range(args.repeat)):
             if pool.stopped:
                 break
             of = f" (repeat {repeat + 1} of {args.repeat})" if args.repeat > 1 else ""
@@ -205,7 +205,6 @@ async def _replay(args: argparse.Namespace, options: dict[str, Any], transport: 
             except WorkerError as exc:
                 pool.status, pool.message = "failed", f"a client worker failed: {exc}"
                 break
-            index += 1
             printer.clear()
             summary = level_summary(level, config, hit_rates.of(level), expectation)
             summary["repeat"] = repeat

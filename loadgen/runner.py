@@ -19,6 +19,12 @@ finishing together never keeps the loop from reading its sockets.
 A worker process (loadgen/workers.py) runs a `Runner` over its `Share` of the level; with
 `coordinated` the window of a requests-counted warm-up is opened by the parent (`open_window`)
 once every worker's lanes are warm, so all shares measure the same window.
+
+Repeats (`--repeat N`): a level index run again replays the same plan - the same sessions, start
+offsets and think times, so every repeat's window measures the same (session, turn) requests and
+repeats can be compared request by request (loadgen/compare). Only the prompts' salt changes per
+repeat: the server's prefix cache holds the earlier repeat's prompts, and reusing them would make
+every later repeat a cache-warm copy of the first instead of a repeat of it.
 """
 
 from __future__ import annotations
@@ -42,6 +48,8 @@ from traces import PromptSynth, TraceSet
 DEAD_AFTER = 5  # consecutive refused connections that mean the server is gone
 TIMER_RESOLUTION_S = 0.001  # event-loop timers (libuv) count milliseconds
 WHOLE_LEVEL = Share()  # the default share: one worker plays the whole level
+SALT_BITS = 62  # plan.py draws 62-bit salts
+REPEAT_SALT_STEP = 0x9E3779B97F4A7C15  # odd: the repeats' salts are distinct for any salt
 
 
 class Runner:
@@ -72,6 +80,8 @@ class Runner:
         self._tasks: set[asyncio.Task] = set()
         self._request_numbers = itertools.count()
         self._pacer = Pacer()
+        self._runs_of_index: dict[int, int] = {}
+        self._salt_shift = 0  # the current level's repeat, folded into every prompt's salt
 
     @property
     def timing(self) -> TimingConfig:
@@ -109,9 +119,13 @@ class Runner:
     async def run_level(self, spec: LevelLoad, level_index: int | None = None,
                         started_ns: int | None = None) -> LevelRun:
         """Run one level; `level_index` (default: levels run so far) keys its plan, `started_ns`
-        (default: now) is its common start when several workers share it."""
+        (default: now) is its common start when several workers share it. An index run before is
+        a repeat: the same plan with fresh prompt salts."""
         index = self.levels_run if level_index is None else level_index
         self.levels_run = index + 1
+        repeat = self._runs_of_index.get(index, 0)
+        self._runs_of_index[index] = repeat + 1
+        self._salt_shift = (repeat * REPEAT_SALT_STEP) & ((1 << SALT_BITS) - 1)
         level = LevelRun(spec, time.perf_counter_ns() if started_ns is None else started_ns)
         if spec.mode == "closed" and not self.share.lanes(spec.lanes):
             level.lanes_ready.set_result(None)  # more workers than lanes: this one has none to warm
@@ -174,7 +188,7 @@ class Runner:
         number = next(self._request_numbers)
         wire = WireRequest(
             request_id=f"{meta.play_id}-{meta.agent or 'main'}-{request.index}-{self.share.index}.{number}",
-            prompt=self.synth.prompt(meta.session, request, salt),
+            prompt=self.synth.prompt(meta.session, request, salt ^ self._salt_shift),
             max_tokens=request.output_tokens,
             user=f"agentload-{meta.play_id}",
             acceptance_length=al if self.spec is not None and self.spec.send else None,

@@ -1,6 +1,6 @@
 """A/B comparison of runs, level by level: stats.py measures (metric values, session bootstrap),
-verdicts.py decides (Welch t over repeats, run-to-run noise, Benjamini-Hochberg), render.py
-prints (table, JSON). The names below are the package's public interface."""
+verdicts.py decides (paired t over rounds on matched requests, Welch t over repeats, run-to-run
+noise, Benjamini-Hochberg), render.py prints (table, JSON). The names below are the package's public interface."""
 
 from loadgen.compare.render import format_comparison, to_json
 from loadgen.compare.stats import (
@@ -27,6 +27,7 @@ from loadgen.compare.verdicts import (
     benjamini_hochberg,
     compare_runs,
     load_run_noise,
+    paired_log_test,
     pooled_log_test,
     regressions,
     verdict,
@@ -37,6 +38,6 @@ __all__ = [
     "CONFIDENCE", "DEFAULT_FDR", "METRICS", "METRIC_BY_NAME", "CompareError", "Comparison", "Gate",
     "LevelComparison", "LevelSample", "MetricDef", "MetricResult", "RankedWeights", "RunNoise",
     "benjamini_hochberg", "cluster_counts", "compare_runs", "format_comparison", "level_sample", "load_run_noise",
-    "play_keys", "point_values", "pooled_log_test", "regressions", "session_bootstrap", "to_json", "verdict",
-    "welch_log_test",
+    "paired_log_test", "play_keys", "point_values", "pooled_log_test", "regressions", "session_bootstrap",
+    "to_json", "verdict", "welch_log_test",
 ]

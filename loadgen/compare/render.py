@@ -14,7 +14,7 @@ def to_json(comparison: Comparison, base_files: Sequence[str], new_files: Sequen
         "schema": "agentload.compare/1",
         "base": list(base_files), "new": list(new_files),
         "confidence": CONFIDENCE, "resamples": comparison.resamples, "seed": comparison.seed,
-        "min_effect_pct": comparison.min_effect_pct, "fdr": comparison.fdr,
+        "min_effect_pct": comparison.min_effect_pct, "fdr": comparison.fdr, "paired": comparison.paired,
         "run_noise_pct": dict(comparison.run_noise.sd_pct) if comparison.run_noise else None,
         "run_noise_runs": comparison.run_noise.runs if comparison.run_noise else None,
         "levels": [{
@@ -40,7 +40,8 @@ def format_comparison(comparison: Comparison, tripped: Sequence[dict[str, Any]])
     for level in comparison.levels:
         flags = "".join(f" [{side} level FAILED]" for side, bad in (("base", level.base_failed),
                                                                     ("new", level.new_failed)) if bad)
-        how = ("bootstrap" if not level.run_to_run else "Welch t on per-run values" if comparison.run_noise is None
+        how = ("bootstrap" if not level.run_to_run else "paired t over rounds" if level.method.startswith("paired")
+               else "Welch t on per-run values" if comparison.run_noise is None
                else "t on per-run values pooled with the A/A run noise")
         lines.append(f"== {level.label}: {level.base_requests} vs {level.new_requests} requests; "
                      f"{pct} % interval by {how}, {level.detail}{flags}")

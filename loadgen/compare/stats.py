@@ -20,7 +20,7 @@ variation of the server; loadgen/compare/verdicts.py says how that is accounted 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -76,10 +76,11 @@ class LevelSample:
     label: str
     source: str
     failed: bool
-    plays: np.ndarray  # one key per request: "play id/session id"
+    plays: np.ndarray  # one key per request: "session#k", its play (play_keys)
     columns: dict[str, np.ndarray]
     window_s: float
     gpus: int
+    keys: np.ndarray | None = None  # one key per request: "session#k/agent/turn" (request_keys)
 
     @property
     def requests(self) -> int:
@@ -96,16 +97,45 @@ def level_sample(level: dict[str, Any], source: str) -> LevelSample:
     osl, isl, e2el = col("osl"), col("isl"), col("e2el_us")
     with np.errstate(divide="ignore", invalid="ignore"):
         norm = np.where(osl > 0, e2el / osl, np.nan)
+    plays = play_keys(req["play"], req["session"])
     return LevelSample(
         label=level.get("label") or _label(level),
         source=source,
         failed=bool(level["failed"]),
-        plays=play_keys(req["play"], req["session"]),
+        plays=plays,
         columns={"ttft_us": col("ttft_us"), "tpot_us": col("tpot_us"), "e2el_us": e2el, "norm_e2el_us": norm,
                  "osl": osl, "tokens": isl + osl, "ones": np.ones_like(osl)},
         window_s=float(level["window_s"]),
         gpus=max(1, int((level.get("throughput") or {}).get("gpus") or 1)),
+        keys=request_keys(plays, req.get("agent") or [""] * len(plays), req["turn"]) if "turn" in req else None,
     )
+
+
+def request_keys(plays: np.ndarray, agents: Sequence[str | None], turns: Sequence[int]) -> np.ndarray:
+    """Per request, "session#k/agent/turn": the same request of the same play in any run that
+    replayed the same plan (same traces and seed; a recipe's runs, `--repeat`'s repeats)."""
+    return np.array([f"{p}/{a or ''}/{t}" for p, a, t in zip(plays, agents, turns)], dtype=object)
+
+
+def matched(base: LevelSample, new: LevelSample) -> tuple[LevelSample, LevelSample, float] | None:
+    """Both runs cut to the requests both measured (by request key), and the share of all their
+    distinct requests that is; None when no request is in both."""
+    if base.keys is None or new.keys is None:
+        return None
+    common = np.intersect1d(base.keys.astype(str), new.keys.astype(str))
+    if not common.size:
+        return None
+    seen = np.union1d(base.keys.astype(str), new.keys.astype(str)).size
+    return _subset(base, common), _subset(new, common), common.size / seen
+
+
+def _subset(sample: LevelSample, keys: np.ndarray) -> LevelSample:
+    """The sample's requests whose key is in `keys` (the first of any duplicate key)."""
+    own = sample.keys.astype(str) if sample.keys is not None else np.array([], dtype=str)
+    _, first = np.unique(own, return_index=True)
+    keep = np.sort(first[np.isin(own[first], keys)])
+    return replace(sample, plays=sample.plays[keep], keys=own[keep].astype(object),
+                   columns={name: values[keep] for name, values in sample.columns.items()})
 
 
 def play_keys(plays: Sequence[int], sessions: Sequence[str]) -> np.ndarray:

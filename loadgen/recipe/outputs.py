@@ -33,7 +33,7 @@ def write_outputs(recipe: Recipe, out: Path, runs: list[tuple[str, str]]) -> lis
     for variant in recipe.variants[1:]:
         sides = [[(str(r.path), r.doc) for r in by_variant[name]] for name in (base, variant.name)]
         comparison = compare_runs(sides[0], sides[1], metrics, seed=recipe.sweep.seed, fdr=recipe.compare.fdr,
-                                  run_noise=noise)
+                                  run_noise=noise, paired=recipe.compare.paired)
         text = format_comparison(comparison, [])
         stem = out / "compare" / f"{variant.name}-vs-{base}"
         doc = to_json(comparison, [p for p, _ in sides[0]], [p for p, _ in sides[1]], regressions(comparison, []))

@@ -1,7 +1,9 @@
 """`loadgen recipe run`: every variant's runs, interleaved, into one results folder; resumable.
 
-Order: `sweep.repeats` rounds; each round runs every variant once in recipe order (A B A B ...),
-so slow drift of the machine falls on all variants alike instead of on the last one. Each run
+Order: `sweep.repeats` rounds; each round runs every variant once, the order rotated by one
+per round (A B, B A, A B, ...; A B C, B C A, C A B, ...), so slow drift of the machine falls on
+all variants alike and none always runs first or last in its round (loadgen compare pairs
+round k of each variant). Each run
 starts the variant's server afresh (cold caches, the same seed, no state carried from the
 previous run), runs the whole sweep with `loadgen replay` (or `loadgen bench` for the
 in-process engine) - the commands' own entry points, as a user would call them - and stops
@@ -54,8 +56,9 @@ class PlannedRun:
 
 
 def plan(recipe: Recipe) -> list[PlannedRun]:
-    """Rounds of all variants in recipe order: A-r1, B-r1, A-r2, B-r2, ..."""
-    return [PlannedRun(r, v) for r in range(1, recipe.sweep.repeats + 1) for v in recipe.variants]
+    """Rounds of all variants, rotated one step per round: A-r1, B-r1, B-r2, A-r2, A-r3, ..."""
+    variants, n = recipe.variants, len(recipe.variants)
+    return [PlannedRun(r, variants[(r - 1 + i) % n]) for r in range(1, recipe.sweep.repeats + 1) for i in range(n)]
 
 
 def load_command(recipe: Recipe, variant: Variant, url: str | None, out: Path, quiet: bool) -> list[str]:

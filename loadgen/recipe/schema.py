@@ -72,7 +72,8 @@ class Workload:
 @dataclass(frozen=True, slots=True)
 class Sweep:
     """Levels of one run and how often each variant runs: `repeats` rounds, each round running
-    every variant once in recipe order (A B A B ...), each run on a freshly started server."""
+    every variant once (A B, B A, A B, ...: the order rotated per round), each run on a freshly
+    started server."""
 
     conc: tuple[int, ...] | None = None
     rates: tuple[float, ...] | None = None
@@ -101,6 +102,7 @@ class CompareSpec:
     metrics: tuple[str, ...] | None = None
     fdr: float = DEFAULT_FDR
     run_noise: str | None = None  # as `loadgen compare --run-noise`: PCT, or run_noise.json from an A/A calibration
+    paired: bool = True  # round k of every variant compared together (`loadgen compare --paired`)
 
 
 @dataclass(frozen=True, slots=True)

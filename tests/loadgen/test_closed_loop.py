@@ -126,3 +126,22 @@ def test_over_context_drops_or_trims(start_server, sessions, replay, policy):
     assert (292 in sizes) == (policy == "trim")
     seen = {r["id"]: r for r in server.records()["records"]}
     assert all(seen[r["id"]]["n_prompt"] == r["isl"] for r in records)
+
+
+def test_repeats_replay_the_same_requests_with_fresh_prompts(start_server, sessions, replay):
+    """`--repeat`: every repeat measures the same (play, turn) requests (so repeats compare request
+    by request), with new prompt salts (so a later repeat does not hit the earlier one's cache)."""
+    server = start_server(keep_prompts=True)
+    folder = sessions(*({"n_requests": 3, "think": 0.0, "n_out": 2} for _ in range(4)))
+    code, doc, _ = replay(server.url, "--traces", str(folder), "--conc", "2", "--duration", "0.6", "--repeat", "2",
+                          "--vocab-size", "50000")
+    assert code == 0
+    first, second = ({(str(p), a or "main", str(t)) for p, a, t in
+                      zip(level["requests"]["play"], level["requests"]["agent"], level["requests"]["turn"])}
+                     for level in doc["levels"])
+    shared = first & second
+    assert len(shared) >= 0.8 * min(len(first), len(second))
+    prompts: dict[tuple[str, ...], set[tuple[int, ...]]] = {}
+    for rec in server.records()["records"]:
+        prompts.setdefault(tuple(rec["id"].split("-")[:3]), set()).add(tuple(rec["prompt"]))
+    assert all(len(prompts[key]) >= 2 for key in shared)

@@ -189,6 +189,10 @@ def test_replay_repeat_writes_one_entry_per_repeat_and_compare_uses_them(start_s
     code, out, _ = _compare(capsys, files[0], files[1], "--json")
     assert code == 0
     assert [level["method"] for level in out["levels"]] == ["repeats"]
+    # the repeats replayed the same plan: paired by repeat, percentiles over the requests both measured
+    code, out, _ = _compare(capsys, files[0], files[1], "--json", "--paired")
+    assert code == 0 and out["paired"]
+    assert [level["method"] for level in out["levels"]] == ["paired rounds, matched requests"]
 
 
 def test_repeat_must_be_positive(start_server, tmp_path, capsys):

@@ -134,3 +134,66 @@ def test_an_a_a_prior_compares_five_runs_with_one():
     level = comparison.levels[0]
     assert level.method == "repeats" and level.detail.startswith("5 vs 1 repeats")
     assert level.results[0].verdict == "worse"
+
+
+ROUND_DRIFT = 0.15  # SD of what a round shares (the machine's load while its runs ran), log scale
+
+
+def _round_runs(rng, rounds: int, scale: float) -> tuple[list, list]:
+    """BASE and NEW runs of `rounds` interleaved rounds replaying one plan: 200 requests whose
+    TPOT is the request's own (shared by every run) x the round's drift x the run's noise x the
+    request's jitter; NEW is `scale` times slower."""
+    own = np.exp(rng.normal(0, 0.3, 200))
+    sides: tuple[list, list] = ([], [])
+    for k in range(rounds):
+        drift = math.exp(rng.normal(0, ROUND_DRIFT))
+        for side, factor in zip(sides, (1.0, scale)):
+            tpot = 1000.0 * factor * drift * math.exp(rng.normal(0, RUN_NOISE)) * own * np.exp(rng.normal(0, 0.05, 200))
+            side.append((f"r{k}", {"levels": [{
+                "label": "conc 4", "failed": False, "window_s": 30.0, "throughput": {"gpus": 1},
+                "requests": {"play": list(range(200)), "session": [f"s{j}" for j in range(200)], "agent": [""] * 200,
+                             "turn": [0] * 200, "ttft_us": list(tpot * 5), "tpot_us": list(tpot),
+                             "e2el_us": list(tpot * 50), "osl": [40] * 200, "isl": [1000] * 200}}]}))
+    return sides
+
+
+def test_paired_rounds_see_through_the_drift_that_welch_cannot():
+    """Rounds that share the machine's drift (15 %): paired by round, A/A stays within 5 % and a
+    10 % TPOT change is found in 5 rounds; unpaired Welch on the same runs misses it."""
+    rng = np.random.default_rng(21)
+    false = rows = 0
+    for _ in range(60):
+        verdicts = [r.verdict for r in compare_runs(*_round_runs(rng, 5, 1.0), METRICS, resamples=100,
+                                                    paired=True).levels[0].results]
+        false += sum(v != "within noise" for v in verdicts)
+        rows += len(verdicts)
+    assert false / rows <= 0.05
+    found = {True: 0, False: 0}
+    for _ in range(30):
+        sides = _round_runs(rng, 5, 1.10)
+        for paired in found:
+            level = compare_runs(*sides, METRICS, resamples=100, paired=paired).levels[0]
+            found[paired] += level.results[0].verdict == "worse"
+    assert level.method == "repeats"  # the last one: unpaired
+    assert found[True] / 30 >= 0.75 and found[False] / 30 <= 0.25, found
+
+
+def test_matched_requests_take_percentiles_over_the_requests_both_runs_measured():
+    """A round whose NEW run also measured 100 slow requests that BASE never reached (its window
+    ended first): the paired comparison cuts both runs to the shared requests, so no change."""
+    base, new = _round_runs(np.random.default_rng(3), 2, 1.0)
+    for doc in (d for _, d in new):
+        req = doc["levels"][0]["requests"]
+        req.update({"play": req["play"] + list(range(200, 300)), "session": req["session"] + ["late"] * 100,
+                    "agent": req["agent"] + [""] * 100, "turn": req["turn"] + list(range(100)),
+                    "tpot_us": req["tpot_us"] + [1e6] * 100})
+    for doc in (d for _, d in new):
+        req = doc["levels"][0]["requests"]
+        for name in ("ttft_us", "e2el_us", "osl", "isl"):
+            req[name] = req[name] + req[name][:100]
+    level = compare_runs(base, new, METRICS[:1], resamples=100, paired=True).levels[0]
+    assert level.method == "paired rounds, matched requests" and "67-67 % of their requests" in level.detail
+    tpot = level.results[0]
+    assert abs(tpot.delta_pct) < 5 and tpot.verdict == "within noise"
+    whole = compare_runs(base, new, METRICS[:1], resamples=100).levels[0].results[0]
+    assert whole.delta_pct > 15  # over whole runs the late requests move the median

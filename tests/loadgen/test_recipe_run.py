@@ -106,7 +106,7 @@ def test_interrupted_recipe_keeps_finished_runs_and_resumes(tmp_path, sessions, 
     for name in ("a-r1", "b-r1", "a-r2", "b-r2"):
         assert json.loads((out / "runs" / name / "result.json").read_text())["status"] == "complete"
     comparison = json.loads((out / "compare" / "b-vs-a.json").read_text())
-    assert comparison["levels"][0]["method"] == "repeats"
+    assert comparison["paired"] and comparison["levels"][0]["method"].startswith("paired rounds")
     page = (out / "report" / "report.html").read_text()
     assert "b vs a (baseline)" in page and "a-r2" in page and "b-r2" in page
     assert _processes_with(marker) == []
@@ -125,7 +125,7 @@ def test_a_a_on_the_tiny_engine_stays_within_the_bound_and_a_planted_delay_is_fo
     assert _processes_with(marker) == []
     aa = json.loads((out / "compare" / "A2-vs-A.json").read_text())
     rows = [m for level in aa["levels"] for m in level["metrics"]]
-    assert len(rows) == 30 and all(level["method"] == "repeats" for level in aa["levels"])
+    assert len(rows) == 30 and all(level["method"] == "paired rounds, matched requests" for level in aa["levels"])
     false = [m["metric"] for m in rows if m["verdict"] in ("better", "worse")]
     assert len(false) / len(rows) <= FALSE_VERDICT_BOUND, false
     ab = json.loads((out / "compare" / "slow-vs-A.json").read_text())
@@ -143,4 +143,4 @@ def test_a_server_at_a_url_is_only_health_checked(tmp_path, start_server, sessio
     out = tmp_path / "out"
     assert main(["recipe", "run", str(_write(tmp_path, doc)), "--out", str(out), "--quiet"]) == 0
     assert server.proc.poll() is None  # a server the recipe did not start is left running
-    assert json.loads((out / "compare" / "a2-vs-a.json").read_text())["levels"][0]["method"] == "repeats"
+    assert json.loads((out / "compare" / "a2-vs-a.json").read_text())["levels"][0]["method"].startswith("paired")

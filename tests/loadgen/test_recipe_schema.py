@@ -103,3 +103,13 @@ def test_unreadable_and_non_yaml_files(tmp_path, capsys):
     (tmp_path / "x.yaml").write_text("name: [unclosed")
     assert main(["recipe", "check", str(tmp_path / "x.yaml")]) == 2
     assert "x.yaml: not valid YAML" in capsys.readouterr().err
+
+
+def test_rounds_rotate_the_variants_so_none_always_runs_first():
+    from loadgen.recipe.runner import plan
+
+    recipe = recipe_from_dict(_with(variants=[{"name": "a"}, {"name": "b", "control": True},
+                                              {"name": "c", "flags": {"block_size": 128}}],
+                                    sweep={"conc": [1], "repeats": 4}))
+    assert [r.name for r in plan(recipe)] == ["a-r1", "b-r1", "c-r1", "b-r2", "c-r2", "a-r2",
+                                              "c-r3", "a-r3", "b-r3", "a-r4", "b-r4", "c-r4"]
