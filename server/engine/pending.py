@@ -19,6 +19,14 @@ import torch
 from server.engine.scheduler import ScheduledBatch
 
 
+def to_device_async(host: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A host tensor on `device`, copied from pinned memory so the host does not wait (a copy
+    from pageable memory, as torch.tensor(..., device=cuda) makes, waits for the device)."""
+    if device.type == "cpu":
+        return host
+    return host.pin_memory().to(device, non_blocking=True)
+
+
 def fill_placeholders(token_ids: torch.Tensor, sampled: torch.Tensor) -> torch.Tensor:
     """token_ids (device) with every placeholder replaced by its row of `sampled`; no host sync."""
     rows = (-1 - token_ids).clamp_(min=0)

@@ -21,7 +21,7 @@ import torch
 from kernels.quant import check_slot_range
 from server.config import EngineConfig, resolve_backend, resolve_device
 from server.engine.kv_cache import KVCacheTensors, cache_bytes_per_token, kernel_kv_dtype
-from server.engine.pending import fill_placeholders
+from server.engine.pending import fill_placeholders, to_device_async
 from server.engine.scheduler import ScheduledBatch
 from server.engine.sequence import Sequence
 from server.model.attention import AttentionMetadata, CacheSettings
@@ -199,10 +199,7 @@ class ModelRunner:
         return input_ids, meta, self._to_device(inputs.wanted)
 
     def _to_device(self, host: torch.Tensor) -> torch.Tensor:
-        """Asynchronous copy (from pinned memory, so it neither blocks nor syncs the stream)."""
-        if self.device.type == "cpu":
-            return host
-        return host.pin_memory().to(self.device, non_blocking=True)
+        return to_device_async(host, self.device)
 
     @torch.inference_mode()
     def execute(self, batch: ScheduledBatch, num_logits: list[int],
