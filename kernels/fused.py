@@ -71,10 +71,13 @@ def add_rms_norm(update: torch.Tensor | None, residual: torch.Tensor, weight: to
     new_residual = residual if update is None else new_output((rows, d), residual.dtype, residual.device)
     if update is not None:
         _check_rows(update, "update")
+    block = triton.next_power_of_2(d)
+    # One program per row: wide rows (v32's 7168) get more warps, as there are few rows at decode.
     _add_rms_norm_kernel[(rows,)](
         residual if update is None else update, residual, weight, out, new_residual, d,
         residual.stride(0) if update is None else update.stride(0), residual.stride(0), eps,
-        HAS_UPDATE=update is not None, TO_BF16=residual.dtype == torch.bfloat16, BLOCK=triton.next_power_of_2(d))
+        HAS_UPDATE=update is not None, TO_BF16=residual.dtype == torch.bfloat16, BLOCK=block,
+        num_warps=min(16, max(4, block // 512)))
     return out, new_residual
 
 
@@ -112,8 +115,8 @@ def _rope_qk_kernel(q_ptr, k_ptr, cos_ptr, sin_ptr, n_heads, q_stride_t, q_strid
         first, second = 2 * i, 2 * i + 1
     else:  # halves (x_i, x_{i + HALF})
         first, second = i, i + HALF
-    # rows 0..n_heads-1 are the query's heads, row n_heads the key
-    heads = tl.arange(0, BLOCK_H)
+    # rows 0..n_heads-1 are the query's heads, row n_heads the key; BLOCK_H of them per program
+    heads = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     is_q = heads < n_heads
     is_k = heads == n_heads
     base = tl.where(is_q, q_ptr + t * q_stride_t + heads.to(tl.int64) * q_stride_h, k_ptr + t * k_stride_t)[:, None]
@@ -154,9 +157,12 @@ def rope_qk_(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Ten
         raise ValueError(f"rope_qk_: q {tuple(q.shape)} and k {tuple(k.shape)} need one dtype, the same "
                          "rotary dim and a contiguous last dim")
     cos, sin = cos.reshape(t, half).contiguous(), sin.reshape(t, half).contiguous()
-    _rope_qk_kernel[(t,)](q, k, cos, sin, heads, q.stride(0), q.stride(1), k.stride(0), HALF=half,
-                          INTERLEAVED=interleaved, TO_BF16=q.dtype == torch.bfloat16,
-                          BLOCK_H=triton.next_power_of_2(heads + 1))
+    # Several programs per token when there are many heads (v32's 128): a few tokens alone would
+    # leave most of the GPU idle.
+    block_h = min(16, triton.next_power_of_2(heads + 1))
+    _rope_qk_kernel[(t, triton.cdiv(heads + 1, block_h))](
+        q, k, cos, sin, heads, q.stride(0), q.stride(1), k.stride(0), HALF=half, INTERLEAVED=interleaved,
+        TO_BF16=q.dtype == torch.bfloat16, BLOCK_H=block_h)
 
 
 def _check_rows(x: torch.Tensor, name: str) -> None:

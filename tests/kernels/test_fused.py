@@ -39,8 +39,9 @@ def test_silu_mul(gen, dtype):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("interleaved", (True, False))
-def test_rope_qk_in_place_on_views(gen, dtype, interleaved):
-    t, heads, width, r = 4, 3, 48, 16  # the rotary part is the first r of wider rows, as in the indexer
+@pytest.mark.parametrize("heads", (3, 20))  # 20: the key falls in the second program of heads
+def test_rope_qk_in_place_on_views(gen, dtype, interleaved, heads):
+    t, width, r = 4, 48, 16  # the rotary part is the first r of wider rows, as in the indexer
     q = torch.randn(t, heads, width, generator=gen).to(dtype)
     k = torch.randn(t, width, generator=gen).to(dtype)
     angles = torch.rand(t, 1, r // 2, generator=gen) * 6.0
