@@ -7,7 +7,8 @@ in one shared memory pool.
 
 A graph replays fixed addresses and fixed launch grids, so:
 - inputs live in persistent device buffers: per token [ids, positions, block-table row, slot]
-  and the block table, filled by two asynchronous copies per step;
+  and the block table, filled by two asynchronous copies per step (then, with overlapped
+  scheduling, the placeholder ids filled from the previous step's sampled tokens on the device);
 - a batch of B requests runs in the smallest bucket >= B; the padding requests decode token 0
   at positions 0..q-1 of their own block-table row, which points at a dummy cache block that no
   request owns (the runner allocates it past the block manager's blocks), so they read and
