@@ -15,6 +15,12 @@ TTFT error, two views (both from perf_counter_ns = CLOCK_MONOTONIC, shared by th
 
     python benchmarks/client_overhead.py                 # the default grid, prints a table
     python benchmarks/client_overhead.py --conc 256 --first-ms 50 --itl-ms 10 --duration 10
+
+Placement: by default the client runs on the first core and the server on the last, and the
+`--scaling` rows (client workers against the cheap zero-delay server) share every core. With
+`--client-cpus` and `--server-cpus` (on a host with cores to spare) the client, its worker
+processes included, gets only its cores and the server only its own, so a scaling row measures
+the client's limit, not the server's; the rows report the server's CPU share to show it.
 """
 
 from __future__ import annotations
@@ -39,8 +45,9 @@ from conftest import ServerProcess  # noqa: E402  (the test server's launcher)
 
 def write_traces(folder: Path, osl: int, sessions: int = 64, requests: int = 400) -> None:
     for s in range(sessions):
-        items = [{"t": 0.0, "type": "n", "in": 256 + 64 * (i % 4), "out": osl, "hash_ids": [1, 2, 3, 4],
-                  "think_time": 0.0} for i in range(requests)]
+        inputs = [256 + 64 * (i % 4) for i in range(requests)]
+        items = [{"t": 0.0, "type": "n", "in": n, "out": osl, "hash_ids": list(range(1, n // 64 + 1)),
+                  "think_time": 0.0} for n in inputs]
         doc = {"id": f"bench{s}", "models": ["m"], "block_size": 64, "requests": items}
         with gzip.open(folder / f"bench{s}.json.gz", "wt") as handle:
             json.dump(doc, handle)
@@ -54,9 +61,11 @@ def pin(cpu: int) -> None:
 class FastServer:
     """benchmarks/fast_sse_server.py in its own process (zero delay, little CPU per token)."""
 
-    def __init__(self) -> None:
+    def __init__(self, cpus: set[int] | None = None) -> None:
         self.proc = subprocess.Popen([sys.executable, str(ROOT / "benchmarks" / "fast_sse_server.py")],
                                      stdout=subprocess.PIPE, text=True)
+        if cpus:
+            os.sched_setaffinity(self.proc.pid, cpus)
         self.url = f"http://127.0.0.1:{int(self.proc.stdout.readline().split()[1])}"
 
     def records(self) -> dict:
@@ -68,10 +77,10 @@ class FastServer:
 
 
 def run_case(conc: int, first_ms: float, itl_ms: float, osl: int, duration: float, server_cpu: int | None,
-             workers: int = 1, fast_server: bool = False) -> dict:
+             workers: int = 1, fast_server: bool = False, server_cpus: set[int] | None = None) -> dict:
     from loadgen.cli import main
 
-    server = FastServer() if fast_server else ServerProcess(
+    server = FastServer(server_cpus) if fast_server else ServerProcess(
         {"first_ms": first_ms, "itl_ms": itl_ms, "tokens_per_chunk": 1}, cpu=server_cpu)
     try:
         with tempfile.TemporaryDirectory() as tmp:
@@ -124,7 +133,8 @@ def run_bare_case(conc: int, first_ms: float, itl_ms: float, osl: int, duration:
         "requests": len(records), "errors": 0, "tok_s": tokens / duration,
         "cpu_us_per_token": 1e6 * result["cpu_s"] / tokens if tokens else None,
         "cpu_us_per_request": 1e6 * result["cpu_s"] / len(records) if records else None,
-        "sys_us_per_token": None, "cpu_util": result["cpu_s"] / duration, "server_cpu_util": None,
+        "sys_us_per_token": 1e6 * result["sys_s"] / tokens if tokens else None,
+        "cpu_util": result["cpu_s"] / duration, "server_cpu_util": None,
         **_errors(records, seen), "loop_lag_ms_p99": None,
     }
 
@@ -209,13 +219,18 @@ def main() -> None:
     parser.add_argument("--scaling", type=int, metavar="CONC",
                         help="also: --workers 1 vs 2 at this concurrency against fast_sse_server.py (zero delay, "
                         "cheap per token), nothing pinned")
+    parser.add_argument("--client-cpus", help="cores for the client (the overhead rows use the first), e.g. 0,1")
+    parser.add_argument("--server-cpus", help="cores for the server (the overhead rows use the first), e.g. 2,3")
     parser.add_argument("--no-startup", action="store_true", help="skip the start-up timings")
+    parser.add_argument("--startup-repeats", type=int, default=5, help="runs per start-up timing (default 5)")
     parser.add_argument("--json", help="also write the rows to this JSON file")
     args = parser.parse_args()
     cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
-    server_cpu = cpus[-1] if len(cpus) > 1 else None
+    client_cpus = [int(c) for c in args.client_cpus.split(",")] if args.client_cpus else cpus
+    server_cpus = [int(c) for c in args.server_cpus.split(",")] if args.server_cpus else cpus[-1:]
+    server_cpu = server_cpus[0] if len(cpus) > 1 else None
     if server_cpu is not None:
-        pin(cpus[0])
+        pin(client_cpus[0])
     load_before = os.getloadavg()[0]
     delays = [(args.first_ms or 0.0, args.itl_ms or 0.0)] if args.first_ms is not None or args.itl_ms is not None \
         else [(0.0, 0.0), (50.0, 10.0)]
@@ -228,11 +243,13 @@ def main() -> None:
                 ours["cpu_vs_bare"] = ours["cpu_us_per_token"] / bare["cpu_us_per_token"]
             rows += [bare, ours]
     if args.scaling:
-        if cpus:
-            os.sched_setaffinity(0, set(cpus))  # the workers and the server share every core
-        rows += [run_case(args.scaling, 0.0, 0.0, args.osl, args.duration, None, workers=n, fast_server=True)
+        placed = bool(args.client_cpus and args.server_cpus)
+        if cpus:  # the workers inherit it; unplaced, they and the server share every core
+            os.sched_setaffinity(0, set(client_cpus) if placed else set(cpus))
+        rows += [run_case(args.scaling, 0.0, 0.0, args.osl, args.duration, None, workers=n, fast_server=True,
+                          server_cpus=set(server_cpus) if placed else None)
                  for n in (1, 2)]
-    start = None if args.no_startup else startup_times()
+    start = None if args.no_startup else startup_times(args.startup_repeats)
     print("| " + " | ".join(HEADER) + " |")
     print("|" + "---|" * len(HEADER))
     for row in rows:
@@ -240,9 +257,11 @@ def main() -> None:
     if start:
         print(f"\nstart-up: `loadgen replay --help` {start['help_s'] * 1000:.0f} ms; client spawn -> first request "
               f"{start['first_request_s'] * 1000:.0f} ms (small traces), {start['first_request_bundled_s'] * 1000:.0f} ms "
-              "(bundled sessions) (medians of 5)")
-    print(f"client pinned to CPU {cpus[0] if server_cpu is not None else '-'}, server to CPU {server_cpu} "
-          f"(scaling rows: both unpinned); {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; load average "
+              f"(bundled sessions) (medians of {args.startup_repeats})")
+    scaling = (f"client on CPUs {args.client_cpus}, server on CPUs {args.server_cpus}"
+               if args.client_cpus and args.server_cpus else "both unpinned")
+    print(f"client pinned to CPU {client_cpus[0] if server_cpu is not None else '-'}, server to CPU {server_cpu} "
+          f"(scaling rows: {scaling}); {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; load average "
           f"before/after: {load_before:.2f} / {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs")
     if args.json:
         Path(args.json).write_text(json.dumps({"rows": rows, "startup": start}, indent=2))

@@ -29,7 +29,7 @@ import statistics
 import sys
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -222,6 +222,9 @@ def bench_prefill(args: argparse.Namespace, backend: str, kv: str) -> Row:
 
     run("warm")
     seconds = run("p")
+    if args.count_kernels:
+        print(f"prefill of {n} x {length} tokens:")
+        count_kernels(engine, lambda: run("k"))
     m = engine.config.model
     _, att_flops = attention_cost(m, kernel_kv_dtype(engine.config.cache), args.indexer_key_dtype, length // 2)
     w_params = weight_bytes(engine.runner.model) / engine.runner.model.lm_head.weight.element_size()
@@ -229,12 +232,13 @@ def bench_prefill(args: argparse.Namespace, backend: str, kv: str) -> Row:
     return Row(args.model, backend, "eager", True, kv, "prefill", n, length, seconds, n * length, limit)
 
 
-def count_kernels(engine: Engine) -> int:
-    """GPU kernels one decode step launches (what a graph replays node by node)."""
+def count_kernels(engine: Engine, work: Callable[[], object] | None = None) -> int:
+    """GPU kernels that `work` (default: one decode step, what a graph replays node by node) launches,
+    with the kernels that take the most time."""
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        engine.step()
+        (work or engine.step)()
         sync(engine.runner.device)
     kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
     by_name: dict[str, list[float]] = {}
@@ -332,10 +336,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         "graph needs CUDA and the triton backend")
     p.add_argument("--overlap", default="on", help="comma list: decode with overlapped scheduling on and/or off")
     p.add_argument("--no-prefill", action="store_true", help="decode steps only")
-    p.add_argument("--count-kernels", action="store_true", help="print the GPU kernels of one eager decode step")
+    p.add_argument("--count-kernels", action="store_true",
+                   help="print the GPU kernels of one eager decode step, and of one more prefill run")
     p.add_argument("--check-graphs", action="store_true",
                    help="first check on the GPU that graph and eager engines emit the same greedy tokens")
-    p.add_argument("--batches", default="1,8,32,128", help="decode batch sizes")
+    p.add_argument("--batches", default="1,8,32,128", help="decode batch sizes (empty: no decode)")
     p.add_argument("--context", type=int, default=4096, help="tokens per request during decode")
     p.add_argument("--steps", type=int, default=20, help="measured decode steps")
     p.add_argument("--warmup", type=int, default=3)
@@ -363,7 +368,7 @@ def main(argv: list[str] | None = None) -> int:
     modes = args.modes.split(",")
     for backend in args.backends.split(","):
         for kv in args.kv_dtypes.split(","):
-            for batch in (int(b) for b in args.batches.split(",")):
+            for batch in (int(b) for b in args.batches.split(",") if b):
                 for mode, overlap in itertools.product(modes, args.overlap.split(",")):
                     if mode == "graph" and backend != "triton":
                         continue

@@ -26,6 +26,7 @@ import torch  # noqa: E402
 import triton  # noqa: E402
 
 from kernels.indexer import IndexerConfig, indexer_logits_paged_torch, indexer_logits_triton  # noqa: E402
+from kernels.indexer_tiled import TiledConfig, indexer_logits_tiled  # noqa: E402
 from kernels.quant import (  # noqa: E402
     fp8_e4m3_quantize,
     indexer_row_bytes,
@@ -123,21 +124,24 @@ def check_sparse_mla(q, cache, idx, kv_dtype, num_splits, config) -> str:
     return f"{'ok' if ok else 'FAIL'} (elem-fail {int(bad.sum())}, diff {calc_diff(o, r):.1e}, lse err {lse_err:.1e} {lse_note})"
 
 
-def sparse_mla_cases(rows: list[Row], num_slots: int, batch: int) -> None:
-    for kv_dtype in ("bf16", "fp8_ds_mla"):
+def sparse_mla_cases(rows: list[Row], num_slots: int, batch: int, head_counts: tuple[int, ...] = (128, 16),
+                     kv_dtypes: tuple[str, ...] = ("bf16", "fp8_ds_mla")) -> None:
+    c = SparseMlaConfig
+    sweep = {  # heads: (tile config, num_splits or None for the automatic choice)
+        128: [(c(64, 64, 8, 2), None), (c(32, 64, 4, 2), None), (c(64, 64, 8, 1), None), (c(64, 32, 8, 2), None),
+              (c(64, 64, 8, 3), None), (c(128, 32, 8, 2), None), (c(128, 32, 16, 2), None), (c(128, 64, 16, 2), None)],
+        16: [(c(16, 32, 4, 2), None), (c(16, 32, 4, 2), 16), (c(16, 64, 4, 2), 5), (c(16, 32, 4, 3), 8),
+             (c(16, 32, 8, 4), 16), (c(16, 64, 4, 2), 8)],
+    }
+    for kv_dtype in kv_dtypes:
         cache = make_kv_cache(num_slots, kv_dtype)
-        c = SparseMlaConfig
-        for heads, configs in (  # (tile config, num_splits or None for the automatic choice)
-            (128, [(c(64, 64, 8, 2), None), (c(32, 64, 4, 2), None), (c(64, 64, 8, 1), None), (c(64, 32, 8, 2), None)]),
-            (16, [(c(16, 32, 4, 2), None), (c(16, 32, 4, 2), 16), (c(16, 64, 4, 2), 5), (c(16, 32, 4, 3), 8),
-                  (c(16, 32, 8, 4), 16), (c(16, 64, 4, 2), 8)]),
-        ):
+        for heads, configs in ((h, sweep[h]) for h in head_counts):
             sets = [
                 (torch.randn(batch, heads, D_C + D_R, device=DEV).bfloat16(),
                  torch.randint(0, num_slots, (batch, TOPK), device=DEV, dtype=torch.int32))
                 for _ in range(3)
             ]
-            case = f"sparse_mla decode B{batch} H{heads} K{TOPK} {kv_dtype}"
+            case = f"sparse_mla {'prefill T' if batch > 256 else 'decode B'}{batch} H{heads} K{TOPK} {kv_dtype}"
             flops = 2.0 * batch * heads * TOPK * ((D_C + D_R) + D_C)
             nbytes = batch * TOPK * (kv_row_bytes(D_C, D_R, kv_dtype) + 4) + batch * heads * (2 * (D_C + D_R) + 2 * D_C + 4)
             eager = bench([lambda q=q, i=i: sparse_mla_torch(q, cache, i, SCALE, D_C, kv_dtype) for q, i in sets])
@@ -213,6 +217,72 @@ def indexer_cases(rows: list[Row], requests: int, context: int) -> None:
             verdict = f"{'ok' if ok else 'FAIL'} (diff {diff:.1e})"
             print(f"{case} {label}: check {verdict}, {ms * 1e3:.1f} us", flush=True)
             rows.append(Row(case, f"{label} [{verdict.split()[0]}]", ms, flops, nbytes, eager))
+        del cache
+        torch.cuda.empty_cache()
+
+
+def prefill_indexer_case(key_dtype: str, chunk: int, context: int):
+    """One request's last `chunk` prompt tokens of a `context`-token prompt: (cache, block table,
+    seq ids, context lengths, query sets). Blocks are shuffled over the cache."""
+    block_size = 64
+    cache = torch.empty(context, indexer_row_bytes(D_I, key_dtype), dtype=torch.uint8, device=DEV)
+    for lo in range(0, context, 1 << 20):
+        n = min(1 << 20, context - lo)
+        write_indexer_cache(cache, torch.arange(lo, lo + n, device=DEV), torch.randn(n, D_I, device=DEV), key_dtype)
+    table = torch.randperm(context // block_size, device=DEV).int()[None]
+    seq_ids = torch.zeros(chunk, device=DEV, dtype=torch.int32)
+    lens = torch.arange(context - chunk + 1, context + 1, device=DEV, dtype=torch.int32)
+
+    def fresh_query():
+        q8, qs = fp8_e4m3_quantize(torch.randn(chunk, H_I, D_I, device=DEV))
+        return q8, (torch.randn(chunk, H_I, device=DEV) * qs * (H_I * D_I) ** -0.5).contiguous()
+
+    return cache, table, block_size, seq_ids, lens, [fresh_query() for _ in range(2)]
+
+
+def check_tiled(key_dtype: str, cfg: TiledConfig, fp8_dot: bool) -> str:
+    """The tiled kernel against the reference on a small prefill batch with tiles straddling requests."""
+    half, second = (128, 9) if SMOKE else (2048, 250)
+    cache, table, bs, _, _, _ = prefill_indexer_case(key_dtype, 8, 2 * half)
+    table = table.reshape(2, -1)  # two requests of `half` tokens
+    seq_ids = torch.tensor([0] * 3 + [1] * second, device=DEV, dtype=torch.int32)
+    lens = torch.cat([torch.tensor([5, 6, half], device=DEV), torch.arange(half - second + 1, half + 1, device=DEV)]).int()
+    q8, qs = fp8_e4m3_quantize(torch.randn(len(lens), H_I, D_I, device=DEV))
+    w = (torch.randn(len(lens), H_I, device=DEV) * qs * (H_I * D_I) ** -0.5).contiguous()
+    with poisoned_outputs():
+        got = indexer_logits_tiled(q8, w, cache, key_dtype, table, seq_ids, lens, bs, half, cfg, fp8_dot=fp8_dot)
+    ref = indexer_logits_paged_torch(q8, w, cache, key_dtype, table, bs, seq_ids, lens, half)
+    diff = calc_diff(got.nan_to_num(neginf=0), ref.nan_to_num(neginf=0))
+    ok = diff < 5e-6 and torch.equal(torch.isinf(got), torch.isinf(ref)) and not torch.isnan(got).any()
+    return f"{'ok' if ok else 'FAIL'} (diff {diff:.1e})"
+
+
+PREFILL_SWEEP = ((TiledConfig(4, 128, 4), True), (TiledConfig(2, 128, 4), True), (TiledConfig(8, 128, 4), True),
+                 (TiledConfig(4, 64, 4), True), (TiledConfig(4, 128, 4), False), (TiledConfig(2, 128, 4), False))
+
+
+def indexer_prefill_cases(rows: list[Row], chunk: int, context: int) -> None:
+    """A prefill chunk's indexer: the per-token kernel against the tiled one (query tiles sharing keys)."""
+    for key_dtype in ("fp8", "mxfp4"):
+        cache, table, bs, seq_ids, lens, sets = prefill_indexer_case(key_dtype, chunk, context)
+        case = f"indexer prefill {key_dtype} {chunk} tok at {context}"
+        flops = 2.0 * float(lens.sum()) * H_I * D_I
+        nbytes = context * indexer_row_bytes(D_I, key_dtype) + 4.0 * float(lens.sum())
+        base = bench([lambda q=q, w=w: indexer_logits_triton(q, w, cache, key_dtype, table, seq_ids, lens, lens, bs,
+                                                             context, True, mask_tail=False) for q, w in sets])
+        rows.append(Row(case, "per-token kernel (decode's)", base, flops, nbytes))
+        for cfg, fp8_dot in [(TiledConfig(2, 16, 4), False)] if SMOKE else PREFILL_SWEEP:
+            label = (f"tiled m{cfg.block_m} n{cfg.block_n} w{cfg.num_warps} p{cfg.programs_per_sm}/SM "
+                     f"s{cfg.num_stages or '-'} {'fp8 dot' if fp8_dot else 'fp16 dot'}")
+            try:
+                verdict = check_tiled(key_dtype, cfg, fp8_dot)
+                ms = bench([lambda q=q, w=w, cfg=cfg, f=fp8_dot: indexer_logits_tiled(
+                    q, w, cache, key_dtype, table, seq_ids, lens, bs, context, cfg, False, f) for q, w in sets])
+            except Exception as exc:  # a config the compiler cannot fit: report and go on
+                print(f"{case} {label}: {type(exc).__name__}: {str(exc)[:300]}", flush=True)
+                continue
+            print(f"{case} {label}: check {verdict}, {ms * 1e3:.1f} us", flush=True)
+            rows.append(Row(case, f"{label} [{verdict.split()[0]}]", ms, flops, nbytes, base))
         del cache
         torch.cuda.empty_cache()
 
@@ -303,7 +373,7 @@ def print_table(rows: list[Row]) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--only", choices=["mla", "indexer", "topk", "quant"], action="append", help="run only these parts (repeatable)")
+    parser.add_argument("--only", choices=["mla", "indexer", "topk", "quant", "prefill"], action="append", help="run only these parts (repeatable)")
     parser.add_argument("--kv-slots", type=int, default=1 << 20, help="KV cache rows the sparse MLA indices draw from")
     parser.add_argument("--smoke", action="store_true", help="tiny shapes on CPU (set TRITON_INTERPRET=1) to test the script")
     args = parser.parse_args(argv)
@@ -313,7 +383,7 @@ def main(argv: list[str] | None = None) -> int:
     elif not torch.cuda.is_available():
         print("benchmarks/kernels.py needs a CUDA GPU (or --smoke)", file=sys.stderr)
         return 2
-    parts = args.only or ["mla", "indexer", "topk", "quant"]
+    parts = args.only or ["mla", "indexer", "topk", "quant", "prefill"]
     name = "cpu (smoke)" if SMOKE else torch.cuda.get_device_name()
     print(f"device: {name}  torch {torch.__version__}  triton {triton.__version__}")
     copy, mm = measure_ceilings()
@@ -324,6 +394,8 @@ def main(argv: list[str] | None = None) -> int:
     try:  # the table of whatever was measured prints even if a later part fails
         if "mla" in parts:
             sparse_mla_cases(rows, 4096 if SMOKE else args.kv_slots, 2 if SMOKE else 64)
+            if not SMOKE:  # a prefill chunk's tokens
+                sparse_mla_cases(rows, args.kv_slots, 2048, (128,), ("bf16",))
         if "topk" in parts:
             topk_cases(rows, *((2, 4096) if SMOKE else (64, 65536)))
             if not SMOKE:  # the decode steps' shapes: v32 16 requests at 64k, small 1 request at 4k
@@ -331,6 +403,10 @@ def main(argv: list[str] | None = None) -> int:
                 topk_cases(rows, 1, 4096)
         if "quant" in parts:
             quant_cases(rows, 2 if SMOKE else 16)
+        if "prefill" in parts:  # a 64k prompt's last chunk: indexer and top-k (sparse attention: under mla)
+            indexer_prefill_cases(rows, *((8, 256) if SMOKE else (2048, 65536)))
+            if not SMOKE:
+                topk_cases(rows, 2048, 65536)
         if "indexer" in parts:
             indexer_cases(rows, *((2, 512) if SMOKE else (64, 65536)))
             if not SMOKE:

@@ -34,8 +34,6 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import yaml
-
 DATA_DIR = Path(__file__).parent / "data"
 MODES = ("thinking_on", "thinking_off")
 ANY_MODE = "any"  # the plain and flat-list forms: one curve for every thinking mode
@@ -172,6 +170,8 @@ def read_curves(path: Path) -> list[Curve]:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise CurveError(f"{path}: cannot read curve file: {exc}") from exc
+    import yaml  # here, not at the top: `loadgen replay` imports this module before its first request
+
     try:
         document = yaml.safe_load(text)
     except yaml.YAMLError as exc:

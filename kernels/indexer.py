@@ -14,6 +14,7 @@ import triton
 import triton.language as tl
 
 from kernels.backend import resolve_backend, values_checkable
+from kernels.indexer_tiled import indexer_logits_tiled
 from kernels.quant import decode_e4m3, indexer_row_bytes, read_indexer_keys
 from kernels.triton_utils import (
     E2M1_RAW_SCALE,
@@ -27,6 +28,9 @@ from kernels.triton_utils import (
 )
 
 _REF_CHUNK = 1 << 24  # elements of the [tokens, heads, keys] score tensor the reference holds at once
+# From this many query tokens per request on average (a prefill chunk, not a decode or verify
+# step) the paged call uses the tiled kernel, which loads each key block once per tile of tokens.
+TILED_MIN_TOKENS_PER_REQUEST = 16
 
 
 # ---------------------------------------------------------------- torch reference
@@ -273,11 +277,14 @@ def indexer_logits_paged(
     if resolve_backend(backend, q_fp8.device) == "torch":
         return indexer_logits_paged_torch(q_fp8, weights, idx_cache, key_dtype, block_table, block_size, seq_ids,
                                           context_lens, max_context)
-    return indexer_logits_triton(
-        q_fp8.contiguous(), weights.float().contiguous(), idx_cache.contiguous(), key_dtype,
-        block_table.int().contiguous(), seq_ids.int().contiguous(), context_lens.int(), context_lens.int().contiguous(),
-        block_size, max_context, paged=True, mask_tail=mask_tail,
-    )
+    q_fp8, weights, idx_cache = q_fp8.contiguous(), weights.float().contiguous(), idx_cache.contiguous()
+    block_table, seq_ids = block_table.int().contiguous(), seq_ids.int().contiguous()
+    ends = context_lens.int().contiguous()
+    if t >= TILED_MIN_TOKENS_PER_REQUEST * block_table.shape[0]:
+        return indexer_logits_tiled(q_fp8, weights, idx_cache, key_dtype, block_table, seq_ids, ends, block_size,
+                                    max_context, mask_tail=mask_tail)
+    return indexer_logits_triton(q_fp8, weights, idx_cache, key_dtype, block_table, seq_ids, ends, ends, block_size,
+                                 max_context, paged=True, mask_tail=mask_tail)
 
 
 def indexer_logits_ragged(

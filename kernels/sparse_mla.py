@@ -2,7 +2,8 @@
 
 o[t, h] = softmax_j(scale * q[t, h] . row[idx[t, j]]) @ row[idx[t, j]][:d_c], lse in fp32 (natural
 log); entries with idx -1 take no part; a token with no valid entry gets o = 0, lse = -inf.
-The Triton kernel runs one program per (token, block of heads, split of the index list): it
+The Triton kernel runs one program per (token, block of heads, split of the index list; a
+token's head blocks adjacent in the grid): it
 gathers BLOCK_N rows, scores them with two dots (latent and rope parts), keeps an exp2 online
 softmax (masked scores -1e30, never -inf, so no NaN) and accumulates P @ rows[:, :d_c]. When
 (tokens x head blocks) would not fill the GPU the index list is split and a second kernel merges
@@ -83,8 +84,8 @@ def _gather_rows(
 @triton.jit
 def _split_range(n_idx, BLOCK_N: tl.constexpr):
     """This program's [lo, hi) of the index list: splits take whole blocks of BLOCK_N."""
-    per_split = tl.cdiv(tl.cdiv(n_idx, BLOCK_N), tl.num_programs(2)) * BLOCK_N
-    lo = tl.program_id(2) * per_split
+    per_split = tl.cdiv(tl.cdiv(n_idx, BLOCK_N), tl.num_programs(1)) * BLOCK_N
+    lo = tl.program_id(1) * per_split
     return lo, tl.minimum(lo + per_split, n_idx)
 
 
@@ -97,7 +98,7 @@ def _store_result(acc, m, l, o_ptr, lse_ptr, t, heads, n_heads, D_C: tl.constexp
     out = acc / tl.where(has_any, l, 1.0)[:, None]
     lse_log2 = tl.where(has_any, m + tl.log2(tl.where(has_any, l, 1.0)), float("-inf"))
     if SPLIT:  # partials: o fp32 [T, H, S, D_C], lse (log2) [T, H, S]
-        part = (t * n_heads + heads) * tl.num_programs(2) + tl.program_id(2)
+        part = (t * n_heads + heads) * tl.num_programs(1) + tl.program_id(1)
         tl.store(o_ptr + part[:, None] * D_C + cols_c[None, :], out, mask=head_ok[:, None])
         tl.store(lse_ptr + part, lse_log2, mask=head_ok)
     else:
@@ -115,8 +116,12 @@ def _sparse_mla_kernel(
     D_C: tl.constexpr, D_R: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
     FP8: tl.constexpr, SPLIT: tl.constexpr, DOT_DTYPE: tl.constexpr,
 ):
-    t = tl.program_id(0).to(tl.int64)
-    heads = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+    # Grid (tokens x head blocks, splits), head blocks fastest: a token's head blocks run side by
+    # side and gather the same rows, so the second gather hits the L2 (at 2,048 prefill tokens the
+    # head blocks of one token, launched a grid row apart, each read the rows from memory).
+    head_blocks = tl.cdiv(n_heads, BLOCK_H)
+    t = (tl.program_id(0) // head_blocks).to(tl.int64)
+    heads = (tl.program_id(0) % head_blocks) * BLOCK_H + tl.arange(0, BLOCK_H)
     head_ok = heads < n_heads
     q_row = q_ptr + (t * n_heads + heads[:, None]) * (D_C + D_R)
     q_c = tl.load(q_row + tl.arange(0, D_C)[None, :], mask=head_ok[:, None], other=0.0).to(DOT_DTYPE)
@@ -221,7 +226,7 @@ def sparse_mla_triton(q, kv_cache, indices, scale, d_c, kv_dtype, num_splits=Non
         dst_o, dst_lse = part_o, part_lse
     else:
         dst_o, dst_lse = out, lse
-    _sparse_mla_kernel[(t, head_blocks, splits)](
+    _sparse_mla_kernel[(t * head_blocks, splits)](
         q, kv, kv_bytes, kv_words, indices, dst_o, dst_lse,
         scale * LOG2E.value, n_idx, h,
         KV_STRIDE=kv.shape[1], ROW_BYTES=kv_cache.shape[1] * kv_cache.element_size(), ROPE_OFFSET=rope_offset,

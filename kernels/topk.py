@@ -18,6 +18,11 @@ import triton.language as tl
 from kernels.backend import resolve_backend, values_checkable
 from kernels.triton_utils import new_output, row_programs
 
+# From this many rows (a prefill chunk; no decode step's graph has as many) the GPU takes
+# torch.topk: with the length mask it beat the radix passes 2.7 vs 4.8 ms at 2048 x 65,536 on an
+# H200 (benchmarks/RESULTS.md, issue 12 prefill), where the five passes run far below bandwidth.
+TORCH_TOPK_MIN_ROWS = 1024
+
 # ---------------------------------------------------------------- torch reference
 
 
@@ -174,7 +179,8 @@ def topk_triton(logits: torch.Tensor, lengths: torch.Tensor, k: int, config: Top
 def topk_indices(logits: torch.Tensor, lengths: torch.Tensor, k: int, backend: str | None = None) -> torch.Tensor:
     """int32[T, k]: exact top-k column indices among each row's first lengths[t] columns, any order.
 
-    Rows with lengths[t] <= k emit 0..len-1 then -1.
+    Rows with lengths[t] <= k emit 0..len-1 then -1. On a GPU, batches of TORCH_TOPK_MIN_ROWS rows
+    or more use the torch path whatever the backend.
     """
     if logits.dim() != 2 or logits.dtype != torch.float32:
         raise ValueError(f"topk_indices: logits must be fp32[T, N], got {logits.dtype}{list(logits.shape)}")
@@ -182,7 +188,8 @@ def topk_indices(logits: torch.Tensor, lengths: torch.Tensor, k: int, backend: s
         raise ValueError(f"topk_indices: lengths must be [T={logits.shape[0]}], got {list(lengths.shape)}")
     if k <= 0:
         raise ValueError(f"topk_indices: k={k} must be positive")
-    if resolve_backend(backend, logits.device) == "torch":
+    if resolve_backend(backend, logits.device) == "torch" or (
+            logits.device.type == "cuda" and logits.shape[0] >= TORCH_TOPK_MIN_ROWS):
         return topk_indices_torch(logits, lengths, k)
     return topk_triton(logits.contiguous(), lengths.int().contiguous(), k)
 

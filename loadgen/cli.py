@@ -2,7 +2,9 @@
 
 A command module exposes `register(subparsers)`, which adds its parser and sets `func` to a
 callable taking the parsed namespace and returning an exit code. Modules keep heavy imports
-inside their run functions so that `loadgen --help` starts fast.
+inside their run functions so that `loadgen --help` starts fast, and a command line that names
+a command registers only that one: registering `bench` imports the server's flags, which
+`replay` must not wait for before its first request.
 """
 
 from __future__ import annotations
@@ -13,26 +15,29 @@ import sys
 
 from loadgen.errors import UsageError
 
-# Order is the order in `loadgen --help`.
-COMMAND_MODULES = (
-    "loadgen.cmd_bench",
-    "loadgen.cmd_traces",
-    "loadgen.cmd_golden_al",
-    "loadgen.cmd_replay",
-    "loadgen.cmd_report",
-    "loadgen.cmd_compare",
-    "loadgen.cmd_recipe",
-)
+# command -> its module; the order is the order in `loadgen --help`.
+COMMAND_MODULES = {
+    "bench": "loadgen.cmd_bench",
+    "traces": "loadgen.cmd_traces",
+    "golden-al": "loadgen.cmd_golden_al",
+    "replay": "loadgen.cmd_replay",
+    "report": "loadgen.cmd_report",
+    "compare": "loadgen.cmd_compare",
+    "recipe": "loadgen.cmd_recipe",
+}
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
+    """The `loadgen` parser; when `argv` starts with a command's name, only that command is
+    registered (anything else, `--help` or a typo, gets them all, for the listing)."""
     parser = argparse.ArgumentParser(
         prog="loadgen",
         description="Replay agentic coding sessions against LLM servers and measure them.",
     )
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for name in COMMAND_MODULES:
-        importlib.import_module(name).register(subparsers)
+    named = COMMAND_MODULES.get(argv[0]) if argv else None
+    for module in [named] if named else COMMAND_MODULES.values():
+        importlib.import_module(module).register(subparsers)
     return parser
 
 
@@ -45,7 +50,8 @@ def _user_errors() -> tuple[type[Exception], ...]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else argv
+    args = build_parser(argv).parse_args(argv)
     try:
         return int(args.func(args) or 0)
     except _user_errors() as exc:

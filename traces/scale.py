@@ -115,13 +115,20 @@ def _scale_timeline(requests: tuple[Request, ...], block_size: int, cfg: ScaleCo
         if cfg.think_time_cap is not None and think > cfg.think_time_cap:
             think = cfg.think_time_cap
             tally.think_times_capped += 1
-        scaled = _scale_tokens(request, block_size, cfg, tally)
-        if scaled is not None:
-            kept.append(replace(scaled, think_time=think))
+        tokens = _scale_tokens(request, cfg, tally)
+        if tokens is None:
+            continue
+        input_tokens, output_tokens = tokens
+        if (input_tokens, output_tokens, think) == (request.input_tokens, request.output_tokens, request.think_time):
+            kept.append(request)  # unchanged (a replay at scale 1): no copy; start-up time matters
+        else:
+            kept.append(replace(request, input_tokens=input_tokens, output_tokens=output_tokens,
+                                hash_ids=request.hash_ids[: input_tokens // block_size], think_time=think))
     return kept
 
 
-def _scale_tokens(request: Request, block_size: int, cfg: ScaleConfig, tally: _Tally) -> Request | None:
+def _scale_tokens(request: Request, cfg: ScaleConfig, tally: _Tally) -> tuple[int, int] | None:
+    """(input, output) tokens after the token scale and the context cap; None when dropped."""
     input_tokens = int(request.input_tokens * cfg.token_scale + 0.5)
     output_tokens = max(1, int(request.output_tokens * cfg.token_scale + 0.5))
     if cfg.max_context is not None and input_tokens + output_tokens > cfg.max_context:
@@ -130,5 +137,4 @@ def _scale_tokens(request: Request, block_size: int, cfg: ScaleConfig, tally: _T
             return None
         input_tokens = cfg.max_context - output_tokens
         tally.trimmed += 1
-    hash_ids = request.hash_ids[: input_tokens // block_size]
-    return replace(request, input_tokens=input_tokens, output_tokens=output_tokens, hash_ids=hash_ids)
+    return input_tokens, output_tokens

@@ -24,6 +24,11 @@ _MASK = (1 << 64) - 1
 _GOLDEN = 0x9E3779B97F4A7C15
 _BLOCK_DOMAIN = 0x426C6F636B  # separates block streams from tail streams of the same session
 _TAIL_DOMAIN = 0x5461696C
+# numpy scalars made once: a prompt takes a few dozen numpy calls on small arrays, where making
+# each constant anew was a measurable share of a request's client CPU
+_GOLDEN_U64 = np.uint64(_GOLDEN)
+_MIX1, _MIX2 = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
+_SHIFTS = tuple(np.uint64(n) for n in (27, 30, 31, 32))
 
 
 def _splitmix64_scalar(x: int) -> int:
@@ -35,13 +40,14 @@ def _splitmix64_scalar(x: int) -> int:
 
 def _splitmix64(z: np.ndarray) -> np.ndarray:
     """SplitMix64 finaliser over a uint64 array, in place (numpy wraps uint64 arithmetic)."""
+    shift27, shift30, shift31, _ = _SHIFTS
     scratch = np.empty_like(z)  # one temporary for all three shifts: fresh pages are what cost
-    z += np.uint64(_GOLDEN)
-    z ^= np.right_shift(z, np.uint64(30), out=scratch)
-    z *= np.uint64(0xBF58476D1CE4E5B9)
-    z ^= np.right_shift(z, np.uint64(27), out=scratch)
-    z *= np.uint64(0x94D049BB133111EB)
-    z ^= np.right_shift(z, np.uint64(31), out=scratch)
+    z += _GOLDEN_U64
+    z ^= np.right_shift(z, shift30, out=scratch)
+    z *= _MIX1
+    z ^= np.right_shift(z, shift27, out=scratch)
+    z *= _MIX2
+    z ^= np.right_shift(z, shift31, out=scratch)
     return z
 
 
@@ -61,7 +67,9 @@ class PromptSynth:
         self.vocab_size = vocab_size
         self.vocab_offset = vocab_offset
         self.cache_tokens = cache_tokens
-        self._positions = np.arange(1, block_size + 1, dtype=np.uint64) * np.uint64(_GOLDEN)
+        self._positions = np.arange(1, block_size + 1, dtype=np.uint64) * _GOLDEN_U64
+        self._vocab_size = np.uint64(vocab_size)
+        self._vocab_offset = np.int32(vocab_offset)
         self._session_keys: dict[str, int] = {}
         # (session id, salt) -> (hash ids, their block tokens) of the latest prompt built for it.
         self._cache: OrderedDict[tuple[str, int], tuple[np.ndarray, np.ndarray]] = OrderedDict()
@@ -78,41 +86,54 @@ class PromptSynth:
             )
         key = self._key(session_id, salt)
         out = np.empty(request.input_tokens, dtype=np.int32)
-        self._fill_blocks(out[:block_len], (session_id, salt), key, ids)
-        out[block_len:] = self._tail(key, request.index, request.input_tokens - block_len)
+        blocks = out[:block_len]
+        shared = self._copy_cached_prefix(blocks, (session_id, salt), ids) * self.block_size
+        # The new blocks' and the tail's SplitMix64 states, turned into tokens in one pass.
+        states = np.empty(request.input_tokens - shared, dtype=np.uint64)
+        new_blocks = states[: block_len - shared]
+        if new_blocks.size:
+            seeds = _splitmix64(ids[shared // self.block_size:] ^ np.uint64(key ^ _BLOCK_DOMAIN))
+            np.add(seeds[:, None], self._positions[None, :], out=new_blocks.reshape(len(seeds), self.block_size))
+        tail = states[block_len - shared:]
+        if tail.size:
+            seed = _splitmix64_scalar(key ^ _TAIL_DOMAIN ^ _splitmix64_scalar(request.index))
+            np.add(self._steps(tail.size), np.uint64(seed), out=tail)
+        if states.size:
+            out[shared:] = self._stream(states)
+        if blocks.size <= self.cache_tokens:
+            self._remember((session_id, salt), ids, blocks)
         # The cache keeps a view of the blocks: read-only, so no caller can change a cached block.
         out.flags.writeable = False
         return out
 
-    def _fill_blocks(self, tokens: np.ndarray, cache_key: tuple[str, int], key: int, ids: np.ndarray) -> None:
-        """Write the block tokens of `ids`, copying the prefix shared with this play's previous prompt."""
+    def _copy_cached_prefix(self, blocks: np.ndarray, cache_key: tuple[str, int], ids: np.ndarray) -> int:
+        """Copy the leading blocks shared with this play's previous prompt; returns how many."""
         cached = self._cache.pop(cache_key, None)
-        shared = 0
-        if cached is not None:
-            self._cached_tokens -= cached[1].size
-            old_ids, old_tokens = cached
-            n = min(len(old_ids), len(ids))
-            differ = np.flatnonzero(old_ids[:n] != ids[:n])
-            shared = int(differ[0]) if differ.size else n
-            tokens[: shared * self.block_size] = old_tokens[: shared * self.block_size]
-        seeds = _splitmix64(ids[shared:] ^ np.uint64(key ^ _BLOCK_DOMAIN))
-        tokens[shared * self.block_size:] = self._stream(seeds[:, None] + self._positions[None, :]).ravel()
-        if tokens.size <= self.cache_tokens:
-            self._remember(cache_key, ids, tokens)
+        if cached is None:
+            return 0
+        self._cached_tokens -= cached[1].size
+        old_ids, old_tokens = cached
+        n = min(len(old_ids), len(ids))
+        differ = np.flatnonzero(old_ids[:n] != ids[:n])
+        shared = int(differ[0]) if differ.size else n
+        blocks[: shared * self.block_size] = old_tokens[: shared * self.block_size]
+        return shared
 
-    def _tail(self, key: int, index: int, length: int) -> np.ndarray:
-        seed = _splitmix64_scalar(key ^ _TAIL_DOMAIN ^ _splitmix64_scalar(index))
-        steps = np.arange(1, length + 1, dtype=np.uint64) * np.uint64(_GOLDEN)
-        return self._stream(steps + np.uint64(seed))
+    def _steps(self, length: int) -> np.ndarray:
+        """SplitMix64 increments 1..length times the golden gamma (a tail is usually shorter than a block)."""
+        if length <= self.block_size:
+            return self._positions[:length]
+        return np.arange(1, length + 1, dtype=np.uint64) * _GOLDEN_U64
 
     def _stream(self, states: np.ndarray) -> np.ndarray:
         """Map SplitMix64 states to token ids in [vocab_offset, vocab_offset + vocab_size)."""
         z = _splitmix64(states)
         # Multiply-shift on the high 32 bits: uniform enough, and cheaper than a 64-bit modulo.
-        z >>= np.uint64(32)
-        z *= np.uint64(self.vocab_size)
-        z >>= np.uint64(32)
-        return z.astype(np.int32) + np.int32(self.vocab_offset)
+        shift32 = _SHIFTS[3]
+        z >>= shift32
+        z *= self._vocab_size
+        z >>= shift32
+        return z.astype(np.int32) + self._vocab_offset
 
     def _key(self, session_id: str, salt: int) -> int:
         base = self._session_keys.get(session_id)

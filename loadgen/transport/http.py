@@ -4,6 +4,11 @@ Runs on wire.HttpClient (asyncio protocols, keep-alive pool sized to the load): 
 read is timestamped once with perf_counter_ns, and every SSE line it completes carries that
 arrival time; the request's coroutine wakes once, at the end of the response.
 
+The SSE events come in batches of reads (wire.BodySink). The usual batch, one `data:` event
+per read, each a content chunk with `token_ids`, is parsed as one JSON array in one call and
+its token counts read in one comprehension; anything else (usage, [DONE], errors, several
+lines per read, servers without token ids) goes line by line through the same rules.
+
 Request body (completions): `prompt` = the token ids (exact input length), `max_tokens` =
 `min_tokens` = the trace's output length, `ignore_eos`, `stream`, `stream_options.include_usage`,
 and `user` naming the session play. Chat: one user message whose text is the token ids written
@@ -112,7 +117,7 @@ class HttpTransport(Transport):
         ex.start_ns = time.perf_counter_ns()
         try:
             resp = await self._opened().request("POST", self._path, body, f"Content-Type: application/json\r\n"
-                                                f"X-Request-Id: {request.request_id}\r\n", stream.line,
+                                                f"X-Request-Id: {request.request_id}\r\n", stream.take,
                                                 self.timeout_s)
             ex.end_ns = resp.end_ns  # the arrival of the response's last bytes, stamped like the chunks
             if resp.status != 200:
@@ -163,7 +168,46 @@ class _SseStream:
         self.error: str | None = None
         self.detail: str | None = None
 
+    def take(self, pieces: list[bytes], stamps: list[int]) -> None:
+        """A batch of body pieces (whole lines) and the arrival of each (wire.BodySink)."""
+        if self.error is not None:
+            return
+        whole = len(pieces)
+        last = pieces[-1]
+        if b"[DONE]" in last or last[-2:] != b"\n\n":
+            whole -= 1  # the end of the stream, or a piece of several or partial lines
+        if not (whole and self._content_chunks(pieces[:whole], stamps[:whole])):
+            whole = 0
+        for piece, now in zip(pieces[whole:], stamps[whole:]):
+            self._lines(piece, now)
+
+    def _content_chunks(self, pieces: list[bytes], stamps: list[int]) -> bool:
+        """The fast path: True when every piece was one content chunk with token ids, now taken."""
+        text = b"".join(pieces)
+        # one event per piece: only each piece's own two newlines, each piece opening with `data:`
+        if (text.count(b"\n") != 2 * len(pieces) or not text.startswith(b"data:")
+                or text.count(b"\n\ndata:") != len(pieces) - 1):
+            return False
+        try:
+            events = orjson.loads(b"[" + text[5:-2].replace(b"\n\ndata:", b",") + b"]")
+            tokens = [len(event["choices"][0]["token_ids"]) for event in events]
+        except (orjson.JSONDecodeError, LookupError, TypeError):
+            return False
+        if not all(tokens):
+            return False  # an empty token_ids list: the text decides, line by line
+        if b'"usage"' in text and any(event.get("usage") for event in events):
+            return False  # usage on content chunks (some servers send it on every one)
+        self.ex.chunk_ns += stamps
+        self.ex.chunk_tokens += tokens
+        return True
+
+    def _lines(self, piece: bytes, now: int) -> None:
+        for line in piece.split(b"\n"):
+            if len(line) > 1:  # SSE's blank separator lines ("" or "\r") carry nothing
+                self.line(line, now)
+
     def line(self, line: bytes, now: int) -> None:
+        """One SSE line (without its newline) that arrived at `now`."""
         if line[:5] != b"data:" or self.error is not None:
             return  # comments, event names; blank separators never get here
         payload = line[5:]  # JSON allows the leading space

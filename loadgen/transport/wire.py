@@ -8,6 +8,12 @@ and hands over the de-chunked body, and complete body lines go to a callback; th
 coroutine wakes once, when the response is complete. llhttp replaced a hand-written parser:
 about 0.5 µs per streamed event against 3.5 µs (benchmarks/RESULTS.md, "Client at scale").
 
+The body is not handed over line by line as it arrives: each read's complete lines are kept,
+with the read's stamp, and the sink gets them in batches (at the end of the response, every
+`BATCH_PIECES` pieces, or before a failure is raised), so the per-read work is one callback
+and two list appends, and the sink can parse a whole batch of SSE events in one call. Stamps
+are the same as if each line had been handed over when it was read.
+
 Timestamps: plain-http connections are read with recvmsg and SO_TIMESTAMPNS on Linux, so a
 read carries the kernel's arrival time, which a busy event loop cannot delay (see
 _SocketTransport). https connections (and other systems) use the time of the read. The limit:
@@ -36,11 +42,14 @@ import httptools
 
 from loadgen.transport.base import ErrorKind
 
-LineSink = Callable[[bytes, int], None]  # (one body line without b"\n", arrival perf_counter_ns)
+# (body pieces, each one or more complete lines ending in b"\n" -- the last piece of a body may
+# lack it --, the arrival perf_counter_ns of each piece), in order
+BodySink = Callable[[list[bytes], list[int]], None]
+BATCH_PIECES = 256  # pieces kept before they go to the sink mid-response (bounds the memory)
 
 
 class ResponseError(Exception):
-    """The request failed: `kind` is ErrorKind.CONNECT, ErrorKind.RESET, or ErrorKind.PROTOCOL (the line sink
+    """The request failed: `kind` is ErrorKind.CONNECT, ErrorKind.RESET, or ErrorKind.PROTOCOL (the body sink
     or the parser raised on what came back); `received` tells if any byte came back."""
 
     def __init__(self, kind: str, detail: str, received: bool) -> None:
@@ -72,8 +81,10 @@ class _Conn(asyncio.Protocol):
         self._parser = httptools.HttpResponseParser(self)
         self._reset(None, None)
 
-    def _reset(self, sink: LineSink | None, done: asyncio.Future | None) -> None:
+    def _reset(self, sink: BodySink | None, done: asyncio.Future | None) -> None:
         self._sink = sink
+        self._pieces: list[bytes] = []  # complete body lines not yet handed to the sink, and
+        self._stamps: list[int] = []  # the arrival of each piece
         self._done = done
         self._response = Response()
         self._headers_done = False
@@ -100,6 +111,7 @@ class _Conn(asyncio.Protocol):
                 self._fail_unexpected(error)
             return
         detail = f"connection closed by the server{': ' + str(exc) if exc else ''}"
+        self.deliver_before_failing()
         done.set_exception(ResponseError(ErrorKind.RESET, detail, self._received))
 
     def data_received(self, data: bytes) -> None:
@@ -113,7 +125,7 @@ class _Conn(asyncio.Protocol):
             self._parser.feed_data(data)
         except httptools.HttpParserError as exc:
             cause = exc.__context__ if isinstance(exc, httptools.HttpParserCallbackError) else None
-            if cause is not None:  # one of the callbacks below (the line sink) raised
+            if cause is not None:  # one of the callbacks below (the body sink) raised
                 self._fail_unexpected(cause)
             else:
                 self._fail(f"malformed HTTP response: {exc}",
@@ -139,37 +151,55 @@ class _Conn(asyncio.Protocol):
                              and "content-length" not in headers)
 
     def on_body(self, data: bytes) -> None:
-        sink = self._sink
-        if sink is None:
+        if self._sink is None:
             self._response.body += data
             return
-        if not self._line and data[-2:] == b"\n\n" and data.count(b"\n") == 2:
-            sink(data[:-2], self._now)  # the usual piece: exactly one SSE event
-            return
-        if b"\n" not in data:
+        if not self._line and data[-1:] == b"\n":
+            piece = data  # the usual piece: whole lines (one SSE event)
+        elif b"\n" not in data:
             self._line += data
             return
-        lines = (self._line + data).split(b"\n")
-        self._line = lines.pop()
-        now = self._now
-        for line in lines:
-            if len(line) > 1:  # SSE's blank separator lines ("" or "\r") carry nothing
-                sink(line, now)
+        else:
+            text = self._line + data
+            end = text.rfind(b"\n") + 1
+            piece, self._line = text[:end], text[end:]
+        self._pieces.append(piece)
+        self._stamps.append(self._now)
+        if len(self._pieces) >= BATCH_PIECES:
+            self.deliver()
 
     def on_message_complete(self) -> None:
         self._response.end_ns = self._now if not self._until_close else time.perf_counter_ns()
         self._keep_alive = self._parser.should_keep_alive() and not self._until_close
         if self._line and self._sink is not None:
-            self._sink(self._line, time.perf_counter_ns())
+            self._pieces.append(self._line)
+            self._stamps.append(time.perf_counter_ns())
             self._line = b""
+        self.deliver()
         self._until_close = False
         done = self._done
         if done is not None and not done.done():
             done.set_result(self._response)
 
+    def deliver(self) -> None:
+        """Hand the kept body lines to the sink (the sink may raise)."""
+        if self._pieces and self._sink is not None:
+            pieces, stamps = self._pieces, self._stamps
+            self._pieces, self._stamps = [], []
+            self._sink(pieces, stamps)
+
+    def deliver_before_failing(self) -> None:
+        """What arrived before a failure still goes to the sink, as it would have line by line;
+        a sink that raises now adds nothing to the failure that is being reported."""
+        try:
+            self.deliver()
+        except Exception:
+            self._pieces, self._stamps = [], []
+
     def _fail(self, detail: str, kind: str = ErrorKind.RESET) -> None:
         self._keep_alive = False
         self._until_close = False
+        self.deliver_before_failing()
         if self._done is not None and not self._done.done():
             self._done.set_exception(ResponseError(kind, detail, True))
         if self.transport is not None:
@@ -180,7 +210,7 @@ class _Conn(asyncio.Protocol):
 
     # -- used by the pool --------------------------------------------------------------------
 
-    def start(self, request: bytes, sink: LineSink | None, done: asyncio.Future) -> None:
+    def start(self, request: bytes, sink: BodySink | None, done: asyncio.Future) -> None:
         self._reset(sink, done)
         assert self.transport is not None, "start() on a connection that was never made"
         self.transport.write(request)
@@ -270,14 +300,6 @@ _TIMESPEC = struct.Struct("qq")  # struct timespec on 64-bit Linux
 _ANCILLARY_SIZE = socket.CMSG_SPACE(_TIMESPEC.size) if hasattr(socket, "CMSG_SPACE") else 0
 
 
-def _stamp(ancillary: list) -> int:
-    """The kernel's receive time of a read (perf_counter_ns), or now when it carries none."""
-    if ancillary and ancillary[0][1] == _SO_TIMESTAMPNS:  # the only message asked for
-        seconds, nanoseconds = _TIMESPEC.unpack_from(ancillary[0][2])
-        return _REALTIME.to_perf_counter(seconds * 1_000_000_000 + nanoseconds)
-    return time.perf_counter_ns()
-
-
 class _RealtimeToPerfCounter:
     """Kernel timestamps are CLOCK_REALTIME; perf_counter_ns is CLOCK_MONOTONIC. The offset
     between them is re-read every 50 ms of stamps, so clock slewing cannot accumulate."""
@@ -288,14 +310,19 @@ class _RealtimeToPerfCounter:
         self._offset = 0
         self._valid_until = 0
 
-    def to_perf_counter(self, realtime_ns: int) -> int:
-        if realtime_ns >= self._valid_until:
-            self._offset = time.time_ns() - time.perf_counter_ns()
-            self._valid_until = realtime_ns + self.REFRESH_NS
-        return realtime_ns - self._offset
+    def stamp(self, ancillary: list) -> int:
+        """The kernel's receive time of a read (perf_counter_ns), or now when it carries none."""
+        if ancillary and ancillary[0][1] == _SO_TIMESTAMPNS:  # the only message asked for
+            seconds, nanoseconds = _TIMESPEC.unpack_from(ancillary[0][2])
+            realtime_ns = seconds * 1_000_000_000 + nanoseconds
+            if realtime_ns >= self._valid_until:
+                self._offset = time.time_ns() - time.perf_counter_ns()
+                self._valid_until = realtime_ns + self.REFRESH_NS
+            return realtime_ns - self._offset
+        return time.perf_counter_ns()
 
 
-_REALTIME = _RealtimeToPerfCounter()
+_stamp = _RealtimeToPerfCounter().stamp
 
 
 def _enable_rx_timestamps(sock: socket.socket) -> None:
@@ -328,8 +355,8 @@ class HttpClient:
         self._open: set[_Conn] = set()
 
     async def request(self, method: str, path: str, body: bytes = b"", headers: str = "",
-                      sink: LineSink | None = None, timeout: float | None = None) -> Response:
-        """Send one request; body lines go to `sink` as they arrive (else into Response.body).
+                      sink: BodySink | None = None, timeout: float | None = None) -> Response:
+        """Send one request; body lines go to `sink` in batches (else into Response.body).
         Raises ResponseError (connect/reset) or asyncio.TimeoutError."""
         head = (f"{method} {self.prefix}{path} HTTP/1.1\r\n{self._fixed}{headers}"
                 f"Content-Length: {len(body)}\r\n\r\n").encode("latin-1")
@@ -349,7 +376,8 @@ class HttpClient:
                     if reused and not exc.received and attempt == 0:
                         continue
                     raise
-                except BaseException:
+                except BaseException:  # the timeout, or the caller cancelled
+                    conn.deliver_before_failing()
                     self._discard(conn)
                     raise
                 finally:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from loadgen.cli import main
+from loadgen.cli import COMMAND_MODULES, build_parser, main
 from loadgen.results import read_results
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -99,3 +99,12 @@ def test_a_trace_too_long_for_the_server_says_how_to_shrink_it(start_server, ses
     folder = sessions({"n_requests": 3, "think": 0.0, "n_out": 4})
     code, err = replay_cli_error("--url", server.url, "--traces", str(folder))
     assert code == 2 and "the server's max_model_len is 100 tokens" in err and "--token-scale" in err
+
+
+def test_a_named_command_registers_only_itself():
+    """`loadgen replay` must not import what other commands need (bench: the server's flags)."""
+    code = ("import sys; from loadgen.cli import build_parser; p = build_parser(['replay', '--help']); "
+            "print(sorted(p._subparsers._group_actions[0].choices), 'server.args' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["['replay']", "False"]
+    assert set(build_parser(["--help"])._subparsers._group_actions[0].choices) == set(COMMAND_MODULES)

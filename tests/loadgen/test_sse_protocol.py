@@ -143,3 +143,41 @@ def test_done_ends_the_stream_with_or_without_a_carriage_return(line):
     stream = _SseStream(Exchange(), chat=False)
     stream.line(line, 0)
     assert stream.done and stream.error is None
+
+
+def _by_lines(pieces: list[bytes], stamps: list[int]):
+    from loadgen.transport.base import Exchange
+    from loadgen.transport.http import _SseStream
+
+    stream = _SseStream(Exchange(), chat=False)
+    for piece, now in zip(pieces, stamps):
+        for line in piece.split(b"\n"):
+            if len(line) > 1:
+                stream.line(line, now)
+    return stream
+
+
+@pytest.mark.parametrize("batch", [
+    [b'data: {"choices":[{"text":"a","token_ids":[1]}]}\n\n', b'data:{"choices":[{"token_ids":[2,3]}]}\n\n'],
+    [b'data: {"choices":[{"text":"a","token_ids":[1]}]}\n\n', b'data: {"choices":[],"usage":{"prompt_tokens":4,'
+     b'"completion_tokens":3}}\n\ndata: [DONE]\n\n'],
+    [b'data: {"choices":[{"text":"a","token_ids":[]}]}\n\n', b'data: {"choices":[{"text":"b"}]}\n\n'],
+    [b'data: {"choices":[{"token_ids":[1]}],"usage":{"completion_tokens":1}}\n\n'],
+    [b'data: {"choices":[{"token_ids":[1]}]}\r\n\r\n', b': keep-alive\n\n', b'data: {"choi'],
+    [b'data: {"choices":[{"token_ids":[1]}]}\n\n', b'data: {"error":{"message":"boom"}}\n\n'],
+    [b'data: {"choices":[{"token_ids":[1]}]}\n\n', b'data: [1]\n\n', b'data: {"choices":[{"token_ids":[2]}]}\n\n'],
+    [b'data: {"choices":[{"token_ids":[1]}]}\n\n', b'data: {"x": "data: \\n"}\n\n'],
+])
+def test_a_batch_of_pieces_reads_as_its_lines_one_by_one(batch):
+    """The batched SSE path (one JSON parse per batch when every piece is one content chunk) and
+    the line-by-line rules agree on chunk times, token counts, usage, [DONE] and errors."""
+    from loadgen.transport.base import Exchange
+    from loadgen.transport.http import _SseStream
+
+    stamps = [1000 * (i + 1) for i in range(len(batch))]
+    batched = _SseStream(Exchange(), chat=False)
+    batched.take(batch, stamps)
+    single = _by_lines(batch, stamps)
+    for name in ("chunk_ns", "chunk_tokens", "usage_prompt_tokens", "usage_completion_tokens"):
+        assert getattr(batched.ex, name) == getattr(single.ex, name), name
+    assert (batched.done, batched.error, batched.detail) == (single.done, single.error, single.detail)

@@ -108,3 +108,13 @@ def test_bad_parameters_and_requests() -> None:
             PromptSynth(**kwargs)
     with pytest.raises(ValueError, match="exceed its 7 input tokens"):
         PromptSynth(block_size=4).prompt("s", _request(0, 7, (1, 2)), salt=0)
+
+
+def test_the_tokens_are_those_of_earlier_versions() -> None:
+    """Pinned values (computed before the one-pass rewrite): prompts, and so the prefix-cache
+    behaviour a result depends on, stay comparable across versions. A tail shorter than a block
+    and a request served from the cache, both."""
+    synth = PromptSynth(4, vocab_size=1000, vocab_offset=7)
+    assert synth.prompt("sess", _request(3, 10, (11, 12)), 5).tolist() == [353, 573, 535, 811, 197, 951, 652, 638,
+                                                                            394, 585]
+    assert synth.prompt("sess", _request(4, 7, (11,)), 5).tolist() == [353, 573, 535, 811, 987, 51, 628]

@@ -1,0 +1,192 @@
+"""Indexer logits for prefill: a tile of query tokens scores each block of keys with one tensor-core dot.
+
+The per-token kernel (kernels/indexer.py) loads and decodes every key once per query token. A
+prefill chunk's tokens share their keys, so here a program holds BLOCK_M consecutive tokens' queries,
+all heads, as one [BLOCK_M * H, d_I] operand, and for each block of keys computes
+
+    scores[key, token * H + h] = k[key] . q[token, h]                  (one dot)
+    logits[key, token] = sum_h w[token, h] * relu(scores[key, token, h])  (a reshape and a sum)
+
+so a key block is loaded (and decoded) once per BLOCK_M tokens. Where the device has fp8 tensor
+cores (FP8_DOT) the dot takes e4m3 operands: fp8 keys and the queries are their bytes
+reinterpreted (no decode); otherwise fp16 decoded by integer arithmetic (kernels/triton_utils.py).
+MXFP4 rows are brought to one scale per row: each 32-value group's e2m1 values are multiplied by
+2^-drop, drop = the row's largest group scale minus the group's, in fp16 (exact down to 2^-24),
+so the whole row is one dot and the row's scale multiplies the result. For an fp8 dot these
+values are then converted to e4m3, exact while drop <= 8 (e2m1 values have two significant bits
+and stay multiples of 2^-9); groups more than 2^8 below their row's largest are rounded to e4m3
+(3 mantissa bits, subnormals down to 2^-9), a change far below the indexer's bar.
+
+Tokens of one request are contiguous in a batch. A tile whose tokens all belong to one request
+makes one pass over its keys; a tile straddling requests makes one pass per token (the other
+tokens' weights zeroed), so mixed batches stay correct. The loop bound is read on the device
+(the tile's largest context), so the grid depends only on the shapes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels.triton_utils import (
+    E4M3_RAW_SCALE,
+    e2m1_to_raw_f16,
+    e4m3_to_raw_f16,
+    new_output,
+    row_programs,
+    ue8m0_to_f32,
+)
+
+
+@triton.jit
+def _fp8_keys(key_ptr, key_words_ptr, slots, visible, ROW_BYTES: tl.constexpr, D: tl.constexpr,
+              FP8_DOT: tl.constexpr, DOT_DTYPE: tl.constexpr):
+    """fp8 rows -> (dot operand [BLOCK_N, D], per-key factor that turns the dot into q . k)."""
+    raw = tl.load(key_ptr + slots[:, None] * ROW_BYTES + tl.arange(0, D)[None, :], mask=visible[:, None], other=0)
+    # the scale is word d_I/4 of the row (rows are d_I + 4 bytes, d_I a multiple of 16)
+    scale = tl.load(key_words_ptr + slots * (ROW_BYTES // 4) + D // 4, mask=visible, other=0).to(tl.float32,
+                                                                                                  bitcast=True)
+    if FP8_DOT:
+        keys = raw.to(tl.float8e4nv, bitcast=True)
+    else:
+        keys = e4m3_to_raw_f16(raw.to(tl.int32)).to(DOT_DTYPE)
+        scale = scale * (E4M3_RAW_SCALE * E4M3_RAW_SCALE)
+    return keys, scale
+
+
+@triton.jit
+def _mxfp4_keys(key_ptr, slots, visible, ROW_BYTES: tl.constexpr, D: tl.constexpr, FP8_DOT: tl.constexpr,
+                DOT_DTYPE: tl.constexpr):
+    """MXFP4 rows -> (operand [BLOCK_N, D] at one scale per row, per-key factor)."""
+    dims = tl.arange(0, D)
+    row = key_ptr + slots[:, None] * ROW_BYTES
+    # element i is nibble i % 2 of byte i // 2 (each byte is loaded twice, from the same line)
+    packed = tl.load(row + dims[None, :] // 2, mask=visible[:, None], other=0).to(tl.int32)
+    raw = e2m1_to_raw_f16((packed >> ((dims & 1) * 4)[None, :]) & 0xF)  # value / 2^14
+    group_exp = tl.load(row + D // 2 + dims[None, :] // 32, mask=visible[:, None], other=0).to(tl.int32)
+    row_exp = tl.max(group_exp, axis=1)
+    # 2^(14 - drop) as fp16 bits (exponent bias 15); a group 2^28 below the row's largest is flushed
+    drop = row_exp[:, None] - group_exp
+    factor = tl.where(drop <= 28, (29 - drop) << 10, 0).to(tl.int16).to(tl.float16, bitcast=True)
+    keys = raw * factor  # = value * 2^-drop: exact products of powers of two
+    row_scale = ue8m0_to_f32(row_exp)
+    if FP8_DOT:  # e4m3 holds value * 2^-drop exactly while drop <= 8 (two significant bits, >= 2^-9)
+        keys = keys.to(tl.float8e4nv)
+    else:
+        keys = keys.to(DOT_DTYPE)
+        row_scale = row_scale * E4M3_RAW_SCALE
+    return keys, row_scale
+
+
+@triton.jit(do_not_specialize=["block_size"])
+def _indexer_tiled_kernel(
+    q_ptr, w_ptr, key_ptr, key_words_ptr, out_ptr,
+    block_table_ptr, seq_ids_ptr, end_ptr,
+    n_tokens, n_cols, block_table_stride, block_size,
+    ROW_BYTES: tl.constexpr, H: tl.constexpr, D: tl.constexpr, BLOCK_H: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    MXFP4: tl.constexpr, FP8_DOT: tl.constexpr, MASK_TAIL: tl.constexpr, DOT_DTYPE: tl.constexpr,
+):
+    """Grid (token tiles, programs per tile): program p scores the tile's key blocks p, p + P, ..."""
+    rows = tl.arange(0, BLOCK_M * BLOCK_H)  # operand row = token of the tile * BLOCK_H + head
+    row_tok = tl.program_id(0) * BLOCK_M + rows // BLOCK_H
+    row_head = rows % BLOCK_H
+    row_ok = (row_tok < n_tokens) & (row_head < H)
+    q_raw = tl.load(q_ptr + row_tok[:, None] * (H * D) + row_head[:, None] * D + tl.arange(0, D)[None, :],
+                    mask=row_ok[:, None], other=0)
+    if FP8_DOT:
+        q = q_raw.to(tl.float8e4nv, bitcast=True)
+    else:
+        q = e4m3_to_raw_f16(q_raw.to(tl.int32)).to(DOT_DTYPE)
+    w = tl.load(w_ptr + row_tok * H + row_head, mask=row_ok, other=0.0)
+
+    toks = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    tok_ok = toks < n_tokens
+    ends = tl.load(end_ptr + toks, mask=tok_ok, other=0)
+    seqs = tl.load(seq_ids_ptr + toks, mask=tok_ok, other=-1)
+    first_seq = tl.load(seq_ids_ptr + tl.program_id(0) * BLOCK_M)
+    one_request = tl.max(tl.where(tok_ok, seqs, first_seq), axis=0) == tl.min(tl.where(tok_ok, seqs, first_seq),
+                                                                                  axis=0)
+    passes = tl.where(one_request, 1, tl.minimum(BLOCK_M, n_tokens - tl.program_id(0) * BLOCK_M))
+    tok_idx = tl.arange(0, BLOCK_M)
+    for p in range(0, passes):
+        # pass p: every token of a one-request tile, else token p alone
+        mine = tl.where(one_request, tok_ok, tok_ok & (tok_idx == p))
+        seq = tl.sum(tl.where(tok_idx == p, seqs, 0), axis=0).to(tl.int64)
+        w_pass = tl.where(one_request, w, tl.where(rows // BLOCK_H == p, w, 0.0))
+        end_max = tl.max(tl.where(mine, ends, 0), axis=0)
+        limit = n_cols if MASK_TAIL else tl.minimum(end_max, n_cols)
+        for blk in range(tl.program_id(1), tl.cdiv(limit, BLOCK_N), tl.num_programs(1)):
+            cols = blk * BLOCK_N + tl.arange(0, BLOCK_N)
+            visible = cols < end_max
+            block = tl.load(block_table_ptr + seq * block_table_stride + cols // block_size, mask=visible, other=0)
+            slots = block.to(tl.int64) * block_size + cols % block_size
+            if MXFP4:
+                keys, key_factor = _mxfp4_keys(key_ptr, slots, visible, ROW_BYTES, D, FP8_DOT, DOT_DTYPE)
+            else:
+                keys, key_factor = _fp8_keys(key_ptr, key_words_ptr, slots, visible, ROW_BYTES, D, FP8_DOT, DOT_DTYPE)
+            scores = tl.dot(keys, tl.trans(q))  # [BLOCK_N, BLOCK_M * BLOCK_H]
+            weighted = tl.maximum(scores, 0.0) * w_pass[None, :]
+            logits = tl.sum(tl.reshape(weighted, (BLOCK_N, BLOCK_M, BLOCK_H)), axis=2) * key_factor[:, None]
+            logits = tl.where(cols[:, None] < ends[None, :], logits, float("-inf"))
+            tl.store(out_ptr + toks[None, :].to(tl.int64) * n_cols + cols[:, None], logits,
+                     mask=mine[None, :] & (cols < n_cols)[:, None])
+
+
+@dataclass(frozen=True)
+class TiledConfig:
+    """Query tokens per tile, keys per block, warps, programs per multiprocessor, pipelining depth.
+
+    Check a new shape on the GPU before using it (benchmarks/kernels.py --only prefill): on triton
+    3.6 / H200 the tile of 8 tokens x 64 keys with 8 warps gave wrong logits (the same tile with
+    128 keys and 4 warps, and every 4-token tile, matched the reference)."""
+
+    block_m: int
+    block_n: int
+    num_warps: int
+    programs_per_sm: int = 4
+    num_stages: int | None = None
+
+
+def default_tiled_config(key_dtype: str, device: torch.device) -> TiledConfig:
+    """Interpreter: small tiles that still span two tokens. GPU: measured best on an H200 for a
+    2,048-token chunk at 64k (benchmarks/RESULTS.md, issue 12 prefill). MXFP4 keys are decoded
+    per element (ALU work): with fp8 dots an 8-token tile shares that work best; with fp16 dots a
+    2-token tile did."""
+    if device.type != "cuda":
+        return TiledConfig(2, 16, 4)
+    if key_dtype == "mxfp4":
+        return TiledConfig(8, 128, 4) if fp8_dot_supported(device) else TiledConfig(2, 128, 4)
+    return TiledConfig(4, 128, 4)
+
+
+def fp8_dot_supported(device: torch.device) -> bool:
+    """fp8 e4m3 tensor-core dots: NVIDIA compute capability 8.9 and later (Ada, Hopper, Blackwell)."""
+    return device.type == "cuda" and torch.version.hip is None and torch.cuda.get_device_capability(device) >= (8, 9)
+
+
+def indexer_logits_tiled(q_fp8, weights, rows, key_dtype, block_table, seq_ids, end, block_size, n_cols,
+                         config=None, mask_tail=True, fp8_dot=None):
+    """Launch the tiled kernel on prepared (contiguous, int32) paged inputs."""
+    t, h, d = q_fp8.shape
+    out = new_output((t, n_cols), torch.float32, q_fp8.device)
+    if t == 0 or n_cols == 0:
+        return out
+    cfg = config or default_tiled_config(key_dtype, q_fp8.device)
+    use_fp8 = fp8_dot_supported(q_fp8.device) if fp8_dot is None else fp8_dot
+    tiles = triton.cdiv(t, cfg.block_m)
+    grid = (tiles, row_programs(tiles, triton.cdiv(n_cols, cfg.block_n), q_fp8.device, cfg.programs_per_sm))
+    _indexer_tiled_kernel[grid](
+        q_fp8, weights, rows, rows.view(torch.int32) if key_dtype == "fp8" else rows, out,
+        block_table, seq_ids, end,
+        t, n_cols, block_table.stride(0), block_size,
+        ROW_BYTES=rows.shape[1], H=h, D=d, BLOCK_H=max(16, triton.next_power_of_2(h)),
+        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
+        MXFP4=key_dtype == "mxfp4", FP8_DOT=use_fp8, MASK_TAIL=mask_tail,
+        DOT_DTYPE=tl.float32 if q_fp8.device.type == "cpu" else tl.float16,
+        num_warps=cfg.num_warps, **({} if cfg.num_stages is None else {"num_stages": cfg.num_stages}),
+    )
+    return out

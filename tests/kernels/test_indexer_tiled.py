@@ -1,0 +1,94 @@
+"""Tiled (prefill) indexer kernel: tiles of query tokens against the paged reference, one-request and
+straddling tiles, both key formats, the unmasked tail."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kernels.indexer import TILED_MIN_TOKENS_PER_REQUEST, indexer_logits_paged
+from kernels.indexer_tiled import TiledConfig, indexer_logits_tiled
+from kernels.quant import write_indexer_cache
+from tests.kernels.checks import assert_logits_match
+from tests.kernels.test_indexer import make_cache, make_inputs
+
+
+def paged_batch(gen, key_dtype: str, block_size: int, d_i: int = 64):
+    """Three requests back to back: a 9-token prefill chunk at a 40-token offset, one decode token
+    and a 6-token chunk from position 0, so tiles of 4 tokens both stay inside and straddle requests."""
+    max_blocks = 4
+    cache = make_cache(gen, 3 * max_blocks * block_size + 3, d_i, key_dtype)
+    block_table = torch.randperm(3 * max_blocks, generator=gen).int().reshape(3, max_blocks)
+    lens = [list(range(41, 50)), [27], list(range(1, 7))]
+    seq_ids = torch.tensor([s for s, chunk in enumerate(lens) for _ in chunk], dtype=torch.int32)
+    context_lens = torch.tensor([n for chunk in lens for n in chunk], dtype=torch.int32)
+    q8, w = make_inputs(gen, len(seq_ids), 4, d_i)
+    return q8, w, cache, block_table, seq_ids, context_lens
+
+
+@pytest.mark.parametrize("fp8_dot", [False, True])
+@pytest.mark.parametrize("key_dtype", ["fp8", "mxfp4"])
+@pytest.mark.parametrize("block_size", [16, 61])
+def test_tiled_matches_reference(gen, key_dtype, block_size, fp8_dot):
+    """Both dot paths (the interpreter emulates the e4m3 operands of the fp8 one)."""
+    q8, w, cache, block_table, seq_ids, lens = paged_batch(gen, key_dtype, block_size)
+    max_context = 55
+    ref = indexer_logits_paged(q8, w, cache, key_dtype, block_table, block_size, seq_ids, lens, max_context,
+                               backend="torch")
+    got = indexer_logits_tiled(q8, w, cache, key_dtype, block_table, seq_ids, lens, block_size, max_context,
+                               config=TiledConfig(4, 16, 4), fp8_dot=fp8_dot)
+    assert_logits_match(got, ref)
+
+
+@pytest.mark.parametrize("key_dtype", ["fp8", "mxfp4"])
+def test_tiled_unmasked_tail(gen, key_dtype):
+    """mask_tail=False: every column below a token's context matches; a tile's work ends at its
+    largest context, so whole blocks past it stay untouched (poisoned)."""
+    q8, w, cache, block_table, seq_ids, lens = paged_batch(gen, key_dtype, 16)
+    ref = indexer_logits_paged(q8, w, cache, key_dtype, block_table, 16, seq_ids, lens, 64, backend="torch")
+    got = indexer_logits_tiled(q8, w, cache, key_dtype, block_table, seq_ids, lens, 16, 64,
+                               config=TiledConfig(4, 16, 4), mask_tail=False)
+    for t, n in enumerate(lens.tolist()):
+        assert_logits_match(got[t : t + 1, :n], ref[t : t + 1, :n])
+    assert torch.isnan(got[-1, 16:]).all()
+
+
+def test_mxfp4_groups_far_apart_in_scale(gen):
+    """Groups of one row whose scales differ by 2^10: brought to the row's scale, still exact in
+    fp16 (the fp8 dot would round the small group: 2^-10 is past e4m3's exact range)."""
+    d_i = 64
+    keys = torch.randn(20, d_i, generator=gen)
+    keys[:, 32:] *= 2.0**-10
+    cache = torch.zeros(20, d_i // 2 + d_i // 32, dtype=torch.uint8)
+    write_indexer_cache(cache, torch.arange(20), keys, "mxfp4")
+    q8, w = make_inputs(gen, 3, 4, d_i)
+    seq_ids = torch.zeros(3, dtype=torch.int32)
+    lens = torch.tensor([18, 19, 20], dtype=torch.int32)
+    table = torch.arange(20, dtype=torch.int32)[None]
+    ref = indexer_logits_paged(q8, w, cache, "mxfp4", table, 1, seq_ids, lens, 20, backend="torch")
+    got = indexer_logits_tiled(q8, w, cache, "mxfp4", table, seq_ids, lens, 1, 20, config=TiledConfig(2, 16, 4),
+                               fp8_dot=False)
+    assert_logits_match(got, ref)
+
+
+def test_paged_call_takes_tiled_kernel_for_prefill_chunks(gen, monkeypatch):
+    """A chunk of many tokens per request goes through the tiled kernel, with the same logits."""
+    import kernels.indexer as indexer
+
+    calls = []
+
+    def counted(*a, **k):
+        calls.append(1)
+        return indexer_logits_tiled(*a, **k)
+
+    monkeypatch.setattr(indexer, "indexer_logits_tiled", counted)
+    n = TILED_MIN_TOKENS_PER_REQUEST
+    cache = make_cache(gen, 64, 64, "fp8")
+    q8, w = make_inputs(gen, n, 4, 64)
+    seq_ids = torch.zeros(n, dtype=torch.int32)
+    lens = torch.arange(30, 30 + n, dtype=torch.int32)
+    table = torch.tensor([[2, 0, 3, 1]], dtype=torch.int32)
+    args = (q8, w, cache, "fp8", table, 16, seq_ids, lens, 64)
+    got = indexer.indexer_logits_paged(*args, backend="triton")
+    assert calls == [1]
+    assert_logits_match(got, indexer.indexer_logits_paged(*args, backend="torch"))
