@@ -2,7 +2,9 @@
 
 For each model preset, kernel backend and KV dtype it measures
 - decode: the wall time of one `Engine.step()` with B requests each holding `--context` tokens
-  (B in --batches). The requests are placed in the cache directly (blocks allocated, rows filled
+  (B in --batches), steps run back to back as a server runs them (median), with overlapped
+  scheduling on and/or off (--overlap); "host work" is the step's time minus the time it waited
+  for the sampled tokens' copy, i.e. the host's own work per step, hidden when it overlaps. The requests are placed in the cache directly (blocks allocated, rows filled
   with valid random values) instead of being prefilled, so large batches are quick to set up;
   every decode step still runs the full model, indexer, top-k and sparse attention.
 - prefill: prompt tokens/s for `--prefill-requests` prompts of `--prefill-len` tokens, chunked
@@ -21,11 +23,13 @@ indexer's and sparse attention's products. Prefill roofline: FLOPs per token at 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import itertools
 import statistics
 import sys
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -45,6 +49,7 @@ from server.config import (  # noqa: E402
 from server.engine.core import Engine  # noqa: E402
 from server.engine.kv_cache import kernel_kv_dtype  # noqa: E402
 from server.engine.messages import AddRequest, SamplingParams  # noqa: E402
+from server.engine.pending import LaunchedStep  # noqa: E402
 from server.engine.sequence import SequenceStatus  # noqa: E402
 
 HBM_TBPS = 4.04  # H200 device copy measured for this project
@@ -56,6 +61,7 @@ class Row:
     model: str
     backend: str
     mode: str  # "graph" (CUDA-graph decode) or "eager"
+    overlap: bool  # overlapped scheduling
     kv: str
     phase: str
     batch: int
@@ -64,6 +70,7 @@ class Row:
     tokens: int  # tokens produced (decode) or prompt tokens (prefill) in `seconds`
     roofline_s: float
     device_s: float | None = None  # graph mode: one replay of the step's graph alone (device time)
+    host_work_s: float | None = None  # decode: step time minus the wait for the sampled tokens
 
 
 def weight_bytes(model: torch.nn.Module) -> int:
@@ -116,7 +123,7 @@ def place_prefilled(engine: Engine, batch: int, context: int, max_tokens: int) -
 
 def make_engine(args: argparse.Namespace, backend: str, kv: str, num_blocks: int, max_len: int,
                 max_seqs: int, budget: int, mode: str = "eager", graph_sizes: tuple[int, ...] = (),
-                speculative: SpeculativeConfig | None = None) -> Engine:
+                speculative: SpeculativeConfig | None = None, overlap: bool = True) -> Engine:
     overrides = {"num_layers": args.num_layers} if args.num_layers else {}
     model = model_preset(args.model, **overrides)
     return Engine(EngineConfig(
@@ -126,25 +133,47 @@ def make_engine(args: argparse.Namespace, backend: str, kv: str, num_blocks: int
                           num_blocks=num_blocks),
         scheduler=SchedulerConfig(max_num_seqs=max_seqs, max_num_batched_tokens=budget, max_model_len=max_len),
         device=args.device, attention_backend=backend, seed=0, enforce_eager=mode == "eager",
-        cuda_graph_sizes=graph_sizes, speculative=speculative,
+        cuda_graph_sizes=graph_sizes, speculative=speculative, overlap_schedule=overlap,
     ))
 
 
-def bench_decode(args: argparse.Namespace, backend: str, kv: str, batch: int, mode: str) -> Row:
+@contextlib.contextmanager
+def timed_token_waits() -> Iterator[list[float]]:
+    """Seconds each step waits for its sampled tokens' host copy (LaunchedStep.tokens), appended."""
+    waits: list[float] = []
+    tokens = LaunchedStep.tokens
+
+    def timed(self: LaunchedStep) -> list[int]:
+        start = time.perf_counter()
+        out = tokens(self)
+        waits.append(time.perf_counter() - start)
+        return out
+
+    LaunchedStep.tokens = timed  # type: ignore[method-assign]
+    try:
+        yield waits
+    finally:
+        LaunchedStep.tokens = tokens  # type: ignore[method-assign]
+
+
+def bench_decode(args: argparse.Namespace, backend: str, kv: str, batch: int, mode: str, overlap: bool) -> Row:
     bs = args.block_size or model_preset(args.model).default_block_size
     steps = args.warmup + args.steps
     max_len = args.context + steps + 2
     num_blocks = batch * -(-max_len // bs) + 1
     engine = make_engine(args, backend, kv, num_blocks, max_len, max(batch, 1), max(batch, args.max_num_batched_tokens),
-                         mode, graph_sizes=(batch,))
-    place_prefilled(engine, batch, args.context, steps + 1)  # one more step for --count-kernels
-    times = []
-    for i in range(steps):
-        sync(engine.runner.device)
-        start = time.perf_counter()
-        engine.step()  # ends in the sampled tokens' host copy, so the device work is done
-        if i >= args.warmup:
-            times.append(time.perf_counter() - start)
+                         mode, graph_sizes=(batch,), overlap=overlap)
+    place_prefilled(engine, batch, args.context, steps + 2)  # two more steps for --count-kernels
+    times, host = [], []
+    sync(engine.runner.device)
+    with timed_token_waits() as waits:
+        for i in range(steps):
+            waited = len(waits)
+            start = time.perf_counter()
+            engine.step()  # ends in one step's sampled tokens' host copy (with overlap: the previous step's)
+            if i >= args.warmup:
+                times.append(time.perf_counter() - start)
+                host.append(times[-1] - sum(waits[waited:]))
     if mode == "graph" and engine.runner.graphs is None:
         raise RuntimeError("--modes graph: the engine captured no CUDA graphs (CPU, torch backend or --tp > 1)")
     device_s = replay_seconds(engine, batch) if mode == "graph" else None
@@ -155,8 +184,8 @@ def bench_decode(args: argparse.Namespace, backend: str, kv: str, batch: int, mo
     w = weight_bytes(engine.runner.model)
     w_params = w / engine.runner.model.lm_head.weight.element_size()
     limit = roofline(w + batch * att_bytes, 2 * w_params * batch + batch * att_flops)
-    return Row(args.model, backend, mode, kv, "decode", batch, args.context, statistics.median(times), batch, limit,
-               device_s)
+    return Row(args.model, backend, mode, overlap, kv, "decode", batch, args.context, statistics.median(times), batch,
+               limit, device_s, statistics.median(host))
 
 
 def replay_seconds(engine: Engine, batch: int, reps: int = 20) -> float:
@@ -200,7 +229,7 @@ def bench_prefill(args: argparse.Namespace, backend: str, kv: str) -> Row:
     _, att_flops = attention_cost(m, kernel_kv_dtype(engine.config.cache), args.indexer_key_dtype, length // 2)
     w_params = weight_bytes(engine.runner.model) / engine.runner.model.lm_head.weight.element_size()
     limit = n * length * roofline(0.0, 2 * w_params + att_flops)
-    return Row(args.model, backend, "eager", kv, "prefill", n, length, seconds, n * length, limit)
+    return Row(args.model, backend, "eager", True, kv, "prefill", n, length, seconds, n * length, limit)
 
 
 def count_kernels(engine: Engine, work: Callable[[], object] | None = None) -> int:
@@ -234,15 +263,17 @@ def check_graph_tokens(args: argparse.Namespace) -> None:
     blocks = sum(-(-(n + m) // 64) + 1 for n, m in zip(lengths, outputs)) + 8
     for spec in (None, SpeculativeConfig(method="mtp", num_speculative_tokens=3)):
         results, replays = {}, Counter()
-        for mode in ("eager", "graph"):
+        # Reference: eager, one step at a time; overlapped scheduling is off with speculative decoding.
+        variants = [("eager", False), ("graph", False)] + ([("eager", True), ("graph", True)] if spec is None else [])
+        for mode, overlap in variants:
             engine = make_engine(args, "triton", args.kv_dtypes.split(",")[0], blocks * 4, 4096, 8, 4096, mode,
-                                 speculative=spec)
+                                 speculative=spec, overlap=overlap)
             graphs = engine.runner.graphs
             if graphs is not None:
                 replay = graphs.replay
 
                 def counted(*a, _replay=replay, _graphs=graphs, _replays=replays):
-                    batch = a[-1].shape[0]
+                    batch = a[4].shape[0]  # the block table
                     _replays[_graphs.bucket(batch), a[0].shape[0] // batch] += 1
                     return _replay(*a)
 
@@ -253,8 +284,8 @@ def check_graph_tokens(args: argparse.Namespace) -> None:
             while engine.has_unfinished():
                 for out in engine.step().outputs:
                     tokens.setdefault(out.request_id, []).extend(out.new_token_ids)
-            results[mode] = tokens
-            if mode == "graph" and spec is None:
+            results[mode, overlap] = tokens
+            if mode == "graph" and spec is None and not overlap:
                 size = graphs.bucket(3)
                 with torch.inference_mode():
                     eager_a = graphs._forward(size)[0].clone()
@@ -264,22 +295,26 @@ def check_graph_tokens(args: argparse.Namespace) -> None:
                 print(f"graph check: batch {size} replay vs the same step eager: max |dlogit| "
                       f"{float((replayed - eager_a).abs().max()):.3e} (eager twice: {float((eager_b - eager_a).abs().max()):.3e}); "
                       f"capture of {len(graphs.graphs)} graphs took {graphs.capture_seconds:.2f} s", flush=True)
-        same = results["eager"] == results["graph"]
-        diverged = [r for r in results["eager"] if results["eager"][r] != results["graph"].get(r)]
+        ref = results["eager", False]
         label = "decode" if spec is None else "speculative (k=3, standard)"
-        print(f"graph check {label}: greedy tokens graph vs eager engine: "
-              f"{'IDENTICAL' if same else 'DIFFER in ' + ','.join(diverged)} "
-              f"({sum(map(len, results['eager'].values()))} tokens, {len(prompts)} requests); "
-              f"replays by (batch, query tokens): {dict(sorted(replays.items()))}", flush=True)
+        for (mode, overlap), got in results.items():
+            diverged = [r for r in ref if ref[r] != got.get(r)]
+            print(f"graph check {label}: greedy tokens {mode} overlap {'on' if overlap else 'off'} vs eager overlap off: "
+                  f"{'DIFFER in ' + ','.join(diverged) if diverged else 'IDENTICAL'} "
+                  f"({sum(map(len, got.values()))} tokens, {len(prompts)} requests)", flush=True)
+        print(f"graph check {label}: replays by (batch, query tokens): {dict(sorted(replays.items()))}", flush=True)
 
 
 def print_table(rows: list[Row]) -> None:
-    head = f"{'model':6} {'backend':7} {'kv':5} {'phase':8} {'batch':>5} {'ctx':>6} {'time ms':>10} {'tok/s':>11} {'roof ms':>9} {'% roof':>7} {'mode':5} {'graph ms':>8} {'host ms':>7}"
+    head = (f"{'model':6} {'backend':7} {'kv':5} {'phase':8} {'batch':>5} {'ctx':>6} {'time ms':>10} {'tok/s':>11} "
+            f"{'roof ms':>9} {'% roof':>7} {'mode':5} {'overlap':7} {'host work':>9} {'graph ms':>8} {'host ms':>7}")
     print(head)
     print("-" * len(head))
     for r in rows:
         print(f"{r.model:6} {r.backend:7} {r.kv:5} {r.phase:8} {r.batch:5d} {r.context:6d} {r.seconds * 1e3:10.3f} "
-              f"{r.tokens / r.seconds:11.1f} {r.roofline_s * 1e3:9.3f} {100 * r.roofline_s / r.seconds:6.1f}% {r.mode:5}"
+              f"{r.tokens / r.seconds:11.1f} {r.roofline_s * 1e3:9.3f} {100 * r.roofline_s / r.seconds:6.1f}% {r.mode:5} "
+              f"{'on' if r.overlap else 'off':7}"
+              + (f" {r.host_work_s * 1e3:9.3f}" if r.host_work_s is not None else "")
               + (f" {r.device_s * 1e3:8.3f} {(r.seconds - r.device_s) * 1e3:7.3f}" if r.device_s is not None else ""))
 
 
@@ -299,6 +334,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--modes", default="graph,eager",
                    help="comma list of decode modes: graph (CUDA-graph replay) and/or eager (--enforce-eager); "
                         "graph needs CUDA and the triton backend")
+    p.add_argument("--overlap", default="on", help="comma list: decode with overlapped scheduling on and/or off")
     p.add_argument("--no-prefill", action="store_true", help="decode steps only")
     p.add_argument("--count-kernels", action="store_true",
                    help="print the GPU kernels of one eager decode step, and of one more prefill run")
@@ -315,6 +351,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--smoke", action="store_true",
                    help="tiny model on CPU with the torch backend and small sizes (checks this script)")
     args = p.parse_args(argv)
+    if not set(args.overlap.split(",")) <= {"on", "off"}:
+        p.error(f"--overlap: a comma list of on and off, got {args.overlap!r}")
     if args.smoke:
         args.model, args.device, args.backends, args.batches, args.modes = "tiny", "cpu", "torch", "1,8", "eager"
         args.context, args.steps, args.warmup = 256, 3, 1
@@ -331,11 +369,11 @@ def main(argv: list[str] | None = None) -> int:
     for backend in args.backends.split(","):
         for kv in args.kv_dtypes.split(","):
             for batch in (int(b) for b in args.batches.split(",") if b):
-                for mode in modes:
+                for mode, overlap in itertools.product(modes, args.overlap.split(",")):
                     if mode == "graph" and backend != "triton":
                         continue
-                    rows.append(bench_decode(args, backend, kv, batch, mode))
-                    progress(f"done decode {backend} {mode} {kv} B={batch}")
+                    rows.append(bench_decode(args, backend, kv, batch, mode, overlap == "on"))
+                    progress(f"done decode {backend} {mode} overlap {overlap} {kv} B={batch}")
             if not args.no_prefill:
                 rows.append(bench_prefill(args, backend, kv))
                 progress(f"done prefill {backend} {kv}")

@@ -355,6 +355,11 @@ class EngineConfig:
     enforce_eager: bool = field(default=False, metadata=cli(
         "--enforce-eager", default_text="capture on CUDA",
         help="run every step eagerly: no CUDA-graph capture of the decode step"))
+    overlap_schedule: bool = field(default=True, metadata=cli(
+        "--no-overlap-schedule",
+        help="schedule each step only after the previous step's tokens are back (default: the host "
+             "prepares the next step while the device runs this one; always off with speculative "
+             "decoding and with --tp > 1)"))
     cuda_graph_sizes: tuple[int, ...] = field(default=(), metadata=cli(
         "--cuda-graph-sizes", metavar="N,N,...", parse=lambda text: _int_list(text, "--cuda-graph-sizes"),
         default_text="1, 2, 4, 8, 16, 24, ... up to --max-num-seqs",

@@ -1,8 +1,14 @@
 """The engine core: accepts requests, runs one scheduler iteration per `step`, reports outputs.
 
 Pure synchronous code with no threads; the API process (or the in-process benchmark transport)
-owns the loop around it. One step = schedule, build the batch, run the model, sample on the
-device, then a single host copy of the sampled tokens. With speculative decoding
+owns the loop around it. One step = schedule, build the batch, launch the model and the sampler
+on the device, then a single host copy of the sampled tokens. With overlapped scheduling (the
+default; server/engine/pending.py) a step launches the next batch before it reads the previous
+batch's tokens, so the host's scheduling and input building run while the device computes, and
+each request's tokens are reported one step later. It falls back to one batch at a time with
+speculative decoding (proposing drafts needs the verified tokens on the host) and under tensor
+parallelism (the other ranks embed the token ids themselves, and each step already waits for
+every rank's device). With speculative decoding
 (`server/engine/spec_decode.py`) the step verifies each request's drafts in the same pass, may emit
 several tokens per request, and ends with the draft head proposing the next drafts.
 """
@@ -14,6 +20,7 @@ import time
 from server.config import EngineConfig
 from server.engine.kv_cache import BlockManager
 from server.engine.messages import AddRequest, EngineStats, RequestOutput, StepOutputs
+from server.engine.pending import LaunchedStep
 from server.engine.sampler import Sampler
 from server.engine.scheduler import ScheduledBatch, Scheduler
 from server.engine.sequence import Sequence
@@ -36,6 +43,8 @@ class Engine:
         self.sampler = Sampler(self.runner.device, model.eos_token_id, config.seed)
         self.spec = None if config.speculative is None else SpeculativeDecoder(
             config.speculative, self.runner, self.sampler, config.seed, self.max_model_len)
+        self.overlap = config.overlap_schedule and self.spec is None and self.runner.tp.world_size == 1
+        self._in_flight: LaunchedStep | None = None  # overlapped scheduling: launched, tokens not yet read
         self.seqs: dict[str, Sequence] = {}
         self._aborted: list[RequestOutput] = []
         self._prompt_tokens = 0
@@ -86,44 +95,69 @@ class Engine:
 
     def has_unfinished(self) -> bool:
         """True while any request is queued or running, or an abort is still to be reported."""
-        return self.scheduler.has_unfinished() or bool(self._aborted)
+        return self.scheduler.has_unfinished() or bool(self._aborted) or self._in_flight is not None
 
     # ---- the step ------------------------------------------------------------------------
     def step(self) -> StepOutputs:
         start = time.perf_counter()
         outputs, self._aborted = self._aborted, []
         batch = self.scheduler.schedule()
-        if batch:
-            new_tokens = self._run(batch)
-            if self.config.step_delay_ms:  # test-only planted slowdown (--step-delay-ms)
-                time.sleep(self.config.step_delay_ms / 1000.0)
-            for seq, new in zip(batch.seqs, new_tokens):
-                if not new:
-                    continue
-                if seq.num_output_tokens == len(new):
-                    self._prompt_tokens += seq.num_prompt_tokens
-                self._generation_tokens += len(new)
-                outputs.append(self._output(seq, tuple(new)))
-                if seq.is_finished:
-                    del self.seqs[seq.request_id]
-                    self._forget(seq.request_id)
+        if self.spec is not None:
+            if batch:
+                new_tokens = self._run_speculative(batch)
+                self._planted_delay()
+                self._report(batch.seqs, new_tokens, outputs)
+        else:
+            launched = self._launch(batch) if batch else None
+            if batch:
+                self._planted_delay()
+            if self.overlap:
+                launched, self._in_flight = self._in_flight, launched
+            if launched is not None:
+                self._report(launched.batch.seqs, self._resolve(launched), outputs)
         self._step_time = time.perf_counter() - start
         return StepOutputs(tuple(outputs), self.stats())
 
-    def _run(self, batch: ScheduledBatch) -> list[list[int]]:
-        """Run the model on the batch and commit the results; the tokens each request gained."""
-        if self.spec is not None:
-            verdicts, hidden = self.spec.execute(batch)
-            new_tokens = self.scheduler.commit(batch, [v.emitted for v in verdicts],
-                                               [v.num_rejected for v in verdicts])
-            self.spec.propose(batch.seqs, verdicts, hidden)
-            return new_tokens
+    def _planted_delay(self) -> None:
+        if self.config.step_delay_ms:  # test-only planted slowdown (--step-delay-ms)
+            time.sleep(self.config.step_delay_ms / 1000.0)
+
+    def _report(self, seqs: tuple[Sequence, ...], new_tokens: list[list[int]], outputs: list[RequestOutput]) -> None:
+        """Append the outputs of requests that gained tokens; forget the ones that finished."""
+        for seq, new in zip(seqs, new_tokens):
+            if not new:
+                continue
+            if seq.num_output_tokens - seq.num_pending_tokens == len(new):
+                self._prompt_tokens += seq.num_prompt_tokens
+            self._generation_tokens += len(new)
+            outputs.append(self._output(seq, tuple(new)))
+            if seq.is_finished:
+                del self.seqs[seq.request_id]
+                self._forget(seq.request_id)
+
+    def _run_speculative(self, batch: ScheduledBatch) -> list[list[int]]:
+        """Verify the batch's drafts, commit the results, propose the next drafts; the tokens each
+        request gained."""
+        assert self.spec is not None
+        verdicts, hidden = self.spec.execute(batch)
+        new_tokens = self.scheduler.commit(batch, [v.emitted for v in verdicts], [v.num_rejected for v in verdicts])
+        self.spec.propose(batch.seqs, verdicts, hidden)
+        return new_tokens
+
+    def _launch(self, batch: ScheduledBatch) -> LaunchedStep:
+        """Run the model and the sampler on the batch without waiting for either. Tokens still
+        pending from the step in flight are taken from its sampled tensor on the device."""
         num_logits = [1 if s.num_computed_tokens + n == len(s) else 0
                       for s, n in zip(batch.seqs, batch.num_new_tokens)]
         sampling = [s for s, k in zip(batch.seqs, num_logits) if k]
-        logits = self.runner.execute(batch, num_logits)
-        tokens = iter(self.sampler(logits, sampling).tolist() if sampling else [])  # the one host sync
-        return self.scheduler.commit(batch, [[next(tokens)] if k else [] for k in num_logits], [0] * len(num_logits))
+        pending = None if self._in_flight is None else self._in_flight.sampled
+        logits = self.runner.execute(batch, num_logits, pending)
+        sampled = self.sampler(logits, sampling) if sampling else None
+        return LaunchedStep(batch, self.scheduler.launch(batch, num_logits), sampled)
+
+    def _resolve(self, launched: LaunchedStep) -> list[list[int]]:
+        """Read a launched step's tokens (the step's one host sync) and account them."""
+        return self.scheduler.resolve(launched.batch, launched.placeholder_at, launched.tokens())
 
     def _forget(self, request_id: str) -> None:
         self.sampler.forget(request_id)

@@ -135,10 +135,12 @@ class BlockManager:
             seq.block_ids.append(block)
 
     def commit_full_blocks(self, seq: Sequence) -> None:
-        """Hash the blocks that became full and computed, so later requests can reuse them."""
+        """Hash the blocks that became full and computed, so later requests can reuse them. A block
+        counts once its KV is launched (a reader runs after it on the device) and its tokens are
+        known (not placeholders for tokens still being sampled)."""
         if not self.enable_prefix_caching:
             return
-        num_full = seq.num_computed_tokens // self.block_size
+        num_full = min(seq.num_computed_tokens, len(seq) - seq.num_pending_tokens) // self.block_size
         for i in range(len(seq.block_hashes), num_full):
             parent = seq.block_hashes[-1] if seq.block_hashes else None
             h = hash_block(parent, seq.token_ids[i * self.block_size:(i + 1) * self.block_size])

@@ -4,13 +4,16 @@ Rows with temperature 0 take the argmax. Other rows scale by 1/temperature, keep
 set of tokens whose probability reaches top_p, and sample by the exponential-race trick
 (argmax of p / E with E ~ Exp(1)), drawing E from the request's own torch.Generator when it has
 a seed, so a seeded request gets the same tokens whatever else is in the batch. Requests below
-`min_tokens` outputs cannot draw EOS. The caller does one host copy of the returned tokens.
+`min_tokens` outputs cannot draw EOS. The caller does one host copy of the returned tokens;
+per-request values reach the device by asynchronous copies from pinned memory, so sampling never
+makes the host wait for the device (which would undo overlapped scheduling).
 """
 
 from __future__ import annotations
 
 import torch
 
+from server.engine.pending import to_device_async
 from server.engine.sequence import Sequence
 
 
@@ -44,7 +47,7 @@ class Sampler:
         if all(t == 0.0 for t in temps):
             return greedy
         sampled = self.race(self.probs(logits, seqs), seqs)
-        is_greedy = torch.tensor([t == 0.0 for t in temps], device=self.device)
+        is_greedy = self._tensor([t == 0.0 for t in temps])
         return torch.where(is_greedy, greedy, sampled)
 
     def suppress_eos(self, logits: torch.Tensor, seqs: list[Sequence], offsets: list[int] | None = None) -> None:
@@ -52,17 +55,17 @@ class Sampler:
         offsets = offsets or [0] * len(seqs)
         suppress = [i for i, (s, o) in enumerate(zip(seqs, offsets)) if s.num_output_tokens + o < s.params.min_tokens]
         if suppress:
-            logits[torch.tensor(suppress, device=self.device), self.eos_token_id] = float("-inf")
+            logits[self._tensor(suppress), self.eos_token_id] = float("-inf")
 
     def probs(self, logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
         """Sampling distribution per row: softmax at the request's temperature, cut to its top_p
         (temperature-0 rows are treated as temperature 1; callers take their argmax instead)."""
         temps = [s.params.temperature for s in seqs]
-        temp_t = torch.tensor([t if t > 0 else 1.0 for t in temps], device=self.device)
+        temp_t = self._tensor([t if t > 0 else 1.0 for t in temps])
         probs = torch.softmax(logits / temp_t[:, None], dim=-1)
         top_ps = [s.params.top_p for s in seqs]
         if any(p < 1.0 for p in top_ps):
-            probs = _top_p(probs, torch.tensor(top_ps, device=self.device))
+            probs = _top_p(probs, self._tensor(top_ps))
         return probs
 
     def race(self, probs: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
@@ -74,12 +77,15 @@ class Sampler:
         noise = torch.empty(shape, device=self.device)
         unseeded = [i for i, s in enumerate(seqs) if s.params.seed is None]
         if unseeded:
-            noise[unseeded] = torch.empty((len(unseeded),) + tuple(shape[1:]), device=self.device).exponential_(
-                generator=self.generator)
+            drawn = torch.empty((len(unseeded),) + tuple(shape[1:]), device=self.device)
+            noise[self._tensor(unseeded)] = drawn.exponential_(generator=self.generator)
         for i, s in enumerate(seqs):
             if s.params.seed is not None:
                 noise[i].exponential_(generator=self._generator(s))
         return noise
+
+    def _tensor(self, values: list) -> torch.Tensor:
+        return to_device_async(torch.tensor(values), self.device)
 
 
 def _top_p(probs: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:

@@ -11,6 +11,12 @@ dropped. A request is always in exactly one of `waiting`, `running` or finished,
 or duplicated. A decode with drafts asks for 1 + len(drafts) tokens (the last committed token
 and the drafts to verify); a tight budget may verify fewer of them, and a full cache drops
 them before it preempts anyone.
+
+A step is accounted either all at once when its tokens are back (`commit`, with speculative
+decoding) or in two halves: `launch` when it goes to the device (its tokens count as computed,
+placeholders stand for the tokens it samples) and `resolve` when the tokens are back. Between
+the two the next step may be scheduled (overlapped scheduling, server/engine/pending.py); a
+request that is certain to finish by length once its pending token lands is not scheduled again.
 """
 
 from __future__ import annotations
@@ -20,7 +26,7 @@ from dataclasses import dataclass
 
 from server.config import SchedulerConfig
 from server.engine.kv_cache import BlockManager
-from server.engine.sequence import Sequence, SequenceStatus
+from server.engine.sequence import Sequence, SequenceStatus, placeholder
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,8 +70,8 @@ class Scheduler:
         for seq in decodes_first:
             if budget == 0:
                 break
-            if seq.status is not SequenceStatus.RUNNING:
-                continue  # preempted earlier in this loop
+            if seq.status is not SequenceStatus.RUNNING or self._at_length_limit(seq):
+                continue  # preempted earlier in this loop, or finishing when its pending token lands
             n = min(seq.num_uncomputed_tokens + len(seq.draft_token_ids), budget)
             while not self.blocks.can_append(seq, n):
                 if seq.draft_token_ids:  # speculation must never cost another request its blocks
@@ -124,7 +130,7 @@ class Scheduler:
             for token in tokens:
                 seq.token_ids.append(token)
                 kept.append(token)
-                reason = self._stop_reason(seq, token)
+                reason = self._stop_reason(seq, token, len(seq))
                 if reason is not None:
                     break
             # A stop inside accepted drafts leaves KV computed for tokens that were dropped.
@@ -137,13 +143,61 @@ class Scheduler:
             kept_all.append(kept)
         return kept_all
 
-    def _stop_reason(self, seq: Sequence, token: int) -> str | None:
+    def launch(self, batch: ScheduledBatch, num_logits: list[int]) -> list[int]:
+        """Account a step as it goes to the device: its scheduled tokens count as computed, and each
+        request that samples gets a placeholder for its token (the i-th sampling request's is
+        `placeholder(i)`). Returns each request's placeholder index in its token_ids (-1: none)."""
+        at: list[int] = []
+        row = 0
+        for seq, n, k in zip(batch.seqs, batch.num_new_tokens, num_logits):
+            seq.num_computed_tokens += n
+            if k:
+                at.append(len(seq))
+                seq.token_ids.append(placeholder(row))
+                row += 1
+            else:
+                at.append(-1)
+            self.blocks.commit_full_blocks(seq)  # a request admitted next step can hit them already
+        return at
+
+    def resolve(self, batch: ScheduledBatch, placeholder_at: list[int], sampled: list[int]) -> list[list[int]]:
+        """Account a launched step's tokens (in the order of the requests that sample): each
+        replaces its placeholder. A request finished meanwhile (aborted, or stopped by the step
+        before) gets nothing: the token it computed is dropped. A stop also drops the next step's
+        placeholder and the KV counted for it. Returns the tokens each request gained."""
+        tokens = iter(sampled)
+        kept_all: list[list[int]] = []
+        for seq, at in zip(batch.seqs, placeholder_at):
+            token = next(tokens) if at >= 0 else None
+            if seq.is_finished or token is None:
+                if not seq.is_finished:
+                    self.blocks.commit_full_blocks(seq)
+                kept_all.append([])
+                continue
+            seq.token_ids[at] = token
+            reason = self._stop_reason(seq, token, at + 1)
+            if reason is not None:
+                del seq.token_ids[at + 1:]
+                seq.num_computed_tokens = min(seq.num_computed_tokens, at)
+            self.blocks.commit_full_blocks(seq)
+            if reason is not None:
+                self.finish(seq, reason)
+            kept_all.append([token])
+        return kept_all
+
+    def _stop_reason(self, seq: Sequence, token: int, length: int) -> str | None:
+        """Why seq stops at `token`, its length-th token (None: it goes on)."""
         p = seq.params
-        if token == self.eos_token_id and not p.ignore_eos and seq.num_output_tokens > p.min_tokens:
+        num_output = length - seq.num_prompt_tokens
+        if token == self.eos_token_id and not p.ignore_eos and num_output > p.min_tokens:
             return "stop"
-        if seq.num_output_tokens >= p.max_tokens or len(seq) >= self.config.max_model_len:
+        if num_output >= p.max_tokens or length >= self.config.max_model_len:
             return "length"
         return None
+
+    def _at_length_limit(self, seq: Sequence) -> bool:
+        """seq holds all the tokens it may (counting a pending one): it finishes when that lands."""
+        return seq.num_output_tokens >= seq.params.max_tokens or len(seq) >= self.config.max_model_len
 
     def _preempt(self, seq: Sequence) -> None:
         self.running.remove(seq)

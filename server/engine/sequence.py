@@ -8,6 +8,9 @@ resumes exactly where it stopped.
 With speculative decoding, `draft_token_ids` holds the drafts proposed for the next step; they
 join `token_ids` only while that step runs the model, so everything else only ever sees
 committed tokens.
+
+With overlapped scheduling (server/engine/pending.py) the last of `token_ids` may be a
+placeholder (< 0) for a token the device has sampled but the host has not read yet.
 """
 
 from __future__ import annotations
@@ -15,6 +18,11 @@ from __future__ import annotations
 import enum
 
 from server.engine.messages import SamplingParams
+
+
+def placeholder(row: int) -> int:
+    """The stand-in token id of row `row` of the previous step's sampled tokens (always < 0)."""
+    return -1 - row
 
 
 class SequenceStatus(enum.Enum):
@@ -52,6 +60,15 @@ class Sequence:
     @property
     def num_output_tokens(self) -> int:
         return len(self.token_ids) - self.num_prompt_tokens
+
+    @property
+    def num_pending_tokens(self) -> int:
+        """Placeholders at the end of token_ids, for tokens not back from the device: at most two
+        (a step's, and while the next step is being launched, that step's)."""
+        n = 0
+        while n < len(self.token_ids) and self.token_ids[-1 - n] < 0:
+            n += 1
+        return n
 
     @property
     def output_token_ids(self) -> list[int]:

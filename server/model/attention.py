@@ -62,19 +62,12 @@ class Indexer(nn.Module):
         self.k_norm = nn.LayerNorm(c.index_head_dim, eps=c.rms_norm_eps)
         self.weights_proj = ColumnParallelLinear(c.hidden_size, c.index_num_heads, tp)
 
-    def _rope(self, x: torch.Tensor, rope: RopeAngles) -> torch.Tensor:
-        r = self.rope_dim
-        return torch.cat((rope.rotate(x[..., :r], interleaved=False), x[..., r:]), dim=-1)
-
     def forward(self, x: torch.Tensor, c_q: torch.Tensor, rope: RopeAngles, meta: AttentionMetadata,
                 idx_cache: torch.Tensor, s: CacheSettings) -> torch.Tensor:
         t = x.shape[0]
         q = self.wq(c_q).view(t, self.num_heads, self.head_dim)
         k = self.k_norm(self.wk(x))
-        # The queries and the key rotate as one tensor (the key as one more head): the rotation's
-        # dozen elementwise ops run once per layer instead of twice, on the same numbers.
-        q, k = self._rope(torch.cat((q, k[:, None]), dim=1), rope).split([self.num_heads, 1], dim=1)
-        k = k.squeeze(1)
+        rope.rotate_qk_(q[..., :self.rope_dim], k[:, :self.rope_dim], interleaved=False, backend=s.backend)
         write_indexer_cache(idx_cache, meta.slot_mapping, k, s.key_dtype)
         q8, q_scale = fp8_e4m3_quantize(q, backend=s.backend)
         weights = self.weights_proj(x).float() * q_scale * self.weight_scale
@@ -113,9 +106,8 @@ class MLAttention(nn.Module):
         q = self.wq_b(c_q).view(t, h, c.qk_nope_dim + c.qk_rope_dim)
         q_nope, q_pe = q.split([c.qk_nope_dim, c.qk_rope_dim], dim=-1)
         latent, k_pe = self.wkv_a(x).split([c.kv_lora_rank, c.qk_rope_dim], dim=-1)
-        # q_pe and k_pe rotate as one tensor (k_pe as one more head): one rotation per layer, not two.
-        q_pe, k_pe = rope.rotate(torch.cat((q_pe, k_pe[:, None]), dim=1), interleaved=True).split([h, 1], dim=1)
-        write_kv_cache(kv_cache, meta.slot_mapping, self.kv_norm(latent), k_pe.squeeze(1), s.kv_dtype)
+        rope.rotate_qk_(q_pe, k_pe, interleaved=True, backend=s.backend)
+        write_kv_cache(kv_cache, meta.slot_mapping, self.kv_norm(latent), k_pe, s.kv_dtype)
 
         logits = self.indexer(x, c_q, rope, meta, idx_cache, s)
         top = topk_indices(logits, meta.context_lens, c.index_topk, backend=s.backend)

@@ -7,7 +7,8 @@ in one shared memory pool.
 
 A graph replays fixed addresses and fixed launch grids, so:
 - inputs live in persistent device buffers: per token [ids, positions, block-table row, slot]
-  and the block table, filled by two asynchronous copies per step;
+  and the block table, filled by two asynchronous copies per step (then, with overlapped
+  scheduling, the placeholder ids filled from the previous step's sampled tokens on the device);
 - a batch of B requests runs in the smallest bucket >= B; the padding requests decode token 0
   at positions 0..q-1 of their own block-table row, which points at a dummy cache block that no
   request owns (the runner allocates it past the block manager's blocks), so they read and
@@ -30,6 +31,7 @@ import time
 
 import torch
 
+from server.engine.pending import fill_placeholders
 from server.model.attention import AttentionMetadata, CacheSettings
 from server.model.model import SparseMLAModel
 
@@ -134,10 +136,10 @@ class DecodeGraphs:
         table[batch:size, 0] = self.dummy_block
 
     def replay(self, token_ids: torch.Tensor, positions: torch.Tensor, seq_ids: torch.Tensor, slots: torch.Tensor,
-               block_table: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+               block_table: torch.Tensor, pending: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Run one step of B requests with q tokens each (host tensors, request-major as the runner
         builds them): (logits fp32 [B x q, vocab], hidden [B x q, hidden]), views valid until the
-        next replay."""
+        next replay. pending: the sampled tokens (device) that placeholder token ids stand for."""
         batch, width = block_table.shape
         q = token_ids.shape[0] // batch
         size = self.bucket(batch)
@@ -154,6 +156,9 @@ class DecodeGraphs:
         self._flip ^= 1
         self.tokens[: size * q].copy_(host[: size * q], non_blocking=True)
         self.block_table[:size, :width].copy_(table, non_blocking=True)
+        if pending is not None:
+            ids = self.tokens[:n, 0]
+            ids.copy_(fill_placeholders(ids, pending))
         self.graphs[size, q].replay()
         logits, hidden = self.outputs[size, q]
         return logits[:n], hidden[:n]

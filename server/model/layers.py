@@ -1,5 +1,7 @@
 """Small building blocks of the model: RMSNorm, rotary embedding, tensor-parallel linears, SwiGLU
-MLP, and the scaled init that draws full weights and keeps this rank's slice."""
+MLP, and the scaled init that draws full weights and keeps this rank's slice. The residual add
+with the next norm, SwiGLU's product and the rotation are single kernels on the Triton backend
+(kernels/fused.py)."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from kernels.fused import add_rms_norm, rope_qk_, silu_mul
 from server.parallel.collectives import TensorParallel
 
 
@@ -21,6 +24,12 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
+
+    def add(self, update: torch.Tensor | None, residual: torch.Tensor,
+            backend: str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """(norm of residual + update, residual + update): a sub-layer's output joins the residual
+        stream and the next sub-layer's input is normed, in one kernel. update None: norm only."""
+        return add_rms_norm(update, residual, self.weight, self.eps, backend)
 
 
 class Rotary:
@@ -47,17 +56,10 @@ class RopeAngles:
     cos: torch.Tensor
     sin: torch.Tensor
 
-    def rotate(self, x: torch.Tensor, interleaved: bool) -> torch.Tensor:
-        """x [T, heads, dim] rotated by each token's position; same dtype out."""
-        cos, sin = self.cos, self.sin
-        xf = x.float()
-        if interleaved:
-            a, b = xf[..., 0::2], xf[..., 1::2]
-            out = torch.stack((a * cos - b * sin, a * sin + b * cos), dim=-1).flatten(-2)
-        else:
-            a, b = xf.chunk(2, dim=-1)
-            out = torch.cat((a * cos - b * sin, a * sin + b * cos), dim=-1)
-        return out.to(x.dtype)
+    def rotate_qk_(self, q: torch.Tensor, k: torch.Tensor, interleaved: bool, backend: str | None = None) -> None:
+        """Rotate in place q [T, heads, dim] and k [T, dim] by each token's position (one kernel on
+        the Triton backend; see kernels/fused.py)."""
+        rope_qk_(q, k, self.cos, self.sin, interleaved, backend)
 
 
 class ColumnParallelLinear(nn.Linear):
@@ -107,8 +109,8 @@ class SwiGLU(nn.Module):
         self.w_up = ColumnParallelLinear(hidden, intermediate, tp)
         self.w_down = RowParallelLinear(intermediate, hidden, tp)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.w_down(F.silu(self.w_gate(x)) * self.w_up(x))
+    def forward(self, x: torch.Tensor, backend: str | None = None) -> torch.Tensor:
+        return self.w_down(silu_mul(self.w_gate(x), self.w_up(x), backend))
 
 
 def init_linear(layer: nn.Linear, generator: torch.Generator, gain: float = 1.0) -> torch.Tensor:

@@ -49,12 +49,15 @@ class SparseMLAModel(nn.Module):
     def forward(self, input_ids: torch.Tensor, meta: AttentionMetadata, kv_caches: list[torch.Tensor],
                 idx_caches: list[torch.Tensor], settings: CacheSettings) -> torch.Tensor:
         """Hidden states [T, hidden] after the final norm."""
-        x = self.embed(input_ids)
+        residual = self.embed(input_ids)
         rope = self.rotary.at(meta.positions)
+        b = settings.backend
+        update = None  # each sub-layer's output joins the residual stream in the next norm's kernel
         for layer, kv, idx in zip(self.layers, kv_caches, idx_caches):
-            x = x + layer.attn(layer.attn_norm(x), rope, meta, kv, idx, settings)
-            x = x + layer.mlp(layer.mlp_norm(x))
-        return self.norm(x)
+            x, residual = layer.attn_norm.add(update, residual, b)
+            x, residual = layer.mlp_norm.add(layer.attn(x, rope, meta, kv, idx, settings), residual, b)
+            update = layer.mlp(x, b)
+        return self.norm.add(update, residual, b)[0]
 
     def parallel_logits(self, hidden: torch.Tensor) -> torch.Tensor | None:
         """Every rank at once: fp32 [N, vocab] on rank 0 (each rank's vocabulary slice, gathered);

@@ -21,6 +21,7 @@ import torch
 from kernels.quant import check_slot_range
 from server.config import EngineConfig, resolve_backend, resolve_device
 from server.engine.kv_cache import KVCacheTensors, cache_bytes_per_token, kernel_kv_dtype
+from server.engine.pending import fill_placeholders, to_device_async
 from server.engine.scheduler import ScheduledBatch
 from server.engine.sequence import Sequence
 from server.model.attention import AttentionMetadata, CacheSettings
@@ -40,15 +41,19 @@ class StepInputs:
     block_table: torch.Tensor  # int32 [B, max_blocks]
     wanted: torch.Tensor  # int64 [N], tokens whose logits are wanted
     max_context: int
+    # q when every request computes q tokens and wants all their logits (decode, or verification
+    # of as many drafts each): the shape a captured graph replays; 0 otherwise.
+    uniform_query_len: int
 
     def to_wire(self) -> list[torch.Tensor]:
         return [torch.stack((self.token_ids, self.positions, self.seq_ids, self.slots)),
-                self.block_table.long(), self.wanted, torch.tensor([self.max_context])]
+                self.block_table.long(), self.wanted, torch.tensor([self.max_context, self.uniform_query_len])]
 
     @classmethod
     def from_wire(cls, tensors: list[torch.Tensor]) -> StepInputs:
-        per_token, table, wanted, max_context = tensors
-        return cls(*per_token, block_table=table.int(), wanted=wanted, max_context=int(max_context[0]))
+        per_token, table, wanted, scalars = tensors
+        return cls(*per_token, block_table=table.int(), wanted=wanted, max_context=int(scalars[0]),
+                   uniform_query_len=int(scalars[1]))
 
 
 class _TableRow:
@@ -136,18 +141,18 @@ class ModelRunner:
         return num_blocks
 
     def step_inputs(self, batch: ScheduledBatch, num_logits: list[int]) -> StepInputs:
-        """The batch's host-side inputs."""
+        """The batch's host-side inputs. Token ids may hold placeholders (< 0) for tokens the step
+        in flight is sampling (server/engine/pending.py); the device fills them in."""
         seqs, counts = batch.seqs, batch.num_new_tokens
         starts = [s.num_computed_tokens for s in seqs]
         table = self._block_table(seqs)
-        if all(n == 1 for n in counts):  # decode: one token per request, built from plain lists
-            bs = self.block_size
-            wanted = [i for i, k in enumerate(num_logits) if k]
+        q = counts[0] if all(n == counts[0] for n in counts) and num_logits == list(counts) else 0
+        if q == 1:  # decode: one token per request, built from plain lists
+            positions = np.array(starts)
             return StepInputs(
-                torch.tensor([s.token_ids[p] for s, p in zip(seqs, starts)]), torch.tensor(starts),
-                torch.arange(len(seqs)),
-                torch.tensor([s.block_ids[p // bs] * bs + p % bs for s, p in zip(seqs, starts)]),
-                table, torch.tensor(wanted, dtype=torch.long), max(starts) + 1)
+                torch.tensor([s.token_ids[p] for s, p in zip(seqs, starts)]), torch.from_numpy(positions),
+                torch.arange(len(seqs)), self._slots(table, np.arange(len(seqs)), positions),
+                torch.from_numpy(table), torch.arange(len(seqs)), max(starts) + 1, q)
         ids: list[int] = []
         for s, start, n in zip(seqs, starts, counts):
             ids.extend(s.token_ids[start:start + n])
@@ -156,13 +161,18 @@ class ModelRunner:
         seq_ids = torch.repeat_interleave(torch.arange(len(seqs)), counts_t, output_size=num_tokens)
         first = torch.cumsum(counts_t, 0) - counts_t
         positions = torch.tensor(starts)[seq_ids] + torch.arange(num_tokens) - first[seq_ids]
-        slots = table[seq_ids, positions // self.block_size].long() * self.block_size + positions % self.block_size
         ends = (first + counts_t).tolist()
         wanted = [i for end, k in zip(ends, num_logits) for i in range(end - k, end)]
-        return StepInputs(torch.tensor(ids, dtype=torch.long), positions, seq_ids, slots, table,
-                          torch.tensor(wanted, dtype=torch.long), max(start + n for start, n in zip(starts, counts)))
+        return StepInputs(torch.tensor(ids, dtype=torch.long), positions, seq_ids,
+                          self._slots(table, seq_ids.numpy(), positions.numpy()), torch.from_numpy(table),
+                          torch.tensor(wanted, dtype=torch.long), max(start + n for start, n in zip(starts, counts)), q)
 
-    def _block_table(self, seqs: tuple[Sequence, ...]) -> torch.Tensor:
+    def _slots(self, table: np.ndarray, rows: np.ndarray, positions: np.ndarray) -> torch.Tensor:
+        """int64 global cache slot of each token: its request's block at the position, and the offset."""
+        bs = self.block_size
+        return torch.from_numpy(table[rows, positions // bs].astype(np.int64) * bs + positions % bs)
+
+    def _block_table(self, seqs: tuple[Sequence, ...]) -> np.ndarray:
         """int32 [B, max blocks] of the batch, zero-padded. Each request's row is kept between steps
         (its block list only grows at the end until its epoch changes), so a step copies rows
         instead of converting every block id of every request from Python ints: at 64k tokens a
@@ -175,35 +185,40 @@ class ModelRunner:
             if row is None or row.epoch != s.block_epoch:
                 row = self._rows[s] = _TableRow(s.block_epoch)
             table[i, :n] = row.extend(s.block_ids)
-        return torch.from_numpy(table)
+        return table
 
-    def _on_device(self, inputs: StepInputs) -> tuple[torch.Tensor, AttentionMetadata, torch.Tensor]:
+    def _on_device(self, inputs: StepInputs,
+                   pending: torch.Tensor | None) -> tuple[torch.Tensor, AttentionMetadata, torch.Tensor]:
         dev = self._to_device(torch.stack((inputs.token_ids, inputs.positions, inputs.seq_ids, inputs.slots)))
         meta = AttentionMetadata(
             positions=dev[1], slot_mapping=dev[3], seq_ids=dev[2].int(), context_lens=(dev[1] + 1).int(),
             block_table=self._to_device(inputs.block_table), block_size=self.block_size,
             max_context=inputs.max_context,
         )
-        return dev[0], meta, self._to_device(inputs.wanted)
+        input_ids = dev[0] if pending is None else fill_placeholders(dev[0], pending)
+        return input_ids, meta, self._to_device(inputs.wanted)
 
     def _to_device(self, host: torch.Tensor) -> torch.Tensor:
-        """Asynchronous copy (from pinned memory, so it neither blocks nor syncs the stream)."""
-        if self.device.type == "cpu":
-            return host
-        return host.pin_memory().to(self.device, non_blocking=True)
+        return to_device_async(host, self.device)
 
     @torch.inference_mode()
-    def execute(self, batch: ScheduledBatch, num_logits: list[int]) -> torch.Tensor:
-        """Logits fp32 [sum(num_logits), vocab] on the device, in batch order."""
-        return self.execute_with_hidden(batch, num_logits)[0]
+    def execute(self, batch: ScheduledBatch, num_logits: list[int],
+                pending: torch.Tensor | None = None) -> torch.Tensor:
+        """Logits fp32 [sum(num_logits), vocab] on the device, in batch order. pending: the sampled
+        tokens (device) of the step in flight, which the batch's placeholders stand for."""
+        return self.execute_with_hidden(batch, num_logits, pending)[0]
 
     @torch.inference_mode()
-    def execute_with_hidden(self, batch: ScheduledBatch, num_logits: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    def execute_with_hidden(self, batch: ScheduledBatch, num_logits: list[int],
+                            pending: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """(logits, final hidden states [sum(num_logits), hidden]) of the same tokens; the
         speculative draft head continues from the hidden states."""
         inputs = self.step_inputs(batch, num_logits)
         if self.tp.world_size == 1:
-            return self._forward(inputs)
+            return self._forward(inputs, pending)
+        if pending is not None:
+            raise ValueError("ModelRunner: placeholder tokens under tensor parallelism (the other ranks "
+                             "embed the token ids themselves); overlapped scheduling is off at --tp > 1")
         self.tp.step_started()
         try:
             self.tp.send_step(inputs.to_wire())
@@ -214,24 +229,18 @@ class ModelRunner:
         self.tp.step_finished()
         return out
 
-    def _forward(self, inputs: StepInputs) -> tuple[torch.Tensor | None, torch.Tensor]:
+    def _forward(self, inputs: StepInputs,
+                 pending: torch.Tensor | None = None) -> tuple[torch.Tensor | None, torch.Tensor]:
         # The cache writers check slots only on CPU tensors (on a GPU it costs two host syncs per
         # write, four per layer): the whole step's slots are checked here once, on the host.
         check_slot_range(inputs.slots, self.num_blocks * self.block_size, "ModelRunner: step slots")
-        if self._replayable(inputs):
+        q = inputs.uniform_query_len
+        if self.graphs is not None and q and self.graphs.fits(inputs.block_table.shape[0], q):
             return self.graphs.replay(inputs.token_ids, inputs.positions, inputs.seq_ids, inputs.slots,
-                                      inputs.block_table)
-        input_ids, meta, wanted = self._on_device(inputs)
+                                      inputs.block_table, pending)
+        input_ids, meta, wanted = self._on_device(inputs, pending)
         hidden = self.model(input_ids, meta, self.cache.kv, self.cache.indexer, self.settings)[wanted]
         return self.model.parallel_logits(hidden), hidden
-
-    def _replayable(self, inputs: StepInputs) -> bool:
-        """Every request computes the same number of tokens and wants all their logits (decode, or
-        verification of as many drafts each), in a shape a captured graph fits."""
-        batch, tokens = inputs.block_table.shape[0], inputs.token_ids.shape[0]
-        return (self.graphs is not None and tokens % batch == 0 and inputs.wanted.shape[0] == tokens
-                and self.graphs.fits(batch, tokens // batch)
-                and bool((inputs.seq_ids == torch.arange(batch).repeat_interleave(tokens // batch)).all()))
 
     def _wait_for_device(self) -> None:
         """Under TP a step counts as done (for the hang watchdog) only when the device is done."""

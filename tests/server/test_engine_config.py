@@ -45,6 +45,11 @@ def test_cuda_graph_flags():
     assert c.enforce_eager and c.cuda_graph_sizes == (1, 2, 8)
 
 
+def test_overlap_schedule_flag():
+    assert parse("--device", "cpu").overlap_schedule is True
+    assert parse("--device", "cpu", "--no-overlap-schedule").overlap_schedule is False
+
+
 def test_defaults_follow_preset():
     c = parse("--model", "small", "--device", "cpu")
     assert c.cache.block_size == 64 and c.scheduler.max_model_len == 32768

@@ -1,0 +1,171 @@
+"""Fused small ops of the decoder layer in portable Triton, each with its torch reference.
+
+A decode step runs hundreds of small elementwise kernels; inside a CUDA graph each still costs
+its own execution (a few microseconds at decode sizes), so what matters is how many there are.
+Each op here is one kernel where the torch code is several:
+- `add_rms_norm`: the residual add and the next RMSNorm (add, then the norm's square, mean,
+  rsqrt and two products), returning the normed rows and the new residual stream;
+- `silu_mul`: SwiGLU's silu(gate) * up;
+- `rope_qk_`: rotary embedding of the queries' heads and the key of each token in place (the
+  torch code concatenates them, rotates through a dozen ops on fp32 copies, and splits them).
+
+backend "torch" runs the reference (CPU, and the torch engine backend); "triton" the kernel,
+which on CPU tensors runs in the Triton interpreter. Results are computed in fp32 and rounded
+once to the tensors' dtype (the references round after each op), so they match the references
+within that dtype's rounding.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+import triton
+import triton.language as tl
+
+from kernels.backend import resolve_backend
+from kernels.triton_utils import f32_to_bf16, new_output
+
+
+@triton.jit
+def _round(x, TO_BF16: tl.constexpr):
+    """fp32 rounded to the output dtype's precision (bf16 by bit arithmetic: the interpreter truncates)."""
+    if TO_BF16:
+        return f32_to_bf16(x).to(tl.float32)
+    return x
+
+
+@triton.jit
+def _add_rms_norm_kernel(update_ptr, residual_ptr, weight_ptr, out_ptr, new_residual_ptr, n_cols,
+                         update_stride, residual_stride, eps, HAS_UPDATE: tl.constexpr, TO_BF16: tl.constexpr,
+                         BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK)
+    ok = cols < n_cols
+    x = tl.load(residual_ptr + row * residual_stride + cols, mask=ok, other=0.0).to(tl.float32)
+    if HAS_UPDATE:
+        u = tl.load(update_ptr + row * update_stride + cols, mask=ok, other=0.0).to(tl.float32)
+        x = _round(x + u, TO_BF16)  # the residual stream is held in the model's dtype
+        tl.store(new_residual_ptr + row * n_cols + cols, x.to(new_residual_ptr.dtype.element_ty), mask=ok)
+    rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=0) / n_cols + eps)
+    w = tl.load(weight_ptr + cols, mask=ok, other=0.0).to(tl.float32)
+    y = _round(x * rstd * w, TO_BF16)
+    tl.store(out_ptr + row * n_cols + cols, y.to(out_ptr.dtype.element_ty), mask=ok)
+
+
+def add_rms_norm_reference(update: torch.Tensor | None, residual: torch.Tensor, weight: torch.Tensor,
+                           eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    if update is not None:
+        residual = residual + update
+    return F.rms_norm(residual, (residual.shape[-1],), weight, eps), residual
+
+
+def add_rms_norm(update: torch.Tensor | None, residual: torch.Tensor, weight: torch.Tensor, eps: float,
+                 backend: str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(RMSNorm(residual + update) * weight, residual + update) over the last dim of [T, D] rows;
+    update None: the norm of residual alone, which comes back as the residual."""
+    if resolve_backend(backend, residual.device) == "torch":
+        return add_rms_norm_reference(update, residual, weight, eps)
+    rows, d = residual.shape
+    _check_rows(residual, "residual")
+    out = new_output((rows, d), residual.dtype, residual.device)
+    new_residual = residual if update is None else new_output((rows, d), residual.dtype, residual.device)
+    if update is not None:
+        _check_rows(update, "update")
+    block = triton.next_power_of_2(d)
+    # One program per row: wide rows (v32's 7168) get more warps, as there are few rows at decode.
+    _add_rms_norm_kernel[(rows,)](
+        residual if update is None else update, residual, weight, out, new_residual, d,
+        residual.stride(0) if update is None else update.stride(0), residual.stride(0), eps,
+        HAS_UPDATE=update is not None, TO_BF16=residual.dtype == torch.bfloat16, BLOCK=block,
+        num_warps=min(16, max(4, block // 512)))
+    return out, new_residual
+
+
+@triton.jit
+def _silu_mul_kernel(gate_ptr, up_ptr, out_ptr, n, TO_BF16: tl.constexpr, BLOCK: tl.constexpr):
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    ok = offs < n
+    g = tl.load(gate_ptr + offs, mask=ok, other=0.0).to(tl.float32)
+    u = tl.load(up_ptr + offs, mask=ok, other=0.0).to(tl.float32)
+    y = _round(g / (1.0 + tl.exp(-g)) * u, TO_BF16)
+    tl.store(out_ptr + offs, y.to(out_ptr.dtype.element_ty), mask=ok)
+
+
+def silu_mul(gate: torch.Tensor, up: torch.Tensor, backend: str | None = None) -> torch.Tensor:
+    """silu(gate) * up, elementwise over same-shaped contiguous tensors."""
+    if resolve_backend(backend, gate.device) == "torch":
+        return F.silu(gate) * up
+    if gate.shape != up.shape or not (gate.is_contiguous() and up.is_contiguous()):
+        raise ValueError(f"silu_mul: gate {tuple(gate.shape)} and up {tuple(up.shape)} must be contiguous "
+                         "tensors of one shape")
+    out = new_output(tuple(gate.shape), gate.dtype, gate.device)
+    n, block = gate.numel(), 1024
+    _silu_mul_kernel[(triton.cdiv(n, block),)](gate, up, out, n, TO_BF16=gate.dtype == torch.bfloat16, BLOCK=block)
+    return out
+
+
+@triton.jit
+def _rope_qk_kernel(q_ptr, k_ptr, cos_ptr, sin_ptr, n_heads, q_stride_t, q_stride_h, k_stride_t,
+                    HALF: tl.constexpr, INTERLEAVED: tl.constexpr, TO_BF16: tl.constexpr, BLOCK_H: tl.constexpr):
+    t = tl.program_id(0).to(tl.int64)
+    i = tl.arange(0, HALF)
+    cos = tl.load(cos_ptr + t * HALF + i)[None, :]
+    sin = tl.load(sin_ptr + t * HALF + i)[None, :]
+    if INTERLEAVED:  # pairs (x0, x1), (x2, x3), ...
+        first, second = 2 * i, 2 * i + 1
+    else:  # halves (x_i, x_{i + HALF})
+        first, second = i, i + HALF
+    # rows 0..n_heads-1 are the query's heads, row n_heads the key; BLOCK_H of them per program
+    heads = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+    is_q = heads < n_heads
+    is_k = heads == n_heads
+    base = tl.where(is_q, q_ptr + t * q_stride_t + heads.to(tl.int64) * q_stride_h, k_ptr + t * k_stride_t)[:, None]
+    ok = (is_q | is_k)[:, None]
+    a = tl.load(base + first[None, :], mask=ok, other=0.0).to(tl.float32)
+    b = tl.load(base + second[None, :], mask=ok, other=0.0).to(tl.float32)
+    ra = _round(a * cos - b * sin, TO_BF16)
+    rb = _round(a * sin + b * cos, TO_BF16)
+    tl.store(base + first[None, :], ra.to(q_ptr.dtype.element_ty), mask=ok)
+    tl.store(base + second[None, :], rb.to(q_ptr.dtype.element_ty), mask=ok)
+
+
+def rope_reference(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: bool) -> torch.Tensor:
+    """x [T, heads, dim] rotated by cos, sin fp32 [T, 1, dim/2]; same dtype out."""
+    xf = x.float()
+    if interleaved:
+        a, b = xf[..., 0::2], xf[..., 1::2]
+        out = torch.stack((a * cos - b * sin, a * sin + b * cos), dim=-1).flatten(-2)
+    else:
+        a, b = xf.chunk(2, dim=-1)
+        out = torch.cat((a * cos - b * sin, a * sin + b * cos), dim=-1)
+    return out.to(x.dtype)
+
+
+def rope_qk_(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: bool,
+             backend: str | None = None) -> None:
+    """Rotate in place q [T, heads, dim] and k [T, dim] (views whose last dim is contiguous, e.g.
+    the rotary part of wider rows) by each token's cos, sin fp32 [T, 1, dim/2]."""
+    t, heads, dim = q.shape
+    half = dim // 2
+    if resolve_backend(backend, q.device) == "torch" or half & (half - 1):
+        # The rotation is elementwise: the key as one more head is the same numbers in one pass.
+        rotated = rope_reference(torch.cat((q, k[:, None]), dim=1), cos, sin, interleaved)
+        q.copy_(rotated[:, :heads])
+        k.copy_(rotated[:, heads])
+        return
+    if q.stride(2) != 1 or k.stride(1) != 1 or k.shape != (t, dim) or q.dtype != k.dtype:
+        raise ValueError(f"rope_qk_: q {tuple(q.shape)} and k {tuple(k.shape)} need one dtype, the same "
+                         "rotary dim and a contiguous last dim")
+    cos, sin = cos.reshape(t, half).contiguous(), sin.reshape(t, half).contiguous()
+    # Several programs per token when there are many heads (v32's 128): a few tokens alone would
+    # leave most of the GPU idle.
+    block_h = min(16, triton.next_power_of_2(heads + 1))
+    _rope_qk_kernel[(t, triton.cdiv(heads + 1, block_h))](
+        q, k, cos, sin, heads, q.stride(0), q.stride(1), k.stride(0), HALF=half, INTERLEAVED=interleaved,
+        TO_BF16=q.dtype == torch.bfloat16, BLOCK_H=block_h)
+
+
+def _check_rows(x: torch.Tensor, name: str) -> None:
+    if x.dim() != 2 or x.stride(1) != 1:
+        raise ValueError(f"add_rms_norm: {name} must be [T, D] rows with a contiguous last dim, "
+                         f"got shape {tuple(x.shape)} strides {x.stride()}")

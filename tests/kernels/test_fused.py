@@ -1,0 +1,63 @@
+"""Fused small ops (kernels/fused.py) against their torch references, in the Triton interpreter."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kernels.fused import add_rms_norm, add_rms_norm_reference, rope_qk_, rope_reference, silu_mul
+
+DTYPES = (torch.float32, torch.bfloat16)
+
+
+def close(got: torch.Tensor, ref: torch.Tensor) -> None:
+    """Within the dtype's rounding: the kernels round once, the references after every op."""
+    assert not torch.isnan(got).any(), "NaN in output (an element was not written?)"
+    tol = 1e-5 if got.dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(got.float(), ref.float(), rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("with_update", (True, False))
+def test_add_rms_norm(gen, dtype, with_update):
+    rows, d = 5, 96  # d not a power of two: the row's tail is masked
+    residual = torch.randn(rows, d, generator=gen).to(dtype)
+    update = torch.randn(rows, 2 * d, generator=gen).to(dtype)[:, :d] if with_update else None  # strided rows
+    weight = (1 + 0.1 * torch.randn(d, generator=gen)).to(dtype)
+    out, new_residual = add_rms_norm(update, residual, weight, 1e-6, backend="triton")
+    ref_out, ref_residual = add_rms_norm_reference(update, residual, weight, 1e-6)
+    close(out, ref_out)
+    close(new_residual, ref_residual)
+    assert out.dtype == new_residual.dtype == dtype
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_silu_mul(gen, dtype):
+    gate, up = (torch.randn(3, 1500, generator=gen).to(dtype) for _ in range(2))  # spans two blocks, tail masked
+    close(silu_mul(gate, up, backend="triton"), silu_mul(gate, up, backend="torch"))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("interleaved", (True, False))
+@pytest.mark.parametrize("heads", (3, 20))  # 20: the key falls in the second program of heads
+def test_rope_qk_in_place_on_views(gen, dtype, interleaved, heads):
+    t, width, r = 4, 48, 16  # the rotary part is the first r of wider rows, as in the indexer
+    q = torch.randn(t, heads, width, generator=gen).to(dtype)
+    k = torch.randn(t, width, generator=gen).to(dtype)
+    angles = torch.rand(t, 1, r // 2, generator=gen) * 6.0
+    cos, sin = angles.cos(), angles.sin()
+    ref_q = torch.cat((rope_reference(q[..., :r], cos, sin, interleaved), q[..., r:]), dim=-1)
+    ref_k = torch.cat((rope_reference(k[:, None, :r], cos, sin, interleaved)[:, 0], k[:, r:]), dim=-1)
+    for backend in ("triton", "torch"):
+        got_q, got_k = q.clone(), k.clone()
+        rope_qk_(got_q[..., :r], got_k[:, :r], cos, sin, interleaved, backend=backend)
+        close(got_q, ref_q)
+        close(got_k, ref_k)
+
+
+def test_bad_shapes_are_refused(gen):
+    x = torch.randn(4, 8, generator=gen)
+    with pytest.raises(ValueError, match="must be contiguous tensors of one shape"):
+        silu_mul(x, x[:, :4], backend="triton")
+    with pytest.raises(ValueError, match="update must be"):
+        add_rms_norm(x.t(), x.t().contiguous(), torch.ones(4), 1e-6, backend="triton")
