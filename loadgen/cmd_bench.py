@@ -63,7 +63,7 @@ def _preset_text() -> str:
              "--max-context: the engine's --max-model-len; per model:"]
     for model, preset in BENCH_PRESETS.items():
         lines.append(f"  {model}: " + " ".join(f"--{name.replace('_', '-')} {getattr(preset, name)}"
-                                                for name in PRESET_FIELDS))
+                                                for name in PRESET_FIELDS if getattr(preset, name) is not None))
     return "\n".join(lines)
 
 

@@ -19,17 +19,21 @@ class BenchPreset:
     warmup: str
     token_scale: float
     think_time_scale: float
-    think_time_cap: float
+    think_time_cap: float | None  # None: the recorded think times, uncapped
 
 
 # tiny on 2 CPU cores: ~2.1k input / 9 output tokens per request (prefix hits ~95 %), think
 # times <= 1 s; three levels of 15 s plus warm-up finish in about a minute and a half.
 # small on one GPU: ~10.7k input / 45 output tokens, the long tail dropped at 32k context.
+# v32 is the real-scale model (163,840-token context): the sessions at their recorded length and
+# pace, only the requests beyond its context dropped.
 BENCH_PRESETS = {
     "tiny": BenchPreset(conc="1,2,4", duration=15.0, warmup="2req", token_scale=0.02,
                         think_time_scale=0.01, think_time_cap=1.0),
     "small": BenchPreset(conc="1,2,4,8,16", duration=30.0, warmup="2req", token_scale=0.1,
                          think_time_scale=0.02, think_time_cap=2.0),
+    "v32": BenchPreset(conc="1,2,4,8,16", duration=60.0, warmup="1req", token_scale=1.0,
+                       think_time_scale=1.0, think_time_cap=None),
 }
 GPU_MODEL, CPU_MODEL = "small", "tiny"
 

@@ -331,7 +331,8 @@ def _fit_bundled_sessions(args: argparse.Namespace, info: ServerInfo) -> list[st
     if info.ours and bundled and hasattr(args, "workers"):  # `loadgen bench` applied its whole preset already
         model = info.raw.get("root") or info.model
         preset = preset_for(model)
-        chosen = {name: getattr(preset, name) for name in TRACE_FIELDS if getattr(args, name) is None}
+        chosen = {name: getattr(preset, name) for name in TRACE_FIELDS
+                  if getattr(args, name) is None and getattr(preset, name) is not None}
         for name, value in chosen.items():
             setattr(args, name, value)
     args.token_scale = 1.0 if args.token_scale is None else args.token_scale

@@ -7,6 +7,8 @@ is rescaled.
 
 from __future__ import annotations
 
+import argparse
+import dataclasses
 import json
 import os
 import re
@@ -20,6 +22,8 @@ import pytest
 
 from loadgen.options import LOCAL_SERVER_URL
 from loadgen.presets import preset_for
+from loadgen.replay import _fit_bundled_sessions
+from loadgen.transport.base import ServerInfo
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -102,3 +106,19 @@ def test_no_server_at_the_default_address_says_what_to_do(capsys, tmp_path):
     code = main(["replay", "--conc", "1", "--duration", "1", "--timeout", "5", "--out", str(tmp_path / "out")])
     err = capsys.readouterr().err
     assert code == 1 and LOCAL_SERVER_URL in err and "`server start`" in err and "--url" in err
+
+
+def test_the_real_scale_model_gets_the_sessions_at_their_recorded_length():
+    """v32 (163,840-token context) is where the real sessions are measured: replay against it
+    takes no token scaling and no think-time cap, only what the user gives."""
+    info = ServerInfo(model="v32", ours=True, max_model_len=163840, num_gpus=1, vocab_size=129280,
+                      raw={"root": "v32"})
+    args = argparse.Namespace(command="replay", traces=None, workers=None, token_scale=None,
+                              think_time_scale=None, think_time_cap=None)
+    lines = _fit_bundled_sessions(args, info)
+    assert (args.token_scale, args.think_time_scale, args.think_time_cap) == (1.0, 1.0, None)
+    assert "--token-scale 1 --think-time-scale 1" in lines[0] and "--think-time-cap" not in lines[0]
+    args = argparse.Namespace(command="replay", traces=None, workers=None, token_scale=None,
+                              think_time_scale=None, think_time_cap=None)
+    _fit_bundled_sessions(args, dataclasses.replace(info, model="small", max_model_len=32768, raw={"root": "small"}))
+    assert args.token_scale == preset_for("small").token_scale < 1.0
