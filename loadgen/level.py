@@ -189,6 +189,7 @@ class LevelRun:
             self.window_opened.set_result(None)
 
     async def window_opened_or_stopped(self) -> None:
+        """Until `open_window` or the level's stop, whichever comes first."""
         await asyncio.wait({self.window_opened, self.stop}, return_when=asyncio.FIRST_COMPLETED)
 
     def close_window(self) -> None:
@@ -236,6 +237,7 @@ class LevelRun:
         for name, text in part["hdr"].items():
             self.recorder.hists[name].add(decode_histogram(text))
         self.spec_tally.merge(part["spec"])
+
 
 def cpu_seconds() -> float:
     usage = resource.getrusage(resource.RUSAGE_SELF)
