@@ -15,6 +15,8 @@ import pytest
 
 from loadgen.cli import main
 
+pytestmark = pytest.mark.slow  # tens of seconds: scheduled first (tests/conftest.py)
+
 ROOT = Path(__file__).resolve().parents[2]
 ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
 ENGINE_FLAGS = ["--model", "tiny", "--device", "cpu", "--max-model-len", "2048", "--seed", "0"]

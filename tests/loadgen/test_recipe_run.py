@@ -19,6 +19,8 @@ import yaml
 
 from loadgen.cli import main
 
+pytestmark = pytest.mark.slow  # tens of seconds: scheduled first (tests/conftest.py)
+
 ROOT = Path(__file__).resolve().parents[2]
 SSE_SERVER = Path(__file__).with_name("sse_server.py")
 FALSE_VERDICT_BOUND = 0.05  # README "Calibration": A/A false verdicts per metric row
