@@ -51,8 +51,7 @@ def warmup_plan(plays: LanePlays, lanes: int, warm_requests: int | None) -> tupl
 
 async def _hold_window(runner: Runner, level: LevelRun) -> None:
     """Wait until the window has opened and closed (or the level was stopped)."""
-    while level.window_end_ns is None and not level.stopping:
-        await asyncio.wait({level.stop}, timeout=0.05)
+    await level.window_opened_or_stopped()
     if level.window_end_ns is not None:
         await runner.sleep_until(level, level.window_end_ns)
     if not level.stopping:

@@ -2,7 +2,7 @@
 its state while it runs (`LevelRun`).
 
 A level run by several worker processes (loadgen/workers.py) is one `LevelRun` per worker;
-`LevelRun.export` turns one into plain data (histograms in HDR's encoded form) and
+`LevelRun.export` turns one into picklable data (histograms in HDR's encoded form) and
 `LevelRun.absorb` adds such data into another, exactly: counts add, histograms merge bucket by
 bucket, per-request columns concatenate.
 """
@@ -18,7 +18,7 @@ from typing import Any
 
 from loadgen.metrics import LevelRecorder, decode_histogram
 from loadgen.plan import TimingConfig
-from loadgen.spec import SpecCounters, SpecTally
+from loadgen.spec import SpecTally
 from traces import Request
 
 COLUMNS = ("play", "session", "agent", "turn", "isl", "osl", "ttft_us", "e2el_us", "tpot_us", "start_ms")
@@ -128,6 +128,8 @@ class LevelRun:
     window_end_ns: int | None = None
     # set when the level stops (window closed, interrupted); made inside the running loop
     stop: asyncio.Future = field(default_factory=lambda: asyncio.get_running_loop().create_future())
+    # set by `open_window`
+    window_opened: asyncio.Future = field(default_factory=lambda: asyncio.get_running_loop().create_future())
     ok: int = 0
     errors: Counter = field(default_factory=Counter)
     warmup_ok: int = 0
@@ -183,6 +185,12 @@ class LevelRun:
         self.window_end_ns = self.window_start_ns + int(duration_s * 1e9)
         self.cpu_start = cpu_seconds()
         self.sys_start = sys_seconds()
+        if not self.window_opened.done():
+            self.window_opened.set_result(None)
+
+    async def window_opened_or_stopped(self) -> None:
+        """Until `open_window` or the level's stop, whichever comes first."""
+        await asyncio.wait({self.window_opened, self.stop}, return_when=asyncio.FIRST_COMPLETED)
 
     def close_window(self) -> None:
         """After the drain (or a stop): the client CPU of the window, and a window cut short ends now."""
@@ -197,7 +205,7 @@ class LevelRun:
     # -- merging the shares of several workers ---------------------------------------------
 
     def export(self) -> dict[str, Any]:
-        """Plain, picklable data of what this share measured (for `absorb` in the parent)."""
+        """Picklable data of what this share measured (for `absorb` in the parent)."""
         hists = self.recorder.encoded()
         return {
             **{name: getattr(self, name) for name in _COUNTERS},
@@ -205,9 +213,7 @@ class LevelRun:
             "max_inflight": self.max_inflight, "max_active_trees": self.max_active_trees,
             "window_s": self.window_s if self.window_start_ns is not None else None,
             "cpu_s": self.cpu_s, "sys_s": self.sys_s, "columns": self.columns, "hdr": hists,
-            "spec": [self.spec_tally.expected_weighted, self.spec_tally.expected_tokens,
-                     self.spec_tally.usage_requests, self.spec_tally.num_drafts, self.spec_tally.num_accepted_tokens,
-                     [None if c is None else (c.num_drafts, c.num_accepted_tokens) for c in self.spec_tally.scraped]],
+            "spec": self.spec_tally,
         }
 
     def absorb(self, part: dict[str, Any]) -> None:
@@ -230,15 +236,7 @@ class LevelRun:
             self.columns[name].extend(part["columns"][name])
         for name, text in part["hdr"].items():
             self.recorder.hists[name].add(decode_histogram(text))
-        tally = self.spec_tally
-        weighted, tokens, usage, drafts, accepted, scraped = part["spec"]
-        tally.expected_weighted += weighted
-        tally.expected_tokens += tokens
-        tally.usage_requests += usage
-        tally.num_drafts += drafts
-        tally.num_accepted_tokens += accepted
-        if scraped:  # server-wide counters: one worker scrapes them for all
-            tally.scraped = [None if c is None else SpecCounters(*c) for c in scraped]
+        self.spec_tally.merge(part["spec"])
 
 
 def cpu_seconds() -> float:

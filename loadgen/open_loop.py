@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 from loadgen import plan
-from loadgen.level import LevelLoad, LevelRun, RequestMeta, RunConfig, cpu_seconds, sys_seconds
+from loadgen.level import LevelLoad, LevelRun, RequestMeta, RunConfig
 from loadgen.plan import Play, PlaySource
 from traces import Request, TraceSet
 
@@ -50,16 +50,17 @@ async def run(runner: Runner, level: LevelRun, level_index: int) -> None:
     cfg, share = runner.config, runner.share
     warm_n = cfg.warmup.requests
     start = level.started_ns
-    if warm_n is None:
-        level.window_start_ns = start + int(cfg.warmup.seconds * 1e9)
-        level.window_end_ns = level.window_start_ns + int(cfg.duration_s * 1e9)
+    # a warm-up of seconds ends on the clock; one of N arrivals, when arrival N is due
+    opens_ns = start + int(cfg.warmup.seconds * 1e9) if warm_n is None else None
     tasks: list[asyncio.Task] = []
     last_due = start
     for number, (offset, play, request) in enumerate(arrivals(runner.traces, cfg, level.spec, level_index)):
         due = start + int(offset * 1e9)
-        if warm_n is not None and number == warm_n:
-            level.window_start_ns = due
-            level.window_end_ns = due + int(cfg.duration_s * 1e9)
+        if level.window_start_ns is None and (number == warm_n or (opens_ns is not None and due >= opens_ns)):
+            window_ns = due if opens_ns is None else opens_ns
+            if not await runner.sleep_until(level, window_ns):
+                break
+            level.open_window(cfg.duration_s, window_ns)
         if level.window_end_ns is not None and due >= level.window_end_ns:
             break
         last_due = due
@@ -67,8 +68,6 @@ async def run(runner: Runner, level: LevelRun, level_index: int) -> None:
             continue
         if not await runner.sleep_until(level, due):
             break
-        if level.window_start_ns is not None and level.cpu_start == 0.0 and due >= level.window_start_ns:
-            level.cpu_start, level.sys_start = cpu_seconds(), sys_seconds()
         meta = RequestMeta(play.play_id, play.session.id, "", request, 0)
         tasks.append(runner.spawn(runner.send(level, meta, play.salt, due_ns=due)))
     else:
@@ -76,9 +75,7 @@ async def run(runner: Runner, level: LevelRun, level_index: int) -> None:
         if level.window_end_ns is not None:
             level.window_end_ns = max(level.window_start_ns or 0, min(level.window_end_ns, last_due + 1))
     if level.window_start_ns is None:
-        level.window_start_ns = level.window_end_ns = last_due
-    if level.cpu_start == 0.0:
-        level.cpu_start, level.sys_start = cpu_seconds(), sys_seconds()
+        level.open_window(0.0, last_due)
     if not level.stopping:
         level.stop.set_result(None)
     await runner.drain(tasks)

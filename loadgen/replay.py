@@ -206,7 +206,9 @@ async def _replay(args: argparse.Namespace, options: dict[str, Any], transport: 
                 pool.status, pool.message = "failed", f"a client worker failed: {exc}"
                 break
             printer.clear()
-            summary = level_summary(level, config, hit_rates.of(level), expectation)
+            # without an HTTP target the transport is bench's engine, in this process
+            summary = level_summary(level, config, hit_rates.of(level), expectation,
+                                    engine_in_process=http_target is None)
             summary["repeat"] = repeat
             doc["levels"].append(summary)
             results_path = _finish(doc, pool, results_path)

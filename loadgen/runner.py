@@ -164,8 +164,7 @@ class Runner:
     async def _scrape_at_window_start(self, level: LevelRun) -> bool:
         """Server-wide speculative counters when the window opens (the AL fallback when usage
         has none); False when the level ended before its window opened."""
-        while level.window_start_ns is None and not level.stopping:
-            await asyncio.wait({level.stop}, timeout=0.05)
+        await level.window_opened_or_stopped()
         if level.window_start_ns is None:
             return False
         level.spec_tally.scraped.append(await self._spec_counters())

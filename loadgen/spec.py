@@ -27,7 +27,7 @@ The expected value beside it is the mean of the ALs asked for, weighted by outpu
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, TextIO
 
 from golden_al import Curve, CurveError, load_curve
@@ -164,6 +164,17 @@ class SpecTally:
             self.usage_requests += 1
             self.num_drafts += usage.num_drafts
             self.num_accepted_tokens += usage.num_accepted_tokens
+
+    def merge(self, other: SpecTally) -> None:
+        """Add another worker's tally: the counts add; `scraped` holds server-wide counters, which
+        one worker scrapes for all, so a non-empty one is taken as it is."""
+        for spec_field in fields(self):
+            name = spec_field.name
+            if name == "scraped":
+                if other.scraped:
+                    self.scraped = list(other.scraped)
+            else:
+                setattr(self, name, getattr(self, name) + getattr(other, name))
 
     def summary(self, expectation: SpecExpectation | None) -> dict[str, Any] | None:
         drafts, accepted = self.num_drafts, self.num_accepted_tokens

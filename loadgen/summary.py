@@ -38,8 +38,10 @@ class TraceHitRates:
 
 
 def level_summary(level: LevelRun, config: RunConfig, theoretical_hit_rate: float | None,
-                  spec: SpecExpectation | None = None) -> dict[str, Any]:
-    """The results-file entry of one level (see results.py)."""
+                  spec: SpecExpectation | None = None, engine_in_process: bool = False) -> dict[str, Any]:
+    """The results-file entry of one level (see results.py). `engine_in_process` (`loadgen bench`):
+    the engine runs in this process, so its CPU time is in the process's and says nothing of
+    the client alone."""
     window_s = level.window_s
     errors_total = sum(level.errors.values())
     attempted = level.ok + errors_total
@@ -58,7 +60,7 @@ def level_summary(level: LevelRun, config: RunConfig, theoretical_hit_rate: floa
     warnings = []
     if lag_p99 is not None and lag_p99 > WARN_P99_US:
         warnings.append(f"client event loop lagged (p99 {lag_p99 / 1000:.1f} ms): the client may be the bottleneck")
-    if per_worker is not None and per_worker > 0.9:
+    if per_worker is not None and per_worker > 0.9 and not engine_in_process:
         warnings.append(f"client used {per_worker:.0%} of a core per worker process during the window: it may "
                         "be the bottleneck (more --workers spread it over more cores)")
     return {

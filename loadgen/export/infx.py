@@ -58,9 +58,12 @@ from loadgen.report import Run
 
 log = logging.getLogger(__name__)
 
+# fixed-shape key, loadgen's histogram stat; the fixed-shape percentiles by key
 FIXED_STATS = (("mean", "mean"), ("median", "p50"), ("std", "std"), ("p90", "p90"), ("p99", "p99"),
                ("p99.9", "p99.9"))
-AGENTIC_STATS = ("mean", "p50", "p75", "p90", "p95")
+FIXED_PERCENTILES = {"median": 50.0, "p90": 90.0, "p99": 99.0, "p99.9": 99.9}
+AGENTIC_PERCENTILES = {"p50": 50.0, "p75": 75.0, "p90": 90.0, "p95": 95.0}
+AGENTIC_STATS = ("mean", *AGENTIC_PERCENTILES)
 QPS_WINDOW_S = 1.0
 DECIMALS = 5
 
@@ -128,11 +131,12 @@ def _fixed_row(run: Run, level: dict[str, Any], identity: Identity, flags: Ident
            "input_tput_per_gpu": per_gpu["input"]}
     seconds = {name: _seconds(columns[f"{name}_us"]) for name in ("ttft", "tpot", "e2el")}
     for name in ("ttft", "tpot", "itl", "e2el"):
-        stats = _fixed_stats(seconds[name]) if name in seconds else _histogram_seconds(level["metrics"]["itl"]["stats"])
-        if stats is None:
+        stats = (_stats(seconds[name], FIXED_PERCENTILES) if name in seconds
+                 else _histogram_seconds(level["metrics"]["itl"]["stats"]))
+        if not stats:
             raise ExportError(f"{run.name} {level.get('label')}: no request has a {name.upper()} "
                               "(every output was a single token or chunk)")
-        row.update({f"{key}_{name}": value for key, value in stats.items()})
+        row.update({f"{key}_{name}": stats[key] for key, _ in FIXED_STATS})
     for key, _ in FIXED_STATS:
         tpot = row[f"{key}_tpot"]
         row[f"{key}_intvty"] = 1.0 / tpot if tpot > 0 else None
@@ -153,17 +157,9 @@ def _nominal_lengths(columns: dict[str, list], flags: IdentityFlags, run_name: s
     return lengths[0], lengths[1]
 
 
-def _fixed_stats(values: np.ndarray) -> dict[str, float] | None:
-    if values.size == 0:
-        return None
-    quantiles = np.percentile(values, [50, 90, 99, 99.9])
-    return {"mean": float(values.mean()), "median": float(quantiles[0]), "std": float(values.std()),
-            "p90": float(quantiles[1]), "p99": float(quantiles[2]), "p99.9": float(quantiles[3])}
-
-
-def _histogram_seconds(stats: dict[str, Any]) -> dict[str, float] | None:
+def _histogram_seconds(stats: dict[str, Any]) -> dict[str, float]:
     if not stats.get("count"):
-        return None
+        return {}
     return {key: stats[stat] / 1e6 for key, stat in FIXED_STATS}
 
 
@@ -228,13 +224,17 @@ def _latency(columns: dict[str, list]) -> dict[str, dict[str, float]]:
 
 
 def _distribution(values: np.ndarray) -> dict[str, float]:
-    """mean, p50, p75, p90, p95 and population std; {} without values (as InferenceX)."""
+    """The agentic shape's mean, p50, p75, p90, p95 and std."""
+    return _stats(values, AGENTIC_PERCENTILES)
+
+
+def _stats(values: np.ndarray, percentiles: dict[str, float]) -> dict[str, float]:
+    """mean, the named percentiles and the population std; {} without values (as InferenceX)."""
     if values.size == 0:
         return {}
-    quantiles = np.percentile(values, [50, 75, 90, 95])
     out = {"mean": float(values.mean())}
-    out.update({stat: float(q) for stat, q in zip(AGENTIC_STATS[1:], quantiles)})
-    out["std"] = float(values.std()) if values.size > 1 else 0.0
+    out.update({name: float(q) for name, q in zip(percentiles, np.percentile(values, list(percentiles.values())))})
+    out["std"] = float(values.std())
     return out
 
 

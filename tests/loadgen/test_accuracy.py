@@ -6,10 +6,12 @@ import pytest
 
 
 def test_times_and_tokens_match_the_server_at_concurrency_64(start_server, sessions, replay):
-    """Client and server share CLOCK_MONOTONIC (perf_counter_ns), so the client's TTFT, ITL and
-    E2EL are compared with the same spans ending at the server's own send timestamps:
-    TTFT vs (server's first write - client send), ITL vs gaps between server writes, E2EL vs
-    (server's last write - client send). The difference is the client's measurement error.
+    """Client and server share CLOCK_MONOTONIC (perf_counter_ns), so the client's stamp of each
+    chunk is compared with the server's own write of it: stamped from just before to just after
+    the write (`writes_ns`, `written_ns`), during which the chunk reaches the client's socket.
+    TTFT's and E2EL's error is how far the first and last chunk's stamps fall outside their
+    write, ITL's how far a gap falls outside the span the two writes allow. Measured against the
+    whole write, a server descheduled mid-write (a loaded machine) is not counted as client error.
     (On Linux the client stamps reads with the kernel's arrival time, so a busy client loop does
     not add to it.)"""
     server = start_server(first_ms=50, itl_ms=10, tokens_per_chunk=3)
@@ -22,7 +24,7 @@ def test_times_and_tokens_match_the_server_at_concurrency_64(start_server, sessi
     counted = [r for r in records if r["counted"]]
     assert len(counted) == level["counts"]["requests_ok"] >= 64
     assert level["counts"]["max_active_trees"] == 64
-    ttft_err, itl_err, e2el_err = [], [], []
+    ttft_err, itl_err, e2el_err, server_gaps = [], [], [], []
     for rec in counted:
         srv = seen[rec["id"]]
         # exact tokens in and out, and the body asked for exactly that
@@ -31,18 +33,26 @@ def test_times_and_tokens_match_the_server_at_concurrency_64(start_server, sessi
         assert srv["ignore_eos"] is True and srv["stream"] is True and srv["include_usage"] is True
         assert rec["osl"] == rec["osl_counted"] == rec["osl_asked"] == 16
         assert rec["chunk_tokens"] == [3, 3, 3, 3, 3, 1]
-        writes = srv["writes_ns"]
+        writes, written = srv["writes_ns"], srv["written_ns"]
         assert rec["start_ns"] < srv["received_ns"] and writes[0] - srv["received_ns"] >= 50_000_000
-        ttft_err.append((rec["first_ns"] - rec["start_ns"]) - (writes[0] - rec["start_ns"]))
-        e2el_err.append((rec["last_ns"] - rec["start_ns"]) - (writes[-1] - rec["start_ns"]))
-        for (a, b), (c, d) in zip(zip(rec["chunk_ns"], rec["chunk_ns"][1:]), zip(writes, writes[1:])):
-            itl_err.append(abs((b - a) - (d - c)))
+        assert rec["first_ns"] > writes[0] and rec["last_ns"] > writes[-1]  # received after it was sent
+        ttft_err.append(_outside(rec["first_ns"], writes[0], written[0]))
+        e2el_err.append(_outside(rec["last_ns"], writes[-1], written[-1]))
+        chunks = rec["chunk_ns"]
+        for k in range(len(writes) - 1):
+            itl_err.append(_outside(chunks[k + 1] - chunks[k], writes[k + 1] - written[k], written[k + 1] - writes[k]))
+        server_gaps.extend(b - a for a, b in zip(writes, writes[1:]))
+    # Chunks that queue in the socket while the client's loop is late share the newest one's
+    # kernel stamp (loadgen/transport/wire.py), so on a loaded machine a stamp may be late by as
+    # much as the loop was: the bars are 1 ms (median) and 2 ms (p99) beyond the loop's own lag
+    # in the window (median, max), which the client measures; on an idle machine that lag is ~0.
+    lag = level["metrics"]["loop_lag"]["stats"]
+    print(f"client loop lag: median {lag['p50'] / 1e3:.3f} ms, max {lag['max'] / 1e3:.3f} ms")
     for name, errors in (("TTFT", ttft_err), ("ITL", itl_err), ("E2EL", e2el_err)):
         errors.sort()
-        assert name == "ITL" or errors[0] > 0  # a chunk is received after it was sent
         median, p90, p99 = (errors[int(q * (len(errors) - 1))] for q in (0.5, 0.9, 0.99))
         print(f"{name} error: median {median / 1e6:.3f} ms, p90 {p90 / 1e6:.3f} ms, p99 {p99 / 1e6:.3f} ms")
-        assert median < 1_000_000 and p99 < 2_000_000, \
+        assert median < 1_000_000 + lag["p50"] * 1000 and p99 < 2_000_000 + lag["max"] * 1000, \
             f"{name} error median {median / 1e6:.2f} ms, p99 {p99 / 1e6:.2f} ms"
     # the reported latencies start when the request reached the wire (start_ns), so the client's
     # own prompt synthesis and body encoding are never counted as server time
@@ -52,11 +62,17 @@ def test_times_and_tokens_match_the_server_at_concurrency_64(start_server, sessi
     ttft = level["metrics"]["ttft"]["stats"]
     assert ttft["min"] >= 50_000
     itl = level["metrics"]["itl"]["stats"]
-    assert 10_000 <= itl["p50"] < 12_000
+    server_gaps.sort()  # the server sleeps 10 ms between writes, and longer when it is late
+    assert 10_000 <= itl["p50"] < server_gaps[len(server_gaps) // 2] // 1000 + 2_000
     assert level["metrics"]["tokens_per_chunk"]["stats"]["max"] == 3
     assert level["metrics"]["tokens_per_chunk"]["stats"]["count"] == 6 * level["counts"]["requests_ok"]
     assert level["counts"]["output_tokens"] == 16 * level["counts"]["requests_ok"]
     assert level["counts"]["usage_mismatch_requests"] == 0
+
+
+def _outside(value: int, low: int, high: int) -> int:
+    """How far `value` falls outside [low, high] (0 inside)."""
+    return max(low - value, value - high, 0)
 
 
 @pytest.mark.parametrize("endpoint", ["completions", "chat"])

@@ -12,6 +12,8 @@ import pytest
 from loadgen.cli import main
 from loadgen.results import write_results
 
+pytestmark = pytest.mark.slow  # tens of seconds: scheduled first (tests/conftest.py)
+
 BASE_ITL_MS = 20.0  # long enough that timer and scheduling overheads are a small part of it
 SLOW_ITL_MS = 23.0  # the planted slowdown: 3 ms (15 %) more per token
 _RUNS: dict[str, Path] = {}  # the three runs are shared by the tests of this module

@@ -6,6 +6,8 @@ import sys
 
 import pytest
 
+pytestmark = pytest.mark.slow  # tens of seconds: scheduled first (tests/conftest.py)
+
 
 def test_ray_actors_merge_their_shares(start_server, sessions, replay):
     """`--ray auto` with no cluster running starts a local Ray head (2 CPUs here) for the run and

@@ -19,6 +19,8 @@ import yaml
 
 from loadgen.cli import main
 
+pytestmark = pytest.mark.slow  # tens of seconds: scheduled first (tests/conftest.py)
+
 ROOT = Path(__file__).resolve().parents[2]
 SSE_SERVER = Path(__file__).with_name("sse_server.py")
 FALSE_VERDICT_BOUND = 0.05  # README "Calibration": A/A false verdicts per metric row
@@ -117,7 +119,7 @@ def test_a_a_on_the_tiny_engine_stays_within_the_bound_and_a_planted_delay_is_fo
     doc = {"name": "aab", "server": {"kind": "ours", "startup_timeout_s": 300,
                                      "flags": {"model": "tiny", "device": "cpu", "served_model_name": marker}},
            "workload": {"token_scale": 0.02, "think_time_scale": 0.01, "think_time_cap": 1.0},
-           "sweep": {"conc": [1, 2], "duration_s": 3.0, "warmup": "1req", "repeats": 3, "seed": 7},
+           "sweep": {"conc": [1, 2], "duration_s": 1.5, "warmup": "1req", "repeats": 3, "seed": 7},
            "variants": [{"name": "A"}, {"name": "A2", "control": True},
                         {"name": "slow", "flags": {"step_delay_ms": 100}}]}
     out = tmp_path / "out"

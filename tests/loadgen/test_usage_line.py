@@ -25,6 +25,8 @@ from loadgen.presets import preset_for
 from loadgen.replay import _fit_bundled_sessions
 from loadgen.transport.base import ServerInfo
 
+pytestmark = pytest.mark.slow  # tens of seconds: scheduled first (tests/conftest.py)
+
 REPO = Path(__file__).resolve().parents[2]
 
 

@@ -13,6 +13,8 @@ import pytest
 
 from tests.server.conftest import ServerProcess, start_server
 
+pytestmark = pytest.mark.slow  # tens of seconds: scheduled first (tests/conftest.py)
+
 SPEC = '{"method": "mtp", "num_speculative_tokens": 3}'
 
 

@@ -19,6 +19,8 @@ import pytest
 from loadgen.cli import main
 from tests.server.conftest import API_KEY, REPO, ServerProcess, start_server
 
+pytestmark = pytest.mark.slow  # tens of seconds: scheduled first (tests/conftest.py)
+
 SPEC = '{"method": "mtp", "num_speculative_tokens": 3}'
 AL_ON, AL_OFF = 2.49, 2.97  # dsv4_mtp at k=3
 

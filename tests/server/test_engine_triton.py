@@ -14,6 +14,8 @@ import pytest
 
 from server.config import EngineConfig
 
+pytestmark = pytest.mark.slow  # tens of seconds: scheduled first (tests/conftest.py)
+
 ROOT = Path(__file__).resolve().parents[2]
 
 CHILD = textwrap.dedent("""

@@ -11,6 +11,10 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.slow  # tens of seconds: scheduled first (tests/conftest.py)
+
 ROOT = Path(__file__).resolve().parents[2]
 
 CHILD = textwrap.dedent("""

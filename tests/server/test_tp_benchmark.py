@@ -8,6 +8,9 @@ import sys
 from pathlib import Path
 
 import orjson
+import pytest
+
+pytestmark = pytest.mark.slow  # tens of seconds: scheduled first (tests/conftest.py)
 
 REPO = Path(__file__).resolve().parents[2]
 

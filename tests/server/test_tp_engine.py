@@ -21,6 +21,8 @@ from server.model.runner import ModelRunner
 from tests.server.engine_fixtures import greedy, prompt, run, tiny_config, tokens
 from tests.server.test_model import CHUNKS, feed, token_lists
 
+pytestmark = pytest.mark.slow  # tens of seconds: scheduled first (tests/conftest.py)
+
 DTYPES = [("bf16", "fp8"), ("fp8", "mxfp4")]
 
 

@@ -26,6 +26,8 @@ from tests.server.conftest import TINY, ServerProcess, start_server
 from tests.server.engine_fixtures import tiny_config
 from tests.server.test_api_lifecycle import LONG, _stream_raw, _wait_in_flight
 
+pytestmark = pytest.mark.slow  # tens of seconds: scheduled first (tests/conftest.py)
+
 REPO = Path(__file__).resolve().parents[2]
 EXIT_WAIT_S = 60.0
 _WORKER = re.compile(r"tensor-parallel rank 1 started \(pid (\d+)\)")
