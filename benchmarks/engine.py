@@ -133,7 +133,7 @@ def make_engine(args: argparse.Namespace, backend: str, kv: str, num_blocks: int
                           num_blocks=num_blocks),
         scheduler=SchedulerConfig(max_num_seqs=max_seqs, max_num_batched_tokens=budget, max_model_len=max_len),
         device=args.device, attention_backend=backend, seed=0, enforce_eager=mode == "eager",
-        cuda_graph_sizes=graph_sizes, speculative=speculative, overlap_schedule=overlap,
+        cuda_graph_sizes=graph_sizes, speculative=speculative, overlap_schedule="on" if overlap else "off",
     ))
 
 

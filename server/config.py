@@ -31,6 +31,7 @@ MODEL_PRESETS = ("tiny", "small", "v32")
 KV_CACHE_DTYPES = ("bf16", "fp8")
 INDEXER_KEY_DTYPES = ("fp8", "mxfp4")
 DEVICES = ("auto", "cpu", "cuda")
+OVERLAP_MODES = ("auto", "on", "off")
 ATTENTION_BACKENDS = ("auto", "torch", "triton")
 
 
@@ -355,11 +356,12 @@ class EngineConfig:
     enforce_eager: bool = field(default=False, metadata=cli(
         "--enforce-eager", default_text="capture on CUDA",
         help="run every step eagerly: no CUDA-graph capture of the decode step"))
-    overlap_schedule: bool = field(default=True, metadata=cli(
-        "--no-overlap-schedule",
-        help="schedule each step only after the previous step's tokens are back (default: the host "
-             "prepares the next step while the device runs this one; always off with speculative "
-             "decoding and with --tp > 1)"))
+    overlap_schedule: str = field(default="auto", metadata=cli(
+        "--overlap-schedule", choices=OVERLAP_MODES,
+        help="on: the host prepares the next step while the device runs this one; off: each step is "
+             "scheduled only after the previous step's tokens are back; auto: on for CUDA, off on CPU "
+             "(the CPU runs a step as it is launched, so there is nothing to hide, and the tokens would "
+             "only reach the client a step late). Always off with speculative decoding and --tp > 1"))
     cuda_graph_sizes: tuple[int, ...] = field(default=(), metadata=cli(
         "--cuda-graph-sizes", metavar="N,N,...", parse=lambda text: _int_list(text, "--cuda-graph-sizes"),
         default_text="1, 2, 4, 8, 16, 24, ... up to --max-num-seqs",
@@ -415,6 +417,8 @@ def validate_engine_config(c: EngineConfig) -> None:
     m, cache, sched = c.model, c.cache, c.scheduler
     _validate_model(m)
     _require(c.device in DEVICES, f"--device: must be one of {', '.join(DEVICES)}, got {c.device!r}")
+    _require(c.overlap_schedule in OVERLAP_MODES,
+             f"--overlap-schedule: must be one of {', '.join(OVERLAP_MODES)}, got {c.overlap_schedule!r}")
     _require(c.attention_backend in ATTENTION_BACKENDS,
              f"--attention-backend: must be one of {', '.join(ATTENTION_BACKENDS)}, got {c.attention_backend!r}")
     _require(cache.kv_cache_dtype in KV_CACHE_DTYPES,

@@ -43,7 +43,9 @@ class Engine:
         self.sampler = Sampler(self.runner.device, model.eos_token_id, config.seed)
         self.spec = None if config.speculative is None else SpeculativeDecoder(
             config.speculative, self.runner, self.sampler, config.seed, self.max_model_len)
-        self.overlap = config.overlap_schedule and self.spec is None and self.runner.tp.world_size == 1
+        wanted = config.overlap_schedule == "on" or (config.overlap_schedule == "auto"
+                                                     and self.runner.device.type == "cuda")
+        self.overlap = wanted and self.spec is None and self.runner.tp.world_size == 1
         self._in_flight: LaunchedStep | None = None  # overlapped scheduling: launched, tokens not yet read
         self.seqs: dict[str, Sequence] = {}
         self._aborted: list[RequestOutput] = []

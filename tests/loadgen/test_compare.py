@@ -21,12 +21,13 @@ _RUNS: dict[str, Path] = {}  # the three runs are shared by the tests of this mo
 
 @pytest.fixture
 def runs(start_server, sessions, replay, tmp_path_factory) -> dict[str, Path]:
-    """base, base_again (A/A) and slow results files, each `--conc 1,3` for 2 s per level."""
+    """base, base_again (A/A) and slow results files, each `--conc 4,8` for 5 s per level (window
+    edges: one request more or less per lane is ±4 % of a level's throughput at 5 s)."""
     if _RUNS:
         return _RUNS
     folder = sessions(*({"n_requests": 2, "think": 0.0, "n_out": 6 + i % 8} for i in range(16)))
     out = tmp_path_factory.mktemp("compare")
-    flags = ("--traces", str(folder), "--conc", "4,8", "--duration", "2.5", "--seed", "3", "--start-offset", "0:0")
+    flags = ("--traces", str(folder), "--conc", "4,8", "--duration", "5", "--seed", "3", "--start-offset", "0:0")
     base = start_server(first_ms=10, itl_ms=BASE_ITL_MS)
     slow = start_server(first_ms=10, itl_ms=SLOW_ITL_MS)
     for name, server in (("base", base), ("base_again", base), ("slow", slow)):

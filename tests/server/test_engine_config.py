@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 
 import pytest
 
@@ -46,8 +47,21 @@ def test_cuda_graph_flags():
 
 
 def test_overlap_schedule_flag():
-    assert parse("--device", "cpu").overlap_schedule is True
-    assert parse("--device", "cpu", "--no-overlap-schedule").overlap_schedule is False
+    assert parse("--device", "cpu").overlap_schedule == "auto"
+    assert parse("--device", "cpu", "--overlap-schedule", "off").overlap_schedule == "off"
+    with pytest.raises(SystemExit):
+        parse("--overlap-schedule", "yes")
+
+
+def test_overlap_is_auto_off_on_cpu_and_can_be_forced_on():
+    """On CPU a step runs as it is launched: auto leaves tokens to be emitted the step they are made."""
+    from server.engine.core import Engine
+    from tests.server.engine_fixtures import tiny_config
+
+    assert not Engine(tiny_config()).overlap
+    assert Engine(dataclasses.replace(tiny_config(), overlap_schedule="on")).overlap
+    with pytest.raises(ValueError, match="--overlap-schedule"):
+        Engine(dataclasses.replace(tiny_config(), overlap_schedule="yes"))
 
 
 def test_defaults_follow_preset():

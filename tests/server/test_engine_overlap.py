@@ -16,8 +16,8 @@ from tests.server.engine_fixtures import greedy, prompt, run, tiny_config
 def engines(**kw) -> tuple[Engine, Engine]:
     """(overlapped, one step at a time) engines of the same config."""
     config = tiny_config(**kw)
-    overlapped = Engine(config)
-    serial = Engine(dataclasses.replace(config, overlap_schedule=False))
+    overlapped = Engine(dataclasses.replace(config, overlap_schedule="on"))  # auto is off on CPU
+    serial = Engine(dataclasses.replace(config, overlap_schedule="off"))
     assert overlapped.overlap and not serial.overlap
     return overlapped, serial
 
@@ -84,7 +84,7 @@ def test_length_finish_costs_no_extra_step():
 
 
 def test_tokens_arrive_one_step_later_and_placeholders_fill_on_the_device():
-    engine = Engine(tiny_config())
+    engine = Engine(dataclasses.replace(tiny_config(), overlap_schedule="on"))
     engine.add_request(AddRequest("a", prompt(12, 10), greedy(3), 0.0))
     assert engine.step().outputs == ()  # prefill launched; its token is still pending
     seq = engine.seqs["a"]
