@@ -64,6 +64,19 @@ def calc_diff(x: torch.Tensor, y: torch.Tensor) -> float:
     return float(1 - 2 * (x * y).sum() / denom) if denom > 0 else 0.0
 
 
+def sweep_point(case: str, label: str, check, fns: list) -> tuple[str, float] | None:
+    """(check verdict, median ms) of one swept config, or None when the compiler cannot fit it
+    (reported, and the sweep goes on)."""
+    try:
+        verdict = check()
+        ms = bench(fns)
+    except Exception as exc:
+        print(f"{case} {label}: {type(exc).__name__}: {str(exc)[:300]}", flush=True)
+        return None
+    print(f"{case} {label}: check {verdict}, {ms * 1e3:.1f} us", flush=True)
+    return verdict, ms
+
+
 def bench(fns: list) -> float:
     """Median ms of calling the functions in rotation."""
     state = {"i": 0}
@@ -153,14 +166,12 @@ def sparse_mla_cases(rows: list[Row], num_slots: int, batch: int, head_counts: t
             for cfg, forced in [(SparseMlaConfig(16, 16, 4, 1), None)] if SMOKE else configs:
                 splits = forced or auto_num_splits(batch * triton.cdiv(heads, cfg.block_h), TOPK, cfg.block_n, q0.device)
                 label = f"triton h{cfg.block_h} n{cfg.block_n} w{cfg.num_warps} s{cfg.num_stages} splits{splits}{'' if forced else '(auto)'}"
-                try:
-                    verdict = check_sparse_mla(q0, cache, idx0, kv_dtype, splits, cfg)
-                    ms = bench([lambda q=q, i=i: sparse_mla_triton(q, cache, i, SCALE, D_C, kv_dtype, splits, cfg) for q, i in sets])
-                except Exception as exc:  # a config the compiler cannot fit: report and go on
-                    print(f"{case} {label}: {type(exc).__name__}: {str(exc)[:200]}", flush=True)
-                    continue
-                print(f"{case} {label}: check {verdict}, {ms * 1e3:.1f} us", flush=True)
-                rows.append(Row(case, f"{label} [{verdict.split()[0]}]", ms, flops, nbytes, eager))
+                point = sweep_point(
+                    case, label, lambda cfg=cfg, splits=splits: check_sparse_mla(q0, cache, idx0, kv_dtype, splits, cfg),
+                    [lambda q=q, i=i, cfg=cfg, splits=splits: sparse_mla_triton(q, cache, i, SCALE, D_C, kv_dtype,
+                                                                                  splits, cfg) for q, i in sets])
+                if point is not None:
+                    rows.append(Row(case, f"{label} [{point[0].split()[0]}]", point[1], flops, nbytes, eager))
         del cache
         torch.cuda.empty_cache()
 
@@ -274,15 +285,12 @@ def indexer_prefill_cases(rows: list[Row], chunk: int, context: int) -> None:
         for cfg, fp8_dot in [(TiledConfig(2, 16, 4), False)] if SMOKE else PREFILL_SWEEP:
             label = (f"tiled m{cfg.block_m} n{cfg.block_n} w{cfg.num_warps} p{cfg.programs_per_sm}/SM "
                      f"s{cfg.num_stages or '-'} {'fp8 dot' if fp8_dot else 'fp16 dot'}")
-            try:
-                verdict = check_tiled(key_dtype, cfg, fp8_dot)
-                ms = bench([lambda q=q, w=w, cfg=cfg, f=fp8_dot: indexer_logits_tiled(
+            point = sweep_point(
+                case, label, lambda cfg=cfg, f=fp8_dot: check_tiled(key_dtype, cfg, f),
+                [lambda q=q, w=w, cfg=cfg, f=fp8_dot: indexer_logits_tiled(
                     q, w, cache, key_dtype, table, seq_ids, lens, bs, context, cfg, False, f) for q, w in sets])
-            except Exception as exc:  # a config the compiler cannot fit: report and go on
-                print(f"{case} {label}: {type(exc).__name__}: {str(exc)[:300]}", flush=True)
-                continue
-            print(f"{case} {label}: check {verdict}, {ms * 1e3:.1f} us", flush=True)
-            rows.append(Row(case, f"{label} [{verdict.split()[0]}]", ms, flops, nbytes, base))
+            if point is not None:
+                rows.append(Row(case, f"{label} [{point[0].split()[0]}]", point[1], flops, nbytes, base))
         del cache
         torch.cuda.empty_cache()
 
