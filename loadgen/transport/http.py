@@ -176,30 +176,36 @@ class _SseStream:
         last = pieces[-1]
         if b"[DONE]" in last or last[-2:] != b"\n\n":
             whole -= 1  # the end of the stream, or a piece of several or partial lines
-        if not (whole and self._content_chunks(pieces[:whole], stamps[:whole])):
-            whole = 0
-        for piece, now in zip(pieces[whole:], stamps[whole:]):
+        taken = self._content_chunks(pieces[:whole], stamps) if whole else 0
+        for piece, now in zip(pieces[taken:], stamps[taken:]):
             self._lines(piece, now)
 
-    def _content_chunks(self, pieces: list[bytes], stamps: list[int]) -> bool:
-        """The fast path: True when every piece was one content chunk with token ids, now taken."""
+    def _content_chunks(self, pieces: list[bytes], stamps: list[int]) -> int:
+        """The fast path: how many leading pieces were one content chunk with token ids each, now
+        taken. The first other event (usage, an empty token_ids list, no choices) and all after it
+        are left to the line path, which keeps their order."""
         text = b"".join(pieces)
         # one event per piece: only each piece's own two newlines, each piece opening with `data:`
         if (text.count(b"\n") != 2 * len(pieces) or not text.startswith(b"data:")
                 or text.count(b"\n\ndata:") != len(pieces) - 1):
-            return False
+            return 0
         try:
             events = orjson.loads(b"[" + text[5:-2].replace(b"\n\ndata:", b",") + b"]")
-            tokens = [len(event["choices"][0]["token_ids"]) for event in events]
-        except (orjson.JSONDecodeError, LookupError, TypeError):
-            return False
-        if not all(tokens):
-            return False  # an empty token_ids list: the text decides, line by line
-        if b'"usage"' in text and any(event.get("usage") for event in events):
-            return False  # usage on content chunks (some servers send it on every one)
-        self.ex.chunk_ns += stamps
+        except orjson.JSONDecodeError:
+            return 0
+        usage = b'"usage"' in text  # some servers send usage on every content chunk
+        tokens = []
+        for event in events:
+            try:
+                n = len(event["choices"][0]["token_ids"])
+            except (LookupError, TypeError):
+                break
+            if not n or (usage and event.get("usage")):
+                break  # an empty token_ids list: the text decides; usage: the line path records it
+            tokens.append(n)
+        self.ex.chunk_ns += stamps[:len(tokens)]
         self.ex.chunk_tokens += tokens
-        return True
+        return len(tokens)
 
     def _lines(self, piece: bytes, now: int) -> None:
         for line in piece.split(b"\n"):

@@ -167,6 +167,10 @@ def _by_lines(pieces: list[bytes], stamps: list[int]):
     [b'data: {"choices":[{"token_ids":[1]}]}\n\n', b'data: {"error":{"message":"boom"}}\n\n'],
     [b'data: {"choices":[{"token_ids":[1]}]}\n\n', b'data: [1]\n\n', b'data: {"choices":[{"token_ids":[2]}]}\n\n'],
     [b'data: {"choices":[{"token_ids":[1]}]}\n\n', b'data: {"x": "data: \\n"}\n\n'],
+    [b'data: {"choices":[{"token_ids":[1]}]}\n\n', b'data: {"choices":[],"usage":{"completion_tokens":2}}\n\n',
+     b'data: [DONE]\n\n'],
+    [b'data: {"choices":[{"token_ids":[1]}]}\n\n', b'data: {"choices":[{"token_ids":[2]}],"usage":{"x":1}}\n\n',
+     b'data: {"choices":[{"token_ids":[3]}]}\n\n'],
 ])
 def test_a_batch_of_pieces_reads_as_its_lines_one_by_one(batch):
     """The batched SSE path (one JSON parse per batch when every piece is one content chunk) and
@@ -181,3 +185,20 @@ def test_a_batch_of_pieces_reads_as_its_lines_one_by_one(batch):
     for name in ("chunk_ns", "chunk_tokens", "usage_prompt_tokens", "usage_completion_tokens"):
         assert getattr(batched.ex, name) == getattr(single.ex, name), name
     assert (batched.done, batched.error, batched.detail) == (single.done, single.error, single.detail)
+
+
+def test_content_chunks_before_the_usage_event_take_the_batched_path(monkeypatch):
+    """A whole short response in one batch, its usage and [DONE] as pieces of their own (as vLLM
+    sends them): the content chunks are parsed in one go, only the last two events line by line."""
+    from loadgen.transport.base import Exchange
+    from loadgen.transport.http import _SseStream
+
+    batch = [b'data: {"choices":[{"token_ids":[%d]}]}\n\n' % i for i in range(20)]
+    batch += [b'data: {"choices":[],"usage":{"prompt_tokens":4,"completion_tokens":20}}\n\n', b"data: [DONE]\n\n"]
+    lines = []
+    line = _SseStream.line
+    monkeypatch.setattr(_SseStream, "line", lambda self, text, now: (lines.append(text), line(self, text, now)))
+    stream = _SseStream(Exchange(), chat=False)
+    stream.take(batch, list(range(1, len(batch) + 1)))
+    assert len(lines) == 2 and stream.done and stream.ex.usage_completion_tokens == 20
+    assert stream.ex.chunk_tokens == [1] * 20 and stream.ex.chunk_ns == list(range(1, 21))
