@@ -387,6 +387,12 @@ def resolve_device(device: str) -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
+def resolve_overlap(mode: str, device: str) -> bool:
+    """'auto' overlaps on CUDA only: a CPU runs each step as it is launched, so there is nothing
+    to hide and the tokens would reach the client a step late."""
+    return mode == "on" or (mode == "auto" and resolve_device(device) == "cuda")
+
+
 def resolve_backend(backend: str, device: str) -> str:
     if backend != "auto":
         return backend

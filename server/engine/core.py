@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import time
 
-from server.config import EngineConfig
+from server.config import EngineConfig, resolve_overlap
 from server.engine.kv_cache import BlockManager
 from server.engine.messages import AddRequest, EngineStats, RequestOutput, StepOutputs
 from server.engine.pending import LaunchedStep
@@ -43,9 +43,8 @@ class Engine:
         self.sampler = Sampler(self.runner.device, model.eos_token_id, config.seed)
         self.spec = None if config.speculative is None else SpeculativeDecoder(
             config.speculative, self.runner, self.sampler, config.seed, self.max_model_len)
-        wanted = config.overlap_schedule == "on" or (config.overlap_schedule == "auto"
-                                                     and self.runner.device.type == "cuda")
-        self.overlap = wanted and self.spec is None and self.runner.tp.world_size == 1
+        self.overlap = (resolve_overlap(config.overlap_schedule, self.runner.device.type)
+                        and self.spec is None and self.runner.tp.world_size == 1)
         self._in_flight: LaunchedStep | None = None  # overlapped scheduling: launched, tokens not yet read
         self.seqs: dict[str, Sequence] = {}
         self._aborted: list[RequestOutput] = []

@@ -191,13 +191,15 @@ class Scheduler:
         num_output = length - seq.num_prompt_tokens
         if token == self.eos_token_id and not p.ignore_eos and num_output > p.min_tokens:
             return "stop"
-        if num_output >= p.max_tokens or length >= self.config.max_model_len:
-            return "length"
-        return None
+        return "length" if self._length_reached(seq, length) else None
 
     def _at_length_limit(self, seq: Sequence) -> bool:
         """seq holds all the tokens it may (counting a pending one): it finishes when that lands."""
-        return seq.num_output_tokens >= seq.params.max_tokens or len(seq) >= self.config.max_model_len
+        return self._length_reached(seq, len(seq))
+
+    def _length_reached(self, seq: Sequence, length: int) -> bool:
+        """A sequence of `length` tokens has all the output tokens or context it may hold."""
+        return length - seq.num_prompt_tokens >= seq.params.max_tokens or length >= self.config.max_model_len
 
     def _preempt(self, seq: Sequence) -> None:
         self.running.remove(seq)
