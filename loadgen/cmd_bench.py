@@ -20,7 +20,7 @@ import threading
 import time
 from pathlib import Path
 
-from loadgen.presets import BENCH_PRESETS, CPU_MODEL, GPU_MODEL, PRESET_FIELDS, preset_for
+from loadgen.presets import BENCH_PRESETS, CPU_MODEL, GPU_MODEL, PRESET_FIELDS, flag_text, preset_flags, preset_for
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -62,8 +62,7 @@ def _preset_text() -> str:
     lines = [f"defaults: --model {CPU_MODEL} on CPU, {GPU_MODEL} when a GPU is visible; "
              "--max-context: the engine's --max-model-len; per model:"]
     for model, preset in BENCH_PRESETS.items():
-        lines.append(f"  {model}: " + " ".join(f"--{name.replace('_', '-')} {getattr(preset, name)}"
-                                                for name in PRESET_FIELDS if getattr(preset, name) is not None))
+        lines.append(f"  {model}: " + flag_text(preset_flags(preset, PRESET_FIELDS)))
     return "\n".join(lines)
 
 

@@ -26,6 +26,8 @@ from dataclasses import dataclass
 
 from traces import Request, Session, Subagent
 
+SALT_BITS = 62  # a play's prompt salt; a repeat shifts it within these bits (runner.py)
+
 
 @dataclass(frozen=True, slots=True)
 class TimingConfig:
@@ -70,7 +72,7 @@ class PlaySource:
         if first_of_lane and len(session.requests) > 1:
             low, high = self._start_offset
             start = min(int(self._rng.uniform(low, high) * len(session.requests)), len(session.requests) - 1)
-        play = Play(self._next_id, session, start, self._salt_rng.getrandbits(62))
+        play = Play(self._next_id, session, start, self._salt_rng.getrandbits(SALT_BITS))
         self._next_id += 1
         return play
 
@@ -161,7 +163,7 @@ class LanePlays:
         if round_ == 0 and len(session.requests) > 1:
             low, high = self._start_offset
             start = min(int(rng.uniform(low, high) * len(session.requests)), len(session.requests) - 1)
-        return Play(self._id_base + number, session, start, rng.getrandbits(62))
+        return Play(self._id_base + number, session, start, rng.getrandbits(SALT_BITS))
 
     def _order(self, pass_: int) -> list[int]:
         order = self._orders.get(pass_)

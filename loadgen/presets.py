@@ -42,6 +42,17 @@ PRESET_FIELDS = ("conc", "duration", "warmup", "token_scale", "think_time_scale"
 TRACE_FIELDS = ("token_scale", "think_time_scale", "think_time_cap")  # what replay takes for our server
 
 
+def preset_flags(preset: BenchPreset, names: tuple[str, ...]) -> dict[str, float | str]:
+    """The preset's values of `names` that it sets (a None field leaves the flag to its default)."""
+    return {name: value for name in names if (value := getattr(preset, name)) is not None}
+
+
+def flag_text(values: dict) -> str:
+    """`--name value ...` as a user would type them."""
+    return " ".join(f"--{name.replace('_', '-')} {value:g}" if isinstance(value, float)
+                    else f"--{name.replace('_', '-')} {value}" for name, value in values.items())
+
+
 def preset_for(model: str) -> BenchPreset:
     """The model's preset; models without one (larger ones, on a GPU) take the GPU model's."""
     return BENCH_PRESETS.get(model, BENCH_PRESETS[GPU_MODEL])

@@ -40,7 +40,7 @@ from loadgen.options import (
 )
 from loadgen.pareto import pareto
 from loadgen.plan import TimingConfig, max_subagents
-from loadgen.presets import TRACE_FIELDS, preset_for
+from loadgen.presets import TRACE_FIELDS, flag_text, preset_flags, preset_for
 from loadgen.progress import ProgressPrinter, describe
 from loadgen.results import SCHEMA, check_writable, save_results
 from loadgen.runner import Runner
@@ -333,15 +333,15 @@ def _fit_bundled_sessions(args: argparse.Namespace, info: ServerInfo) -> list[st
     if info.ours and bundled and hasattr(args, "workers"):  # `loadgen bench` applied its whole preset already
         model = info.raw.get("root") or info.model
         preset = preset_for(model)
-        chosen = {name: getattr(preset, name) for name in TRACE_FIELDS
-                  if getattr(args, name) is None and getattr(preset, name) is not None}
+        chosen = {name: value for name, value in preset_flags(preset, TRACE_FIELDS).items()
+                  if getattr(args, name) is None}
         for name, value in chosen.items():
             setattr(args, name, value)
     args.token_scale = 1.0 if args.token_scale is None else args.token_scale
     args.think_time_scale = 1.0 if args.think_time_scale is None else args.think_time_scale
     if not chosen:
         return []
-    flags = " ".join(f"--{name.replace('_', '-')} {value:g}" for name, value in chosen.items())
+    flags = flag_text(chosen)
     limit = f", max context {info.max_model_len}" if info.max_model_len else ""
     return [f"{args.command}: our server ({model}{limit}): the bundled sessions are scaled to it as "
             f"`loadgen bench` does: {flags}",

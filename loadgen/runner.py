@@ -39,7 +39,7 @@ from loadgen import closed_loop, open_loop
 from loadgen.level import LevelLoad, LevelRun, RequestMeta, RunConfig, Share
 from loadgen.loop_lag import monitor_loop_lag
 from loadgen.pacer import Pacer
-from loadgen.plan import TimingConfig
+from loadgen.plan import SALT_BITS, TimingConfig
 from loadgen.spec import SpecCounters, SpecExpectation
 from loadgen.summary import request_record
 from loadgen.transport.base import ErrorKind, Exchange, Transport, WireRequest
@@ -48,7 +48,6 @@ from traces import PromptSynth, TraceSet
 DEAD_AFTER = 5  # consecutive refused connections that mean the server is gone
 TIMER_RESOLUTION_S = 0.001  # event-loop timers (libuv) count milliseconds
 WHOLE_LEVEL = Share()  # the default share: one worker plays the whole level
-SALT_BITS = 62  # plan.py draws 62-bit salts
 REPEAT_SALT_STEP = 0x9E3779B97F4A7C15  # odd: the repeats' salts are distinct for any salt
 
 
