@@ -66,7 +66,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from loadgen.compare import METRICS, benjamini_hochberg, compare_runs, verdict
 from loadgen.compare.stats import LevelSample, group_levels, point_values
 from loadgen.compare.verdicts import round_log_ratios
-from loadgen.recipe.runner import RecipeRun, load_command
+from loadgen.recipe.runner import RecipeRun, load_command, plan
 from loadgen.recipe.schema import (
     CompareSpec,
     Recipe,
@@ -135,6 +135,8 @@ def collect_alternate(args: argparse.Namespace) -> Path:
         with ThreadPoolExecutor(len(servers)) as pool:
             list(pool.map(lambda server: server.start(), servers))
         print(f"servers healthy after {time.monotonic() - began:.0f} s", flush=True)
+        by_variant = {server.variant.name: server for server in servers}
+        rounds = plan(recipe)  # the recipe runner's rotated order and run names
         round_s = 0.0
         for k in range(args.rounds):
             if time.monotonic() - began + round_s > args.budget_s:
@@ -142,10 +144,9 @@ def collect_alternate(args: argparse.Namespace) -> Path:
                 break
             started = time.monotonic()
             seeded = dataclasses.replace(recipe, sweep=dataclasses.replace(recipe.sweep, seed=recipe.sweep.seed + k))
-            for i in range(len(servers)):
-                server = servers[(i + k) % len(servers)]
-                run = folder / f"{server.variant.name}-r{k + 1}"
-                subprocess.run(load_command(seeded, server.variant, server.url, run, True), check=True)
+            for run in rounds[k * len(servers):(k + 1) * len(servers)]:
+                server = by_variant[run.variant.name]
+                subprocess.run(load_command(seeded, run.variant, server.url, folder / run.name, True), check=True)
             round_s = time.monotonic() - started
             print(f"round {k + 1}: {round_s:.0f} s", flush=True)
     finally:
