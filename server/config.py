@@ -361,7 +361,8 @@ class EngineConfig:
         help="on: the host prepares the next step while the device runs this one; off: each step is "
              "scheduled only after the previous step's tokens are back; auto: on for CUDA, off on CPU "
              "(the CPU runs a step as it is launched, so there is nothing to hide, and the tokens would "
-             "only reach the client a step late). Always off with speculative decoding and --tp > 1"))
+             "only reach the client a step late). Not built for speculative decoding or --tp > 1: auto is off "
+             "there and on is refused"))
     cuda_graph_sizes: tuple[int, ...] = field(default=(), metadata=cli(
         "--cuda-graph-sizes", metavar="N,N,...", parse=lambda text: _int_list(text, "--cuda-graph-sizes"),
         default_text="1, 2, 4, 8, 16, 24, ... up to --max-num-seqs",
@@ -425,6 +426,13 @@ def validate_engine_config(c: EngineConfig) -> None:
     _require(c.device in DEVICES, f"--device: must be one of {', '.join(DEVICES)}, got {c.device!r}")
     _require(c.overlap_schedule in OVERLAP_MODES,
              f"--overlap-schedule: must be one of {', '.join(OVERLAP_MODES)}, got {c.overlap_schedule!r}")
+    # 'auto' quietly stays off where overlap is not built; an explicit 'on' that cannot happen is refused
+    _require(c.overlap_schedule != "on" or c.speculative is None,
+             "--overlap-schedule on: not available with --speculative-config (the verify step reads "
+             "its accepted tokens before the next step is scheduled); use auto or off")
+    _require(c.overlap_schedule != "on" or c.parallel.tensor_parallel_size == 1,
+             f"--overlap-schedule on: not available with --tp {c.parallel.tensor_parallel_size} (ranks "
+             "follow the driver one step at a time); use auto or off")
     _require(c.attention_backend in ATTENTION_BACKENDS,
              f"--attention-backend: must be one of {', '.join(ATTENTION_BACKENDS)}, got {c.attention_backend!r}")
     _require(cache.kv_cache_dtype in KV_CACHE_DTYPES,

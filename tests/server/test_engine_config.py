@@ -64,6 +64,15 @@ def test_overlap_is_auto_off_on_cpu_and_can_be_forced_on():
         Engine(dataclasses.replace(tiny_config(), overlap_schedule="yes"))
 
 
+def test_overlap_on_is_refused_where_it_is_not_built():
+    spec = '{"method": "mtp", "num_speculative_tokens": 3}'
+    assert parse("--device", "cpu", "--speculative-config", spec).overlap_schedule == "auto"
+    with pytest.raises(ValueError, match="--overlap-schedule on: not available with --speculative-config"):
+        parse("--device", "cpu", "--speculative-config", spec, "--overlap-schedule", "on")
+    with pytest.raises(ValueError, match="--overlap-schedule on: not available with --tp 2"):
+        parse("--device", "cpu", "--tp", "2", "--overlap-schedule", "on")
+
+
 def test_defaults_follow_preset():
     c = parse("--model", "small", "--device", "cpu")
     assert c.cache.block_size == 64 and c.scheduler.max_model_len == 32768
