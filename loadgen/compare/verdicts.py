@@ -237,9 +237,9 @@ def _estimate_level(label: str, base: list[LevelSample], new: list[LevelSample],
     results = []
     for i, metric in enumerate(metrics):
         base_v, new_v = _finite(point_base[i]), _finite(point_new[i])
-        delta = 100.0 * (new_v - base_v) / base_v if base_v and new_v is not None else None
-        if centre is not None:
-            delta = centre[i] if delta is not None else None
+        delta = None
+        if base_v and new_v is not None:
+            delta = centre[i] if centre is not None else 100.0 * (new_v - base_v) / base_v
         ci, p = tests[i] if delta is not None else (None, None)
         results.append(MetricResult(metric, base_v, new_v, delta, ci, "n/a", p if ci is not None else None))
     header = {"label": label, "method": method, "detail": detail, "base_requests": sum(r.requests for r in base),
