@@ -26,6 +26,7 @@ from typing import Any, BinaryIO
 from urllib.parse import urlsplit
 
 from loadgen import __version__, closed_loop, open_loop
+from loadgen.affinity import format_cpus
 from loadgen.errors import UsageError
 from loadgen.event_loop import run_event_loop
 from loadgen.level import LevelLoad, LevelRun, RunConfig, Share, Warmup
@@ -430,6 +431,11 @@ def _pool_size(levels: list[LevelLoad], traces: TraceSet, workers: int) -> int:
     return lanes * (1 + max_subagents(traces.sessions))
 
 
+def _client_cpus() -> str | None:
+    """The CPUs the client may run on ("0-3"; `taskset` or a recipe's sweep.client_cpus narrow it)."""
+    return format_cpus(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
+
+
 def _config(args, target: dict[str, Any], config: RunConfig, info: ServerInfo, traces: TraceSet, scale_report,
             levels: list[LevelLoad], vocab_offset: int, vocab_size: int) -> dict[str, Any]:
     return {
@@ -438,7 +444,7 @@ def _config(args, target: dict[str, Any], config: RunConfig, info: ServerInfo, t
         "git_revision": _git_revision(),
         "host": {"hostname": socket.gethostname(), "platform": platform.platform(),
                  "machine": platform.machine(), "cpu_model": _cpu_model(), "python": platform.python_version(),
-                 "cpu_count": os.cpu_count()},
+                 "cpu_count": os.cpu_count(), "cpus": _client_cpus()},
         **target, "model": info.model,
         "server": {"ours": info.ours, "max_model_len": info.max_model_len, "num_gpus": info.num_gpus,
                    "vocab_size": info.vocab_size, "models_entry": info.raw},

@@ -28,6 +28,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from loadgen.affinity import parse_cpus, placed_on
 from loadgen.recipe.schema import (
     Recipe,
     RecipeError,
@@ -168,8 +169,10 @@ class RecipeRun:
         """Run the load command in its own process group, its output teed to replay.log."""
         (folder / "command.txt").write_text(" ".join(command) + "\n")
         with open(folder / "replay.log", "wb") as sink:
-            process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                       start_new_session=True)
+            cpus = self.recipe.sweep.client_cpus
+            with placed_on(None if cpus is None else parse_cpus(cpus, "sweep.client_cpus")):
+                process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                           start_new_session=True)
             try:
                 assert process.stdout is not None  # stdout=PIPE
                 for line in process.stdout:

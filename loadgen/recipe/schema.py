@@ -17,6 +17,7 @@ import json
 from dataclasses import MISSING, dataclass, field, fields, is_dataclass
 from typing import Any, Union, get_args, get_origin, get_type_hints
 
+from loadgen.affinity import CpuListError, parse_cpus
 from loadgen.compare.stats import METRIC_BY_NAME
 from loadgen.compare.verdicts import DEFAULT_FDR
 
@@ -50,6 +51,7 @@ class ServerSpec:
     startup_timeout_s: float = 600.0  # bound on waiting for the health check to answer 200
     env: Flags = ()  # extra environment for the server process
     gpus: int | None = None  # GPUs behind the server, for throughput per GPU (default: server's own)
+    cpus: str | None = None  # CPUs the server's processes run on, e.g. "1" or "2-7" (Linux; default: any)
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,6 +83,7 @@ class Sweep:
     warmup: str = "0s"  # seconds ("30s") or requests per lane ("2req")
     repeats: int = 5
     seed: int = 0
+    client_cpus: str | None = None  # CPUs the load generator runs on, e.g. "0" (Linux; default: any)
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,6 +156,14 @@ def validate_recipe(r: Recipe) -> None:
     _require(s.startup_timeout_s > 0, f"server.startup_timeout_s: must be positive, got {s.startup_timeout_s:g}")
     _require(s.health_path.startswith("/"), f"server.health_path: must start with /, got {s.health_path!r}")
     _require(s.gpus is None or s.gpus >= 1, f"server.gpus: must be >= 1, got {s.gpus}")
+    _require(s.cpus is None or s.kind in ("ours", "command"),
+             f"server.cpus: only for a server the recipe starts (kind ours or command), not kind {s.kind}")
+    for key, text in (("server.cpus", s.cpus), ("sweep.client_cpus", r.sweep.client_cpus)):
+        if text is not None:
+            try:
+                parse_cpus(text, key)
+            except CpuListError as exc:
+                raise RecipeError(str(exc)) from None
     sw = r.sweep
     _require((sw.conc is None) != (sw.rates is None), "sweep: give exactly one of sweep.conc and sweep.rates")
     levels = sw.conc if sw.conc is not None else (sw.rates or ())
@@ -310,8 +321,9 @@ def _scalar(hint: Any, value: Any, key: str) -> Any:
     elif hint is float:
         ok = isinstance(value, (int, float)) and not isinstance(value, bool)
         value = float(value) if ok else value
-    elif hint is str:
-        ok = isinstance(value, str)
+    elif hint is str:  # YAML reads `cpus: 1` or `name: 7` as a number; the text is meant
+        ok = isinstance(value, (str, int)) and not isinstance(value, bool)
+        value = str(value) if ok else value
     else:
         raise TypeError(f"no converter for {hint!r} at {key}")
     if not ok:
