@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 import subprocess
 import sys
 import urllib.request
 from pathlib import Path
 
 import pytest
+import yaml
 
 SERVER = Path(__file__).with_name("sse_server.py")
 
@@ -128,3 +130,24 @@ def replay_cli_error(capsys, tmp_path):
         return code, capsys.readouterr().err
 
     return run
+
+
+def write_recipe(tmp_path: Path, doc: dict) -> Path:
+    """A recipe document as tmp_path/recipe.yaml."""
+    path = tmp_path / "recipe.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
+def processes_with(marker: str) -> list[int]:
+    """Pids whose command line holds `marker` (our own test process excluded)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            if marker.encode() in (entry / "cmdline").read_bytes():
+                found.append(int(entry.name))
+        except OSError:
+            continue
+    return found
