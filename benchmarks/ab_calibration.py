@@ -63,6 +63,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from loadgen.affinity import parse_cpus, placed_on
 from loadgen.compare import METRICS, benjamini_hochberg, compare_runs, verdict
 from loadgen.compare.stats import LevelSample, group_levels, point_values
 from loadgen.compare.verdicts import round_log_ratios
@@ -95,10 +96,11 @@ def build_recipe(args: argparse.Namespace, delay_ms: float | None, rounds: int, 
         variants += [Variant("A2", control=True), Variant("B", flags=(("step_delay_ms", round(delay_ms, 3)),))]
     return Recipe(
         name=name,
-        server=ServerSpec(kind="ours", flags=tuple(flags), startup_timeout_s=600.0),
+        server=ServerSpec(kind="ours", flags=tuple(flags), startup_timeout_s=600.0, cpus=args.server_cpus),
         workload=Workload(token_scale=args.token_scale, think_time_scale=args.think_time_scale,
                           think_time_cap=args.think_time_cap),
-        sweep=Sweep(conc=(args.conc,), duration_s=args.duration, warmup=args.warmup, repeats=rounds, seed=3),
+        sweep=Sweep(conc=(args.conc,), duration_s=args.duration, warmup=args.warmup, repeats=rounds, seed=3,
+                    client_cpus=args.client_cpus),
         variants=tuple(variants),
         compare=CompareSpec(),
     )
@@ -146,7 +148,8 @@ def collect_alternate(args: argparse.Namespace) -> Path:
             seeded = dataclasses.replace(recipe, sweep=dataclasses.replace(recipe.sweep, seed=recipe.sweep.seed + k))
             for run in rounds[k * len(servers):(k + 1) * len(servers)]:
                 server = by_variant[run.variant.name]
-                subprocess.run(load_command(seeded, run.variant, server.url, folder / run.name, True), check=True)
+                with placed_on(None if args.client_cpus is None else parse_cpus(args.client_cpus, "--client-cpus")):
+                    subprocess.run(load_command(seeded, run.variant, server.url, folder / run.name, True), check=True)
             round_s = time.monotonic() - started
             print(f"round {k + 1}: {round_s:.0f} s", flush=True)
     finally:
@@ -308,6 +311,8 @@ def main() -> int:
     p.add_argument("--token-scale", type=float, default=0.02)
     p.add_argument("--think-time-scale", type=float, default=0.01)
     p.add_argument("--think-time-cap", type=float, default=1.0)
+    p.add_argument("--server-cpus", metavar="LIST", help="CPUs of every server's processes (recipe server.cpus)")
+    p.add_argument("--client-cpus", metavar="LIST", help="CPUs of the load generator (recipe sweep.client_cpus)")
     p.add_argument("--quiet", action="store_true")
     p.add_argument("--alternate", action="store_true",
                    help="the three servers started once side by side, a fresh seed per round (cheap on a GPU)")
