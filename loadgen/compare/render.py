@@ -27,6 +27,7 @@ def to_json(comparison: Comparison, base_files: Sequence[str], new_files: Sequen
                 "base": _round(r.base), "new": _round(r.new), "delta_pct": _round(r.delta_pct),
                 "ci_pct": [_round(x) for x in r.ci_pct] if r.ci_pct else None,
                 "p_value": _round(r.p_value), "verdict": r.verdict,
+                "rounds_pct": [_round(x) for x in r.rounds_pct] if r.rounds_pct else None,
             } for r in level.results],
         } for level in comparison.levels],
         "only_in_base": list(comparison.only_base), "only_in_new": list(comparison.only_new),
@@ -52,6 +53,7 @@ def format_comparison(comparison: Comparison, tripped: Sequence[dict[str, Any]])
             delta = f"{r.delta_pct:+.1f}%" if r.delta_pct is not None else "-"
             lines.append(f"   {r.metric.label:<30}{r.metric.unit:>7}{_num(r.base):>11}{_num(r.new):>11}"
                          f"{delta:>9}   {ci:<22}{r.verdict}")
+        lines += _rounds_line(level.results)
     for side, labels in (("base", comparison.only_base), ("new", comparison.only_new)):
         if labels:
             lines.append(f"only in {side} (not compared): {', '.join(labels)}")
@@ -68,6 +70,19 @@ def format_comparison(comparison: Comparison, tripped: Sequence[dict[str, Any]])
                      f"(> {trip['threshold_pct']:g} %, interval [{trip['ci_pct'][0]:+.1f}, "
                      f"{trip['ci_pct'][1]:+.1f}] %)")
     return "\n".join(lines)
+
+
+ROUNDS_SHOWN = "tpot_p50"  # the per-round changes printed under a paired level's table
+
+
+def _rounds_line(results) -> list[str]:
+    """One line with a paired level's per-round change of TPOT p50: rounds that disagree far more
+    than their interval's width suggests show where the noise is (the JSON has every metric's)."""
+    row = next((r for r in results if r.metric.name == ROUNDS_SHOWN and r.rounds_pct), None)
+    if row is None:
+        return []
+    changes = " ".join("-" if x is None else f"{x:+.1f}" for x in row.rounds_pct)
+    return [f"   per round, {row.metric.label}: {changes} %"]
 
 
 def _num(value: float | None) -> str:

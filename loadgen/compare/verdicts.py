@@ -47,6 +47,7 @@ the chance of any false verdict in the family by `fdr`.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from collections.abc import Mapping, Sequence
@@ -83,6 +84,7 @@ class MetricResult:
     ci_pct: tuple[float, float] | None
     verdict: str
     p_value: float | None = None
+    rounds_pct: tuple[float | None, ...] = ()  # paired: NEW_k / BASE_k - 1 of every round k, in %
 
     @property
     def worse_by_pct(self) -> float | None:
@@ -196,18 +198,20 @@ def compare_runs(base: Sequence[tuple[str, dict[str, Any]]], new: Sequence[tuple
 def _with_verdict(r: MetricResult, call: str | None) -> MetricResult:
     if call is None:
         call = "n/a" if r.delta_pct is None or r.ci_pct is None else "within noise"
-    return MetricResult(r.metric, r.base, r.new, r.delta_pct, r.ci_pct, call, r.p_value)
+    return dataclasses.replace(r, verdict=call)
 
 
 def _estimate_level(label: str, base: list[LevelSample], new: list[LevelSample], metrics: Sequence[MetricDef],
                     resamples: int, rng: np.random.Generator, run_noise: RunNoise | None, paired: bool):
     """(LevelComparison fields but results, [MetricResult without verdict]) of one level."""
     centre: list[float | None] | None = None  # paired: delta % is the test's own estimate
+    rounds: list[tuple[float | None, ...]] = [() for _ in metrics]  # paired: each round's change, %
     if paired and run_noise is None and len(base) == len(new) >= 2:
         point_base, point_new = (_per_run(side, metrics).mean(axis=1) for side in (base, new))
         ratios, shares = round_log_ratios(base, new, metrics)
         tests = [paired_log_test(ratios[i]) for i in range(len(metrics))]
         centre = [_mean_ratio_pct(row) for row in ratios]
+        rounds = [tuple(100.0 * math.expm1(x) if np.isfinite(x) else None for x in row) for row in ratios]
         method, run_to_run = ("paired rounds, matched requests" if shares else "paired rounds"), True
         detail = f"{len(base)} rounds, t on the per-round ratios"
         if shares:
@@ -241,7 +245,8 @@ def _estimate_level(label: str, base: list[LevelSample], new: list[LevelSample],
         if base_v and new_v is not None:
             delta = centre[i] if centre is not None else 100.0 * (new_v - base_v) / base_v
         ci, p = tests[i] if delta is not None else (None, None)
-        results.append(MetricResult(metric, base_v, new_v, delta, ci, "n/a", p if ci is not None else None))
+        results.append(MetricResult(metric, base_v, new_v, delta, ci, "n/a", p if ci is not None else None,
+                                    rounds[i]))
     header = {"label": label, "method": method, "detail": detail, "base_requests": sum(r.requests for r in base),
               "new_requests": sum(r.requests for r in new), "base_failed": any(r.failed for r in base),
               "new_failed": any(r.failed for r in new), "run_to_run": run_to_run}

@@ -5,6 +5,7 @@ the exit code, bad input exits 2 naming the file."""
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -196,6 +197,16 @@ def test_replay_repeat_writes_one_entry_per_repeat_and_compare_uses_them(start_s
     code, out, _ = _compare(capsys, files[0], files[1], "--json", "--paired")
     assert code == 0 and out["paired"]
     assert [level["method"] for level in out["levels"]] == ["paired rounds, matched requests"]
+    # each round's own change is reported; the delta is their geometric mean
+    tpot = next(m for m in out["levels"][0]["metrics"] if m["metric"] == "tpot_p50")
+    rounds = tpot["rounds_pct"]
+    assert len(rounds) == 2
+    assert tpot["delta_pct"] == pytest.approx(100 * (math.sqrt((1 + rounds[0] / 100) * (1 + rounds[1] / 100)) - 1),
+                                              abs=1e-4)
+    code, text, _ = _compare(capsys, files[0], files[1], "--paired")
+    assert code == 0 and f"per round, TPOT p50: {rounds[0]:+.1f} {rounds[1]:+.1f} %" in text
+    code, out, _ = _compare(capsys, files[0], files[1], "--json")
+    assert all(m["rounds_pct"] is None for m in out["levels"][0]["metrics"])  # not paired: no rounds
 
 
 def test_repeat_must_be_positive(start_server, tmp_path, capsys):
