@@ -3,15 +3,18 @@
 Order: `sweep.repeats` rounds; each round runs every variant once, the order rotated by one
 per round (A B, B A, A B, ...; A B C, B C A, C A B, ...), so slow drift of the machine falls on
 all variants alike and none always runs first or last in its round (loadgen compare pairs
-round k of each variant). Each run
-starts the variant's server afresh (cold caches, the same seed, no state carried from the
-previous run), runs the whole sweep with `loadgen replay` (or `loadgen bench` for the
-in-process engine) - the commands' own entry points, as a user would call them - and stops
-the server's process group.
+round k of each variant). With `sweep.servers: fresh` (the default) each run starts the
+variant's server afresh (cold caches, the same seed, no state carried from the previous run),
+runs the whole sweep with `loadgen replay` (or `loadgen bench` for the in-process engine) - the
+commands' own entry points, as a user would call them - and stops the server's process group.
+With `kept`, every variant's server is started once, side by side, before the first run and
+stopped after the last (a server start can take minutes on a GPU, and runs then follow each
+other with no gap); round k replays seed + k - 1, so no earlier round's prompt is cached.
 
 Folder:
     recipe.yaml                  the recipe as run (a resume must match it)
-    runs/<variant>-r<k>/         result.json of the k-th round, replay.log, server.log
+    runs/<variant>-r<k>/         result.json of the k-th round, replay.log, server.log (fresh)
+    servers/<variant>.log        the kept server's log (kept)
     compare/<variant>-vs-<baseline>.txt|.json   loadgen compare of all rounds of both
     report/                      Pareto and percentile PNGs of every run on shared axes, report.html
 
@@ -62,10 +65,11 @@ def plan(recipe: Recipe) -> list[PlannedRun]:
     return [PlannedRun(r, variants[(r - 1 + i) % n]) for r in range(1, recipe.sweep.repeats + 1) for i in range(n)]
 
 
-def load_command(recipe: Recipe, variant: Variant, url: str | None, out: Path, quiet: bool) -> list[str]:
-    """The `loadgen replay` (HTTP) or `loadgen bench` (in-process) argv of one run."""
+def load_command(recipe: Recipe, variant: Variant, url: str | None, out: Path, quiet: bool,
+                 round_: int = 1) -> list[str]:
+    """The `loadgen replay` (HTTP) or `loadgen bench` (in-process) argv of one run of round `round_`."""
     sweep, work = recipe.sweep, recipe.workload
-    args = ["--duration", f"{sweep.duration_s:g}", "--warmup", sweep.warmup, "--seed", str(sweep.seed),
+    args = ["--duration", f"{sweep.duration_s:g}", "--warmup", sweep.warmup, "--seed", str(sweep.seed_of(round_)),
             "--token-scale", f"{work.token_scale:g}", "--think-time-scale", f"{work.think_time_scale:g}",
             "--out", str(out)]
     if sweep.conc:
@@ -127,10 +131,17 @@ class RecipeRun:
             self._say(f"resuming: {len(self.runs) - len(todo)} of {len(self.runs)} runs already finished")
         started = time.monotonic()
         worst = 0
-        for number, run in enumerate(todo, start=1):
-            self._say(f"[{number}/{len(todo)}] {run.name}: starting "
-                      f"({time.monotonic() - started:.0f} s into the recipe)")
-            worst = max(worst, self._one(run))
+        kept: dict[str, RunningServer] = {}
+        try:
+            if todo and self.recipe.sweep.servers == "kept":
+                kept = self._start_kept({run.variant.name: run.variant for run in todo})
+            for number, run in enumerate(todo, start=1):
+                self._say(f"[{number}/{len(todo)}] {run.name}: starting "
+                          f"({time.monotonic() - started:.0f} s into the recipe)")
+                worst = max(worst, self._one(run, kept.get(run.variant.name)))
+        finally:
+            for server in kept.values():
+                server.stop()
         self._say(f"all {len(self.runs)} runs finished; comparing and writing the report")
         from loadgen.recipe.outputs import write_outputs
 
@@ -138,24 +149,48 @@ class RecipeRun:
             self._say(f"wrote {path}")
         return worst
 
-    def _one(self, run: PlannedRun) -> int:
+    def _start_kept(self, variants: dict[str, Variant]) -> dict[str, RunningServer]:
+        """Every variant's server, started one after another (so they do not slow each other's
+        start) and healthy; all of them stopped again if one fails."""
+        (self.out / "servers").mkdir(exist_ok=True)
+        servers: dict[str, RunningServer] = {}
+        try:
+            for name, variant in variants.items():
+                servers[name] = RunningServer(self.recipe, variant, self.out / "servers" / f"{name}.log")
+                self._start(servers[name])
+        except BaseException:
+            for server in servers.values():
+                server.stop()
+            raise
+        return servers
+
+    def _start(self, server: RunningServer) -> str:
+        began = time.monotonic()
+        try:
+            url = server.start()
+        except ServerStartError as exc:
+            raise RecipeRunError(f"variant {server.variant.name}: {exc}") from None
+        self._say(f"  {server.variant.name}: server healthy at {url} after {time.monotonic() - began:.1f} s")
+        return url
+
+    def _one(self, run: PlannedRun, kept: RunningServer | None) -> int:
         folder = self.out / "runs" / run.name
         shutil.rmtree(folder, ignore_errors=True)  # a partial run from an interruption is redone whole
         folder.mkdir(parents=True)
-        server = RunningServer(self.recipe, run.variant, folder / "server.log")
-        if self.recipe.server.kind != "inprocess":
-            began = time.monotonic()
-            try:
-                url = server.start()
-            except ServerStartError as exc:
-                raise RecipeRunError(f"variant {run.variant.name}: {exc}") from None
-            self._say(f"  server healthy at {url} after {time.monotonic() - began:.1f} s")
-        else:
-            url = None
+        server = kept or RunningServer(self.recipe, run.variant, folder / "server.log")
+        url = None
+        if kept is not None:
+            if kept.process is not None and kept.process.poll() is not None:
+                raise RecipeRunError(f"variant {run.variant.name}: its kept server exited with code "
+                                     f"{kept.process.returncode}; see {kept.log_path}; `--resume` starts it again")
+            url = kept.url
+        elif self.recipe.server.kind != "inprocess":
+            url = self._start(server)
         try:
-            code = self._load(load_command(self.recipe, run.variant, url, folder, self.quiet), folder)
+            code = self._load(load_command(self.recipe, run.variant, url, folder, self.quiet, run.round), folder)
         finally:
-            server.stop()
+            if kept is None:
+                server.stop()
         if code == 2:
             raise RecipeRunError(f"{run.name}: the load command rejected its input (exit 2); see "
                                  f"{folder / 'replay.log'}")

@@ -24,6 +24,7 @@ from loadgen.compare.verdicts import DEFAULT_FDR
 SCHEMA = "agentload.recipe/1"
 SERVER_KINDS = ("ours", "inprocess", "command", "url")
 THINKING_MODES = ("auto", "on", "off")
+SERVER_LIFETIMES = ("fresh", "kept")
 ENDPOINTS = ("completions", "chat")
 PORT_PLACEHOLDER = "{port}"
 
@@ -74,8 +75,10 @@ class Workload:
 @dataclass(frozen=True, slots=True)
 class Sweep:
     """Levels of one run and how often each variant runs: `repeats` rounds, each round running
-    every variant once (A B, B A, A B, ...: the order rotated per round), each run on a freshly
-    started server."""
+    every variant once (A B, B A, A B, ...: the order rotated per round). `servers: fresh` starts
+    a server for every run, each replaying `seed`; `kept` starts every variant's server once, side
+    by side, before the first round, and round k replays seed + k - 1, so that no prompt of an
+    earlier round sits in a server's prefix cache."""
 
     conc: tuple[int, ...] | None = None
     rates: tuple[float, ...] | None = None
@@ -84,6 +87,11 @@ class Sweep:
     repeats: int = 5
     seed: int = 0
     client_cpus: str | None = None  # CPUs the load generator runs on, e.g. "0" (Linux; default: any)
+    servers: str = field(default="fresh", metadata={"choices": SERVER_LIFETIMES})
+
+    def seed_of(self, round_: int) -> int:
+        """The load's seed in round `round_` (1-based)."""
+        return self.seed + (round_ - 1 if self.servers == "kept" else 0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -172,6 +180,8 @@ def validate_recipe(r: Recipe) -> None:
     _require(sw.duration_s > 0, f"sweep.duration_s: must be positive, got {sw.duration_s:g}")
     _require(sw.repeats >= 1, f"sweep.repeats: must be >= 1, got {sw.repeats}")
     _require(sw.warmup.endswith(("s", "req")), f"sweep.warmup: expected '30s' or '2req', got {sw.warmup!r}")
+    _require(sw.servers == "fresh" or s.kind in ("ours", "command"),
+             f"sweep.servers: kept needs servers the recipe starts (server.kind ours or command), not {s.kind}")
     w = r.workload
     for name in ("token_scale", "think_time_scale"):
         _require(getattr(w, name) > 0, f"workload.{name}: must be positive, got {getattr(w, name):g}")

@@ -7,20 +7,18 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
 from loadgen.affinity import CpuListError, format_cpus, parse_cpus, placed_on
 from loadgen.cli import main
 from loadgen.recipe.schema import RecipeError, recipe_from_dict
-from tests.loadgen.conftest import write_recipe
+from tests.loadgen.conftest import sse_server_command, write_recipe
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="CPU placement is Linux-only")
 
 ALLOWED = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else {0}
 FIRST, LAST = min(ALLOWED), max(ALLOWED)
-SSE_SERVER = Path(__file__).with_name("sse_server.py")
 
 
 def test_cpu_lists_parse_and_print_in_their_short_form():
@@ -76,9 +74,7 @@ def test_a_recipe_runs_its_server_and_its_load_on_the_cpus_it_names(tmp_path, se
     folder = sessions(*({"n_requests": 3, "think": 0.0, "n_out": 4} for _ in range(2)))
     seen = tmp_path / "server_cpus.txt"
     # the server writes the CPUs it may use, then serves (its children would inherit the same)
-    wrapper = (f"import os, runpy, sys; open({str(seen)!r}, 'w').write(str(sorted(os.sched_getaffinity(0)))); "
-               f"sys.argv = [{str(SSE_SERVER)!r}] + sys.argv[1:]; runpy.run_path(sys.argv[0], run_name='__main__')")
-    command = f"{sys.executable} -c \"{wrapper}\" --config '{{\"port\": {{port}}}}'"
+    command = sse_server_command(f"import os; open({str(seen)!r}, 'w').write(str(sorted(os.sched_getaffinity(0))))")
     doc = {"name": "pin", "server": {"kind": "command", "command": command, "health_path": "/v1/models",
                                      "cpus": str(LAST)},
            "workload": {"traces": str(folder)},

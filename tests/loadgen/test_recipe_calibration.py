@@ -24,13 +24,14 @@ def test_a_a_on_the_tiny_engine_stays_within_the_bound_and_a_planted_delay_is_fo
     # requests of 3-4 tokens, and the planted 5x was once read as noise on 2 degrees of freedom).
     # Answer lengths differ between sessions, so E2EL p90 and its per-token forms are not one
     # number thrice. Two controls make 60 A/A rows: one chance cluster of correlated rows (a
-    # run-level shift moves the E2EL family together) cannot pass for a 5 % rate by itself.
+    # run-level shift moves the E2EL family together) cannot pass for a 5 % rate by itself. Kept
+    # servers: four server starts instead of twelve, the rounds' own seeds.
     folder = sessions(*({"n_requests": 40, "think": 0.0, "n_out": n_out} for n_out in (8, 12, 16, 20)))
     marker = f"tiny-{uuid.uuid4().hex}"
     doc = {"name": "aab", "server": {"kind": "ours", "startup_timeout_s": 300,
                                      "flags": {"model": "tiny", "device": "cpu", "served_model_name": marker}},
            "workload": {"traces": str(folder)},
-           "sweep": {"conc": [1, 2], "duration_s": 1.0, "warmup": "1req", "repeats": 3, "seed": 7},
+           "sweep": {"conc": [1, 2], "duration_s": 1.0, "warmup": "1req", "repeats": 3, "seed": 7, "servers": "kept"},
            "variants": [{"name": "A"}, {"name": "A2", "control": True}, {"name": "A3", "control": True},
                         {"name": "slow", "flags": {"step_delay_ms": 60}}]}
     out = tmp_path / "out"

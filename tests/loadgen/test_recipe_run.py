@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from loadgen.cli import main
-from tests.loadgen.conftest import processes_with, write_recipe
+from tests.loadgen.conftest import processes_with, sse_server_command, write_recipe
 
 pytestmark = pytest.mark.slow  # tens of seconds: scheduled first (tests/conftest.py)
 
@@ -103,3 +103,38 @@ def test_a_server_at_a_url_is_only_health_checked(tmp_path, start_server, sessio
     assert main(["recipe", "run", str(write_recipe(tmp_path, doc)), "--out", str(out), "--quiet"]) == 0
     assert server.proc.poll() is None  # a server the recipe did not start is left running
     assert json.loads((out / "compare" / "a2-vs-a.json").read_text())["levels"][0]["method"].startswith("paired")
+
+
+def test_kept_servers_start_once_per_variant_and_each_round_replays_its_own_seed(tmp_path, sessions):
+    folder = sessions(*({"n_requests": 3, "think": 0.0, "n_out": 4} for _ in range(4)))
+    starts = tmp_path / "starts.txt"
+    marker = f"kept-{uuid.uuid4().hex}"
+    note = f"import os; open({str(starts)!r}, 'a').write(os.environ.get('AGENTLOAD_TEST_VARIANT', 'a') + chr(10))"
+    command = sse_server_command(note, model=marker)  # notes each start, then serves
+    doc = _command_recipe(command, str(folder), health_path="/v1/models")
+    doc["sweep"].update(servers="kept", repeats=3, seed=5)
+    out = tmp_path / "out"
+    assert main(["recipe", "run", str(write_recipe(tmp_path, doc)), "--out", str(out), "--quiet"]) == 0
+    assert sorted(starts.read_text().split()) == ["a", "b"]  # one start per variant, not per run
+    for k in (1, 2, 3):
+        for variant in ("a", "b"):
+            run = out / "runs" / f"{variant}-r{k}"
+            assert json.loads((run / "result.json").read_text())["status"] == "complete"
+            assert f"--seed {4 + k} " in (run / "command.txt").read_text()
+    assert (out / "servers" / "a.log").exists() and (out / "servers" / "b.log").exists()
+    assert processes_with(marker) == []
+
+
+def test_a_kept_server_that_died_stops_the_recipe_naming_it(tmp_path):
+    from loadgen.recipe.runner import PlannedRun, RecipeRun, RecipeRunError
+    from loadgen.recipe.schema import recipe_from_dict
+    from loadgen.recipe.server import RunningServer
+
+    doc = _command_recipe(f"{sys.executable} {SSE_SERVER} {{port}}")
+    doc["sweep"]["servers"] = "kept"
+    recipe = recipe_from_dict(doc)
+    server = RunningServer(recipe, recipe.baseline, tmp_path / "a.log")
+    server.process = subprocess.Popen([sys.executable, "-c", "raise SystemExit(3)"])
+    server.process.wait()
+    with pytest.raises(RecipeRunError, match="variant a: its kept server exited with code 3; see .*a.log"):
+        RecipeRun(recipe, tmp_path / "out", resume=False, quiet=True)._one(PlannedRun(1, recipe.baseline), server)

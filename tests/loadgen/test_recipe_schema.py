@@ -73,6 +73,9 @@ def test_the_seed_recipe_is_the_issue_experiment():
      "variants[1].extra: unknown key"),
     (_with(workload={"thinking": "auto"}), "workload.thinking: only meaningful with workload.golden_al"),
     (_with(compare={"metrics": ["speed"]}), "compare.metrics[0]: unknown metric 'speed'"),
+    (_with(sweep={"conc": [1], "servers": "pooled"}), "sweep.servers: must be one of fresh, kept"),
+    (_with(server={"kind": "inprocess"}, sweep={"conc": [1], "servers": "kept"}),
+     "sweep.servers: kept needs servers the recipe starts (server.kind ours or command), not inprocess"),
 ])
 def test_bad_recipes_name_the_key(doc, message):
     with pytest.raises(RecipeError) as info:
