@@ -20,6 +20,9 @@ comes from".
   python benchmarks/noise_source.py placement --runs 5 --duration 20
   python benchmarks/noise_source.py persistence --runs 7 --duration 20
   python benchmarks/noise_source.py probe --runs 10 --duration 15 --probe-cpus 0,1
+  python benchmarks/noise_source.py probe --model v32 --num-layers 4 --device cuda --token-scale 0.25 \
+      --think-time-scale 0.02 --think-time-cap 2 --conc 8 --runs 8 --duration 15 \
+      --server-cpus 0-7 --client-cpus 8-11 --probe-cpus 12,13     # a GPU host: does TPOT follow it?
 """
 
 from __future__ import annotations
@@ -61,7 +64,8 @@ while True:
 def recipe(args: argparse.Namespace, placed: bool) -> Recipe:
     return Recipe(
         name="noise",
-        server=ServerSpec(kind="ours", flags=(("model", args.model), ("device", args.device)),
+        server=ServerSpec(kind="ours", flags=(("model", args.model), ("device", args.device),
+                                             *((("num_layers", args.num_layers),) if args.num_layers else ())),
                           cpus=args.server_cpus if placed else None),
         workload=Workload(token_scale=args.token_scale, think_time_scale=args.think_time_scale,
                           think_time_cap=args.think_time_cap),
@@ -169,6 +173,7 @@ def main() -> int:
     p.add_argument("--probe-skip-s", type=float, default=3.0, help="probe: seconds of each run left out (warm-up)")
     p.add_argument("--model", default="tiny")
     p.add_argument("--device", default="cpu")
+    p.add_argument("--num-layers", type=int, help="the model's layers (default: the preset's)")
     p.add_argument("--conc", type=int, default=2)
     p.add_argument("--warmup", default="1req")
     p.add_argument("--seed", type=int, default=3)
