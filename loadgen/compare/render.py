@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from loadgen.compare.verdicts import CONFIDENCE, Comparison
+from loadgen.compare.verdicts import CONFIDENCE, Comparison, MetricResult
 
 
 def to_json(comparison: Comparison, base_files: Sequence[str], new_files: Sequence[str],
@@ -75,7 +75,7 @@ def format_comparison(comparison: Comparison, tripped: Sequence[dict[str, Any]])
 ROUNDS_SHOWN = "tpot_p50"  # the per-round changes printed under a paired level's table
 
 
-def _rounds_line(results) -> list[str]:
+def _rounds_line(results: Sequence[MetricResult]) -> list[str]:
     """One line with a paired level's per-round change of TPOT p50: rounds that disagree far more
     than their interval's width suggests show where the noise is (the JSON has every metric's)."""
     row = next((r for r in results if r.metric.name == ROUNDS_SHOWN and r.rounds_pct), None)
