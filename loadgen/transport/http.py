@@ -181,9 +181,10 @@ class _SseStream:
             self._lines(piece, now)
 
     def _content_chunks(self, pieces: list[bytes], stamps: list[int]) -> int:
-        """The fast path: how many leading pieces were one content chunk with token ids each, now
-        taken. The first other event (usage, an empty token_ids list, no choices) and all after it
-        are left to the line path, which keeps their order."""
+        """The fast path: when every piece is one event, parse them all in one go and record the
+        content chunks with token ids; any other event (a role-only or text-only chunk, usage, an
+        error) goes through the line rules in its place, so order is kept. How many pieces were
+        taken: all, or 0 when the pieces are not one event each."""
         text = b"".join(pieces)
         # one event per piece: only each piece's own two newlines, each piece opening with `data:`
         if (text.count(b"\n") != 2 * len(pieces) or not text.startswith(b"data:")
@@ -194,18 +195,26 @@ class _SseStream:
         except orjson.JSONDecodeError:
             return 0
         usage = b'"usage"' in text  # some servers send usage on every content chunk
-        tokens = []
-        for event in events:
+        tokens: list[int] = []
+        first = 0  # the first piece of the run of content chunks not yet recorded
+        for k, event in enumerate(events):
             try:
                 n = len(event["choices"][0]["token_ids"])
             except (LookupError, TypeError):
-                break
-            if not n or (usage and event.get("usage")):
-                break  # an empty token_ids list: the text decides; usage: the line path records it
-            tokens.append(n)
-        self.ex.chunk_ns += stamps[:len(tokens)]
+                n = 0
+            if n and not (usage and event.get("usage")):
+                tokens.append(n)
+                continue
+            # an empty token_ids list (the text decides), no ids, usage, an error: the line rules
+            self.ex.chunk_ns += stamps[first:k]
+            self.ex.chunk_tokens += tokens
+            tokens, first = [], k + 1
+            self._lines(pieces[k], stamps[k])
+            if self.error is not None:
+                return len(events)  # nothing after an error counts, as on the line path
+        self.ex.chunk_ns += stamps[first:len(events)]
         self.ex.chunk_tokens += tokens
-        return len(tokens)
+        return len(events)
 
     def _lines(self, piece: bytes, now: int) -> None:
         for line in piece.split(b"\n"):

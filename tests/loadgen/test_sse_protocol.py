@@ -171,6 +171,9 @@ def _by_lines(pieces: list[bytes], stamps: list[int]):
      b'data: [DONE]\n\n'],
     [b'data: {"choices":[{"token_ids":[1]}]}\n\n', b'data: {"choices":[{"token_ids":[2]}],"usage":{"x":1}}\n\n',
      b'data: {"choices":[{"token_ids":[3]}]}\n\n'],
+    [b'data: {"choices":[{"delta":{"role":"assistant"}}]}\n\n', b'data: {"choices":[{"token_ids":[4,5]}]}\n\n',
+     b'data: {"choices":[{"text":"c"}]}\n\n', b'data: {"choices":[{"token_ids":[6]}]}\n\n'],
+    [b'data: {"error":{"message":"boom"}}\n\n', b'data: {"choices":[{"token_ids":[1]}]}\n\n'],
 ])
 def test_a_batch_of_pieces_reads_as_its_lines_one_by_one(batch):
     """The batched SSE path (one JSON parse per batch when every piece is one content chunk) and
@@ -202,3 +205,20 @@ def test_content_chunks_before_the_usage_event_take_the_batched_path(monkeypatch
     stream.take(batch, list(range(1, len(batch) + 1)))
     assert len(lines) == 2 and stream.done and stream.ex.usage_completion_tokens == 20
     assert stream.ex.chunk_tokens == [1] * 20 and stream.ex.chunk_ns == list(range(1, 21))
+
+
+def test_a_role_only_first_chunk_leaves_the_rest_to_the_batched_path(monkeypatch):
+    """vLLM's chat stream opens with a chunk that carries only the role: that one event goes line
+    by line, the content chunks after it are still parsed in one go."""
+    from loadgen.transport.base import Exchange
+    from loadgen.transport.http import _SseStream
+
+    batch = [b'data: {"choices":[{"delta":{"role":"assistant"}}]}\n\n']
+    batch += [b'data: {"choices":[{"token_ids":[%d]}]}\n\n' % i for i in range(10)]
+    lines = []
+    line = _SseStream.line
+    monkeypatch.setattr(_SseStream, "line", lambda self, text, now: (lines.append(text), line(self, text, now)))
+    stream = _SseStream(Exchange(), chat=True)
+    stream.take(batch, list(range(1, len(batch) + 1)))
+    assert len(lines) == 1
+    assert stream.ex.chunk_tokens == [1] * 10 and stream.ex.chunk_ns == list(range(2, 12))
