@@ -388,10 +388,14 @@ def resolve_device(device: str) -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def resolve_overlap(mode: str, device: str) -> bool:
-    """'auto' overlaps on CUDA only: a CPU runs each step as it is launched, so there is nothing
-    to hide and the tokens would reach the client a step late."""
-    return mode == "on" or (mode == "auto" and resolve_device(device) == "cuda")
+def resolve_overlap(c: EngineConfig) -> bool:
+    """Whether the engine overlaps scheduling with the device. 'auto' overlaps on CUDA only (a CPU
+    runs each step as it is launched, so there is nothing to hide and the tokens would reach the
+    client a step late), and not with speculative decoding or TP, where it is not built (there
+    validate_engine_config refuses 'on')."""
+    if c.overlap_schedule != "auto":
+        return c.overlap_schedule == "on"
+    return resolve_device(c.device) == "cuda" and c.speculative is None and c.parallel.tensor_parallel_size == 1
 
 
 def resolve_backend(backend: str, device: str) -> str:

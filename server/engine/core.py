@@ -43,9 +43,7 @@ class Engine:
         self.sampler = Sampler(self.runner.device, model.eos_token_id, config.seed)
         self.spec = None if config.speculative is None else SpeculativeDecoder(
             config.speculative, self.runner, self.sampler, config.seed, self.max_model_len)
-        # validate_engine_config refuses an explicit 'on' with either; 'auto' resolves off there
-        self.overlap = (resolve_overlap(config.overlap_schedule, self.runner.device.type)
-                        and self.spec is None and self.runner.tp.world_size == 1)
+        self.overlap = resolve_overlap(config)
         self._in_flight: LaunchedStep | None = None  # overlapped scheduling: launched, tokens not yet read
         self.seqs: dict[str, Sequence] = {}
         self._aborted: list[RequestOutput] = []
