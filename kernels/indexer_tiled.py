@@ -25,6 +25,7 @@ tokens' weights zeroed), so mixed batches stay correct. The loop bound is read o
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -33,6 +34,7 @@ import triton.language as tl
 
 from kernels.triton_utils import (
     E4M3_RAW_SCALE,
+    dot_dtype,
     e2m1_to_raw_f16,
     e4m3_to_raw_f16,
     new_output,
@@ -163,6 +165,7 @@ def default_tiled_config(key_dtype: str, device: torch.device) -> TiledConfig:
     return TiledConfig(4, 128, 4)
 
 
+@functools.cache  # asked at every indexer call; the capability query is a driver call
 def fp8_dot_supported(device: torch.device) -> bool:
     """fp8 e4m3 tensor-core dots: NVIDIA compute capability 8.9 and later (Ada, Hopper, Blackwell)."""
     return device.type == "cuda" and torch.version.hip is None and torch.cuda.get_device_capability(device) >= (8, 9)
@@ -186,7 +189,7 @@ def indexer_logits_tiled(q_fp8, weights, rows, key_dtype, block_table, seq_ids, 
         ROW_BYTES=rows.shape[1], H=h, D=d, BLOCK_H=max(16, triton.next_power_of_2(h)),
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
         MXFP4=key_dtype == "mxfp4", FP8_DOT=use_fp8, MASK_TAIL=mask_tail,
-        DOT_DTYPE=tl.float32 if q_fp8.device.type == "cpu" else tl.float16,
+        DOT_DTYPE=dot_dtype(q_fp8, tl.float16),
         num_warps=cfg.num_warps, **({} if cfg.num_stages is None else {"num_stages": cfg.num_stages}),
     )
     return out
