@@ -63,9 +63,9 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from loadgen.affinity import parse_cpus, placed_on
+from loadgen.affinity import placed_on
 from loadgen.compare import METRICS, benjamini_hochberg, compare_runs, verdict
-from loadgen.compare.stats import LevelSample, group_levels, point_values
+from loadgen.compare.stats import METRIC_BY_NAME, LevelSample, group_levels, point_values
 from loadgen.compare.verdicts import round_log_ratios
 from loadgen.recipe.runner import RecipeRun, load_command, plan
 from loadgen.recipe.schema import (
@@ -100,7 +100,7 @@ def build_recipe(args: argparse.Namespace, delay_ms: float | None, rounds: int, 
         workload=Workload(token_scale=args.token_scale, think_time_scale=args.think_time_scale,
                           think_time_cap=args.think_time_cap),
         sweep=Sweep(conc=(args.conc,), duration_s=args.duration, warmup=args.warmup, repeats=rounds, seed=3,
-                    client_cpus=args.client_cpus),
+                    client_cpus=args.client_cpus, servers="kept" if args.alternate else "fresh"),
         variants=tuple(variants),
         compare=CompareSpec(),
     )
@@ -145,11 +145,11 @@ def collect_alternate(args: argparse.Namespace) -> Path:
                 print(f"stopping after {k} rounds: the next would pass --budget-s {args.budget_s:g}", flush=True)
                 break
             started = time.monotonic()
-            seeded = dataclasses.replace(recipe, sweep=dataclasses.replace(recipe.sweep, seed=recipe.sweep.seed + k))
-            for run in rounds[k * len(servers):(k + 1) * len(servers)]:
+            for run in rounds[k * len(servers):(k + 1) * len(servers)]:  # round k + 1 replays its own seed
                 server = by_variant[run.variant.name]
-                with placed_on(None if args.client_cpus is None else parse_cpus(args.client_cpus, "--client-cpus")):
-                    subprocess.run(load_command(seeded, run.variant, server.url, folder / run.name, True), check=True)
+                with placed_on(recipe.sweep.client_cpu_set()):
+                    subprocess.run(load_command(recipe, run.variant, server.url, folder / run.name, True, run.round),
+                                   check=True)
             round_s = time.monotonic() - started
             print(f"round {k + 1}: {round_s:.0f} s", flush=True)
     finally:
@@ -178,7 +178,7 @@ def _samples(docs: list[dict], matched: bool = True) -> list[LevelSample]:
 
 def _metric(doc: dict, name: str) -> float:
     sample = next(iter(group_levels([("x", doc)]).values()))[0]
-    return float(point_values(sample, [m for m in METRICS if m.name == name])[0])
+    return float(point_values(sample, [METRIC_BY_NAME[name]])[0])
 
 
 def analyze(out: Path) -> dict:
@@ -288,7 +288,7 @@ def _within_round_sd(a: list[dict], a2: list[dict]) -> dict:
 def _planted(a: list[dict], a2: list[dict], b: list[dict]) -> dict:
     """TPOT p50 change of B against A and A2: ratio of means, and the geometric mean of per-round
     ratios over matched requests."""
-    tpot = [m for m in METRICS if m.name == "tpot_p50"]
+    tpot = [METRIC_BY_NAME["tpot_p50"]]
     mean = {name: float(np.mean([point_values(s, tpot)[0] for s in _samples(runs)])) for name, runs in
             (("A", a + a2), ("B", b))}
     matched = np.concatenate([round_log_ratios(_samples(side), _samples(b), tpot)[0][0] for side in (a, a2)])

@@ -42,6 +42,8 @@ sys.path.insert(0, str(ROOT / "tests" / "loadgen"))
 
 from conftest import ServerProcess  # noqa: E402  (the test server's launcher)
 
+from loadgen.affinity import parse_cpus, placed_on  # noqa: E402
+
 
 def write_traces(folder: Path, osl: int, sessions: int = 64, requests: int = 400) -> None:
     for s in range(sessions):
@@ -62,10 +64,9 @@ class FastServer:
     """benchmarks/fast_sse_server.py in its own process (zero delay, little CPU per token)."""
 
     def __init__(self, cpus: set[int] | None = None) -> None:
-        self.proc = subprocess.Popen([sys.executable, str(ROOT / "benchmarks" / "fast_sse_server.py")],
-                                     stdout=subprocess.PIPE, text=True)
-        if cpus:
-            os.sched_setaffinity(self.proc.pid, cpus)
+        with placed_on(frozenset(cpus) if cpus else None):  # from its start, every thread of it
+            self.proc = subprocess.Popen([sys.executable, str(ROOT / "benchmarks" / "fast_sse_server.py")],
+                                         stdout=subprocess.PIPE, text=True)
         self.url = f"http://127.0.0.1:{int(self.proc.stdout.readline().split()[1])}"
 
     def records(self) -> dict:
@@ -231,8 +232,8 @@ def main() -> None:
     parser.add_argument("--json", help="also write the rows to this JSON file")
     args = parser.parse_args()
     cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
-    client_cpus = [int(c) for c in args.client_cpus.split(",")] if args.client_cpus else cpus
-    server_cpus = [int(c) for c in args.server_cpus.split(",")] if args.server_cpus else cpus[-1:]
+    client_cpus = sorted(parse_cpus(args.client_cpus, "--client-cpus")) if args.client_cpus else cpus
+    server_cpus = sorted(parse_cpus(args.server_cpus, "--server-cpus")) if args.server_cpus else cpus[-1:]
     server_cpu = server_cpus[0] if len(cpus) > 1 else None
     if server_cpu is not None:
         pin(client_cpus[0])

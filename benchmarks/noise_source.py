@@ -77,9 +77,8 @@ def recipe(args: argparse.Namespace, placed: bool) -> Recipe:
 
 def replay(r: Recipe, server: RunningServer, out: Path) -> tuple[float, float, float]:
     """(TPOT p50 in ms, start, end) of one run against a healthy server."""
-    cpus = r.sweep.client_cpus
     began = time.time()
-    with placed_on(None if cpus is None else parse_cpus(cpus, "--client-cpus")):
+    with placed_on(r.sweep.client_cpu_set()):
         subprocess.run(load_command(r, r.baseline, server.url, out, True), check=True)
     level = json.loads((out / "result.json").read_text())["levels"][0]
     return level["metrics"]["tpot"]["stats"]["p50"] / 1000.0, began, time.time()

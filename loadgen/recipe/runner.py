@@ -31,7 +31,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from loadgen.affinity import parse_cpus, placed_on
+from loadgen.affinity import placed_on
 from loadgen.recipe.schema import (
     Recipe,
     RecipeError,
@@ -156,7 +156,10 @@ class RecipeRun:
         servers: dict[str, RunningServer] = {}
         try:
             for name, variant in variants.items():
-                servers[name] = RunningServer(self.recipe, variant, self.out / "servers" / f"{name}.log")
+                log_path = self.out / "servers" / f"{name}.log"
+                if log_path.exists():  # a resume: keep the last start's log (a crash's reason) beside
+                    log_path.replace(log_path.with_suffix(".log.previous"))
+                servers[name] = RunningServer(self.recipe, variant, log_path)
                 self._start(servers[name])
         except BaseException:
             for server in servers.values():
@@ -196,7 +199,7 @@ class RecipeRun:
                                  f"{folder / 'replay.log'}")
         if not self.finished(run):
             raise RecipeRunError(f"{run.name}: did not finish (exit {code}); see {folder / 'replay.log'} and "
-                                 f"{folder / 'server.log'}; `--resume` redoes it")
+                                 f"{server.log_path}; `--resume` redoes it")
         self._say(f"  {run.name}: finished (exit {code})")
         return code
 
@@ -204,8 +207,7 @@ class RecipeRun:
         """Run the load command in its own process group, its output teed to replay.log."""
         (folder / "command.txt").write_text(" ".join(command) + "\n")
         with open(folder / "replay.log", "wb") as sink:
-            cpus = self.recipe.sweep.client_cpus
-            with placed_on(None if cpus is None else parse_cpus(cpus, "sweep.client_cpus")):
+            with placed_on(self.recipe.sweep.client_cpu_set()):
                 process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                            start_new_session=True)
             try:

@@ -54,6 +54,10 @@ class ServerSpec:
     gpus: int | None = None  # GPUs behind the server, for throughput per GPU (default: server's own)
     cpus: str | None = None  # CPUs the server's processes run on, e.g. "1" or "2-7" (Linux; default: any)
 
+    def cpu_set(self) -> frozenset[int] | None:
+        """`cpus` as a set (None: anywhere); CpuListError names the key."""
+        return None if self.cpus is None else parse_cpus(self.cpus, "server.cpus")
+
 
 @dataclass(frozen=True, slots=True)
 class Workload:
@@ -88,6 +92,10 @@ class Sweep:
     seed: int = 0
     client_cpus: str | None = None  # CPUs the load generator runs on, e.g. "0" (Linux; default: any)
     servers: str = field(default="fresh", metadata={"choices": SERVER_LIFETIMES})
+
+    def client_cpu_set(self) -> frozenset[int] | None:
+        """`client_cpus` as a set (None: anywhere); CpuListError names the key."""
+        return None if self.client_cpus is None else parse_cpus(self.client_cpus, "sweep.client_cpus")
 
     def seed_of(self, round_: int) -> int:
         """The load's seed in round `round_` (1-based)."""
@@ -166,12 +174,10 @@ def validate_recipe(r: Recipe) -> None:
     _require(s.gpus is None or s.gpus >= 1, f"server.gpus: must be >= 1, got {s.gpus}")
     _require(s.cpus is None or s.kind in ("ours", "command"),
              f"server.cpus: only for a server the recipe starts (kind ours or command), not kind {s.kind}")
-    for key, text in (("server.cpus", s.cpus), ("sweep.client_cpus", r.sweep.client_cpus)):
-        if text is not None:
-            try:
-                parse_cpus(text, key)
-            except CpuListError as exc:
-                raise RecipeError(str(exc)) from None
+    try:
+        s.cpu_set(), r.sweep.client_cpu_set()
+    except CpuListError as exc:
+        raise RecipeError(str(exc)) from None
     sw = r.sweep
     _require((sw.conc is None) != (sw.rates is None), "sweep: give exactly one of sweep.conc and sweep.rates")
     levels = sw.conc if sw.conc is not None else (sw.rates or ())

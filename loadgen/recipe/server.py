@@ -23,7 +23,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from loadgen.affinity import parse_cpus, placed_on
+from loadgen.affinity import placed_on
 from loadgen.recipe.schema import PORT_PLACEHOLDER, FlagValue, Recipe, Variant
 
 log = logging.getLogger(__name__)
@@ -78,9 +78,8 @@ class RunningServer:
             log.info("starting the server of %s: %s", self.variant.name, shlex.join(self.command))
             env = {**os.environ, **self.recipe.server_env(self.variant)}
             with open(self.log_path, "wb") as sink:
-                cpus = None if spec.cpus is None else parse_cpus(spec.cpus, "server.cpus")
                 try:
-                    with placed_on(cpus):
+                    with placed_on(spec.cpu_set()):
                         self.process = subprocess.Popen(self.command, stdout=sink, stderr=subprocess.STDOUT,
                                                         env=env, start_new_session=True)
                 except OSError as exc:

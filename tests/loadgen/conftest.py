@@ -156,8 +156,7 @@ def processes_with(marker: str) -> list[int]:
 def sse_server_command(prelude: str, **config) -> str:
     """A recipe's server.command that runs the Python statements `prelude`, then sse_server.py with
     `config` and the recipe's port ({port})."""
-    server = Path(__file__).with_name("sse_server.py")
-    code = (f"{prelude}; import runpy, sys; sys.argv = [{str(server)!r}] + sys.argv[1:]; "
+    code = (f"{prelude}; import runpy, sys; sys.argv = [{str(SERVER)!r}] + sys.argv[1:]; "
             f"runpy.run_path(sys.argv[0], run_name='__main__')")
     settings = json.dumps({"port": 0, **config}).replace('"port": 0', '"port": {port}')
     return f"{sys.executable} -c \"{code}\" --config '{settings}'"
