@@ -10,7 +10,8 @@ Collect: our server with three variants - A, A2 (`control`, an identical copy of
                     device (each with --gpu-memory-fraction of its memory), then round k replays
                     seed + k against each in turn, the order rotated per round (A A2 B, A2 B A,
                     B A A2, ...); the fresh seed per round keeps a server's prefix cache from
-                    holding the next round's prompts. --budget-s stops starting rounds in time.
+                    holding the next round's prompts. --budget-s stops starting rounds in time;
+                    run again on the same --out to add the missing rounds (finished ones are kept).
 
 Analyse: comparisons are drawn round by round. An A/A comparison of n rounds takes a subset of
 n rounds and, per round, one of its A/A2 runs as BASE and the other as NEW (every subset and
@@ -18,7 +19,9 @@ assignment is an A/A comparison; a "false verdict" is a better/worse verdict on 
 A/B comparison takes, per round, A or A2 as BASE and B as NEW; "detected" = TPOT p50 "worse".
 Spike-in: every A/A comparison again with NEW's per-request TPOT made SPIKE_PCT (10) % longer -
 an exactly known 10 % change on the real noise of identical runs, whatever the planted delay
-turned out to do to TPOT on the day.
+turned out to do to TPOT on the day. Two kinds: TPOT alone (only the TPOT and interactivity rows
+move), and a decode slowdown (each request's E2EL also grows by the added decode time, as a
+slower decode step would make it; rates left as measured).
 Methods (all with Benjamini-Hochberg at FDR 0.05 over the comparison's rows, except single/old):
 
   single/old      one run per side, session bootstrap, verdict when the 95 % interval excludes 0
@@ -28,8 +31,11 @@ Methods (all with Benjamini-Hochberg at FDR 0.05 over the comparison's rows, exc
                   without --paired)
   paired/n        n rounds, t on the per-round log ratios of whole-run values (the runs'
                   request keys removed, so no matching)
-  matched/n       `loadgen compare --paired` (a recipe's default): per round, percentiles over
-                  the requests both runs measured, t on the per-round log ratios
+  matched/n       `loadgen compare --paired`: per round, percentiles over the requests both runs
+                  measured, t on the per-round log ratios
+  block/n         matched, with the round's third run (B in an A/A comparison, the other of A/A2
+                  in an A/B one) joining the residual variance (`--block`, a recipe's default
+                  with three or more variants)
   matched-boot/n  the same per-round ratios, interval by a bootstrap over rounds (percentile,
                   RESAMPLES draws) instead of the t: the cluster bootstrap that the t replaces
 
@@ -81,7 +87,7 @@ from loadgen.recipe.server import RunningServer
 MAX_COMPARISONS = 120  # per method and size (drawn without repeats, seeded)
 RESAMPLES = 2000  # matched-boot's bootstrap over rounds
 SIZES = (3, 5)  # rounds per comparison for the repeats methods (those that fit in --rounds)
-METHODS = ("welch", "paired", "matched", "matched-boot")
+METHODS = ("welch", "paired", "matched", "block", "matched-boot")
 SPIKE_PCT = 10.0  # the known TPOT change added to one side of every A/A comparison
 
 
@@ -144,8 +150,11 @@ def collect_alternate(args: argparse.Namespace) -> Path:
             if time.monotonic() - began + round_s > args.budget_s:
                 print(f"stopping after {k} rounds: the next would pass --budget-s {args.budget_s:g}", flush=True)
                 break
+            runs = rounds[k * len(servers):(k + 1) * len(servers)]  # round k + 1 replays its own seed
+            if all((folder / run.name / "result.json").exists() for run in runs):
+                continue  # finished by an earlier call: a device call's time limit splits the rounds
             started = time.monotonic()
-            for run in rounds[k * len(servers):(k + 1) * len(servers)]:  # round k + 1 replays its own seed
+            for run in runs:
                 server = by_variant[run.variant.name]
                 with placed_on(recipe.sweep.client_cpu_set()):
                     subprocess.run(load_command(recipe, run.variant, server.url, folder / run.name, True, run.round),
@@ -196,26 +205,31 @@ def analyze(out: Path) -> dict:
     plans = [("single/old", 1), ("single/bh", 1)]
     plans += [(f"{m}/{n}", n) for n in SIZES if n <= len(a) for m in METHODS]
     for method, n in plans:
-        false = rows = aa = spiked = 0
+        false = rows = aa = spiked = slowed = 0
         for subset, flips in _draws(len(a), n, null=True, rng=rng):
             base = [(a2 if f else a)[k] for k, f in zip(subset, flips)]
             new = [(a if f else a2)[k] for k, f in zip(subset, flips)]
-            verdicts = _verdicts(method, base, new, rng)
+            third = [b[k] for k in subset]
+            verdicts = _verdicts(method, base, new, rng, third)
             false += sum(v in ("better", "worse") for v in verdicts.values())
             rows += len(verdicts)
             aa += 1
-            spiked += _verdicts(method, base, [_spiked(d) for d in new], rng)["tpot_p50"] == "worse"
+            spiked += _verdicts(method, base, [_spiked(d) for d in new], rng, third)["tpot_p50"] == "worse"
+            slowed += _verdicts(method, base, [_spiked(d, True) for d in new], rng, third)["tpot_p50"] == "worse"
         detected = tries = 0
         for subset, flips in _draws(len(a), n, null=False, rng=rng):
             base = [(a2 if f else a)[k] for k, f in zip(subset, flips)]
-            detected += _verdicts(method, base, [b[k] for k in subset], rng)["tpot_p50"] == "worse"
+            third = [(a if f else a2)[k] for k, f in zip(subset, flips)]
+            detected += _verdicts(method, base, [b[k] for k in subset], rng, third)["tpot_p50"] == "worse"
             tries += 1
         report["methods"][method] = {
             "aa_comparisons": aa, "aa_metric_rows": rows,
             "aa_false_verdicts": false, "aa_false_verdict_rate": round(false / rows, 4) if rows else None,
             "ab_comparisons": tries, "tpot_detected": detected,
             "tpot_detection_rate": round(detected / tries, 4) if tries else None,
-            f"spike_{SPIKE_PCT:g}pct_detected": spiked, f"spike_{SPIKE_PCT:g}pct_detection_rate": round(spiked / aa, 4)}
+            f"spike_{SPIKE_PCT:g}pct_detected": spiked, f"spike_{SPIKE_PCT:g}pct_detection_rate": round(spiked / aa, 4),
+            f"decode_spike_{SPIKE_PCT:g}pct_detected": slowed,
+            f"decode_spike_{SPIKE_PCT:g}pct_detection_rate": round(slowed / aa, 4)}
     (out / "calibration.json").write_text(json.dumps(report, indent=1))
     return report
 
@@ -233,8 +247,9 @@ def _draws(rounds: int, n: int, null: bool, rng: np.random.Generator) -> list[tu
     return draws
 
 
-def _verdicts(method: str, base: list[dict], new: list[dict], rng: np.random.Generator) -> dict:
-    """{metric: verdict} of one comparison by `method`."""
+def _verdicts(method: str, base: list[dict], new: list[dict], rng: np.random.Generator,
+              third: list[dict]) -> dict:
+    """{metric: verdict} of one comparison by `method`; `third`: the rounds' other run (block/n)."""
     name = method.split("/")[0]
     if name == "matched-boot":
         return _round_bootstrap(_samples(base), _samples(new), rng)
@@ -242,15 +257,21 @@ def _verdicts(method: str, base: list[dict], new: list[dict], rng: np.random.Gen
         base, new = ([_without_turns(d) for d in side] for side in (base, new))
     fdr = 0.999999 if method == "single/old" else 0.05  # BH at ~1: the interval alone decides
     comparison = compare_runs([(d["path"], d) for d in base], [(d["path"], d) for d in new], resamples=400,
-                              fdr=fdr, paired=name in ("paired", "matched"), seed=int(rng.integers(1 << 30)))
+                              fdr=fdr, paired=name in ("paired", "matched", "block"), seed=int(rng.integers(1 << 30)),
+                              blocks=[[(d["path"], d) for d in third]] if name == "block" else ())
     return {r.metric.name: r.verdict for r in comparison.levels[0].results}
 
 
-def _spiked(doc: dict) -> dict:
-    """The run with every request's TPOT SPIKE_PCT % longer: a known effect on real A/A noise."""
+def _spiked(doc: dict, decode: bool = False) -> dict:
+    """The run with every request's TPOT SPIKE_PCT % longer: a known effect on real A/A noise;
+    `decode`: its E2EL longer by the added time of its output tokens after the first, too."""
     level = doc["levels"][0]
-    tpot = [None if v is None else v * (1 + SPIKE_PCT / 100) for v in level["requests"]["tpot_us"]]
-    return dict(doc, levels=[dict(level, requests=dict(level["requests"], tpot_us=tpot))])
+    requests, grow = level["requests"], SPIKE_PCT / 100
+    changed = {"tpot_us": [None if v is None else v * (1 + grow) for v in requests["tpot_us"]]}
+    if decode:
+        changed["e2el_us"] = [e if e is None or t is None else e + grow * t * max(osl - 1, 0)
+                              for e, t, osl in zip(requests["e2el_us"], requests["tpot_us"], requests["osl"])]
+    return dict(doc, levels=[dict(level, requests=dict(requests, **changed))])
 
 
 def _without_turns(doc: dict) -> dict:

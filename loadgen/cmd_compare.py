@@ -56,6 +56,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    "the k-th --repeat): a paired t on the per-round ratios, each percentile taken over the "
                    "requests both runs of the round measured; needs as many runs on each side (default: "
                    "unpaired Welch)")
+    p.add_argument("--block", action="append", default=[], metavar="OTHER",
+                   help="with --paired: another variant's runs of the same rounds (FILE|DIR[,...], as many "
+                   "runs; repeatable); the rounds become blocks and every variant's residuals join the "
+                   "variance, (rounds - 1) x (variants - 1) degrees of freedom instead of rounds - 1 "
+                   "(what `loadgen recipe` does with three or more variants)")
     p.set_defaults(func=run)
 
 
@@ -78,9 +83,11 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--min-effect: must be >= 0, got {args.min_effect:g}")
     base_paths, new_paths = _side(args.base, "BASE"), _side(args.new, "NEW")
     base, new = load_runs(base_paths), load_runs(new_paths)
+    blocks = [[(r.name, r.doc) for r in load_runs(_side(text, "--block"))] for text in args.block]
     try:
         comparison = compare_runs([(r.name, r.doc) for r in base], [(r.name, r.doc) for r in new], metrics,
-                                  args.resamples, args.seed, args.min_effect, args.fdr, run_noise, args.paired)
+                                  args.resamples, args.seed, args.min_effect, args.fdr, run_noise, args.paired,
+                                  blocks)
     except CompareError as exc:
         raise UsageError(str(exc)) from exc
     tripped = regressions(comparison, gates)

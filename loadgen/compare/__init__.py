@@ -25,9 +25,9 @@ from loadgen.compare.verdicts import (
     MetricResult,
     RunNoise,
     benjamini_hochberg,
+    block_log_test,
     compare_runs,
     load_run_noise,
-    paired_log_test,
     pooled_log_test,
     regressions,
     verdict,
@@ -37,7 +37,7 @@ from loadgen.compare.verdicts import (
 __all__ = [
     "CONFIDENCE", "DEFAULT_FDR", "METRICS", "METRIC_BY_NAME", "CompareError", "Comparison", "Gate",
     "LevelComparison", "LevelSample", "MetricDef", "MetricResult", "RankedWeights", "RunNoise",
-    "benjamini_hochberg", "cluster_counts", "compare_runs", "format_comparison", "level_sample", "load_run_noise",
-    "paired_log_test", "play_keys", "point_values", "pooled_log_test", "regressions", "session_bootstrap",
+    "benjamini_hochberg", "block_log_test", "cluster_counts", "compare_runs", "format_comparison", "level_sample",
+    "load_run_noise", "play_keys", "point_values", "pooled_log_test", "regressions", "session_bootstrap",
     "to_json", "verdict", "welch_log_test",
 ]

@@ -15,6 +15,7 @@ def to_json(comparison: Comparison, base_files: Sequence[str], new_files: Sequen
         "base": list(base_files), "new": list(new_files),
         "confidence": CONFIDENCE, "resamples": comparison.resamples, "seed": comparison.seed,
         "min_effect_pct": comparison.min_effect_pct, "fdr": comparison.fdr, "paired": comparison.paired,
+        "block_variants": comparison.blocks,
         "run_noise_pct": dict(comparison.run_noise.sd_pct) if comparison.run_noise else None,
         "run_noise_runs": comparison.run_noise.runs if comparison.run_noise else None,
         "levels": [{

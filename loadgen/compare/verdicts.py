@@ -19,6 +19,14 @@ variation - which requests fell in each window; a slower run finishes fewer - dr
 ratio is the server's alone. Rates count whole windows. (A cluster bootstrap over 3-5 rounds
 instead of the t gave 25 % A/A false verdicts in benchmarks/ab_calibration.py: far too narrow.)
 
+Block of variants (`blocks`: the other variants' runs of the same rounds, as a recipe with three
+or more variants has them): the rounds are the blocks of a randomized complete block design. Each
+round's log values of every variant, less the round's mean and the variant's mean, leave the
+residuals, whose variance (rounds - 1) x (variants - 1) degrees of freedom estimate the run noise
+that NEW - BASE carries; with two variants this is the paired t exactly. More variants, more
+degrees of freedom, a narrower t: on an H200 (benchmarks/RESULTS.md) 5 rounds of three variants
+found a planted TPOT change every time that the pair alone found in 87 % of comparisons.
+
 Repeats (>= 2 runs of the level on each side): Welch's t-test on the logarithm of the per-run
 values. Each run's value carries both the server's run-to-run variation (batching
 interleavings, cache state, clocks, other load on the machine) and its own sampling noise, so
@@ -118,6 +126,7 @@ class Comparison:
     fdr: float = DEFAULT_FDR
     run_noise: RunNoise | None = None
     paired: bool = False
+    blocks: int = 0  # other variants whose rounds joined the residual variance
 
 
 @dataclass(frozen=True)
@@ -161,23 +170,29 @@ def load_run_noise(text: str) -> RunNoise:
 def compare_runs(base: Sequence[tuple[str, dict[str, Any]]], new: Sequence[tuple[str, dict[str, Any]]],
                  metrics: Sequence[MetricDef] = METRICS, resamples: int = DEFAULT_RESAMPLES, seed: int = 0,
                  min_effect_pct: float = 0.0, fdr: float = DEFAULT_FDR,
-                 run_noise: RunNoise | None = None, paired: bool = False) -> Comparison:
+                 run_noise: RunNoise | None = None, paired: bool = False,
+                 blocks: Sequence[Sequence[tuple[str, dict[str, Any]]]] = ()) -> Comparison:
     """Compare every level the two sides share; raises CompareError when they share none.
     `paired`: the k-th run of a level on each side belong together (round k of a recipe, the
-    k-th `--repeat`)."""
+    k-th `--repeat`). `blocks` (paired only): other variants' runs of the same rounds, whose
+    residuals join the test's variance."""
     if resamples < 100:
         raise CompareError(f"--resamples: need at least 100 for a 95 % interval, got {resamples}")
     if not 0.0 < fdr < 1.0:
         raise CompareError(f"--fdr: must be in (0, 1), got {fdr:g}")
+    if blocks and not paired:
+        raise CompareError("--block: other variants' rounds need --paired (round k of every side measured together)")
     base_groups, new_groups = group_levels(base), group_levels(new)
+    block_groups = [group_levels(runs) for runs in blocks]
     common = [label for label in base_groups if label in new_groups]
     if not common:
         raise CompareError(f"no common levels: base has {_list(base_groups)}, new has {_list(new_groups)}")
     estimates = []
     for number, label in enumerate(common):
         rng = np.random.default_rng([seed, number])
+        others = [groups[label] for groups in block_groups if label in groups]
         estimates.append(_estimate_level(label, base_groups[label], new_groups[label], metrics, resamples, rng,
-                                         run_noise, paired))
+                                         run_noise, paired, others))
     significant = benjamini_hochberg([e.p_value for level in estimates for e in level[1]], fdr)
     levels, index = [], 0
     for header, results in estimates:
@@ -192,6 +207,7 @@ def compare_runs(base: Sequence[tuple[str, dict[str, Any]]], new: Sequence[tuple
         only_base=tuple(label for label in base_groups if label not in new_groups),
         only_new=tuple(label for label in new_groups if label not in base_groups),
         resamples=resamples, seed=seed, min_effect_pct=min_effect_pct, fdr=fdr, run_noise=run_noise, paired=paired,
+        blocks=len(blocks),
     )
 
 
@@ -202,18 +218,22 @@ def _with_verdict(r: MetricResult, call: str | None) -> MetricResult:
 
 
 def _estimate_level(label: str, base: list[LevelSample], new: list[LevelSample], metrics: Sequence[MetricDef],
-                    resamples: int, rng: np.random.Generator, run_noise: RunNoise | None, paired: bool):
+                    resamples: int, rng: np.random.Generator, run_noise: RunNoise | None, paired: bool,
+                    others: Sequence[list[LevelSample]] = ()):
     """(LevelComparison fields but results, [MetricResult without verdict]) of one level."""
     centre: list[float | None] | None = None  # paired: delta % is the test's own estimate
     rounds: list[tuple[float | None, ...]] = [() for _ in metrics]  # paired: each round's change, %
     if paired and run_noise is None and len(base) == len(new) >= 2:
         point_base, point_new = (_per_run(side, metrics).mean(axis=1) for side in (base, new))
         ratios, shares = round_log_ratios(base, new, metrics)
-        tests = [paired_log_test(ratios[i]) for i in range(len(metrics))]
+        block = [round_log_ratios(base, other, metrics)[0] for other in others if len(other) == len(base)]
+        tests = [block_log_test(ratios[i], [b[i] for b in block]) for i in range(len(metrics))]
         centre = [_mean_ratio_pct(row) for row in ratios]
         rounds = [tuple(100.0 * math.expm1(x) if np.isfinite(x) else None for x in row) for row in ratios]
         method, run_to_run = ("paired rounds, matched requests" if shares else "paired rounds"), True
         detail = f"{len(base)} rounds, t on the per-round ratios"
+        if block:
+            detail += f", residual variance over the rounds of {len(block) + 2} variants"
         if shares:
             detail += (f"; percentiles over the requests both runs of a round measured ({len(shares)} of "
                        f"{len(base)} rounds, {100 * min(shares):.0f}-{100 * max(shares):.0f} % of their requests)")
@@ -295,13 +315,22 @@ def welch_log_test(base: np.ndarray, new: np.ndarray) -> tuple[tuple[float, floa
     return _t_test(diff, se, df)
 
 
-def paired_log_test(log_ratios: np.ndarray) -> tuple[tuple[float, float] | None, float | None]:
-    """95 % interval of NEW/BASE - 1 in %, and the two-sided p-value, from the one-sample t on the
-    per-round log ratios log(NEW_k / BASE_k) (needs >= 2 finite rounds)."""
-    d = log_ratios[np.isfinite(log_ratios)]
-    if len(d) < 2:
+def block_log_test(log_ratios: np.ndarray, other_log_ratios: Sequence[np.ndarray] = ()
+                   ) -> tuple[tuple[float, float] | None, float | None]:
+    """95 % interval of NEW/BASE - 1 in % and the two-sided p, with the rounds as blocks: per round
+    the log ratios of NEW and of every other variant to BASE (BASE's own is 0), residuals after the
+    round and variant means, variance on (rounds - 1)(variants - 1) degrees of freedom. Rounds
+    where any ratio is missing drop out. No other variants: the one-sample t on
+    NEW's per-round log ratios (the paired t)."""
+    table = np.vstack([np.zeros_like(log_ratios), log_ratios, *other_log_ratios])  # (variants, rounds)
+    table = table[:, np.isfinite(table).all(axis=0)]
+    variants, n = table.shape
+    if n < 2:
         return None, None
-    return _t_test(float(d.mean()), float(d.std(ddof=1)) / math.sqrt(len(d)), len(d) - 1)
+    residual = table - table.mean(axis=0) - table.mean(axis=1, keepdims=True) + table.mean()
+    df = (n - 1) * (variants - 1)
+    se = math.sqrt(2.0 * float((residual ** 2).sum()) / df / n)
+    return _t_test(float(table[1].mean()), se, df)
 
 
 def _t_test(diff: float, se: float, df: float) -> tuple[tuple[float, float], float]:
@@ -372,7 +401,7 @@ def verdict(metric: MetricDef, delta_pct: float | None, ci_pct: tuple[float, flo
 
 
 def _mean_ratio_pct(log_ratios: np.ndarray) -> float | None:
-    """exp(mean log ratio) - 1 in %, over the finite ones (the centre of paired_log_test's interval)."""
+    """exp(mean log ratio) - 1 in %, over the finite ones (the centre of block_log_test's interval)."""
     finite = log_ratios[np.isfinite(log_ratios)]
     return 100.0 * math.expm1(float(finite.mean())) if finite.size else None
 

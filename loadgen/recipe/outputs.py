@@ -32,8 +32,11 @@ def write_outputs(recipe: Recipe, out: Path, runs: list[tuple[str, str]]) -> lis
     base = recipe.baseline.name
     for variant in recipe.variants[1:]:
         sides = [[(str(r.path), r.doc) for r in by_variant[name]] for name in (base, variant.name)]
+        # paired: the other variants' runs of the same rounds join the residual variance (a block design)
+        blocks = [[(str(r.path), r.doc) for r in by_variant[v.name]] for v in recipe.variants[1:]
+                  if v is not variant] if recipe.compare.paired and noise is None else []
         comparison = compare_runs(sides[0], sides[1], metrics, seed=recipe.sweep.seed, fdr=recipe.compare.fdr,
-                                  run_noise=noise, paired=recipe.compare.paired)
+                                  run_noise=noise, paired=recipe.compare.paired, blocks=blocks)
         text = format_comparison(comparison, [])
         stem = out / "compare" / f"{variant.name}-vs-{base}"
         doc = to_json(comparison, [p for p, _ in sides[0]], [p for p, _ in sides[1]], regressions(comparison, []))

@@ -184,7 +184,7 @@ def test_replay_repeat_writes_one_entry_per_repeat_and_compare_uses_them(start_s
     folder = sessions(*({"n_requests": 2, "think": 0.0, "n_out": 4} for _ in range(6)))
     server = start_server(first_ms=5, itl_ms=5)
     files = []
-    for name in ("a", "b"):
+    for name in ("a", "b", "c"):
         code, doc, _ = replay(server.url, "--traces", str(folder), "--conc", "2", "--duration", "0.6",
                               "--repeat", "2", "--start-offset", "0:0")
         assert code == 0
@@ -207,6 +207,13 @@ def test_replay_repeat_writes_one_entry_per_repeat_and_compare_uses_them(start_s
     assert code == 0 and f"per round, TPOT p50: {rounds[0]:+.1f} {rounds[1]:+.1f} %" in text
     code, out, _ = _compare(capsys, files[0], files[1], "--json")
     assert all(m["rounds_pct"] is None for m in out["levels"][0]["metrics"])  # not paired: no rounds
+    # a third variant's rounds join the residual variance; the delta is still NEW's against BASE
+    code, out, _ = _compare(capsys, files[0], files[1], "--json", "--paired", "--block", files[2])
+    assert code == 0 and out["block_variants"] == 1
+    assert "residual variance over the rounds of 3 variants" in out["levels"][0]["detail"]
+    assert _by_metric(out["levels"][0])["tpot_p50"]["delta_pct"] == pytest.approx(tpot["delta_pct"], abs=1e-4)
+    code, _, err = _compare(capsys, files[0], files[1], "--block", files[2])
+    assert code == 2 and "--block: other variants' rounds need --paired" in err
 
 
 def test_repeat_must_be_positive(start_server, tmp_path, capsys):

@@ -11,8 +11,10 @@ import pytest
 
 from loadgen.compare import (
     METRIC_BY_NAME,
+    CompareError,
     RunNoise,
     benjamini_hochberg,
+    block_log_test,
     compare_runs,
     pooled_log_test,
     student_t,
@@ -139,15 +141,15 @@ def test_an_a_a_prior_compares_five_runs_with_one():
 ROUND_DRIFT = 0.15  # SD of what a round shares (the machine's load while its runs ran), log scale
 
 
-def _round_runs(rng, rounds: int, scale: float) -> tuple[list, list]:
-    """BASE and NEW runs of `rounds` interleaved rounds replaying one plan: 200 requests whose
-    TPOT is the request's own (shared by every run) x the round's drift x the run's noise x the
-    request's jitter; NEW is `scale` times slower."""
+def _round_runs(rng, rounds: int, *scales: float) -> list[list]:
+    """Runs of `rounds` interleaved rounds replaying one plan, one side per scale (BASE at 1): 200
+    requests whose TPOT is the request's own (shared by every run) x the round's drift x the run's
+    noise x the request's jitter x the side's scale."""
     own = np.exp(rng.normal(0, 0.3, 200))
-    sides: tuple[list, list] = ([], [])
+    sides: list[list] = [[] for _ in range(len(scales) + 1)]
     for k in range(rounds):
         drift = math.exp(rng.normal(0, ROUND_DRIFT))
-        for side, factor in zip(sides, (1.0, scale)):
+        for side, factor in zip(sides, (1.0, *scales)):
             tpot = 1000.0 * factor * drift * math.exp(rng.normal(0, RUN_NOISE)) * own * np.exp(rng.normal(0, 0.05, 200))
             side.append((f"r{k}", {"levels": [{
                 "label": "conc 4", "failed": False, "window_s": 30.0, "throughput": {"gpus": 1},
@@ -197,3 +199,49 @@ def test_matched_requests_take_percentiles_over_the_requests_both_runs_measured(
     assert abs(tpot.delta_pct) < 5 and tpot.verdict == "within noise"
     whole = compare_runs(base, new, METRICS[:1], resamples=100).levels[0].results[0]
     assert whole.delta_pct > 15  # over whole runs the late requests move the median
+
+
+def test_block_test_by_hand_and_as_the_paired_t():
+    """Rounds as blocks: residuals of the (variants x rounds) log table after round and variant
+    means, (n - 1)(V - 1) degrees of freedom; with NEW alone it is the one-sample t on its ratios."""
+    new, other = np.log([1.10, 1.05, 1.12, 1.08]), np.log([0.98, 1.03, 1.01, 0.99])
+    table = np.vstack([np.zeros(4), new, other])
+    residual = table - table.mean(axis=0) - table.mean(axis=1, keepdims=True) + table.mean()
+    se = math.sqrt(2 * (residual ** 2).sum() / 6 / 4)
+    ci, p = block_log_test(new, [other])
+    assert p == pytest.approx(student_t.two_sided_p(new.mean() / se, 6))
+    half = student_t.quantile(0.975, 6) * se
+    assert ci == pytest.approx((100 * math.expm1(new.mean() - half), 100 * math.expm1(new.mean() + half)))
+    ci, p = block_log_test(new)
+    assert p == pytest.approx(student_t.two_sided_p(new.mean() / (new.std(ddof=1) / 2), 3))
+    # a round some variant lacks drops out of every row of the table
+    assert block_log_test(np.append(new, np.nan), [np.append(other, 0.5)]) == block_log_test(new, [other])
+    assert block_log_test(new[:1], [other[:1]]) == (None, None)
+
+
+def test_block_of_three_variants_keeps_the_bound_and_finds_more():
+    """A third variant in every round (as a recipe's A/A control): A/A stays within 5 %, and a 6 %
+    TPOT change in 4 rounds is found at least as often as by the pair alone (more degrees of
+    freedom for the same noise)."""
+    rng = np.random.default_rng(5)
+    false = rows = 0
+    for _ in range(60):
+        base, new, other = _round_runs(rng, 4, 1.0, 1.0)
+        verdicts = [r.verdict for r in compare_runs(base, new, METRICS, resamples=100, paired=True,
+                                                    blocks=[other]).levels[0].results]
+        false += sum(v != "within noise" for v in verdicts)
+        rows += len(verdicts)
+    assert false / rows <= 0.05
+    found = {"pair": 0, "block": 0}
+    for _ in range(40):
+        base, new, other = _round_runs(rng, 4, 1.06, 1.0)
+        for how, blocks in (("pair", []), ("block", [other])):
+            level = compare_runs(base, new, METRICS, resamples=100, paired=True, blocks=blocks).levels[0]
+            found[how] += level.results[0].verdict == "worse"  # tpot_p50
+    assert found["block"] >= found["pair"] + 4, found
+
+
+def test_blocks_need_pairing():
+    base, new, other = _round_runs(np.random.default_rng(1), 2, 1.0, 1.0)
+    with pytest.raises(CompareError, match="--block: other variants' rounds need --paired"):
+        compare_runs(base, new, METRICS, resamples=100, blocks=[other])
