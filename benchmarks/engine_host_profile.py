@@ -65,10 +65,10 @@ class LaunchCounter:
     kernels get their own `run` back on exit)."""
 
     # by module path: the kernels package re-exports functions under the modules' names
-    KERNELS = (("kernels.indexer", "_indexer_logits_kernel"), ("kernels.topk", "_radix_pass_kernel"),
-               ("kernels.sparse_mla", "_sparse_mla_kernel"), ("kernels.sparse_mla", "_combine_kernel"),
-               ("kernels.fused", "_add_rms_norm_kernel"), ("kernels.fused", "_silu_mul_kernel"),
-               ("kernels.fused", "_rope_qk_kernel"))
+    KERNELS = (("kernels.indexer", "_indexer_logits_kernel"), ("kernels.topk", "_topk_row_kernel"),
+               ("kernels.topk", "_radix_pass_kernel"), ("kernels.sparse_mla", "_sparse_mla_kernel"),
+               ("kernels.sparse_mla", "_combine_kernel"), ("kernels.fused", "_add_rms_norm_kernel"),
+               ("kernels.fused", "_silu_mul_kernel"), ("kernels.fused", "_rope_qk_kernel"))
 
     def __init__(self) -> None:
         self.count = 0

@@ -36,7 +36,7 @@ from kernels.quant import (  # noqa: E402
     write_kv_cache,
 )
 from kernels.sparse_mla import SparseMlaConfig, auto_num_splits, sparse_mla_torch, sparse_mla_triton  # noqa: E402
-from kernels.topk import TopkConfig, topk_indices_torch, topk_triton  # noqa: E402
+from kernels.topk import SINGLE_PASS_MAX_COLS, TopkConfig, topk_indices_torch, topk_triton  # noqa: E402
 from kernels.triton_utils import poisoned_outputs  # noqa: E402
 
 COPY_TBPS = 4.04  # measured on this H200 (issue 4, 2026-11-29)
@@ -298,6 +298,37 @@ def indexer_prefill_cases(rows: list[Row], chunk: int, context: int) -> None:
 # ---------------------------------------------------------------- top-k
 
 
+# Both launch shapes at every size: five launches over (rows x programs per row), forced by a
+# threshold of 0 columns, and one program per row, forced by a threshold above any row; None is
+# the default config, whose threshold (SINGLE_PASS_MAX_COLS) these rows are to tune.
+FIVE, ONE = 0, 1 << 30
+TOPK_SWEEP = (TopkConfig(4096, 1024, 4, single_pass_max_cols=FIVE), TopkConfig(2048, 1024, 4, 8, FIVE),
+              TopkConfig(1024, 1024, 4, 16, FIVE), TopkConfig(4096, 1024, 4, single_pass_max_cols=ONE),
+              TopkConfig(4096, 1024, 8, single_pass_max_cols=ONE), TopkConfig(4096, 2048, 8, single_pass_max_cols=ONE),
+              TopkConfig(4096, 4096, 16, single_pass_max_cols=ONE), TopkConfig(4096, 512, 4, single_pass_max_cols=ONE), None)
+
+
+def topk_label(cfg: TopkConfig | None, n_cols: int) -> str:
+    if cfg is None:
+        return f"triton default ({'1 launch' if n_cols <= SINGLE_PASS_MAX_COLS else '5 launches'})"
+    if n_cols <= cfg.single_pass_max_cols:
+        return f"triton 1 launch block{cfg.block} w{cfg.num_warps}"
+    return f"triton 5 launches chunk{cfg.chunk} block{cfg.block} w{cfg.num_warps} p{cfg.programs_per_sm}/SM"
+
+
+def check_topk(x: torch.Tensor, lengths_sets: tuple[torch.Tensor, ...], cfg: TopkConfig | None) -> str:
+    """Selected values equal the reference's per row, -1 padding counts equal, indices below the length."""
+    ok = True
+    for lengths in lengths_sets:
+        with poisoned_outputs():
+            got = topk_triton(x, lengths, TOPK, cfg)
+        ref = topk_indices_torch(x, lengths, TOPK)
+        gv = torch.where(got >= 0, torch.gather(x, 1, got.long().clamp(min=0)), -1.0).sort(dim=1).values
+        rv = torch.where(ref >= 0, torch.gather(x, 1, ref.long().clamp(min=0)), -1.0).sort(dim=1).values
+        ok = ok and torch.equal(gv, rv) and torch.equal((got < 0).sum(1), (ref < 0).sum(1)) and bool((got < lengths[:, None]).all())
+    return "ok" if ok else "FAIL"
+
+
 def topk_cases(rows: list[Row], n_rows: int, n_cols: int) -> None:
     sets = [torch.randn(n_rows, n_cols, device=DEV).clamp_min_(0) for _ in range(8)]  # ReLU-like ties
     lens = torch.full((n_rows,), n_cols, device=DEV, dtype=torch.int32)
@@ -311,19 +342,13 @@ def topk_cases(rows: list[Row], n_rows: int, n_cols: int) -> None:
     short = torch.randint(0, n_cols + 1, (n_rows,), device=DEV, dtype=torch.int32)
     edge = torch.tensor([0, TOPK - 1, TOPK, TOPK + 1], device=DEV, dtype=torch.int32)
     short[: min(4, n_rows)] = edge[: min(4, n_rows)]
-    for cfg in [TopkConfig(512, 256, 4)] if SMOKE else (TopkConfig(4096, 1024, 4), TopkConfig(2048, 1024, 4, 8), TopkConfig(1024, 1024, 4, 16), None):
-        label = "triton default config" if cfg is None else f"triton chunk{cfg.chunk} block{cfg.block} w{cfg.num_warps} p{cfg.programs_per_sm}/SM"
-        ok = True
-        for lengths in (lens, short):
-            with poisoned_outputs():
-                got = topk_triton(x, lengths, TOPK, cfg)
-            ref = topk_indices_torch(x, lengths, TOPK)
-            gv = torch.where(got >= 0, torch.gather(x, 1, got.long().clamp(min=0)), -1.0).sort(dim=1).values
-            rv = torch.where(ref >= 0, torch.gather(x, 1, ref.long().clamp(min=0)), -1.0).sort(dim=1).values
-            ok = ok and torch.equal(gv, rv) and torch.equal((got < 0).sum(1), (ref < 0).sum(1)) and bool((got < lengths[:, None]).all())
-        ms = bench([lambda x=x, cfg=cfg: topk_triton(x, lens, TOPK, cfg) for x in sets])
-        print(f"{case} {label}: check {'ok' if ok else 'FAIL'}, {ms * 1e3:.1f} us", flush=True)
-        rows.append(Row(case, f"{label} [{'ok' if ok else 'FAIL'}]", ms, 0, nbytes, plain))
+    smoke = (TopkConfig(512, 256, 4, single_pass_max_cols=FIVE), TopkConfig(512, 256, 4, single_pass_max_cols=ONE))
+    for cfg in smoke if SMOKE else TOPK_SWEEP:
+        label = topk_label(cfg, n_cols)
+        point = sweep_point(case, label, lambda cfg=cfg: check_topk(x, (lens, short), cfg),
+                            [lambda x=x, cfg=cfg: topk_triton(x, lens, TOPK, cfg) for x in sets])
+        if point is not None:
+            rows.append(Row(case, f"{label} [{point[0]}]", point[1], 0, nbytes, plain))
 
 
 # ---------------------------------------------------------------- fp8 quantisation
@@ -367,14 +392,14 @@ def quant_cases(rows: list[Row], n_rows: int) -> None:
 
 
 def print_table(rows: list[Row]) -> None:
-    head = f"{'case':<40} {'variant':<44} {'time us':>9} {'TFLOP/s':>8} {'GB/s':>7} {'%copy':>6} {'%mm':>5} {'vs eager':>8}"
+    head = f"{'case':<40} {'variant':<52} {'time us':>9} {'TFLOP/s':>8} {'GB/s':>7} {'%copy':>6} {'%mm':>5} {'vs eager':>8}"
     print("\n" + head + "\n" + "-" * len(head))
     for r in rows:
         tflops = r.flops / r.ms / 1e9
         gbps = r.bytes / r.ms / 1e6
         speed = f"{r.eager_ms / r.ms:.1f}x" if r.eager_ms else ""
         print(
-            f"{r.case:<40} {r.variant:<44} {r.ms * 1e3:>9.1f} {tflops:>8.1f} {gbps:>7.0f} "
+            f"{r.case:<40} {r.variant:<52} {r.ms * 1e3:>9.1f} {tflops:>8.1f} {gbps:>7.0f} "
             f"{100 * gbps / (COPY_TBPS * 1e3):>5.0f}% {100 * tflops / MATMUL_TFLOPS:>4.0f}% {speed:>8}"
         )
 
@@ -406,9 +431,10 @@ def main(argv: list[str] | None = None) -> int:
                 sparse_mla_cases(rows, args.kv_slots, 2048, (128,), ("bf16",))
         if "topk" in parts:
             topk_cases(rows, *((2, 4096) if SMOKE else (64, 65536)))
-            if not SMOKE:  # the decode steps' shapes: v32 16 requests at 64k, small 1 request at 4k
+            if not SMOKE:  # the decode steps' shapes: v32 16 requests at 64k, small 1 and 128 requests at 4k
                 topk_cases(rows, 16, 65536)
                 topk_cases(rows, 1, 4096)
+                topk_cases(rows, 128, 4096)
         if "quant" in parts:
             quant_cases(rows, 2 if SMOKE else 16)
         if "prefill" in parts:  # a 64k prompt's last chunk: indexer and top-k (sparse attention: under mla)

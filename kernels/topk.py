@@ -1,10 +1,18 @@
 """Exact per-row top-k column indices with per-row lengths, and their mapping to cache slots.
 
-Triton path: a radix select on order-preserving 32-bit keys, spread over (rows x programs, each
-looping over chunks of columns up to the row's length) so that a few long rows still fill the GPU.
-Four launches add 8-bit digit histograms (keys matching the digits chosen so far) into a per-row
-table, which narrows the k-th largest key down to one value; a fifth launch writes every column
-above it plus just enough columns equal to it. Rows no longer than k emit 0..len-1 then -1.
+Triton path: a radix select on order-preserving 32-bit keys. Four levels of 8-bit digit
+histograms (keys matching the digits chosen so far) narrow the k-th largest key down to one value;
+an emit pass then writes every column above it plus just enough columns equal to it. Rows no
+longer than k emit 0..len-1 then -1.
+
+Two launch shapes, chosen by the column count alone (so a CUDA graph keeps a fixed choice):
+- up to `TopkConfig.single_pass_max_cols` columns, ONE launch with one program per row: the
+  program keeps each level's histogram in registers, re-reads the row (from L2) once per level
+  and places its outputs by a running count, so no scratch table, atomics or further launches;
+  at decode shapes a launch costs more than the work (about 11-15 us each on an H200);
+- longer rows: five launches spread over (rows x programs, each looping over chunks of columns up
+  to the row's length) so that a few long rows still fill the GPU; the histograms meet in a
+  per-row table in global memory and the emit pass takes positions from atomic counters.
 """
 
 from __future__ import annotations
@@ -22,6 +30,11 @@ from kernels.triton_utils import new_output, row_programs
 # torch.topk: with the length mask it beat the radix passes 2.7 vs 4.8 ms at 2048 x 65,536 on an
 # H200 (benchmarks/RESULTS.md, issue 12 prefill), where the five passes run far below bandwidth.
 TORCH_TOPK_MIN_ROWS = 1024
+
+# Rows up to this many columns take the single-launch kernel: one program reading a row five
+# times beats five launches until the row is long enough for the (rows x programs) spread to pay.
+# A first guess, to be tuned on the GPU (benchmarks/kernels.py --only topk times both paths).
+SINGLE_PASS_MAX_COLS = 16384
 
 # ---------------------------------------------------------------- torch reference
 
@@ -58,27 +71,112 @@ RADIX_LEVELS = tl.constexpr(4)  # 8-bit digits of a 32-bit key, most significant
 
 
 @triton.jit
-def _replay_prefix(hist_ptr, row, level, k):
-    """Redo the digit choices of the levels before `level` from the row's stored histograms.
+def _digit_shift(level):
+    """Right shift of level's digit; level may be a plain int (interpreter) or a tensor."""
+    return (tl.zeros((), tl.int32) + 24 - 8 * level).to(tl.uint32)
 
-    Returns (prefix, prefix_mask, remaining): the top digits of the k-th largest key, which bits
-    they cover, and how many of the keys matching them still belong to the top k.
+
+@triton.jit
+def _load_keys(row_ptr, start, hi, BLOCK: tl.constexpr):
+    """Columns start..start+BLOCK, their ordered keys and which of them lie below hi."""
+    col = start + tl.arange(0, BLOCK)
+    valid = col < hi
+    return col, _ordered_key(tl.load(row_ptr + col, mask=valid, other=0.0)), valid
+
+
+@triton.jit
+def _digit_histogram(key, match, shift):
+    """256-bin histogram of the digit at `shift` over the keys where match holds."""
+    # keys off the prefix go to bin 256, in the half of the histogram that is dropped
+    digit = tl.where(match, ((key >> shift) & 0xFF).to(tl.int32), 256)
+    first_half = tl.arange(0, 2)[:, None] == 0
+    return tl.sum(tl.where(first_half, tl.reshape(tl.histogram(digit, 512), (2, 256)), 0), axis=0)
+
+
+@triton.jit
+def _narrow_prefix(hist, level, prefix, prefix_mask, remaining):
+    """Fix level's digit of the k-th largest key from that level's histogram of matching keys.
+
+    (prefix, prefix_mask, remaining) are the top digits of the k-th largest key, which bits they
+    cover, and how many of the keys matching them still belong to the top k; returns them updated.
     """
     bins = tl.arange(0, 256)
+    # at_or_above[b]: matching keys whose digit is >= b; the k-th largest has the highest
+    # digit whose at_or_above still reaches `remaining`
+    at_or_above = tl.sum(hist, axis=0) - tl.cumsum(hist, axis=0) + hist
+    digit = tl.max(tl.where(at_or_above >= remaining, bins, -1), axis=0)
+    remaining -= tl.sum(tl.where(bins > digit, hist, 0), axis=0)
+    shift = _digit_shift(level)
+    prefix = prefix | (digit.to(tl.uint32) << shift)
+    prefix_mask = prefix_mask | (tl.full((), 0xFF, tl.uint32) << shift)
+    return prefix, prefix_mask, remaining
+
+
+@triton.jit
+def _store_selected(out_row, col, is_above, is_equal, above_before, equal_before, n_above, remaining):
+    """Write the block's columns above the k-th largest key after the above_before ones already
+    placed, and its columns equal to it after n_above + equal_before while fewer than remaining."""
+    pos_above = above_before + tl.cumsum(is_above.to(tl.int32), axis=0) - 1
+    pos_equal = equal_before + tl.cumsum(is_equal.to(tl.int32), axis=0) - 1
+    tl.store(out_row + pos_above, col, mask=is_above)
+    tl.store(out_row + n_above + pos_equal, col, mask=is_equal & (pos_equal < remaining))
+
+
+@triton.jit
+def _store_short_row(out_row, length, k, BLOCK: tl.constexpr):
+    """A row no longer than k: 0..len-1 then -1."""
+    for start in range(0, k, BLOCK):
+        slot = start + tl.arange(0, BLOCK)
+        tl.store(out_row + slot, tl.where(slot < length, slot, -1), mask=slot < k)
+
+
+@triton.jit
+def _replay_prefix(hist_ptr, row, level, k):
+    """Redo the digit choices of the levels before `level` from the row's stored histograms."""
     prefix = tl.full((), 0, tl.uint32)
     prefix_mask = tl.full((), 0, tl.uint32)
     remaining = k
     for lv in range(0, level):
-        hist = tl.load(hist_ptr + (row * RADIX_LEVELS + lv) * 256 + bins)
-        # at_or_above[b]: matching keys whose digit is >= b; the k-th largest has the highest
-        # digit whose at_or_above still reaches `remaining`
-        at_or_above = tl.sum(hist, axis=0) - tl.cumsum(hist, axis=0) + hist
-        digit = tl.max(tl.where(at_or_above >= remaining, bins, -1), axis=0)
-        remaining -= tl.sum(tl.where(bins > digit, hist, 0), axis=0)
-        shift = (tl.zeros((), tl.int32) + 24 - 8 * lv).to(tl.uint32)  # lv may be a plain int (interpreter)
-        prefix = prefix | (digit.to(tl.uint32) << shift)
-        prefix_mask = prefix_mask | (tl.full((), 0xFF, tl.uint32) << shift)
+        hist = tl.load(hist_ptr + (row * RADIX_LEVELS + lv) * 256 + tl.arange(0, 256))
+        prefix, prefix_mask, remaining = _narrow_prefix(hist, lv, prefix, prefix_mask, remaining)
     return prefix, prefix_mask, remaining
+
+
+@triton.jit
+def _topk_row_kernel(logits_ptr, lengths_ptr, out_ptr, n_cols, k, BLOCK: tl.constexpr):
+    """The whole radix select of one row in one program (grid: rows).
+
+    Each level re-reads the row up to its length (read on the device, so the grid depends only on
+    the shapes) and keeps its histogram in registers; the emit loop carries how many columns
+    above and equal to the k-th largest key it has written, in place of atomic counters.
+    """
+    row = tl.program_id(0)
+    length = tl.minimum(tl.load(lengths_ptr + row), n_cols)
+    row_ptr = logits_ptr + row.to(tl.int64) * n_cols
+    out_row = out_ptr + row.to(tl.int64) * k
+    if length <= k:
+        _store_short_row(out_row, length, k, BLOCK)
+    else:
+        prefix = tl.full((), 0, tl.uint32)
+        prefix_mask = tl.full((), 0, tl.uint32)
+        remaining = k
+        for level in range(0, RADIX_LEVELS):
+            shift = _digit_shift(level)
+            hist = tl.zeros((256,), tl.int32)
+            for start in range(0, length, BLOCK):
+                col, key, valid = _load_keys(row_ptr, start, length, BLOCK)
+                hist += _digit_histogram(key, valid & ((key & prefix_mask) == prefix), shift)
+            prefix, prefix_mask, remaining = _narrow_prefix(hist, level, prefix, prefix_mask, remaining)
+        n_above = k - remaining  # prefix is now the k-th largest key
+        above_before = tl.full((), 0, tl.int32)
+        equal_before = tl.full((), 0, tl.int32)
+        for start in range(0, length, BLOCK):
+            col, key, valid = _load_keys(row_ptr, start, length, BLOCK)
+            is_above = valid & (key > prefix)
+            is_equal = valid & (key == prefix)
+            _store_selected(out_row, col, is_above, is_equal, above_before, equal_before, n_above, remaining)
+            above_before += tl.sum(is_above.to(tl.int32), axis=0)
+            equal_before += tl.sum(is_equal.to(tl.int32), axis=0)
 
 
 @triton.jit(do_not_specialize=["level"])
@@ -98,54 +196,45 @@ def _radix_pass_kernel(
     length = tl.minimum(tl.load(lengths_ptr + row), n_cols)
     row_ptr = logits_ptr + row.to(tl.int64) * n_cols
     out_row = out_ptr + row.to(tl.int64) * k
-    if length <= k:  # short row: 0..len-1 then -1, written once in the emit pass
+    if length <= k:  # short row: written once in the emit pass
         if (level == RADIX_LEVELS) & (tl.program_id(1) == 0):
-            for start in range(0, k, BLOCK):
-                slot = start + tl.arange(0, BLOCK)
-                tl.store(out_row + slot, tl.where(slot < length, slot, -1), mask=slot < k)
+            _store_short_row(out_row, length, k, BLOCK)
     else:
         prefix, prefix_mask, remaining = _replay_prefix(hist_ptr, row, level, k)
         first, step = tl.program_id(1) * CHUNK, tl.num_programs(1) * CHUNK
         if level < RADIX_LEVELS:
-            shift = (tl.zeros((), tl.int32) + 24 - 8 * level).to(tl.uint32)
-            first_half = tl.arange(0, 2)[:, None] == 0
+            shift = _digit_shift(level)
             hist = tl.zeros((256,), tl.int32)
             for lo in range(first, length, step):
                 hi = tl.minimum(lo + CHUNK, length)
                 for start in range(lo, hi, BLOCK):
-                    col = start + tl.arange(0, BLOCK)
-                    key = _ordered_key(tl.load(row_ptr + col, mask=col < hi, other=0.0))
-                    match = (col < hi) & ((key & prefix_mask) == prefix)
-                    # keys off the prefix go to bin 256, in the half of the histogram that is dropped
-                    digit = tl.where(match, ((key >> shift) & 0xFF).to(tl.int32), 256)
-                    hist += tl.sum(tl.where(first_half, tl.reshape(tl.histogram(digit, 512), (2, 256)), 0), axis=0)
+                    col, key, valid = _load_keys(row_ptr, start, hi, BLOCK)
+                    hist += _digit_histogram(key, valid & ((key & prefix_mask) == prefix), shift)
             tl.atomic_add(hist_ptr + (row * RADIX_LEVELS + level) * 256 + tl.arange(0, 256), hist)
         else:  # prefix is now the k-th largest key
             n_above = k - remaining
             for lo in range(first, length, step):
                 hi = tl.minimum(lo + CHUNK, length)
                 for start in range(lo, hi, BLOCK):
-                    col = start + tl.arange(0, BLOCK)
-                    key = _ordered_key(tl.load(row_ptr + col, mask=col < hi, other=0.0))
-                    is_above = (col < hi) & (key > prefix)
-                    is_equal = (col < hi) & (key == prefix)
-                    base_above = tl.atomic_add(count_ptr + row * 2, tl.sum(is_above.to(tl.int32), axis=0))
-                    base_equal = tl.atomic_add(count_ptr + row * 2 + 1, tl.sum(is_equal.to(tl.int32), axis=0))
-                    pos_above = base_above + tl.cumsum(is_above.to(tl.int32), axis=0) - 1
-                    pos_equal = base_equal + tl.cumsum(is_equal.to(tl.int32), axis=0) - 1
-                    tl.store(out_row + pos_above, col, mask=is_above)
-                    tl.store(out_row + n_above + pos_equal, col, mask=is_equal & (pos_equal < remaining))
+                    col, key, valid = _load_keys(row_ptr, start, hi, BLOCK)
+                    is_above = valid & (key > prefix)
+                    is_equal = valid & (key == prefix)
+                    above_before = tl.atomic_add(count_ptr + row * 2, tl.sum(is_above.to(tl.int32), axis=0))
+                    equal_before = tl.atomic_add(count_ptr + row * 2 + 1, tl.sum(is_equal.to(tl.int32), axis=0))
+                    _store_selected(out_row, col, is_above, is_equal, above_before, equal_before, n_above, remaining)
 
 
 @dataclass(frozen=True)
 class TopkConfig:
     """Columns per chunk, columns per loop step (block), warps and programs per multiprocessor
-    (the grid) of the radix passes."""
+    (the grid) of the radix passes, and the longest row that takes the single launch (whose one
+    program per row uses block and num_warps only)."""
 
     chunk: int
     block: int
     num_warps: int
     programs_per_sm: int = 4
+    single_pass_max_cols: int = SINGLE_PASS_MAX_COLS
 
 
 def default_config(device: torch.device) -> TopkConfig:
@@ -156,12 +245,16 @@ def default_config(device: torch.device) -> TopkConfig:
 
 
 def topk_triton(logits: torch.Tensor, lengths: torch.Tensor, k: int, config: TopkConfig | None = None) -> torch.Tensor:
-    """Five launches over (rows x programs per row): four histogram levels, then the emit pass."""
+    """One launch over rows up to config.single_pass_max_cols columns; beyond, five launches over
+    (rows x programs per row): four histogram levels, then the emit pass."""
     t, n = logits.shape
     out = new_output((t, k), torch.int32, logits.device)
     if t == 0:
         return out
     cfg = config or default_config(logits.device)
+    if n <= cfg.single_pass_max_cols:
+        _topk_row_kernel[(t,)](logits, lengths, out, n, k, BLOCK=cfg.block, num_warps=cfg.num_warps)
+        return out
     # One zeroed buffer for both scratch tables: one allocation and one fill per call, not two.
     levels = RADIX_LEVELS.value * 256
     scratch = torch.zeros(t * (levels + 2), dtype=torch.int32, device=logits.device)

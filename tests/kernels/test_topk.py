@@ -1,12 +1,22 @@
-"""Top-k indices: Triton radix select vs the torch reference vs torch.topk, compared on selected values."""
+"""Top-k indices: Triton radix select (both launch shapes) vs the torch reference vs torch.topk,
+compared on selected values."""
 
 from __future__ import annotations
+
+from collections import Counter
+from dataclasses import replace
 
 import pytest
 import torch
 
-from kernels import positions_to_slots, topk_indices
+from kernels import positions_to_slots, topk, topk_indices
+from kernels.topk import default_config, topk_indices_torch, topk_triton
 from tests.kernels.checks import selected_values
+
+CPU_CONFIG = default_config(torch.device("cpu"))
+# Each Triton check runs both launch shapes, whatever the default threshold picks at its size.
+PATHS = {"one launch": replace(CPU_CONFIG, single_pass_max_cols=1 << 30),
+         "five launches": replace(CPU_CONFIG, single_pass_max_cols=0)}
 
 
 def check_row_set(logits: torch.Tensor, lengths: torch.Tensor, k: int, got: torch.Tensor) -> None:
@@ -26,26 +36,65 @@ def check_row_set(logits: torch.Tensor, lengths: torch.Tensor, k: int, got: torc
         assert torch.equal(logits[t, valid.long()].sort().values, expect)
 
 
+@pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("k", [16, 64, 300])
-def test_topk_matches_reference(gen, k):
+def test_topk_matches_reference(gen, k, path):
     n = 700
     logits = torch.randn(6, n, generator=gen).clamp_min(0)  # ReLU logits: many exact ties at 0
     logits[1, : n // 2] = 1.5  # a row of equal values beyond k
     lengths = torch.tensor([n, n, k + 1, k, 3, 0], dtype=torch.int32)
-    got = topk_indices(logits, lengths, k, backend="triton")
+    got = topk_triton(logits, lengths, k, PATHS[path])
     ref = topk_indices(logits, lengths, k, backend="torch")
     check_row_set(logits, lengths, k, got)
     check_row_set(logits, lengths, k, ref)
     assert torch.equal(selected_values(logits, got), selected_values(logits, ref))
 
 
-def test_topk_large_k_and_negative_values(gen):
+@pytest.mark.parametrize("path", PATHS)
+def test_topk_large_k_and_negative_values(gen, path):
     k, n = 2048, 2600
     logits = torch.randn(2, n, generator=gen) * 1e3
     logits[1] = -logits[1].abs()  # all negative: the order-preserving key must flip them
     lengths = torch.tensor([n, 2100], dtype=torch.int32)
-    got = topk_indices(logits, lengths, k, backend="triton")
+    got = topk_triton(logits, lengths, k, PATHS[path])
     check_row_set(logits, lengths, k, got)
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_topk_extreme_values_ragged_rows(gen, path):
+    k, n = 24, 200
+    logits = torch.randn(7, n, generator=gen)
+    logits[0, ::3] = float("-inf")
+    logits[0, 5::7] = float("inf")
+    logits[1, :] = -torch.finfo(torch.float32).max
+    logits[1, 7:60:2] = torch.finfo(torch.float32).max  # 27 ties above k
+    logits[2, :] = float("-inf")  # every key equal: the first k by position only need to be equal
+    logits[3, 100:] = 1e30  # past the row's length: must never be picked
+    logits[4, :150] = torch.where(torch.arange(150) % 2 == 0, 0.0, -0.0)  # a zero of each sign
+    lengths = torch.tensor([n, 190, n, 100, 150, k, 0], dtype=torch.int32)
+    got = topk_triton(logits, lengths, k, PATHS[path])
+    ref = topk_indices_torch(logits, lengths, k)
+    check_row_set(logits, lengths, k, got)
+    assert torch.equal(selected_values(logits, got), selected_values(logits, ref))
+    assert torch.equal(got[5:], ref[5:]), "short rows are exact"
+
+
+@pytest.mark.parametrize(("max_cols", "expect"), [(40, {"_topk_row_kernel": 1}), (39, {"_radix_pass_kernel": 5})])
+def test_topk_launches_by_column_count(gen, monkeypatch, max_cols, expect):
+    launches: Counter[str] = Counter()
+    for name in ("_topk_row_kernel", "_radix_pass_kernel"):
+        kernel = getattr(topk, name)
+
+        def counted(*args, _run=kernel.run, _name=name, **kw):
+            launches[_name] += 1
+            return _run(*args, **kw)
+
+        monkeypatch.setattr(kernel, "run", counted)
+    logits = torch.randn(2, 40, generator=gen)
+    lengths = torch.tensor([40, 9], dtype=torch.int32)
+    got = topk_triton(logits, lengths, 8, replace(CPU_CONFIG, single_pass_max_cols=max_cols))
+    assert launches == expect
+    check_row_set(logits, lengths, 8, got)
 
 
 def test_topk_fewer_columns_than_k(gen):
