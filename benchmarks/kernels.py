@@ -349,6 +349,10 @@ def topk_cases(rows: list[Row], n_rows: int, n_cols: int) -> None:
                             [lambda x=x, cfg=cfg: topk_triton(x, lens, TOPK, cfg) for x in sets])
         if point is not None:
             rows.append(Row(case, f"{label} [{point[0]}]", point[1], 0, nbytes, plain))
+        if point is not None and not SMOKE:  # as a decode step runs it: replayed in a CUDA graph, no launch cost
+            graphed = triton.testing.do_bench_cudagraph(lambda cfg=cfg: topk_triton(x, lens, TOPK, cfg), rep=200,
+                                                        return_mode="median")
+            rows.append(Row(case, f"{label} [graph]", graphed, 0, nbytes, plain))
 
 
 # ---------------------------------------------------------------- fp8 quantisation
@@ -431,10 +435,10 @@ def main(argv: list[str] | None = None) -> int:
                 sparse_mla_cases(rows, args.kv_slots, 2048, (128,), ("bf16",))
         if "topk" in parts:
             topk_cases(rows, *((2, 4096) if SMOKE else (64, 65536)))
-            if not SMOKE:  # the decode steps' shapes: v32 16 requests at 64k, small 1 and 128 requests at 4k
-                topk_cases(rows, 16, 65536)
-                topk_cases(rows, 1, 4096)
-                topk_cases(rows, 128, 4096)
+            if not SMOKE:  # the decode steps' shapes: v32 16 requests at 64k, small 1 and 128 requests at 4k;
+                # 8k and 16k columns place the single launch's threshold (SINGLE_PASS_MAX_COLS)
+                for n_rows, n_cols in ((16, 65536), (1, 4096), (128, 4096), (1, 8192), (16, 8192), (16, 16384)):
+                    topk_cases(rows, n_rows, n_cols)
         if "quant" in parts:
             quant_cases(rows, 2 if SMOKE else 16)
         if "prefill" in parts:  # a 64k prompt's last chunk: indexer and top-k (sparse attention: under mla)

@@ -32,9 +32,10 @@ from kernels.triton_utils import new_output, row_programs
 TORCH_TOPK_MIN_ROWS = 1024
 
 # Rows up to this many columns take the single-launch kernel: one program reading a row five
-# times beats five launches until the row is long enough for the (rows x programs) spread to pay.
-# A first guess, to be tuned on the GPU (benchmarks/kernels.py --only topk times both paths).
-SINGLE_PASS_MAX_COLS = 16384
+# times beats five launches until the row is long enough for the (rows x programs) spread to pay:
+# in a CUDA graph on an H200 it won at 128 x 4096 (30.7 vs 41.1 us), tied at 1 x 4096 and lost
+# from 8192 columns (57 vs 27-30 us; benchmarks/kernels.py --only topk times both paths).
+SINGLE_PASS_MAX_COLS = 4096
 
 # ---------------------------------------------------------------- torch reference
 
@@ -237,11 +238,19 @@ class TopkConfig:
     single_pass_max_cols: int = SINGLE_PASS_MAX_COLS
 
 
-def default_config(device: torch.device) -> TopkConfig:
+def default_config(device: torch.device, n_cols: int) -> TopkConfig:
     # On CPU the kernel runs in the Triton interpreter, whose cost grows with the number of programs
     # (measured: 2 rows of 2600 columns, k=2048 take 20 s at 64-column chunks, 5.7 s at 256); 256
     # still splits the tests' rows of 700 columns into several chunks of several blocks each.
-    return TopkConfig(4096, 1024, 4) if device.type == "cuda" else TopkConfig(256, 64, 4)
+    if device.type != "cuda":
+        return TopkConfig(256, 64, 4)
+    # Fastest per shape replayed in a CUDA graph on an H200 (benchmarks/RESULTS.md, top-k launch
+    # shapes): one program per row reading 4096 columns a step up to 4k columns (30.7 vs 41.1 us at
+    # 128 x 4096); five launches of 1024-column chunks up to 32k (27-34 us at 1-16 rows of 4-16k,
+    # where 4096-column chunks took 58-61 us); 2048-column chunks beyond (62 vs 71-75 us, 16 x 64k).
+    if n_cols <= SINGLE_PASS_MAX_COLS:
+        return TopkConfig(4096, 4096, 16)
+    return TopkConfig(1024, 1024, 4, 16) if n_cols <= 32768 else TopkConfig(2048, 1024, 4, 8)
 
 
 def topk_triton(logits: torch.Tensor, lengths: torch.Tensor, k: int, config: TopkConfig | None = None) -> torch.Tensor:
@@ -251,7 +260,7 @@ def topk_triton(logits: torch.Tensor, lengths: torch.Tensor, k: int, config: Top
     out = new_output((t, k), torch.int32, logits.device)
     if t == 0:
         return out
-    cfg = config or default_config(logits.device)
+    cfg = config or default_config(logits.device, n)
     if n <= cfg.single_pass_max_cols:
         _topk_row_kernel[(t,)](logits, lengths, out, n, k, BLOCK=cfg.block, num_warps=cfg.num_warps)
         return out

@@ -13,7 +13,7 @@ from kernels import positions_to_slots, topk, topk_indices
 from kernels.topk import default_config, topk_indices_torch, topk_triton
 from tests.kernels.checks import selected_values
 
-CPU_CONFIG = default_config(torch.device("cpu"))
+CPU_CONFIG = default_config(torch.device("cpu"), 0)
 # Each Triton check runs both launch shapes, whatever the default threshold picks at its size.
 PATHS = {"one launch": replace(CPU_CONFIG, single_pass_max_cols=1 << 30),
          "five launches": replace(CPU_CONFIG, single_pass_max_cols=0)}
