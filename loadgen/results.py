@@ -66,14 +66,23 @@ def write_results(path: str | os.PathLike, doc: dict[str, Any]) -> Path:
 
 def check_writable(folder: str | os.PathLike, flag: str = "--out") -> None:
     """Create `folder` and write (then remove) a probe file in it; ResultsError naming `flag`,
-    the folder and why if that fails. Called before a run so that no measurement is lost."""
+    the folder and why if that fails. Called before a run so that no measurement is lost. The
+    folders it had to create are removed again (the results' writer creates them), so a run that
+    stops before it measures leaves no empty folder behind."""
     folder = Path(folder)
+    created = [path for path in (folder, *folder.parents) if not path.exists()]  # deepest first
     try:
         folder.mkdir(parents=True, exist_ok=True)
         with tempfile.NamedTemporaryFile(prefix=".write-probe.", dir=folder):
             pass
     except OSError as exc:
         raise ResultsError(f"{flag} {folder}: cannot write there: {exc.strerror or exc}") from None
+    finally:
+        for path in created:
+            try:
+                path.rmdir()
+            except OSError:
+                break
 
 
 def save_results(path: str | os.PathLike, doc: dict[str, Any]) -> Path:

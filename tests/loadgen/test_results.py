@@ -105,7 +105,10 @@ def test_batched_recording_equals_one_value_at_a_time():
 
 def test_check_writable_names_the_flag_and_the_folder(tmp_path):
     check_writable(tmp_path / "new" / "deeper")
-    assert (tmp_path / "new" / "deeper").is_dir() and not list((tmp_path / "new" / "deeper").iterdir())
+    assert not (tmp_path / "new").exists()  # the folders it made for the probe are gone again
+    (tmp_path / "kept").mkdir()
+    check_writable(tmp_path / "kept" / "run")
+    assert (tmp_path / "kept").is_dir() and not (tmp_path / "kept" / "run").exists()
     with pytest.raises(ResultsError, match=r"^--out /proc/x: cannot write there: "):
         check_writable("/proc/x")
     blocker = tmp_path / "file"

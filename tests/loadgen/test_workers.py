@@ -66,8 +66,11 @@ def test_open_loop_arrivals_do_not_depend_on_the_worker_count(start_server, sess
                                "--seed", "3", "--workers", workers)
         records.sort(key=lambda r: r["due_ns"])
         t0 = records[0]["due_ns"]
-        runs.append([(r["session"], r["turn"], r["play"], round((r["due_ns"] - t0) / 1e6)) for r in records][:25])
-    assert runs[0] == runs[1]
+        runs.append([(r["session"], r["turn"], r["play"], (r["due_ns"] - t0) / 1e6) for r in records][:25])
+    assert [r[:3] for r in runs[0]] == [r[:3] for r in runs[1]]
+    # the same arrival times: each worker maps the common start from wall to its own monotonic
+    # clock, which may differ by a fraction of a millisecond
+    assert all(abs(a[3] - b[3]) < 1.0 for a, b in zip(*runs)), runs
 
 
 def test_auto_workers_follow_the_load():
