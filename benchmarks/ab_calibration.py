@@ -48,8 +48,10 @@ matching remove).
   python benchmarks/ab_calibration.py --rounds 6 --duration 60 --out /tmp/abcal      # CPU tiny
   python benchmarks/ab_calibration.py --analyze /tmp/abcal                          # re-analyse
   python benchmarks/ab_calibration.py --model v32 --num-layers 4 --device cuda --token-scale 0.25 \\
-      --think-time-scale 0.02 --think-time-cap 2 --conc 8 --duration 10 --rounds 4 --alternate \\
-      --delay-ms 0.45 --budget-s 232 --out /tmp/abcal-gpu    # one H200: ~60 s per round of 10 s windows
+      --think-time-scale 0.02 --think-time-cap 2 --conc 8 --duration 30 --rounds 8 --alternate \\
+      --delay-ms 0.45 --budget-s 545 --server-cpus 0-7 --client-cpus 8-11 --out /tmp/abcal-gpu
+      # one H200: ~120 s per round of 30 s windows, 4 rounds per 10-minute call; call again with
+      # the same --out (the folder carried) for the rest
 """
 
 from __future__ import annotations
