@@ -36,6 +36,9 @@ TORCH_TOPK_MIN_ROWS = 1024
 # in a CUDA graph on an H200 it won at 128 x 4096 (30.7 vs 41.1 us), tied at 1 x 4096 and lost
 # from 8192 columns (57 vs 27-30 us; benchmarks/kernels.py --only topk times both paths).
 SINGLE_PASS_MAX_COLS = 4096
+# Five-launch rows up to this many columns take 1,024-column chunks at 16 programs/SM, longer
+# rows 2,048-column chunks at 8/SM (default_config; the measurements are beside it).
+FINE_CHUNK_MAX_COLS = 32768
 
 # ---------------------------------------------------------------- torch reference
 
@@ -250,7 +253,7 @@ def default_config(device: torch.device, n_cols: int) -> TopkConfig:
     # where 4096-column chunks took 58-61 us); 2048-column chunks beyond (62 vs 71-75 us, 16 x 64k).
     if n_cols <= SINGLE_PASS_MAX_COLS:
         return TopkConfig(4096, 4096, 16)
-    return TopkConfig(1024, 1024, 4, 16) if n_cols <= 32768 else TopkConfig(2048, 1024, 4, 8)
+    return TopkConfig(1024, 1024, 4, 16) if n_cols <= FINE_CHUNK_MAX_COLS else TopkConfig(2048, 1024, 4, 8)
 
 
 def topk_triton(logits: torch.Tensor, lengths: torch.Tensor, k: int, config: TopkConfig | None = None) -> torch.Tensor:

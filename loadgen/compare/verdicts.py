@@ -25,7 +25,7 @@ round's log values of every variant, less the round's mean and the variant's mea
 residuals, whose variance (rounds - 1) x (variants - 1) degrees of freedom estimate the run noise
 that NEW - BASE carries; with two variants this is the paired t exactly. More variants, more
 degrees of freedom, a narrower t: on an H200 (benchmarks/RESULTS.md) 5 rounds of three variants
-found a planted TPOT change every time that the pair alone found in 87 % of comparisons.
+found a planted TPOT change every time that the pair alone found in 92 % of comparisons.
 
 Repeats (>= 2 runs of the level on each side): Welch's t-test on the logarithm of the per-run
 values. Each run's value carries both the server's run-to-run variation (batching
