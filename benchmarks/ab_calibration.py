@@ -49,7 +49,7 @@ matching remove).
   python benchmarks/ab_calibration.py --analyze /tmp/abcal                          # re-analyse
   python benchmarks/ab_calibration.py --model v32 --num-layers 4 --device cuda --token-scale 0.25 \\
       --think-time-scale 0.02 --think-time-cap 2 --conc 8 --duration 30 --rounds 8 --alternate \\
-      --delay-ms 0.45 --budget-s 545 --server-cpus 0-7 --client-cpus 8-11 --out /tmp/abcal-gpu
+      --delay-ms 0.45 --budget-s 545 --server-cpus 0-7 --client-cpus 8-11 --collect-only --out /tmp/abcal-gpu
       # one H200: ~120 s per round of 30 s windows, 4 rounds per 10-minute call; call again with
       # the same --out (the folder carried) for the rest
 """
@@ -343,11 +343,15 @@ def main() -> int:
                    help="--alternate on a GPU: each server's --gpu-memory-utilization (default 0.25)")
     p.add_argument("--budget-s", type=float, default=math.inf,
                    help="--alternate: start no round that would end later than this many seconds")
+    p.add_argument("--collect-only", action="store_true",
+                   help="run the rounds, skip the analysis (a device's time is short; --analyze later)")
     args = p.parse_args()
     if args.analyze:
         out = Path(args.analyze)
     else:
         out = collect_alternate(args) if args.alternate else collect(args)
+        if args.collect_only:
+            return 0
     print(json.dumps(analyze(out), indent=1))
     return 0
 
