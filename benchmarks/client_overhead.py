@@ -173,6 +173,31 @@ def _pct(values: list[float], p: float) -> float | None:
     return values[min(len(values) - 1, int(round(p / 100 * (len(values) - 1))))]
 
 
+_BUSY_LOOP = """
+import os, sys, time
+os.sched_setaffinity(0, {int(sys.argv[1])})
+start = time.perf_counter(); n = 0
+while time.perf_counter() - start < float(sys.argv[2]):
+    n += 1
+print(n)
+"""
+
+
+def busy_rate(cpus: list[int], seconds: float = 1.0) -> float:
+    """Loop turns of a Python busy loop per second, summed over one process per CPU run at once."""
+    procs = [subprocess.Popen([sys.executable, "-c", _BUSY_LOOP, str(cpu), str(seconds)], stdout=subprocess.PIPE,
+                              text=True) for cpu in cpus]
+    return sum(int(proc.communicate()[0]) for proc in procs) / seconds
+
+
+def cpu_independence(cpus: list[int]) -> float:
+    """How the client's CPUs share a core: a busy loop on all of them at once against each alone
+    (1.0: separate physical cores; about 0.6: hardware threads of one core, which a VM that reports
+    one thread per core cannot tell us)."""
+    alone = sum(busy_rate([cpu]) for cpu in cpus)
+    return busy_rate(cpus) / alone
+
+
 def startup_times(repeats: int = 5) -> dict:
     """Wall time of `loadgen replay --help`, and of a client from spawn to its first request
     (small synthetic traces, and the bundled agentic-coding sessions). The packages are compiled
@@ -217,7 +242,7 @@ HEADER = ("client", "conc", "first_ms", "itl_ms", "tok_s", "cpu_us_per_token", "
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--conc", default="64,256", help="concurrency levels (default 64,256)")
+    parser.add_argument("--conc", default="64,256", help="concurrency levels (default 64,256; '' for none)")
     parser.add_argument("--first-ms", type=float, help="one delay case: ms to the first token")
     parser.add_argument("--itl-ms", type=float, help="one delay case: ms between tokens")
     parser.add_argument("--osl", type=int, default=64, help="output tokens per request (default 64)")
@@ -242,7 +267,7 @@ def main() -> None:
         else [(0.0, 0.0), (50.0, 10.0)]
     rows = []
     for first, itl in delays:
-        for conc in (int(c) for c in args.conc.split(",")):
+        for conc in (int(c) for c in args.conc.split(",") if c):
             bare = run_bare_case(conc, first, itl, args.osl, args.duration, server_cpu)
             ours = run_case(conc, first, itl, args.osl, args.duration, server_cpu)
             if bare["cpu_us_per_token"] and ours["cpu_us_per_token"]:
@@ -266,6 +291,9 @@ def main() -> None:
               f"(bundled sessions) (medians of {args.startup_repeats})")
     scaling = (f"client on CPUs {args.client_cpus}, server on CPUs {args.server_cpus}"
                if args.client_cpus and args.server_cpus else "both unpinned")
+    if args.scaling and len(client_cpus) > 1 and hasattr(os, "sched_setaffinity"):
+        scaling += (f"; busy loops on the client's CPUs at once run at {cpu_independence(client_cpus):.2f} "
+                    "of each alone (1.0: separate cores)")
     print(f"client pinned to CPU {client_cpus[0] if server_cpu is not None else '-'}, server to CPU {server_cpu} "
           f"(scaling rows: {scaling}); {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; load average "
           f"before/after: {load_before:.2f} / {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs")
