@@ -5,7 +5,7 @@ its own execution (a few microseconds at decode sizes), so what matters is how m
 Each op here is one kernel where the torch code is several:
 - `add_rms_norm`: the residual add and the next RMSNorm (add, then the norm's square, mean,
   rsqrt and two products), returning the normed rows and the new residual stream;
-- `silu_mul`: SwiGLU's silu(gate) * up;
+- `silu_mul`: SwiGLU's silu(gate) * up, over the fused gate/up projection's rows;
 - `rope_qk_`: rotary embedding of the queries' heads and the key of each token in place (the
   torch code concatenates them, rotates through a dozen ops on fp32 copies, and splits them).
 
@@ -82,25 +82,31 @@ def add_rms_norm(update: torch.Tensor | None, residual: torch.Tensor, weight: to
 
 
 @triton.jit
-def _silu_mul_kernel(gate_ptr, up_ptr, out_ptr, n, TO_BF16: tl.constexpr, BLOCK: tl.constexpr):
+def _silu_mul_kernel(gate_up_ptr, out_ptr, n, half, TO_BF16: tl.constexpr, BLOCK: tl.constexpr):
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     ok = offs < n
-    g = tl.load(gate_ptr + offs, mask=ok, other=0.0).to(tl.float32)
-    u = tl.load(up_ptr + offs, mask=ok, other=0.0).to(tl.float32)
+    gate = offs + (offs // half) * half  # row r's gate half starts at 2 * half * r, its up half `half` later
+    g = tl.load(gate_up_ptr + gate, mask=ok, other=0.0).to(tl.float32)
+    u = tl.load(gate_up_ptr + gate + half, mask=ok, other=0.0).to(tl.float32)
     y = _round(g / (1.0 + tl.exp(-g)) * u, TO_BF16)
     tl.store(out_ptr + offs, y.to(out_ptr.dtype.element_ty), mask=ok)
 
 
-def silu_mul(gate: torch.Tensor, up: torch.Tensor, backend: str | None = None) -> torch.Tensor:
-    """silu(gate) * up, elementwise over same-shaped contiguous tensors."""
-    if resolve_backend(backend, gate.device) == "torch":
+def silu_mul(gate_up: torch.Tensor, backend: str | None = None) -> torch.Tensor:
+    """silu(gate) * up where each row of gate_up [..., 2I] is gate [I] then up [I] (the output of
+    the fused gate/up projection): [..., I]."""
+    if gate_up.shape[-1] % 2:
+        raise ValueError(f"silu_mul: the last dim of gate_up {tuple(gate_up.shape)} must be even (gate, then up)")
+    half = gate_up.shape[-1] // 2
+    if resolve_backend(backend, gate_up.device) == "torch":
+        gate, up = gate_up.split(half, dim=-1)
         return F.silu(gate) * up
-    if gate.shape != up.shape or not (gate.is_contiguous() and up.is_contiguous()):
-        raise ValueError(f"silu_mul: gate {tuple(gate.shape)} and up {tuple(up.shape)} must be contiguous "
-                         "tensors of one shape")
-    out = new_output(tuple(gate.shape), gate.dtype, gate.device)
-    n, block = gate.numel(), 1024
-    _silu_mul_kernel[(triton.cdiv(n, block),)](gate, up, out, n, TO_BF16=gate.dtype == torch.bfloat16, BLOCK=block)
+    if not gate_up.is_contiguous():
+        raise ValueError(f"silu_mul: gate_up {tuple(gate_up.shape)} must be contiguous")
+    out = new_output((*gate_up.shape[:-1], half), gate_up.dtype, gate_up.device)
+    n, block = out.numel(), 1024
+    _silu_mul_kernel[(triton.cdiv(n, block),)](gate_up, out, n, half, TO_BF16=gate_up.dtype == torch.bfloat16,
+                                                BLOCK=block)
     return out
 
 

@@ -1,7 +1,7 @@
-"""Small building blocks of the model: RMSNorm, rotary embedding, tensor-parallel linears, SwiGLU
-MLP, and the scaled init that draws full weights and keeps this rank's slice. The residual add
-with the next norm, SwiGLU's product and the rotation are single kernels on the Triton backend
-(kernels/fused.py)."""
+"""Small building blocks of the model: RMSNorm, rotary embedding, tensor-parallel linears, linears
+fused into one GEMM, SwiGLU MLP, and the scaled init that draws full weights and keeps this rank's
+slice. The residual add with the next norm, SwiGLU's product and the rotation are single kernels on
+the Triton backend (kernels/fused.py)."""
 
 from __future__ import annotations
 
@@ -102,15 +102,55 @@ def copy_shard(layer: nn.Linear, full: torch.Tensor) -> None:
     layer.weight.copy_(full if dim is None else full.chunk(layer.tp.world_size, dim)[layer.tp.rank])
 
 
-class SwiGLU(nn.Module):
+class FusedLinears:
+    """Linears that read the same input, run as one GEMM over their weights' rows stacked: at decode
+    sizes each GEMM costs a few microseconds of latency whatever its width, so one launch instead of
+    several is what saves time. Each layer's weight is a view of its rows of the stacked weight, so
+    initialising, loading or editing a layer edits the stacked weight, and nothing is stored twice.
+    The linears stay their owner's modules (names, init, checkpoints and tensor-parallel slices
+    unchanged); the owner calls `restack` after a dtype or device move, which gives each parameter
+    storage of its own."""
+
+    def __init__(self, *layers: nn.Linear) -> None:
+        self.layers = layers
+        self.sizes = [layer.weight.shape[0] for layer in layers]  # this rank's rows of each
+        self.weight = self.restack()
+
+    def restack(self) -> torch.Tensor:
+        """Stack the layers' current weights and make each a view of its rows again."""
+        stacked = torch.cat([layer.weight.detach() for layer in self.layers])
+        for layer, rows in zip(self.layers, stacked.split(self.sizes)):
+            layer.weight = nn.Parameter(rows, requires_grad=False)
+        self.weight = stacked
+        return stacked
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        """The layers' outputs side by side, [..., sum of their widths] (`sizes` splits it)."""
+        return F.linear(x, self.weight)
+
+
+class OwnsFusedLinears(nn.Module):
+    """A module holding FusedLinears among its attributes: restacks them after a dtype or device
+    move (nn.Module._apply gives each parameter new storage of its own)."""
+
+    def _apply(self, fn, recurse=True):  # type: ignore[no-untyped-def]  # nn.Module's signature
+        super()._apply(fn, recurse)
+        for value in vars(self).values():
+            if isinstance(value, FusedLinears):
+                value.restack()
+        return self
+
+
+class SwiGLU(OwnsFusedLinears):
     def __init__(self, hidden: int, intermediate: int, tp: TensorParallel) -> None:
         super().__init__()
         self.w_gate = ColumnParallelLinear(hidden, intermediate, tp)
         self.w_up = ColumnParallelLinear(hidden, intermediate, tp)
         self.w_down = RowParallelLinear(intermediate, hidden, tp)
+        self.gate_up = FusedLinears(self.w_gate, self.w_up)
 
     def forward(self, x: torch.Tensor, backend: str | None = None) -> torch.Tensor:
-        return self.w_down(silu_mul(self.w_gate(x), self.w_up(x), backend))
+        return self.w_down(silu_mul(self.gate_up(x), backend))
 
 
 def init_linear(layer: nn.Linear, generator: torch.Generator, gain: float = 1.0) -> torch.Tensor:
