@@ -53,7 +53,7 @@ from loadgen.spec import (
 )
 from loadgen.summary import TraceHitRates, dumps_record, level_summary
 from loadgen.table import format_level
-from loadgen.trace_cache import load_traces_cached
+from loadgen.trace_cache import PackedTraces, load_traces_cached
 from loadgen.transport.base import ServerInfo, Transport, TransportError
 from loadgen.transport.http import HttpTransport
 from loadgen.workers import (
@@ -170,7 +170,8 @@ async def _replay(args: argparse.Namespace, options: dict[str, Any], transport: 
     per_request = _open_per_request(args.per_request)
     write_records = _record_writer(per_request)
     if http_target is not None and (workers > 1 or getattr(args, "ray", None)):
-        setups = [WorkerSetup(http_target, traces, (vocab_offset, vocab_size), config,
+        packed = PackedTraces.of(traces)
+        setups = [WorkerSetup(http_target, packed, (vocab_offset, vocab_size), config,
                               expectation.describe() if expectation else None, Share(i, workers),
                               _pool_size(levels, traces, workers), per_request is not None)
                   for i in range(workers)]

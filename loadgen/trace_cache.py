@@ -23,7 +23,7 @@ import os
 import pickle
 import sys
 import tempfile
-from dataclasses import fields
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -65,6 +65,22 @@ def load_traces_cached(source: str, fmt: str) -> TraceSet:
         if _store(folder / name, entry):
             break
     return loaded
+
+
+@dataclass(frozen=True)
+class PackedTraces:
+    """A trace set in the cache entry's form, pickled once: what travels to worker processes and
+    Ray actors. For the bundled sessions it is 0.7 MB that a worker rebuilds in ~50 ms, where the
+    TraceSet pickled as it is was 10 MB and ~230 ms to unpickle, and was pickled again per worker."""
+
+    data: bytes
+
+    @classmethod
+    def of(cls, trace_set: TraceSet) -> PackedTraces:
+        return cls(pickle.dumps(pack(trace_set), protocol=pickle.HIGHEST_PROTOCOL))
+
+    def unpack(self) -> TraceSet:
+        return unpack(pickle.loads(self.data))
 
 
 def pack(trace_set: TraceSet) -> tuple:

@@ -36,7 +36,8 @@ from loadgen.level import LevelLoad, LevelRun, RunConfig, Share
 from loadgen.runner import Runner
 from loadgen.spec import SpecExpectation
 from loadgen.summary import dumps_record
-from traces import PromptSynth, TraceSet
+from loadgen.trace_cache import PackedTraces
+from traces import PromptSynth
 
 # Measured (benchmarks/client_overhead.py, benchmarks/RESULTS.md "Worker processes"): one
 # client process streams about this many output tokens/s on one core before its loop lags.
@@ -74,7 +75,7 @@ class WorkerSetup:
     """Everything a worker needs, picklable: it travels to a new process or a Ray node."""
 
     target: HttpTarget
-    traces: TraceSet
+    traces: PackedTraces  # packed once for all workers (trace_cache.PackedTraces)
     vocab: tuple[int, int]  # offset, size
     config: RunConfig
     spec: dict[str, Any] | None  # SpecExpectation.describe(), rebuilt in the worker
@@ -102,10 +103,11 @@ class Worker:
         self.setup = setup
         self.transport = HttpTransport(t.url, t.endpoint, t.model, t.api_key, t.headers, t.timeout_s)
         self.records: list[bytes] = []
-        synth = PromptSynth(setup.traces.block_size, vocab_size=setup.vocab[1], vocab_offset=setup.vocab[0])
+        traces = setup.traces.unpack()
+        synth = PromptSynth(traces.block_size, vocab_size=setup.vocab[1], vocab_offset=setup.vocab[0])
         spec = _expectation(setup.spec)
         on_request = (lambda rec: self.records.append(dumps_record(rec))) if setup.per_request else None
-        self.runner = Runner(self.transport, setup.traces, synth, setup.config, on_request=on_request, spec=spec,
+        self.runner = Runner(self.transport, traces, synth, setup.config, on_request=on_request, spec=spec,
                              share=setup.share, coordinated=True)
 
     async def open(self) -> None:

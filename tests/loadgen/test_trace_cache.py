@@ -70,3 +70,14 @@ def test_the_entry_keeps_each_shared_run_of_hash_ids_once():
     entry = pickle.dumps(trace_cache.pack(bundled))
     assert trace_cache.unpack(pickle.loads(entry)) == bundled
     assert len(entry) * 5 < len(pickle.dumps(bundled))
+
+
+def test_packed_traces_travel_to_a_worker_equal_and_small():
+    """What a worker process receives (pickled WorkerSetup.traces) rebuilds the parent's set."""
+    import pickle
+
+    bundled = load_traces(DEFAULT_SET, "auto")
+    packed = trace_cache.PackedTraces.of(bundled)
+    travelled = pickle.loads(pickle.dumps(packed))
+    assert travelled.unpack() == bundled
+    assert len(pickle.dumps(packed)) * 5 < len(pickle.dumps(bundled))
