@@ -56,12 +56,15 @@ def _encode_e4m3(v):
 
 
 @triton.jit
-def _fp8_quantize_kernel(x_ptr, q_ptr, scale_ptr, n_rows, D: tl.constexpr, BLOCK_R: tl.constexpr):
+def _fp8_quantize_kernel(x_ptr, q_ptr, scale_ptr, n_rows, rows_per_group, group_stride, D: tl.constexpr,
+                         BLOCK_R: tl.constexpr):
     rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     cols = tl.arange(0, D)
     ok = rows < n_rows
+    # x's rows come in groups of packed rows (a token's heads) a group stride apart; q is packed
+    x_rows = (rows // rows_per_group).to(tl.int64) * group_stride + (rows % rows_per_group).to(tl.int64) * D
+    x = tl.load(x_ptr + x_rows[:, None] + cols[None, :], mask=ok[:, None], other=0.0).to(tl.float32)
     offs = rows.to(tl.int64)[:, None] * D + cols[None, :]
-    x = tl.load(x_ptr + offs, mask=ok[:, None], other=0.0).to(tl.float32)
     amax = tl.max(tl.abs(x), axis=1)
     ratio = tl.fdiv(amax, tl.full(amax.shape, E4M3_MAX, tl.float32), ieee_rounding=True)  # IEEE, as torch's
     scale = tl.where(amax > 0, _pow2_ceil(ratio), 1.0)
@@ -74,16 +77,22 @@ def _fp8_quantize_kernel(x_ptr, q_ptr, scale_ptr, n_rows, D: tl.constexpr, BLOCK
 
 
 def fp8_e4m3_quantize_triton(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """x[..., D] (D a power of two >= 16) -> (uint8[..., D], fp32 scale[...]), one launch."""
+    """x[..., D] (D a power of two >= 16) -> (uint8[..., D], fp32 scale[...]), one launch. A
+    [T, heads, D] view whose heads are packed but whose tokens are a wider stride apart (the
+    indexer's query, a slice of a fused projection's rows) is read in place, without a copy."""
     d = x.shape[-1]
     lead = x.shape[:-1]
-    rows = x.reshape(-1, d).contiguous()
-    n = rows.shape[0]
+    if x.dim() == 3 and x.stride(2) == 1 and x.stride(1) == d:
+        rows, rows_per_group, group_stride = x, x.shape[1], x.stride(0)
+    else:
+        rows, rows_per_group, group_stride = x.contiguous(), 1, d
+    n = x.numel() // d if d else 0
     q = new_output((n, d), torch.uint8, x.device)
     scale = new_output((n,), torch.float32, x.device)
     if n:
         block_r = max(1, min(64, 4096 // d))
-        _fp8_quantize_kernel[(triton.cdiv(n, block_r),)](rows, q, scale, n, D=d, BLOCK_R=block_r, num_warps=4)
+        _fp8_quantize_kernel[(triton.cdiv(n, block_r),)](rows, q, scale, n, max(1, rows_per_group), group_stride,
+                                                         D=d, BLOCK_R=block_r, num_warps=4)
     return q.reshape(*lead, d), scale.reshape(lead)
 
 

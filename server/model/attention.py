@@ -56,8 +56,8 @@ class CacheSettings:
 
 class Indexer(nn.Module):
     """Lightning indexer: scores every visible key for each query token (docs/sparse_mla.md, step 3).
-    Its key and head-weight projections read the layer input; MLAttention runs them inside its
-    fused input GEMM and passes their outputs in."""
+    Its projections share their inputs with MLA's (wq reads the query latent, wk and weights_proj
+    the layer input): MLAttention runs them inside its fused GEMMs and passes their outputs in."""
 
     def __init__(self, c: ModelConfig, tp: TensorParallel) -> None:
         super().__init__()
@@ -71,11 +71,11 @@ class Indexer(nn.Module):
         self.k_norm = nn.LayerNorm(c.index_head_dim, eps=c.rms_norm_eps)
         self.weights_proj = ColumnParallelLinear(c.hidden_size, c.index_num_heads, tp)
 
-    def forward(self, c_q: torch.Tensor, key: torch.Tensor, head_weights: torch.Tensor, rope: RopeAngles,
+    def forward(self, query: torch.Tensor, key: torch.Tensor, head_weights: torch.Tensor, rope: RopeAngles,
                 meta: AttentionMetadata, idx_cache: torch.Tensor, s: CacheSettings) -> torch.Tensor:
-        """c_q: the normed query latent; key, head_weights: wk and weights_proj of the layer input."""
-        t = c_q.shape[0]
-        q = self.wq(c_q).view(t, self.num_heads, self.head_dim)
+        """query: wq of the query latent; key, head_weights: wk and weights_proj of the layer input."""
+        t = query.shape[0]
+        q = query.view(t, self.num_heads, self.head_dim)
         k = self.k_norm(key)
         rope.rotate_qk_(q[..., :self.rope_dim], k[:, :self.rope_dim], interleaved=False, backend=s.backend)
         write_indexer_cache(idx_cache, meta.slot_mapping, k, s.key_dtype)
@@ -108,21 +108,23 @@ class MLAttention(OwnsFusedLinears):
         self.wkv_b = ColumnParallelLinear(c.kv_lora_rank, h * (c.qk_nope_dim + c.v_head_dim), tp)
         self.wo = RowParallelLinear(h * c.v_head_dim, c.hidden_size, tp)
         self.indexer = Indexer(c, tp)
-        # The four linears that read the layer input, as one GEMM (see FusedLinears).
+        # The linears that read one input run as one GEMM each (see FusedLinears): the four that
+        # read the layer input, and the two that read the query latent.
         self.input_proj = FusedLinears(self.wq_a, self.wkv_a, self.indexer.wk, self.indexer.weights_proj)
+        self.query_proj = FusedLinears(self.wq_b, self.indexer.wq)
 
     def forward(self, x: torch.Tensor, rope: RopeAngles, meta: AttentionMetadata,
                 kv_cache: torch.Tensor, idx_cache: torch.Tensor, s: CacheSettings) -> torch.Tensor:
         c, t, h = self.c, x.shape[0], self.num_heads
         q_latent, kv, index_key, index_weights = self.input_proj(x).split(self.input_proj.sizes, dim=-1)
-        c_q = self.q_norm(q_latent)
-        q = self.wq_b(c_q).view(t, h, c.qk_nope_dim + c.qk_rope_dim)
+        q, index_query = self.query_proj(self.q_norm(q_latent)).split(self.query_proj.sizes, dim=-1)
+        q = q.view(t, h, c.qk_nope_dim + c.qk_rope_dim)
         q_nope, q_pe = q.split([c.qk_nope_dim, c.qk_rope_dim], dim=-1)
         latent, k_pe = kv.split([c.kv_lora_rank, c.qk_rope_dim], dim=-1)
         rope.rotate_qk_(q_pe, k_pe, interleaved=True, backend=s.backend)
         write_kv_cache(kv_cache, meta.slot_mapping, self.kv_norm(latent), k_pe, s.kv_dtype)
 
-        logits = self.indexer(c_q, index_key, index_weights, rope, meta, idx_cache, s)
+        logits = self.indexer(index_query, index_key, index_weights, rope, meta, idx_cache, s)
         top = topk_indices(logits, meta.context_lens, c.index_topk, backend=s.backend)
         slots = positions_to_slots(top, meta.block_table, meta.seq_ids, meta.block_size)
 

@@ -23,6 +23,16 @@ def test_random_rows_of_every_magnitude(gen, shape):
     assert_same(x.bfloat16())
 
 
+def test_heads_sliced_from_wider_rows_are_read_in_place(gen):
+    """The indexer's query: [T, heads, D] cut from a fused projection's rows (tokens a wider stride
+    apart than heads x D), plus a view that is not of that form (copied first)."""
+    wide = torch.randn(5, 3 + 4 * 64 + 7, generator=gen).bfloat16()
+    heads = wide[:, 3:3 + 4 * 64].view(5, 4, 64)
+    assert heads.stride() == (wide.shape[1], 64, 1)
+    assert_same(heads)
+    assert_same(torch.randn(4, 6, 32, generator=gen)[:, ::2])
+
+
 def test_ties_subnormals_zeros_and_the_edges(gen):
     """Rows whose amax is 448 (scale 1), so the chosen values reach the encoder unscaled: halfway
     points between e4m3 neighbours (ties to even), the subnormal range, 448 itself, signed zeros."""
