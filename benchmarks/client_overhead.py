@@ -29,6 +29,7 @@ import argparse
 import gzip
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -61,19 +62,24 @@ def pin(cpu: int) -> None:
 
 
 class FastServer:
-    """benchmarks/fast_sse_server.py in its own process (zero delay, little CPU per token)."""
+    """benchmarks/fast_sse_server.py (zero delay, little CPU per token), one process per CPU it is
+    given, so that it is not what limits a client's scaling."""
 
     def __init__(self, cpus: set[int] | None = None) -> None:
+        processes = str(len(cpus) if cpus else 1)
         with placed_on(frozenset(cpus) if cpus else None):  # from its start, every thread of it
-            self.proc = subprocess.Popen([sys.executable, str(ROOT / "benchmarks" / "fast_sse_server.py")],
-                                         stdout=subprocess.PIPE, text=True)
-        self.url = f"http://127.0.0.1:{int(self.proc.stdout.readline().split()[1])}"
+            self.proc = subprocess.Popen([sys.executable, str(ROOT / "benchmarks" / "fast_sse_server.py"),
+                                          "--processes", processes], stdout=subprocess.PIPE, text=True,
+                                         start_new_session=True)
+        fields = self.proc.stdout.readline().split()
+        self.url = f"http://127.0.0.1:{int(fields[1])}"
+        self.pids = [int(pid) for pid in fields[3].split(",")]
 
     def records(self) -> dict:
         return {"records": []}
 
     def stop(self) -> None:
-        self.proc.kill()
+        os.killpg(self.proc.pid, signal.SIGKILL)  # the forked processes too
         self.proc.wait(timeout=10)
 
 
@@ -88,12 +94,13 @@ def run_case(conc: int, first_ms: float, itl_ms: float, osl: int, duration: floa
             tmp_path = Path(tmp)
             write_traces(tmp_path, osl)
             out = tmp_path / "out"
-            server_cpu_before = _process_cpu(server.proc.pid)
+            pids = getattr(server, "pids", [server.proc.pid])
+            server_cpu_before = sum(map(_process_cpu, pids))
             code = main(["replay", "--url", server.url, "--traces", str(tmp_path), "--conc", str(conc),
                          "--duration", str(duration), "--warmup", "1s", "--start-offset", "0:0",
                          "--workers", str(workers),
                          "--out", str(out), "--per-request", str(out / "req.jsonl"), "--quiet"])
-            server_cpu_s = _process_cpu(server.proc.pid) - server_cpu_before
+            server_cpu_s = sum(map(_process_cpu, pids)) - server_cpu_before
             level = json.loads((out / "result.json").read_text())["levels"][0]
             records = [json.loads(line) for line in (out / "req.jsonl").read_text().splitlines()]
         seen = {r["id"]: r for r in server.records()["records"]}
