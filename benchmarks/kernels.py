@@ -123,7 +123,7 @@ def make_kv_cache(num_slots: int, kv_dtype: str) -> torch.Tensor:
 
 def check_sparse_mla(q, cache, idx, kv_dtype, num_splits, config) -> str:
     with poisoned_outputs():
-        out, lse = sparse_mla_triton(q, cache, idx, SCALE, D_C, kv_dtype, num_splits, config)
+        out, lse = sparse_mla_triton(q[..., :D_C], q[..., D_C:], cache, idx, SCALE, kv_dtype, num_splits, config)
     ref, ref_lse = sparse_mla_torch(q, cache, idx, SCALE, D_C, kv_dtype)
     if not SMOKE:
         torch.cuda.synchronize()
@@ -168,8 +168,8 @@ def sparse_mla_cases(rows: list[Row], num_slots: int, batch: int, head_counts: t
                 label = f"triton h{cfg.block_h} n{cfg.block_n} w{cfg.num_warps} s{cfg.num_stages} splits{splits}{'' if forced else '(auto)'}"
                 point = sweep_point(
                     case, label, lambda cfg=cfg, splits=splits: check_sparse_mla(q0, cache, idx0, kv_dtype, splits, cfg),
-                    [lambda q=q, i=i, cfg=cfg, splits=splits: sparse_mla_triton(q, cache, i, SCALE, D_C, kv_dtype,
-                                                                                  splits, cfg) for q, i in sets])
+                    [lambda qc=q[..., :D_C], qr=q[..., D_C:], i=i, cfg=cfg, splits=splits: sparse_mla_triton(
+                        qc, qr, cache, i, SCALE, kv_dtype, splits, cfg) for q, i in sets])
                 if point is not None:
                     rows.append(Row(case, f"{label} [{point[0].split()[0]}]", point[1], flops, nbytes, eager))
         del cache

@@ -109,8 +109,8 @@ def _store_result(acc, m, l, o_ptr, lse_ptr, t, heads, n_heads, D_C: tl.constexp
 
 @triton.jit
 def _sparse_mla_kernel(
-    q_ptr, kv_ptr, kv_bytes_ptr, kv_words_ptr, idx_ptr, o_ptr, lse_ptr,
-    sm_scale_log2, n_idx, n_heads,
+    q_c_ptr, q_r_ptr, kv_ptr, kv_bytes_ptr, kv_words_ptr, idx_ptr, o_ptr, lse_ptr,
+    q_c_stride_t, q_c_stride_h, q_r_stride_t, q_r_stride_h, sm_scale_log2, n_idx, n_heads,
     # fixed per model; lets loads vectorise
     KV_STRIDE: tl.constexpr, ROW_BYTES: tl.constexpr, ROPE_OFFSET: tl.constexpr,
     D_C: tl.constexpr, D_R: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -123,9 +123,12 @@ def _sparse_mla_kernel(
     t = (tl.program_id(0) // head_blocks).to(tl.int64)
     heads = (tl.program_id(0) % head_blocks) * BLOCK_H + tl.arange(0, BLOCK_H)
     head_ok = heads < n_heads
-    q_row = q_ptr + (t * n_heads + heads[:, None]) * (D_C + D_R)
-    q_c = tl.load(q_row + tl.arange(0, D_C)[None, :], mask=head_ok[:, None], other=0.0).to(DOT_DTYPE)
-    q_r = tl.load(q_row + D_C + tl.arange(0, D_R)[None, :], mask=head_ok[:, None], other=0.0).to(DOT_DTYPE)
+    # the query's latent and rotary parts come from two tensors of any row strides (views of the
+    # model's projections: no concatenation needed)
+    q_c_row = q_c_ptr + t * q_c_stride_t + heads[:, None].to(tl.int64) * q_c_stride_h
+    q_r_row = q_r_ptr + t * q_r_stride_t + heads[:, None].to(tl.int64) * q_r_stride_h
+    q_c = tl.load(q_c_row + tl.arange(0, D_C)[None, :], mask=head_ok[:, None], other=0.0).to(DOT_DTYPE)
+    q_r = tl.load(q_r_row + tl.arange(0, D_R)[None, :], mask=head_ok[:, None], other=0.0).to(DOT_DTYPE)
     lo, hi = _split_range(n_idx, BLOCK_N)
 
     m = tl.full((BLOCK_H,), -1e30, tl.float32)
@@ -201,18 +204,19 @@ def auto_num_splits(programs: int, n_idx: int, block_n: int, device: torch.devic
     return max(1, min(4 * sms // programs, triton.cdiv(n_idx, block_n), 32, cap))
 
 
-def sparse_mla_triton(q, kv_cache, indices, scale, d_c, kv_dtype, num_splits=None, config=None):
-    """Launch the kernel (and the combine when split); config overrides the tile shape."""
-    t, h, width = q.shape
-    d_r = width - d_c
+def sparse_mla_triton(q_c, q_r, kv_cache, indices, scale, kv_dtype, num_splits=None, config=None):
+    """Launch the kernel (and the combine when split) for the query's latent part q_c [T, H, d_c]
+    and rotary part q_r [T, H, d_r] (any strides, last dim contiguous); config overrides the tile shape."""
+    t, h, d_c = q_c.shape
+    d_r = q_r.shape[2]
     n_idx = indices.shape[1]
-    cfg = config or default_config(h, kv_dtype, q.device)
+    cfg = config or default_config(h, kv_dtype, q_c.device)
     head_blocks = triton.cdiv(h, cfg.block_h)
     # fp32 partials per split (o and lse) over the gathered rows' bytes
     partial_ratio = h * (d_c + 1) * 4 / max(1, n_idx * kv_cache.shape[1] * kv_cache.element_size())
-    splits = num_splits or auto_num_splits(t * head_blocks, n_idx, cfg.block_n, q.device, partial_ratio)
-    out = new_output((t, h, d_c), torch.bfloat16, q.device)
-    lse = new_output((t, h), torch.float32, q.device)
+    splits = num_splits or auto_num_splits(t * head_blocks, n_idx, cfg.block_n, q_c.device, partial_ratio)
+    out = new_output((t, h, d_c), torch.bfloat16, q_c.device)
+    lse = new_output((t, h), torch.float32, q_c.device)
     if t == 0:
         return out, lse
     if kv_dtype == "bf16":
@@ -221,17 +225,17 @@ def sparse_mla_triton(q, kv_cache, indices, scale, d_c, kv_dtype, num_splits=Non
         kv, kv_bytes, kv_words = kv_cache.view(torch.bfloat16), kv_cache, kv_cache.view(torch.int32)
         rope_offset = (d_c + 4 * (d_c // DS_MLA_GROUP)) // 2
     if splits > 1:
-        part_o = new_output((t, h, splits, d_c), torch.float32, q.device)
-        part_lse = new_output((t, h, splits), torch.float32, q.device)
+        part_o = new_output((t, h, splits, d_c), torch.float32, q_c.device)
+        part_lse = new_output((t, h, splits), torch.float32, q_c.device)
         dst_o, dst_lse = part_o, part_lse
     else:
         dst_o, dst_lse = out, lse
     _sparse_mla_kernel[(t * head_blocks, splits)](
-        q, kv, kv_bytes, kv_words, indices, dst_o, dst_lse,
-        scale * LOG2E.value, n_idx, h,
+        q_c, q_r, kv, kv_bytes, kv_words, indices, dst_o, dst_lse,
+        q_c.stride(0), q_c.stride(1), q_r.stride(0), q_r.stride(1), scale * LOG2E.value, n_idx, h,
         KV_STRIDE=kv.shape[1], ROW_BYTES=kv_cache.shape[1] * kv_cache.element_size(), ROPE_OFFSET=rope_offset,
         D_C=d_c, D_R=d_r, BLOCK_H=cfg.block_h, BLOCK_N=cfg.block_n,
-        FP8=kv_dtype == "fp8_ds_mla", SPLIT=splits > 1, DOT_DTYPE=dot_dtype(q),
+        FP8=kv_dtype == "fp8_ds_mla", SPLIT=splits > 1, DOT_DTYPE=dot_dtype(q_c),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     if splits > 1:
@@ -256,13 +260,22 @@ def sparse_mla(
     kv_dtype: str,
     num_splits: int | None = None,
     backend: str | None = None,
+    q_rope: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(bf16[T, H, d_c] output latent, fp32[T, H] lse) of sparse absorbed MLA over the cache rows at indices."""
+    """(bf16[T, H, d_c] output latent, fp32[T, H] lse) of sparse absorbed MLA over the cache rows at indices.
+
+    q is bf16[T, H, d_c + d_r]; or, with q_rope bf16[T, H, d_r], q is the latent part alone
+    [T, H, d_c] and the kernel reads the two parts where they are (views with any row strides),
+    so a caller need not concatenate them."""
     if q.dim() != 3 or q.dtype != torch.bfloat16:
         raise ValueError(f"sparse_mla: q must be bf16[T, H, d_c + d_r], got {q.dtype}{list(q.shape)}")
+    if q_rope is not None and (q_rope.dtype != torch.bfloat16 or q_rope.shape[:2] != q.shape[:2]
+                               or q.shape[2] != d_c):
+        raise ValueError(f"sparse_mla: with q_rope, q must be bf16[T, H, d_c={d_c}] and q_rope bf16[T, H, d_r], "
+                         f"got {q.dtype}{list(q.shape)} and {q_rope.dtype}{list(q_rope.shape)}")
     if kv_dtype not in KV_DTYPES:
         raise ValueError(f"sparse_mla: kv_dtype={kv_dtype!r}: expected one of {KV_DTYPES}")
-    d_r = q.shape[2] - d_c
+    d_r = q.shape[2] - d_c if q_rope is None else q_rope.shape[2]
     if not (_is_pow2(d_c) and _is_pow2(d_r)):
         raise ValueError(f"sparse_mla: d_c={d_c} and d_r={d_r} must be powers of two >= 16")
     dtype = torch.bfloat16 if kv_dtype == "bf16" else torch.uint8
@@ -275,6 +288,12 @@ def sparse_mla(
     if num_splits is not None and num_splits < 1:
         raise ValueError(f"sparse_mla: num_splits={num_splits} must be >= 1")
     if resolve_backend(backend, q.device) == "torch":
-        return sparse_mla_torch(q, kv_cache, indices, scale, d_c, kv_dtype)
-    return sparse_mla_triton(q.contiguous(), kv_cache.contiguous(), indices.int().contiguous(), scale, d_c, kv_dtype,
-                             num_splits)
+        whole = q if q_rope is None else torch.cat((q, q_rope), dim=-1)
+        return sparse_mla_torch(whole, kv_cache, indices, scale, d_c, kv_dtype)
+    q_c, q_r = (q[..., :d_c], q[..., d_c:]) if q_rope is None else (q, q_rope)
+    return sparse_mla_triton(_last_dim_contiguous(q_c), _last_dim_contiguous(q_r), kv_cache.contiguous(),
+                             indices.int().contiguous(), scale, kv_dtype, num_splits)
+
+
+def _last_dim_contiguous(x: torch.Tensor) -> torch.Tensor:
+    return x if x.stride(-1) == 1 else x.contiguous()

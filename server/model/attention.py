@@ -130,8 +130,8 @@ class MLAttention(OwnsFusedLinears):
 
         w_kv = self.wkv_b.weight.view(h, c.qk_nope_dim + c.v_head_dim, c.kv_lora_rank)
         w_uk, w_uv = w_kv.split([c.qk_nope_dim, c.v_head_dim], dim=1)
-        q_abs = torch.cat((torch.einsum("thn,hnc->thc", q_nope, w_uk), q_pe), dim=-1)
-        o_lat, _ = sparse_mla(q_abs.to(torch.bfloat16), kv_cache, slots, c.softmax_scale,
-                                      c.kv_lora_rank, s.kv_dtype, backend=s.backend)
+        q_latent_abs = torch.einsum("thn,hnc->thc", q_nope, w_uk)  # W_UK absorbed; q_pe stays where it is
+        o_lat, _ = sparse_mla(q_latent_abs.to(torch.bfloat16), kv_cache, slots, c.softmax_scale, c.kv_lora_rank,
+                              s.kv_dtype, backend=s.backend, q_rope=q_pe.to(torch.bfloat16))
         o = torch.einsum("thc,hvc->thv", o_lat.to(x.dtype), w_uv)
         return self.wo(o.reshape(t, h * c.v_head_dim))

@@ -55,6 +55,26 @@ def run_both(q, cache, idx, kv_dtype, num_splits, d_c=D_C):
 
 
 @pytest.mark.parametrize("kv_dtype", ["bf16", "fp8_ds_mla"])
+def test_query_parts_read_where_they_are(gen, kv_dtype):
+    """The model's call: the latent part alone and the rotary part a strided view of wider rows
+    (the query projection's output), against the same query concatenated."""
+    t, h, num_slots = 5, 4, 120
+    cache = make_cache(gen, num_slots, kv_dtype)
+    idx = torch.randint(0, num_slots, (t, 40), generator=gen, dtype=torch.int32)
+    idx[1, 25:] = -1
+    q = torch.randn(t, h, D_C + D_R, generator=gen).bfloat16()
+    wide = torch.randn(t, h, 3 * D_R, generator=gen).bfloat16()
+    wide[..., D_R:2 * D_R] = q[..., D_C:]
+    q_rope = wide[..., D_R:2 * D_R]
+    assert q_rope.stride() == (h * 3 * D_R, 3 * D_R, 1)
+    for backend in ("triton", "torch"):
+        got = sparse_mla(q[..., :D_C].contiguous(), cache, idx, SCALE, D_C, kv_dtype, backend=backend, q_rope=q_rope)
+        assert_mla_match(*got, *sparse_mla(q, cache, idx, SCALE, D_C, kv_dtype, backend="torch"))
+    with pytest.raises(ValueError, match="with q_rope"):
+        sparse_mla(q, cache, idx, SCALE, D_C, kv_dtype, q_rope=q_rope)
+
+
+@pytest.mark.parametrize("kv_dtype", ["bf16", "fp8_ds_mla"])
 @pytest.mark.parametrize("k,num_splits", [(16, None), (64, 3), (200, 1), (200, 4)])
 def test_decode_matches(gen, kv_dtype, k, num_splits):
     num_slots = 300
