@@ -63,12 +63,13 @@ def _load(path: str):
 
 
 def check_command(args: argparse.Namespace) -> int:
-    from loadgen.recipe.runner import plan
+    from loadgen.recipe.runner import plan, verdict_design
 
     recipe = _load(args.file)
     runs = plan(recipe)
     print(f"{args.file}: ok: {len(recipe.variants)} variants ({', '.join(v.name for v in recipe.variants)}), "
           f"{recipe.sweep.repeats} rounds, {len(runs)} runs on a {recipe.server.kind} server")
+    print(verdict_design(recipe))
     return 0
 
 

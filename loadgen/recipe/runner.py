@@ -65,6 +65,22 @@ def plan(recipe: Recipe) -> list[PlannedRun]:
     return [PlannedRun(r, variants[(r - 1 + i) % n]) for r in range(1, recipe.sweep.repeats + 1) for i in range(n)]
 
 
+def verdict_design(recipe: Recipe) -> str:
+    """One line on how the verdicts will be drawn and how sensitive they are (README, Calibration)."""
+    rounds, n = recipe.sweep.repeats, len(recipe.variants)
+    compare = recipe.compare
+    if compare.run_noise:
+        return f"verdicts: {rounds} runs per variant against the A/A prior {compare.run_noise}"
+    if not compare.paired or rounds < 2:
+        return f"verdicts: Welch t over {rounds} runs per variant (compare.paired: false)"
+    df = (rounds - 1) * (n - 1)
+    text = f"verdicts: {rounds} rounds {'as blocks of ' + str(n) + ' variants' if n > 2 else 'paired'}, t on {df} df"
+    if n == 2:
+        text += (f"; with two variants a 10 % change is found only at a small run noise (about 2.5 % at 5 "
+                 f"rounds) - a `control: true` copy of the baseline adds {rounds - 1} df and measures that noise")
+    return text
+
+
 def load_command(recipe: Recipe, variant: Variant, url: str | None, out: Path, quiet: bool,
                  round_: int = 1) -> list[str]:
     """The `loadgen replay` (HTTP) or `loadgen bench` (in-process) argv of one run of round `round_`."""
@@ -127,6 +143,7 @@ class RecipeRun:
     def run(self) -> int:
         """Every unfinished run, then the comparisons and the report; the exit code."""
         todo = [r for r in self.runs if not self.finished(r)]
+        self._say(verdict_design(self.recipe))
         if len(todo) < len(self.runs):
             self._say(f"resuming: {len(self.runs) - len(todo)} of {len(self.runs)} runs already finished")
         started = time.monotonic()

@@ -43,10 +43,14 @@ def test_a_recipe_built_in_code_round_trips_through_yaml():
     assert recipe.server_flags(recipe.variants[1]) == {"block_size": 128}
 
 
-@pytest.mark.parametrize("name", ["seed.yaml", "cpu-smoke.yaml", "vllm.yaml"])
-def test_shipped_recipes_check(name, capsys):
+@pytest.mark.parametrize("name,design", [("seed.yaml", "5 rounds as blocks of 3 variants, t on 8 df"),
+                                         ("cpu-smoke.yaml", "2 rounds paired, t on 1 df; with two variants"),
+                                         ("vllm.yaml", "5 rounds as blocks of 3 variants, t on 8 df")])
+def test_shipped_recipes_check(name, design, capsys):
+    """check validates and says how the verdicts will be drawn (two variants: how to add power)."""
     assert main(["recipe", "check", str(RECIPES / name)]) == 0
-    assert "ok:" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "ok:" in out and f"verdicts: {design}" in out
 
 
 def test_the_seed_recipe_is_the_issue_experiment():
