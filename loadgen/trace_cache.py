@@ -97,6 +97,9 @@ def unpack(entry: tuple) -> TraceSet:
     try:
         return TraceSet(name, fmt, block_size, tuple(_unpack_session(session) for session in sessions))
     finally:
+        # The set lives as long as the process. Frozen, its objects leave the young generation,
+        # which the next allocations would otherwise collect at once (~40 ms of a start-up).
+        gc.freeze()
         if collecting:
             gc.enable()
 
