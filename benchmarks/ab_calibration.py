@@ -48,10 +48,10 @@ matching remove).
   python benchmarks/ab_calibration.py --rounds 6 --duration 60 --out /tmp/abcal      # CPU tiny
   python benchmarks/ab_calibration.py --analyze /tmp/abcal                          # re-analyse
   python benchmarks/ab_calibration.py --model v32 --num-layers 4 --device cuda --token-scale 0.25 \\
-      --think-time-scale 0.02 --think-time-cap 2 --conc 8 --duration 30 --rounds 8 --alternate \\
-      --delay-ms 0.45 --budget-s 545 --server-cpus 0-7 --client-cpus 8-11 --collect-only --out /tmp/abcal-gpu
-      # one H200: ~120 s per round of 30 s windows, 4 rounds per 10-minute call; call again with
-      # the same --out (the folder carried) for the rest
+      --think-time-scale 0.02 --think-time-cap 2 --conc 8 --duration 60 --rounds 5 --alternate \\
+      --delay-ms 0.22 --budget-s 535 --server-cpus 0-7 --client-cpus 8-11 --collect-only --out /tmp/abcal-gpu
+      # one H200, the default length: ~210 s per round of 60 s windows, 2 rounds per 10-minute
+      # call; call again with the same --out (the folder carried) for the rest, then --analyze
 """
 
 from __future__ import annotations

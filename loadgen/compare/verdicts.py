@@ -24,8 +24,8 @@ or more variants has them): the rounds are the blocks of a randomized complete b
 round's log values of every variant, less the round's mean and the variant's mean, leave the
 residuals, whose variance (rounds - 1) x (variants - 1) degrees of freedom estimate the run noise
 that NEW - BASE carries; with two variants this is the paired t exactly. More variants, more
-degrees of freedom, a narrower t: on an H200 (benchmarks/RESULTS.md) 5 rounds of three variants
-found a planted TPOT change every time that the pair alone found in 92 % of comparisons.
+degrees of freedom, a narrower t: on an H200 (benchmarks/RESULTS.md) 5 rounds of 60 s windows
+with three variants found an exact 10 % TPOT change in 16 of 16 comparisons, the pair alone in 4.
 
 Repeats (>= 2 runs of the level on each side): Welch's t-test on the logarithm of the per-run
 values. Each run's value carries both the server's run-to-run variation (batching
