@@ -182,24 +182,30 @@ INDEXER_SWEEP = (IndexerConfig(64, 4, 8), IndexerConfig(64, 4, 16), IndexerConfi
                  IndexerConfig(64, 4, 8, 4), IndexerConfig(64, 4, 16, 2), IndexerConfig(128, 8, 8, 2), IndexerConfig(64, 8, 8, 2))
 
 
+def make_indexer_cache(num_slots: int, key_dtype: str) -> torch.Tensor:
+    """An indexer key cache of random keys in every slot, written a million rows at a time."""
+    cache = torch.empty(num_slots, indexer_row_bytes(D_I, key_dtype), dtype=torch.uint8, device=DEV)
+    for lo in range(0, num_slots, 1 << 20):
+        n = min(1 << 20, num_slots - lo)
+        write_indexer_cache(cache, torch.arange(lo, lo + n, device=DEV), torch.randn(n, D_I, device=DEV), key_dtype)
+    return cache
+
+
+def indexer_query(tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Random fp8 queries and their head weights (with the quantisation scale folded in), as the model makes them."""
+    q8, qs = fp8_e4m3_quantize(torch.randn(tokens, H_I, D_I, device=DEV))
+    return q8, (torch.randn(tokens, H_I, device=DEV) * qs * (H_I * D_I) ** -0.5).contiguous()
+
+
 def indexer_cases(rows: list[Row], requests: int, context: int) -> None:
     block_size = 64
     blocks_per_req = context // block_size
     for key_dtype in ("fp8", "mxfp4"):
-        num_slots = requests * context
-        cache = torch.empty(num_slots, indexer_row_bytes(D_I, key_dtype), dtype=torch.uint8, device=DEV)
-        for lo in range(0, num_slots, 1 << 20):
-            n = min(1 << 20, num_slots - lo)
-            write_indexer_cache(cache, torch.arange(lo, lo + n, device=DEV), torch.randn(n, D_I, device=DEV), key_dtype)
+        cache = make_indexer_cache(requests * context, key_dtype)
         block_table = torch.randperm(requests * blocks_per_req, device=DEV).int().reshape(requests, blocks_per_req)
         seq_ids = torch.arange(requests, device=DEV, dtype=torch.int32)
         lens = torch.full((requests,), context, device=DEV, dtype=torch.int32)
-
-        def fresh_query():
-            q8, qs = fp8_e4m3_quantize(torch.randn(requests, H_I, D_I, device=DEV))
-            return q8, (torch.randn(requests, H_I, device=DEV) * qs * (H_I * D_I) ** -0.5).contiguous()
-
-        sets = [fresh_query() for _ in range(3)]
+        sets = [indexer_query(requests) for _ in range(3)]
         case = f"indexer paged {key_dtype} {requests}x{context}"
         flops = 2.0 * requests * context * H_I * D_I
         nbytes = requests * context * (indexer_row_bytes(D_I, key_dtype) + 4) + requests * (H_I * D_I + 4 * H_I)
@@ -236,19 +242,11 @@ def prefill_indexer_case(key_dtype: str, chunk: int, context: int):
     """One request's last `chunk` prompt tokens of a `context`-token prompt: (cache, block table,
     seq ids, context lengths, query sets). Blocks are shuffled over the cache."""
     block_size = 64
-    cache = torch.empty(context, indexer_row_bytes(D_I, key_dtype), dtype=torch.uint8, device=DEV)
-    for lo in range(0, context, 1 << 20):
-        n = min(1 << 20, context - lo)
-        write_indexer_cache(cache, torch.arange(lo, lo + n, device=DEV), torch.randn(n, D_I, device=DEV), key_dtype)
+    cache = make_indexer_cache(context, key_dtype)
     table = torch.randperm(context // block_size, device=DEV).int()[None]
     seq_ids = torch.zeros(chunk, device=DEV, dtype=torch.int32)
     lens = torch.arange(context - chunk + 1, context + 1, device=DEV, dtype=torch.int32)
-
-    def fresh_query():
-        q8, qs = fp8_e4m3_quantize(torch.randn(chunk, H_I, D_I, device=DEV))
-        return q8, (torch.randn(chunk, H_I, device=DEV) * qs * (H_I * D_I) ** -0.5).contiguous()
-
-    return cache, table, block_size, seq_ids, lens, [fresh_query() for _ in range(2)]
+    return cache, table, block_size, seq_ids, lens, [indexer_query(chunk) for _ in range(2)]
 
 
 def check_tiled(key_dtype: str, cfg: TiledConfig, fp8_dot: bool) -> str:
