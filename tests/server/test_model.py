@@ -281,3 +281,25 @@ def test_block_table_rows_follow_appends_releases_and_frees():
     blocks.free(a)  # preemption
     blocks.append(a, 50)
     table()
+
+
+def test_fused_linears_are_views_of_one_weight_after_a_dtype_move():
+    """The linears reading one input share one stacked weight (one GEMM); after `.to(dtype)` each
+    linear's weight is again a view of it, so editing a linear edits what the GEMM reads."""
+    from server.model.layers import FusedLinears, OwnsFusedLinears
+
+    class Pair(OwnsFusedLinears):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a, self.b = torch.nn.Linear(8, 3, bias=False), torch.nn.Linear(8, 5, bias=False)
+            self.both = FusedLinears(self.a, self.b)
+
+    pair = Pair().to(torch.float64)
+    x = torch.randn(4, 8, dtype=torch.float64)
+    assert pair.both.weight.dtype == torch.float64 and pair.both.sizes == [3, 5]
+    torch.testing.assert_close(pair.both(x), torch.cat((pair.a(x), pair.b(x)), dim=-1))
+    with torch.no_grad():
+        pair.b.weight.mul_(2.0)
+    torch.testing.assert_close(pair.both(x)[:, 3:], pair.b(x))
+    assert pair.a.weight.data_ptr() == pair.both.weight.data_ptr()
+    assert list(pair.state_dict()) == ["a.weight", "b.weight"]  # checkpoints keep the linears' names
