@@ -94,7 +94,7 @@ def run_case(conc: int, first_ms: float, itl_ms: float, osl: int, duration: floa
             tmp_path = Path(tmp)
             write_traces(tmp_path, osl)
             out = tmp_path / "out"
-            pids = getattr(server, "pids", [server.proc.pid])
+            pids = server.pids if isinstance(server, FastServer) else [server.proc.pid]
             server_cpu_before = sum(map(_process_cpu, pids))
             code = main(["replay", "--url", server.url, "--traces", str(tmp_path), "--conc", str(conc),
                          "--duration", str(duration), "--warmup", "1s", "--start-offset", "0:0",
@@ -110,7 +110,8 @@ def run_case(conc: int, first_ms: float, itl_ms: float, osl: int, duration: floa
     counts, client = level["counts"], level["client"]
     tokens = counts["output_tokens"]
     return {
-        "client": f"loadgen --workers {workers}" + (" (fast server)" if fast_server else ""), "conc": conc,
+        "client": f"loadgen --workers {workers}" + (f" (fast server x{len(pids)})" if fast_server else ""),
+        "conc": conc,
         "first_ms": first_ms,
         "itl_ms": itl_ms, "osl": osl, "exit": code,
         "requests": counts["requests_ok"], "errors": counts["errors_total"],

@@ -5,8 +5,10 @@ test, so with two client workers on a 2-core machine it, not the client, would s
 This one answers /v1/completions on raw uvloop protocols: it reads `max_tokens` from the body
 and writes that many pre-encoded SSE events (one token each, one write each: the client still
 sees one event per read when it keeps up), then usage and [DONE]. /v1/models answers like a
-foreign server's. `--processes N` serves one listening socket from N forked processes (one
-process tops out near 300k tokens/s on one core: a client with two workers can outrun it).
+foreign server's. `--processes N` forks N serving processes, each with its own listening socket on
+the one port (SO_REUSEPORT: the kernel spreads the connections over them evenly, where one shared
+socket would let the first process to wake take most of a burst). One process tops out near 300k
+tokens/s on one core: a client with two workers can outrun it.
 Prints `PORT <n> PIDS <pid,...>`; runs until killed (kill the process group: the forks too).
 """
 
@@ -71,26 +73,35 @@ class Handler(asyncio.Protocol):
 
 
 async def serve(sock: socket.socket) -> None:
-    server = await asyncio.get_running_loop().create_server(Handler, sock=sock)
+    server = await asyncio.get_running_loop().create_server(Handler, sock=sock, backlog=1024)
     await server.serve_forever()
+
+
+def listening_socket(port: int) -> socket.socket:
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    sock.bind(("127.0.0.1", port))
+    return sock
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--processes", type=int, default=1, help="processes serving the socket (default 1)")
+    parser.add_argument("--processes", type=int, default=1, help="serving processes (default 1)")
     args = parser.parse_args()
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    sock.listen(1024)
+    if args.processes < 1:
+        parser.error(f"--processes must be at least 1, got {args.processes}")
+    sock = listening_socket(0)
+    port = sock.getsockname()[1]
     pids = [os.getpid()]
     for _ in range(args.processes - 1):
         pid = os.fork()
         if pid == 0:
-            pids = []
+            sock.close()
+            pids, sock = [], listening_socket(port)
             break
         pids.append(pid)
     if pids:
-        print(f"PORT {sock.getsockname()[1]} PIDS {','.join(map(str, pids))}", flush=True)
+        print(f"PORT {port} PIDS {','.join(map(str, pids))}", flush=True)
     uvloop.run(serve(sock))
 
 

@@ -269,10 +269,11 @@ def sparse_mla(
     so a caller need not concatenate them."""
     if q.dim() != 3 or q.dtype != torch.bfloat16:
         raise ValueError(f"sparse_mla: q must be bf16[T, H, d_c + d_r], got {q.dtype}{list(q.shape)}")
-    if q_rope is not None and (q_rope.dtype != torch.bfloat16 or q_rope.shape[:2] != q.shape[:2]
-                               or q.shape[2] != d_c):
-        raise ValueError(f"sparse_mla: with q_rope, q must be bf16[T, H, d_c={d_c}] and q_rope bf16[T, H, d_r], "
-                         f"got {q.dtype}{list(q.shape)} and {q_rope.dtype}{list(q_rope.shape)}")
+    if q_rope is not None and (q_rope.dim() != 3 or q_rope.dtype != torch.bfloat16 or q_rope.device != q.device
+                               or q_rope.shape[:2] != q.shape[:2] or q.shape[2] != d_c):
+        raise ValueError(f"sparse_mla: with q_rope, q must be bf16[T, H, d_c={d_c}] and q_rope bf16[T, H, d_r] on "
+                         f"its device, got {q.dtype}{list(q.shape)} and {q_rope.dtype}{list(q_rope.shape)} on "
+                         f"{q.device} and {q_rope.device}")
     if kv_dtype not in KV_DTYPES:
         raise ValueError(f"sparse_mla: kv_dtype={kv_dtype!r}: expected one of {KV_DTYPES}")
     d_r = q.shape[2] - d_c if q_rope is None else q_rope.shape[2]

@@ -14,7 +14,6 @@ self-contained HTML report in `report/` beside it. Exit codes as `loadgen replay
 from __future__ import annotations
 
 import argparse
-import gc
 import re
 import threading
 import time
@@ -90,9 +89,6 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(str(exc)) from exc
     finally:
         transport.shutdown()
-        # The replay froze the heap (gc.freeze); frozen triton objects would outlive the
-        # interpreter's final collection and make nanobind print leak warnings at exit.
-        gc.unfreeze()
     if not args.no_report:
         _write_report(Path(args.out), args.quiet)
     return code

@@ -95,7 +95,13 @@ def replay_with(args: argparse.Namespace, transport: Transport, target: dict[str
         options = _check_flags(args)
     except ValueError as exc:
         raise UsageError(str(exc)) from exc
-    return run_event_loop(_replay(args, options, transport, target, http_target))
+    try:
+        return run_event_loop(_replay(args, options, transport, target, http_target))
+    finally:
+        # The traces were loaded frozen and the run froze the heap. A caller's process goes on
+        # (`bench`: frozen triton objects would outlive the final collection, and nanobind would
+        # print leak warnings at exit).
+        gc.unfreeze()
 
 
 def _check_flags(args: argparse.Namespace) -> dict[str, Any]:
@@ -225,7 +231,6 @@ async def _replay(args: argparse.Namespace, options: dict[str, Any], transport: 
         await transport.close()
         if per_request:
             per_request.close()
-        gc.unfreeze()
         results_path = _finish(doc, pool, results_path)
     printer.say(f"results: {results_path}")
     return _exit_code(doc, pool, args.command) or int(results_path != planned_path)
@@ -385,7 +390,8 @@ def _spec_expectation(args: argparse.Namespace, info: ServerInfo) -> SpecExpecta
 
 
 def _load_traces(args: argparse.Namespace, info: ServerInfo) -> tuple[TraceSet, Any]:
-    traces = load_traces_cached(args.traces or DEFAULT_SET, args.trace_format)
+    # frozen: the set lives for the run (replay_with unfreezes), and the collector need not walk it
+    traces = load_traces_cached(args.traces or DEFAULT_SET, args.trace_format, freeze=True)
     if traces.format == "mooncake" and len(traces.sessions) > 1:
         raise UsageError(f"--traces: a Mooncake replay takes one file (its timestamps are one timeline); "
                          f"{args.traces} holds {len(traces.sessions)}")

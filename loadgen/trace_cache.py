@@ -47,15 +47,16 @@ def _cache_dirs() -> list[Path]:
     return [cache_dir(), Path(tempfile.gettempdir()) / f"agentload{user}" / "traces"]
 
 
-def load_traces_cached(source: str, fmt: str) -> TraceSet:
-    """`traces.load_traces(source, fmt)`, through the cache when `source` names a bundled set."""
+def load_traces_cached(source: str, fmt: str, freeze: bool = False) -> TraceSet:
+    """`traces.load_traces(source, fmt)`, through the cache when `source` names a bundled set.
+    freeze: see `unpack` (for a caller that keeps the set for its process's life and unfreezes)."""
     if Path(source).exists() or source not in bundled_sets():
         return load_traces(source, fmt)
     name = f"{source}-{fmt}-{FORMAT}-{_fingerprint(source)}.pickle"
     for folder in _cache_dirs():
         try:
             with open(folder / name, "rb") as handle:
-                return unpack(pickle.load(handle))
+                return unpack(pickle.load(handle), freeze)
         except (OSError, pickle.UnpicklingError, EOFError, AttributeError, ImportError, TypeError, ValueError,
                 IndexError):
             pass
@@ -79,8 +80,8 @@ class PackedTraces:
     def of(cls, trace_set: TraceSet) -> PackedTraces:
         return cls(pickle.dumps(pack(trace_set), protocol=pickle.HIGHEST_PROTOCOL))
 
-    def unpack(self) -> TraceSet:
-        return unpack(pickle.loads(self.data))
+    def unpack(self, freeze: bool = False) -> TraceSet:
+        return unpack(pickle.loads(self.data), freeze)
 
 
 def pack(trace_set: TraceSet) -> tuple:
@@ -89,17 +90,19 @@ def pack(trace_set: TraceSet) -> tuple:
             tuple(_pack_session(session) for session in trace_set.sessions))
 
 
-def unpack(entry: tuple) -> TraceSet:
-    """Inverse of `pack`; raises TypeError/ValueError/IndexError on an entry of another shape."""
+def unpack(entry: tuple, freeze: bool = False) -> TraceSet:
+    """Inverse of `pack`; raises TypeError/ValueError/IndexError on an entry of another shape.
+    freeze: gc.freeze() the heap before the collector is enabled again, for a caller that keeps the
+    set for its process's life (and calls gc.unfreeze() when done): otherwise the next allocations
+    collect the set's ~1M young objects at once (~40 ms of a start-up)."""
     name, fmt, block_size, sessions = entry
     collecting = gc.isenabled()
     gc.disable()  # the collector would walk the growing id tuples again and again: half the time
     try:
         return TraceSet(name, fmt, block_size, tuple(_unpack_session(session) for session in sessions))
     finally:
-        # The set lives as long as the process. Frozen, its objects leave the young generation,
-        # which the next allocations would otherwise collect at once (~40 ms of a start-up).
-        gc.freeze()
+        if freeze:
+            gc.freeze()
         if collecting:
             gc.enable()
 

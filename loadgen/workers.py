@@ -103,7 +103,7 @@ class Worker:
         self.setup = setup
         self.transport = HttpTransport(t.url, t.endpoint, t.model, t.api_key, t.headers, t.timeout_s)
         self.records: list[bytes] = []
-        traces = setup.traces.unpack()
+        traces = setup.traces.unpack(freeze=True)  # the worker's process lives for the run
         synth = PromptSynth(traces.block_size, vocab_size=setup.vocab[1], vocab_offset=setup.vocab[0])
         spec = _expectation(setup.spec)
         on_request = (lambda rec: self.records.append(dumps_record(rec))) if setup.per_request else None

@@ -69,15 +69,21 @@ def verdict_design(recipe: Recipe) -> str:
     """One line on how the verdicts will be drawn and how sensitive they are (README, Calibration)."""
     rounds, n = recipe.sweep.repeats, len(recipe.variants)
     compare = recipe.compare
+    runs = f"{rounds} run{'s' if rounds > 1 else ''} per variant"
+    if n < 2:
+        return "verdicts: none (one variant: nothing to compare it with)"
     if compare.run_noise:
-        return f"verdicts: {rounds} runs per variant against the A/A prior {compare.run_noise}"
-    if not compare.paired or rounds < 2:
-        return f"verdicts: Welch t over {rounds} runs per variant (compare.paired: false)"
+        return f"verdicts: {runs} against the A/A prior {compare.run_noise}"
+    if rounds < 2:
+        return ("verdicts: one run per side, session bootstrap - the run-to-run noise is not in the "
+                "interval (README, Calibration: about a third of A/A metrics flagged); use repeats >= 3")
+    if not compare.paired:
+        return f"verdicts: Welch t over {runs} (compare.paired: false)"
     df = (rounds - 1) * (n - 1)
     text = f"verdicts: {rounds} rounds {'as blocks of ' + str(n) + ' variants' if n > 2 else 'paired'}, t on {df} df"
-    if n == 2:
-        text += (f"; with two variants a 10 % change is found only at a small run noise (about 2.5 % at 5 "
-                 f"rounds) - a `control: true` copy of the baseline adds {rounds - 1} df and measures that noise")
+    if n == 2 and not any(v.control for v in recipe.variants):
+        text += (f"; two variants find a 10 % change only at a small run noise (about 2.5 % at 5 rounds) - a "
+                 f"`control: true` copy of the baseline adds {rounds - 1} df and measures that noise")
     return text
 
 

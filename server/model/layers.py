@@ -109,7 +109,8 @@ class FusedLinears:
     initialising, loading or editing a layer edits the stacked weight, and nothing is stored twice.
     The linears stay their owner's modules (names, init, checkpoints and tensor-parallel slices
     unchanged); the owner calls `restack` after a dtype or device move, which gives each parameter
-    storage of its own."""
+    storage of its own. Anything else that replaces a weight's storage (copy.deepcopy,
+    load_state_dict(assign=True)) needs a `restack` too, or the GEMM reads the old weights."""
 
     def __init__(self, *layers: nn.Linear) -> None:
         self.layers = layers

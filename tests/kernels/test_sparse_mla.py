@@ -70,8 +70,9 @@ def test_query_parts_read_where_they_are(gen, kv_dtype):
     for backend in ("triton", "torch"):
         got = sparse_mla(q[..., :D_C].contiguous(), cache, idx, SCALE, D_C, kv_dtype, backend=backend, q_rope=q_rope)
         assert_mla_match(*got, *sparse_mla(q, cache, idx, SCALE, D_C, kv_dtype, backend="torch"))
-    with pytest.raises(ValueError, match="with q_rope"):
-        sparse_mla(q, cache, idx, SCALE, D_C, kv_dtype, q_rope=q_rope)
+    for bad_q, bad_rope in ((q, q_rope), (q[..., :D_C], q_rope[:, 0])):  # q with its rope part; a 2-D q_rope
+        with pytest.raises(ValueError, match="with q_rope"):
+            sparse_mla(bad_q, cache, idx, SCALE, D_C, kv_dtype, q_rope=bad_rope)
 
 
 @pytest.mark.parametrize("kv_dtype", ["bf16", "fp8_ds_mla"])

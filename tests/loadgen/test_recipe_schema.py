@@ -44,13 +44,28 @@ def test_a_recipe_built_in_code_round_trips_through_yaml():
 
 
 @pytest.mark.parametrize("name,design", [("seed.yaml", "5 rounds as blocks of 3 variants, t on 8 df"),
-                                         ("cpu-smoke.yaml", "2 rounds paired, t on 1 df; with two variants"),
+                                         ("cpu-smoke.yaml", "2 rounds paired, t on 1 df; two variants find"),
                                          ("vllm.yaml", "5 rounds as blocks of 3 variants, t on 8 df")])
 def test_shipped_recipes_check(name, design, capsys):
     """check validates and says how the verdicts will be drawn (two variants: how to add power)."""
     assert main(["recipe", "check", str(RECIPES / name)]) == 0
     out = capsys.readouterr().out
     assert "ok:" in out and f"verdicts: {design}" in out
+
+
+@pytest.mark.parametrize("sweep,variants,design", [
+    ({"repeats": 1}, None, "one run per side, session bootstrap - the run-to-run noise is not in the interval"),
+    ({}, [{"name": "fp8"}], "none (one variant"),
+    ({"repeats": 4}, None, "4 rounds paired, t on 3 df; two variants find a 10 % change only at a small run noise"),
+    ({"repeats": 4}, [{"name": "fp8"}, {"name": "again", "control": True}], "4 rounds paired, t on 3 df"),
+])
+def test_the_verdict_line_names_the_test_a_recipe_gets(sweep, variants, design):
+    from loadgen.recipe.runner import verdict_design
+
+    doc = _with(sweep={**GOOD["sweep"], **sweep}, variants=variants or GOOD["variants"])
+    line = verdict_design(recipe_from_dict(doc))
+    assert line.startswith(f"verdicts: {design}")
+    assert variants is None or "control: true" not in line  # a control is there already: no advice
 
 
 def test_the_seed_recipe_is_the_issue_experiment():
