@@ -250,3 +250,27 @@ def test_a_sink_that_raises_fails_its_request_as_a_protocol_error(kernel_timesta
         server.close()
 
     asyncio.run(main())
+
+
+def test_kernel_stamps_convert_with_the_tightest_clock_offset(monkeypatch):
+    """A kernel stamp (CLOCK_REALTIME) maps onto perf_counter_ns through the offset read between two
+    monotonic readings; a realtime reading that lands late in its bracket (the thread preempted)
+    loses to a tighter one instead of shifting every stamp of the next 50 ms."""
+    import struct
+    import time
+
+    from loadgen.transport import wire
+
+    # (before, after) monotonic pairs and the realtime read between them; true offset 5 s
+    monotonic = iter([1_000, 91_100,  # preempted after `before`: realtime read 90 us late
+                      100_000, 100_200,  # 200 ns wide
+                      200_000, 200_900])  # 900 ns wide
+    realtime = iter([5_000_000_000 + 91_000, 5_000_000_000 + 100_100, 5_000_000_000 + 200_500])
+    monkeypatch.setattr(time, "perf_counter_ns", lambda: next(monotonic))
+    monkeypatch.setattr(time, "time_ns", lambda: next(realtime))
+    assert wire._RealtimeToPerfCounter.offset() == 5_000_000_000
+    converter = wire._RealtimeToPerfCounter()
+    monkeypatch.setattr(wire._RealtimeToPerfCounter, "offset", classmethod(lambda cls: 5_000_000_000))
+    stamp = 5_000_123_456
+    ancillary = [(1, 35, struct.pack("qq", stamp // 1_000_000_000, stamp % 1_000_000_000))]
+    assert converter.stamp(ancillary) == 123_456
