@@ -30,6 +30,7 @@ def _traces(folder: Path, n_out: int = 10, sessions: int = 2) -> Path:
     return folder
 
 
+LOOPBACK_SLACK_NS = 1_000_000
 LOAD = ["--conc", "2", "--duration", "1.5", "--warmup", "0s", "--token-scale", "1", "--think-time-scale", "1"]
 
 
@@ -92,12 +93,15 @@ def test_multi_token_chunks_tpot_itl_and_tokens_per_chunk(start_server, replay, 
         assert cols["tpot_us"][i] == max(1, (e2el - ttft) // 9)
         # The server starts each write 20 ms after the previous one began; a chunk reaches the
         # client's socket while the server writes it (the kernel stamps it), so the client's gap
-        # is at least from the end of one write to the start of the next, whatever the load.
+        # is at least from the end of one write to the start of the next, whatever the load - less
+        # LOOPBACK_SLACK_NS: on a busy host the loopback delivery (and its stamp) can run in a
+        # deferred softirq after the write returned. Coalesced chunks would share one stamp (a gap
+        # near 0), far below this bound.
         writes, written = seen[r["id"]]["writes_ns"], seen[r["id"]]["written_ns"]
         for k in range(2):
             assert writes[k + 1] - writes[k] >= 20_000_000
             gap = r["chunk_ns"][k + 1] - r["chunk_ns"][k]
-            assert gap >= writes[k + 1] - written[k], (r["id"], k, gap, writes, written)
+            assert gap >= writes[k + 1] - written[k] - LOOPBACK_SLACK_NS, (r["id"], k, gap, writes, written)
             gaps.append(gap)
         assert (e2el - ttft) >= (writes[2] - written[0]) // 1000
     n = len(measured)
