@@ -182,10 +182,9 @@ def _pct(values: list[float], p: float) -> float | None:
 
 
 _BUSY_LOOP = """
-import os, sys, time
-os.sched_setaffinity(0, {int(sys.argv[1])})
+import sys, time
 start = time.perf_counter(); n = 0
-while time.perf_counter() - start < float(sys.argv[2]):
+while time.perf_counter() - start < float(sys.argv[1]):
     n += 1
 print(n)
 """
@@ -193,8 +192,11 @@ print(n)
 
 def busy_rate(cpus: list[int], seconds: float = 1.0) -> float:
     """Loop turns of a Python busy loop per second, summed over one process per CPU run at once."""
-    procs = [subprocess.Popen([sys.executable, "-c", _BUSY_LOOP, str(cpu), str(seconds)], stdout=subprocess.PIPE,
-                              text=True) for cpu in cpus]
+    procs = []
+    for cpu in cpus:
+        with placed_on(frozenset({cpu})):
+            procs.append(subprocess.Popen([sys.executable, "-c", _BUSY_LOOP, str(seconds)], stdout=subprocess.PIPE,
+                                          text=True))
     return sum(int(proc.communicate()[0]) for proc in procs) / seconds
 
 
