@@ -178,8 +178,8 @@ def sparse_mla_cases(rows: list[Row], num_slots: int, batch: int, head_counts: t
 
 # ---------------------------------------------------------------- indexer
 
-INDEXER_SWEEP = (IndexerConfig(64, 4, 8), IndexerConfig(64, 4, 16), IndexerConfig(64, 4, 8, 1), IndexerConfig(64, 4, 8, 2),
-                 IndexerConfig(64, 4, 8, 4), IndexerConfig(64, 4, 16, 2), IndexerConfig(128, 8, 8, 2), IndexerConfig(64, 8, 8, 2))
+# the per-token kernel's defaults (fp8 n64 w4 8/SM s1, MXFP4 n64 w4 8/SM) and the runners-up of earlier sweeps
+INDEXER_SWEEP = (IndexerConfig(64, 4, 8), IndexerConfig(64, 4, 8, 1), IndexerConfig(64, 4, 16, 2), IndexerConfig(128, 8, 8, 2))
 
 
 def make_indexer_cache(num_slots: int, key_dtype: str) -> torch.Tensor:
@@ -191,13 +191,35 @@ def make_indexer_cache(num_slots: int, key_dtype: str) -> torch.Tensor:
     return cache
 
 
-def indexer_query(tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
+def indexer_query(tokens: int, heads: int = H_I) -> tuple[torch.Tensor, torch.Tensor]:
     """Random fp8 queries and their head weights (with the quantisation scale folded in), as the model makes them."""
-    q8, qs = fp8_e4m3_quantize(torch.randn(tokens, H_I, D_I, device=DEV))
-    return q8, (torch.randn(tokens, H_I, device=DEV) * qs * (H_I * D_I) ** -0.5).contiguous()
+    q8, qs = fp8_e4m3_quantize(torch.randn(tokens, heads, D_I, device=DEV))
+    return q8, (torch.randn(tokens, heads, device=DEV) * qs * (heads * D_I) ** -0.5).contiguous()
 
 
-def indexer_cases(rows: list[Row], requests: int, context: int) -> None:
+# The tiled kernel with one token per tile as a decode kernel: its fp8 dot takes the keys' bytes
+# as they are, where the per-token kernel decodes every key element to fp16 first.
+INDEXER_DECODE_TILED = (TiledConfig(1, 64, 4, 8), TiledConfig(1, 128, 4, 8), TiledConfig(1, 128, 8, 8),
+                        TiledConfig(1, 64, 4, 16), TiledConfig(1, 256, 8, 4))
+
+
+def check_decode_indexer(launch, q, w, cache, key_dtype, block_table, seq_ids, lens, context) -> str:
+    """launch(q, w, lens) against the reference at full and at staggered shorter contexts
+    (the -inf mask must follow context_lens exactly), outputs poisoned."""
+    requests = len(lens)
+    short = lens - torch.arange(requests, device=DEV, dtype=torch.int32) * 7
+    ok, diff = True, 0.0
+    for lengths in (lens, short):
+        with poisoned_outputs():
+            got = launch(q, w, lengths)
+        ref = indexer_logits_paged_torch(q, w, cache, key_dtype, block_table, 64, seq_ids, lengths, context)
+        d = calc_diff(got.nan_to_num(neginf=0), ref.nan_to_num(neginf=0))
+        diff = max(diff, d)
+        ok = ok and d < 5e-6 and torch.equal(torch.isinf(got), torch.isinf(ref)) and not torch.isnan(got).any()
+    return f"{'ok' if ok else 'FAIL'} (diff {diff:.1e})"
+
+
+def indexer_cases(rows: list[Row], requests: int, context: int, heads: int = H_I) -> None:
     block_size = 64
     blocks_per_req = context // block_size
     for key_dtype in ("fp8", "mxfp4"):
@@ -205,35 +227,29 @@ def indexer_cases(rows: list[Row], requests: int, context: int) -> None:
         block_table = torch.randperm(requests * blocks_per_req, device=DEV).int().reshape(requests, blocks_per_req)
         seq_ids = torch.arange(requests, device=DEV, dtype=torch.int32)
         lens = torch.full((requests,), context, device=DEV, dtype=torch.int32)
-        sets = [indexer_query(requests) for _ in range(3)]
-        case = f"indexer paged {key_dtype} {requests}x{context}"
-        flops = 2.0 * requests * context * H_I * D_I
-        nbytes = requests * context * (indexer_row_bytes(D_I, key_dtype) + 4) + requests * (H_I * D_I + 4 * H_I)
+        sets = [indexer_query(requests, heads) for _ in range(3)]
+        case = f"indexer paged {key_dtype} {requests}x{context} H{heads}"
+        flops = 2.0 * requests * context * heads * D_I
+        nbytes = requests * context * (indexer_row_bytes(D_I, key_dtype) + 4) + requests * (heads * D_I + 4 * heads)
         eager = bench([lambda q=q, w=w: indexer_logits_paged_torch(q, w, cache, key_dtype, block_table, block_size, seq_ids, lens, context) for q, w in sets])
         rows.append(Row(case, "torch eager", eager, flops, nbytes))
+        variants = []
         for cfg in [IndexerConfig(16, 4)] if SMOKE else INDEXER_SWEEP:
-
-            def run(q, w, cfg=cfg):
-                return indexer_logits_triton(q, w, cache, key_dtype, block_table, seq_ids, lens, lens, block_size, context, True, cfg)
-
-            label = f"triton n{cfg.block_n} w{cfg.num_warps} p{cfg.programs_per_sm}/SM s{cfg.num_stages or '-'}"
+            variants.append((f"triton n{cfg.block_n} w{cfg.num_warps} p{cfg.programs_per_sm}/SM s{cfg.num_stages or '-'}",
+                             lambda q, w, n, cfg=cfg: indexer_logits_triton(q, w, cache, key_dtype, block_table, seq_ids, n, n,
+                                                                            block_size, context, True, cfg)))
+        for tcfg in [TiledConfig(1, 16, 4)] if SMOKE else INDEXER_DECODE_TILED:
+            variants.append((f"tiled m1 n{tcfg.block_n} w{tcfg.num_warps} p{tcfg.programs_per_sm}/SM",
+                             lambda q, w, n, cfg=tcfg: indexer_logits_tiled(q, w, cache, key_dtype, block_table, seq_ids, n,
+                                                                            block_size, context, cfg)))
+        for label, launch in variants:
             q, w = sets[0]
-            with poisoned_outputs():
-                got = run(q, w)
-            ref_full = indexer_logits_paged_torch(q, w, cache, key_dtype, block_table, block_size, seq_ids, lens, context)
-            diff = calc_diff(got, ref_full)
-            ok = diff < 5e-6 and torch.equal(torch.isinf(got), torch.isinf(ref_full)) and not torch.isnan(got).any()
-            # shorter contexts: the -inf mask must follow context_lens exactly
-            short = lens - torch.arange(requests, device=DEV, dtype=torch.int32) * 7
-            with poisoned_outputs():
-                got_short = indexer_logits_triton(q, w, cache, key_dtype, block_table, seq_ids, short, short, block_size, context, True, cfg)
-            ref_short = indexer_logits_paged_torch(q, w, cache, key_dtype, block_table, block_size, seq_ids, short, context)
-            ok = ok and torch.equal(torch.isinf(got_short), torch.isinf(ref_short)) and calc_diff(
-                got_short.nan_to_num(neginf=0), ref_short.nan_to_num(neginf=0)) < 5e-6
-            ms = bench([lambda q=q, w=w: run(q, w) for q, w in sets])
-            verdict = f"{'ok' if ok else 'FAIL'} (diff {diff:.1e})"
-            print(f"{case} {label}: check {verdict}, {ms * 1e3:.1f} us", flush=True)
-            rows.append(Row(case, f"{label} [{verdict.split()[0]}]", ms, flops, nbytes, eager))
+            point = sweep_point(case, label,
+                                lambda launch=launch: check_decode_indexer(launch, q, w, cache, key_dtype, block_table,
+                                                                           seq_ids, lens, context),
+                                [lambda q=q, w=w, launch=launch: launch(q, w, lens) for q, w in sets])
+            if point is not None:
+                rows.append(Row(case, f"{label} [{point[0].split()[0]}]", point[1], flops, nbytes, eager))
         del cache
         torch.cuda.empty_cache()
 
@@ -445,8 +461,9 @@ def main(argv: list[str] | None = None) -> int:
                 topk_cases(rows, 2048, 65536)
         if "indexer" in parts:
             indexer_cases(rows, *((2, 512) if SMOKE else (64, 65536)))
-            if not SMOKE:
+            if not SMOKE:  # v32's decode at 64k; small's (16 index heads) at batch 128 x 4k
                 indexer_cases(rows, 16, 65536)
+                indexer_cases(rows, 128, 4096, heads=16)
     finally:
         print_table(rows)
     return 0
