@@ -14,7 +14,7 @@ import triton
 import triton.language as tl
 
 from kernels.backend import resolve_backend, values_checkable
-from kernels.indexer_tiled import indexer_logits_tiled
+from kernels.indexer_tiled import decode_tiled_config, indexer_logits_tiled
 from kernels.quant import decode_e4m3, indexer_row_bytes, read_indexer_keys
 from kernels.triton_utils import (
     E2M1_RAW_SCALE,
@@ -29,7 +29,9 @@ from kernels.triton_utils import (
 
 _REF_CHUNK = 1 << 24  # elements of the [tokens, heads, keys] score tensor the reference holds at once
 # From this many query tokens per request on average (a prefill chunk, not a decode or verify
-# step) the paged call uses the tiled kernel, which loads each key block once per tile of tokens.
+# step) the paged call uses the tiled kernel with tiles of several tokens, which load each key
+# block once per tile; decode and verify steps with fp8 keys take it with one-token tiles where
+# the GPU has fp8 dots (decode_tiled_config), and the per-token kernel below elsewhere.
 TILED_MIN_TOKENS_PER_REQUEST = 16
 
 
@@ -283,6 +285,10 @@ def indexer_logits_paged(
     if t >= TILED_MIN_TOKENS_PER_REQUEST * block_table.shape[0]:
         return indexer_logits_tiled(q_fp8, weights, idx_cache, key_dtype, block_table, seq_ids, ends, block_size,
                                     max_context, mask_tail=mask_tail)
+    decode = decode_tiled_config(key_dtype, q_fp8.shape[1], q_fp8.device)
+    if decode is not None:
+        return indexer_logits_tiled(q_fp8, weights, idx_cache, key_dtype, block_table, seq_ids, ends, block_size,
+                                    max_context, decode, mask_tail)
     return indexer_logits_triton(q_fp8, weights, idx_cache, key_dtype, block_table, seq_ids, ends, ends, block_size,
                                  max_context, paged=True, mask_tail=mask_tail)
 

@@ -1,4 +1,4 @@
-"""Indexer logits for prefill: a tile of query tokens scores each block of keys with one tensor-core dot.
+"""Indexer logits on tensor cores: a tile of query tokens scores each block of keys with one dot.
 
 The per-token kernel (kernels/indexer.py) loads and decodes every key once per query token. A
 prefill chunk's tokens share their keys, so here a program holds BLOCK_M consecutive tokens' queries,
@@ -17,6 +17,12 @@ values are then converted to e4m3, exact while drop <= 8 (e2m1 values have two s
 and stay multiples of 2^-9); groups more than 2^8 below their row's largest are rounded to e4m3
 (3 mantissa bits, subnormals down to 2^-9), a change far below the indexer's bar.
 
+Decode and verify steps with fp8 keys use tiles of one token (`decode_tiled_config`) on GPUs with
+fp8 dots: there the gain is not shared key loads but the dot taking the key bytes as they are,
+where the per-token kernel decodes every key element to fp16 first. MXFP4 keys can take one dot
+per 32-value group (`TiledConfig.mx_group_dots`): nibbles become e4m3 bytes by two shifts and a
+mask, and each group's scale multiplies its dot's result, exact at any spread of group scales.
+
 Tokens of one request are contiguous in a batch. A tile whose tokens all belong to one request
 makes one pass over its keys; a tile straddling requests makes one pass per token (the other
 tokens' weights zeroed), so mixed batches stay correct. The loop bound is read on the device
@@ -33,6 +39,7 @@ import triton
 import triton.language as tl
 
 from kernels.triton_utils import (
+    E2M1_RAW_SCALE,
     E4M3_RAW_SCALE,
     dot_dtype,
     e2m1_to_raw_f16,
@@ -83,6 +90,46 @@ def _mxfp4_keys(key_ptr, slots, visible, ROW_BYTES: tl.constexpr, D: tl.constexp
     return keys, row_scale
 
 
+@triton.jit
+def _e2m1_to_raw_e4m3(n):
+    """e2m1 nibbles (int32 0..15) -> e4m3 bytes equal to value / 2^6: the sign moves to bit 7 and
+    exponent and mantissa land in the low exponent bits and the top mantissa bit (0.5, e2m1's
+    only subnormal, becomes e4m3's subnormal 2^-7)."""
+    return (((n & 0x8) << 4) | ((n & 0x7) << 2)).to(tl.uint8)
+
+
+@triton.jit
+def _query_group(q_ptr, row_tok, row_head, row_ok, g: tl.constexpr, H: tl.constexpr, D: tl.constexpr,
+                 FP8_DOT: tl.constexpr, DOT_DTYPE: tl.constexpr):
+    """Query elements 32g..32g+31 of every operand row, as the group dot's operand [rows, 32]."""
+    ptr = q_ptr + row_tok[:, None] * (H * D) + row_head[:, None] * D + (32 * g) % D + tl.arange(0, 32)[None, :]
+    raw = tl.load(ptr, mask=row_ok[:, None], other=0)
+    if FP8_DOT:
+        return raw.to(tl.float8e4nv, bitcast=True)
+    return e4m3_to_raw_f16(raw.to(tl.int32)).to(DOT_DTYPE)
+
+
+@triton.jit
+def _mxfp4_group_scores(key_ptr, slots, visible, q_g, g: tl.constexpr, ROW_BYTES: tl.constexpr, D: tl.constexpr,
+                        FP8_DOT: tl.constexpr, DOT_DTYPE: tl.constexpr):
+    """Scores of MXFP4 group g (bytes 16g..16g+15, one ue8m0 scale) [BLOCK_N, rows], scaled to q . k.
+
+    Each byte is loaded once; its two nibbles are joined back into element order (low nibble =
+    the even element). The group's power-of-two scale multiplies the dot's fp32 result, so every
+    group is exact whatever its scale (no common row scale, no rounding of small groups)."""
+    row = key_ptr + slots[:, None] * ROW_BYTES
+    packed = tl.load(row + 16 * g + tl.arange(0, 16)[None, :], mask=visible[:, None], other=0).to(tl.int32)
+    nibbles = tl.reshape(tl.join(packed & 0xF, packed >> 4), (packed.shape[0], 32))
+    if FP8_DOT:
+        keys = _e2m1_to_raw_e4m3(nibbles).to(tl.float8e4nv, bitcast=True)
+        raw_scale = 64.0  # e4m3 raw keys are value / 2^6; fp8 queries are their own value
+    else:
+        keys = e2m1_to_raw_f16(nibbles).to(DOT_DTYPE)
+        raw_scale = E2M1_RAW_SCALE * E4M3_RAW_SCALE
+    scale = ue8m0_to_f32(tl.load(key_ptr + slots * ROW_BYTES + D // 2 + g, mask=visible, other=0).to(tl.int32))
+    return tl.dot(keys, tl.trans(q_g)) * (scale * raw_scale)[:, None]
+
+
 @triton.jit(do_not_specialize=["block_size"])
 def _indexer_tiled_kernel(
     q_ptr, w_ptr, key_ptr, key_words_ptr, out_ptr,
@@ -90,19 +137,26 @@ def _indexer_tiled_kernel(
     n_tokens, n_cols, block_table_stride, block_size,
     ROW_BYTES: tl.constexpr, H: tl.constexpr, D: tl.constexpr, BLOCK_H: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    MXFP4: tl.constexpr, FP8_DOT: tl.constexpr, MASK_TAIL: tl.constexpr, DOT_DTYPE: tl.constexpr,
+    MXFP4: tl.constexpr, MX_GROUP_DOTS: tl.constexpr, FP8_DOT: tl.constexpr, MASK_TAIL: tl.constexpr,
+    DOT_DTYPE: tl.constexpr,
 ):
     """Grid (token tiles, programs per tile): program p scores the tile's key blocks p, p + P, ..."""
     rows = tl.arange(0, BLOCK_M * BLOCK_H)  # operand row = token of the tile * BLOCK_H + head
     row_tok = tl.program_id(0) * BLOCK_M + rows // BLOCK_H
     row_head = rows % BLOCK_H
     row_ok = (row_tok < n_tokens) & (row_head < H)
-    q_raw = tl.load(q_ptr + row_tok[:, None] * (H * D) + row_head[:, None] * D + tl.arange(0, D)[None, :],
-                    mask=row_ok[:, None], other=0)
-    if FP8_DOT:
-        q = q_raw.to(tl.float8e4nv, bitcast=True)
+    if MXFP4 and MX_GROUP_DOTS:  # one query slice per 32-value group (d_I <= 128: at most four)
+        q0 = _query_group(q_ptr, row_tok, row_head, row_ok, 0, H, D, FP8_DOT, DOT_DTYPE)
+        q1 = _query_group(q_ptr, row_tok, row_head, row_ok, 1, H, D, FP8_DOT, DOT_DTYPE)
+        q2 = _query_group(q_ptr, row_tok, row_head, row_ok, 2, H, D, FP8_DOT, DOT_DTYPE)
+        q3 = _query_group(q_ptr, row_tok, row_head, row_ok, 3, H, D, FP8_DOT, DOT_DTYPE)
     else:
-        q = e4m3_to_raw_f16(q_raw.to(tl.int32)).to(DOT_DTYPE)
+        q_raw = tl.load(q_ptr + row_tok[:, None] * (H * D) + row_head[:, None] * D + tl.arange(0, D)[None, :],
+                        mask=row_ok[:, None], other=0)
+        if FP8_DOT:
+            q = q_raw.to(tl.float8e4nv, bitcast=True)
+        else:
+            q = e4m3_to_raw_f16(q_raw.to(tl.int32)).to(DOT_DTYPE)
     w = tl.load(w_ptr + row_tok * H + row_head, mask=row_ok, other=0.0)
 
     toks = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -126,11 +180,21 @@ def _indexer_tiled_kernel(
             visible = cols < end_max
             block = tl.load(block_table_ptr + seq * block_table_stride + cols // block_size, mask=visible, other=0)
             slots = block.to(tl.int64) * block_size + cols % block_size
-            if MXFP4:
-                keys, key_factor = _mxfp4_keys(key_ptr, slots, visible, ROW_BYTES, D, FP8_DOT, DOT_DTYPE)
+            if MXFP4 and MX_GROUP_DOTS:
+                scores = _mxfp4_group_scores(key_ptr, slots, visible, q0, 0, ROW_BYTES, D, FP8_DOT, DOT_DTYPE)
+                if D >= 64:
+                    scores += _mxfp4_group_scores(key_ptr, slots, visible, q1, 1, ROW_BYTES, D, FP8_DOT, DOT_DTYPE)
+                if D >= 128:
+                    scores += _mxfp4_group_scores(key_ptr, slots, visible, q2, 2, ROW_BYTES, D, FP8_DOT, DOT_DTYPE)
+                    scores += _mxfp4_group_scores(key_ptr, slots, visible, q3, 3, ROW_BYTES, D, FP8_DOT, DOT_DTYPE)
+                key_factor = tl.full((BLOCK_N,), 1.0, tl.float32)
             else:
-                keys, key_factor = _fp8_keys(key_ptr, key_words_ptr, slots, visible, ROW_BYTES, D, FP8_DOT, DOT_DTYPE)
-            scores = tl.dot(keys, tl.trans(q))  # [BLOCK_N, BLOCK_M * BLOCK_H]
+                if MXFP4:
+                    keys, key_factor = _mxfp4_keys(key_ptr, slots, visible, ROW_BYTES, D, FP8_DOT, DOT_DTYPE)
+                else:
+                    keys, key_factor = _fp8_keys(key_ptr, key_words_ptr, slots, visible, ROW_BYTES, D, FP8_DOT,
+                                                 DOT_DTYPE)
+                scores = tl.dot(keys, tl.trans(q))  # [BLOCK_N, BLOCK_M * BLOCK_H]
             weighted = tl.maximum(scores, 0.0) * w_pass[None, :]
             logits = tl.sum(tl.reshape(weighted, (BLOCK_N, BLOCK_M, BLOCK_H)), axis=2) * key_factor[:, None]
             logits = tl.where(cols[:, None] < ends[None, :], logits, float("-inf"))
@@ -151,6 +215,10 @@ class TiledConfig:
     num_warps: int
     programs_per_sm: int = 4
     num_stages: int | None = None
+    # MXFP4 keys scored as one dot per 32-value group, each group's scale applied to its result:
+    # exact at any scale spread and no per-element rescaling, at the cost of one [keys, rows] fp32
+    # multiply-add per group (cheap for decode's one-token tiles, heavy for wide prefill tiles).
+    mx_group_dots: bool = False
 
 
 def default_tiled_config(key_dtype: str, device: torch.device) -> TiledConfig:
@@ -163,6 +231,18 @@ def default_tiled_config(key_dtype: str, device: torch.device) -> TiledConfig:
     if key_dtype == "mxfp4":
         return TiledConfig(8, 128, 4) if fp8_dot_supported(device) else TiledConfig(2, 128, 4)
     return TiledConfig(4, 128, 4)
+
+
+def decode_tiled_config(key_dtype: str, heads: int, device: torch.device) -> TiledConfig | None:
+    """One-token tiles for decode and verify steps where they are the measured best, else None
+    (the per-token kernel). On an H200 with fp8 keys the fp8 dot took 64 x 64k keys (64 heads) from
+    533 to 260 us, 16 x 64k from 135 to 78, 128 x 4k (16 heads) from 81 to 44 (benchmarks/RESULTS.md,
+    issue 12, indexer decode on the fp8 dot); with few heads a wider key block keeps the dot busy.
+    MXFP4 keys stay on the per-token kernel: its one-token tiles were slower at 64 x 64k and 128 x 4k,
+    and the group dots (mx_group_dots) are not yet measured on a GPU."""
+    if key_dtype != "fp8" or not fp8_dot_supported(device):
+        return None
+    return TiledConfig(1, 64, 4, 16) if heads >= 64 else TiledConfig(1, 128, 4, 8)
 
 
 @functools.cache  # asked at every indexer call; the capability query is a driver call
@@ -188,7 +268,7 @@ def indexer_logits_tiled(q_fp8, weights, rows, key_dtype, block_table, seq_ids, 
         t, n_cols, block_table.stride(0), block_size,
         ROW_BYTES=rows.shape[1], H=h, D=d, BLOCK_H=max(16, triton.next_power_of_2(h)),
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
-        MXFP4=key_dtype == "mxfp4", FP8_DOT=use_fp8, MASK_TAIL=mask_tail,
+        MXFP4=key_dtype == "mxfp4", MX_GROUP_DOTS=cfg.mx_group_dots, FP8_DOT=use_fp8, MASK_TAIL=mask_tail,
         DOT_DTYPE=dot_dtype(q_fp8, tl.float16),
         num_warps=cfg.num_warps, **({} if cfg.num_stages is None else {"num_stages": cfg.num_stages}),
     )

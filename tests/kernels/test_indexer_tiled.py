@@ -92,3 +92,63 @@ def test_paged_call_takes_tiled_kernel_for_prefill_chunks(gen, monkeypatch):
     got = indexer.indexer_logits_paged(*args, backend="triton")
     assert calls == [1]
     assert_logits_match(got, indexer.indexer_logits_paged(*args, backend="torch"))
+
+
+@pytest.mark.parametrize("fp8_dot", [False, True])
+@pytest.mark.parametrize("block_m", [1, 4])
+def test_mxfp4_group_dots_match_reference(gen, fp8_dot, block_m):
+    """MXFP4 keys scored one dot per 32-value group, each scaled by its group's scale: one-token
+    tiles (decode) and wider tiles straddling requests, both dot paths."""
+    q8, w, cache, block_table, seq_ids, lens = paged_batch(gen, "mxfp4", 16)
+    ref = indexer_logits_paged(q8, w, cache, "mxfp4", block_table, 16, seq_ids, lens, 55, backend="torch")
+    got = indexer_logits_tiled(q8, w, cache, "mxfp4", block_table, seq_ids, lens, 16, 55,
+                               config=TiledConfig(block_m, 16, 4, mx_group_dots=True), fp8_dot=fp8_dot)
+    assert_logits_match(got, ref)
+
+
+def test_mxfp4_group_dots_exact_at_any_scale_spread(gen):
+    """Groups 2^20 apart in scale: with a dot per group the e4m3 operands hold e2m1 values as they
+    are (no common row scale), so even the fp8 dot keeps the small group's contribution."""
+    d_i = 64
+    keys = torch.randn(20, d_i, generator=gen)
+    keys[:, 32:] *= 2.0**-20
+    keys[::2, :32] = 0.0  # rows whose logits come from the small group alone
+    cache = torch.zeros(20, d_i // 2 + d_i // 32, dtype=torch.uint8)
+    write_indexer_cache(cache, torch.arange(20), keys, "mxfp4")
+    q8, w = make_inputs(gen, 3, 4, d_i)
+    seq_ids = torch.zeros(3, dtype=torch.int32)
+    lens = torch.tensor([18, 19, 20], dtype=torch.int32)
+    table = torch.arange(20, dtype=torch.int32)[None]
+    ref = indexer_logits_paged(q8, w, cache, "mxfp4", table, 1, seq_ids, lens, 20, backend="torch")
+    got = indexer_logits_tiled(q8, w, cache, "mxfp4", table, seq_ids, lens, 1, 20,
+                               config=TiledConfig(1, 16, 4, mx_group_dots=True), fp8_dot=True)
+    assert_logits_match(got[:, ::2], ref[:, ::2])
+    assert_logits_match(got, ref)
+
+
+@pytest.mark.parametrize("key_dtype", ["fp8", "mxfp4"])
+def test_decode_takes_one_token_tiles_for_fp8_keys_where_fp8_dots_exist(gen, monkeypatch, key_dtype):
+    """A decode batch (one token per request) with fp8 keys goes through the tiled kernel with
+    one-token tiles on a device with fp8 dots (faked here: the interpreter emulates them), else
+    through the per-token kernel, as MXFP4 keys always do; the logits match the reference."""
+    import kernels.indexer as indexer
+    import kernels.indexer_tiled as tiled
+
+    configs = []
+
+    def counted(*a, **k):
+        configs.append(a[9])
+        return indexer_logits_tiled(*a, **k)
+
+    monkeypatch.setattr(indexer, "indexer_logits_tiled", counted)
+    cache = make_cache(gen, 4 * 64, 64, key_dtype)
+    q8, w = make_inputs(gen, 3, 4, 64)
+    table = torch.randperm(12, generator=gen).int().reshape(3, 4)
+    args = (q8, w, cache, key_dtype, table, 16, torch.arange(3, dtype=torch.int32),
+            torch.tensor([5, 64, 33], dtype=torch.int32), 64)
+    ref = indexer.indexer_logits_paged(*args, backend="torch")
+    assert_logits_match(indexer.indexer_logits_paged(*args, backend="triton"), ref)
+    assert configs == []
+    monkeypatch.setattr(tiled, "fp8_dot_supported", lambda device: True)
+    assert_logits_match(indexer.indexer_logits_paged(*args, backend="triton"), ref)
+    assert [c.block_m for c in configs] == ([1] if key_dtype == "fp8" else [])
