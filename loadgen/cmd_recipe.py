@@ -28,7 +28,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     run = commands.add_parser(
         "run", help="run every variant, compare each with the first, write one results folder",
         description="Start each variant's server, wait for its health check, run the sweep, stop it; "
-        "sweep.repeats rounds with the variants interleaved, the order rotated per round (A B, B A, ...). "
+        "sweep.repeats rounds with the variants interleaved, in orders balanced for position and predecessor "
+        "(A B, B A, ...; A B C, B C A, C A B, C B A, A C B, B A C). "
         "Writes OUT/recipe.yaml, "
         "OUT/runs/<variant>-r<k>/result.json, OUT/compare/<variant>-vs-<baseline>.txt|.json and "
         "OUT/report/ (PNG plots of all runs on shared axes, report.html).",

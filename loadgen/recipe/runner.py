@@ -1,9 +1,12 @@
 """`loadgen recipe run`: every variant's runs, interleaved, into one results folder; resumable.
 
-Order: `sweep.repeats` rounds; each round runs every variant once, the order rotated by one
-per round (A B, B A, A B, ...; A B C, B C A, C A B, ...), so slow drift of the machine falls on
-all variants alike and none always runs first or last in its round (loadgen compare pairs
-round k of each variant). With `sweep.servers: fresh` (the default) each run starts the
+Order: `sweep.repeats` rounds; each round runs every variant once, in the orders of a Williams
+design (`round_orders`: A B, B A, ...; A B C, B C A, C A B, C B A, A C B, B A C, ...): every
+variant runs in every position, and right after every other variant, equally often over a full
+cycle of orders. Slow drift of the machine falls on all variants alike, none always runs first
+or last in its round, and what a run leaves behind on the host (a warm or idle CPU, a loaded
+page cache) does not always fall on the same successor, as it would with a plain rotation
+(loadgen compare pairs round k of each variant). With `sweep.servers: fresh` (the default) each run starts the
 variant's server afresh (cold caches, the same seed, no state carried from the previous run),
 runs the whole sweep with `loadgen replay` (or `loadgen bench` for the in-process engine) - the
 commands' own entry points, as a user would call them - and stops the server's process group.
@@ -59,10 +62,25 @@ class PlannedRun:
         return f"{self.variant.name}-r{self.round}"
 
 
+def round_orders(n: int) -> list[list[int]]:
+    """A Williams design for n variants: n orders (2n for odd n) in which each variant takes each
+    position equally often and directly follows each other variant equally often."""
+    first, low, high = [0], 1, n - 1
+    while len(first) < n:  # 0, 1, n-1, 2, n-2, ...
+        first.append(low)
+        low += 1
+        if len(first) < n:
+            first.append(high)
+            high -= 1
+    orders = [[(v + shift) % n for v in first] for shift in range(n)]
+    return orders + [order[::-1] for order in orders] if n % 2 else orders
+
+
 def plan(recipe: Recipe) -> list[PlannedRun]:
-    """Rounds of all variants, rotated one step per round: A-r1, B-r1, B-r2, A-r2, A-r3, ..."""
-    variants, n = recipe.variants, len(recipe.variants)
-    return [PlannedRun(r, variants[(r - 1 + i) % n]) for r in range(1, recipe.sweep.repeats + 1) for i in range(n)]
+    """Rounds of all variants, round r in order r of the Williams design (cycling): A-r1, B-r1, B-r2, A-r2, ..."""
+    variants, orders = recipe.variants, round_orders(len(recipe.variants))
+    rounds = range(1, recipe.sweep.repeats + 1)
+    return [PlannedRun(r, variants[i]) for r in rounds for i in orders[(r - 1) % len(orders)]]
 
 
 def verdict_design(recipe: Recipe) -> str:

@@ -79,7 +79,7 @@ class Workload:
 @dataclass(frozen=True, slots=True)
 class Sweep:
     """Levels of one run and how often each variant runs: `repeats` rounds, each round running
-    every variant once (A B, B A, A B, ...: the order rotated per round). `servers: fresh` starts
+    every variant once (A B, B A, A B, ...: orders balanced for position and predecessor). `servers: fresh` starts
     a server for every run, each replaying `seed`; `kept` starts every variant's server once, side
     by side, before the first round, and round k replays seed + k - 1, so that no prompt of an
     earlier round sits in a server's prefix cache."""

@@ -26,10 +26,11 @@ def test_a_a_on_the_tiny_engine_stays_within_the_bound_and_a_planted_delay_is_fo
     # number thrice. Two controls make 60 A/A rows: one chance cluster of correlated rows (a
     # run-level shift moves the E2EL family together) cannot pass for a 5 % rate by itself. Kept
     # servers, the rounds' own seeds. The A/A recipe holds identical variants only: with the
-    # planted-delay variant in the same rotation, the variant after it (always the same one: the
-    # order rotates cyclically) ran its first level on a host just back from the slow variant's
-    # mostly idle run, and its conc-1 TTFT came out 10-20 ms higher in every round on the 2-core
-    # CI VM, a real difference the test flagged. The planted delay has a recipe of its own.
+    # planted-delay variant in the same recipe (then in a plain rotation), the variant after it
+    # ran its first level on a host just back from the slow variant's mostly idle run, and its
+    # conc-1 TTFT came out 10-20 ms higher in every round on the 2-core CI VM, a real difference
+    # the test flagged. The runner's orders now spread that over the variants, but 4 rounds are
+    # not a full cycle of them, so the planted delay keeps a recipe of its own.
     folder = sessions(*({"n_requests": 40, "think": 0.0, "n_out": n_out} for n_out in (8, 12, 16, 20)))
     marker = f"tiny-{uuid.uuid4().hex}"
     server = {"kind": "ours", "startup_timeout_s": 300,

@@ -127,11 +127,25 @@ def test_unreadable_and_non_yaml_files(tmp_path, capsys):
     assert "x.yaml: not valid YAML" in capsys.readouterr().err
 
 
-def test_rounds_rotate_the_variants_so_none_always_runs_first():
-    from loadgen.recipe.runner import plan
+def test_rounds_balance_position_and_predecessor():
+    """Williams orders: over a full cycle every variant runs in every position and right after
+    every other variant equally often (a plain rotation gives each variant one fixed predecessor)."""
+    from collections import Counter
+    from itertools import pairwise
+
+    from loadgen.recipe.runner import plan, round_orders
 
     recipe = recipe_from_dict(_with(variants=[{"name": "a"}, {"name": "b", "control": True},
                                               {"name": "c", "flags": {"block_size": 128}}],
-                                    sweep={"conc": [1], "repeats": 4}))
-    assert [r.name for r in plan(recipe)] == ["a-r1", "b-r1", "c-r1", "b-r2", "c-r2", "a-r2",
-                                              "c-r3", "a-r3", "b-r3", "a-r4", "b-r4", "c-r4"]
+                                    sweep={"conc": [1], "repeats": 7}))
+    names = [r.name for r in plan(recipe)]
+    assert names[:9] == ["a-r1", "b-r1", "c-r1", "b-r2", "c-r2", "a-r2", "c-r3", "a-r3", "b-r3"]
+    assert names[9:12] == ["c-r4", "b-r4", "a-r4"]  # the mirrored half of the design
+    assert names[18:] == ["a-r7", "b-r7", "c-r7"]  # the cycle of 6 orders starts again
+    for n in range(1, 8):
+        orders = round_orders(n)
+        assert len(orders) == (2 * n if n % 2 else n) and all(sorted(o) == list(range(n)) for o in orders)
+        positions = Counter((v, p) for o in orders for p, v in enumerate(o))
+        assert set(positions.values()) == {len(orders) // n}
+        follows = Counter(pair for o in orders for pair in pairwise(o))
+        assert len(follows) == n * (n - 1) and len(set(follows.values())) <= 1
