@@ -5,14 +5,22 @@ histograms (keys matching the digits chosen so far) narrow the k-th largest key 
 an emit pass then writes every column above it plus just enough columns equal to it. Rows no
 longer than k emit 0..len-1 then -1.
 
-Two launch shapes, chosen by the column count alone (so a CUDA graph keeps a fixed choice):
+Launch shapes, chosen by the column count and the config alone (so a CUDA graph keeps a fixed
+choice; a row's length and values only steer branches on the device):
 - up to `TopkConfig.single_pass_max_cols` columns, ONE launch with one program per row: the
   program keeps each level's histogram in registers, re-reads the row (from L2) once per level
   and places its outputs by a running count, so no scratch table, atomics or further launches;
   at decode shapes a launch costs more than the work (about 11-15 us each on an H200);
-- longer rows: five launches spread over (rows x programs, each looping over chunks of columns up
-  to the row's length) so that a few long rows still fill the GPU; the histograms meet in a
-  per-row table in global memory and the emit pass takes positions from atomic counters.
+- longer rows, spread over (rows x programs, each looping over chunks of columns up to the row's
+  length) so that a few long rows still fill the GPU, the histograms meeting in a per-row table in
+  global memory and outputs placed by atomic counters; either
+  - the compacting path (`TopkConfig.candidates` > 0), four launches: two histogram levels fix
+    the top 16 bits of the k-th largest key; a split pass writes the columns above that prefix
+    to the output and those in its bin (the candidates, a small share of a row) to a per-row list;
+    then one program per row finishes the last two levels and the emit on its list alone. A row
+    whose candidates overflow the list (values crowding into one prefix, or many ties) finishes
+    over the row itself: exact, slower; or
+  - five launches: four histogram levels over the whole row, then the emit pass.
 """
 
 from __future__ import annotations
@@ -91,10 +99,10 @@ def _load_keys(row_ptr, start, hi, BLOCK: tl.constexpr):
 @triton.jit
 def _digit_histogram(key, match, shift):
     """256-bin histogram of the digit at `shift` over the keys where match holds."""
-    # keys off the prefix go to bin 256, in the half of the histogram that is dropped
-    digit = tl.where(match, ((key >> shift) & 0xFF).to(tl.int32), 256)
-    first_half = tl.arange(0, 2)[:, None] == 0
-    return tl.sum(tl.where(first_half, tl.reshape(tl.histogram(digit, 512), (2, 256)), 0), axis=0)
+    # A masked histogram, not a 512-bin one with the other keys in a dropped half: on NVIDIA the
+    # histogram is a ballot per bin-index bit plus, per lane, a popcount for each bin it owns, so
+    # its cost grows with the bin count (16 bins a lane at 512, 8 at 256 plus one mask ballot).
+    return tl.histogram(((key >> shift) & 0xFF).to(tl.int32), 256, mask=match)
 
 
 @triton.jit
@@ -147,13 +155,53 @@ def _replay_prefix(hist_ptr, row, level, k):
 
 
 @triton.jit
-def _topk_row_kernel(logits_ptr, lengths_ptr, out_ptr, n_cols, k, BLOCK: tl.constexpr):
-    """The whole radix select of one row in one program (grid: rows).
+def _load_entries(keys_ptr, cols_ptr, start, hi, FROM_ROW: tl.constexpr, BLOCK: tl.constexpr):
+    """Entries start..start+BLOCK below hi: of a row (column = position, key from the logits), or of
+    a candidate list (stored ordered keys and columns). Returns columns, keys, validity."""
+    if FROM_ROW:
+        return _load_keys(keys_ptr, start, hi, BLOCK)
+    else:
+        i = start + tl.arange(0, BLOCK)
+        valid = i < hi
+        key = tl.load(keys_ptr + i, mask=valid, other=0).to(tl.uint32, bitcast=True)
+        return tl.load(cols_ptr + i, mask=valid, other=0), key, valid
 
-    Each level re-reads the row up to its length (read on the device, so the grid depends only on
-    the shapes) and keeps its histogram in registers; the emit loop carries how many columns
-    above and equal to the k-th largest key it has written, in place of atomic counters.
+
+@triton.jit
+def _select_in_program(keys_ptr, cols_ptr, n, out_row, k, prefix, prefix_mask, remaining, first_level,
+                       FROM_ROW: tl.constexpr, BLOCK: tl.constexpr):
+    """The radix select's levels from first_level on, and its emit, in one program over n entries.
+
+    Only entries whose key matches (prefix, prefix_mask), the digits fixed by earlier levels, take
+    part; the k - remaining outputs above them are already placed. Each level re-reads the entries
+    and keeps its histogram in registers; the emit carries how many entries above and equal to the
+    k-th largest key it has written, in place of atomic counters.
     """
+    start_prefix, start_mask, placed = prefix, prefix_mask, k - remaining
+    for level in range(first_level, RADIX_LEVELS):
+        shift = _digit_shift(level)
+        hist = tl.zeros((256,), tl.int32)
+        for start in range(0, n, BLOCK):
+            col, key, valid = _load_entries(keys_ptr, cols_ptr, start, n, FROM_ROW, BLOCK)
+            hist += _digit_histogram(key, valid & ((key & prefix_mask) == prefix), shift)
+        prefix, prefix_mask, remaining = _narrow_prefix(hist, level, prefix, prefix_mask, remaining)
+    n_above = k - remaining - placed  # prefix is now the k-th largest key
+    above_before = tl.full((), 0, tl.int32)
+    equal_before = tl.full((), 0, tl.int32)
+    for start in range(0, n, BLOCK):
+        col, key, valid = _load_entries(keys_ptr, cols_ptr, start, n, FROM_ROW, BLOCK)
+        valid = valid & ((key & start_mask) == start_prefix)
+        is_above = valid & (key > prefix)
+        is_equal = valid & (key == prefix)
+        _store_selected(out_row + placed, col, is_above, is_equal, above_before, equal_before, n_above, remaining)
+        above_before += tl.sum(is_above.to(tl.int32), axis=0)
+        equal_before += tl.sum(is_equal.to(tl.int32), axis=0)
+
+
+@triton.jit
+def _topk_row_kernel(logits_ptr, lengths_ptr, out_ptr, n_cols, k, BLOCK: tl.constexpr):
+    """The whole radix select of one row in one program (grid: rows), re-reading the row up to its
+    length (read on the device, so the grid depends only on the shapes) once per level."""
     row = tl.program_id(0)
     length = tl.minimum(tl.load(lengths_ptr + row), n_cols)
     row_ptr = logits_ptr + row.to(tl.int64) * n_cols
@@ -161,26 +209,8 @@ def _topk_row_kernel(logits_ptr, lengths_ptr, out_ptr, n_cols, k, BLOCK: tl.cons
     if length <= k:
         _store_short_row(out_row, length, k, BLOCK)
     else:
-        prefix = tl.full((), 0, tl.uint32)
-        prefix_mask = tl.full((), 0, tl.uint32)
-        remaining = k
-        for level in range(0, RADIX_LEVELS):
-            shift = _digit_shift(level)
-            hist = tl.zeros((256,), tl.int32)
-            for start in range(0, length, BLOCK):
-                col, key, valid = _load_keys(row_ptr, start, length, BLOCK)
-                hist += _digit_histogram(key, valid & ((key & prefix_mask) == prefix), shift)
-            prefix, prefix_mask, remaining = _narrow_prefix(hist, level, prefix, prefix_mask, remaining)
-        n_above = k - remaining  # prefix is now the k-th largest key
-        above_before = tl.full((), 0, tl.int32)
-        equal_before = tl.full((), 0, tl.int32)
-        for start in range(0, length, BLOCK):
-            col, key, valid = _load_keys(row_ptr, start, length, BLOCK)
-            is_above = valid & (key > prefix)
-            is_equal = valid & (key == prefix)
-            _store_selected(out_row, col, is_above, is_equal, above_before, equal_before, n_above, remaining)
-            above_before += tl.sum(is_above.to(tl.int32), axis=0)
-            equal_before += tl.sum(is_equal.to(tl.int32), axis=0)
+        zero = tl.full((), 0, tl.uint32)
+        _select_in_program(row_ptr, row_ptr, length, out_row, k, zero, zero, k, 0, True, BLOCK)
 
 
 @triton.jit(do_not_specialize=["level"])
@@ -228,17 +258,100 @@ def _radix_pass_kernel(
                     _store_selected(out_row, col, is_above, is_equal, above_before, equal_before, n_above, remaining)
 
 
+# The compacting path fixes this many 8-bit digits with full-row histogram passes before it splits
+# the rows: two leave a 16-bit prefix (sign, exponent, 7 mantissa bits: 1/128 of an octave), whose
+# boundary bin holds a small fraction of a row unless its values crowd together or tie.
+SPLIT_LEVEL = tl.constexpr(2)
+
+
+@triton.jit
+def _split_kernel(
+    logits_ptr, lengths_ptr, out_ptr, hist_ptr, count_ptr, cand_ptr, n_cols, k, cap,
+    CHUNK: tl.constexpr, BLOCK: tl.constexpr,
+):
+    """The compacting path's split pass (grid: rows x programs per row, like the radix passes).
+
+    With the first SPLIT_LEVEL digits of the k-th largest key known, each column whose key is above
+    that prefix goes straight to the output, and each column in the prefix's bin (the candidates)
+    to the row's candidate list (keys, then columns: cand[row, 0] and cand[row, 1], cap entries
+    each) while it has room; counts[row] holds how many of each there are.
+    """
+    row = tl.program_id(0)
+    length = tl.minimum(tl.load(lengths_ptr + row), n_cols)
+    if length > k:  # short rows: the finish kernel
+        row_ptr = logits_ptr + row.to(tl.int64) * n_cols
+        out_row = out_ptr + row.to(tl.int64) * k
+        cand_keys = cand_ptr + row.to(tl.int64) * 2 * cap
+        prefix, prefix_mask, remaining = _replay_prefix(hist_ptr, row, SPLIT_LEVEL, k)
+        first, step = tl.program_id(1) * CHUNK, tl.num_programs(1) * CHUNK
+        for lo in range(first, length, step):
+            hi = tl.minimum(lo + CHUNK, length)
+            for start in range(lo, hi, BLOCK):
+                col, key, valid = _load_keys(row_ptr, start, hi, BLOCK)
+                top = key & prefix_mask
+                is_above = valid & (top > prefix)
+                is_cand = valid & (top == prefix)
+                # both running counts in one scan: above in the high half, candidates in the low
+                # (a block's counts stay below 2^16)
+                packed = (is_above.to(tl.int32) << 16) | is_cand.to(tl.int32)
+                rank = tl.cumsum(packed, axis=0)
+                total = tl.sum(packed, axis=0)
+                n_above, n_cand = total >> 16, total & 0xFFFF
+                above_before = tl.atomic_add(count_ptr + row * 2, n_above, mask=n_above > 0)
+                cand_before = tl.atomic_add(count_ptr + row * 2 + 1, n_cand, mask=n_cand > 0)
+                tl.store(out_row + above_before + (rank >> 16) - 1, col, mask=is_above)
+                slot = cand_before + (rank & 0xFFFF) - 1
+                fits = is_cand & (slot < cap)
+                tl.store(cand_keys + slot, key.to(tl.int32, bitcast=True), mask=fits)
+                tl.store(cand_keys + cap + slot, col, mask=fits)
+
+
+@triton.jit
+def _finish_kernel(logits_ptr, lengths_ptr, out_ptr, hist_ptr, count_ptr, cand_ptr, n_cols, k, cap,
+                   BLOCK: tl.constexpr):
+    """The compacting path's last launch (grid: rows): the remaining digits and the emit over the
+    row's candidates in one program; short rows 0..len-1 then -1.
+
+    A row whose candidates overflowed the list (values crowding into one 16-bit prefix, or many
+    equal values) finishes over the row itself instead, filtered by the prefix: exact, slower.
+    """
+    row = tl.program_id(0)
+    length = tl.minimum(tl.load(lengths_ptr + row), n_cols)
+    out_row = out_ptr + row.to(tl.int64) * k
+    if length <= k:
+        _store_short_row(out_row, length, k, BLOCK)
+    else:
+        prefix, prefix_mask, remaining = _replay_prefix(hist_ptr, row, SPLIT_LEVEL, k)
+        n_cand = tl.load(count_ptr + row * 2 + 1)
+        if n_cand <= cap:
+            cand_keys = cand_ptr + row.to(tl.int64) * 2 * cap
+            _select_in_program(cand_keys, cand_keys + cap, n_cand, out_row, k, prefix, prefix_mask, remaining,
+                               SPLIT_LEVEL, False, BLOCK)
+        else:
+            row_ptr = logits_ptr + row.to(tl.int64) * n_cols
+            _select_in_program(row_ptr, row_ptr, length, out_row, k, prefix, prefix_mask, remaining,
+                               SPLIT_LEVEL, True, BLOCK)
+
+
 @dataclass(frozen=True)
 class TopkConfig:
     """Columns per chunk, columns per loop step (block), warps and programs per multiprocessor
-    (the grid) of the radix passes, and the longest row that takes the single launch (whose one
-    program per row uses block and num_warps only)."""
+    (the grid) of the multi-launch paths, and the longest row that takes the single launch (whose
+    one program per row uses block and num_warps only). Longer rows take the compacting path with
+    a candidate list of `candidates` entries per row, or with 0 the five full radix passes."""
 
     chunk: int
     block: int
     num_warps: int
     programs_per_sm: int = 4
     single_pass_max_cols: int = SINGLE_PASS_MAX_COLS
+    candidates: int = 0
+
+    def __post_init__(self) -> None:
+        if self.block >= 1 << 16:  # the split pass packs two per-block counts into one int32
+            raise ValueError(f"TopkConfig: block={self.block} must be below 65536")
+        if self.candidates < 0:
+            raise ValueError(f"TopkConfig: candidates={self.candidates} must be >= 0")
 
 
 def default_config(device: torch.device, n_cols: int) -> TopkConfig:
@@ -257,8 +370,10 @@ def default_config(device: torch.device, n_cols: int) -> TopkConfig:
 
 
 def topk_triton(logits: torch.Tensor, lengths: torch.Tensor, k: int, config: TopkConfig | None = None) -> torch.Tensor:
-    """One launch over rows up to config.single_pass_max_cols columns; beyond, five launches over
-    (rows x programs per row): four histogram levels, then the emit pass."""
+    """One launch over rows up to config.single_pass_max_cols columns; beyond, over (rows x
+    programs per row), either the compacting path (SPLIT_LEVEL histogram levels, the split, then
+    one program per row finishing on its candidates) or five launches (four histogram levels,
+    then the emit pass)."""
     t, n = logits.shape
     out = new_output((t, k), torch.int32, logits.device)
     if t == 0:
@@ -272,9 +387,16 @@ def topk_triton(logits: torch.Tensor, lengths: torch.Tensor, k: int, config: Top
     scratch = torch.zeros(t * (levels + 2), dtype=torch.int32, device=logits.device)
     hist, counts = scratch[: t * levels], scratch[t * levels :]  # [t, levels, 256] and [t, 2], flat
     grid = (t, row_programs(t, max(1, triton.cdiv(n, cfg.chunk)), logits.device, cfg.programs_per_sm))
-    for level in range(RADIX_LEVELS.value + 1):
+    compact = cfg.candidates > 0
+    for level in range(SPLIT_LEVEL.value if compact else RADIX_LEVELS.value + 1):
         _radix_pass_kernel[grid](logits, lengths, out, hist, counts, n, k, level, CHUNK=cfg.chunk, BLOCK=cfg.block,
                                  num_warps=cfg.num_warps)
+    if compact:
+        cand = torch.empty(t * 2 * cfg.candidates, dtype=torch.int32, device=logits.device)  # [t, keys|cols, cap]
+        _split_kernel[grid](logits, lengths, out, hist, counts, cand, n, k, cfg.candidates, CHUNK=cfg.chunk,
+                            BLOCK=cfg.block, num_warps=cfg.num_warps)
+        _finish_kernel[(t,)](logits, lengths, out, hist, counts, cand, n, k, cfg.candidates, BLOCK=cfg.block,
+                             num_warps=cfg.num_warps)
     return out
 
 

@@ -14,9 +14,26 @@ from kernels.topk import default_config, topk_indices_torch, topk_triton
 from tests.kernels.checks import selected_values
 
 CPU_CONFIG = default_config(torch.device("cpu"), 0)
-# Each Triton check runs both launch shapes, whatever the default threshold picks at its size.
+# Each Triton check runs every path, whatever the default picks at its size: the compacting path
+# with a candidate list no row outgrows, and with one every row with two candidates overflows.
 PATHS = {"one launch": replace(CPU_CONFIG, single_pass_max_cols=1 << 30),
-         "five launches": replace(CPU_CONFIG, single_pass_max_cols=0)}
+         "five launches": replace(CPU_CONFIG, single_pass_max_cols=0, candidates=0),
+         "compacting": replace(CPU_CONFIG, single_pass_max_cols=0, candidates=1 << 12),
+         "compacting, list overflows": replace(CPU_CONFIG, single_pass_max_cols=0, candidates=1)}
+
+
+def ordered_keys(x: torch.Tensor) -> torch.Tensor:
+    """The kernel's order-preserving 32-bit keys of fp32 values, as int64."""
+    bits = x.view(torch.int32).long() & 0xFFFFFFFF
+    return torch.where(bits >= 1 << 31, bits ^ 0xFFFFFFFF, bits ^ (1 << 31))
+
+
+def candidate_count(row: torch.Tensor, k: int) -> int:
+    """Columns of a row (len > k) sharing the top 16 key bits of its k-th largest: the compacting
+    path's candidates."""
+    keys = ordered_keys(row)
+    kth = int(keys.topk(k).values[-1])
+    return int(((keys >> 16) == kth >> 16).sum())
 
 
 def check_row_set(logits: torch.Tensor, lengths: torch.Tensor, k: int, got: torch.Tensor) -> None:
@@ -79,10 +96,12 @@ def test_topk_extreme_values_ragged_rows(gen, path):
     assert torch.equal(got[5:], ref[5:]), "short rows are exact"
 
 
-@pytest.mark.parametrize(("max_cols", "expect"), [(40, {"_topk_row_kernel": 1}), (39, {"_radix_pass_kernel": 5})])
-def test_topk_launches_by_column_count(gen, monkeypatch, max_cols, expect):
+@pytest.mark.parametrize(("max_cols", "candidates", "expect"), [
+    (40, 0, {"_topk_row_kernel": 1}), (39, 0, {"_radix_pass_kernel": 5}),
+    (39, 16, {"_radix_pass_kernel": 2, "_split_kernel": 1, "_finish_kernel": 1})])
+def test_topk_launches_by_column_count(gen, monkeypatch, max_cols, candidates, expect):
     launches: Counter[str] = Counter()
-    for name in ("_topk_row_kernel", "_radix_pass_kernel"):
+    for name in ("_topk_row_kernel", "_radix_pass_kernel", "_split_kernel", "_finish_kernel"):
         kernel = getattr(topk, name)
 
         def counted(*args, _run=kernel.run, _name=name, **kw):
@@ -92,9 +111,34 @@ def test_topk_launches_by_column_count(gen, monkeypatch, max_cols, expect):
         monkeypatch.setattr(kernel, "run", counted)
     logits = torch.randn(2, 40, generator=gen)
     lengths = torch.tensor([40, 9], dtype=torch.int32)
-    got = topk_triton(logits, lengths, 8, replace(CPU_CONFIG, single_pass_max_cols=max_cols))
+    got = topk_triton(logits, lengths, 8, replace(CPU_CONFIG, single_pass_max_cols=max_cols, candidates=candidates))
     assert launches == expect
     check_row_set(logits, lengths, 8, got)
+
+
+@pytest.mark.parametrize("cap", [48, 47])
+def test_topk_compacting_candidates_fit_or_overflow(gen, cap):
+    """Rows whose candidates fill the list exactly, or overflow it by one (the row fallback), with
+    ties at the k-th largest value: the values stay torch.topk's."""
+    k, n = 32, 300
+    logits = torch.randn(4, n, generator=gen)
+    logits[0, 10:58] = 2.0  # 48 equal values straddle the k-th largest
+    logits[1, :] = torch.randn(n, generator=gen) * 1e-4 + 1.0  # values crowded into few 16-bit prefixes
+    logits[2, 5:200:4] = float("inf")  # 49 ties above k: one prefix holds them all
+    lengths = torch.tensor([n, n, 250, 120], dtype=torch.int32)
+    counts = [candidate_count(logits[t, : int(lengths[t])], k) for t in range(3)]
+    assert counts[0] == 48 and counts[1] > 48 and counts[2] == 49, counts  # the rows test what they claim
+    got = topk_triton(logits, lengths, k, replace(CPU_CONFIG, single_pass_max_cols=0, candidates=cap))
+    check_row_set(logits, lengths, k, got)
+    ref = topk_indices_torch(logits, lengths, k)
+    assert torch.equal(selected_values(logits, got), selected_values(logits, ref))
+
+
+def test_topk_config_errors():
+    with pytest.raises(ValueError, match="block=65536"):
+        replace(CPU_CONFIG, block=1 << 16)
+    with pytest.raises(ValueError, match="candidates=-1"):
+        replace(CPU_CONFIG, candidates=-1)
 
 
 def test_topk_fewer_columns_than_k(gen):
