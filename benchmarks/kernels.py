@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 # This file is named like the package it measures: drop its own folder from the import path so
@@ -36,7 +36,7 @@ from kernels.quant import (  # noqa: E402
     write_kv_cache,
 )
 from kernels.sparse_mla import SparseMlaConfig, auto_num_splits, sparse_mla_torch, sparse_mla_triton  # noqa: E402
-from kernels.topk import SINGLE_PASS_MAX_COLS, TopkConfig, topk_indices_torch, topk_triton  # noqa: E402
+from kernels.topk import TopkConfig, default_config, topk_indices_torch, topk_triton  # noqa: E402
 from kernels.triton_utils import poisoned_outputs  # noqa: E402
 
 COPY_TBPS = 4.04  # measured on this H200 (issue 4, 2026-11-29)
@@ -318,61 +318,97 @@ def indexer_prefill_cases(rows: list[Row], chunk: int, context: int) -> None:
 # ---------------------------------------------------------------- top-k
 
 
-# Both launch shapes at every size: five launches over (rows x programs per row), forced by a
-# threshold of 0 columns, and one program per row, forced by a threshold above any row; None is
-# the default config, whose threshold (SINGLE_PASS_MAX_COLS) these rows are to tune.
+# Every launch shape at every size: the default config (None); the compacting path and the five
+# full radix passes over (rows x programs per row), forced by a threshold of 0 columns; one program
+# per row, forced by a threshold above any row (timed up to SINGLE_LAUNCH_TIMED_COLS only: at 64k
+# columns it took 433-597 us, benchmarks/RESULTS.md "Top-k launch shapes").
 FIVE, ONE = 0, 1 << 30
-TOPK_SWEEP = (TopkConfig(4096, 1024, 4, single_pass_max_cols=FIVE), TopkConfig(2048, 1024, 4, 8, FIVE),
-              TopkConfig(1024, 1024, 4, 16, FIVE), TopkConfig(4096, 1024, 4, single_pass_max_cols=ONE),
-              TopkConfig(4096, 1024, 8, single_pass_max_cols=ONE), TopkConfig(4096, 2048, 8, single_pass_max_cols=ONE),
-              TopkConfig(4096, 4096, 16, single_pass_max_cols=ONE), TopkConfig(4096, 512, 4, single_pass_max_cols=ONE), None)
+CANDIDATES = 4096
+COMPACTING = TopkConfig(2048, 1024, 4, 8, FIVE, CANDIDATES)  # the five launches' grid above 32k columns
+TOPK_SWEEP = (None, TopkConfig(2048, 1024, 4, 8, FIVE), TopkConfig(1024, 1024, 4, 16, FIVE),
+              COMPACTING, TopkConfig(1024, 1024, 4, 16, FIVE, CANDIDATES), TopkConfig(2048, 2048, 4, 8, FIVE, CANDIDATES),
+              TopkConfig(4096, 4096, 4, 4, FIVE, CANDIDATES), TopkConfig(4096, 4096, 8, 4, FIVE, CANDIDATES),
+              replace(COMPACTING, per_column_atomics=True),
+              TopkConfig(4096, 4096, 4, 4, FIVE, CANDIDATES, per_column_atomics=True),
+              TopkConfig(4096, 4096, 16, single_pass_max_cols=ONE))
+SINGLE_LAUNCH_TIMED_COLS = 16384
 
 
 def topk_label(cfg: TopkConfig | None, n_cols: int) -> str:
     if cfg is None:
-        return f"triton default ({'1 launch' if n_cols <= SINGLE_PASS_MAX_COLS else '5 launches'})"
+        cfg = default_config(torch.device(DEV), n_cols)
+        return f"triton default ({topk_label(cfg, n_cols).removeprefix('triton ')})"
     if n_cols <= cfg.single_pass_max_cols:
         return f"triton 1 launch block{cfg.block} w{cfg.num_warps}"
-    return f"triton 5 launches chunk{cfg.chunk} block{cfg.block} w{cfg.num_warps} p{cfg.programs_per_sm}/SM"
+    grid = f"chunk{cfg.chunk} block{cfg.block} w{cfg.num_warps} p{cfg.programs_per_sm}/SM"
+    if not cfg.candidates:
+        return f"triton 5 launches {grid}"
+    return f"triton compacting {grid}{' atomics' if cfg.per_column_atomics else ''}"
 
 
-def check_topk(x: torch.Tensor, lengths_sets: tuple[torch.Tensor, ...], cfg: TopkConfig | None) -> str:
+def check_topk(cases: list[tuple[torch.Tensor, torch.Tensor]], k: int, cfg: TopkConfig | None) -> str:
     """Selected values equal the reference's per row, -1 padding counts equal, indices below the length."""
     ok = True
-    for lengths in lengths_sets:
+    for x, lengths in cases:
         with poisoned_outputs():
-            got = topk_triton(x, lengths, TOPK, cfg)
-        ref = topk_indices_torch(x, lengths, TOPK)
+            got = topk_triton(x, lengths, k, cfg)
+        ref = topk_indices_torch(x, lengths, k)
         gv = torch.where(got >= 0, torch.gather(x, 1, got.long().clamp(min=0)), -1.0).sort(dim=1).values
         rv = torch.where(ref >= 0, torch.gather(x, 1, ref.long().clamp(min=0)), -1.0).sort(dim=1).values
         ok = ok and torch.equal(gv, rv) and torch.equal((got < 0).sum(1), (ref < 0).sum(1)) and bool((got < lengths[:, None]).all())
     return "ok" if ok else "FAIL"
 
 
-def topk_cases(rows: list[Row], n_rows: int, n_cols: int) -> None:
+def crowded_rows(x: torch.Tensor) -> torch.Tensor:
+    """x with its rows' values crowded or tied: every row overflows the compacting path's
+    candidate list (its fallback), and rows of one value stress the ties."""
+    out = x.clone()
+    out[0::2] = 1.0
+    out[1::2] = 1.0 + 1e-4 * torch.randn_like(out[1::2])
+    return out
+
+
+def topk_cases(rows: list[Row], n_rows: int, n_cols: int, k: int | None = None, length: int | None = None) -> None:
+    """Every config of TOPK_SWEEP at one shape, k (default TOPK) of each row's first `length`
+    columns (default all), eager and replayed in a CUDA graph, beside torch.topk."""
+    k = k or TOPK
+    length = length or n_cols
     sets = [torch.randn(n_rows, n_cols, device=DEV).clamp_min_(0) for _ in range(8)]  # ReLU-like ties
-    lens = torch.full((n_rows,), n_cols, device=DEV, dtype=torch.int32)
-    case = f"topk {TOPK} of {n_rows}x{n_cols}"
-    nbytes = n_rows * n_cols * 4 + n_rows * TOPK * 4
-    plain = bench([lambda x=x: torch.topk(x, TOPK, dim=1) for x in sets])
-    rows.append(Row(case, "torch.topk", plain, 0, nbytes))
-    eager = bench([lambda x=x: topk_indices_torch(x, lens, TOPK) for x in sets])
+    lens = torch.full((n_rows,), length, device=DEV, dtype=torch.int32)
+    case = f"topk {k} of {n_rows}x{n_cols}" + (f" len {length}" if length < n_cols else "")
+    nbytes = n_rows * length * 4 + n_rows * k * 4
+    plain = bench([lambda x=x: torch.topk(x[:, :length], k, dim=1) for x in sets])
+    rows.append(Row(case, "torch.topk of the first len columns", plain, 0, nbytes))
+    if not SMOKE:
+        graphed = triton.testing.do_bench_cudagraph(lambda: torch.topk(sets[0][:, :length], k, dim=1), rep=200,
+                                                    return_mode="median")
+        rows.append(Row(case, "torch.topk of the first len columns [graph]", graphed, 0, nbytes))
+    eager = bench([lambda x=x: topk_indices_torch(x, lens, k) for x in sets])
     rows.append(Row(case, "torch eager (reference)", eager, 0, nbytes))
     x = torch.randn(n_rows, n_cols, device=DEV).clamp_min_(0)
-    short = torch.randint(0, n_cols + 1, (n_rows,), device=DEV, dtype=torch.int32)
-    edge = torch.tensor([0, TOPK - 1, TOPK, TOPK + 1], device=DEV, dtype=torch.int32)
+    short = torch.randint(0, length + 1, (n_rows,), device=DEV, dtype=torch.int32)
+    edge = torch.tensor([0, k - 1, k, k + 1], device=DEV, dtype=torch.int32)
     short[: min(4, n_rows)] = edge[: min(4, n_rows)]
-    smoke = (TopkConfig(512, 256, 4, single_pass_max_cols=FIVE), TopkConfig(512, 256, 4, single_pass_max_cols=ONE))
+    crowded = crowded_rows(x)
+    checks = [(x, lens), (x, short), (crowded, lens)]
+    smoke = (TopkConfig(512, 256, 4, single_pass_max_cols=FIVE), TopkConfig(512, 256, 4, single_pass_max_cols=ONE),
+             TopkConfig(512, 256, 4, single_pass_max_cols=FIVE, candidates=256))
     for cfg in smoke if SMOKE else TOPK_SWEEP:
+        if cfg is not None and cfg.single_pass_max_cols >= n_cols > SINGLE_LAUNCH_TIMED_COLS:
+            continue
         label = topk_label(cfg, n_cols)
-        point = sweep_point(case, label, lambda cfg=cfg: check_topk(x, (lens, short), cfg),
-                            [lambda x=x, cfg=cfg: topk_triton(x, lens, TOPK, cfg) for x in sets])
+        point = sweep_point(case, label, lambda cfg=cfg: check_topk(checks, k, cfg),
+                            [lambda x=x, cfg=cfg: topk_triton(x, lens, k, cfg) for x in sets])
         if point is not None:
             rows.append(Row(case, f"{label} [{point[0]}]", point[1], 0, nbytes, plain))
         if point is not None and not SMOKE:  # as a decode step runs it: replayed in a CUDA graph, no launch cost
-            graphed = triton.testing.do_bench_cudagraph(lambda cfg=cfg: topk_triton(x, lens, TOPK, cfg), rep=200,
+            graphed = triton.testing.do_bench_cudagraph(lambda cfg=cfg: topk_triton(x, lens, k, cfg), rep=200,
                                                         return_mode="median")
             rows.append(Row(case, f"{label} [graph]", graphed, 0, nbytes, plain))
+    if not SMOKE:  # what the compacting path's fallback costs when every row overflows its list
+        graphed = triton.testing.do_bench_cudagraph(lambda: topk_triton(crowded, lens, k, COMPACTING), rep=200,
+                                                    return_mode="median")
+        rows.append(Row(case, f"{topk_label(COMPACTING, n_cols)}, crowded rows [graph]", graphed, 0, nbytes, plain))
 
 
 # ---------------------------------------------------------------- fp8 quantisation
@@ -455,9 +491,13 @@ def main(argv: list[str] | None = None) -> int:
                 sparse_mla_cases(rows, args.kv_slots, 2048, (128,), ("bf16",))
         if "topk" in parts:
             topk_cases(rows, *((2, 4096) if SMOKE else (64, 65536)))
-            if not SMOKE:  # the decode steps' shapes: v32 16 requests at 64k, small 1 and 128 requests at 4k;
-                # 8k and 16k columns place the single launch's threshold (SINGLE_PASS_MAX_COLS)
-                for n_rows, n_cols in ((16, 65536), (1, 4096), (128, 4096), (1, 8192), (16, 8192), (16, 16384)):
+            if not SMOKE:  # the decode steps' shapes: v32 16 requests at 64k; small (k = 512) 1, 32 and 128
+                # requests at 4k context in rows of its max_model_len (32k); rows of 8k-16k columns, just past
+                # the single launch's threshold (SINGLE_PASS_MAX_COLS)
+                topk_cases(rows, 16, 65536)
+                for n_rows in (1, 32, 128):
+                    topk_cases(rows, n_rows, 32768, k=512, length=4096)
+                for n_rows, n_cols in ((1, 8192), (16, 16384)):
                     topk_cases(rows, n_rows, n_cols)
         if "quant" in parts:
             quant_cases(rows, 2 if SMOKE else 16)

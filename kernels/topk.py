@@ -80,6 +80,9 @@ def _ordered_key(x):
 
 
 RADIX_LEVELS = tl.constexpr(4)  # 8-bit digits of a 32-bit key, most significant first
+# Ints per row of the counter table: a row's counters get a 128-byte line of their own, so rows
+# counting at once (every selected column takes an atomic on the per-column path) do not share one.
+COUNTER_STRIDE = tl.constexpr(32)
 
 
 @triton.jit
@@ -244,17 +247,18 @@ def _radix_pass_kernel(
                 for start in range(lo, hi, BLOCK):
                     col, key, valid = _load_keys(row_ptr, start, hi, BLOCK)
                     hist += _digit_histogram(key, valid & ((key & prefix_mask) == prefix), shift)
-            tl.atomic_add(hist_ptr + (row * RADIX_LEVELS + level) * 256 + tl.arange(0, 256), hist)
+            tl.atomic_add(hist_ptr + (row * RADIX_LEVELS + level) * 256 + tl.arange(0, 256), hist, sem="relaxed")
         else:  # prefix is now the k-th largest key
             n_above = k - remaining
+            counters = count_ptr + row * COUNTER_STRIDE
             for lo in range(first, length, step):
                 hi = tl.minimum(lo + CHUNK, length)
                 for start in range(lo, hi, BLOCK):
                     col, key, valid = _load_keys(row_ptr, start, hi, BLOCK)
                     is_above = valid & (key > prefix)
                     is_equal = valid & (key == prefix)
-                    above_before = tl.atomic_add(count_ptr + row * 2, tl.sum(is_above.to(tl.int32), axis=0))
-                    equal_before = tl.atomic_add(count_ptr + row * 2 + 1, tl.sum(is_equal.to(tl.int32), axis=0))
+                    above_before = tl.atomic_add(counters, tl.sum(is_above.to(tl.int32), axis=0))
+                    equal_before = tl.atomic_add(counters + 1, tl.sum(is_equal.to(tl.int32), axis=0))
                     _store_selected(out_row, col, is_above, is_equal, above_before, equal_before, n_above, remaining)
 
 
@@ -262,19 +266,48 @@ def _radix_pass_kernel(
 # the rows: two leave a 16-bit prefix (sign, exponent, 7 mantissa bits: 1/128 of an octave), whose
 # boundary bin holds a small fraction of a row unless its values crowd together or tie.
 SPLIT_LEVEL = tl.constexpr(2)
+@triton.jit
+def _boundary_bin_count(hist_ptr, row, prefix):
+    """How many of the row's keys share the prefix of the first SPLIT_LEVEL digits: the last
+    histogram level's count at the chosen digit."""
+    digit = (prefix >> _digit_shift(SPLIT_LEVEL - 1)) & 0xFF
+    return tl.load(hist_ptr + (row * RADIX_LEVELS + SPLIT_LEVEL - 1) * 256 + digit.to(tl.int32))
+
+
+@triton.jit
+def _place_by_scan(counters, is_above, is_cand):
+    """Output and list slots of a block's hits: one atomic per counter claims a range for the
+    block, one scan orders both kinds of hit (above in the high half of an int32, candidates in
+    the low: a block's counts stay below 2^16)."""
+    packed = (is_above.to(tl.int32) << 16) | is_cand.to(tl.int32)
+    rank = tl.cumsum(packed, axis=0)
+    total = tl.sum(packed, axis=0)
+    n_above, n_cand = total >> 16, total & 0xFFFF
+    above_before = tl.atomic_add(counters, n_above, mask=n_above > 0, sem="relaxed")
+    cand_before = tl.atomic_add(counters + 1, n_cand, mask=n_cand > 0, sem="relaxed")
+    return above_before + (rank >> 16) - 1, cand_before + (rank & 0xFFFF) - 1
+
+
+@triton.jit
+def _place_by_atomics(counters, is_above, is_cand):
+    """Output and list slots of a block's hits: one atomic increment per hit, no scan (a scan
+    costs more instructions per column than the histogram; hits are a few percent of a row)."""
+    at = tl.zeros(is_above.shape, tl.int32)
+    above_slot = tl.atomic_add(counters + at, 1, mask=is_above, sem="relaxed")
+    return above_slot, tl.atomic_add(counters + 1 + at, 1, mask=is_cand, sem="relaxed")
 
 
 @triton.jit
 def _split_kernel(
     logits_ptr, lengths_ptr, out_ptr, hist_ptr, count_ptr, cand_ptr, n_cols, k, cap,
-    CHUNK: tl.constexpr, BLOCK: tl.constexpr,
+    CHUNK: tl.constexpr, BLOCK: tl.constexpr, PER_COLUMN_ATOMICS: tl.constexpr,
 ):
     """The compacting path's split pass (grid: rows x programs per row, like the radix passes).
 
     With the first SPLIT_LEVEL digits of the k-th largest key known, each column whose key is above
     that prefix goes straight to the output, and each column in the prefix's bin (the candidates)
     to the row's candidate list (keys, then columns: cand[row, 0] and cand[row, 1], cap entries
-    each) while it has room; counts[row] holds how many of each there are.
+    each) if the whole bin fits there; the row's counters give the slots.
     """
     row = tl.program_id(0)
     length = tl.minimum(tl.load(lengths_ptr + row), n_cols)
@@ -282,7 +315,10 @@ def _split_kernel(
         row_ptr = logits_ptr + row.to(tl.int64) * n_cols
         out_row = out_ptr + row.to(tl.int64) * k
         cand_keys = cand_ptr + row.to(tl.int64) * 2 * cap
+        counters = count_ptr + row * COUNTER_STRIDE
         prefix, prefix_mask, remaining = _replay_prefix(hist_ptr, row, SPLIT_LEVEL, k)
+        # candidates are listed from columns below cand_end: the row's end if its whole bin fits
+        cand_end = tl.where(_boundary_bin_count(hist_ptr, row, prefix) <= cap, length, 0)
         first, step = tl.program_id(1) * CHUNK, tl.num_programs(1) * CHUNK
         for lo in range(first, length, step):
             hi = tl.minimum(lo + CHUNK, length)
@@ -290,29 +326,22 @@ def _split_kernel(
                 col, key, valid = _load_keys(row_ptr, start, hi, BLOCK)
                 top = key & prefix_mask
                 is_above = valid & (top > prefix)
-                is_cand = valid & (top == prefix)
-                # both running counts in one scan: above in the high half, candidates in the low
-                # (a block's counts stay below 2^16)
-                packed = (is_above.to(tl.int32) << 16) | is_cand.to(tl.int32)
-                rank = tl.cumsum(packed, axis=0)
-                total = tl.sum(packed, axis=0)
-                n_above, n_cand = total >> 16, total & 0xFFFF
-                above_before = tl.atomic_add(count_ptr + row * 2, n_above, mask=n_above > 0)
-                cand_before = tl.atomic_add(count_ptr + row * 2 + 1, n_cand, mask=n_cand > 0)
-                tl.store(out_row + above_before + (rank >> 16) - 1, col, mask=is_above)
-                slot = cand_before + (rank & 0xFFFF) - 1
-                fits = is_cand & (slot < cap)
-                tl.store(cand_keys + slot, key.to(tl.int32, bitcast=True), mask=fits)
-                tl.store(cand_keys + cap + slot, col, mask=fits)
+                is_cand = valid & (col < cand_end) & (top == prefix)
+                if PER_COLUMN_ATOMICS:
+                    above_slot, cand_slot = _place_by_atomics(counters, is_above, is_cand)
+                else:
+                    above_slot, cand_slot = _place_by_scan(counters, is_above, is_cand)
+                tl.store(out_row + above_slot, col, mask=is_above)
+                tl.store(cand_keys + cand_slot, key.to(tl.int32, bitcast=True), mask=is_cand)
+                tl.store(cand_keys + cap + cand_slot, col, mask=is_cand)
 
 
 @triton.jit
-def _finish_kernel(logits_ptr, lengths_ptr, out_ptr, hist_ptr, count_ptr, cand_ptr, n_cols, k, cap,
-                   BLOCK: tl.constexpr):
+def _finish_kernel(logits_ptr, lengths_ptr, out_ptr, hist_ptr, cand_ptr, n_cols, k, cap, BLOCK: tl.constexpr):
     """The compacting path's last launch (grid: rows): the remaining digits and the emit over the
     row's candidates in one program; short rows 0..len-1 then -1.
 
-    A row whose candidates overflowed the list (values crowding into one 16-bit prefix, or many
+    A row whose candidates did not fit the list (values crowding into one 16-bit prefix, or many
     equal values) finishes over the row itself instead, filtered by the prefix: exact, slower.
     """
     row = tl.program_id(0)
@@ -322,7 +351,7 @@ def _finish_kernel(logits_ptr, lengths_ptr, out_ptr, hist_ptr, count_ptr, cand_p
         _store_short_row(out_row, length, k, BLOCK)
     else:
         prefix, prefix_mask, remaining = _replay_prefix(hist_ptr, row, SPLIT_LEVEL, k)
-        n_cand = tl.load(count_ptr + row * 2 + 1)
+        n_cand = _boundary_bin_count(hist_ptr, row, prefix)
         if n_cand <= cap:
             cand_keys = cand_ptr + row.to(tl.int64) * 2 * cap
             _select_in_program(cand_keys, cand_keys + cap, n_cand, out_row, k, prefix, prefix_mask, remaining,
@@ -337,8 +366,12 @@ def _finish_kernel(logits_ptr, lengths_ptr, out_ptr, hist_ptr, count_ptr, cand_p
 class TopkConfig:
     """Columns per chunk, columns per loop step (block), warps and programs per multiprocessor
     (the grid) of the multi-launch paths, and the longest row that takes the single launch (whose
-    one program per row uses block and num_warps only). Longer rows take the compacting path with
-    a candidate list of `candidates` entries per row, or with 0 the five full radix passes."""
+    one program per row uses block and num_warps only).
+
+    Longer rows take the compacting path with a candidate list of `candidates` entries per row, or
+    with 0 the five full radix passes. The compacting split places its hits by a block scan, or
+    with `per_column_atomics` by an atomic per hit; its finish steps `finish_block` entries at a time.
+    """
 
     chunk: int
     block: int
@@ -346,9 +379,11 @@ class TopkConfig:
     programs_per_sm: int = 4
     single_pass_max_cols: int = SINGLE_PASS_MAX_COLS
     candidates: int = 0
+    per_column_atomics: bool = False
+    finish_block: int = 1024
 
     def __post_init__(self) -> None:
-        if self.block >= 1 << 16:  # the split pass packs two per-block counts into one int32
+        if self.block >= 1 << 16:  # the split's scan packs two per-block counts into one int32
             raise ValueError(f"TopkConfig: block={self.block} must be below 65536")
         if self.candidates < 0:
             raise ValueError(f"TopkConfig: candidates={self.candidates} must be >= 0")
@@ -359,7 +394,7 @@ def default_config(device: torch.device, n_cols: int) -> TopkConfig:
     # (measured: 2 rows of 2600 columns, k=2048 take 20 s at 64-column chunks, 5.7 s at 256); 256
     # still splits the tests' rows of 700 columns into several chunks of several blocks each.
     if device.type != "cuda":
-        return TopkConfig(256, 64, 4)
+        return TopkConfig(256, 64, 4, finish_block=64)
     # Fastest per shape replayed in a CUDA graph on an H200 (benchmarks/RESULTS.md, top-k launch
     # shapes): one program per row reading 4096 columns a step up to 4k columns (30.7 vs 41.1 us at
     # 128 x 4096); five launches of 1024-column chunks up to 32k (27-34 us at 1-16 rows of 4-16k,
@@ -383,9 +418,9 @@ def topk_triton(logits: torch.Tensor, lengths: torch.Tensor, k: int, config: Top
         _topk_row_kernel[(t,)](logits, lengths, out, n, k, BLOCK=cfg.block, num_warps=cfg.num_warps)
         return out
     # One zeroed buffer for both scratch tables: one allocation and one fill per call, not two.
-    levels = RADIX_LEVELS.value * 256
-    scratch = torch.zeros(t * (levels + 2), dtype=torch.int32, device=logits.device)
-    hist, counts = scratch[: t * levels], scratch[t * levels :]  # [t, levels, 256] and [t, 2], flat
+    levels, stride = RADIX_LEVELS.value * 256, COUNTER_STRIDE.value
+    scratch = torch.zeros(t * (levels + stride), dtype=torch.int32, device=logits.device)
+    hist, counts = scratch[: t * levels], scratch[t * levels :]  # [t, levels, 256] and [t, stride], flat
     grid = (t, row_programs(t, max(1, triton.cdiv(n, cfg.chunk)), logits.device, cfg.programs_per_sm))
     compact = cfg.candidates > 0
     for level in range(SPLIT_LEVEL.value if compact else RADIX_LEVELS.value + 1):
@@ -394,8 +429,8 @@ def topk_triton(logits: torch.Tensor, lengths: torch.Tensor, k: int, config: Top
     if compact:
         cand = torch.empty(t * 2 * cfg.candidates, dtype=torch.int32, device=logits.device)  # [t, keys|cols, cap]
         _split_kernel[grid](logits, lengths, out, hist, counts, cand, n, k, cfg.candidates, CHUNK=cfg.chunk,
-                            BLOCK=cfg.block, num_warps=cfg.num_warps)
-        _finish_kernel[(t,)](logits, lengths, out, hist, counts, cand, n, k, cfg.candidates, BLOCK=cfg.block,
+                            BLOCK=cfg.block, PER_COLUMN_ATOMICS=cfg.per_column_atomics, num_warps=cfg.num_warps)
+        _finish_kernel[(t,)](logits, lengths, out, hist, cand, n, k, cfg.candidates, BLOCK=cfg.finish_block,
                              num_warps=cfg.num_warps)
     return out
 

@@ -15,10 +15,13 @@ from tests.kernels.checks import selected_values
 
 CPU_CONFIG = default_config(torch.device("cpu"), 0)
 # Each Triton check runs every path, whatever the default picks at its size: the compacting path
-# with a candidate list no row outgrows, and with one every row with two candidates overflows.
+# with a candidate list no row outgrows (split placing by scan and by atomics), and with one that
+# every row with two candidates overflows.
 PATHS = {"one launch": replace(CPU_CONFIG, single_pass_max_cols=1 << 30),
          "five launches": replace(CPU_CONFIG, single_pass_max_cols=0, candidates=0),
          "compacting": replace(CPU_CONFIG, single_pass_max_cols=0, candidates=1 << 12),
+         "compacting, per-column atomics": replace(CPU_CONFIG, single_pass_max_cols=0, candidates=1 << 12,
+                                                   per_column_atomics=True),
          "compacting, list overflows": replace(CPU_CONFIG, single_pass_max_cols=0, candidates=1)}
 
 
