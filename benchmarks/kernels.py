@@ -36,7 +36,7 @@ from kernels.quant import (  # noqa: E402
     write_kv_cache,
 )
 from kernels.sparse_mla import SparseMlaConfig, auto_num_splits, sparse_mla_torch, sparse_mla_triton  # noqa: E402
-from kernels.topk import TopkConfig, default_config, topk_indices_torch, topk_triton  # noqa: E402
+from kernels.topk import CANDIDATES, TopkConfig, default_config, topk_indices_torch, topk_triton  # noqa: E402
 from kernels.triton_utils import poisoned_outputs  # noqa: E402
 
 COPY_TBPS = 4.04  # measured on this H200 (issue 4, 2026-11-29)
@@ -323,13 +323,10 @@ def indexer_prefill_cases(rows: list[Row], chunk: int, context: int) -> None:
 # per row, forced by a threshold above any row (timed up to SINGLE_LAUNCH_TIMED_COLS only: at 64k
 # columns it took 433-597 us, benchmarks/RESULTS.md "Top-k launch shapes").
 FIVE, ONE = 0, 1 << 30
-CANDIDATES = 4096
-COMPACTING = TopkConfig(2048, 1024, 4, 8, FIVE, CANDIDATES)  # the five launches' grid above 32k columns
+COMPACTING = TopkConfig(2048, 1024, 4, 8, FIVE, CANDIDATES, finish_block=512)  # the default above 32k columns
 TOPK_SWEEP = (None, TopkConfig(2048, 1024, 4, 8, FIVE), TopkConfig(1024, 1024, 4, 16, FIVE),
-              COMPACTING, TopkConfig(1024, 1024, 4, 16, FIVE, CANDIDATES), TopkConfig(2048, 2048, 4, 8, FIVE, CANDIDATES),
-              TopkConfig(4096, 4096, 4, 4, FIVE, CANDIDATES), TopkConfig(4096, 4096, 8, 4, FIVE, CANDIDATES),
-              replace(COMPACTING, per_column_atomics=True),
-              TopkConfig(4096, 4096, 4, 4, FIVE, CANDIDATES, per_column_atomics=True),
+              COMPACTING, replace(COMPACTING, block=2048), replace(COMPACTING, per_column_atomics=True),
+              TopkConfig(1024, 1024, 4, 16, FIVE, CANDIDATES, finish_block=512),
               TopkConfig(4096, 4096, 16, single_pass_max_cols=ONE))
 SINGLE_LAUNCH_TIMED_COLS = 16384
 
@@ -343,7 +340,7 @@ def topk_label(cfg: TopkConfig | None, n_cols: int) -> str:
     grid = f"chunk{cfg.chunk} block{cfg.block} w{cfg.num_warps} p{cfg.programs_per_sm}/SM"
     if not cfg.candidates:
         return f"triton 5 launches {grid}"
-    return f"triton compacting {grid}{' atomics' if cfg.per_column_atomics else ''}"
+    return f"triton compacting {grid} finish{cfg.finish_block}{' atomics' if cfg.per_column_atomics else ''}"
 
 
 def check_topk(cases: list[tuple[torch.Tensor, torch.Tensor]], k: int, cfg: TopkConfig | None) -> str:
@@ -405,6 +402,7 @@ def topk_cases(rows: list[Row], n_rows: int, n_cols: int, k: int | None = None, 
             graphed = triton.testing.do_bench_cudagraph(lambda cfg=cfg: topk_triton(x, lens, k, cfg), rep=200,
                                                         return_mode="median")
             rows.append(Row(case, f"{label} [graph]", graphed, 0, nbytes, plain))
+            print(f"{case} {label}: graph {graphed * 1e3:.1f} us", flush=True)
     if not SMOKE:  # what the compacting path's fallback costs when every row overflows its list
         graphed = triton.testing.do_bench_cudagraph(lambda: topk_triton(crowded, lens, k, COMPACTING), rep=200,
                                                     return_mode="median")
@@ -491,13 +489,13 @@ def main(argv: list[str] | None = None) -> int:
                 sparse_mla_cases(rows, args.kv_slots, 2048, (128,), ("bf16",))
         if "topk" in parts:
             topk_cases(rows, *((2, 4096) if SMOKE else (64, 65536)))
-            if not SMOKE:  # the decode steps' shapes: v32 16 requests at 64k; small (k = 512) 1, 32 and 128
-                # requests at 4k context in rows of its max_model_len (32k); rows of 8k-16k columns, just past
+            if not SMOKE:  # the decode steps' shapes: v32 16 requests at 64k; small (k = 512) 1 and 128 requests
+                # at 4k context in rows of its max_model_len (32k); rows of 4k and 8k columns on either side of
                 # the single launch's threshold (SINGLE_PASS_MAX_COLS)
                 topk_cases(rows, 16, 65536)
-                for n_rows in (1, 32, 128):
+                for n_rows in (1, 128):
                     topk_cases(rows, n_rows, 32768, k=512, length=4096)
-                for n_rows, n_cols in ((1, 8192), (16, 16384)):
+                for n_rows, n_cols in ((1, 4096), (128, 4096), (1, 8192)):
                     topk_cases(rows, n_rows, n_cols)
         if "quant" in parts:
             quant_cases(rows, 2 if SMOKE else 16)

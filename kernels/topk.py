@@ -44,9 +44,14 @@ TORCH_TOPK_MIN_ROWS = 1024
 # in a CUDA graph on an H200 it won at 128 x 4096 (30.7 vs 41.1 us), tied at 1 x 4096 and lost
 # from 8192 columns (57 vs 27-30 us; benchmarks/kernels.py --only topk times both paths).
 SINGLE_PASS_MAX_COLS = 4096
-# Five-launch rows up to this many columns take 1,024-column chunks at 16 programs/SM, longer
-# rows 2,048-column chunks at 8/SM (default_config; the measurements are beside it).
+# Longer rows take the compacting path: up to this many columns with 1,024-column chunks at 16
+# programs/SM, longer rows with 2,048-column chunks at 8/SM (default_config; the measurements are
+# beside it).
 FINE_CHUNK_MAX_COLS = 32768
+# Entries per row of the compacting path's candidate list. In the H200 runs the 16-bit prefix bin
+# held ~36 of 65,536 columns of ReLU'd normal logits; a row whose bin outgrows the list still
+# comes out exact, but costs ~300 us (one program over the row), hence a generous list.
+CANDIDATES = 4096
 
 # ---------------------------------------------------------------- torch reference
 
@@ -396,12 +401,16 @@ def default_config(device: torch.device, n_cols: int) -> TopkConfig:
     if device.type != "cuda":
         return TopkConfig(256, 64, 4, finish_block=64)
     # Fastest per shape replayed in a CUDA graph on an H200 (benchmarks/RESULTS.md, top-k launch
-    # shapes): one program per row reading 4096 columns a step up to 4k columns (30.7 vs 41.1 us at
-    # 128 x 4096); five launches of 1024-column chunks up to 32k (27-34 us at 1-16 rows of 4-16k,
-    # where 4096-column chunks took 58-61 us); 2048-column chunks beyond (62 vs 71-75 us, 16 x 64k).
+    # shapes and compacting top-k): one program per row reading 4096 columns a step up to 4k
+    # columns; the compacting path beyond, with 1024-column chunks at 16 programs/SM up to 32k
+    # (17.8-30.8 us at 1-128 rows of 32k at 4k context, k=512, where the five launches took
+    # 21.3-52.9), 2048-column chunks at 8/SM beyond (31.7 vs 45.6 us at 16 x 64k, 81.9 vs 141.9 at
+    # 64 x 64k); the finish steps 512 candidates at a time (2 us less than 1024 at 16-64 x 64k).
     if n_cols <= SINGLE_PASS_MAX_COLS:
         return TopkConfig(4096, 4096, 16)
-    return TopkConfig(1024, 1024, 4, 16) if n_cols <= FINE_CHUNK_MAX_COLS else TopkConfig(2048, 1024, 4, 8)
+    if n_cols <= FINE_CHUNK_MAX_COLS:
+        return TopkConfig(1024, 1024, 4, 16, candidates=CANDIDATES, finish_block=512)
+    return TopkConfig(2048, 1024, 4, 8, candidates=CANDIDATES, finish_block=512)
 
 
 def topk_triton(logits: torch.Tensor, lengths: torch.Tensor, k: int, config: TopkConfig | None = None) -> torch.Tensor:
