@@ -14,13 +14,15 @@ choice; a row's length and values only steer branches on the device):
 - longer rows, spread over (rows x programs, each looping over chunks of columns up to the row's
   length) so that a few long rows still fill the GPU, the histograms meeting in a per-row table in
   global memory and outputs placed by atomic counters; either
-  - the compacting path (`TopkConfig.candidates` > 0), four launches: two histogram levels fix
-    the top 16 bits of the k-th largest key; a split pass writes the columns above that prefix
-    to the output and those in its bin (the candidates, a small share of a row) to a per-row list;
-    then one program per row finishes the last two levels and the emit on its list alone. A row
-    whose candidates overflow the list (values crowding into one prefix, or many ties) finishes
-    over the row itself: exact, slower; or
+  - the compacting path (`TopkConfig.candidates` > 0, the default), four launches: two
+    histogram levels fix the top 16 bits of the k-th largest key; a split pass writes the columns
+    above that prefix to the output and those in its bin (the candidates, a small share of a row)
+    to a per-row list; then one program per row finishes the last two levels and the emit on its
+    list alone. A row whose candidates overflow the list (values crowding into one prefix, or
+    many ties) finishes over the row itself: exact, slower; or
   - five launches: four histogram levels over the whole row, then the emit pass.
+Each full-row pass is bound by instruction issue, not memory (benchmarks/RESULTS.md, compacting
+top-k): so the compacting path's gain is the passes it leaves out.
 """
 
 from __future__ import annotations
@@ -40,9 +42,10 @@ from kernels.triton_utils import new_output, row_programs
 TORCH_TOPK_MIN_ROWS = 1024
 
 # Rows up to this many columns take the single-launch kernel: one program reading a row five
-# times beats five launches until the row is long enough for the (rows x programs) spread to pay:
-# in a CUDA graph on an H200 it won at 128 x 4096 (30.7 vs 41.1 us), tied at 1 x 4096 and lost
-# from 8192 columns (57 vs 27-30 us; benchmarks/kernels.py --only topk times both paths).
+# times beats the multi-launch paths until the row is long enough for the (rows x programs)
+# spread to pay: in a CUDA graph on an H200 it won at 128 x 4096 (22.4 vs 31.2-31.8 us), tied at
+# 1 x 4096 (22.1 vs 20.8-25.3) and lost at 1 x 8192 (40.3 vs 15.9 for the compacting path;
+# benchmarks/kernels.py --only topk times every path).
 SINGLE_PASS_MAX_COLS = 4096
 # Longer rows take the compacting path: up to this many columns with 1,024-column chunks at 16
 # programs/SM, longer rows with 2,048-column chunks at 8/SM (default_config; the measurements are
@@ -397,15 +400,16 @@ class TopkConfig:
 def default_config(device: torch.device, n_cols: int) -> TopkConfig:
     # On CPU the kernel runs in the Triton interpreter, whose cost grows with the number of programs
     # (measured: 2 rows of 2600 columns, k=2048 take 20 s at 64-column chunks, 5.7 s at 256); 256
-    # still splits the tests' rows of 700 columns into several chunks of several blocks each.
+    # still splits the tests' rows of 700 columns into several chunks of several blocks each. The
+    # paths are the GPU's, so that what runs by default in the interpreter is what a GPU runs.
     if device.type != "cuda":
-        return TopkConfig(256, 64, 4, finish_block=64)
+        return TopkConfig(256, 64, 4, candidates=CANDIDATES, finish_block=64)
     # Fastest per shape replayed in a CUDA graph on an H200 (benchmarks/RESULTS.md, top-k launch
     # shapes and compacting top-k): one program per row reading 4096 columns a step up to 4k
     # columns; the compacting path beyond, with 1024-column chunks at 16 programs/SM up to 32k
-    # (17.8-30.8 us at 1-128 rows of 32k at 4k context, k=512, where the five launches took
-    # 21.3-52.9), 2048-column chunks at 8/SM beyond (31.7 vs 45.6 us at 16 x 64k, 81.9 vs 141.9 at
-    # 64 x 64k); the finish steps 512 candidates at a time (2 us less than 1024 at 16-64 x 64k).
+    # (16.1 and 29.1 us at 1 and 128 rows of 32k at 4k context, k=512, where the five launches
+    # took 21.3 and 53.0), 2048-column chunks at 8/SM beyond (29.8 vs 45.6 us at 16 x 64k, 80.1 vs
+    # 142.0 at 64 x 64k); the finish steps 512 candidates at a time (2 us less than 1024 there).
     if n_cols <= SINGLE_PASS_MAX_COLS:
         return TopkConfig(4096, 4096, 16)
     if n_cols <= FINE_CHUNK_MAX_COLS:
