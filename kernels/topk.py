@@ -53,7 +53,7 @@ SINGLE_PASS_MAX_COLS = 4096
 FINE_CHUNK_MAX_COLS = 32768
 # Entries per row of the compacting path's candidate list. In the H200 runs the 16-bit prefix bin
 # held ~36 of 65,536 columns of ReLU'd normal logits; a row whose bin outgrows the list still
-# comes out exact, but costs ~300 us (one program over the row), hence a generous list.
+# comes out exact, but one program then reads the row (0.36-0.41 ms at 64k), hence a generous list.
 CANDIDATES = 4096
 
 # ---------------------------------------------------------------- torch reference
@@ -298,8 +298,9 @@ def _place_by_scan(counters, is_above, is_cand):
 
 @triton.jit
 def _place_by_atomics(counters, is_above, is_cand):
-    """Output and list slots of a block's hits: one atomic increment per hit, no scan (a scan
-    costs more instructions per column than the histogram; hits are a few percent of a row)."""
+    """Output and list slots of a block's hits: one atomic increment per hit in place of the scan,
+    most of the split's instructions (ptxas folds a warp's increments into one atomic). Hits are a
+    few percent of a row; on an H200 it won at 64 rows of 64k and lost at 16 (benchmarks/RESULTS.md)."""
     at = tl.zeros(is_above.shape, tl.int32)
     above_slot = tl.atomic_add(counters + at, 1, mask=is_above, sem="relaxed")
     return above_slot, tl.atomic_add(counters + 1 + at, 1, mask=is_cand, sem="relaxed")
