@@ -105,8 +105,10 @@ def _query_group(q_ptr, row_tok, row_head, row_ok, g: tl.constexpr, H: tl.conste
     ptr = q_ptr + row_tok[:, None] * (H * D) + row_head[:, None] * D + (32 * g) % D + tl.arange(0, 32)[None, :]
     raw = tl.load(ptr, mask=row_ok[:, None], other=0)
     if FP8_DOT:
-        return raw.to(tl.float8e4nv, bitcast=True)
-    return e4m3_to_raw_f16(raw.to(tl.int32)).to(DOT_DTYPE)
+        q = raw.to(tl.float8e4nv, bitcast=True)
+    else:
+        q = e4m3_to_raw_f16(raw.to(tl.int32)).to(DOT_DTYPE)
+    return q
 
 
 @triton.jit
