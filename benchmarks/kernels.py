@@ -201,10 +201,10 @@ def indexer_query(tokens: int, heads: int = H_I) -> tuple[torch.Tensor, torch.Te
 # as they are, where the per-token kernel decodes every key element to fp16 first.
 INDEXER_DECODE_TILED = {
     "fp8": (TiledConfig(1, 64, 4, 8), TiledConfig(1, 64, 4, 16), TiledConfig(1, 128, 4, 8), TiledConfig(1, 128, 4, 16),
-            TiledConfig(1, 32, 4, 16)),
+            TiledConfig(1, 64, 4, 32), TiledConfig(1, 64, 4, 16, 1), TiledConfig(1, 64, 4, 16, 3)),
     "mxfp4": (TiledConfig(1, 128, 4, 8), TiledConfig(1, 64, 4, 8, mx_group_dots=True),
               TiledConfig(1, 64, 4, 16, mx_group_dots=True), TiledConfig(1, 128, 4, 8, mx_group_dots=True),
-              TiledConfig(1, 128, 8, 8, mx_group_dots=True), TiledConfig(1, 32, 4, 16, mx_group_dots=True)),
+              TiledConfig(1, 128, 4, 16, mx_group_dots=True), TiledConfig(1, 128, 4, 8, 3, mx_group_dots=True)),
 }
 
 
@@ -245,7 +245,8 @@ def indexer_cases(rows: list[Row], requests: int, context: int, heads: int = H_I
                                                                             block_size, context, True, cfg)))
         for tcfg in [TiledConfig(1, 16, 4), TiledConfig(1, 16, 4, mx_group_dots=True)] if SMOKE else INDEXER_DECODE_TILED[key_dtype]:
             group = " group dots" if tcfg.mx_group_dots and key_dtype == "mxfp4" else ""
-            variants.append((f"tiled m1 n{tcfg.block_n} w{tcfg.num_warps} p{tcfg.programs_per_sm}/SM{group}",
+            variants.append((f"tiled m1 n{tcfg.block_n} w{tcfg.num_warps} p{tcfg.programs_per_sm}/SM "
+                             f"s{tcfg.num_stages or '-'}{group}",
                              lambda q, w, n, cfg=tcfg: indexer_logits_tiled(q, w, cache, key_dtype, block_table, seq_ids, n,
                                                                             block_size, context, cfg)))
         for label, launch in variants:

@@ -30,8 +30,8 @@ from kernels.triton_utils import (
 _REF_CHUNK = 1 << 24  # elements of the [tokens, heads, keys] score tensor the reference holds at once
 # From this many query tokens per request on average (a prefill chunk, not a decode or verify
 # step) the paged call uses the tiled kernel with tiles of several tokens, which load each key
-# block once per tile; decode and verify steps with fp8 keys take it with one-token tiles where
-# the GPU has fp8 dots (decode_tiled_config), and the per-token kernel below elsewhere.
+# block once per tile; decode and verify steps take it with one-token tiles where the GPU has
+# fp8 dots (decode_tiled_config), and the per-token kernel below elsewhere.
 TILED_MIN_TOKENS_PER_REQUEST = 16
 
 

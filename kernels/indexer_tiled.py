@@ -17,11 +17,11 @@ values are then converted to e4m3, exact while drop <= 8 (e2m1 values have two s
 and stay multiples of 2^-9); groups more than 2^8 below their row's largest are rounded to e4m3
 (3 mantissa bits, subnormals down to 2^-9), a change far below the indexer's bar.
 
-Decode and verify steps with fp8 keys use tiles of one token (`decode_tiled_config`) on GPUs with
-fp8 dots: there the gain is not shared key loads but the dot taking the key bytes as they are,
-where the per-token kernel decodes every key element to fp16 first. MXFP4 keys can take one dot
-per 32-value group (`TiledConfig.mx_group_dots`): nibbles become e4m3 bytes by two shifts and a
-mask, and each group's scale multiplies its dot's result, exact at any spread of group scales.
+Decode and verify steps use tiles of one token (`decode_tiled_config`) on GPUs with fp8 dots:
+there the gain is not shared key loads but the dot taking the key bytes as they are, where the
+per-token kernel decodes every key element to fp16 first. MXFP4 keys then take one dot per
+32-value group (`TiledConfig.mx_group_dots`): nibbles become e4m3 bytes by two shifts and a mask,
+and each group's scale multiplies its dot's result, exact at any spread of group scales.
 
 Tokens of one request are contiguous in a batch. A tile whose tokens all belong to one request
 makes one pass over its keys; a tile straddling requests makes one pass per token (the other
@@ -236,14 +236,15 @@ def default_tiled_config(key_dtype: str, device: torch.device) -> TiledConfig:
 
 
 def decode_tiled_config(key_dtype: str, heads: int, device: torch.device) -> TiledConfig | None:
-    """One-token tiles for decode and verify steps where they are the measured best, else None
-    (the per-token kernel). On an H200 with fp8 keys the fp8 dot took 64 x 64k keys (64 heads) from
-    533 to 260 us, 16 x 64k from 135 to 78, 128 x 4k (16 heads) from 81 to 44 (benchmarks/RESULTS.md,
-    issue 12, indexer decode on the fp8 dot); with few heads a wider key block keeps the dot busy.
-    MXFP4 keys stay on the per-token kernel: its one-token tiles were slower at 64 x 64k and 128 x 4k,
-    and the group dots (mx_group_dots) are not yet measured on a GPU."""
-    if key_dtype != "fp8" or not fp8_dot_supported(device):
+    """One-token tiles for decode and verify steps on GPUs with fp8 dots, else None (the per-token
+    kernel). Measured on an H200 (benchmarks/RESULTS.md, issue 12, indexer decode on the fp8 dot):
+    fp8 keys 64 x 64k (64 heads) 533 -> 261 us, 16 x 64k 135 -> 77, 128 x 4k (16 heads) 81 -> 45,
+    with a wider key block where there are few heads; MXFP4 keys as group dots 486 -> 417-432,
+    150 -> 108, 47-51 -> 44."""
+    if not fp8_dot_supported(device):
         return None
+    if key_dtype == "mxfp4":
+        return TiledConfig(1, 128, 4, 8, mx_group_dots=True)
     return TiledConfig(1, 64, 4, 16) if heads >= 64 else TiledConfig(1, 128, 4, 8)
 
 

@@ -127,10 +127,10 @@ def test_mxfp4_group_dots_exact_at_any_scale_spread(gen):
 
 
 @pytest.mark.parametrize("key_dtype", ["fp8", "mxfp4"])
-def test_decode_takes_one_token_tiles_for_fp8_keys_where_fp8_dots_exist(gen, monkeypatch, key_dtype):
-    """A decode batch (one token per request) with fp8 keys goes through the tiled kernel with
-    one-token tiles on a device with fp8 dots (faked here: the interpreter emulates them), else
-    through the per-token kernel, as MXFP4 keys always do; the logits match the reference."""
+def test_decode_takes_one_token_tiles_where_fp8_dots_exist(gen, monkeypatch, key_dtype):
+    """A decode batch (one token per request) goes through the tiled kernel with one-token tiles
+    (MXFP4 as group dots) on a device with fp8 dots (faked here: the interpreter emulates them),
+    else through the per-token kernel; the logits match the reference either way."""
     import kernels.indexer as indexer
     import kernels.indexer_tiled as tiled
 
@@ -151,4 +151,4 @@ def test_decode_takes_one_token_tiles_for_fp8_keys_where_fp8_dots_exist(gen, mon
     assert configs == []
     monkeypatch.setattr(tiled, "fp8_dot_supported", lambda device: True)
     assert_logits_match(indexer.indexer_logits_paged(*args, backend="triton"), ref)
-    assert [c.block_m for c in configs] == ([1] if key_dtype == "fp8" else [])
+    assert [(c.block_m, c.mx_group_dots) for c in configs] == [(1, key_dtype == "mxfp4")]
