@@ -201,10 +201,12 @@ def indexer_query(tokens: int, heads: int = H_I) -> tuple[torch.Tensor, torch.Te
 # as they are, where the per-token kernel decodes every key element to fp16 first.
 INDEXER_DECODE_TILED = {
     "fp8": (TiledConfig(1, 64, 4, 8), TiledConfig(1, 64, 4, 16), TiledConfig(1, 128, 4, 8), TiledConfig(1, 128, 4, 16),
-            TiledConfig(1, 64, 4, 32), TiledConfig(1, 64, 4, 16, 1), TiledConfig(1, 64, 4, 16, 3)),
+            TiledConfig(1, 64, 4, 32), TiledConfig(1, 64, 4, 16, 1), TiledConfig(1, 64, 4, 16, 3),
+            TiledConfig(1, 128, 4, 8, 1), TiledConfig(1, 64, 4, 8, 1)),
     "mxfp4": (TiledConfig(1, 128, 4, 8), TiledConfig(1, 64, 4, 8, mx_group_dots=True),
               TiledConfig(1, 64, 4, 16, mx_group_dots=True), TiledConfig(1, 128, 4, 8, mx_group_dots=True),
-              TiledConfig(1, 128, 4, 16, mx_group_dots=True), TiledConfig(1, 128, 4, 8, 3, mx_group_dots=True)),
+              TiledConfig(1, 128, 4, 16, mx_group_dots=True), TiledConfig(1, 128, 4, 8, 1, mx_group_dots=True),
+              TiledConfig(1, 128, 4, 16, 1, mx_group_dots=True), TiledConfig(1, 64, 4, 16, 1, mx_group_dots=True)),
 }
 
 
