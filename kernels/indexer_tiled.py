@@ -238,14 +238,14 @@ def default_tiled_config(key_dtype: str, device: torch.device) -> TiledConfig:
 def decode_tiled_config(key_dtype: str, heads: int, device: torch.device) -> TiledConfig | None:
     """One-token tiles for decode and verify steps on GPUs with fp8 dots, else None (the per-token
     kernel). Measured on an H200 (benchmarks/RESULTS.md, issue 12, indexer decode on the fp8 dot):
-    fp8 keys 64 x 64k (64 heads) 533 -> 231 us, 16 x 64k 135 -> 67 (no software pipelining: 261
-    and 77 with it), 128 x 4k (16 heads) 81 -> 45, with a wider key block where there are few
-    heads; MXFP4 keys as group dots 486 -> 417-432, 150 -> 108, 47-51 -> 44."""
+    fp8 keys 64 x 64k (64 heads) 533 -> 231 us, 16 x 64k 135 -> 67, 128 x 4k (16 heads) 81 -> 38
+    (without software pipelining: 261, 77 and 45 with it), with a wider key block where there are
+    few heads; MXFP4 keys as group dots 486 -> 417-432, 150 -> 108, 47-51 -> 44."""
     if not fp8_dot_supported(device):
         return None
     if key_dtype == "mxfp4":
         return TiledConfig(1, 128, 4, 8, mx_group_dots=True)
-    return TiledConfig(1, 64, 4, 16, 1) if heads >= 64 else TiledConfig(1, 128, 4, 8)
+    return TiledConfig(1, 64, 4, 16, 1) if heads >= 64 else TiledConfig(1, 128, 4, 8, 1)
 
 
 @functools.cache  # asked at every indexer call; the capability query is a driver call
