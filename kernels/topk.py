@@ -380,6 +380,9 @@ class TopkConfig:
     Longer rows take the compacting path with a candidate list of `candidates` entries per row, or
     with 0 the five full radix passes. The compacting split places its hits by a block scan, or
     with `per_column_atomics` by an atomic per hit; its finish steps `finish_block` entries at a time.
+    The full-row histogram levels step `hist_block` columns at a time (0: `block`; their chunks
+    grow to it): a histogram's per-step cost (ballots, a barrier, a shared-memory merge) is shared
+    by more columns, while the emit and split keep the smaller block.
     """
 
     chunk: int
@@ -390,10 +393,13 @@ class TopkConfig:
     candidates: int = 0
     per_column_atomics: bool = False
     finish_block: int = 1024
+    hist_block: int = 0
 
     def __post_init__(self) -> None:
         if self.block >= 1 << 16:  # the split's scan packs two per-block counts into one int32
             raise ValueError(f"TopkConfig: block={self.block} must be below 65536")
+        if self.hist_block < 0:
+            raise ValueError(f"TopkConfig: hist_block={self.hist_block} must be >= 0")
         if self.candidates < 0:
             raise ValueError(f"TopkConfig: candidates={self.candidates} must be >= 0")
 
@@ -418,6 +424,11 @@ def default_config(device: torch.device, n_cols: int) -> TopkConfig:
     return TopkConfig(2048, 1024, 4, 8, candidates=CANDIDATES, finish_block=512)
 
 
+def _spread_grid(t: int, n: int, chunk: int, cfg: TopkConfig, device: torch.device) -> tuple[int, int]:
+    """(rows, programs per row) of a pass over chunks of `chunk` columns."""
+    return t, row_programs(t, max(1, triton.cdiv(n, chunk)), device, cfg.programs_per_sm)
+
+
 def topk_triton(logits: torch.Tensor, lengths: torch.Tensor, k: int, config: TopkConfig | None = None) -> torch.Tensor:
     """One launch over rows up to config.single_pass_max_cols columns; beyond, over (rows x
     programs per row), either the compacting path (SPLIT_LEVEL histogram levels, the split, then
@@ -435,11 +446,17 @@ def topk_triton(logits: torch.Tensor, lengths: torch.Tensor, k: int, config: Top
     levels, stride = RADIX_LEVELS.value * 256, COUNTER_STRIDE.value
     scratch = torch.zeros(t * (levels + stride), dtype=torch.int32, device=logits.device)
     hist, counts = scratch[: t * levels], scratch[t * levels :]  # [t, levels, 256] and [t, stride], flat
-    grid = (t, row_programs(t, max(1, triton.cdiv(n, cfg.chunk)), logits.device, cfg.programs_per_sm))
+    grid = _spread_grid(t, n, cfg.chunk, cfg, logits.device)
+    hist_block = cfg.hist_block or cfg.block
+    hist_chunk = max(cfg.chunk, hist_block)
+    hist_grid = _spread_grid(t, n, hist_chunk, cfg, logits.device)
     compact = cfg.candidates > 0
-    for level in range(SPLIT_LEVEL.value if compact else RADIX_LEVELS.value + 1):
-        _radix_pass_kernel[grid](logits, lengths, out, hist, counts, n, k, level, CHUNK=cfg.chunk, BLOCK=cfg.block,
-                                 num_warps=cfg.num_warps)
+    for level in range(SPLIT_LEVEL.value if compact else RADIX_LEVELS.value):
+        _radix_pass_kernel[hist_grid](logits, lengths, out, hist, counts, n, k, level, CHUNK=hist_chunk,
+                                      BLOCK=hist_block, num_warps=cfg.num_warps)
+    if not compact:  # the emit pass
+        _radix_pass_kernel[grid](logits, lengths, out, hist, counts, n, k, RADIX_LEVELS.value, CHUNK=cfg.chunk,
+                                 BLOCK=cfg.block, num_warps=cfg.num_warps)
     if compact:
         cand = torch.empty(t * 2 * cfg.candidates, dtype=torch.int32, device=logits.device)  # [t, keys|cols, cap]
         _split_kernel[grid](logits, lengths, out, hist, counts, cand, n, k, cfg.candidates, CHUNK=cfg.chunk,

@@ -22,7 +22,11 @@ PATHS = {"one launch": replace(CPU_CONFIG, single_pass_max_cols=1 << 30),
          "compacting": replace(CPU_CONFIG, single_pass_max_cols=0, candidates=1 << 12),
          "compacting, per-column atomics": replace(CPU_CONFIG, single_pass_max_cols=0, candidates=1 << 12,
                                                    per_column_atomics=True),
-         "compacting, list overflows": replace(CPU_CONFIG, single_pass_max_cols=0, candidates=1)}
+         "compacting, list overflows": replace(CPU_CONFIG, single_pass_max_cols=0, candidates=1),
+         "five launches, wider histogram steps": replace(CPU_CONFIG, single_pass_max_cols=0, candidates=0,
+                                                         hist_block=2 * CPU_CONFIG.block),
+         "compacting, histogram chunks grown": replace(CPU_CONFIG, single_pass_max_cols=0, candidates=1 << 12,
+                                                       hist_block=2 * CPU_CONFIG.chunk)}
 
 
 def ordered_keys(x: torch.Tensor) -> torch.Tensor:
@@ -142,6 +146,8 @@ def test_topk_config_errors():
         replace(CPU_CONFIG, block=1 << 16)
     with pytest.raises(ValueError, match="candidates=-1"):
         replace(CPU_CONFIG, candidates=-1)
+    with pytest.raises(ValueError, match="hist_block=-1"):
+        replace(CPU_CONFIG, hist_block=-1)
 
 
 def test_topk_fewer_columns_than_k(gen):
