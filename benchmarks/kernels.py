@@ -342,10 +342,10 @@ TOPK_SWEEP = {
 }
 
 
-def topk_label(cfg: TopkConfig | None, n_cols: int) -> str:
+def topk_label(cfg: TopkConfig | None, n_rows: int, n_cols: int) -> str:
     if cfg is None:
-        cfg = default_config(torch.device(DEV), n_cols)
-        return f"triton default ({topk_label(cfg, n_cols).removeprefix('triton ')})"
+        cfg = default_config(torch.device(DEV), n_cols, n_rows)
+        return f"triton default ({topk_label(cfg, n_rows, n_cols).removeprefix('triton ')})"
     if n_cols <= cfg.single_pass_max_cols:
         return f"triton 1 launch block{cfg.block} w{cfg.num_warps}"
     grid = f"chunk{cfg.chunk} block{cfg.block} w{cfg.num_warps} p{cfg.programs_per_sm}/SM"
@@ -406,7 +406,7 @@ def topk_cases(rows: list[Row], n_rows: int, n_cols: int, k: int | None = None, 
              TopkConfig(512, 256, 4, single_pass_max_cols=FIVE, candidates=256, hist_block=1024))
     sweep = TOPK_SWEEP[min(size for size in TOPK_SWEEP if size >= n_cols)]
     for cfg in smoke if SMOKE else sweep:
-        label = topk_label(cfg, n_cols)
+        label = topk_label(cfg, n_rows, n_cols)
         point = sweep_point(case, label, lambda cfg=cfg: check_topk(checks, k, cfg),
                             [lambda x=x, cfg=cfg: topk_triton(x, lens, k, cfg) for x in sets])
         if point is not None:
@@ -419,7 +419,7 @@ def topk_cases(rows: list[Row], n_rows: int, n_cols: int, k: int | None = None, 
     if not SMOKE:  # what the compacting path's fallback costs when every row overflows its list
         graphed = triton.testing.do_bench_cudagraph(lambda: topk_triton(crowded, lens, k, COMPACTING), rep=200,
                                                     return_mode="median")
-        rows.append(Row(case, f"{topk_label(COMPACTING, n_cols)}, crowded rows [graph]", graphed, 0, nbytes, plain))
+        rows.append(Row(case, f"{topk_label(COMPACTING, n_rows, n_cols)}, crowded rows [graph]", graphed, 0, nbytes, plain))
 
 
 # ---------------------------------------------------------------- fp8 quantisation

@@ -5,7 +5,7 @@ histograms (keys matching the digits chosen so far) narrow the k-th largest key 
 an emit pass then writes every column above it plus just enough columns equal to it. Rows no
 longer than k emit 0..len-1 then -1.
 
-Launch shapes, chosen by the column count and the config alone (so a CUDA graph keeps a fixed
+Launch shapes, chosen by the row and column counts and the config alone (so a CUDA graph keeps a fixed
 choice; a row's length and values only steer branches on the device):
 - up to `TopkConfig.single_pass_max_cols` columns, ONE launch with one program per row: the
   program keeps each level's histogram in registers, re-reads the row (from L2) once per level
@@ -22,7 +22,9 @@ choice; a row's length and values only steer branches on the device):
     many ties) finishes over the row itself: exact, slower; or
   - five launches: four histogram levels over the whole row, then the emit pass.
 Each full-row pass is bound by instruction issue, not memory (benchmarks/RESULTS.md, compacting
-top-k): so the compacting path's gain is the passes it leaves out.
+top-k): so the compacting path's gain is the passes it leaves out, and the histogram levels step
+more columns at a time than the split (`TopkConfig.hist_block`), which spreads a histogram's
+per-step cost over more columns.
 """
 
 from __future__ import annotations
@@ -51,6 +53,10 @@ SINGLE_PASS_MAX_COLS = 4096
 # programs/SM, longer rows with 2,048-column chunks at 8/SM (default_config; the measurements are
 # beside it).
 FINE_CHUNK_MAX_COLS = 32768
+# Rows past FINE_CHUNK_MAX_COLS from this many rows on place the split's hits by per-hit atomics
+# (the rest by a block scan): on an H200, with 2,048-column histogram steps, 69.3 vs 74.5 us at
+# 64 x 65,536 but 31.5 vs 29.1 at 16 x 65,536 (benchmarks/RESULTS.md, wider histogram steps).
+ATOMICS_MIN_ROWS = 64
 # Entries per row of the compacting path's candidate list. In the H200 runs the 16-bit prefix bin
 # held ~36 of 65,536 columns of ReLU'd normal logits; a row whose bin outgrows the list still
 # comes out exact, but one program then reads the row (0.36-0.41 ms at 64k), hence a generous list.
@@ -404,7 +410,7 @@ class TopkConfig:
             raise ValueError(f"TopkConfig: candidates={self.candidates} must be >= 0")
 
 
-def default_config(device: torch.device, n_cols: int) -> TopkConfig:
+def default_config(device: torch.device, n_cols: int, n_rows: int = 1) -> TopkConfig:
     # On CPU the kernel runs in the Triton interpreter, whose cost grows with the number of programs
     # (measured: 2 rows of 2600 columns, k=2048 take 20 s at 64-column chunks, 5.7 s at 256); 256
     # still splits the tests' rows of 700 columns into several chunks of several blocks each. The
@@ -417,11 +423,15 @@ def default_config(device: torch.device, n_cols: int) -> TopkConfig:
     # (16.1 and 29.1 us at 1 and 128 rows of 32k at 4k context, k=512, where the five launches
     # took 21.3 and 53.0), 2048-column chunks at 8/SM beyond (29.8 vs 45.6 us at 16 x 64k, 80.1 vs
     # 142.0 at 64 x 64k); the finish steps 512 candidates at a time (2 us less than 1024 there).
+    # Beyond 32k the histogram levels step 2,048 columns (29.1 vs 29.9 us at 16 x 64k, 74.5 vs 80.1
+    # at 64 x 64k; at 32k columns and 4k context they lost, 17.2 vs 16.0 and 30.5 vs 29.1), and from
+    # ATOMICS_MIN_ROWS rows the split places by per-hit atomics.
     if n_cols <= SINGLE_PASS_MAX_COLS:
         return TopkConfig(4096, 4096, 16)
     if n_cols <= FINE_CHUNK_MAX_COLS:
         return TopkConfig(1024, 1024, 4, 16, candidates=CANDIDATES, finish_block=512)
-    return TopkConfig(2048, 1024, 4, 8, candidates=CANDIDATES, finish_block=512)
+    return TopkConfig(2048, 1024, 4, 8, candidates=CANDIDATES, finish_block=512, hist_block=2048,
+                      per_column_atomics=n_rows >= ATOMICS_MIN_ROWS)
 
 
 def _spread_grid(t: int, n: int, chunk: int, cfg: TopkConfig, device: torch.device) -> tuple[int, int]:
@@ -438,7 +448,7 @@ def topk_triton(logits: torch.Tensor, lengths: torch.Tensor, k: int, config: Top
     out = new_output((t, k), torch.int32, logits.device)
     if t == 0:
         return out
-    cfg = config or default_config(logits.device, n)
+    cfg = config or default_config(logits.device, n, t)
     if n <= cfg.single_pass_max_cols:
         _topk_row_kernel[(t,)](logits, lengths, out, n, k, BLOCK=cfg.block, num_warps=cfg.num_warps)
         return out

@@ -181,3 +181,14 @@ def test_positions_to_slots(gen, block_size):
             assert int(got[t, j]) == expect
     with pytest.raises(ValueError, match="beyond the block table"):
         positions_to_slots(idx * 0 + 4 * block_size, block_table, seq_ids, block_size)
+
+
+def test_topk_default_config_by_shape():
+    """Past FINE_CHUNK_MAX_COLS the histogram levels step wider than the split, whose hits take
+    per-hit atomics only from ATOMICS_MIN_ROWS rows; shorter rows keep the block for every pass."""
+    gpu = torch.device("cuda")
+    wide = topk.FINE_CHUNK_MAX_COLS + 1
+    few, many = (default_config(gpu, wide, rows) for rows in (topk.ATOMICS_MIN_ROWS - 1, topk.ATOMICS_MIN_ROWS))
+    assert few.hist_block > few.block and not few.per_column_atomics
+    assert many.per_column_atomics and replace(many, per_column_atomics=False) == few
+    assert default_config(gpu, topk.FINE_CHUNK_MAX_COLS, topk.ATOMICS_MIN_ROWS).hist_block == 0
