@@ -467,7 +467,7 @@ def topk_triton(logits: torch.Tensor, lengths: torch.Tensor, k: int, config: Top
     if not compact:  # the emit pass
         _radix_pass_kernel[grid](logits, lengths, out, hist, counts, n, k, RADIX_LEVELS.value, CHUNK=cfg.chunk,
                                  BLOCK=cfg.block, num_warps=cfg.num_warps)
-    if compact:
+    else:
         cand = torch.empty(t * 2 * cfg.candidates, dtype=torch.int32, device=logits.device)  # [t, keys|cols, cap]
         _split_kernel[grid](logits, lengths, out, hist, counts, cand, n, k, cfg.candidates, CHUNK=cfg.chunk,
                             BLOCK=cfg.block, PER_COLUMN_ATOMICS=cfg.per_column_atomics, num_warps=cfg.num_warps)
