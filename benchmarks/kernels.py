@@ -321,26 +321,36 @@ def indexer_prefill_cases(rows: list[Row], chunk: int, context: int) -> None:
 # ---------------------------------------------------------------- top-k
 
 
-# Every launch shape at every size: the default config (None); the compacting path and the five
-# full radix passes over (rows x programs per row), forced by a threshold of 0 columns; one program
-# per row, forced by a threshold above any row (timed up to SINGLE_LAUNCH_TIMED_COLS only: at 64k
-# columns it took 433-597 us, benchmarks/RESULTS.md "Top-k launch shapes").
+# The default config (None) and the variants worth timing at each row size: for rows past 32k
+# columns the compacting path (forced by a threshold of 0 columns) with its histogram levels
+# stepping 1,024 (the old default), 2,048 or 4,096 columns a step, each with the split placing by
+# scan or by per-hit atomics, and the five full radix passes; at 32k the compacting grid of
+# 1,024-column chunks, its histogram levels at 1,024 or 2,048; up to the single launch's threshold
+# the default alone (the other launch shapes were timed there in benchmarks/RESULTS.md "Compacting
+# top-k"; one program per row took 433-597 us at 64k columns, "Top-k launch shapes").
 FIVE, ONE = 0, 1 << 30
-COMPACTING = TopkConfig(2048, 1024, 4, 8, FIVE, CANDIDATES, finish_block=512)  # the default above 32k columns
-TOPK_SWEEP = (None, TopkConfig(2048, 1024, 4, 8, FIVE), TopkConfig(1024, 1024, 4, 16, FIVE),
-              COMPACTING, replace(COMPACTING, block=2048), replace(COMPACTING, per_column_atomics=True),
-              TopkConfig(1024, 1024, 4, 16, FIVE, CANDIDATES, finish_block=512),
-              TopkConfig(4096, 4096, 16, single_pass_max_cols=ONE))
-SINGLE_LAUNCH_TIMED_COLS = 16384
+COMPACTING = TopkConfig(2048, 1024, 4, 8, FIVE, CANDIDATES, finish_block=512)  # the compacting grid past 32k
+COMPACTING_32K = TopkConfig(1024, 1024, 4, 16, FIVE, CANDIDATES, finish_block=512)
+TOPK_SWEEP = {
+    1 << 30: (None, COMPACTING, replace(COMPACTING, per_column_atomics=True),
+              replace(COMPACTING, hist_block=2048), replace(COMPACTING, hist_block=2048, per_column_atomics=True),
+              replace(COMPACTING, hist_block=4096), replace(COMPACTING, hist_block=4096, per_column_atomics=True),
+              TopkConfig(2048, 1024, 4, 8, FIVE, hist_block=2048)),
+    32768: (None, COMPACTING_32K, replace(COMPACTING_32K, hist_block=2048),
+            replace(COMPACTING_32K, hist_block=2048, per_column_atomics=True)),
+    4096: (None,),
+}
 
 
-def topk_label(cfg: TopkConfig | None, n_cols: int) -> str:
+def topk_label(cfg: TopkConfig | None, n_rows: int, n_cols: int) -> str:
     if cfg is None:
-        cfg = default_config(torch.device(DEV), n_cols)
-        return f"triton default ({topk_label(cfg, n_cols).removeprefix('triton ')})"
+        cfg = default_config(torch.device(DEV), n_cols, n_rows)
+        return f"triton default ({topk_label(cfg, n_rows, n_cols).removeprefix('triton ')})"
     if n_cols <= cfg.single_pass_max_cols:
         return f"triton 1 launch block{cfg.block} w{cfg.num_warps}"
     grid = f"chunk{cfg.chunk} block{cfg.block} w{cfg.num_warps} p{cfg.programs_per_sm}/SM"
+    if cfg.hist_block:
+        grid += f" hist.block{cfg.hist_block}"
     if not cfg.candidates:
         return f"triton 5 launches {grid}"
     return f"triton compacting {grid} finish{cfg.finish_block}{' atomics' if cfg.per_column_atomics else ''}"
@@ -392,11 +402,11 @@ def topk_cases(rows: list[Row], n_rows: int, n_cols: int, k: int | None = None, 
     crowded = crowded_rows(x)
     checks = [(x, lens), (x, short), (crowded, lens)]
     smoke = (TopkConfig(512, 256, 4, single_pass_max_cols=FIVE), TopkConfig(512, 256, 4, single_pass_max_cols=ONE),
-             TopkConfig(512, 256, 4, single_pass_max_cols=FIVE, candidates=256))
-    for cfg in smoke if SMOKE else TOPK_SWEEP:
-        if cfg is not None and cfg.single_pass_max_cols >= n_cols > SINGLE_LAUNCH_TIMED_COLS:
-            continue
-        label = topk_label(cfg, n_cols)
+             TopkConfig(512, 256, 4, single_pass_max_cols=FIVE, candidates=256),
+             TopkConfig(512, 256, 4, single_pass_max_cols=FIVE, candidates=256, hist_block=1024))
+    sweep = TOPK_SWEEP[min(size for size in TOPK_SWEEP if size >= n_cols)]
+    for cfg in smoke if SMOKE else sweep:
+        label = topk_label(cfg, n_rows, n_cols)
         point = sweep_point(case, label, lambda cfg=cfg: check_topk(checks, k, cfg),
                             [lambda x=x, cfg=cfg: topk_triton(x, lens, k, cfg) for x in sets])
         if point is not None:
@@ -409,7 +419,7 @@ def topk_cases(rows: list[Row], n_rows: int, n_cols: int, k: int | None = None, 
     if not SMOKE:  # what the compacting path's fallback costs when every row overflows its list
         graphed = triton.testing.do_bench_cudagraph(lambda: topk_triton(crowded, lens, k, COMPACTING), rep=200,
                                                     return_mode="median")
-        rows.append(Row(case, f"{topk_label(COMPACTING, n_cols)}, crowded rows [graph]", graphed, 0, nbytes, plain))
+        rows.append(Row(case, f"{topk_label(COMPACTING, n_rows, n_cols)}, crowded rows [graph]", graphed, 0, nbytes, plain))
 
 
 # ---------------------------------------------------------------- fp8 quantisation
@@ -493,13 +503,12 @@ def main(argv: list[str] | None = None) -> int:
         if "topk" in parts:
             topk_cases(rows, *((2, 4096) if SMOKE else (64, 65536)))
             if not SMOKE:  # the decode steps' shapes: v32 16 requests at 64k; small (k = 512) 1 and 128 requests
-                # at 4k context in rows of its max_model_len (32k); rows of 4k and 8k columns on either side of
-                # the single launch's threshold (SINGLE_PASS_MAX_COLS)
+                # at 4k context in rows of its max_model_len (32k); 128 rows at the single launch's threshold
+                # (SINGLE_PASS_MAX_COLS)
                 topk_cases(rows, 16, 65536)
                 for n_rows in (1, 128):
                     topk_cases(rows, n_rows, 32768, k=512, length=4096)
-                for n_rows, n_cols in ((1, 4096), (128, 4096), (1, 8192)):
-                    topk_cases(rows, n_rows, n_cols)
+                topk_cases(rows, 128, 4096)
         if "quant" in parts:
             quant_cases(rows, 2 if SMOKE else 16)
         if "prefill" in parts:  # a 64k prompt's last chunk: indexer and top-k (sparse attention: under mla)

@@ -39,8 +39,10 @@ _SIGNATURES = {
     "_finish_kernel": {**_PTRS, "cand_ptr": "*i32", "n_cols": "i32", "k": "i32", "cap": "i32"},
     "_topk_row_kernel": {k: v for k, v in _PTRS.items() if k != "hist_ptr"} | {"n_cols": "i32", "k": "i32"},
 }
-# (kernel, constexprs, num_warps): the defaults' grids and a 4096-column block
+# (kernel, constexprs, num_warps): the defaults' grids (histogram levels past 32k columns: 2,048-column
+# steps) and a 4096-column block
 CASES = (("_radix_pass_kernel", {"CHUNK": 2048, "BLOCK": 1024}, 4),
+         ("_radix_pass_kernel", {"CHUNK": 2048, "BLOCK": 2048}, 4),
          ("_radix_pass_kernel", {"CHUNK": 4096, "BLOCK": 4096}, 4),
          ("_split_kernel", {"CHUNK": 2048, "BLOCK": 1024, "PER_COLUMN_ATOMICS": False}, 4),
          ("_split_kernel", {"CHUNK": 2048, "BLOCK": 1024, "PER_COLUMN_ATOMICS": True}, 4),

@@ -5,7 +5,7 @@ histograms (keys matching the digits chosen so far) narrow the k-th largest key 
 an emit pass then writes every column above it plus just enough columns equal to it. Rows no
 longer than k emit 0..len-1 then -1.
 
-Launch shapes, chosen by the column count and the config alone (so a CUDA graph keeps a fixed
+Launch shapes, chosen by the row and column counts and the config alone (so a CUDA graph keeps a fixed
 choice; a row's length and values only steer branches on the device):
 - up to `TopkConfig.single_pass_max_cols` columns, ONE launch with one program per row: the
   program keeps each level's histogram in registers, re-reads the row (from L2) once per level
@@ -22,7 +22,9 @@ choice; a row's length and values only steer branches on the device):
     many ties) finishes over the row itself: exact, slower; or
   - five launches: four histogram levels over the whole row, then the emit pass.
 Each full-row pass is bound by instruction issue, not memory (benchmarks/RESULTS.md, compacting
-top-k): so the compacting path's gain is the passes it leaves out.
+top-k): so the compacting path's gain is the passes it leaves out, and the histogram levels step
+more columns at a time than the split (`TopkConfig.hist_block`), which spreads a histogram's
+per-step cost over more columns.
 """
 
 from __future__ import annotations
@@ -51,6 +53,10 @@ SINGLE_PASS_MAX_COLS = 4096
 # programs/SM, longer rows with 2,048-column chunks at 8/SM (default_config; the measurements are
 # beside it).
 FINE_CHUNK_MAX_COLS = 32768
+# Rows past FINE_CHUNK_MAX_COLS from this many rows on place the split's hits by per-hit atomics
+# (the rest by a block scan): on an H200, with 2,048-column histogram steps, 69.3 vs 74.5 us at
+# 64 x 65,536 but 31.5 vs 29.1 at 16 x 65,536 (benchmarks/RESULTS.md, wider histogram steps).
+ATOMICS_MIN_ROWS = 64
 # Entries per row of the compacting path's candidate list. In the H200 runs the 16-bit prefix bin
 # held ~36 of 65,536 columns of ReLU'd normal logits; a row whose bin outgrows the list still
 # comes out exact, but one program then reads the row (0.36-0.41 ms at 64k), hence a generous list.
@@ -380,6 +386,9 @@ class TopkConfig:
     Longer rows take the compacting path with a candidate list of `candidates` entries per row, or
     with 0 the five full radix passes. The compacting split places its hits by a block scan, or
     with `per_column_atomics` by an atomic per hit; its finish steps `finish_block` entries at a time.
+    The full-row histogram levels step `hist_block` columns at a time (0: `block`; their chunks
+    grow to it): a histogram's per-step cost (ballots, a barrier, a shared-memory merge) is shared
+    by more columns, while the emit and split keep the smaller block.
     """
 
     chunk: int
@@ -390,15 +399,18 @@ class TopkConfig:
     candidates: int = 0
     per_column_atomics: bool = False
     finish_block: int = 1024
+    hist_block: int = 0
 
     def __post_init__(self) -> None:
         if self.block >= 1 << 16:  # the split's scan packs two per-block counts into one int32
             raise ValueError(f"TopkConfig: block={self.block} must be below 65536")
+        if self.hist_block < 0:
+            raise ValueError(f"TopkConfig: hist_block={self.hist_block} must be >= 0")
         if self.candidates < 0:
             raise ValueError(f"TopkConfig: candidates={self.candidates} must be >= 0")
 
 
-def default_config(device: torch.device, n_cols: int) -> TopkConfig:
+def default_config(device: torch.device, n_cols: int, n_rows: int = 1) -> TopkConfig:
     # On CPU the kernel runs in the Triton interpreter, whose cost grows with the number of programs
     # (measured: 2 rows of 2600 columns, k=2048 take 20 s at 64-column chunks, 5.7 s at 256); 256
     # still splits the tests' rows of 700 columns into several chunks of several blocks each. The
@@ -411,11 +423,20 @@ def default_config(device: torch.device, n_cols: int) -> TopkConfig:
     # (16.1 and 29.1 us at 1 and 128 rows of 32k at 4k context, k=512, where the five launches
     # took 21.3 and 53.0), 2048-column chunks at 8/SM beyond (29.8 vs 45.6 us at 16 x 64k, 80.1 vs
     # 142.0 at 64 x 64k); the finish steps 512 candidates at a time (2 us less than 1024 there).
+    # Beyond 32k the histogram levels step 2,048 columns (29.1 vs 29.9 us at 16 x 64k, 74.5 vs 80.1
+    # at 64 x 64k; at 32k columns and 4k context they lost, 17.2 vs 16.0 and 30.5 vs 29.1), and from
+    # ATOMICS_MIN_ROWS rows the split places by per-hit atomics.
     if n_cols <= SINGLE_PASS_MAX_COLS:
         return TopkConfig(4096, 4096, 16)
     if n_cols <= FINE_CHUNK_MAX_COLS:
         return TopkConfig(1024, 1024, 4, 16, candidates=CANDIDATES, finish_block=512)
-    return TopkConfig(2048, 1024, 4, 8, candidates=CANDIDATES, finish_block=512)
+    return TopkConfig(2048, 1024, 4, 8, candidates=CANDIDATES, finish_block=512, hist_block=2048,
+                      per_column_atomics=n_rows >= ATOMICS_MIN_ROWS)
+
+
+def _spread_grid(t: int, n: int, chunk: int, cfg: TopkConfig, device: torch.device) -> tuple[int, int]:
+    """(rows, programs per row) of a pass over chunks of `chunk` columns."""
+    return t, row_programs(t, max(1, triton.cdiv(n, chunk)), device, cfg.programs_per_sm)
 
 
 def topk_triton(logits: torch.Tensor, lengths: torch.Tensor, k: int, config: TopkConfig | None = None) -> torch.Tensor:
@@ -427,7 +448,7 @@ def topk_triton(logits: torch.Tensor, lengths: torch.Tensor, k: int, config: Top
     out = new_output((t, k), torch.int32, logits.device)
     if t == 0:
         return out
-    cfg = config or default_config(logits.device, n)
+    cfg = config or default_config(logits.device, n, t)
     if n <= cfg.single_pass_max_cols:
         _topk_row_kernel[(t,)](logits, lengths, out, n, k, BLOCK=cfg.block, num_warps=cfg.num_warps)
         return out
@@ -435,12 +456,18 @@ def topk_triton(logits: torch.Tensor, lengths: torch.Tensor, k: int, config: Top
     levels, stride = RADIX_LEVELS.value * 256, COUNTER_STRIDE.value
     scratch = torch.zeros(t * (levels + stride), dtype=torch.int32, device=logits.device)
     hist, counts = scratch[: t * levels], scratch[t * levels :]  # [t, levels, 256] and [t, stride], flat
-    grid = (t, row_programs(t, max(1, triton.cdiv(n, cfg.chunk)), logits.device, cfg.programs_per_sm))
+    grid = _spread_grid(t, n, cfg.chunk, cfg, logits.device)
+    hist_block = cfg.hist_block or cfg.block
+    hist_chunk = max(cfg.chunk, hist_block)
+    hist_grid = _spread_grid(t, n, hist_chunk, cfg, logits.device)
     compact = cfg.candidates > 0
-    for level in range(SPLIT_LEVEL.value if compact else RADIX_LEVELS.value + 1):
-        _radix_pass_kernel[grid](logits, lengths, out, hist, counts, n, k, level, CHUNK=cfg.chunk, BLOCK=cfg.block,
-                                 num_warps=cfg.num_warps)
-    if compact:
+    for level in range(SPLIT_LEVEL.value if compact else RADIX_LEVELS.value):
+        _radix_pass_kernel[hist_grid](logits, lengths, out, hist, counts, n, k, level, CHUNK=hist_chunk,
+                                      BLOCK=hist_block, num_warps=cfg.num_warps)
+    if not compact:  # the emit pass
+        _radix_pass_kernel[grid](logits, lengths, out, hist, counts, n, k, RADIX_LEVELS.value, CHUNK=cfg.chunk,
+                                 BLOCK=cfg.block, num_warps=cfg.num_warps)
+    else:
         cand = torch.empty(t * 2 * cfg.candidates, dtype=torch.int32, device=logits.device)  # [t, keys|cols, cap]
         _split_kernel[grid](logits, lengths, out, hist, counts, cand, n, k, cfg.candidates, CHUNK=cfg.chunk,
                             BLOCK=cfg.block, PER_COLUMN_ATOMICS=cfg.per_column_atomics, num_warps=cfg.num_warps)

@@ -22,7 +22,11 @@ PATHS = {"one launch": replace(CPU_CONFIG, single_pass_max_cols=1 << 30),
          "compacting": replace(CPU_CONFIG, single_pass_max_cols=0, candidates=1 << 12),
          "compacting, per-column atomics": replace(CPU_CONFIG, single_pass_max_cols=0, candidates=1 << 12,
                                                    per_column_atomics=True),
-         "compacting, list overflows": replace(CPU_CONFIG, single_pass_max_cols=0, candidates=1)}
+         "compacting, list overflows": replace(CPU_CONFIG, single_pass_max_cols=0, candidates=1),
+         "five launches, wider histogram steps": replace(CPU_CONFIG, single_pass_max_cols=0, candidates=0,
+                                                         hist_block=2 * CPU_CONFIG.block),
+         "compacting, histogram chunks grown": replace(CPU_CONFIG, single_pass_max_cols=0, candidates=1 << 12,
+                                                       hist_block=2 * CPU_CONFIG.chunk)}
 
 
 def ordered_keys(x: torch.Tensor) -> torch.Tensor:
@@ -142,6 +146,8 @@ def test_topk_config_errors():
         replace(CPU_CONFIG, block=1 << 16)
     with pytest.raises(ValueError, match="candidates=-1"):
         replace(CPU_CONFIG, candidates=-1)
+    with pytest.raises(ValueError, match="hist_block=-1"):
+        replace(CPU_CONFIG, hist_block=-1)
 
 
 def test_topk_fewer_columns_than_k(gen):
@@ -175,3 +181,14 @@ def test_positions_to_slots(gen, block_size):
             assert int(got[t, j]) == expect
     with pytest.raises(ValueError, match="beyond the block table"):
         positions_to_slots(idx * 0 + 4 * block_size, block_table, seq_ids, block_size)
+
+
+def test_topk_default_config_by_shape():
+    """Past FINE_CHUNK_MAX_COLS the histogram levels step wider than the split, whose hits take
+    per-hit atomics only from ATOMICS_MIN_ROWS rows; shorter rows keep the block for every pass."""
+    gpu = torch.device("cuda")
+    wide = topk.FINE_CHUNK_MAX_COLS + 1
+    few, many = (default_config(gpu, wide, rows) for rows in (topk.ATOMICS_MIN_ROWS - 1, topk.ATOMICS_MIN_ROWS))
+    assert few.hist_block > few.block and not few.per_column_atomics
+    assert many.per_column_atomics and replace(many, per_column_atomics=False) == few
+    assert default_config(gpu, topk.FINE_CHUNK_MAX_COLS, topk.ATOMICS_MIN_ROWS).hist_block == 0
