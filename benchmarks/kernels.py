@@ -36,7 +36,7 @@ from kernels.quant import (  # noqa: E402
     write_kv_cache,
 )
 from kernels.sparse_mla import SparseMlaConfig, auto_num_splits, sparse_mla_torch, sparse_mla_triton  # noqa: E402
-from kernels.topk import CANDIDATES, TopkConfig, default_config, topk_indices_torch, topk_triton  # noqa: E402
+from kernels.topk import TopkConfig, default_config, topk_indices_torch, topk_triton  # noqa: E402
 from kernels.triton_utils import poisoned_outputs  # noqa: E402
 
 COPY_TBPS = 4.04  # measured on this H200 (issue 4, 2026-11-29)
@@ -210,7 +210,14 @@ INDEXER_DECODE_TILED = {
 }
 
 
-def check_decode_indexer(launch, q, w, cache, key_dtype, block_table, seq_ids, lens, context) -> str:
+def logits_match(got: torch.Tensor, ref: torch.Tensor) -> tuple[bool, float]:
+    """(within the indexer's bar with the -inf mask exact and no NaN, the difference) of logits
+    written into a poisoned output."""
+    diff = calc_diff(got.nan_to_num(neginf=0), ref.nan_to_num(neginf=0))
+    return diff < 5e-6 and torch.equal(torch.isinf(got), torch.isinf(ref)) and not torch.isnan(got).any(), diff
+
+
+def check_decode_indexer(launch, q, w, cache, key_dtype, block_table, block_size, seq_ids, lens, context) -> str:
     """launch(q, w, lens) against the reference at full and at staggered shorter contexts
     (the -inf mask must follow context_lens exactly), outputs poisoned."""
     requests = len(lens)
@@ -219,10 +226,9 @@ def check_decode_indexer(launch, q, w, cache, key_dtype, block_table, seq_ids, l
     for lengths in (lens, short):
         with poisoned_outputs():
             got = launch(q, w, lengths)
-        ref = indexer_logits_paged_torch(q, w, cache, key_dtype, block_table, 64, seq_ids, lengths, context)
-        d = calc_diff(got.nan_to_num(neginf=0), ref.nan_to_num(neginf=0))
-        diff = max(diff, d)
-        ok = ok and d < 5e-6 and torch.equal(torch.isinf(got), torch.isinf(ref)) and not torch.isnan(got).any()
+        ref = indexer_logits_paged_torch(q, w, cache, key_dtype, block_table, block_size, seq_ids, lengths, context)
+        matched, d = logits_match(got, ref)
+        ok, diff = ok and matched, max(diff, d)
     return f"{'ok' if ok else 'FAIL'} (diff {diff:.1e})"
 
 
@@ -255,7 +261,7 @@ def indexer_cases(rows: list[Row], requests: int, context: int, heads: int = H_I
             q, w = sets[0]
             point = sweep_point(case, label,
                                 lambda launch=launch: check_decode_indexer(launch, q, w, cache, key_dtype, block_table,
-                                                                           seq_ids, lens, context),
+                                                                           block_size, seq_ids, lens, context),
                                 [lambda q=q, w=w, launch=launch: launch(q, w, lens) for q, w in sets])
             if point is not None:
                 rows.append(Row(case, f"{label} [{point[0].split()[0]}]", point[1], flops, nbytes, eager))
@@ -285,9 +291,7 @@ def check_tiled(key_dtype: str, cfg: TiledConfig, fp8_dot: bool) -> str:
     w = (torch.randn(len(lens), H_I, device=DEV) * qs * (H_I * D_I) ** -0.5).contiguous()
     with poisoned_outputs():
         got = indexer_logits_tiled(q8, w, cache, key_dtype, table, seq_ids, lens, bs, half, cfg, fp8_dot=fp8_dot)
-    ref = indexer_logits_paged_torch(q8, w, cache, key_dtype, table, bs, seq_ids, lens, half)
-    diff = calc_diff(got.nan_to_num(neginf=0), ref.nan_to_num(neginf=0))
-    ok = diff < 5e-6 and torch.equal(torch.isinf(got), torch.isinf(ref)) and not torch.isnan(got).any()
+    ok, diff = logits_match(got, indexer_logits_paged_torch(q8, w, cache, key_dtype, table, bs, seq_ids, lens, half))
     return f"{'ok' if ok else 'FAIL'} (diff {diff:.1e})"
 
 
@@ -304,7 +308,7 @@ def indexer_prefill_cases(rows: list[Row], chunk: int, context: int) -> None:
         nbytes = context * indexer_row_bytes(D_I, key_dtype) + 4.0 * float(lens.sum())
         base = bench([lambda q=q, w=w: indexer_logits_triton(q, w, cache, key_dtype, table, seq_ids, lens, lens, bs,
                                                              context, True, mask_tail=False) for q, w in sets])
-        rows.append(Row(case, "per-token kernel (decode's)", base, flops, nbytes))
+        rows.append(Row(case, "per-token kernel", base, flops, nbytes))
         for cfg, fp8_dot in [(TiledConfig(2, 16, 4), False)] if SMOKE else PREFILL_SWEEP:
             label = (f"tiled m{cfg.block_m} n{cfg.block_n} w{cfg.num_warps} p{cfg.programs_per_sm}/SM "
                      f"s{cfg.num_stages or '-'} {'fp8 dot' if fp8_dot else 'fp16 dot'}")
@@ -328,14 +332,16 @@ def indexer_prefill_cases(rows: list[Row], chunk: int, context: int) -> None:
 # 1,024-column chunks, its histogram levels at 1,024 or 2,048; up to the single launch's threshold
 # the default alone (the other launch shapes were timed there in benchmarks/RESULTS.md "Compacting
 # top-k"; one program per row took 433-597 us at 64k columns, "Top-k launch shapes").
-FIVE, ONE = 0, 1 << 30
-COMPACTING = TopkConfig(2048, 1024, 4, 8, FIVE, CANDIDATES, finish_block=512)  # the compacting grid past 32k
-COMPACTING_32K = TopkConfig(1024, 1024, 4, 16, FIVE, CANDIDATES, finish_block=512)
+MULTI_LAUNCH, ONE = 0, 1 << 30  # single_pass_max_cols that force the multi-launch paths / the single launch
+_CUDA = torch.device("cuda")
+# the default compacting grids past 32k (16 rows: the scan split) and at 32k, histogram levels at block
+COMPACTING = replace(default_config(_CUDA, 65536, 16), single_pass_max_cols=MULTI_LAUNCH, hist_block=0)
+COMPACTING_32K = replace(default_config(_CUDA, 32768, 1), single_pass_max_cols=MULTI_LAUNCH)
 TOPK_SWEEP = {
     1 << 30: (None, COMPACTING, replace(COMPACTING, per_column_atomics=True),
               replace(COMPACTING, hist_block=2048), replace(COMPACTING, hist_block=2048, per_column_atomics=True),
               replace(COMPACTING, hist_block=4096), replace(COMPACTING, hist_block=4096, per_column_atomics=True),
-              TopkConfig(2048, 1024, 4, 8, FIVE, hist_block=2048)),
+              TopkConfig(2048, 1024, 4, 8, MULTI_LAUNCH, hist_block=2048)),
     32768: (None, COMPACTING_32K, replace(COMPACTING_32K, hist_block=2048),
             replace(COMPACTING_32K, hist_block=2048, per_column_atomics=True)),
     4096: (None,),
@@ -401,9 +407,9 @@ def topk_cases(rows: list[Row], n_rows: int, n_cols: int, k: int | None = None, 
     short[: min(4, n_rows)] = edge[: min(4, n_rows)]
     crowded = crowded_rows(x)
     checks = [(x, lens), (x, short), (crowded, lens)]
-    smoke = (TopkConfig(512, 256, 4, single_pass_max_cols=FIVE), TopkConfig(512, 256, 4, single_pass_max_cols=ONE),
-             TopkConfig(512, 256, 4, single_pass_max_cols=FIVE, candidates=256),
-             TopkConfig(512, 256, 4, single_pass_max_cols=FIVE, candidates=256, hist_block=1024))
+    smoke = (TopkConfig(512, 256, 4, single_pass_max_cols=MULTI_LAUNCH), TopkConfig(512, 256, 4, single_pass_max_cols=ONE),
+             TopkConfig(512, 256, 4, single_pass_max_cols=MULTI_LAUNCH, candidates=256),
+             TopkConfig(512, 256, 4, single_pass_max_cols=MULTI_LAUNCH, candidates=256, hist_block=1024))
     sweep = TOPK_SWEEP[min(size for size in TOPK_SWEEP if size >= n_cols)]
     for cfg in smoke if SMOKE else sweep:
         label = topk_label(cfg, n_rows, n_cols)

@@ -21,7 +21,8 @@ Decode and verify steps use tiles of one token (`decode_tiled_config`) on GPUs w
 there the gain is not shared key loads but the dot taking the key bytes as they are, where the
 per-token kernel decodes every key element to fp16 first. MXFP4 keys then take one dot per
 32-value group (`TiledConfig.mx_group_dots`): nibbles become e4m3 bytes by two shifts and a mask,
-and each group's scale multiplies its dot's result, exact at any spread of group scales.
+and each group's scale multiplies its dot's result: no key value is rounded, at any spread of
+group scales.
 
 Tokens of one request are contiguous in a batch. A tile whose tokens all belong to one request
 makes one pass over its keys; a tile straddling requests makes one pass per token (the other
@@ -118,7 +119,7 @@ def _mxfp4_group_scores(key_ptr, slots, visible, q_g, g: tl.constexpr, ROW_BYTES
 
     Each byte is loaded once; its two nibbles are joined back into element order (low nibble =
     the even element). The group's power-of-two scale multiplies the dot's fp32 result, so every
-    group is exact whatever its scale (no common row scale, no rounding of small groups)."""
+    group keeps its values whatever its scale (no common row scale, no rounding of small groups)."""
     row = key_ptr + slots[:, None] * ROW_BYTES
     packed = tl.load(row + 16 * g + tl.arange(0, 16)[None, :], mask=visible[:, None], other=0).to(tl.int32)
     nibbles = tl.reshape(tl.join(packed & 0xF, packed >> 4), (packed.shape[0], 32))
@@ -218,7 +219,7 @@ class TiledConfig:
     programs_per_sm: int = 4
     num_stages: int | None = None
     # MXFP4 keys scored as one dot per 32-value group, each group's scale applied to its result:
-    # exact at any scale spread and no per-element rescaling, at the cost of one [keys, rows] fp32
+    # no key value rounded at any scale spread and no per-element rescaling, at the cost of one [keys, rows] fp32
     # multiply-add per group (cheap for decode's one-token tiles, heavy for wide prefill tiles).
     mx_group_dots: bool = False
 
@@ -238,9 +239,9 @@ def default_tiled_config(key_dtype: str, device: torch.device) -> TiledConfig:
 def decode_tiled_config(key_dtype: str, heads: int, device: torch.device) -> TiledConfig | None:
     """One-token tiles for decode and verify steps on GPUs with fp8 dots, else None (the per-token
     kernel). Measured on an H200 (benchmarks/RESULTS.md, issue 12, indexer decode on the fp8 dot):
-    fp8 keys 64 x 64k (64 heads) 533 -> 231 us, 16 x 64k 135 -> 67, 128 x 4k (16 heads) 81 -> 38
-    (without software pipelining: 261, 77 and 45 with it), with a wider key block where there are
-    few heads; MXFP4 keys as group dots 486 -> 417-432, 150 -> 108, 47-51 -> 44."""
+    fp8 keys 64 x 64k (64 heads) 555 -> 231 us, 16 x 64k 135 -> 67, 128 x 4k (16 heads) 81 -> 38,
+    unpipelined (261, 77, 45 pipelined), with a wider key block where there are few heads; MXFP4
+    keys as group dots 486 -> 434 (418 at 16 programs/SM), 150 -> 108, 47-51 -> 44."""
     if not fp8_dot_supported(device):
         return None
     if key_dtype == "mxfp4":

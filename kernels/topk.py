@@ -14,7 +14,7 @@ choice; a row's length and values only steer branches on the device):
 - longer rows, spread over (rows x programs, each looping over chunks of columns up to the row's
   length) so that a few long rows still fill the GPU, the histograms meeting in a per-row table in
   global memory and outputs placed by atomic counters; either
-  - the compacting path (`TopkConfig.candidates` > 0, the default), four launches: two
+  - the compacting path (`TopkConfig.candidates` > 0, `default_config`'s choice), four launches: two
     histogram levels fix the top 16 bits of the k-th largest key; a split pass writes the columns
     above that prefix to the output and those in its bin (the candidates, a small share of a row)
     to a per-row list; then one program per row finishes the last two levels and the emit on its
@@ -398,19 +398,21 @@ class TopkConfig:
     single_pass_max_cols: int = SINGLE_PASS_MAX_COLS
     candidates: int = 0
     per_column_atomics: bool = False
-    finish_block: int = 1024
+    finish_block: int = 512
     hist_block: int = 0
 
     def __post_init__(self) -> None:
-        if self.block >= 1 << 16:  # the split's scan packs two per-block counts into one int32
-            raise ValueError(f"TopkConfig: block={self.block} must be below 65536")
+        # the split's scan packs two per-block counts into one int32, the above-count in the high
+        # half, which must stay below 2^15 (a whole block above the prefix) to keep the sign bit clear
+        if self.block >= 1 << 15:
+            raise ValueError(f"TopkConfig: block={self.block} must be below 32768")
         if self.hist_block < 0:
             raise ValueError(f"TopkConfig: hist_block={self.hist_block} must be >= 0")
         if self.candidates < 0:
             raise ValueError(f"TopkConfig: candidates={self.candidates} must be >= 0")
 
 
-def default_config(device: torch.device, n_cols: int, n_rows: int = 1) -> TopkConfig:
+def default_config(device: torch.device, n_cols: int, n_rows: int) -> TopkConfig:
     # On CPU the kernel runs in the Triton interpreter, whose cost grows with the number of programs
     # (measured: 2 rows of 2600 columns, k=2048 take 20 s at 64-column chunks, 5.7 s at 256); 256
     # still splits the tests' rows of 700 columns into several chunks of several blocks each. The
@@ -429,8 +431,8 @@ def default_config(device: torch.device, n_cols: int, n_rows: int = 1) -> TopkCo
     if n_cols <= SINGLE_PASS_MAX_COLS:
         return TopkConfig(4096, 4096, 16)
     if n_cols <= FINE_CHUNK_MAX_COLS:
-        return TopkConfig(1024, 1024, 4, 16, candidates=CANDIDATES, finish_block=512)
-    return TopkConfig(2048, 1024, 4, 8, candidates=CANDIDATES, finish_block=512, hist_block=2048,
+        return TopkConfig(1024, 1024, 4, 16, candidates=CANDIDATES)
+    return TopkConfig(2048, 1024, 4, 8, candidates=CANDIDATES, hist_block=2048,
                       per_column_atomics=n_rows >= ATOMICS_MIN_ROWS)
 
 

@@ -1,5 +1,6 @@
-"""Tiled (prefill) indexer kernel: tiles of query tokens against the paged reference, one-request and
-straddling tiles, both key formats, the unmasked tail."""
+"""Tiled indexer kernel: tiles of query tokens (prefill) and one-token tiles (decode) against the paged
+reference, one-request and straddling tiles, both key formats and dot paths, MXFP4 group dots, the
+unmasked tail, and which kernel a paged call takes."""
 
 from __future__ import annotations
 
@@ -53,18 +54,26 @@ def test_tiled_unmasked_tail(gen, key_dtype):
     assert torch.isnan(got[-1, 16:]).all()
 
 
-def test_mxfp4_groups_far_apart_in_scale(gen):
-    """Groups of one row whose scales differ by 2^10: brought to the row's scale, still exact in
-    fp16 (the fp8 dot would round the small group: 2^-10 is past e4m3's exact range)."""
+def spread_scale_batch(gen, spread: float, small_group_only: bool = False):
+    """20 MXFP4 keys of d_I = 64 whose second group is `spread` below the first (with
+    small_group_only, even rows have no first group), three query tokens of one request:
+    (q8, w, cache, block table, seq ids, lengths)."""
     d_i = 64
     keys = torch.randn(20, d_i, generator=gen)
-    keys[:, 32:] *= 2.0**-10
+    keys[:, 32:] *= spread
+    if small_group_only:
+        keys[::2, :32] = 0.0
     cache = torch.zeros(20, d_i // 2 + d_i // 32, dtype=torch.uint8)
     write_indexer_cache(cache, torch.arange(20), keys, "mxfp4")
     q8, w = make_inputs(gen, 3, 4, d_i)
-    seq_ids = torch.zeros(3, dtype=torch.int32)
-    lens = torch.tensor([18, 19, 20], dtype=torch.int32)
     table = torch.arange(20, dtype=torch.int32)[None]
+    return q8, w, cache, table, torch.zeros(3, dtype=torch.int32), torch.tensor([18, 19, 20], dtype=torch.int32)
+
+
+def test_mxfp4_groups_far_apart_in_scale(gen):
+    """Groups of one row whose scales differ by 2^10: brought to the row's scale, still exact in
+    fp16 (the fp8 dot would round the small group: 2^-10 is past e4m3's exact range)."""
+    q8, w, cache, table, seq_ids, lens = spread_scale_batch(gen, 2.0**-10)
     ref = indexer_logits_paged(q8, w, cache, "mxfp4", table, 1, seq_ids, lens, 20, backend="torch")
     got = indexer_logits_tiled(q8, w, cache, "mxfp4", table, seq_ids, lens, 1, 20, config=TiledConfig(2, 16, 4),
                                fp8_dot=False)
@@ -96,10 +105,11 @@ def test_paged_call_takes_tiled_kernel_for_prefill_chunks(gen, monkeypatch):
 
 @pytest.mark.parametrize("fp8_dot", [False, True])
 @pytest.mark.parametrize("block_m", [1, 4])
-def test_mxfp4_group_dots_match_reference(gen, fp8_dot, block_m):
+@pytest.mark.parametrize("d_i", [32, 64, 128])
+def test_mxfp4_group_dots_match_reference(gen, fp8_dot, block_m, d_i):
     """MXFP4 keys scored one dot per 32-value group, each scaled by its group's scale: one-token
-    tiles (decode) and wider tiles straddling requests, both dot paths."""
-    q8, w, cache, block_table, seq_ids, lens = paged_batch(gen, "mxfp4", 16)
+    tiles (decode) and wider tiles straddling requests, both dot paths, one to four groups."""
+    q8, w, cache, block_table, seq_ids, lens = paged_batch(gen, "mxfp4", 16, d_i)
     ref = indexer_logits_paged(q8, w, cache, "mxfp4", block_table, 16, seq_ids, lens, 55, backend="torch")
     got = indexer_logits_tiled(q8, w, cache, "mxfp4", block_table, seq_ids, lens, 16, 55,
                                config=TiledConfig(block_m, 16, 4, mx_group_dots=True), fp8_dot=fp8_dot)
@@ -109,16 +119,7 @@ def test_mxfp4_group_dots_match_reference(gen, fp8_dot, block_m):
 def test_mxfp4_group_dots_exact_at_any_scale_spread(gen):
     """Groups 2^20 apart in scale: with a dot per group the e4m3 operands hold e2m1 values as they
     are (no common row scale), so even the fp8 dot keeps the small group's contribution."""
-    d_i = 64
-    keys = torch.randn(20, d_i, generator=gen)
-    keys[:, 32:] *= 2.0**-20
-    keys[::2, :32] = 0.0  # rows whose logits come from the small group alone
-    cache = torch.zeros(20, d_i // 2 + d_i // 32, dtype=torch.uint8)
-    write_indexer_cache(cache, torch.arange(20), keys, "mxfp4")
-    q8, w = make_inputs(gen, 3, 4, d_i)
-    seq_ids = torch.zeros(3, dtype=torch.int32)
-    lens = torch.tensor([18, 19, 20], dtype=torch.int32)
-    table = torch.arange(20, dtype=torch.int32)[None]
+    q8, w, cache, table, seq_ids, lens = spread_scale_batch(gen, 2.0**-20, small_group_only=True)
     ref = indexer_logits_paged(q8, w, cache, "mxfp4", table, 1, seq_ids, lens, 20, backend="torch")
     got = indexer_logits_tiled(q8, w, cache, "mxfp4", table, seq_ids, lens, 1, 20,
                                config=TiledConfig(1, 16, 4, mx_group_dots=True), fp8_dot=True)

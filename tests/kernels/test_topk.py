@@ -13,7 +13,7 @@ from kernels import positions_to_slots, topk, topk_indices
 from kernels.topk import default_config, topk_indices_torch, topk_triton
 from tests.kernels.checks import selected_values
 
-CPU_CONFIG = default_config(torch.device("cpu"), 0)
+CPU_CONFIG = default_config(torch.device("cpu"), 0, 1)
 # Each Triton check runs every path, whatever the default picks at its size: the compacting path
 # with a candidate list no row outgrows (split placing by scan and by atomics), and with one that
 # every row with two candidates overflows.
@@ -142,8 +142,8 @@ def test_topk_compacting_candidates_fit_or_overflow(gen, cap):
 
 
 def test_topk_config_errors():
-    with pytest.raises(ValueError, match="block=65536"):
-        replace(CPU_CONFIG, block=1 << 16)
+    with pytest.raises(ValueError, match="block=32768"):  # the split's packed scan would overflow
+        replace(CPU_CONFIG, block=1 << 15)
     with pytest.raises(ValueError, match="candidates=-1"):
         replace(CPU_CONFIG, candidates=-1)
     with pytest.raises(ValueError, match="hist_block=-1"):
