@@ -40,9 +40,11 @@ import triton
 import triton.language as tl
 
 from kernels.triton_utils import (
+    E2M1_RAW_E4M3_SCALE,
     E2M1_RAW_SCALE,
     E4M3_RAW_SCALE,
     dot_dtype,
+    e2m1_to_raw_e4m3,
     e2m1_to_raw_f16,
     e4m3_to_raw_f16,
     new_output,
@@ -92,14 +94,6 @@ def _mxfp4_keys(key_ptr, slots, visible, ROW_BYTES: tl.constexpr, D: tl.constexp
 
 
 @triton.jit
-def _e2m1_to_raw_e4m3(n):
-    """e2m1 nibbles (int32 0..15) -> e4m3 bytes equal to value / 2^6: the sign moves to bit 7 and
-    exponent and mantissa land in the low exponent bits and the top mantissa bit (0.5, e2m1's
-    only subnormal, becomes e4m3's subnormal 2^-7)."""
-    return (((n & 0x8) << 4) | ((n & 0x7) << 2)).to(tl.uint8)
-
-
-@triton.jit
 def _query_group(q_ptr, row_tok, row_head, row_ok, g: tl.constexpr, H: tl.constexpr, D: tl.constexpr,
                  FP8_DOT: tl.constexpr, DOT_DTYPE: tl.constexpr):
     """Query elements 32g..32g+31 of every operand row, as the group dot's operand [rows, 32]."""
@@ -124,8 +118,8 @@ def _mxfp4_group_scores(key_ptr, slots, visible, q_g, g: tl.constexpr, ROW_BYTES
     packed = tl.load(row + 16 * g + tl.arange(0, 16)[None, :], mask=visible[:, None], other=0).to(tl.int32)
     nibbles = tl.reshape(tl.join(packed & 0xF, packed >> 4), (packed.shape[0], 32))
     if FP8_DOT:
-        keys = _e2m1_to_raw_e4m3(nibbles).to(tl.float8e4nv, bitcast=True)
-        raw_scale = 64.0  # e4m3 raw keys are value / 2^6; fp8 queries are their own value
+        keys = e2m1_to_raw_e4m3(nibbles).to(tl.float8e4nv, bitcast=True)
+        raw_scale = E2M1_RAW_E4M3_SCALE  # fp8 queries are their own value
     else:
         keys = e2m1_to_raw_f16(nibbles).to(DOT_DTYPE)
         raw_scale = E2M1_RAW_SCALE * E4M3_RAW_SCALE

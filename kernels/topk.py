@@ -280,6 +280,8 @@ def _radix_pass_kernel(
 # the rows: two leave a 16-bit prefix (sign, exponent, 7 mantissa bits: 1/128 of an octave), whose
 # boundary bin holds a small fraction of a row unless its values crowd together or tie.
 SPLIT_LEVEL = tl.constexpr(2)
+
+
 @triton.jit
 def _boundary_bin_count(hist_ptr, row, prefix):
     """How many of the row's keys share the prefix of the first SPLIT_LEVEL digits: the last
@@ -292,7 +294,7 @@ def _boundary_bin_count(hist_ptr, row, prefix):
 def _place_by_scan(counters, is_above, is_cand):
     """Output and list slots of a block's hits: one atomic per counter claims a range for the
     block, one scan orders both kinds of hit (above in the high half of an int32, candidates in
-    the low: a block's counts stay below 2^16)."""
+    the low: TopkConfig keeps a block below 2^15 columns, so neither half overflows)."""
     packed = (is_above.to(tl.int32) << 16) | is_cand.to(tl.int32)
     rank = tl.cumsum(packed, axis=0)
     total = tl.sum(packed, axis=0)

@@ -17,6 +17,7 @@ import triton.language as tl
 
 E4M3_RAW_SCALE = tl.constexpr(256.0)  # e4m3 value = raw fp16 * 2^8   (bias 15 - 7)
 E2M1_RAW_SCALE = tl.constexpr(16384.0)  # e2m1 value = raw fp16 * 2^14 (bias 15 - 1)
+E2M1_RAW_E4M3_SCALE = tl.constexpr(64.0)  # e2m1 value = raw e4m3 * 2^6 (bias 7 - 1)
 
 
 @triton.jit
@@ -32,6 +33,14 @@ def e2m1_to_raw_f16(n):
     """e2m1 nibbles (int32 0..15) -> fp16 equal to value / 2^14."""
     bits = ((n & 0x8) << 12) | ((n & 0x7) << 9)
     return bits.to(tl.int16).to(tl.float16, bitcast=True)
+
+
+@triton.jit
+def e2m1_to_raw_e4m3(n):
+    """e2m1 nibbles (int32 0..15) -> e4m3 bytes equal to value / 2^6: the sign moves to bit 7 and
+    exponent and mantissa land in the low exponent bits and the top mantissa bit (0.5, e2m1's
+    only subnormal, becomes e4m3's subnormal 2^-7)."""
+    return (((n & 0x8) << 4) | ((n & 0x7) << 2)).to(tl.uint8)
 
 
 @triton.jit
