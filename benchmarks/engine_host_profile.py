@@ -65,10 +65,13 @@ class LaunchCounter:
     kernels get their own `run` back on exit)."""
 
     # by module path: the kernels package re-exports functions under the modules' names
-    KERNELS = (("kernels.indexer", "_indexer_logits_kernel"), ("kernels.topk", "_topk_row_kernel"),
-               ("kernels.topk", "_radix_pass_kernel"), ("kernels.sparse_mla", "_sparse_mla_kernel"),
+    KERNELS = (("kernels.indexer", "_indexer_logits_kernel"), ("kernels.indexer_tiled", "_indexer_tiled_kernel"),
+               ("kernels.topk", "_topk_row_kernel"), ("kernels.topk", "_radix_pass_kernel"),
+               ("kernels.topk", "_split_kernel"), ("kernels.topk", "_finish_kernel"),
+               ("kernels.topk", "_positions_to_slots_kernel"), ("kernels.sparse_mla", "_sparse_mla_kernel"),
                ("kernels.sparse_mla", "_combine_kernel"), ("kernels.fused", "_add_rms_norm_kernel"),
-               ("kernels.fused", "_silu_mul_kernel"), ("kernels.fused", "_rope_qk_kernel"))
+               ("kernels.fused", "_silu_mul_kernel"), ("kernels.attention_prep", "_mla_prepare_kernel"),
+               ("kernels.attention_prep", "_indexer_prepare_kernel"))
 
     def __init__(self) -> None:
         self.count = 0

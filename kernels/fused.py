@@ -6,8 +6,8 @@ Each op here is one kernel where the torch code is several:
 - `add_rms_norm`: the residual add and the next RMSNorm (add, then the norm's square, mean,
   rsqrt and two products), returning the normed rows and the new residual stream;
 - `silu_mul`: SwiGLU's silu(gate) * up, over the fused gate/up projection's rows;
-- `rope_qk_`: rotary embedding of the queries' heads and the key of each token in place (the
-  torch code concatenates them, rotates through a dozen ops on fp32 copies, and splits them).
+- `rotate_rows_`: a rotary embedding in place, the device function behind the layer's
+  preparation kernels (kernels/attention_prep.py); `rope_reference` is its torch form.
 
 backend "torch" runs the reference (CPU, and the torch engine backend); "triton" the kernel,
 which on CPU tensors runs in the Triton interpreter. Results are computed in fp32 and rounded
@@ -27,7 +27,7 @@ from kernels.triton_utils import f32_to_bf16, new_output
 
 
 @triton.jit
-def _round(x, TO_BF16: tl.constexpr):
+def round_to(x, TO_BF16: tl.constexpr):
     """fp32 rounded to the output dtype's precision (bf16 by bit arithmetic: the interpreter truncates)."""
     if TO_BF16:
         return f32_to_bf16(x).to(tl.float32)
@@ -44,11 +44,11 @@ def _add_rms_norm_kernel(update_ptr, residual_ptr, weight_ptr, out_ptr, new_resi
     x = tl.load(residual_ptr + row * residual_stride + cols, mask=ok, other=0.0).to(tl.float32)
     if HAS_UPDATE:
         u = tl.load(update_ptr + row * update_stride + cols, mask=ok, other=0.0).to(tl.float32)
-        x = _round(x + u, TO_BF16)  # the residual stream is held in the model's dtype
+        x = round_to(x + u, TO_BF16)  # the residual stream is held in the model's dtype
         tl.store(new_residual_ptr + row * n_cols + cols, x.to(new_residual_ptr.dtype.element_ty), mask=ok)
     rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=0) / n_cols + eps)
     w = tl.load(weight_ptr + cols, mask=ok, other=0.0).to(tl.float32)
-    y = _round(x * rstd * w, TO_BF16)
+    y = round_to(x * rstd * w, TO_BF16)
     tl.store(out_ptr + row * n_cols + cols, y.to(out_ptr.dtype.element_ty), mask=ok)
 
 
@@ -88,7 +88,7 @@ def _silu_mul_kernel(gate_up_ptr, out_ptr, n, half, TO_BF16: tl.constexpr, BLOCK
     gate = offs + (offs // half) * half  # row r's gate half starts at 2 * half * r, its up half `half` later
     g = tl.load(gate_up_ptr + gate, mask=ok, other=0.0).to(tl.float32)
     u = tl.load(gate_up_ptr + gate + half, mask=ok, other=0.0).to(tl.float32)
-    y = _round(g / (1.0 + tl.exp(-g)) * u, TO_BF16)
+    y = round_to(g / (1.0 + tl.exp(-g)) * u, TO_BF16)
     tl.store(out_ptr + offs, y.to(out_ptr.dtype.element_ty), mask=ok)
 
 
@@ -111,28 +111,20 @@ def silu_mul(gate_up: torch.Tensor, backend: str | None = None) -> torch.Tensor:
 
 
 @triton.jit
-def _rope_qk_kernel(q_ptr, k_ptr, cos_ptr, sin_ptr, n_heads, q_stride_t, q_stride_h, k_stride_t,
-                    HALF: tl.constexpr, INTERLEAVED: tl.constexpr, TO_BF16: tl.constexpr, BLOCK_H: tl.constexpr):
-    t = tl.program_id(0).to(tl.int64)
+def rotate_rows_(base, cos, sin, ok, HALF: tl.constexpr, INTERLEAVED: tl.constexpr, TO_BF16: tl.constexpr):
+    """Rotate in place the rows starting at base [R, 1] (masked by ok [R, 1]) by cos, sin [1, HALF].
+    Each thread reads and writes the same pairs, so the rotation in place needs no barrier."""
     i = tl.arange(0, HALF)
-    cos = tl.load(cos_ptr + t * HALF + i)[None, :]
-    sin = tl.load(sin_ptr + t * HALF + i)[None, :]
     if INTERLEAVED:  # pairs (x0, x1), (x2, x3), ...
         first, second = 2 * i, 2 * i + 1
     else:  # halves (x_i, x_{i + HALF})
         first, second = i, i + HALF
-    # rows 0..n_heads-1 are the query's heads, row n_heads the key; BLOCK_H of them per program
-    heads = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
-    is_q = heads < n_heads
-    is_k = heads == n_heads
-    base = tl.where(is_q, q_ptr + t * q_stride_t + heads.to(tl.int64) * q_stride_h, k_ptr + t * k_stride_t)[:, None]
-    ok = (is_q | is_k)[:, None]
     a = tl.load(base + first[None, :], mask=ok, other=0.0).to(tl.float32)
     b = tl.load(base + second[None, :], mask=ok, other=0.0).to(tl.float32)
-    ra = _round(a * cos - b * sin, TO_BF16)
-    rb = _round(a * sin + b * cos, TO_BF16)
-    tl.store(base + first[None, :], ra.to(q_ptr.dtype.element_ty), mask=ok)
-    tl.store(base + second[None, :], rb.to(q_ptr.dtype.element_ty), mask=ok)
+    ra = round_to(a * cos - b * sin, TO_BF16)
+    rb = round_to(a * sin + b * cos, TO_BF16)
+    tl.store(base + first[None, :], ra.to(base.dtype.element_ty), mask=ok)
+    tl.store(base + second[None, :], rb.to(base.dtype.element_ty), mask=ok)
 
 
 def rope_reference(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: bool) -> torch.Tensor:
@@ -145,30 +137,6 @@ def rope_reference(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interl
         a, b = xf.chunk(2, dim=-1)
         out = torch.cat((a * cos - b * sin, a * sin + b * cos), dim=-1)
     return out.to(x.dtype)
-
-
-def rope_qk_(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: bool,
-             backend: str | None = None) -> None:
-    """Rotate in place q [T, heads, dim] and k [T, dim] (views whose last dim is contiguous, e.g.
-    the rotary part of wider rows) by each token's cos, sin fp32 [T, 1, dim/2]."""
-    t, heads, dim = q.shape
-    half = dim // 2
-    if resolve_backend(backend, q.device) == "torch" or half & (half - 1):
-        # The rotation is elementwise: the key as one more head is the same numbers in one pass.
-        rotated = rope_reference(torch.cat((q, k[:, None]), dim=1), cos, sin, interleaved)
-        q.copy_(rotated[:, :heads])
-        k.copy_(rotated[:, heads])
-        return
-    if q.stride(2) != 1 or k.stride(1) != 1 or k.shape != (t, dim) or q.dtype != k.dtype:
-        raise ValueError(f"rope_qk_: q {tuple(q.shape)} and k {tuple(k.shape)} need one dtype, the same "
-                         "rotary dim and a contiguous last dim")
-    cos, sin = cos.reshape(t, half).contiguous(), sin.reshape(t, half).contiguous()
-    # Several programs per token when there are many heads (v32's 128): a few tokens alone would
-    # leave most of the GPU idle.
-    block_h = min(16, triton.next_power_of_2(heads + 1))
-    _rope_qk_kernel[(t, triton.cdiv(heads + 1, block_h))](
-        q, k, cos, sin, heads, q.stride(0), q.stride(1), k.stride(0), HALF=half, INTERLEAVED=interleaved,
-        TO_BF16=q.dtype == torch.bfloat16, BLOCK_H=block_h)
 
 
 def _check_rows(x: torch.Tensor, name: str) -> None:

@@ -65,6 +65,14 @@ def _fp8_quantize_kernel(x_ptr, q_ptr, scale_ptr, n_rows, rows_per_group, group_
     x_rows = (rows // rows_per_group).to(tl.int64) * group_stride + (rows % rows_per_group).to(tl.int64) * D
     x = tl.load(x_ptr + x_rows[:, None] + cols[None, :], mask=ok[:, None], other=0.0).to(tl.float32)
     offs = rows.to(tl.int64)[:, None] * D + cols[None, :]
+    codes, scale = fp8_rows(x)
+    tl.store(q_ptr + offs, codes.to(tl.uint8), mask=ok[:, None])
+    tl.store(scale_ptr + rows, scale, mask=ok)
+
+
+@triton.jit
+def fp8_rows(x):
+    """fp32 rows x [R, D] -> (e4m3 codes int32 [R, D], power-of-two scales fp32 [R]), as the reference."""
     amax = tl.max(tl.abs(x), axis=1)
     ratio = tl.fdiv(amax, tl.full(amax.shape, E4M3_MAX, tl.float32), ieee_rounding=True)  # IEEE, as torch's
     scale = tl.where(amax > 0, _pow2_ceil(ratio), 1.0)
@@ -72,8 +80,7 @@ def _fp8_quantize_kernel(x_ptr, q_ptr, scale_ptr, n_rows, rows_per_group, group_
     inv = (254 - ((scale.to(tl.int32, bitcast=True) >> 23) & 0xFF)) << 23
     scaled = x * inv.to(tl.float32, bitcast=True)[:, None]
     scaled = tl.minimum(tl.maximum(scaled, -E4M3_MAX), E4M3_MAX)
-    tl.store(q_ptr + offs, _encode_e4m3(scaled).to(tl.uint8), mask=ok[:, None])
-    tl.store(scale_ptr + rows, scale, mask=ok)
+    return _encode_e4m3(scaled), scale
 
 
 def fp8_e4m3_quantize_triton(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -122,17 +129,24 @@ def _mxfp4_quantize_kernel(x_ptr, out_ptr, n_groups, D: tl.constexpr, BLOCK_G: t
     src = x_ptr + groups.to(tl.int64)[:, None] * 32 + 2 * pair[None, :]
     even = tl.load(src, mask=ok[:, None], other=0.0).to(tl.float32)
     odd = tl.load(src + 1, mask=ok[:, None], other=0.0).to(tl.float32)
+    row_bytes: tl.constexpr = D // 2 + D // 32
+    row = groups // (D // 32)
+    store_mxfp4_groups(out_ptr + row.to(tl.int64) * row_bytes, groups % (D // 32), even, odd, ok, D)
+
+
+@triton.jit
+def store_mxfp4_groups(row_ptr, g, even, odd, ok, D: tl.constexpr):
+    """Encode groups of 32 values, given as their even and odd elements [G, 16] (fp32), and store
+    them as group g [G] of the cache rows starting at row_ptr [G]: 16 bytes of nibbles at 16 g, the
+    ue8m0 scale byte at D/2 + g."""
     amax = tl.maximum(tl.max(tl.abs(even), axis=1), tl.max(tl.abs(odd), axis=1))
     # frexp's exponent of amax is its biased fp32 exponent - 126; the shared exponent is that - 3
     shared = tl.minimum(tl.maximum(((amax.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 129, -126), 127)
     inv = ((127 - shared) << 23).to(tl.float32, bitcast=True)[:, None]  # 2^-shared, exact
     packed = _mx_nibbles(even, inv) | (_mx_nibbles(odd, inv) << 4)
-    row_bytes: tl.constexpr = D // 2 + D // 32
-    row = groups // (D // 32)
-    g = groups % (D // 32)
-    dst = out_ptr + row.to(tl.int64) * row_bytes
-    tl.store(dst[:, None] + 16 * g[:, None] + pair[None, :], packed.to(tl.uint8), mask=ok[:, None])
-    tl.store(dst + D // 2 + g, (shared + 127).to(tl.uint8), mask=ok)
+    pair = tl.arange(0, 16)
+    tl.store(row_ptr[:, None] + 16 * g[:, None] + pair[None, :], packed.to(tl.uint8), mask=ok[:, None])
+    tl.store(row_ptr + D // 2 + g, (shared + 127).to(tl.uint8), mask=ok)
 
 
 def mxfp4_quantize_triton(x: torch.Tensor) -> torch.Tensor:

@@ -18,8 +18,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from kernels.attention_prep import indexer_prepare, mla_prepare_
 from kernels.indexer import indexer_logits_paged
-from kernels.quant import fp8_e4m3_quantize, write_indexer_cache, write_kv_cache
 from kernels.sparse_mla import sparse_mla
 from kernels.topk import positions_to_slots, topk_indices
 from server.config import ModelConfig
@@ -74,13 +74,9 @@ class Indexer(nn.Module):
     def forward(self, query: torch.Tensor, key: torch.Tensor, head_weights: torch.Tensor, rope: RopeAngles,
                 meta: AttentionMetadata, idx_cache: torch.Tensor, s: CacheSettings) -> torch.Tensor:
         """query: wq of the query latent; key, head_weights: wk and weights_proj of the layer input."""
-        t = query.shape[0]
-        q = query.view(t, self.num_heads, self.head_dim)
-        k = self.k_norm(key)
-        rope.rotate_qk_(q[..., :self.rope_dim], k[:, :self.rope_dim], interleaved=False, backend=s.backend)
-        write_indexer_cache(idx_cache, meta.slot_mapping, k, s.key_dtype)
-        q8, q_scale = fp8_e4m3_quantize(q, backend=s.backend)
-        weights = head_weights.float() * q_scale * self.weight_scale
+        q8, weights = indexer_prepare(
+            query.view(query.shape[0], self.num_heads, self.head_dim), key, head_weights, self.k_norm, rope.cos,
+            rope.sin, self.rope_dim, idx_cache, meta.slot_mapping, s.key_dtype, self.weight_scale, backend=s.backend)
         partial = indexer_logits_paged(
             q8, weights, idx_cache, s.key_dtype, meta.block_table, meta.block_size, meta.seq_ids,
             meta.context_lens, meta.max_context, backend=s.backend, mask_tail=False)
@@ -121,12 +117,12 @@ class MLAttention(OwnsFusedLinears):
         q = q.view(t, h, c.qk_nope_dim + c.qk_rope_dim)
         q_nope, q_pe = q.split([c.qk_nope_dim, c.qk_rope_dim], dim=-1)
         latent, k_pe = kv.split([c.kv_lora_rank, c.qk_rope_dim], dim=-1)
-        rope.rotate_qk_(q_pe, k_pe, interleaved=True, backend=s.backend)
-        write_kv_cache(kv_cache, meta.slot_mapping, self.kv_norm(latent), k_pe, s.kv_dtype)
+        mla_prepare_(q_pe, latent, k_pe, self.kv_norm.weight, self.kv_norm.eps, rope.cos, rope.sin, kv_cache,
+                     meta.slot_mapping, s.kv_dtype, backend=s.backend)
 
         logits = self.indexer(index_query, index_key, index_weights, rope, meta, idx_cache, s)
         top = topk_indices(logits, meta.context_lens, c.index_topk, backend=s.backend)
-        slots = positions_to_slots(top, meta.block_table, meta.seq_ids, meta.block_size)
+        slots = positions_to_slots(top, meta.block_table, meta.seq_ids, meta.block_size, backend=s.backend)
 
         w_kv = self.wkv_b.weight.view(h, c.qk_nope_dim + c.v_head_dim, c.kv_lora_rank)
         w_uk, w_uv = w_kv.split([c.qk_nope_dim, c.v_head_dim], dim=1)

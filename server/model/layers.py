@@ -1,7 +1,8 @@
 """Small building blocks of the model: RMSNorm, rotary embedding, tensor-parallel linears, linears
 fused into one GEMM, SwiGLU MLP, and the scaled init that draws full weights and keeps this rank's
-slice. The residual add with the next norm, SwiGLU's product and the rotation are single kernels on
-the Triton backend (kernels/fused.py)."""
+slice. The residual add with the next norm and SwiGLU's product are single kernels on the Triton
+backend (kernels/fused.py); the rotations run inside the attention's preparation kernels
+(kernels/attention_prep.py)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from kernels.fused import add_rms_norm, rope_qk_, silu_mul
+from kernels.fused import add_rms_norm, silu_mul
 from server.parallel.collectives import TensorParallel
 
 
@@ -55,11 +56,6 @@ class RopeAngles:
 
     cos: torch.Tensor
     sin: torch.Tensor
-
-    def rotate_qk_(self, q: torch.Tensor, k: torch.Tensor, interleaved: bool, backend: str | None = None) -> None:
-        """Rotate in place q [T, heads, dim] and k [T, dim] by each token's position (one kernel on
-        the Triton backend; see kernels/fused.py)."""
-        rope_qk_(q, k, self.cos, self.sin, interleaved, backend)
 
 
 class ColumnParallelLinear(nn.Linear):

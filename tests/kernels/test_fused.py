@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels.fused import add_rms_norm, add_rms_norm_reference, rope_qk_, rope_reference, silu_mul
+from kernels.fused import add_rms_norm, add_rms_norm_reference, silu_mul
 
 DTYPES = (torch.float32, torch.bfloat16)
 
@@ -38,24 +38,6 @@ def test_silu_mul(gen, dtype):
     ref = (torch.nn.functional.silu(gate.float()) * up.float()).to(dtype)
     close(silu_mul(gate_up, backend="triton"), ref)
     close(silu_mul(gate_up, backend="torch"), ref)
-
-
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("interleaved", (True, False))
-@pytest.mark.parametrize("heads", (3, 20))  # 20: the key falls in the second program of heads
-def test_rope_qk_in_place_on_views(gen, dtype, interleaved, heads):
-    t, width, r = 4, 48, 16  # the rotary part is the first r of wider rows, as in the indexer
-    q = torch.randn(t, heads, width, generator=gen).to(dtype)
-    k = torch.randn(t, width, generator=gen).to(dtype)
-    angles = torch.rand(t, 1, r // 2, generator=gen) * 6.0
-    cos, sin = angles.cos(), angles.sin()
-    ref_q = torch.cat((rope_reference(q[..., :r], cos, sin, interleaved), q[..., r:]), dim=-1)
-    ref_k = torch.cat((rope_reference(k[:, None, :r], cos, sin, interleaved)[:, 0], k[:, r:]), dim=-1)
-    for backend in ("triton", "torch"):
-        got_q, got_k = q.clone(), k.clone()
-        rope_qk_(got_q[..., :r], got_k[:, :r], cos, sin, interleaved, backend=backend)
-        close(got_q, ref_q)
-        close(got_k, ref_k)
 
 
 def test_bad_shapes_are_refused(gen):

@@ -167,20 +167,21 @@ def test_topk_errors():
         topk_indices(torch.zeros(2, 4), torch.zeros(2, dtype=torch.int32), 0)
 
 
+@pytest.mark.parametrize("backend", ["triton", "torch"])
 @pytest.mark.parametrize("block_size", [2, 61, 64])
-def test_positions_to_slots(gen, block_size):
+def test_positions_to_slots(gen, block_size, backend):
     block_table = torch.randperm(12, generator=gen).int().reshape(3, 4)
     seq_ids = torch.tensor([2, 0, 2], dtype=torch.int32)
     idx = torch.randint(0, 4 * block_size, (3, 5), generator=gen).int()
     idx[1, 3:] = -1
-    got = positions_to_slots(idx, block_table, seq_ids, block_size)
+    got = positions_to_slots(idx, block_table, seq_ids, block_size, backend=backend)
     for t in range(3):
         for j in range(5):
             p = int(idx[t, j])
             expect = -1 if p < 0 else int(block_table[seq_ids[t], p // block_size]) * block_size + p % block_size
             assert int(got[t, j]) == expect
     with pytest.raises(ValueError, match="beyond the block table"):
-        positions_to_slots(idx * 0 + 4 * block_size, block_table, seq_ids, block_size)
+        positions_to_slots(idx * 0 + 4 * block_size, block_table, seq_ids, block_size, backend=backend)
 
 
 def test_topk_default_config_by_shape():
