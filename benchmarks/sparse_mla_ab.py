@@ -7,7 +7,7 @@
 after). Each case draws inputs as benchmarks/kernels.py does (random slots over --kv-slots cache
 rows, three input sets in rotation, L2 flushed by do_bench); both sides are first checked against
 the torch reference with poisoned outputs (docs/sparse_mla.md bars), then timed alternately
---repeats times, so drift of the machine hits both; each side launches with its own default tiles
+--repeats times in ABBA order, so drift of the machine hits both; each side launches with its own default tiles
 and automatic split count unless --config / --splits set the candidate's.
 """
 
@@ -94,8 +94,8 @@ def run_case(name: str, shape: tuple[int, int, str], sides: list[tuple[str, Modu
         verdict = check(mod, q0, cache, idx0, kv_dtype, splits, cfg, ref, ref_lse)
         print(f"{name} {label}: {launch_label(mod, tokens, heads, kv_dtype, cache, cfg, splits)}: check {verdict}",
               flush=True)
-    for _ in range(repeats):
-        for label, mod, cfg, splits in sides:
+    for r in range(repeats):  # ABBA...: a drift or an order effect falls on both sides
+        for label, mod, cfg, splits in sides if r % 2 == 0 else sides[::-1]:
             ms = bk.bench([lambda q=q, i=i, mod=mod, cfg=cfg, splits=splits: mod.sparse_mla_triton(
                 q[..., :bk.D_C], q[..., bk.D_C:], cache, i, bk.SCALE, kv_dtype, splits, cfg)
                 for q, i in sets])
