@@ -142,9 +142,10 @@ def sparse_mla_cases(rows: list[Row], num_slots: int, batch: int, head_counts: t
     c = SparseMlaConfig
     sweep = {  # heads: (tile config, num_splits or None for the automatic choice)
         128: [(c(64, 64, 8, 2), None), (c(32, 64, 4, 2), None), (c(64, 64, 8, 1), None), (c(64, 32, 8, 2), None),
-              (c(64, 64, 8, 3), None), (c(128, 32, 8, 2), None), (c(128, 32, 16, 2), None), (c(128, 64, 16, 2), None)],
-        16: [(c(16, 32, 4, 2), None), (c(16, 32, 4, 2), 16), (c(16, 64, 4, 2), 5), (c(16, 32, 4, 3), 8),
-             (c(16, 32, 8, 4), 16), (c(16, 64, 4, 2), 8)],
+              (c(64, 64, 8, 3), None), (c(128, 32, 8, 2), None), (c(128, 32, 16, 2), None), (c(128, 64, 16, 2), None),
+              (c(64, 32, 8, 3, 8), None)],
+        16: [(c(16, 32, 4, 3, 8, 2), None), (c(16, 32, 4, 3, 8), 8), (c(16, 32, 4, 3), 4), (c(16, 32, 4, 2), None),
+             (c(16, 64, 4, 2), 5), (c(16, 32, 4, 3), 8), (c(16, 32, 8, 4), 16), (c(16, 64, 4, 2), 8)],
     }
     for kv_dtype in kv_dtypes:
         cache = make_kv_cache(num_slots, kv_dtype)
@@ -164,8 +165,9 @@ def sparse_mla_cases(rows: list[Row], num_slots: int, batch: int, head_counts: t
             idx0[0] = -1
             idx0[1, TOPK // 3 :] = -1
             for cfg, forced in [(SparseMlaConfig(16, 16, 4, 1), None)] if SMOKE else configs:
-                splits = forced or auto_num_splits(batch * triton.cdiv(heads, cfg.block_h), TOPK, cfg.block_n, q0.device)
-                label = f"triton h{cfg.block_h} n{cfg.block_n} w{cfg.num_warps} s{cfg.num_stages} splits{splits}{'' if forced else '(auto)'}"
+                splits = forced or auto_num_splits(batch * triton.cdiv(heads, cfg.block_h), TOPK, cfg, q0.device)
+                label = (f"triton h{cfg.block_h} n{cfg.block_n} w{cfg.num_warps} s{cfg.num_stages}"
+                         f"{f' pre{cfg.preload_tiles}' if cfg.preload_tiles else ''} splits{splits}{'' if forced else '(auto)'}")
                 point = sweep_point(
                     case, label, lambda cfg=cfg, splits=splits: check_sparse_mla(q0, cache, idx0, kv_dtype, splits, cfg),
                     [lambda qc=q[..., :D_C], qr=q[..., D_C:], i=i, cfg=cfg, splits=splits: sparse_mla_triton(

@@ -53,13 +53,11 @@ def sparse_mla_torch(q, kv_cache, indices, scale, d_c, kv_dtype):
 
 @triton.jit
 def _gather_rows(
-    kv_ptr, kv_bytes_ptr, kv_words_ptr, idx_ptr, t, n_idx, start, hi,
+    kv_ptr, kv_bytes_ptr, kv_words_ptr, slot,
     KV_STRIDE: tl.constexpr, ROW_BYTES: tl.constexpr, ROPE_OFFSET: tl.constexpr,
     D_C: tl.constexpr, D_R: tl.constexpr, BLOCK_N: tl.constexpr, FP8: tl.constexpr, DOT_DTYPE: tl.constexpr,
 ):
-    """Rows idx[t, start:start+BLOCK_N] (below hi) as (latent [BLOCK_N, D_C], rope [BLOCK_N, D_R], valid)."""
-    j = start + tl.arange(0, BLOCK_N)
-    slot = tl.load(idx_ptr + t * n_idx + j, mask=j < hi, other=-1)
+    """Rows at cache slots `slot` [BLOCK_N] (-1: none) as (latent [BLOCK_N, D_C], rope [BLOCK_N, D_R], valid)."""
     valid = slot >= 0
     slot = tl.where(valid, slot, 0).to(tl.int64)
     cols_c = tl.arange(0, D_C)
@@ -79,6 +77,25 @@ def _gather_rows(
     k_r = tl.load(kv_ptr + slot[:, None] * KV_STRIDE + ROPE_OFFSET + cols_r[None, :], mask=valid[:, None],
                   other=0.0).to(DOT_DTYPE)
     return k_c, k_r, valid
+
+
+@triton.jit
+def _attend_block(
+    q_c, q_r, m, l, acc, kv_ptr, kv_bytes_ptr, kv_words_ptr, slot, sm_scale_log2,
+    KV_STRIDE: tl.constexpr, ROW_BYTES: tl.constexpr, ROPE_OFFSET: tl.constexpr,
+    D_C: tl.constexpr, D_R: tl.constexpr, BLOCK_N: tl.constexpr, FP8: tl.constexpr, DOT_DTYPE: tl.constexpr,
+):
+    """One block of rows into the online softmax: the updated (m, l, acc)."""
+    k_c, k_r, valid = _gather_rows(kv_ptr, kv_bytes_ptr, kv_words_ptr, slot,
+                                   KV_STRIDE, ROW_BYTES, ROPE_OFFSET, D_C, D_R, BLOCK_N, FP8, DOT_DTYPE)
+    s = tl.dot(q_c, tl.trans(k_c)) + tl.dot(q_r, tl.trans(k_r))
+    s = tl.where(valid[None, :], s * sm_scale_log2, -1e30)
+    m_new = tl.maximum(m, tl.max(s, axis=1))
+    alpha = tl.exp2(m - m_new)
+    p = tl.where(valid[None, :], tl.exp2(s - m_new[:, None]), 0.0)
+    l = l * alpha + tl.sum(p, axis=1)
+    acc = acc * alpha[:, None] + tl.dot(p.to(DOT_DTYPE), k_c)
+    return m_new, l, acc
 
 
 @triton.jit
@@ -114,7 +131,7 @@ def _sparse_mla_kernel(
     # fixed per model; lets loads vectorise
     KV_STRIDE: tl.constexpr, ROW_BYTES: tl.constexpr, ROPE_OFFSET: tl.constexpr,
     D_C: tl.constexpr, D_R: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
-    FP8: tl.constexpr, SPLIT: tl.constexpr, DOT_DTYPE: tl.constexpr,
+    FP8: tl.constexpr, SPLIT: tl.constexpr, DOT_DTYPE: tl.constexpr, PRELOAD_TILES: tl.constexpr,
 ):
     # Grid (tokens x head blocks, splits), head blocks fastest: a token's head blocks run side by
     # side and gather the same rows, so the second gather hits the L2 (at 2,048 prefill tokens the
@@ -130,21 +147,29 @@ def _sparse_mla_kernel(
     q_c = tl.load(q_c_row + tl.arange(0, D_C)[None, :], mask=head_ok[:, None], other=0.0).to(DOT_DTYPE)
     q_r = tl.load(q_r_row + tl.arange(0, D_R)[None, :], mask=head_ok[:, None], other=0.0).to(DOT_DTYPE)
     lo, hi = _split_range(n_idx, BLOCK_N)
-
     m = tl.full((BLOCK_H,), -1e30, tl.float32)
     l = tl.zeros((BLOCK_H,), tl.float32)
     acc = tl.zeros((BLOCK_H, D_C), tl.float32)
-    for start in range(lo, hi, BLOCK_N):
-        k_c, k_r, valid = _gather_rows(kv_ptr, kv_bytes_ptr, kv_words_ptr, idx_ptr, t, n_idx, start, hi,
-                                       KV_STRIDE, ROW_BYTES, ROPE_OFFSET, D_C, D_R, BLOCK_N, FP8, DOT_DTYPE)
-        s = tl.dot(q_c, tl.trans(k_c)) + tl.dot(q_r, tl.trans(k_r))
-        s = tl.where(valid[None, :], s * sm_scale_log2, -1e30)
-        m_new = tl.maximum(m, tl.max(s, axis=1))
-        alpha = tl.exp2(m - m_new)
-        p = tl.where(valid[None, :], tl.exp2(s - m_new[:, None]), 0.0)
-        l = l * alpha + tl.sum(p, axis=1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(DOT_DTYPE), k_c)
-        m = m_new
+    if PRELOAD_TILES > 0:
+        # the indices of PRELOAD_TILES blocks in registers before their loop: a row gather then
+        # waits on no load of its own iteration, and the pipeliner issues it num_stages - 1 blocks
+        # ahead (with the index load in the loop, block i+1's rows were issued at the end of block
+        # i and waited for at once: one block in flight, the gather latency exposed per block)
+        tile = tl.arange(0, PRELOAD_TILES)
+        for chunk in range(lo, hi, PRELOAD_TILES * BLOCK_N):
+            j_chunk = chunk + tile[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
+            idx_chunk = tl.load(idx_ptr + t * n_idx + j_chunk, mask=j_chunk < hi, other=-1)
+            for start in range(chunk, tl.minimum(chunk + PRELOAD_TILES * BLOCK_N, hi), BLOCK_N):
+                slot = tl.sum(tl.where(tile[:, None] == (start - chunk) // BLOCK_N, idx_chunk, 0), axis=0)
+                m, l, acc = _attend_block(q_c, q_r, m, l, acc, kv_ptr, kv_bytes_ptr, kv_words_ptr, slot,
+                                          sm_scale_log2, KV_STRIDE, ROW_BYTES, ROPE_OFFSET, D_C, D_R, BLOCK_N,
+                                          FP8, DOT_DTYPE)
+    else:
+        for start in range(lo, hi, BLOCK_N):
+            j = start + tl.arange(0, BLOCK_N)
+            slot = tl.load(idx_ptr + t * n_idx + j, mask=j < hi, other=-1)
+            m, l, acc = _attend_block(q_c, q_r, m, l, acc, kv_ptr, kv_bytes_ptr, kv_words_ptr, slot, sm_scale_log2,
+                                      KV_STRIDE, ROW_BYTES, ROPE_OFFSET, D_C, D_R, BLOCK_N, FP8, DOT_DTYPE)
     _store_result(acc, m, l, o_ptr, lse_ptr, t, heads, n_heads, D_C, SPLIT)
 
 
@@ -175,6 +200,11 @@ class SparseMlaConfig:
     block_n: int
     num_warps: int
     num_stages: int
+    # blocks whose indices are loaded together ahead of their loop, so row gathers pipeline
+    # num_stages - 1 blocks deep; 0: each block's indices load in the loop (one block in flight)
+    preload_tiles: int = 0
+    # programs per SM the automatic split count aims for when tokens x head blocks leave SMs idle
+    programs_per_sm: int = 4
 
 
 def default_config(n_heads: int, kv_dtype: str, device: torch.device) -> SparseMlaConfig:
@@ -183,12 +213,16 @@ def default_config(n_heads: int, kv_dtype: str, device: torch.device) -> SparseM
         return SparseMlaConfig(16, 16, 4, 1)
     if n_heads >= 64:  # measured best on an H200 at B 64, K 2048 (benchmarks/kernels_notes.md)
         return SparseMlaConfig(64, 64, 8, 2)
-    # fp8 rows decode in registers: smaller row tiles and a deeper pipeline pay off there
+    # fp8 rows decode in registers: smaller row tiles and a deeper pipeline pay off there. The
+    # index preload (n32 s3, 8 blocks, 2 programs/SM: one wave at B 64) timed 0.93x at H16 bf16
+    # but 1.5-2.6x slower in 5 of 9 timings against 2 of 10 for this default (RESULTS.md, "Sparse
+    # MLA tiles"): a single wave has no slack when the machine is slow.
     return SparseMlaConfig(16, 64, 4, 2) if kv_dtype == "bf16" else SparseMlaConfig(16, 32, 4, 3)
 
 
-def auto_num_splits(programs: int, n_idx: int, block_n: int, device: torch.device, partial_ratio: float = 0.0) -> int:
-    """Split the index list when the programs would leave SMs idle, up to about four programs per SM.
+def auto_num_splits(programs: int, n_idx: int, cfg: SparseMlaConfig, device: torch.device,
+                    partial_ratio: float = 0.0) -> int:
+    """Split the index list when the programs would leave SMs idle, up to about cfg.programs_per_sm per SM.
 
     A nearly full single wave is not split. Each split writes (and the combine reads back) fp32
     partial outputs: `partial_ratio` is their bytes per split over the bytes of the rows the index
@@ -201,7 +235,7 @@ def auto_num_splits(programs: int, n_idx: int, block_n: int, device: torch.devic
     if programs >= 0.75 * sms:
         return 1
     cap = 32 if partial_ratio <= 0 else max(1, int(0.5 / partial_ratio))
-    return max(1, min(4 * sms // programs, triton.cdiv(n_idx, block_n), 32, cap))
+    return max(1, min(cfg.programs_per_sm * sms // programs, triton.cdiv(n_idx, cfg.block_n), 32, cap))
 
 
 def sparse_mla_triton(q_c, q_r, kv_cache, indices, scale, kv_dtype, num_splits=None, config=None):
@@ -214,7 +248,7 @@ def sparse_mla_triton(q_c, q_r, kv_cache, indices, scale, kv_dtype, num_splits=N
     head_blocks = triton.cdiv(h, cfg.block_h)
     # fp32 partials per split (o and lse) over the gathered rows' bytes
     partial_ratio = h * (d_c + 1) * 4 / max(1, n_idx * kv_cache.shape[1] * kv_cache.element_size())
-    splits = num_splits or auto_num_splits(t * head_blocks, n_idx, cfg.block_n, q_c.device, partial_ratio)
+    splits = num_splits or auto_num_splits(t * head_blocks, n_idx, cfg, q_c.device, partial_ratio)
     out = new_output((t, h, d_c), torch.bfloat16, q_c.device)
     lse = new_output((t, h), torch.float32, q_c.device)
     if t == 0:
@@ -224,6 +258,7 @@ def sparse_mla_triton(q_c, q_r, kv_cache, indices, scale, kv_dtype, num_splits=N
     else:  # fp8_ds_mla: latent e4m3 bytes, fp32 scales as int32 words, rope as bf16
         kv, kv_bytes, kv_words = kv_cache.view(torch.bfloat16), kv_cache, kv_cache.view(torch.int32)
         rope_offset = (d_c + 4 * (d_c // DS_MLA_GROUP)) // 2
+    per_program = triton.cdiv(triton.cdiv(n_idx, cfg.block_n), splits)  # blocks, as _split_range counts
     if splits > 1:
         part_o = new_output((t, h, splits, d_c), torch.float32, q_c.device)
         part_lse = new_output((t, h, splits), torch.float32, q_c.device)
@@ -236,6 +271,7 @@ def sparse_mla_triton(q_c, q_r, kv_cache, indices, scale, kv_dtype, num_splits=N
         KV_STRIDE=kv.shape[1], ROW_BYTES=kv_cache.shape[1] * kv_cache.element_size(), ROPE_OFFSET=rope_offset,
         D_C=d_c, D_R=d_r, BLOCK_H=cfg.block_h, BLOCK_N=cfg.block_n,
         FP8=kv_dtype == "fp8_ds_mla", SPLIT=splits > 1, DOT_DTYPE=dot_dtype(q_c),
+        PRELOAD_TILES=min(cfg.preload_tiles, triton.next_power_of_2(per_program)),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     if splits > 1:

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 import torch
 
 from kernels import read_kv_rows, sparse_mla, write_kv_cache
 from kernels.quant import kv_row_width
+from kernels.sparse_mla import SparseMlaConfig, auto_num_splits, sparse_mla_triton
 from tests.kernels.checks import assert_mla_match
 
 D_C, D_R = 128, 32
@@ -85,6 +88,33 @@ def test_decode_matches(gen, kv_dtype, k, num_splits):
     idx = make_indices(gen, 3, k, num_slots, [k, max(1, k // 3), 0])
     out, lse = run_both(q, cache, idx, kv_dtype, num_splits)
     assert (out[2] == 0).all() and torch.isneginf(lse[2]).all(), "no valid index -> o = 0, lse = -inf"
+
+
+@pytest.mark.parametrize("kv_dtype", ["bf16", "fp8_ds_mla"])
+@pytest.mark.parametrize("preload_tiles,num_splits", [(0, 1), (1, 1), (2, 1), (2, 3), (8, 2)])
+def test_preloaded_index_chunks(gen, kv_dtype, preload_tiles, num_splits):
+    """Indices loaded preload_tiles blocks at a time ahead of their loop (several chunks per
+    program, a last chunk cut short, splits) give the in-loop result; 0 loads them in the loop."""
+    num_slots, k = 200, 90  # 6 blocks of 16, the last one partly past K
+    cache = make_cache(gen, num_slots, kv_dtype)
+    q = torch.randn(3, 16, D_C + D_R, generator=gen).bfloat16()
+    idx = make_indices(gen, 3, k, num_slots, [k, 37, 0])
+    cfg = SparseMlaConfig(16, 16, 4, 1, preload_tiles)
+    got = sparse_mla_triton(q[..., :D_C], q[..., D_C:], cache, idx, SCALE, kv_dtype, num_splits, cfg)
+    assert_mla_match(*got, *sparse_mla(q, cache, idx, SCALE, D_C, kv_dtype, backend="torch"))
+
+
+def test_split_count_follows_programs_per_sm(monkeypatch):
+    """The automatic split aims at cfg.programs_per_sm programs per SM, within the block count and
+    the partials cap; a nearly full wave and the CPU are not split."""
+    monkeypatch.setattr(sys.modules["kernels.sparse_mla"], "sm_count", lambda device: 132)
+    gpu = torch.device("cuda")
+    assert auto_num_splits(64, 2048, SparseMlaConfig(16, 32, 4, 3), gpu) == 8
+    assert auto_num_splits(64, 2048, SparseMlaConfig(16, 32, 4, 3, programs_per_sm=2), gpu) == 4
+    assert auto_num_splits(64, 64, SparseMlaConfig(16, 32, 4, 3), gpu) == 2  # two blocks of 32
+    assert auto_num_splits(16, 2048, SparseMlaConfig(64, 64, 8, 2), gpu, partial_ratio=0.11) == 4
+    assert auto_num_splits(100, 2048, SparseMlaConfig(16, 32, 4, 3), gpu) == 1
+    assert auto_num_splits(64, 2048, SparseMlaConfig(16, 32, 4, 3), torch.device("cpu")) == 1
 
 
 def test_speculative_verify_tokens_and_more_heads(gen):
