@@ -141,12 +141,12 @@ def test_nibble_words_decode_to_e4m3_bytes():
 
 
 @pytest.mark.parametrize("key_dtype", ["fp8", "mxfp4"])
-@pytest.mark.parametrize("block_size", [16, 32, 61])
+@pytest.mark.parametrize("block_size", [16, 61])
 def test_prefetched_blocks_match_reference(gen, key_dtype, block_size):
     """Next-block prefetch (loads carried across the loop, the last one masked off past the end)
-    with blocks of 32 keys over cache blocks of 16 (two runs of slots per key block), 32 (one) and
-    61 (a block-table lookup per key); one-token tiles and 4-token tiles straddling requests, d_I
-    128 (fp8 rows carried as words, MXFP4 as group dots), with the unmasked tail."""
+    with blocks of 32 keys over cache blocks of 16 (two runs of slots per key block) and 61 (a
+    block-table lookup per key); one-token tiles (also with the unmasked tail) and 4-token tiles
+    straddling requests, d_I 128 (fp8 rows carried as words, MXFP4 as group dots)."""
     q8, w, cache, block_table, seq_ids, lens = paged_batch(gen, key_dtype, block_size, 128)
     ref = indexer_logits_paged(q8, w, cache, key_dtype, block_table, block_size, seq_ids, lens, 55, backend="torch")
     for block_m in (1, 4):
@@ -154,10 +154,11 @@ def test_prefetched_blocks_match_reference(gen, key_dtype, block_size):
         got = indexer_logits_tiled(q8, w, cache, key_dtype, block_table, seq_ids, lens, block_size, 55, config=cfg,
                                    fp8_dot=True)
         assert_logits_match(got, ref)
-        tail = indexer_logits_tiled(q8, w, cache, key_dtype, block_table, seq_ids, lens, block_size, 64, config=cfg,
-                                    fp8_dot=True, mask_tail=False)
-        for t, n in enumerate(lens.tolist()):
-            assert_logits_match(tail[t : t + 1, :n], ref[t : t + 1, :n])
+    one_token = TiledConfig(1, 32, 4, mx_group_dots=key_dtype == "mxfp4", prefetch=True)
+    tail = indexer_logits_tiled(q8, w, cache, key_dtype, block_table, seq_ids, lens, block_size, 64,
+                                config=one_token, fp8_dot=True, mask_tail=False)
+    for t, n in enumerate(lens.tolist()):
+        assert_logits_match(tail[t : t + 1, :n], ref[t : t + 1, :n])
 
 
 def test_mxfp4_group_dots_exact_at_any_scale_spread(gen):
