@@ -200,15 +200,14 @@ def indexer_query(tokens: int, heads: int = H_I) -> tuple[torch.Tensor, torch.Te
 
 
 # The tiled kernel with one token per tile as a decode kernel: its fp8 dot takes the keys' bytes
-# as they are, where the per-token kernel decodes every key element to fp16 first.
+# as they are, where the per-token kernel decodes every key element to fp16 first. The defaults
+# (decode_tiled_config) and their runners-up of benchmarks/indexer_decode.py's sweep.
 INDEXER_DECODE_TILED = {
-    "fp8": (TiledConfig(1, 64, 4, 8), TiledConfig(1, 64, 4, 16), TiledConfig(1, 128, 4, 8), TiledConfig(1, 128, 4, 16),
-            TiledConfig(1, 64, 4, 32), TiledConfig(1, 64, 4, 16, 1), TiledConfig(1, 64, 4, 16, 3),
-            TiledConfig(1, 128, 4, 8, 1), TiledConfig(1, 64, 4, 8, 1)),
-    "mxfp4": (TiledConfig(1, 128, 4, 8), TiledConfig(1, 64, 4, 8, mx_group_dots=True),
-              TiledConfig(1, 64, 4, 16, mx_group_dots=True), TiledConfig(1, 128, 4, 8, mx_group_dots=True),
-              TiledConfig(1, 128, 4, 16, mx_group_dots=True), TiledConfig(1, 128, 4, 8, 1, mx_group_dots=True),
-              TiledConfig(1, 128, 4, 16, 1, mx_group_dots=True), TiledConfig(1, 64, 4, 16, 1, mx_group_dots=True)),
+    "fp8": (TiledConfig(1, 64, 4, 16, 1, prefetch=True), TiledConfig(1, 64, 4, 16, 1),
+            TiledConfig(1, 128, 4, 8, 1, prefetch=True), TiledConfig(1, 128, 4, 8, 1)),
+    "mxfp4": (TiledConfig(1, 64, 4, 8, 1, mx_group_dots=True, prefetch=True),
+              TiledConfig(1, 64, 4, 8, 1, mx_group_dots=True),
+              TiledConfig(1, 128, 4, 8, 1, mx_group_dots=True, prefetch=True), TiledConfig(1, 128, 4, 8)),
 }
 
 
@@ -253,10 +252,12 @@ def indexer_cases(rows: list[Row], requests: int, context: int, heads: int = H_I
             variants.append((f"triton n{cfg.block_n} w{cfg.num_warps} p{cfg.programs_per_sm}/SM s{cfg.num_stages or '-'}",
                              lambda q, w, n, cfg=cfg: indexer_logits_triton(q, w, cache, key_dtype, block_table, seq_ids, n, n,
                                                                             block_size, context, True, cfg)))
-        for tcfg in [TiledConfig(1, 16, 4), TiledConfig(1, 16, 4, mx_group_dots=True)] if SMOKE else INDEXER_DECODE_TILED[key_dtype]:
+        smoke_tiled = [TiledConfig(1, 16, 4), TiledConfig(1, 16, 4, mx_group_dots=True, prefetch=True)]
+        for tcfg in smoke_tiled if SMOKE else INDEXER_DECODE_TILED[key_dtype]:
             group = " group dots" if tcfg.mx_group_dots and key_dtype == "mxfp4" else ""
+            prefetch = " prefetch" if tcfg.prefetch else ""
             variants.append((f"tiled m1 n{tcfg.block_n} w{tcfg.num_warps} p{tcfg.programs_per_sm}/SM "
-                             f"s{tcfg.num_stages or '-'}{group}",
+                             f"s{tcfg.num_stages or '-'}{group}{prefetch}",
                              lambda q, w, n, cfg=tcfg: indexer_logits_tiled(q, w, cache, key_dtype, block_table, seq_ids, n,
                                                                             block_size, context, cfg)))
         for label, launch in variants:

@@ -20,9 +20,13 @@ and stay multiples of 2^-9); groups more than 2^8 below their row's largest are 
 Decode and verify steps use tiles of one token (`decode_tiled_config`) on GPUs with fp8 dots:
 there the gain is not shared key loads but the dot taking the key bytes as they are, where the
 per-token kernel decodes every key element to fp16 first. MXFP4 keys then take one dot per
-32-value group (`TiledConfig.mx_group_dots`): nibbles become e4m3 bytes by two shifts and a mask,
-and each group's scale multiplies its dot's result: no key value is rounded, at any spread of
-group scales.
+32-value group (`TiledConfig.mx_group_dots`): the group's nibbles are loaded as int32 words and
+become e4m3 bytes four at a time (shifts and masks on whole words, low and high nibbles to
+separate words; the query group is permuted to the order that leaves), and each group's scale
+multiplies its dot's result: no key value is rounded, at any spread of group scales. With 64
+heads the next key block is prefetched (`TiledConfig.prefetch`): its loads go out before this
+block's dots. A key block's cache slots come in runs inside one cache block (one block-table
+load per run, `_block_slots`).
 
 Tokens of one request are contiguous in a batch. A tile whose tokens all belong to one request
 makes one pass over its keys; a tile straddling requests makes one pass per token (the other
@@ -33,6 +37,7 @@ tokens' weights zeroed), so mixed batches stay correct. The loop bound is read o
 from __future__ import annotations
 
 import functools
+import math
 from dataclasses import dataclass
 
 import torch
@@ -44,23 +49,38 @@ from kernels.triton_utils import (
     E2M1_RAW_SCALE,
     E4M3_RAW_SCALE,
     dot_dtype,
-    e2m1_to_raw_e4m3,
     e2m1_to_raw_f16,
+    e2m1_words_to_raw_e4m3,
     e4m3_to_raw_f16,
     new_output,
     row_programs,
     ue8m0_to_f32,
+    word_bytes,
 )
 
 
 @triton.jit
-def _fp8_keys(key_ptr, key_words_ptr, slots, visible, ROW_BYTES: tl.constexpr, D: tl.constexpr,
-              FP8_DOT: tl.constexpr, DOT_DTYPE: tl.constexpr):
-    """fp8 rows -> (dot operand [BLOCK_N, D], per-key factor that turns the dot into q . k)."""
-    raw = tl.load(key_ptr + slots[:, None] * ROW_BYTES + tl.arange(0, D)[None, :], mask=visible[:, None], other=0)
-    # the scale is word d_I/4 of the row (rows are d_I + 4 bytes, d_I a multiple of 16)
-    scale = tl.load(key_words_ptr + slots * (ROW_BYTES // 4) + D // 4, mask=visible, other=0).to(tl.float32,
-                                                                                                  bitcast=True)
+def _fp8_block(key_ptr, key_words_ptr, slots, visible, ROW_BYTES: tl.constexpr, D: tl.constexpr,
+               AS_WORDS: tl.constexpr):
+    """The loads of a block of fp8 keys: (the rows' first d_I bytes [BLOCK_N, D], or as int32 words
+    [BLOCK_N, D / 4] with AS_WORDS; scale bits [BLOCK_N]). Rows are d_I + 4 bytes, d_I a multiple
+    of 16: the scale is word d_I / 4 of the row."""
+    row_words = key_words_ptr + slots * (ROW_BYTES // 4)
+    if AS_WORDS:
+        raw = tl.load(row_words[:, None] + tl.arange(0, D // 4)[None, :], mask=visible[:, None], other=0)
+    else:
+        raw = tl.load(key_ptr + slots[:, None] * ROW_BYTES + tl.arange(0, D)[None, :], mask=visible[:, None],
+                      other=0)
+    return raw, tl.load(row_words + D // 4, mask=visible, other=0)
+
+
+@triton.jit
+def _fp8_keys(raw, scale_bits, AS_WORDS: tl.constexpr, FP8_DOT: tl.constexpr, DOT_DTYPE: tl.constexpr):
+    """A block of fp8 keys (_fp8_block) -> (dot operand [BLOCK_N, D], per-key factor that turns the
+    dot into q . k)."""
+    scale = scale_bits.to(tl.float32, bitcast=True)
+    if AS_WORDS:
+        raw = word_bytes(raw)
     if FP8_DOT:
         keys = raw.to(tl.float8e4nv, bitcast=True)
     else:
@@ -70,15 +90,24 @@ def _fp8_keys(key_ptr, key_words_ptr, slots, visible, ROW_BYTES: tl.constexpr, D
 
 
 @triton.jit
-def _mxfp4_keys(key_ptr, slots, visible, ROW_BYTES: tl.constexpr, D: tl.constexpr, FP8_DOT: tl.constexpr,
-                DOT_DTYPE: tl.constexpr):
-    """MXFP4 rows -> (operand [BLOCK_N, D] at one scale per row, per-key factor)."""
+def _mxfp4_row_block(key_ptr, slots, visible, ROW_BYTES: tl.constexpr, D: tl.constexpr):
+    """The loads of a block of MXFP4 keys scored as whole rows: (the byte holding each element,
+    each element's group scale byte), both [BLOCK_N, D]. Element i is nibble i % 2 of byte i // 2
+    (each byte is loaded twice, from the same line)."""
     dims = tl.arange(0, D)
     row = key_ptr + slots[:, None] * ROW_BYTES
-    # element i is nibble i % 2 of byte i // 2 (each byte is loaded twice, from the same line)
-    packed = tl.load(row + dims[None, :] // 2, mask=visible[:, None], other=0).to(tl.int32)
-    raw = e2m1_to_raw_f16((packed >> ((dims & 1) * 4)[None, :]) & 0xF)  # value / 2^14
-    group_exp = tl.load(row + D // 2 + dims[None, :] // 32, mask=visible[:, None], other=0).to(tl.int32)
+    packed = tl.load(row + dims[None, :] // 2, mask=visible[:, None], other=0)
+    group_exp = tl.load(row + D // 2 + dims[None, :] // 32, mask=visible[:, None], other=0)
+    return packed, group_exp
+
+
+@triton.jit
+def _mxfp4_keys(packed, group_exp, D: tl.constexpr, FP8_DOT: tl.constexpr, DOT_DTYPE: tl.constexpr):
+    """A block of MXFP4 keys (_mxfp4_row_block) -> (operand [BLOCK_N, D] at one scale per row,
+    per-key factor)."""
+    dims = tl.arange(0, D)
+    raw = e2m1_to_raw_f16((packed.to(tl.int32) >> ((dims & 1) * 4)[None, :]) & 0xF)  # value / 2^14
+    group_exp = group_exp.to(tl.int32)
     row_exp = tl.max(group_exp, axis=1)
     # 2^(14 - drop) as fp16 bits (exponent bias 15); a group 2^28 below the row's largest is flushed
     drop = row_exp[:, None] - group_exp
@@ -96,8 +125,11 @@ def _mxfp4_keys(key_ptr, slots, visible, ROW_BYTES: tl.constexpr, D: tl.constexp
 @triton.jit
 def _query_group(q_ptr, row_tok, row_head, row_ok, g: tl.constexpr, H: tl.constexpr, D: tl.constexpr,
                  FP8_DOT: tl.constexpr, DOT_DTYPE: tl.constexpr):
-    """Query elements 32g..32g+31 of every operand row, as the group dot's operand [rows, 32]."""
-    ptr = q_ptr + row_tok[:, None] * (H * D) + row_head[:, None] * D + (32 * g) % D + tl.arange(0, 32)[None, :]
+    """Query elements 32g..32g+31 of every operand row [rows, 32], in the order of the group's key
+    operand (_mxfp4_group_scores): column k holds element 8(k // 8) + 2(k % 4) + (k // 4) % 2."""
+    k = tl.arange(0, 32)
+    element = 8 * (k // 8) + 2 * (k % 4) + (k // 4) % 2
+    ptr = q_ptr + row_tok[:, None] * (H * D) + row_head[:, None] * D + (32 * g) % D + element[None, :]
     raw = tl.load(ptr, mask=row_ok[:, None], other=0)
     if FP8_DOT:
         q = raw.to(tl.float8e4nv, bitcast=True)
@@ -107,24 +139,93 @@ def _query_group(q_ptr, row_tok, row_head, row_ok, g: tl.constexpr, H: tl.conste
 
 
 @triton.jit
-def _mxfp4_group_scores(key_ptr, slots, visible, q_g, g: tl.constexpr, ROW_BYTES: tl.constexpr, D: tl.constexpr,
-                        FP8_DOT: tl.constexpr, DOT_DTYPE: tl.constexpr):
-    """Scores of MXFP4 group g (bytes 16g..16g+15, one ue8m0 scale) [BLOCK_N, rows], scaled to q . k.
+def _mxfp4_group_words(key_ptr, key_words_ptr, slots, visible, g: tl.constexpr, ROW_BYTES: tl.constexpr):
+    """The 16 nibble bytes of MXFP4 group g of each key as 4 int32 words [BLOCK_N, 4]: loaded as
+    words where rows are whole words (d_I = 128: 68 bytes), else as bytes and packed."""
+    if ROW_BYTES % 4 == 0:
+        words = tl.load(key_words_ptr + slots[:, None] * (ROW_BYTES // 4) + 4 * g + tl.arange(0, 4)[None, :],
+                        mask=visible[:, None], other=0)
+    else:
+        packed = tl.load(key_ptr + slots[:, None] * ROW_BYTES + 16 * g + tl.arange(0, 16)[None, :],
+                         mask=visible[:, None], other=0).to(tl.int32)
+        shifts = 8 * tl.arange(0, 4)
+        words = tl.sum(tl.reshape(packed, (packed.shape[0], 4, 4)) << shifts[None, None, :], axis=2)
+    return words
 
-    Each byte is loaded once; its two nibbles are joined back into element order (low nibble =
-    the even element). The group's power-of-two scale multiplies the dot's fp32 result, so every
-    group keeps its values whatever its scale (no common row scale, no rounding of small groups)."""
-    row = key_ptr + slots[:, None] * ROW_BYTES
-    packed = tl.load(row + 16 * g + tl.arange(0, 16)[None, :], mask=visible[:, None], other=0).to(tl.int32)
-    nibbles = tl.reshape(tl.join(packed & 0xF, packed >> 4), (packed.shape[0], 32))
+
+@triton.jit
+def _mxfp4_scale_bytes(key_ptr, key_words_ptr, slots, visible, ROW_BYTES: tl.constexpr, D: tl.constexpr):
+    """The ue8m0 scale bytes of each key's (at most four) groups, group g in bits 8g.. of an int32
+    [BLOCK_N]: one word load where rows are whole words (d_I = 128), else a byte load per group."""
+    if ROW_BYTES % 4 == 0:
+        packed = tl.load(key_words_ptr + slots * (ROW_BYTES // 4) + D // 8, mask=visible, other=0)
+    else:
+        packed = tl.load(key_ptr + slots * ROW_BYTES + D // 2, mask=visible, other=0).to(tl.int32)
+        if D >= 64:
+            packed |= tl.load(key_ptr + slots * ROW_BYTES + D // 2 + 1, mask=visible, other=0).to(tl.int32) << 8
+    return packed
+
+
+@triton.jit
+def _mxfp4_group_scores(words, scale_bytes, q_g, g: tl.constexpr, FP8_DOT: tl.constexpr, DOT_DTYPE: tl.constexpr):
+    """Scores of MXFP4 group g [BLOCK_N, rows], scaled to q . k, from its nibble words [BLOCK_N, 4]
+    (_mxfp4_group_words) and the keys' scale bytes (_mxfp4_scale_bytes).
+
+    The nibbles become e4m3 bytes four at a time on int32 words (low nibbles: the even elements,
+    high: the odd ones), and the operand is those words' bytes as they lie, words ordered (low
+    word 0, high word 0, low word 1, ...): no per-element unpacking or interleave; the query
+    group is permuted to match (_query_group). The group's power-of-two scale multiplies the
+    dot's fp32 result, so every group keeps its values whatever its scale (no common row scale,
+    no rounding of small groups)."""
+    low, high = e2m1_words_to_raw_e4m3(words)
+    raw = word_bytes(tl.reshape(tl.join(low, high), (low.shape[0], 8)))  # e2m1 values / 2^6 as e4m3
     if FP8_DOT:
-        keys = e2m1_to_raw_e4m3(nibbles).to(tl.float8e4nv, bitcast=True)
+        keys = raw.to(tl.float8e4nv, bitcast=True)
         raw_scale = E2M1_RAW_E4M3_SCALE  # fp8 queries are their own value
     else:
-        keys = e2m1_to_raw_f16(nibbles).to(DOT_DTYPE)
+        keys = e4m3_to_raw_f16(raw.to(tl.int32)).to(DOT_DTYPE)  # e2m1 value / 2^14
         raw_scale = E2M1_RAW_SCALE * E4M3_RAW_SCALE
-    scale = ue8m0_to_f32(tl.load(key_ptr + slots * ROW_BYTES + D // 2 + g, mask=visible, other=0).to(tl.int32))
+    scale = ue8m0_to_f32((scale_bytes >> (8 * g)) & 0xFF)
     return tl.dot(keys, tl.trans(q_g)) * (scale * raw_scale)[:, None]
+
+
+@triton.jit
+def _block_slots(table_row_ptr, first_col, end, block_size, BLOCK_N: tl.constexpr, RUN: tl.constexpr):
+    """Cache slots of columns first_col .. first_col + BLOCK_N - 1 of one request [BLOCK_N].
+
+    The host picks RUN, a power of two dividing both BLOCK_N and block_size, so the block's
+    columns come in runs of RUN consecutive slots inside one cache block: one block-table load and
+    one division per run, not per column (with RUN = 1, any block_size, per column)."""
+    run_cols = first_col + RUN * tl.arange(0, BLOCK_N // RUN)
+    block = tl.load(table_row_ptr + run_cols // block_size, mask=run_cols < end, other=0)
+    run_slots = block.to(tl.int64) * block_size + run_cols % block_size
+    return tl.reshape(run_slots[:, None] + tl.arange(0, RUN)[None, :], (BLOCK_N,))
+
+
+@triton.jit
+def _load_block(key_ptr, key_words_ptr, table_row_ptr, blk, end, block_size, ROW_BYTES: tl.constexpr,
+                D: tl.constexpr, BLOCK_N: tl.constexpr, RUN: tl.constexpr, MXFP4: tl.constexpr,
+                MX_GROUP_DOTS: tl.constexpr, PREFETCH: tl.constexpr):
+    """Every load of key block blk (past the end: masked off, no memory traffic) as five tensors:
+    fp8 (bytes, scale bits), MXFP4 rows (bytes, group scale bytes), MXFP4 group dots (the scale
+    bytes, then each group's nibble words: d_I < 128 repeats its groups); unused ones repeat one.
+    Prefetched fp8 bytes are carried across the loop as int32 words: as bytes, the compiler
+    repacks them at the loop boundary (a byte-permute per word)."""
+    visible = blk * BLOCK_N + tl.arange(0, BLOCK_N) < end
+    slots = _block_slots(table_row_ptr, blk * BLOCK_N, end, block_size, BLOCK_N, RUN)
+    if MXFP4 and MX_GROUP_DOTS:
+        a = _mxfp4_scale_bytes(key_ptr, key_words_ptr, slots, visible, ROW_BYTES, D)
+        b = _mxfp4_group_words(key_ptr, key_words_ptr, slots, visible, 0, ROW_BYTES)
+        c = _mxfp4_group_words(key_ptr, key_words_ptr, slots, visible, 1 % (D // 32), ROW_BYTES)
+        d = _mxfp4_group_words(key_ptr, key_words_ptr, slots, visible, 2 % (D // 32), ROW_BYTES)
+        e = _mxfp4_group_words(key_ptr, key_words_ptr, slots, visible, 3 % (D // 32), ROW_BYTES)
+    elif MXFP4:
+        a, b = _mxfp4_row_block(key_ptr, slots, visible, ROW_BYTES, D)
+        c, d, e = b, b, b
+    else:
+        a, b = _fp8_block(key_ptr, key_words_ptr, slots, visible, ROW_BYTES, D, PREFETCH)
+        c, d, e = b, b, b
+    return a, b, c, d, e
 
 
 @triton.jit(do_not_specialize=["block_size"])
@@ -133,9 +234,9 @@ def _indexer_tiled_kernel(
     block_table_ptr, seq_ids_ptr, end_ptr,
     n_tokens, n_cols, block_table_stride, block_size,
     ROW_BYTES: tl.constexpr, H: tl.constexpr, D: tl.constexpr, BLOCK_H: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, RUN: tl.constexpr,
     MXFP4: tl.constexpr, MX_GROUP_DOTS: tl.constexpr, FP8_DOT: tl.constexpr, MASK_TAIL: tl.constexpr,
-    DOT_DTYPE: tl.constexpr,
+    PREFETCH: tl.constexpr, DOT_DTYPE: tl.constexpr,
 ):
     """Grid (token tiles, programs per tile): program p scores the tile's key blocks p, p + P, ..."""
     rows = tl.arange(0, BLOCK_M * BLOCK_H)  # operand row = token of the tile * BLOCK_H + head
@@ -172,31 +273,40 @@ def _indexer_tiled_kernel(
         w_pass = tl.where(one_request, w, tl.where(rows // BLOCK_H == p, w, 0.0))
         end_max = tl.max(tl.where(mine, ends, 0), axis=0)
         limit = n_cols if MASK_TAIL else tl.minimum(end_max, n_cols)
+        table_row = block_table_ptr + seq * block_table_stride
+        if PREFETCH:
+            ra, rb, rc, rd, re = _load_block(key_ptr, key_words_ptr, table_row, tl.program_id(1), end_max, block_size,
+                                             ROW_BYTES, D, BLOCK_N, RUN, MXFP4, MX_GROUP_DOTS, PREFETCH)
         for blk in range(tl.program_id(1), tl.cdiv(limit, BLOCK_N), tl.num_programs(1)):
+            if PREFETCH:  # the next block's loads go out before this block's dots, so their latency overlaps
+                na, nb, nc, nd, ne = _load_block(key_ptr, key_words_ptr, table_row, blk + tl.num_programs(1),
+                                                 end_max, block_size, ROW_BYTES, D, BLOCK_N, RUN, MXFP4,
+                                                 MX_GROUP_DOTS, PREFETCH)
+            else:
+                ra, rb, rc, rd, re = _load_block(key_ptr, key_words_ptr, table_row, blk, end_max, block_size,
+                                                 ROW_BYTES, D, BLOCK_N, RUN, MXFP4, MX_GROUP_DOTS, PREFETCH)
             cols = blk * BLOCK_N + tl.arange(0, BLOCK_N)
-            visible = cols < end_max
-            block = tl.load(block_table_ptr + seq * block_table_stride + cols // block_size, mask=visible, other=0)
-            slots = block.to(tl.int64) * block_size + cols % block_size
             if MXFP4 and MX_GROUP_DOTS:
-                scores = _mxfp4_group_scores(key_ptr, slots, visible, q0, 0, ROW_BYTES, D, FP8_DOT, DOT_DTYPE)
+                scores = _mxfp4_group_scores(rb, ra, q0, 0, FP8_DOT, DOT_DTYPE)
                 if D >= 64:
-                    scores += _mxfp4_group_scores(key_ptr, slots, visible, q1, 1, ROW_BYTES, D, FP8_DOT, DOT_DTYPE)
+                    scores += _mxfp4_group_scores(rc, ra, q1, 1, FP8_DOT, DOT_DTYPE)
                 if D >= 128:
-                    scores += _mxfp4_group_scores(key_ptr, slots, visible, q2, 2, ROW_BYTES, D, FP8_DOT, DOT_DTYPE)
-                    scores += _mxfp4_group_scores(key_ptr, slots, visible, q3, 3, ROW_BYTES, D, FP8_DOT, DOT_DTYPE)
+                    scores += _mxfp4_group_scores(rd, ra, q2, 2, FP8_DOT, DOT_DTYPE)
+                    scores += _mxfp4_group_scores(re, ra, q3, 3, FP8_DOT, DOT_DTYPE)
                 key_factor = tl.full((BLOCK_N,), 1.0, tl.float32)
             else:
                 if MXFP4:
-                    keys, key_factor = _mxfp4_keys(key_ptr, slots, visible, ROW_BYTES, D, FP8_DOT, DOT_DTYPE)
+                    keys, key_factor = _mxfp4_keys(ra, rb, D, FP8_DOT, DOT_DTYPE)
                 else:
-                    keys, key_factor = _fp8_keys(key_ptr, key_words_ptr, slots, visible, ROW_BYTES, D, FP8_DOT,
-                                                 DOT_DTYPE)
+                    keys, key_factor = _fp8_keys(ra, rb, PREFETCH, FP8_DOT, DOT_DTYPE)
                 scores = tl.dot(keys, tl.trans(q))  # [BLOCK_N, BLOCK_M * BLOCK_H]
             weighted = tl.maximum(scores, 0.0) * w_pass[None, :]
             logits = tl.sum(tl.reshape(weighted, (BLOCK_N, BLOCK_M, BLOCK_H)), axis=2) * key_factor[:, None]
             logits = tl.where(cols[:, None] < ends[None, :], logits, float("-inf"))
             tl.store(out_ptr + toks[None, :].to(tl.int64) * n_cols + cols[:, None], logits,
                      mask=mine[None, :] & (cols < n_cols)[:, None])
+            if PREFETCH:
+                ra, rb, rc, rd, re = na, nb, nc, nd, ne
 
 
 @dataclass(frozen=True)
@@ -216,6 +326,9 @@ class TiledConfig:
     # no key value rounded at any scale spread and no per-element rescaling, at the cost of one [keys, rows] fp32
     # multiply-add per group (cheap for decode's one-token tiles, heavy for wide prefill tiles).
     mx_group_dots: bool = False
+    # Load the next key block before scoring this one (the loads are carried in registers across
+    # the loop): the global-load latency overlaps the dots instead of stalling each block.
+    prefetch: bool = False
 
 
 def default_tiled_config(key_dtype: str, device: torch.device) -> TiledConfig:
@@ -232,15 +345,15 @@ def default_tiled_config(key_dtype: str, device: torch.device) -> TiledConfig:
 
 def decode_tiled_config(key_dtype: str, heads: int, device: torch.device) -> TiledConfig | None:
     """One-token tiles for decode and verify steps on GPUs with fp8 dots, else None (the per-token
-    kernel). Measured on an H200 (benchmarks/RESULTS.md, issue 12, indexer decode on the fp8 dot):
-    fp8 keys 64 x 64k (64 heads) 555 -> 231 us, 16 x 64k 135 -> 67, 128 x 4k (16 heads) 81 -> 38,
-    unpipelined (261, 77, 45 pipelined), with a wider key block where there are few heads; MXFP4
-    keys as group dots 486 -> 434 (418 at 16 programs/SM), 150 -> 108, 47-51 -> 44."""
+    kernel). Measured on an H200 (benchmarks/RESULTS.md, "Indexer decode tiles (issue 12)"): with
+    64 heads the next block's loads prefetched (fp8 keys 64 x 64k 229 -> 208 us; MXFP4 keys as
+    group dots in 64-key blocks 434 -> 306), with 16 heads unprefetched blocks (fp8 128 x 4k 32 us
+    against 32-36 prefetched; MXFP4 58-73 -> 28)."""
     if not fp8_dot_supported(device):
         return None
     if key_dtype == "mxfp4":
-        return TiledConfig(1, 128, 4, 8, mx_group_dots=True)
-    return TiledConfig(1, 64, 4, 16, 1) if heads >= 64 else TiledConfig(1, 128, 4, 8, 1)
+        return TiledConfig(1, 64, 4, 8, 1, mx_group_dots=True, prefetch=heads >= 64)
+    return TiledConfig(1, 64, 4, 16, 1, prefetch=True) if heads >= 64 else TiledConfig(1, 128, 4, 8, 1)
 
 
 @functools.cache  # asked at every indexer call; the capability query is a driver call
@@ -261,12 +374,13 @@ def indexer_logits_tiled(q_fp8, weights, rows, key_dtype, block_table, seq_ids, 
     tiles = triton.cdiv(t, cfg.block_m)
     grid = (tiles, row_programs(tiles, triton.cdiv(n_cols, cfg.block_n), q_fp8.device, cfg.programs_per_sm))
     _indexer_tiled_kernel[grid](
-        q_fp8, weights, rows, rows.view(torch.int32) if key_dtype == "fp8" else rows, out,
+        q_fp8, weights, rows, rows.view(torch.int32) if rows.shape[1] % 4 == 0 else rows, out,
         block_table, seq_ids, end,
         t, n_cols, block_table.stride(0), block_size,
         ROW_BYTES=rows.shape[1], H=h, D=d, BLOCK_H=max(16, triton.next_power_of_2(h)),
-        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
+        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, RUN=math.gcd(cfg.block_n, block_size & -block_size),
         MXFP4=key_dtype == "mxfp4", MX_GROUP_DOTS=cfg.mx_group_dots, FP8_DOT=use_fp8, MASK_TAIL=mask_tail,
+        PREFETCH=cfg.prefetch,
         DOT_DTYPE=dot_dtype(q_fp8, tl.float16),
         num_warps=cfg.num_warps, **({} if cfg.num_stages is None else {"num_stages": cfg.num_stages}),
     )

@@ -35,12 +35,30 @@ def e2m1_to_raw_f16(n):
     return bits.to(tl.int16).to(tl.float16, bitcast=True)
 
 
+E4M3_SIGN_BITS = tl.constexpr(-0x7F7F7F80)  # 0x80808080 as an int32: bit 7 of each byte
+
+
 @triton.jit
-def e2m1_to_raw_e4m3(n):
-    """e2m1 nibbles (int32 0..15) -> e4m3 bytes equal to value / 2^6: the sign moves to bit 7 and
-    exponent and mantissa land in the low exponent bits and the top mantissa bit (0.5, e2m1's
-    only subnormal, becomes e4m3's subnormal 2^-7)."""
-    return (((n & 0x8) << 4) | ((n & 0x7) << 2)).to(tl.uint8)
+def e2m1_words_to_raw_e4m3(words):
+    """int32 words of packed e2m1 nibbles -> (low nibbles, high nibbles), each a word of four e4m3
+    bytes equal to value / 2^6, byte i from byte i's nibble: the sign moves to bit 7 and exponent
+    and mantissa land in the low exponent bits and the top mantissa bit (0.5, e2m1's only
+    subnormal, becomes e4m3's subnormal 2^-7). Four bytes per shift and mask, no per-element
+    unpacking; the bits a shift carries across a byte boundary are masked off."""
+    low = ((words << 4) & E4M3_SIGN_BITS) | ((words << 2) & 0x1C1C1C1C)
+    high = (words & E4M3_SIGN_BITS) | ((words >> 2) & 0x1C1C1C1C)
+    return low, high
+
+
+@triton.jit
+def word_bytes(words):
+    """int32 words [R, n] -> uint8 [R, 4n], the bytes in memory order (little-endian): rows loaded
+    a word at a time (one load per 4 bytes, where the rows are only 4-byte aligned) become bytes."""
+    b0 = words.to(tl.uint8)
+    b1 = (words >> 8).to(tl.uint8)
+    b2 = (words >> 16).to(tl.uint8)
+    b3 = (words >> 24).to(tl.uint8)
+    return tl.reshape(tl.join(tl.join(b0, b2), tl.join(b1, b3)), (words.shape[0], 4 * words.shape[1]))
 
 
 @triton.jit

@@ -6,10 +6,13 @@ from __future__ import annotations
 
 import pytest
 import torch
+import triton
+import triton.language as tl
 
 from kernels.indexer import TILED_MIN_TOKENS_PER_REQUEST, indexer_logits_paged
 from kernels.indexer_tiled import TiledConfig, indexer_logits_tiled
-from kernels.quant import write_indexer_cache
+from kernels.quant import decode_e2m1, decode_e4m3, write_indexer_cache
+from kernels.triton_utils import e2m1_words_to_raw_e4m3, word_bytes
 from tests.kernels.checks import assert_logits_match
 from tests.kernels.test_indexer import make_cache, make_inputs
 
@@ -108,12 +111,54 @@ def test_paged_call_takes_tiled_kernel_for_prefill_chunks(gen, monkeypatch):
 @pytest.mark.parametrize("d_i", [32, 64, 128])
 def test_mxfp4_group_dots_match_reference(gen, fp8_dot, block_m, d_i):
     """MXFP4 keys scored one dot per 32-value group, each scaled by its group's scale: one-token
-    tiles (decode) and wider tiles straddling requests, both dot paths, one to four groups."""
+    tiles (decode) and wider tiles straddling requests, both dot paths, one to four groups (d_I
+    128: rows of whole words, loaded as words; smaller: as bytes)."""
     q8, w, cache, block_table, seq_ids, lens = paged_batch(gen, "mxfp4", 16, d_i)
     ref = indexer_logits_paged(q8, w, cache, "mxfp4", block_table, 16, seq_ids, lens, 55, backend="torch")
     got = indexer_logits_tiled(q8, w, cache, "mxfp4", block_table, seq_ids, lens, 16, 55,
                                config=TiledConfig(block_m, 16, 4, mx_group_dots=True), fp8_dot=fp8_dot)
     assert_logits_match(got, ref)
+
+
+@triton.jit
+def _nibble_words_kernel(words_ptr, low_ptr, high_ptr):
+    rows = tl.arange(0, 4)[:, None]
+    low, high = e2m1_words_to_raw_e4m3(tl.load(words_ptr + rows * 16 + tl.arange(0, 16)[None, :]))
+    out = rows * 64 + tl.arange(0, 64)[None, :]
+    tl.store(low_ptr + out, word_bytes(low))
+    tl.store(high_ptr + out, word_bytes(high))
+
+
+def test_nibble_words_decode_to_e4m3_bytes():
+    """Every byte value, loaded as int32 words: its low and its high nibble come back as e4m3 bytes
+    worth the e2m1 value / 2^6, in memory order (no carry between a word's bytes)."""
+    data = torch.arange(256, dtype=torch.int32).to(torch.uint8)
+    low, high = torch.empty(256, dtype=torch.uint8), torch.empty(256, dtype=torch.uint8)
+    _nibble_words_kernel[(1,)](data.view(torch.int32).reshape(4, 16), low, high)
+    assert torch.equal(decode_e4m3(low) * 64, decode_e2m1(data & 0xF))
+    assert torch.equal(decode_e4m3(high) * 64, decode_e2m1(data >> 4))
+    assert torch.equal(torch.signbit(decode_e4m3(high)), (data >> 7).bool())
+
+
+@pytest.mark.parametrize("key_dtype", ["fp8", "mxfp4"])
+@pytest.mark.parametrize("block_size", [16, 61])
+def test_prefetched_blocks_match_reference(gen, key_dtype, block_size):
+    """Next-block prefetch (loads carried across the loop, the last one masked off past the end)
+    with blocks of 32 keys over cache blocks of 16 (two runs of slots per key block) and 61 (a
+    block-table lookup per key); one-token tiles (also with the unmasked tail) and 4-token tiles
+    straddling requests, d_I 128 (fp8 rows carried as words, MXFP4 as group dots)."""
+    q8, w, cache, block_table, seq_ids, lens = paged_batch(gen, key_dtype, block_size, 128)
+    ref = indexer_logits_paged(q8, w, cache, key_dtype, block_table, block_size, seq_ids, lens, 55, backend="torch")
+    for block_m in (1, 4):
+        cfg = TiledConfig(block_m, 32, 4, mx_group_dots=key_dtype == "mxfp4", prefetch=True)
+        got = indexer_logits_tiled(q8, w, cache, key_dtype, block_table, seq_ids, lens, block_size, 55, config=cfg,
+                                   fp8_dot=True)
+        assert_logits_match(got, ref)
+    one_token = TiledConfig(1, 32, 4, mx_group_dots=key_dtype == "mxfp4", prefetch=True)
+    tail = indexer_logits_tiled(q8, w, cache, key_dtype, block_table, seq_ids, lens, block_size, 64,
+                                config=one_token, fp8_dot=True, mask_tail=False)
+    for t, n in enumerate(lens.tolist()):
+        assert_logits_match(tail[t : t + 1, :n], ref[t : t + 1, :n])
 
 
 def test_mxfp4_group_dots_exact_at_any_scale_spread(gen):

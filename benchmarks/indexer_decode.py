@@ -1,0 +1,113 @@
+"""The indexer's default paths at issue 12's shapes, for before/after comparisons in one GPU call.
+
+Times what kernels.indexer.indexer_logits_paged runs by default: decode steps (one query token per
+request: 64 and 16 requests at 64k keys with 64 heads, 128 requests at 4k with 16 heads) and one
+prefill chunk (2,048 tokens at the end of a 64k prompt), fp8 and MXFP4 keys. Each is first checked
+against the torch reference with poisoned outputs (decode: at full and staggered contexts), then
+timed (do_bench median, inputs rotating) and reported as % of the copy bandwidth that
+benchmarks/kernels.py uses. It uses only the public entry point, so the same file run against an
+older checkout (PYTHONPATH and the file copied there) measures that checkout's defaults; --sweep
+adds one-token tiled configs at the 64 x 64k and 128 x 4k shapes.
+
+    PYTHONPATH=. python3 benchmarks/indexer_decode.py [--sweep] [--label NAME]
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import sys
+from pathlib import Path
+
+import torch
+
+_spec = importlib.util.spec_from_file_location("kernel_bench", Path(__file__).resolve().parent / "kernels.py")
+assert _spec is not None and _spec.loader is not None
+kb = importlib.util.module_from_spec(_spec)
+sys.modules["kernel_bench"] = kb  # its dataclasses look their module up
+_spec.loader.exec_module(kb)  # the kernels benchmark's helpers (it puts the repository root on sys.path)
+
+from kernels.indexer import indexer_logits_paged  # noqa: E402
+from kernels.indexer_tiled import TiledConfig, indexer_logits_tiled  # noqa: E402
+from kernels.quant import indexer_row_bytes  # noqa: E402
+
+DECODE_SHAPES = ((64, 65536, 64), (16, 65536, 64), (128, 4096, 16))  # requests, context, index heads
+PREFILL_CHUNK, PREFILL_CONTEXT = 2048, 65536
+
+
+def sweep_configs(key_dtype: str) -> tuple[TiledConfig, ...]:
+    """One-token tiled configs for the 64-head and the 16-head shapes (MXFP4 as group dots); made
+    only with --sweep, so the file runs against checkouts whose TiledConfig lacks `prefetch`."""
+    if key_dtype == "fp8":
+        return (TiledConfig(1, 64, 4, 16, 1), TiledConfig(1, 64, 4, 16, 1, prefetch=True),
+                TiledConfig(1, 64, 4, 8, 1, prefetch=True), TiledConfig(1, 128, 8, 8, 1, prefetch=True),
+                TiledConfig(1, 128, 4, 8, 1), TiledConfig(1, 128, 4, 8, 1, prefetch=True))
+    return (TiledConfig(1, 64, 4, 8, 1, mx_group_dots=True), TiledConfig(1, 64, 4, 8, 1, mx_group_dots=True, prefetch=True),
+            TiledConfig(1, 64, 4, 16, 1, mx_group_dots=True, prefetch=True),
+            TiledConfig(1, 128, 4, 8, 1, mx_group_dots=True, prefetch=True),
+            TiledConfig(1, 64, 8, 8, 1, mx_group_dots=True, prefetch=True))
+
+
+def report(label: str, case: str, verdict: str, ms: float, nbytes: float) -> None:
+    gbps = nbytes / ms / 1e6
+    print(f"{label:<8} {case:<34} {verdict:<18} {ms * 1e3:8.1f} us {gbps:6.0f} GB/s {100 * gbps / (kb.COPY_TBPS * 1e3):4.0f}% copy",
+          flush=True)
+
+
+def decode_case(label: str, key_dtype: str, requests: int, context: int, heads: int, sweep: bool) -> None:
+    block_size = 64
+    cache = kb.make_indexer_cache(requests * context, key_dtype)
+    table = torch.randperm(requests * context // block_size, device="cuda").int().reshape(requests, -1)
+    seq_ids = torch.arange(requests, device="cuda", dtype=torch.int32)
+    lens = torch.full((requests,), context, device="cuda", dtype=torch.int32)
+    sets = [kb.indexer_query(requests, heads) for _ in range(3)]
+    nbytes = requests * context * (indexer_row_bytes(kb.D_I, key_dtype) + 4) + requests * heads * (kb.D_I + 4)
+    launches = [("default", lambda q, w, n: indexer_logits_paged(q, w, cache, key_dtype, table, block_size, seq_ids,
+                                                                  n, context))]
+    if sweep and requests != 16:
+        for c in sweep_configs(key_dtype):
+            prefetch = " prefetch" if c.prefetch else ""
+            launches.append((f"n{c.block_n} w{c.num_warps} p{c.programs_per_sm} s{c.num_stages}{prefetch}",
+                             lambda q, w, n, c=c: indexer_logits_tiled(q, w, cache, key_dtype, table, seq_ids, n,
+                                                                       block_size, context, c)))
+    for name, launch in launches:
+        q, w = sets[0]
+        verdict = kb.check_decode_indexer(launch, q, w, cache, key_dtype, table, block_size, seq_ids, lens, context)
+        ms = kb.bench([lambda q=q, w=w, launch=launch: launch(q, w, lens) for q, w in sets])
+        report(label, f"decode {key_dtype} {requests}x{context} H{heads} {name}", verdict, ms, nbytes)
+
+
+def prefill_case(label: str, key_dtype: str) -> None:
+    cache, table, bs, seq_ids, lens, sets = kb.prefill_indexer_case(key_dtype, PREFILL_CHUNK, PREFILL_CONTEXT)
+    q, w = sets[0]
+    with kb.poisoned_outputs():
+        got = indexer_logits_paged(q, w, cache, key_dtype, table, bs, seq_ids, lens, PREFILL_CONTEXT)
+    ref = indexer_logits_paged(q, w, cache, key_dtype, table, bs, seq_ids, lens, PREFILL_CONTEXT, backend="torch")
+    ok, diff = kb.logits_match(got, ref)
+    ms = kb.bench([lambda q=q, w=w: indexer_logits_paged(q, w, cache, key_dtype, table, bs, seq_ids, lens,
+                                                          PREFILL_CONTEXT) for q, w in sets])
+    nbytes = PREFILL_CONTEXT * indexer_row_bytes(kb.D_I, key_dtype) + 4.0 * float(lens.sum())
+    report(label, f"prefill {key_dtype} {PREFILL_CHUNK} tok at {PREFILL_CONTEXT}",
+           f"{'ok' if ok else 'FAIL'} (diff {diff:.1e})", ms, nbytes)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sweep", action="store_true", help="also time one-token tiled configs at 64 x 64k and 128 x 4k")
+    parser.add_argument("--label", default="this", help="first column of every line (which checkout)")
+    parser.add_argument("--no-prefill", action="store_true", help="skip the prefill chunk")
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("benchmarks/indexer_decode.py needs a CUDA GPU", file=sys.stderr)
+        return 2
+    torch.manual_seed(0)
+    for key_dtype in ("fp8", "mxfp4"):
+        for requests, context, heads in DECODE_SHAPES:
+            decode_case(args.label, key_dtype, requests, context, heads, args.sweep)
+        if not args.no_prefill:
+            prefill_case(args.label, key_dtype)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
