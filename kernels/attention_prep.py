@@ -1,7 +1,7 @@
 """A layer's attention inputs prepared in two kernels: norms, rotations, quantisation, cache writes.
 
 Between a layer's projections and its attention kernels each token needs a dozen small steps.
-As torch ops (kernels/quant.py's writers, kernels/fused.py's rotation) they are 13 launches per
+As torch ops (kernels/quant.py's writers, the norms, `rope_reference`'s rotation) they are 13 launches per
 layer; at decode sizes each costs a few microseconds whatever its work, so here they are two:
 - `mla_prepare_`: the query's rotary part rotated in place (MLA's interleaved pairs), and the
   token's KV cache row written at its slot: RMSNorm of the latent, the rotated key part, in the
@@ -25,7 +25,7 @@ import triton
 import triton.language as tl
 
 from kernels.backend import resolve_backend
-from kernels.fused import rope_reference, rotate_rows_, round_to
+from kernels.fused import round_to
 from kernels.quant import (
     DS_MLA_GROUP,
     fp8_e4m3_quantize,
@@ -38,6 +38,18 @@ from kernels.quant_kernels import fp8_rows, store_mxfp4_groups
 from kernels.triton_utils import f32_to_bf16, new_output
 
 BLOCK_HEADS = 16  # query heads per program
+
+
+@triton.jit
+def _rotate_pairs_(base, cos, sin, ok, HALF: tl.constexpr, TO_BF16: tl.constexpr):
+    """Rotate in place the interleaved pairs (x0, x1), (x2, x3), ... of the rows starting at base
+    [R, 1] (masked by ok [R, 1]) by cos, sin [1, HALF]. Each thread reads and writes the same
+    pairs, so the rotation in place needs no barrier."""
+    i = tl.arange(0, HALF)
+    a = tl.load(base + (2 * i)[None, :], mask=ok, other=0.0).to(tl.float32)
+    b = tl.load(base + (2 * i + 1)[None, :], mask=ok, other=0.0).to(tl.float32)
+    tl.store(base + (2 * i)[None, :], round_to(a * cos - b * sin, TO_BF16).to(base.dtype.element_ty), mask=ok)
+    tl.store(base + (2 * i + 1)[None, :], round_to(a * sin + b * cos, TO_BF16).to(base.dtype.element_ty), mask=ok)
 
 
 @triton.jit
@@ -84,8 +96,8 @@ def _mla_prepare_kernel(q_pe_ptr, latent_ptr, k_pe_ptr, norm_w_ptr, cos_ptr, sin
         i = tl.arange(0, half)
         heads = (tl.program_id(1) - 1) * BLOCK_H + tl.arange(0, BLOCK_H)
         base = q_pe_ptr + t * q_stride_t + heads.to(tl.int64)[:, None] * q_stride_h
-        rotate_rows_(base, tl.load(cos_ptr + t * half + i)[None, :], tl.load(sin_ptr + t * half + i)[None, :],
-                     (heads < n_heads)[:, None], half, True, TO_BF16)
+        _rotate_pairs_(base, tl.load(cos_ptr + t * half + i)[None, :], tl.load(sin_ptr + t * half + i)[None, :],
+                       (heads < n_heads)[:, None], half, TO_BF16)
     else:  # the cache row: [RMSNorm(latent) ; rotated k_pe]
         cols_c = tl.arange(0, D_C)
         x = tl.load(latent_ptr + t * latent_stride_t + cols_c).to(tl.float32)
@@ -155,6 +167,19 @@ def _indexer_prepare_kernel(q_ptr, key_ptr, hw_ptr, ln_w_ptr, ln_b_ptr, cos_ptr,
             tl.store((dst + D).to(tl.pointer_type(tl.float32)) + tl.arange(0, 1), key_scale)
 
 
+def rope_reference(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: bool) -> torch.Tensor:
+    """x [T, heads, dim] rotated by cos, sin fp32 [T, 1, dim/2] (interleaved pairs, or halves);
+    same dtype out."""
+    xf = x.float()
+    if interleaved:
+        a, b = xf[..., 0::2], xf[..., 1::2]
+        out = torch.stack((a * cos - b * sin, a * sin + b * cos), dim=-1).flatten(-2)
+    else:
+        a, b = xf.chunk(2, dim=-1)
+        out = torch.cat((a * cos - b * sin, a * sin + b * cos), dim=-1)
+    return out.to(x.dtype)
+
+
 def _rows_of(x: torch.Tensor, name: str, caller: str) -> None:
     if x.stride(-1) != 1:
         raise ValueError(f"{caller}: {name} {tuple(x.shape)} needs a contiguous last dim")
@@ -198,11 +223,11 @@ def mla_prepare_(q_pe: torch.Tensor, latent: torch.Tensor, k_pe: torch.Tensor, n
         TO_BF16=q_pe.dtype == torch.bfloat16, BLOCK_H=BLOCK_HEADS, num_warps=4)
 
 
-def indexer_prepare_reference(q: torch.Tensor, key: torch.Tensor, head_weights: torch.Tensor, norm: torch.nn.LayerNorm,
-                              cos: torch.Tensor, sin: torch.Tensor, rope_dim: int, idx_cache: torch.Tensor,
-                              slots: torch.Tensor, key_dtype: str,
-                              weight_scale: float) -> tuple[torch.Tensor, torch.Tensor]:
-    k = norm(key)
+def indexer_prepare_reference(q: torch.Tensor, key: torch.Tensor, head_weights: torch.Tensor,
+                              norm_weight: torch.Tensor, norm_bias: torch.Tensor, eps: float, cos: torch.Tensor,
+                              sin: torch.Tensor, rope_dim: int, idx_cache: torch.Tensor, slots: torch.Tensor,
+                              key_dtype: str, weight_scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    k = F.layer_norm(key, (key.shape[-1],), norm_weight, norm_bias, eps)
     k = torch.cat((rope_reference(k[:, None, :rope_dim], cos, sin, False)[:, 0], k[:, rope_dim:]), dim=-1)
     q = torch.cat((rope_reference(q[..., :rope_dim], cos, sin, False), q[..., rope_dim:]), dim=-1)
     write_indexer_cache(idx_cache, slots, k, key_dtype)
@@ -210,11 +235,12 @@ def indexer_prepare_reference(q: torch.Tensor, key: torch.Tensor, head_weights: 
     return q8, head_weights.float() * q_scale * weight_scale
 
 
-def indexer_prepare(q: torch.Tensor, key: torch.Tensor, head_weights: torch.Tensor, norm: torch.nn.LayerNorm,
-                    cos: torch.Tensor, sin: torch.Tensor, rope_dim: int, idx_cache: torch.Tensor, slots: torch.Tensor,
-                    key_dtype: str, weight_scale: float,
+def indexer_prepare(q: torch.Tensor, key: torch.Tensor, head_weights: torch.Tensor, norm_weight: torch.Tensor,
+                    norm_bias: torch.Tensor, eps: float, cos: torch.Tensor, sin: torch.Tensor, rope_dim: int,
+                    idx_cache: torch.Tensor, slots: torch.Tensor, key_dtype: str, weight_scale: float,
                     backend: str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """The indexer's inputs of T tokens: writes each key [T, d_I], LayerNorm'ed (norm) and its first
+    """The indexer's inputs of T tokens: writes each key [T, d_I], LayerNorm'ed (norm_weight,
+    norm_bias, eps) and its first
     rope_dim values rotated (halves form), to the indexer cache at slots [T]; returns the query
     [T, H, d_I] rotated the same way as e4m3 bytes uint8 [T, H, d_I], and the logit weights
     fp32 [T, H] = head_weights * the query's per-head scale * weight_scale."""
@@ -223,8 +249,8 @@ def indexer_prepare(q: torch.Tensor, key: torch.Tensor, head_weights: torch.Tens
         raise ValueError(f"indexer_prepare: q [T, H, d_I], key [T, d_I], head_weights [T, H] and slots [T] expected, "
                          f"got {list(q.shape)}, {list(key.shape)}, {list(head_weights.shape)}, {list(slots.shape)}")
     if resolve_backend(backend, q.device) == "torch" or d & (d - 1) or rope_dim & (rope_dim - 1) or d < 32:
-        return indexer_prepare_reference(q, key, head_weights, norm, cos, sin, rope_dim, idx_cache, slots, key_dtype,
-                                         weight_scale)
+        return indexer_prepare_reference(q, key, head_weights, norm_weight, norm_bias, eps, cos, sin, rope_dim,
+                                         idx_cache, slots, key_dtype, weight_scale)
     for x, name in ((q, "q"), (key, "key"), (head_weights, "head_weights")):
         _rows_of(x, name, "indexer_prepare")
     if idx_cache.dim() != 2 or idx_cache.shape[1] != indexer_row_bytes(d, key_dtype):
@@ -235,8 +261,8 @@ def indexer_prepare(q: torch.Tensor, key: torch.Tensor, head_weights: torch.Tens
     if t:
         half = rope_dim // 2
         _indexer_prepare_kernel[(t, 1 + triton.cdiv(heads, BLOCK_HEADS))](
-            q, key, head_weights, norm.weight, norm.bias, cos.reshape(t, half).contiguous(),
+            q, key, head_weights, norm_weight, norm_bias, cos.reshape(t, half).contiguous(),
             sin.reshape(t, half).contiguous(), slots.contiguous(), idx_cache, q8, weights, heads, q.stride(0),
-            q.stride(1), key.stride(0), head_weights.stride(0), norm.eps, weight_scale, D=d, D_R=rope_dim,
+            q.stride(1), key.stride(0), head_weights.stride(0), eps, weight_scale, D=d, D_R=rope_dim,
             MXFP4=key_dtype == "mxfp4", TO_BF16=q.dtype == torch.bfloat16, BLOCK_H=BLOCK_HEADS, num_warps=4)
     return q8, weights

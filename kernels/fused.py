@@ -6,8 +6,6 @@ Each op here is one kernel where the torch code is several:
 - `add_rms_norm`: the residual add and the next RMSNorm (add, then the norm's square, mean,
   rsqrt and two products), returning the normed rows and the new residual stream;
 - `silu_mul`: SwiGLU's silu(gate) * up, over the fused gate/up projection's rows;
-- `rotate_rows_`: a rotary embedding in place, the device function behind the layer's
-  preparation kernels (kernels/attention_prep.py); `rope_reference` is its torch form.
 
 backend "torch" runs the reference (CPU, and the torch engine backend); "triton" the kernel,
 which on CPU tensors runs in the Triton interpreter. Results are computed in fp32 and rounded
@@ -108,35 +106,6 @@ def silu_mul(gate_up: torch.Tensor, backend: str | None = None) -> torch.Tensor:
     _silu_mul_kernel[(triton.cdiv(n, block),)](gate_up, out, n, half, TO_BF16=gate_up.dtype == torch.bfloat16,
                                                 BLOCK=block)
     return out
-
-
-@triton.jit
-def rotate_rows_(base, cos, sin, ok, HALF: tl.constexpr, INTERLEAVED: tl.constexpr, TO_BF16: tl.constexpr):
-    """Rotate in place the rows starting at base [R, 1] (masked by ok [R, 1]) by cos, sin [1, HALF].
-    Each thread reads and writes the same pairs, so the rotation in place needs no barrier."""
-    i = tl.arange(0, HALF)
-    if INTERLEAVED:  # pairs (x0, x1), (x2, x3), ...
-        first, second = 2 * i, 2 * i + 1
-    else:  # halves (x_i, x_{i + HALF})
-        first, second = i, i + HALF
-    a = tl.load(base + first[None, :], mask=ok, other=0.0).to(tl.float32)
-    b = tl.load(base + second[None, :], mask=ok, other=0.0).to(tl.float32)
-    ra = round_to(a * cos - b * sin, TO_BF16)
-    rb = round_to(a * sin + b * cos, TO_BF16)
-    tl.store(base + first[None, :], ra.to(base.dtype.element_ty), mask=ok)
-    tl.store(base + second[None, :], rb.to(base.dtype.element_ty), mask=ok)
-
-
-def rope_reference(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: bool) -> torch.Tensor:
-    """x [T, heads, dim] rotated by cos, sin fp32 [T, 1, dim/2]; same dtype out."""
-    xf = x.float()
-    if interleaved:
-        a, b = xf[..., 0::2], xf[..., 1::2]
-        out = torch.stack((a * cos - b * sin, a * sin + b * cos), dim=-1).flatten(-2)
-    else:
-        a, b = xf.chunk(2, dim=-1)
-        out = torch.cat((a * cos - b * sin, a * sin + b * cos), dim=-1)
-    return out.to(x.dtype)
 
 
 def _check_rows(x: torch.Tensor, name: str) -> None:

@@ -75,8 +75,9 @@ class Indexer(nn.Module):
                 meta: AttentionMetadata, idx_cache: torch.Tensor, s: CacheSettings) -> torch.Tensor:
         """query: wq of the query latent; key, head_weights: wk and weights_proj of the layer input."""
         q8, weights = indexer_prepare(
-            query.view(query.shape[0], self.num_heads, self.head_dim), key, head_weights, self.k_norm, rope.cos,
-            rope.sin, self.rope_dim, idx_cache, meta.slot_mapping, s.key_dtype, self.weight_scale, backend=s.backend)
+            query.view(query.shape[0], self.num_heads, self.head_dim), key, head_weights, self.k_norm.weight,
+            self.k_norm.bias, self.k_norm.eps, rope.cos, rope.sin, self.rope_dim, idx_cache, meta.slot_mapping,
+            s.key_dtype, self.weight_scale, backend=s.backend)
         partial = indexer_logits_paged(
             q8, weights, idx_cache, s.key_dtype, meta.block_table, meta.block_size, meta.seq_ids,
             meta.context_lens, meta.max_context, backend=s.backend, mask_tail=False)

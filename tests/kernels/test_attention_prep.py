@@ -85,8 +85,8 @@ def test_indexer_prepare_matches_separate_ops(gen, key_dtype):
     results = {}
     for backend in ("triton", "torch"):
         cache = before.clone()
-        q8, weights = indexer_prepare(q, key, head_weights, norm, cos, sin, rope_dim, cache, SLOT_IDS, key_dtype,
-                                      0.125, backend=backend)
+        q8, weights = indexer_prepare(q, key, head_weights, norm.weight, norm.bias, norm.eps, cos, sin, rope_dim,
+                                      cache, SLOT_IDS, key_dtype, 0.125, backend=backend)
         assert_other_rows_kept(cache, before)
         values, scale = read_indexer_keys(cache[SLOT_IDS], d, key_dtype)
         # what enters a logit: each head's e4m3 query times its weight, each key times its scale
@@ -102,10 +102,11 @@ def test_bad_shapes_are_named(gen):
     norm = torch.nn.LayerNorm(64).to(torch.bfloat16)
     cos, sin = angles(gen, 16)
     with pytest.raises(ValueError, match="head_weights"):
-        indexer_prepare(q, q[:, 0], q[:, :3, 0], norm, cos, sin, 32, cache, SLOT_IDS, "fp8", 1.0, backend="triton")
+        indexer_prepare(q, q[:, 0], q[:, :3, 0], norm.weight, norm.bias, norm.eps, cos, sin, 32, cache, SLOT_IDS,
+                        "fp8", 1.0, backend="triton")
     with pytest.raises(ValueError, match="idx_cache must be"):
-        indexer_prepare(q, q[:, 0], q[..., 0].contiguous(), norm, cos, sin, 32, cache[:, 1:], SLOT_IDS, "fp8", 1.0,
-                        backend="triton")
+        indexer_prepare(q, q[:, 0], q[..., 0].contiguous(), norm.weight, norm.bias, norm.eps, cos, sin, 32,
+                        cache[:, 1:], SLOT_IDS, "fp8", 1.0, backend="triton")
     kv = torch.zeros(SLOTS, kv_row_width(128, 16, "bf16"), dtype=torch.bfloat16)
     with pytest.raises(ValueError, match="kv_cache must be"):
         mla_prepare_(q[..., :16], torch.zeros(T, 128, dtype=torch.bfloat16), torch.zeros(T, 16, dtype=torch.bfloat16),
