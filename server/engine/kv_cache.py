@@ -109,9 +109,6 @@ class BlockManager:
         hits_now_free = sum(1 for b in hits if self.ref_counts[b] == 0)
         return new_blocks + hits_now_free <= self.num_free_blocks
 
-    def can_append(self, seq: Sequence, num_new_tokens: int) -> bool:
-        needed = self.blocks_needed(seq.num_computed_tokens + num_new_tokens) - len(seq.block_ids)
-        return needed <= self.num_free_blocks
 
     # ---- changes -------------------------------------------------------------------------
     def admit(self, seq: Sequence, hits: list[int]) -> None:
@@ -125,21 +122,32 @@ class BlockManager:
             seq.block_hashes.append(parent)
         seq.num_computed_tokens = len(hits) * self.block_size
 
-    def append(self, seq: Sequence, num_new_tokens: int) -> None:
-        """Give seq enough blocks to hold `num_new_tokens` more tokens."""
-        needed = self.blocks_needed(seq.num_computed_tokens + num_new_tokens) - len(seq.block_ids)
+    def try_append(self, seq: Sequence, num_new_tokens: int) -> bool:
+        """Give seq enough blocks to hold `num_new_tokens` more tokens, if enough are free (True);
+        else change nothing (False)."""
+        needed = -(-(seq.num_computed_tokens + num_new_tokens) // self.block_size) - len(seq.block_ids)
+        if needed <= 0:  # most decode steps: the last block has room
+            return True
+        if needed > len(self.free_queue):
+            return False
         for _ in range(needed):
             block, _ = self.free_queue.popitem(last=False)
             self._forget_hash(block)
             self._take(block)
             seq.block_ids.append(block)
+        return True
+
+    def append(self, seq: Sequence, num_new_tokens: int) -> None:
+        """Give seq enough blocks to hold `num_new_tokens` more tokens (the caller checked they are free)."""
+        if not self.try_append(seq, num_new_tokens):
+            raise RuntimeError(f"BlockManager.append: not enough free blocks for {num_new_tokens} more tokens")
 
     def commit_full_blocks(self, seq: Sequence) -> None:
         """Hash the blocks that became full and computed, so later requests can reuse them. A block
         counts once its KV is launched (a reader runs after it on the device) and its tokens are
         known (not placeholders for tokens still being sampled)."""
-        if not self.enable_prefix_caching:
-            return
+        if not self.enable_prefix_caching or seq.num_computed_tokens // self.block_size <= len(seq.block_hashes):
+            return  # most steps: no block became full
         num_full = min(seq.num_computed_tokens, len(seq) - seq.num_pending_tokens) // self.block_size
         for i in range(len(seq.block_hashes), num_full):
             parent = seq.block_hashes[-1] if seq.block_hashes else None

@@ -70,10 +70,10 @@ class Scheduler:
         for seq in decodes_first:
             if budget == 0:
                 break
-            if seq.status is not SequenceStatus.RUNNING or self._at_length_limit(seq):
+            if seq.status is not SequenceStatus.RUNNING or self._length_reached(seq, len(seq.token_ids)):
                 continue  # preempted earlier in this loop, or finishing when its pending token lands
             n = min(seq.num_uncomputed_tokens + len(seq.draft_token_ids), budget)
-            while not self.blocks.can_append(seq, n):
+            while not self.blocks.try_append(seq, n):
                 if seq.draft_token_ids:  # speculation must never cost another request its blocks
                     seq.draft_token_ids = []
                     n = min(seq.num_uncomputed_tokens, budget)
@@ -84,7 +84,6 @@ class Scheduler:
                 if victim is seq:
                     break
             else:
-                self.blocks.append(seq, n)
                 seqs.append(seq)
                 counts.append(n)
                 budget -= n
@@ -192,10 +191,6 @@ class Scheduler:
         if token == self.eos_token_id and not p.ignore_eos and num_output > p.min_tokens:
             return "stop"
         return "length" if self._length_reached(seq, length) else None
-
-    def _at_length_limit(self, seq: Sequence) -> bool:
-        """seq holds all the tokens it may (counting a pending one): it finishes when that lands."""
-        return self._length_reached(seq, len(seq))
 
     def _length_reached(self, seq: Sequence, length: int) -> bool:
         """A sequence of `length` tokens has all the output tokens or context it may hold."""

@@ -12,7 +12,6 @@ loops in `serve`, running the steps it receives (see server/parallel/).
 
 from __future__ import annotations
 
-import weakref
 from dataclasses import dataclass
 
 import numpy as np
@@ -23,8 +22,8 @@ from server.config import EngineConfig, resolve_backend, resolve_device
 from server.engine.kv_cache import KVCacheTensors, cache_bytes_per_token, kernel_kv_dtype
 from server.engine.pending import fill_placeholders, to_device_async
 from server.engine.scheduler import ScheduledBatch
-from server.engine.sequence import Sequence
 from server.model.attention import AttentionMetadata, CacheSettings
+from server.model.block_table import BlockTable
 from server.model.cuda_graph import DecodeGraphs, default_capture_sizes
 from server.model.model import build_model
 from server.parallel.collectives import TensorParallel
@@ -56,27 +55,6 @@ class StepInputs:
                    uniform_query_len=int(scalars[1]))
 
 
-class _TableRow:
-    """A request's block ids as a growing int32 array, valid while its block epoch holds."""
-
-    def __init__(self, epoch: int) -> None:
-        self.epoch = epoch
-        self.ids = np.empty(16, dtype=np.int32)
-        self.count = 0
-
-    def extend(self, block_ids: list[int]) -> np.ndarray:
-        """The first len(block_ids) entries, after appending the ones added since the last call."""
-        n = len(block_ids)
-        if n > self.ids.shape[0]:
-            grown = np.empty(max(n, 2 * self.ids.shape[0]), dtype=np.int32)
-            grown[: self.count] = self.ids[: self.count]
-            self.ids = grown
-        if n > self.count:
-            self.ids[self.count : n] = block_ids[self.count : n]
-        self.count = n
-        return self.ids[:n]
-
-
 class ModelRunner:
     def __init__(self, config: EngineConfig, tp: TensorParallel | None = None) -> None:
         """tp: a worker rank's joined group; None for the engine core, which is rank 0 and
@@ -94,7 +72,7 @@ class ModelRunner:
         if tp is None and size > 1:
             self.tp.start_workers(config)
         self.block_size = config.cache.block_size
-        self._rows: weakref.WeakKeyDictionary[Sequence, _TableRow] = weakref.WeakKeyDictionary()
+        self.block_table = BlockTable()
         # Rank 0's block manager hands out slots that every rank's cache must hold.
         self.settings = CacheSettings(
             kv_dtype=kernel_kv_dtype(config.cache),
@@ -145,7 +123,7 @@ class ModelRunner:
         in flight is sampling (server/engine/pending.py); the device fills them in."""
         seqs, counts = batch.seqs, batch.num_new_tokens
         starts = [s.num_computed_tokens for s in seqs]
-        table = self._block_table(seqs)
+        table = self.block_table.build(seqs)
         q = counts[0] if all(n == counts[0] for n in counts) and num_logits == list(counts) else 0
         if q == 1:  # decode: one token per request, built from plain lists
             positions = np.array(starts)
@@ -171,21 +149,6 @@ class ModelRunner:
         """int64 global cache slot of each token: its request's block at the position, and the offset."""
         bs = self.block_size
         return torch.from_numpy(table[rows, positions // bs].astype(np.int64) * bs + positions % bs)
-
-    def _block_table(self, seqs: tuple[Sequence, ...]) -> np.ndarray:
-        """int32 [B, max blocks] of the batch, zero-padded. Each request's row is kept between steps
-        (its block list only grows at the end until its epoch changes), so a step copies rows
-        instead of converting every block id of every request from Python ints: at 64k tokens a
-        request has ~1,000 blocks."""
-        width = max(len(s.block_ids) for s in seqs)
-        table = np.zeros((len(seqs), width), dtype=np.int32)
-        for i, s in enumerate(seqs):
-            n = len(s.block_ids)
-            row = self._rows.get(s)
-            if row is None or row.epoch != s.block_epoch:
-                row = self._rows[s] = _TableRow(s.block_epoch)
-            table[i, :n] = row.extend(s.block_ids)
-        return table
 
     def _on_device(self, inputs: StepInputs,
                    pending: torch.Tensor | None) -> tuple[torch.Tensor, AttentionMetadata, torch.Tensor]:

@@ -3,10 +3,12 @@ preemption and abort keep greedy outputs identical and every block accounted for
 
 from __future__ import annotations
 
+import pickle
+
 import pytest
 
 from server.engine.core import Engine
-from server.engine.messages import AddRequest, SamplingParams
+from server.engine.messages import AddRequest, EngineStats, RequestOutput, SamplingParams, StepOutputs
 from tests.server.engine_fixtures import greedy, prompt, run, tiny_config, tokens
 
 LENGTHS = (5, 37, 64, 90, 130)
@@ -139,3 +141,13 @@ def test_engine_attributes():
     engine = Engine(tiny_config())
     assert (engine.model_name, engine.vocab_size, engine.eos_token_id, engine.max_model_len, engine.num_gpus) == (
         "tiny", 1024, 257, 1024, 0)
+
+
+def test_step_outputs_pickle_with_every_field():
+    """Request outputs cross the pipe pickled as their field values (RequestOutput.__reduce__):
+    every field, in order, survives."""
+    out = RequestOutput("r", (1, 2), True, "stop", num_prompt_tokens=3, num_cached_tokens=4, num_draft_tokens=5,
+                        num_accepted_tokens=6, error="why", num_drafts=7)
+    step = StepOutputs((out, RequestOutput("s", (), False)), EngineStats(num_running=2, step_time_s=0.5))
+    back = pickle.loads(pickle.dumps(step, protocol=pickle.HIGHEST_PROTOCOL))
+    assert back == step and back.outputs[0].num_drafts == 7 and back.outputs[0].error == "why"

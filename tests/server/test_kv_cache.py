@@ -19,8 +19,7 @@ def run_prefill(bm: BlockManager, s: Sequence) -> None:
     hits = bm.prefix_hit(s)
     bm.admit(s, hits)
     n = len(s) - s.num_computed_tokens
-    assert bm.can_append(s, n)
-    bm.append(s, n)
+    assert bm.try_append(s, n)
     s.num_computed_tokens += n
     bm.commit_full_blocks(s)
 
@@ -121,3 +120,16 @@ def test_invariant_detects_corruption():
     bm.num_in_use += 1
     with pytest.raises(AssertionError, match="free"):
         bm.check_invariants()
+
+
+def test_try_append_changes_nothing_when_blocks_are_short():
+    bm = BlockManager(3, BS, enable_prefix_caching=False)
+    a = seq(range(10))
+    assert bm.try_append(a, 10) and len(a.block_ids) == 3
+    a.num_computed_tokens = 10
+    assert bm.try_append(a, 2)  # fits in the last block: no new one
+    assert not bm.try_append(a, 3)  # needs a fourth block: nothing changes
+    assert len(a.block_ids) == 3 and bm.num_free_blocks == 0
+    with pytest.raises(RuntimeError, match="not enough free blocks"):
+        bm.append(a, 3)
+    bm.check_invariants([a])

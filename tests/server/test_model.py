@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -264,7 +265,7 @@ def test_block_table_rows_follow_appends_releases_and_frees():
         seqs = (a, b)
         width = max(len(s.block_ids) for s in seqs)
         expected = [s.block_ids + [0] * (width - len(s.block_ids)) for s in seqs]
-        got = runner._block_table(seqs).tolist()
+        got = runner.block_table.build(seqs).tolist()
         assert got == expected
         return got
 
@@ -281,6 +282,37 @@ def test_block_table_rows_follow_appends_releases_and_frees():
     blocks.free(a)  # preemption
     blocks.append(a, 50)
     table()
+
+
+def test_block_table_rewrites_rows_whose_request_moved_and_zero_pads():
+    """Rows are kept between steps; when the batch's requests leave, reorder or change length, each
+    row is again its request's block list padded with zeros (no ids left from a row's last holder),
+    and a table returned earlier is not changed by later builds."""
+    from server.model.block_table import BlockTable
+
+    bt = BlockTable()
+    blocks = BlockManager(64, 4, enable_prefix_caching=False)
+    a, b, c = (Sequence(r, list(range(n)), SamplingParams(max_tokens=4), 0.0)
+               for r, n in (("a", 40), ("b", 8), ("c", 20)))
+    for s in (a, b, c):
+        blocks.append(s, len(s))
+
+    def check(*seqs: Sequence) -> np.ndarray:
+        width = max(len(s.block_ids) for s in seqs)
+        got = bt.build(seqs)
+        assert got.tolist() == [s.block_ids + [0] * (width - len(s.block_ids)) for s in seqs]
+        return got
+
+    first = check(a, b, c)
+    kept = first.copy()
+    check(b, c)  # a left: every row now holds another request
+    check(c, a, b)
+    blocks.free(a)
+    blocks.append(a, 4)  # a shrank to one block in a row that held ten
+    check(b, a, c)
+    blocks.append(b, 30)  # b grows past the table's width
+    check(b, a, c)
+    assert (first == kept).all()
 
 
 def test_fused_linears_are_views_of_one_weight_after_a_dtype_move():
