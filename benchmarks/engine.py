@@ -51,6 +51,7 @@ from server.engine.kv_cache import kernel_kv_dtype  # noqa: E402
 from server.engine.messages import AddRequest, SamplingParams  # noqa: E402
 from server.engine.pending import LaunchedStep  # noqa: E402
 from server.engine.sequence import SequenceStatus  # noqa: E402
+from server.model.cuda_graph import context_buckets  # noqa: E402
 
 HBM_TBPS = 4.04  # H200 device copy measured for this project
 MATMUL_TFLOPS = 738.0  # H200 bf16 matrix product measured for this project
@@ -176,7 +177,7 @@ def bench_decode(args: argparse.Namespace, backend: str, kv: str, batch: int, mo
                 host.append(times[-1] - sum(waits[waited:]))
     if mode == "graph" and engine.runner.graphs is None:
         raise RuntimeError("--modes graph: the engine captured no CUDA graphs (CPU, torch backend or --tp > 1)")
-    device_s = replay_seconds(engine, batch) if mode == "graph" else None
+    device_s = replay_seconds(engine, batch, args.context + steps) if mode == "graph" else None
     if args.count_kernels and mode == "eager" and engine.runner.device.type == "cuda":
         print(f"{args.model} {kv} B={batch}: {count_kernels(engine)} GPU kernels per eager decode step", flush=True)
     m = engine.config.model
@@ -188,11 +189,11 @@ def bench_decode(args: argparse.Namespace, backend: str, kv: str, batch: int, mo
                limit, device_s, statistics.median(host))
 
 
-def replay_seconds(engine: Engine, batch: int, reps: int = 20) -> float:
+def replay_seconds(engine: Engine, batch: int, context: int, reps: int = 20) -> float:
     """Device time of the decode graph alone: back-to-back replays timed with CUDA events. The
     step's wall time minus this is the host time the step does not hide."""
     graphs = engine.runner.graphs
-    graph = graphs.graphs[graphs.bucket(batch), 1]
+    graph = graphs.graphs[graphs.bucket(batch), 1, graphs.width(context)]
     graph.replay()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
@@ -253,11 +254,13 @@ def count_kernels(engine: Engine, work: Callable[[], object] | None = None) -> i
 
 def check_graph_tokens(args: argparse.Namespace) -> None:
     """Greedy tokens of a graph engine against an eager one over ragged requests (batches shrink
-    as requests finish, so several buckets and their padding run), without and with speculative
+    as requests finish, so several buckets and their padding run; one request's context passes
+    the short context bucket, and it finishes first, so both context buckets run), without and with speculative
     decoding (standard verification of 3 drafts: the verify steps replay their own graphs);
-    prints the verdicts, the graph replays per (batch, query tokens), and the largest logit
+    prints the verdicts, the graph replays per (batch, query tokens, context bucket), and the largest logit
     difference of a graph replay against the same padded step run eagerly."""
-    lengths, outputs = (1, 17, 200, 1000, 3000, 70, 513), (8, 12, 16, 20, 24, 30, 5)
+    short = context_buckets(1 << 20)[0]  # the shortest context bucket
+    lengths, outputs = (1, 17, 200, 1000, 3000, 70, 513, short + 100), (8, 12, 16, 20, 24, 30, 5, 4)
     gen = torch.Generator().manual_seed(2)
     prompts = [tuple(torch.randint(0, 256, (n,), generator=gen).tolist()) for n in lengths]
     blocks = sum(-(-(n + m) // 64) + 1 for n, m in zip(lengths, outputs)) + 8
@@ -266,7 +269,7 @@ def check_graph_tokens(args: argparse.Namespace) -> None:
         # Reference: eager, one step at a time; overlapped scheduling is off with speculative decoding.
         variants = [("eager", False), ("graph", False)] + ([("eager", True), ("graph", True)] if spec is None else [])
         for mode, overlap in variants:
-            engine = make_engine(args, "triton", args.kv_dtypes.split(",")[0], blocks * 4, 4096, 8, 4096, mode,
+            engine = make_engine(args, "triton", args.kv_dtypes.split(",")[0], blocks * 4, 2 * short, 8, 4096, mode,
                                  speculative=spec, overlap=overlap)
             graphs = engine.runner.graphs
             if graphs is not None:
@@ -274,7 +277,7 @@ def check_graph_tokens(args: argparse.Namespace) -> None:
 
                 def counted(*a, _replay=replay, _graphs=graphs, _replays=replays):
                     batch = a[4].shape[0]  # the block table
-                    _replays[_graphs.bucket(batch), a[0].shape[0] // batch] += 1
+                    _replays[_graphs.bucket(batch), a[0].shape[0] // batch, _graphs.width(a[5])] += 1
                     return _replay(*a)
 
                 graphs.replay = counted
@@ -286,13 +289,13 @@ def check_graph_tokens(args: argparse.Namespace) -> None:
                     tokens.setdefault(out.request_id, []).extend(out.new_token_ids)
             results[mode, overlap] = tokens
             if mode == "graph" and spec is None and not overlap:
-                size = graphs.bucket(3)
+                key = graphs.bucket(3), 1, graphs.widths[-1]
                 with torch.inference_mode():
-                    eager_a = graphs._forward(size)[0].clone()
-                    eager_b = graphs._forward(size)[0].clone()
-                    graphs.graphs[size, 1].replay()
-                    replayed = graphs.outputs[size, 1][0].clone()
-                print(f"graph check: batch {size} replay vs the same step eager: max |dlogit| "
+                    eager_a = graphs._forward(*key)[0].clone()
+                    eager_b = graphs._forward(*key)[0].clone()
+                    graphs.graphs[key].replay()
+                    replayed = graphs.outputs[key][0].clone()
+                print(f"graph check: batch {key[0]} replay vs the same step eager: max |dlogit| "
                       f"{float((replayed - eager_a).abs().max()):.3e} (eager twice: {float((eager_b - eager_a).abs().max()):.3e}); "
                       f"capture of {len(graphs.graphs)} graphs took {graphs.capture_seconds:.2f} s", flush=True)
         ref = results["eager", False]
@@ -302,7 +305,7 @@ def check_graph_tokens(args: argparse.Namespace) -> None:
             print(f"graph check {label}: greedy tokens {mode} overlap {'on' if overlap else 'off'} vs eager overlap off: "
                   f"{'DIFFER in ' + ','.join(diverged) if diverged else 'IDENTICAL'} "
                   f"({sum(map(len, got.values()))} tokens, {len(prompts)} requests)", flush=True)
-        print(f"graph check {label}: replays by (batch, query tokens): {dict(sorted(replays.items()))}", flush=True)
+        print(f"graph check {label}: replays by (batch, query tokens, context bucket): {dict(sorted(replays.items()))}", flush=True)
 
 
 def print_table(rows: list[Row]) -> None:

@@ -1,4 +1,4 @@
-"""CUDA-graph capture and replay of the decode step, one graph per batch-size bucket.
+"""CUDA-graph capture and replay of the decode step, one graph per batch-size and context bucket.
 
 A decode step launches ~1,100 kernels from Python; replaying a captured graph launches them in
 one call, so the step's host cost no longer grows with the model's depth. Captured at start-up
@@ -13,9 +13,12 @@ A graph replays fixed addresses and fixed launch grids, so:
   at positions 0..q-1 of their own block-table row, which points at a dummy cache block that no
   request owns (the runner allocates it past the block manager's blocks), so they read and
   write only it;
-- the indexer's logits are max_model_len wide and the indexer and top-k kernels loop up to each
-  token's context length read on the device (kernels/indexer.py, kernels/topk.py), so one graph
-  per batch bucket serves every context length at the cost of the contexts actually present.
+- the indexer's logits are as wide as the graph's context bucket, and the indexer and top-k
+  kernels loop up to each token's context length read on the device (kernels/indexer.py,
+  kernels/topk.py), so a graph serves every context up to its bucket at the cost of the
+  contexts actually present. The top-k picks its launch shape by the logits' width, and rows up
+  to `SINGLE_PASS_MAX_COLS` wide take its one-launch kernel, so each batch bucket has a graph for
+  contexts up to that width and one for the rest, up to max_model_len (`context_buckets`).
 
 Steps replay when every request computes the same number of tokens q and wants all their
 logits: decode (q = 1) and, with speculative decoding, verification of k drafts (q = k + 1);
@@ -31,6 +34,7 @@ import time
 
 import torch
 
+from kernels.topk import SINGLE_PASS_MAX_COLS
 from server.engine.pending import fill_placeholders
 from server.model.attention import AttentionMetadata, CacheSettings
 from server.model.model import SparseMLAModel
@@ -44,11 +48,17 @@ def default_capture_sizes(max_num_seqs: int) -> tuple[int, ...]:
     return tuple(s for i, s in enumerate(sizes) if i == 0 or sizes[i - 1] < max_num_seqs)
 
 
+def context_buckets(max_model_len: int) -> tuple[int, ...]:
+    """The logits widths that decode graphs are captured for: the top-k's one-launch width, and
+    max_model_len."""
+    return tuple(sorted({min(SINGLE_PASS_MAX_COLS, max_model_len), max_model_len}))
+
+
 class DecodeGraphs:
     """The captured decode graphs of one model and cache, and their persistent inputs.
 
-    A graph is keyed by (requests, query tokens per request): 1 query token for decode, k + 1
-    for speculative verification (each request's last token and its k drafts).
+    A graph is keyed by (requests, query tokens per request, context bucket): 1 query token for
+    decode, k + 1 for speculative verification (each request's last token and its k drafts).
     """
 
     def __init__(self, model: SparseMLAModel, kv: list[torch.Tensor], indexer: list[torch.Tensor],
@@ -59,6 +69,7 @@ class DecodeGraphs:
         self.dummy_slot = dummy_block * block_size
         self.dummy_block = dummy_block
         self.sizes = tuple(sorted(set(sizes)))
+        self.widths = context_buckets(max_model_len)
         # padding rows decode positions 0..q-1 of the dummy block, so q must fit in one block
         self.query_lens = tuple(sorted({q for q in query_lens if 1 <= q <= block_size}))
         device = next(model.parameters()).device
@@ -70,8 +81,8 @@ class DecodeGraphs:
         self._host_tokens = [torch.zeros(max_rows, 4, dtype=torch.long).pin_memory() for _ in range(2)]
         self._host_table = [torch.zeros(self.max_size * max_blocks, dtype=torch.int32).pin_memory() for _ in range(2)]
         self._flip = 0
-        self.graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
-        self.outputs: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}
+        self.graphs: dict[tuple[int, int, int], torch.cuda.CUDAGraph] = {}
+        self.outputs: dict[tuple[int, int, int], tuple[torch.Tensor, torch.Tensor]] = {}
         self.capture_seconds = 0.0
 
     @property
@@ -82,48 +93,57 @@ class DecodeGraphs:
         """The smallest captured size >= batch, or None when the batch is larger than all."""
         return next((s for s in self.sizes if s >= batch), None)
 
+    def width(self, max_context: int) -> int:
+        """The smallest context bucket >= max_context."""
+        return next(w for w in self.widths if w >= max_context)
+
     def fits(self, batch: int, query_len: int) -> bool:
         return batch <= self.max_size and query_len in self.query_lens
 
-    def _forward(self, size: int, q: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
-        """The step over the first size x q token rows of the persistent inputs: (logits, hidden)."""
+    def _forward(self, size: int, q: int, width: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The step over the first size x q token rows of the persistent inputs, with logits
+        `width` wide: (logits, hidden)."""
         tok = self.tokens[: size * q]
         positions = tok[:, 1]
         meta = AttentionMetadata(
             positions=positions, slot_mapping=tok[:, 3], seq_ids=tok[:, 2].int(),
             context_lens=(positions + 1).int(), block_table=self.block_table[:size],
-            block_size=self.block_size, max_context=self.max_model_len,
+            block_size=self.block_size, max_context=width,
         )
         hidden = self.model(tok[:, 0], meta, self.kv, self.indexer, self.settings)
         return self.model.parallel_logits(hidden), hidden
 
     @torch.inference_mode()
     def capture(self) -> None:
-        """Capture every (size, query length), largest first (later graphs reuse the pool's memory).
+        """Capture every (size, query length, context bucket), largest first (later graphs reuse the
+        pool's memory).
         Progress goes to stderr on a terminal; the summary line (sizes, seconds) always does, like
         the server's other start-up lines."""
         start = time.perf_counter()
         live = sys.stderr.isatty()
         pool = torch.cuda.graph_pool_handle()
-        keys = [(size, q) for q in reversed(self.query_lens) for size in reversed(self.sizes)]
-        for i, (size, q) in enumerate(keys):
+        keys = [(size, q, w) for w in reversed(self.widths) for q in reversed(self.query_lens)
+                for size in reversed(self.sizes)]
+        for i, key in enumerate(keys):
+            size, q, width = key
             self._padding(self.tokens, self.block_table, 0, size, q)
-            self._forward(size, q)  # compiles the Triton kernels for this shape outside the capture
+            self._forward(*key)  # compiles the Triton kernels for this shape outside the capture
             torch.cuda.synchronize()
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=pool):
-                self.outputs[size, q] = self._forward(size, q)
-            self.graphs[size, q] = graph
+                self.outputs[key] = self._forward(*key)
+            self.graphs[key] = graph
             if live:
-                print(f"\rengine: capturing CUDA graphs {i + 1}/{len(keys)} (batch {size} x {q} tokens)",
-                      end="", file=sys.stderr, flush=True)
+                print(f"\rengine: capturing CUDA graphs {i + 1}/{len(keys)} (batch {size} x {q} tokens, "
+                      f"contexts up to {width})", end="", file=sys.stderr, flush=True)
         torch.cuda.synchronize()
         self.capture_seconds = time.perf_counter() - start
         if live:
             print(file=sys.stderr)
         verify = "" if self.query_lens == (1,) else f", query tokens {','.join(map(str, self.query_lens))}"
-        print(f"engine: captured {len(keys)} CUDA graphs (batch sizes {','.join(map(str, self.sizes))}{verify}) "
-              f"in {self.capture_seconds:.1f} s", file=sys.stderr, flush=True)
+        print(f"engine: captured {len(keys)} CUDA graphs (batch sizes {','.join(map(str, self.sizes))}{verify}, "
+              f"contexts up to {','.join(map(str, self.widths))}) in {self.capture_seconds:.1f} s",
+              file=sys.stderr, flush=True)
 
     def _padding(self, tokens: torch.Tensor, table: torch.Tensor, batch: int, size: int, q: int) -> None:
         """Requests batch..size-1 (host or device buffers): token 0 at positions 0..q-1 of their own
@@ -136,10 +156,12 @@ class DecodeGraphs:
         table[batch:size, 0] = self.dummy_block
 
     def replay(self, token_ids: torch.Tensor, positions: torch.Tensor, seq_ids: torch.Tensor, slots: torch.Tensor,
-               block_table: torch.Tensor, pending: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+               block_table: torch.Tensor, max_context: int,
+               pending: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Run one step of B requests with q tokens each (host tensors, request-major as the runner
-        builds them): (logits fp32 [B x q, vocab], hidden [B x q, hidden]), views valid until the
-        next replay. pending: the sampled tokens (device) that placeholder token ids stand for."""
+        builds them) whose longest context is max_context: (logits fp32 [B x q, vocab], hidden
+        [B x q, hidden]), views valid until the next replay. pending: the sampled tokens (device)
+        that placeholder token ids stand for."""
         batch, width = block_table.shape
         q = token_ids.shape[0] // batch
         size = self.bucket(batch)
@@ -159,6 +181,7 @@ class DecodeGraphs:
         if pending is not None:
             ids = self.tokens[:n, 0]
             ids.copy_(fill_placeholders(ids, pending))
-        self.graphs[size, q].replay()
-        logits, hidden = self.outputs[size, q]
+        key = size, q, self.width(max_context)
+        self.graphs[key].replay()
+        logits, hidden = self.outputs[key]
         return logits[:n], hidden[:n]

@@ -200,7 +200,7 @@ class ModelRunner:
         q = inputs.uniform_query_len
         if self.graphs is not None and q and self.graphs.fits(inputs.block_table.shape[0], q):
             return self.graphs.replay(inputs.token_ids, inputs.positions, inputs.seq_ids, inputs.slots,
-                                      inputs.block_table, pending)
+                                      inputs.block_table, inputs.max_context, pending)
         input_ids, meta, wanted = self._on_device(inputs, pending)
         hidden = self.model(input_ids, meta, self.cache.kv, self.cache.indexer, self.settings)[wanted]
         return self.model.parallel_logits(hidden), hidden

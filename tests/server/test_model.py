@@ -243,6 +243,17 @@ def test_default_capture_sizes_reach_max_num_seqs():
     assert default_capture_sizes(20) == (1, 2, 4, 8, 16, 24)
 
 
+def test_context_buckets_split_at_the_topk_single_launch_width():
+    """Decode graphs are captured for logits as wide as the top-k's one-launch kernel takes, and
+    for max_model_len; a model no longer than that width has one bucket."""
+    from kernels.topk import SINGLE_PASS_MAX_COLS
+    from server.model.cuda_graph import context_buckets
+
+    assert context_buckets(8 * SINGLE_PASS_MAX_COLS) == (SINGLE_PASS_MAX_COLS, 8 * SINGLE_PASS_MAX_COLS)
+    assert context_buckets(SINGLE_PASS_MAX_COLS) == (SINGLE_PASS_MAX_COLS,)
+    assert context_buckets(100) == (100,)
+
+
 def test_cpu_runner_runs_eagerly_without_graphs():
     """On CPU no graph is captured and no dummy block is allocated: the eager path is the one tested here."""
     from server.model.runner import ModelRunner
