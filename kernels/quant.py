@@ -180,7 +180,10 @@ def _check_cache(cache: torch.Tensor, dtype: torch.dtype, width: int, name: str)
 
 def check_slot_range(slots: torch.Tensor, num_slots: int, name: str) -> None:
     """ValueError unless every slot lies in [0, num_slots); reads the values (see values_checkable)."""
-    if slots.numel() and (int(slots.min()) < 0 or int(slots.max()) >= num_slots):
+    if not slots.numel():
+        return
+    lo, hi = torch.aminmax(slots)  # one op: the runner checks every step's slots
+    if int(lo) < 0 or int(hi) >= num_slots:
         raise ValueError(f"{name}: slots out of range [0, {num_slots})")
 
 

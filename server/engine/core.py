@@ -20,7 +20,7 @@ import time
 from server.config import EngineConfig, resolve_overlap
 from server.engine.kv_cache import BlockManager
 from server.engine.messages import AddRequest, EngineStats, RequestOutput, StepOutputs
-from server.engine.pending import LaunchedStep
+from server.engine.pending import LaunchedStep, TokenCopies
 from server.engine.sampler import Sampler
 from server.engine.scheduler import ScheduledBatch, Scheduler
 from server.engine.sequence import Sequence
@@ -45,6 +45,8 @@ class Engine:
             config.speculative, self.runner, self.sampler, config.seed, self.max_model_len)
         self.overlap = resolve_overlap(config)
         self._in_flight: LaunchedStep | None = None  # overlapped scheduling: launched, tokens not yet read
+        self._token_copies = (TokenCopies(self.runner.device, config.scheduler.max_num_seqs)
+                              if self.runner.device.type == "cuda" else None)
         self.seqs: dict[str, Sequence] = {}
         self._aborted: list[RequestOutput] = []
         self._prompt_tokens = 0
@@ -153,7 +155,7 @@ class Engine:
         pending = None if self._in_flight is None else self._in_flight.sampled
         logits = self.runner.execute(batch, num_logits, pending)
         sampled = self.sampler(logits, sampling) if sampling else None
-        return LaunchedStep(batch, self.scheduler.launch(batch, num_logits), sampled)
+        return LaunchedStep(batch, self.scheduler.launch(batch, num_logits), sampled, self._token_copies)
 
     def _resolve(self, launched: LaunchedStep) -> list[list[int]]:
         """Read a launched step's tokens (the step's one host sync) and account them."""

@@ -12,7 +12,7 @@ resolved before the step after next is scheduled.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import InitVar, dataclass, field
 
 import torch
 
@@ -33,27 +33,49 @@ def fill_placeholders(token_ids: torch.Tensor, sampled: torch.Tensor) -> torch.T
     return torch.where(token_ids < 0, sampled[rows], token_ids)
 
 
+class TokenCopies:
+    """Two pinned host buffers and their events, taken in turn by the launched steps' token copies.
+    With overlapped scheduling at most two launched steps are unread at a time (the one in flight
+    and the one being launched), so a buffer is read before it is taken again. Allocating a pinned
+    buffer and an event for each step cost the host ~0.1 ms of a 0.75 ms step (batch 1, H200 host)."""
+
+    def __init__(self, device: torch.device, max_tokens: int) -> None:
+        self._buffers = [torch.empty(max_tokens, dtype=torch.long, pin_memory=True) for _ in range(2)]
+        self._events = [torch.cuda.Event() for _ in range(2)]
+        self._stream = torch.cuda.current_stream(device)
+        self._next = 0
+
+    def start(self, sampled: torch.Tensor) -> tuple[torch.Tensor, torch.cuda.Event]:
+        """Copy `sampled` (int64, device) to the host without waiting: (its host buffer, an event
+        recorded after the copy)."""
+        i, self._next = self._next, self._next ^ 1
+        host = self._buffers[i][: sampled.shape[0]]
+        host.copy_(sampled, non_blocking=True)
+        self._events[i].record(self._stream)
+        return host, self._events[i]
+
+
 @dataclass
 class LaunchedStep:
     """A step on the device: its batch, where each request's placeholder sits in its token_ids
     (-1: the request samples nothing this step), and the sampled tokens (device tensor, None when
-    nothing samples), copied to the host asynchronously as soon as they are launched."""
+    nothing samples), copied to the host asynchronously as soon as they are launched (through
+    `copies`, for tokens on a GPU)."""
 
     batch: ScheduledBatch
     placeholder_at: list[int]
     sampled: torch.Tensor | None
+    copies: InitVar[TokenCopies | None] = None
     _host: torch.Tensor | None = field(default=None, init=False)
     _ready: torch.cuda.Event | None = field(default=None, init=False)
 
-    def __post_init__(self) -> None:
+    def __post_init__(self, copies: TokenCopies | None) -> None:
         if self.sampled is None or self.sampled.device.type == "cpu":
             self._host = self.sampled
             return
-        # The step's one device-to-host copy: into pinned memory, without waiting for it.
-        self._host = torch.empty(self.sampled.shape, dtype=self.sampled.dtype, pin_memory=True)
-        self._host.copy_(self.sampled, non_blocking=True)
-        self._ready = torch.cuda.Event()
-        self._ready.record()
+        if copies is None:
+            raise ValueError("LaunchedStep: tokens sampled on a GPU need the engine's TokenCopies")
+        self._host, self._ready = copies.start(self.sampled)  # the step's one device-to-host copy
 
     def tokens(self) -> list[int]:
         """The sampled tokens in batch order of the requests that sample; waits for the copy only."""

@@ -7,8 +7,10 @@ in one shared memory pool.
 
 A graph replays fixed addresses and fixed launch grids, so:
 - inputs live in persistent device buffers: per token [ids, positions, block-table row, slot]
-  and the block table, filled by two asynchronous copies per step (then, with overlapped
-  scheduling, the placeholder ids filled from the previous step's sampled tokens on the device);
+  and the block table, filled by two asynchronous copies per step, and with overlapped
+  scheduling the previous step's sampled tokens, copied on the device; the graph itself puts
+  them in place of the placeholder ids (a no-op without placeholders), which spares the host
+  the five tensor ops of doing it before each replay;
 - a batch of B requests runs in the smallest bucket >= B; the padding requests decode token 0
   at positions 0..q-1 of their own block-table row, which points at a dummy cache block that no
   request owns (the runner allocates it past the block manager's blocks), so they read and
@@ -63,7 +65,7 @@ class DecodeGraphs:
 
     def __init__(self, model: SparseMLAModel, kv: list[torch.Tensor], indexer: list[torch.Tensor],
                  settings: CacheSettings, block_size: int, max_model_len: int, dummy_block: int,
-                 sizes: tuple[int, ...], query_lens: tuple[int, ...] = (1,)) -> None:
+                 sizes: tuple[int, ...], max_num_seqs: int, query_lens: tuple[int, ...] = (1,)) -> None:
         self.model, self.kv, self.indexer, self.settings = model, kv, indexer, settings
         self.block_size, self.max_model_len = block_size, max_model_len
         self.dummy_slot = dummy_block * block_size
@@ -77,9 +79,15 @@ class DecodeGraphs:
         max_blocks = -(-max_model_len // block_size)
         self.tokens = torch.zeros(max_rows, 4, dtype=torch.long, device=device)  # ids, positions, table row, slot
         self.block_table = torch.full((self.max_size, max_blocks), dummy_block, dtype=torch.int32, device=device)
+        # The last step's sampled tokens: one per request that sampled, in any step, graphed or not.
+        self.pending = torch.zeros(max_num_seqs, dtype=torch.long, device=device)
         # Two pinned staging buffers, alternated, so a step never overwrites one that a copy may still read.
         self._host_tokens = [torch.zeros(max_rows, 4, dtype=torch.long).pin_memory() for _ in range(2)]
         self._host_table = [torch.zeros(self.max_size * max_blocks, dtype=torch.int32).pin_memory() for _ in range(2)]
+        # numpy views of the same memory: a step fills them with numpy, whose slice assignment costs
+        # the host about a tenth of a torch op's dispatch
+        self._host_tokens_np = [t.numpy() for t in self._host_tokens]
+        self._host_table_np = [t.numpy() for t in self._host_table]
         self._flip = 0
         self.graphs: dict[tuple[int, int, int], torch.cuda.CUDAGraph] = {}
         self.outputs: dict[tuple[int, int, int], tuple[torch.Tensor, torch.Tensor]] = {}
@@ -110,7 +118,7 @@ class DecodeGraphs:
             context_lens=(positions + 1).int(), block_table=self.block_table[:size],
             block_size=self.block_size, max_context=width,
         )
-        hidden = self.model(tok[:, 0], meta, self.kv, self.indexer, self.settings)
+        hidden = self.model(fill_placeholders(tok[:, 0], self.pending), meta, self.kv, self.indexer, self.settings)
         return self.model.parallel_logits(hidden), hidden
 
     @torch.inference_mode()
@@ -165,22 +173,19 @@ class DecodeGraphs:
         batch, width = block_table.shape
         q = token_ids.shape[0] // batch
         size = self.bucket(batch)
-        host = self._host_tokens[self._flip]
+        host, host_np = self._host_tokens[self._flip], self._host_tokens_np[self._flip]
         n = batch * q
-        host[:n, 0] = token_ids
-        host[:n, 1] = positions
-        host[:n, 2] = seq_ids
-        host[:n, 3] = slots
+        for column, values in enumerate((token_ids, positions, seq_ids, slots)):
+            host_np[:n, column] = values.numpy()
         table = self._host_table[self._flip][: size * width].view(size, width)
-        table[:batch] = block_table
+        self._host_table_np[self._flip][: batch * width] = block_table.numpy().reshape(-1)
         if batch < size:
             self._padding(host, table, batch, size, q)
         self._flip ^= 1
         self.tokens[: size * q].copy_(host[: size * q], non_blocking=True)
         self.block_table[:size, :width].copy_(table, non_blocking=True)
         if pending is not None:
-            ids = self.tokens[:n, 0]
-            ids.copy_(fill_placeholders(ids, pending))
+            self.pending[: pending.shape[0]].copy_(pending)
         key = size, q, self.width(max_context)
         self.graphs[key].replay()
         logits, hidden = self.outputs[key]

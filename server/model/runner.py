@@ -90,6 +90,7 @@ class ModelRunner:
                 self.model, self.cache.kv, self.cache.indexer, self.settings, self.block_size, sched.max_model_len,
                 dummy_block=self.num_blocks,
                 sizes=config.cuda_graph_sizes or default_capture_sizes(sched.max_num_seqs),
+                max_num_seqs=sched.max_num_seqs,
                 query_lens=(1,) if config.speculative is None else (1, config.speculative.num_speculative_tokens + 1))
             self.graphs.capture()
 
@@ -125,12 +126,13 @@ class ModelRunner:
         starts = [s.num_computed_tokens for s in seqs]
         table = self.block_table.build(seqs)
         q = counts[0] if all(n == counts[0] for n in counts) and num_logits == list(counts) else 0
-        if q == 1:  # decode: one token per request, built from plain lists
+        if q == 1:  # decode: one token per request, built from plain lists (numpy: a torch op costs more)
             positions = np.array(starts)
+            rows = np.arange(len(seqs))
+            rows_t = torch.from_numpy(rows)  # each request's table row, and its logits' row
             return StepInputs(
-                torch.tensor([s.token_ids[p] for s, p in zip(seqs, starts)]), torch.from_numpy(positions),
-                torch.arange(len(seqs)), self._slots(table, np.arange(len(seqs)), positions),
-                torch.from_numpy(table), torch.arange(len(seqs)), max(starts) + 1, q)
+                torch.from_numpy(np.array([s.token_ids[p] for s, p in zip(seqs, starts)])), torch.from_numpy(positions),
+                rows_t, self._slots(table, rows, positions), torch.from_numpy(table), rows_t, max(starts) + 1, q)
         ids: list[int] = []
         for s, start, n in zip(seqs, starts, counts):
             ids.extend(s.token_ids[start:start + n])
