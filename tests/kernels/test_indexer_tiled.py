@@ -116,7 +116,7 @@ def test_mxfp4_group_dots_match_reference(gen, fp8_dot, block_m, d_i):
     q8, w, cache, block_table, seq_ids, lens = paged_batch(gen, "mxfp4", 16, d_i)
     ref = indexer_logits_paged(q8, w, cache, "mxfp4", block_table, 16, seq_ids, lens, 55, backend="torch")
     got = indexer_logits_tiled(q8, w, cache, "mxfp4", block_table, seq_ids, lens, 16, 55,
-                               config=TiledConfig(block_m, 16, 4, mx_group_dots=True), fp8_dot=fp8_dot)
+                               config=TiledConfig(block_m, 16, 4, mx_scoring="group_dots"), fp8_dot=fp8_dot)
     assert_logits_match(got, ref)
 
 
@@ -150,11 +150,11 @@ def test_prefetched_blocks_match_reference(gen, key_dtype, block_size):
     q8, w, cache, block_table, seq_ids, lens = paged_batch(gen, key_dtype, block_size, 128)
     ref = indexer_logits_paged(q8, w, cache, key_dtype, block_table, block_size, seq_ids, lens, 55, backend="torch")
     for block_m in (1, 4):
-        cfg = TiledConfig(block_m, 32, 4, mx_group_dots=key_dtype == "mxfp4", prefetch=True)
+        cfg = TiledConfig(block_m, 32, 4, mx_scoring="group_dots" if key_dtype == "mxfp4" else "rows", prefetch=True)
         got = indexer_logits_tiled(q8, w, cache, key_dtype, block_table, seq_ids, lens, block_size, 55, config=cfg,
                                    fp8_dot=True)
         assert_logits_match(got, ref)
-    one_token = TiledConfig(1, 32, 4, mx_group_dots=key_dtype == "mxfp4", prefetch=True)
+    one_token = TiledConfig(1, 32, 4, mx_scoring="group_dots" if key_dtype == "mxfp4" else "rows", prefetch=True)
     tail = indexer_logits_tiled(q8, w, cache, key_dtype, block_table, seq_ids, lens, block_size, 64,
                                 config=one_token, fp8_dot=True, mask_tail=False)
     for t, n in enumerate(lens.tolist()):
@@ -167,7 +167,7 @@ def test_mxfp4_group_dots_exact_at_any_scale_spread(gen):
     q8, w, cache, table, seq_ids, lens = spread_scale_batch(gen, 2.0**-20, small_group_only=True)
     ref = indexer_logits_paged(q8, w, cache, "mxfp4", table, 1, seq_ids, lens, 20, backend="torch")
     got = indexer_logits_tiled(q8, w, cache, "mxfp4", table, seq_ids, lens, 1, 20,
-                               config=TiledConfig(1, 16, 4, mx_group_dots=True), fp8_dot=True)
+                               config=TiledConfig(1, 16, 4, mx_scoring="group_dots"), fp8_dot=True)
     assert_logits_match(got[:, ::2], ref[:, ::2])
     assert_logits_match(got, ref)
 
