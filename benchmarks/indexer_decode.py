@@ -45,11 +45,12 @@ def sweep_configs(key_dtype: str) -> tuple[TiledConfig, ...]:
                 TiledConfig(1, 128, 4, 8, 1), TiledConfig(1, 128, 4, 8, 1, prefetch=True))
     return (TiledConfig(1, 64, 4, 8, 1, mx_scoring="folded", prefetch=True),
             TiledConfig(1, 64, 4, 8, 1, mx_scoring="folded"),
-            TiledConfig(1, 64, 4, 16, 1, mx_scoring="folded", prefetch=True),
-            TiledConfig(1, 64, 4, 16, 1, mx_scoring="folded"),
-            TiledConfig(1, 128, 4, 8, 1, mx_scoring="folded"),
             TiledConfig(1, 64, 4, 8, 1, mx_scoring="group_dots", prefetch=True),
-            TiledConfig(1, 64, 4, 8, 1, mx_scoring="group_dots"))
+            TiledConfig(1, 64, 4, 8, 1, mx_scoring="group_dots"),
+            TiledConfig(1, 64, 4, 4, 1, mx_scoring="group_dots", prefetch=True),
+            TiledConfig(1, 64, 4, 6, 1, mx_scoring="group_dots", prefetch=True),
+            TiledConfig(1, 64, 4, 12, 1, mx_scoring="group_dots", prefetch=True),
+            TiledConfig(1, 64, 4, 4, 1, mx_scoring="group_dots"))
 
 
 def report(label: str, case: str, verdict: str, ms: float, nbytes: float) -> None:

@@ -123,7 +123,7 @@ def _mxfp4_keys(packed, group_exp, D: tl.constexpr, FP8_DOT: tl.constexpr, DOT_D
 
 
 @triton.jit
-def _query_slice(q_ptr, row_tok, row_head, row_ok, FIRST, WIDTH: tl.constexpr, H: tl.constexpr,
+def _query_slice(q_ptr, row_tok, row_head, row_ok, FIRST: tl.constexpr, WIDTH: tl.constexpr, H: tl.constexpr,
                  D: tl.constexpr, FP8_DOT: tl.constexpr, DOT_DTYPE: tl.constexpr):
     """Query elements FIRST..FIRST+WIDTH-1 of every operand row [rows, WIDTH], in the order of an
     MXFP4 operand made of nibble words (_nibble_operand_words): column k holds element
@@ -140,7 +140,7 @@ def _query_slice(q_ptr, row_tok, row_head, row_ok, FIRST, WIDTH: tl.constexpr, H
 
 
 @triton.jit
-def _mxfp4_nibble_words(key_ptr, key_words_ptr, slots, visible, FIRST, COUNT: tl.constexpr,
+def _mxfp4_nibble_words(key_ptr, key_words_ptr, slots, visible, FIRST: tl.constexpr, COUNT: tl.constexpr,
                         ROW_BYTES: tl.constexpr):
     """Nibble words FIRST..FIRST+COUNT-1 of each MXFP4 key (8 elements each: a group is 4 words) as
     int32 [BLOCK_N, COUNT]: loaded as words where rows are whole words (d_I = 128: 68 bytes), else
@@ -170,7 +170,7 @@ def _mxfp4_scale_bytes(key_ptr, key_words_ptr, slots, visible, ROW_BYTES: tl.con
 
 
 @triton.jit
-def _mxfp4_group_scores(words, scale_bytes, q_g, g, FP8_DOT: tl.constexpr, DOT_DTYPE: tl.constexpr):
+def _mxfp4_group_scores(words, scale_bytes, q_g, g: tl.constexpr, FP8_DOT: tl.constexpr, DOT_DTYPE: tl.constexpr):
     """Scores of MXFP4 group g [BLOCK_N, rows], scaled to q . k, from its nibble words [BLOCK_N, 4]
     (_mxfp4_nibble_words) and the keys' scale bytes (_mxfp4_scale_bytes).
 
@@ -223,25 +223,6 @@ def _query_groups(q_ptr, row_tok, row_head, row_ok, H: tl.constexpr, D: tl.const
     return q0, q1, q2, q3
 
 
-@triton.jit
-def _mxfp4_group_dots_reloaded(key_ptr, key_words_ptr, table_row_ptr, blk, end, block_size, q_ptr, row_tok, row_head,
-                               row_ok, ROW_BYTES: tl.constexpr, H: tl.constexpr, D: tl.constexpr,
-                               BLOCK_N: tl.constexpr, RUN: tl.constexpr, ROWS: tl.constexpr, FP8_DOT: tl.constexpr,
-                               DOT_DTYPE: tl.constexpr):
-    """Scores [BLOCK_N, ROWS] of key block blk as one dot per group, the folded path's fallback: the
-    block's group words and the query groups are loaded again here (from cache: the path is rare),
-    one group at a time in a loop that is not unrolled, so that it adds few registers."""
-    visible = blk * BLOCK_N + tl.arange(0, BLOCK_N) < end
-    slots = _block_slots(table_row_ptr, blk * BLOCK_N, end, block_size, BLOCK_N, RUN)
-    scale_bytes = _mxfp4_scale_bytes(key_ptr, key_words_ptr, slots, visible, ROW_BYTES, D)
-    scores = tl.zeros((BLOCK_N, ROWS), tl.float32)
-    for g in range(0, D // 32):
-        words = _mxfp4_nibble_words(key_ptr, key_words_ptr, slots, visible, 4 * g, 4, ROW_BYTES)
-        q_g = _query_slice(q_ptr, row_tok, row_head, row_ok, 32 * g, 32, H, D, FP8_DOT, DOT_DTYPE)
-        scores += _mxfp4_group_scores(words, scale_bytes, q_g, g, FP8_DOT, DOT_DTYPE)
-    return scores
-
-
 # Folded group scales: group g's e2m1 values enter the e4m3 operand multiplied by 2^step_g, with
 # step_g = its scale exponent - the key's largest + FOLD_TOP, and the dot's result is multiplied by
 # the key's 2^(largest - FOLD_TOP). e4m3 holds every such value exactly while 1 <= step_g <= FOLD_TOP:
@@ -271,24 +252,54 @@ def _mxfp4_fold_plan(scale_bytes, visible, D: tl.constexpr):
 
 
 @triton.jit
-def _mxfp4_folded_keys(words, scale_bytes, top, D: tl.constexpr, FP8_DOT: tl.constexpr, DOT_DTYPE: tl.constexpr):
-    """A block of MXFP4 keys whose groups fold (_mxfp4_fold_plan) as one operand [BLOCK_N, D] in
-    the order of _query_slice, and the per-key factor that turns its dot into q . k.
+def _mxfp4_folded_group(words, scale_bytes, top, q_g, scores, g: tl.constexpr, FP8_DOT: tl.constexpr,
+                        DOT_DTYPE: tl.constexpr):
+    """scores + the dot of MXFP4 group g, folded (_mxfp4_fold_plan), with its query group: the
+    groups' dots accumulate on the tensor cores, since all share the key's factor
+    (_mxfp4_fold_factor).
 
-    From the nibble words [BLOCK_N, D / 8] (_mxfp4_nibble_words), all integer ops on whole words:
-    the nibbles become e4m3 bytes as for the group dots, then each nonzero byte's exponent field
-    gains its group's step (no carry: exponent + step <= 3 + 12 < 16), after the mantissa bit of
+    From the group's nibble words [BLOCK_N, 4], all integer ops on whole words: the nibbles become
+    e4m3 bytes as for the group dots (_mxfp4_group_scores), then each nonzero byte's exponent field
+    gains the group's step (no carry: exponent + step <= 3 + 12 < 16), after the mantissa bit of
     e2m1 0.5 (exponent 0: an e4m3 subnormal, which would not scale by the exponent) is cleared so
     that 0.5 becomes the normal 2^(step - 7)."""
-    word_exp = (scale_bytes[:, None] >> (8 * (tl.arange(0, D // 8) // 4))[None, :]) & 0xFF
-    step = (word_exp - top[:, None] + FOLD_TOP) << 3  # on the exponent field, bits 3..6
+    step = ((((scale_bytes >> (8 * g)) & 0xFF) - top + FOLD_TOP) << 3)[:, None]  # on the exponent field
     exp_bits = (words >> 1) | (words >> 2)  # bit 0 of each nibble: the nibble's exponent is not 0
     nonzero = (words | exp_bits) & NIBBLE_LOW_BITS
     low, high = e2m1_words_to_raw_e4m3(words & (exp_bits | NIBBLE_HIGH_BITS))
     low += (nonzero & BYTE_LOW_BITS) * step
     high += ((nonzero >> 4) & BYTE_LOW_BITS) * step
+    raw = word_bytes(_interleave(low, high))
+    if FP8_DOT:
+        keys = raw.to(tl.float8e4nv, bitcast=True)
+    else:
+        keys = e4m3_to_raw_f16(raw.to(tl.int32)).to(DOT_DTYPE)
+    return tl.dot(keys, tl.trans(q_g), scores)
+
+
+@triton.jit
+def _mxfp4_fold_factor(top, FP8_DOT: tl.constexpr):
+    """The per-key factor 2^(top - 12) * 2^-6 that turns the folded groups' dots into q . k (with
+    fp16 operands also undoing their raw 2^-8 scales)."""
     factor = ue8m0_to_f32(top) * (E2M1_RAW_E4M3_SCALE * FOLD_UNSCALE)
-    return _fp8_keys(_interleave(low, high), factor.to(tl.int32, bitcast=True), True, FP8_DOT, DOT_DTYPE)
+    if not FP8_DOT:
+        factor = factor * (E4M3_RAW_SCALE * E4M3_RAW_SCALE)
+    return factor
+
+
+@triton.jit
+def _mxfp4_folded_dots(scale_bytes, top, w0, w1, w2, w3, q0, q1, q2, q3, BLOCK_N: tl.constexpr,
+                       ROWS: tl.constexpr, D: tl.constexpr, FP8_DOT: tl.constexpr, DOT_DTYPE: tl.constexpr):
+    """Scores [BLOCK_N, ROWS] of a folded block before the per-key factor: its groups' dots on one
+    accumulator (_mxfp4_folded_group)."""
+    scores = tl.zeros((BLOCK_N, ROWS), tl.float32)
+    scores = _mxfp4_folded_group(w0, scale_bytes, top, q0, scores, 0, FP8_DOT, DOT_DTYPE)
+    if D >= 64:
+        scores = _mxfp4_folded_group(w1, scale_bytes, top, q1, scores, 1, FP8_DOT, DOT_DTYPE)
+    if D >= 128:
+        scores = _mxfp4_folded_group(w2, scale_bytes, top, q2, scores, 2, FP8_DOT, DOT_DTYPE)
+        scores = _mxfp4_folded_group(w3, scale_bytes, top, q3, scores, 3, FP8_DOT, DOT_DTYPE)
+    return scores
 
 
 @triton.jit
@@ -309,18 +320,14 @@ def _load_block(key_ptr, key_words_ptr, table_row_ptr, blk, end, block_size, ROW
                 D: tl.constexpr, BLOCK_N: tl.constexpr, RUN: tl.constexpr, MXFP4: tl.constexpr,
                 MX_GROUP_DOTS: tl.constexpr, MX_FOLD: tl.constexpr, PREFETCH: tl.constexpr):
     """Every load of key block blk (past the end: masked off, no memory traffic) as five tensors:
-    fp8 (bytes, scale bits), MXFP4 rows (bytes, group scale bytes), MXFP4 group dots (the scale
-    bytes, then each group's nibble words: d_I < 128 repeats its groups), MXFP4 folded (the scale
-    bytes, all nibble words); unused ones repeat one. Prefetched fp8 bytes are carried across the
+    fp8 (bytes, scale bits), MXFP4 rows (bytes, group scale bytes), MXFP4 group dots or folded
+    (the scale bytes, then each group's nibble words: d_I < 128 repeats its groups); unused ones
+    repeat one. Prefetched fp8 bytes are carried across the
     loop as int32 words: as bytes, the compiler repacks them at the loop boundary (a byte-permute
     per word)."""
     visible = blk * BLOCK_N + tl.arange(0, BLOCK_N) < end
     slots = _block_slots(table_row_ptr, blk * BLOCK_N, end, block_size, BLOCK_N, RUN)
-    if MXFP4 and MX_FOLD:
-        a = _mxfp4_scale_bytes(key_ptr, key_words_ptr, slots, visible, ROW_BYTES, D)
-        b = _mxfp4_nibble_words(key_ptr, key_words_ptr, slots, visible, 0, D // 8, ROW_BYTES)
-        c, d, e = b, b, b
-    elif MXFP4 and MX_GROUP_DOTS:
+    if MXFP4 and (MX_GROUP_DOTS or MX_FOLD):
         a = _mxfp4_scale_bytes(key_ptr, key_words_ptr, slots, visible, ROW_BYTES, D)
         b = _mxfp4_nibble_words(key_ptr, key_words_ptr, slots, visible, 0, 4, ROW_BYTES)
         c = _mxfp4_nibble_words(key_ptr, key_words_ptr, slots, visible, 32 % D // 8, 4, ROW_BYTES)
@@ -350,10 +357,8 @@ def _indexer_tiled_kernel(
     row_tok = tl.program_id(0) * BLOCK_M + rows // BLOCK_H
     row_head = rows % BLOCK_H
     row_ok = (row_tok < n_tokens) & (row_head < H)
-    if MXFP4 and MX_GROUP_DOTS:  # one query slice per 32-value group (d_I <= 128: at most four)
+    if MXFP4 and (MX_GROUP_DOTS or MX_FOLD):  # one query slice per 32-value group (d_I <= 128: at most four)
         q0, q1, q2, q3 = _query_groups(q_ptr, row_tok, row_head, row_ok, H, D, FP8_DOT, DOT_DTYPE)
-    elif MXFP4 and MX_FOLD:  # the whole row in the order of the folded operand
-        q = _query_slice(q_ptr, row_tok, row_head, row_ok, 0, D, H, D, FP8_DOT, DOT_DTYPE)
     else:
         q_raw = tl.load(q_ptr + row_tok[:, None] * (H * D) + row_head[:, None] * D + tl.arange(0, D)[None, :],
                         mask=row_ok[:, None], other=0)
@@ -398,12 +403,11 @@ def _indexer_tiled_kernel(
             elif MXFP4 and MX_FOLD:
                 top, folds = _mxfp4_fold_plan(ra, cols < end_max, D)
                 if folds:
-                    keys, key_factor = _mxfp4_folded_keys(rb, ra, top, D, FP8_DOT, DOT_DTYPE)
-                    scores = tl.dot(keys, tl.trans(q))
+                    scores = _mxfp4_folded_dots(ra, top, rb, rc, rd, re, q0, q1, q2, q3, BLOCK_N, BLOCK_M * BLOCK_H, D,
+                                                FP8_DOT, DOT_DTYPE)
+                    key_factor = _mxfp4_fold_factor(top, FP8_DOT)
                 else:  # some key's group scales spread wider than e4m3 holds: this block as group dots
-                    scores = _mxfp4_group_dots_reloaded(key_ptr, key_words_ptr, table_row, blk, end_max, block_size,
-                                                        q_ptr, row_tok, row_head, row_ok, ROW_BYTES, H, D, BLOCK_N,
-                                                        RUN, BLOCK_M * BLOCK_H, FP8_DOT, DOT_DTYPE)
+                    scores = _mxfp4_group_dots(ra, rb, rc, rd, re, q0, q1, q2, q3, D, FP8_DOT, DOT_DTYPE)
                     key_factor = tl.full((BLOCK_N,), 1.0, tl.float32)
             else:
                 if MXFP4:
@@ -421,6 +425,7 @@ def _indexer_tiled_kernel(
 
 
 MX_SCORINGS = ("rows", "group_dots", "folded")
+FEW_TILES = 32  # below this many token tiles a launch takes TiledConfig.few_tiles_programs_per_sm
 
 
 @dataclass(frozen=True)
@@ -446,10 +451,19 @@ class TiledConfig:
     # Load the next key block before scoring this one (the loads are carried in registers across
     # the loop): the global-load latency overlaps the dots instead of stalling each block.
     prefetch: bool = False
+    # Programs per multiprocessor instead of programs_per_sm where a launch has fewer than FEW_TILES
+    # token tiles (a decode batch of few requests: each row's keys split over more programs).
+    few_tiles_programs_per_sm: int | None = None
 
     def __post_init__(self) -> None:
         if self.mx_scoring not in MX_SCORINGS:
             raise ValueError(f"TiledConfig.mx_scoring={self.mx_scoring!r}: expected one of {MX_SCORINGS}")
+
+    def programs_per_sm_at(self, tiles: int) -> int:
+        """Programs per multiprocessor for a launch of `tiles` token tiles."""
+        if self.few_tiles_programs_per_sm is not None and tiles < FEW_TILES:
+            return self.few_tiles_programs_per_sm
+        return self.programs_per_sm
 
 
 def default_tiled_config(key_dtype: str, device: torch.device) -> TiledConfig:
@@ -466,14 +480,18 @@ def default_tiled_config(key_dtype: str, device: torch.device) -> TiledConfig:
 
 def decode_tiled_config(key_dtype: str, heads: int, device: torch.device) -> TiledConfig | None:
     """One-token tiles for decode and verify steps on GPUs with fp8 dots, else None (the per-token
-    kernel). Measured on an H200 (benchmarks/RESULTS.md, "Indexer decode tiles (issue 12)"): with
-    64 heads the next block's loads prefetched (fp8 keys 64 x 64k 229 -> 208 us; MXFP4 keys as
-    group dots in 64-key blocks 434 -> 306), with 16 heads unprefetched blocks (fp8 128 x 4k 32 us
-    against 32-36 prefetched; MXFP4 58-73 -> 28)."""
+    kernel). Measured on an H200 (benchmarks/RESULTS.md, "Indexer decode tiles (issue 12)" and
+    "MXFP4 indexer decode: folded group scales"): with 64 heads the next block's loads prefetched
+    (fp8 keys 64 x 64k 229 -> 208 us; MXFP4 keys as group dots in 64-key blocks 434 -> 306, and
+    at 16 requests 4 programs per SM, 118 -> 111 us, where 64 requests want 8: 308 against 351),
+    with 16 heads unprefetched blocks (fp8 128 x 4k 32 us against 32-36 prefetched; MXFP4 58-73 ->
+    28). MXFP4's folded group scales measured slower than the group dots (382-450 against 308 us)."""
     if not fp8_dot_supported(device):
         return None
+    if key_dtype == "mxfp4" and heads >= 64:
+        return TiledConfig(1, 64, 4, 8, 1, mx_scoring="group_dots", prefetch=True, few_tiles_programs_per_sm=4)
     if key_dtype == "mxfp4":
-        return TiledConfig(1, 64, 4, 8, 1, mx_scoring="folded", prefetch=heads >= 64)
+        return TiledConfig(1, 64, 4, 8, 1, mx_scoring="group_dots")
     return TiledConfig(1, 64, 4, 16, 1, prefetch=True) if heads >= 64 else TiledConfig(1, 128, 4, 8, 1)
 
 
@@ -493,7 +511,7 @@ def indexer_logits_tiled(q_fp8, weights, rows, key_dtype, block_table, seq_ids, 
     cfg = config or default_tiled_config(key_dtype, q_fp8.device)
     use_fp8 = fp8_dot_supported(q_fp8.device) if fp8_dot is None else fp8_dot
     tiles = triton.cdiv(t, cfg.block_m)
-    grid = (tiles, row_programs(tiles, triton.cdiv(n_cols, cfg.block_n), q_fp8.device, cfg.programs_per_sm))
+    grid = (tiles, row_programs(tiles, triton.cdiv(n_cols, cfg.block_n), q_fp8.device, cfg.programs_per_sm_at(tiles)))
     _indexer_tiled_kernel[grid](
         q_fp8, weights, rows, rows.view(torch.int32) if rows.shape[1] % 4 == 0 else rows, out,
         block_table, seq_ids, end,
