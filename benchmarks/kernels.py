@@ -210,10 +210,9 @@ def indexer_query(tokens: int, heads: int = H_I) -> tuple[torch.Tensor, torch.Te
 INDEXER_DECODE_TILED = {
     "fp8": (TiledConfig(1, 64, 4, 16, 1, prefetch=True), TiledConfig(1, 64, 4, 16, 1),
             TiledConfig(1, 128, 4, 8, 1, prefetch=True), TiledConfig(1, 128, 4, 8, 1)),
-    "mxfp4": (TiledConfig(1, 64, 4, 8, 1, mx_scoring="folded", prefetch=True),
-              TiledConfig(1, 64, 4, 8, 1, mx_scoring="folded"),
-              TiledConfig(1, 64, 4, 8, 1, mx_scoring="group_dots", prefetch=True),
-              TiledConfig(1, 64, 4, 8, 1, mx_scoring="group_dots"), TiledConfig(1, 128, 4, 8)),
+    "mxfp4": (TiledConfig(1, 64, 4, 8, 1, mx_scoring="group_dots", prefetch=True, few_tiles_programs_per_sm=4),
+              TiledConfig(1, 64, 4, 8, 1, mx_scoring="group_dots"),
+              TiledConfig(1, 64, 4, 8, 1, mx_scoring="folded"), TiledConfig(1, 128, 4, 8)),
 }
 
 

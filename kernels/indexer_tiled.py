@@ -20,13 +20,17 @@ and stay multiples of 2^-9); groups more than 2^8 below their row's largest are 
 Decode and verify steps use tiles of one token (`decode_tiled_config`) on GPUs with fp8 dots:
 there the gain is not shared key loads but the dot taking the key bytes as they are, where the
 per-token kernel decodes every key element to fp16 first. MXFP4 keys then take one dot per
-32-value group (`TiledConfig.mx_group_dots`): the group's nibbles are loaded as int32 words and
-become e4m3 bytes four at a time (shifts and masks on whole words, low and high nibbles to
-separate words; the query group is permuted to the order that leaves), and each group's scale
-multiplies its dot's result: no key value is rounded, at any spread of group scales. With 64
-heads the next key block is prefetched (`TiledConfig.prefetch`): its loads go out before this
-block's dots. A key block's cache slots come in runs inside one cache block (one block-table
-load per run, `_block_slots`).
+32-value group (`TiledConfig.mx_scoring` "group_dots"): the group's nibbles are loaded as int32
+words and become e4m3 bytes four at a time (shifts and masks on whole words, low and high
+nibbles to separate words; the query group is permuted to the order that leaves), and each
+group's scale multiplies its dot's result: no key value is rounded, at any spread of group
+scales. "folded" instead adds each group's scale, relative to the key's largest, to its e4m3
+exponent fields (integer ops on the same words), so the groups' dots accumulate on the tensor
+cores and one factor per key scales the result; blocks whose scales spread wider than e4m3
+holds exactly take the group dots (see FOLD_TOP). It measured slower on an H200 than the group
+dots and is not the default. With 64 heads the next key block is prefetched
+(`TiledConfig.prefetch`): its loads go out before this block's dots. A key block's cache slots
+come in runs inside one cache block (one block-table load per run, `_block_slots`).
 
 Tokens of one request are contiguous in a batch. A tile whose tokens all belong to one request
 makes one pass over its keys; a tile straddling requests makes one pass per token (the other
