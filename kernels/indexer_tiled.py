@@ -326,9 +326,8 @@ def _load_block(key_ptr, key_words_ptr, table_row_ptr, blk, end, block_size, ROW
     """Every load of key block blk (past the end: masked off, no memory traffic) as five tensors:
     fp8 (bytes, scale bits), MXFP4 rows (bytes, group scale bytes), MXFP4 group dots or folded
     (the scale bytes, then each group's nibble words: d_I < 128 repeats its groups); unused ones
-    repeat one. Prefetched fp8 bytes are carried across the
-    loop as int32 words: as bytes, the compiler repacks them at the loop boundary (a byte-permute
-    per word)."""
+    repeat one. Prefetched fp8 bytes are carried across the loop as int32 words: as bytes, the
+    compiler repacks them at the loop boundary (a byte-permute per word)."""
     visible = blk * BLOCK_N + tl.arange(0, BLOCK_N) < end
     slots = _block_slots(table_row_ptr, blk * BLOCK_N, end, block_size, BLOCK_N, RUN)
     if MXFP4 and (MX_GROUP_DOTS or MX_FOLD):
@@ -448,9 +447,10 @@ class TiledConfig:
     # How MXFP4 keys are scored (MX_SCORINGS): "rows" brings each row to one scale in fp16 (per-element
     # work, shared by wide prefill tiles; groups more than 2^8 below their row's largest are rounded on
     # the fp8 dot); "group_dots" takes one dot per 32-value group, each group's scale on its result (one
-    # [keys, rows] fp32 multiply-add per group); "folded" takes one dot per key block with the group
-    # scales folded into the operand's exponents by integer ops, blocks whose scales spread wider than
-    # e4m3 holds exactly falling back to the group dots. The last two round no key value.
+    # [keys, rows] fp32 multiply-add per group); "folded" adds the group scales to the operand's
+    # exponents by integer ops, so the groups' dots accumulate on the tensor cores and one factor per
+    # key scales the sum, blocks whose scales spread wider than e4m3 holds exactly falling back to
+    # the group dots. The last two round no key value.
     mx_scoring: str = "rows"
     # Load the next key block before scoring this one (the loads are carried in registers across
     # the loop): the global-load latency overlaps the dots instead of stalling each block.
