@@ -2,14 +2,15 @@
 
 Times what kernels.indexer.indexer_logits_paged runs by default: decode steps (one query token per
 request: 64 and 16 requests at 64k keys with 64 heads, 128 requests at 4k with 16 heads) and one
-prefill chunk (2,048 tokens at the end of a 64k prompt), fp8 and MXFP4 keys. Each is first checked
+prefill chunk (2,048 tokens at the end of a 64k prompt), fp8 and MXFP4 keys; with --wide-scales also
+MXFP4 keys whose group scales lie 2^20 apart (the folded decode's fallback on every block). Each is first checked
 against the torch reference with poisoned outputs (decode: at full and staggered contexts), then
 timed (do_bench median, inputs rotating) and reported as % of the copy bandwidth that
 benchmarks/kernels.py uses. It uses only the public entry point, so the same file run against an
 older checkout (PYTHONPATH and the file copied there) measures that checkout's defaults; --sweep
-adds one-token tiled configs at the 64 x 64k and 128 x 4k shapes.
+adds one-token tiled configs at every shape.
 
-    PYTHONPATH=. python3 benchmarks/indexer_decode.py [--sweep] [--label NAME]
+    PYTHONPATH=. python3 benchmarks/indexer_decode.py [--sweep] [--wide-scales] [--key-dtypes mxfp4] [--label NAME]
 """
 
 from __future__ import annotations
@@ -36,16 +37,20 @@ PREFILL_CHUNK, PREFILL_CONTEXT = 2048, 65536
 
 
 def sweep_configs(key_dtype: str) -> tuple[TiledConfig, ...]:
-    """One-token tiled configs for the 64-head and the 16-head shapes (MXFP4 as group dots); made
-    only with --sweep, so the file runs against checkouts whose TiledConfig lacks `prefetch`."""
+    """One-token tiled configs (MXFP4: folded group scales and group dots); made only with --sweep,
+    so the file runs against checkouts whose TiledConfig lacks `prefetch` or `mx_scoring`."""
     if key_dtype == "fp8":
         return (TiledConfig(1, 64, 4, 16, 1), TiledConfig(1, 64, 4, 16, 1, prefetch=True),
                 TiledConfig(1, 64, 4, 8, 1, prefetch=True), TiledConfig(1, 128, 8, 8, 1, prefetch=True),
                 TiledConfig(1, 128, 4, 8, 1), TiledConfig(1, 128, 4, 8, 1, prefetch=True))
-    return (TiledConfig(1, 64, 4, 8, 1, mx_group_dots=True), TiledConfig(1, 64, 4, 8, 1, mx_group_dots=True, prefetch=True),
-            TiledConfig(1, 64, 4, 16, 1, mx_group_dots=True, prefetch=True),
-            TiledConfig(1, 128, 4, 8, 1, mx_group_dots=True, prefetch=True),
-            TiledConfig(1, 64, 8, 8, 1, mx_group_dots=True, prefetch=True))
+    return (TiledConfig(1, 64, 4, 8, 1, mx_scoring="folded", prefetch=True),
+            TiledConfig(1, 64, 4, 8, 1, mx_scoring="folded"),
+            TiledConfig(1, 64, 4, 8, 1, mx_scoring="group_dots", prefetch=True),
+            TiledConfig(1, 64, 4, 8, 1, mx_scoring="group_dots"),
+            TiledConfig(1, 64, 4, 4, 1, mx_scoring="group_dots", prefetch=True),
+            TiledConfig(1, 64, 4, 6, 1, mx_scoring="group_dots", prefetch=True),
+            TiledConfig(1, 64, 4, 12, 1, mx_scoring="group_dots", prefetch=True),
+            TiledConfig(1, 64, 4, 4, 1, mx_scoring="group_dots"))
 
 
 def report(label: str, case: str, verdict: str, ms: float, nbytes: float) -> None:
@@ -54,9 +59,10 @@ def report(label: str, case: str, verdict: str, ms: float, nbytes: float) -> Non
           flush=True)
 
 
-def decode_case(label: str, key_dtype: str, requests: int, context: int, heads: int, sweep: bool) -> None:
+def decode_case(label: str, key_dtype: str, requests: int, context: int, heads: int, sweep: bool,
+                wide_scales: bool = False) -> None:
     block_size = 64
-    cache = kb.make_indexer_cache(requests * context, key_dtype)
+    cache = kb.make_indexer_cache(requests * context, key_dtype, wide_scales)
     table = torch.randperm(requests * context // block_size, device="cuda").int().reshape(requests, -1)
     seq_ids = torch.arange(requests, device="cuda", dtype=torch.int32)
     lens = torch.full((requests,), context, device="cuda", dtype=torch.int32)
@@ -64,17 +70,23 @@ def decode_case(label: str, key_dtype: str, requests: int, context: int, heads: 
     nbytes = requests * context * (indexer_row_bytes(kb.D_I, key_dtype) + 4) + requests * heads * (kb.D_I + 4)
     launches = [("default", lambda q, w, n: indexer_logits_paged(q, w, cache, key_dtype, table, block_size, seq_ids,
                                                                   n, context))]
-    if sweep and requests != 16:
+    if sweep:
         for c in sweep_configs(key_dtype):
             prefetch = " prefetch" if c.prefetch else ""
-            launches.append((f"n{c.block_n} w{c.num_warps} p{c.programs_per_sm} s{c.num_stages}{prefetch}",
+            scoring = f" {c.mx_scoring}" if key_dtype == "mxfp4" else ""
+            launches.append((f"n{c.block_n} w{c.num_warps} p{c.programs_per_sm} s{c.num_stages}{scoring}{prefetch}",
                              lambda q, w, n, c=c: indexer_logits_tiled(q, w, cache, key_dtype, table, seq_ids, n,
                                                                        block_size, context, c)))
+    if wide_scales:  # the previous default, which has no fallback to take
+        old = TiledConfig(1, 64, 4, 8, 1, mx_scoring="group_dots", prefetch=True)
+        launches.append(("n64 group_dots prefetch", lambda q, w, n: indexer_logits_tiled(
+            q, w, cache, key_dtype, table, seq_ids, n, block_size, context, old)))
     for name, launch in launches:
         q, w = sets[0]
         verdict = kb.check_decode_indexer(launch, q, w, cache, key_dtype, table, block_size, seq_ids, lens, context)
         ms = kb.bench([lambda q=q, w=w, launch=launch: launch(q, w, lens) for q, w in sets])
-        report(label, f"decode {key_dtype} {requests}x{context} H{heads} {name}", verdict, ms, nbytes)
+        wide = " wide scales" if wide_scales else ""
+        report(label, f"decode {key_dtype}{wide} {requests}x{context} H{heads} {name}", verdict, ms, nbytes)
 
 
 def prefill_case(label: str, key_dtype: str) -> None:
@@ -96,14 +108,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sweep", action="store_true", help="also time one-token tiled configs at 64 x 64k and 128 x 4k")
     parser.add_argument("--label", default="this", help="first column of every line (which checkout)")
     parser.add_argument("--no-prefill", action="store_true", help="skip the prefill chunk")
+    parser.add_argument("--key-dtypes", default="fp8,mxfp4", help="comma list of key formats to time")
+    parser.add_argument("--wide-scales", action="store_true",
+                        help="also MXFP4 decode at the 64k shapes with every key's group scales 2^20 apart")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         print("benchmarks/indexer_decode.py needs a CUDA GPU", file=sys.stderr)
         return 2
     torch.manual_seed(0)
-    for key_dtype in ("fp8", "mxfp4"):
+    for key_dtype in args.key_dtypes.split(","):
         for requests, context, heads in DECODE_SHAPES:
             decode_case(args.label, key_dtype, requests, context, heads, args.sweep)
+        if key_dtype == "mxfp4" and args.wide_scales:
+            for requests, context, heads in DECODE_SHAPES[:2]:
+                decode_case(args.label, key_dtype, requests, context, heads, False, wide_scales=True)
         if not args.no_prefill:
             prefill_case(args.label, key_dtype)
     return 0
