@@ -5,7 +5,9 @@ The server is tests/loadgen/sse_server.py in its own process (pinned to the last
 OS allows; the client is pinned to the first), streaming `--osl` tokens per request with the
 given delays. The client is the real `loadgen replay` path (plan, runner, HTTP transport, HDR
 recording) run in this process over synthetic sessions with no think time. Client CPU is
-getrusage(RUSAGE_SELF) over the measurement window.
+getrusage(RUSAGE_SELF) over the measurement window. `preempted_per_s`: the client's involuntary
+context switches per second of its run (other processes taking its core); on a shared machine
+they, not the client's own work, can make the TTFT error's tail.
 
 TTFT error, two views (both from perf_counter_ns = CLOCK_MONOTONIC, shared by the processes):
   receive: client's first-chunk timestamp - the end of the server's first write call (how late
@@ -29,6 +31,7 @@ import argparse
 import gzip
 import json
 import os
+import resource
 import signal
 import statistics
 import subprocess
@@ -96,11 +99,13 @@ def run_case(conc: int, first_ms: float, itl_ms: float, osl: int, duration: floa
             out = tmp_path / "out"
             pids = server.pids if isinstance(server, FastServer) else [server.proc.pid]
             server_cpu_before = sum(map(_process_cpu, pids))
+            switched_before, started = _involuntary_switches(), time.perf_counter()
             code = main(["replay", "--url", server.url, "--traces", str(tmp_path), "--conc", str(conc),
                          "--duration", str(duration), "--warmup", "1s", "--start-offset", "0:0",
                          "--workers", str(workers),
                          "--out", str(out), "--per-request", str(out / "req.jsonl"), "--quiet"])
             server_cpu_s = sum(map(_process_cpu, pids)) - server_cpu_before
+            preempted = (_involuntary_switches() - switched_before) / (time.perf_counter() - started)
             level = json.loads((out / "result.json").read_text())["levels"][0]
             records = [json.loads(line) for line in (out / "req.jsonl").read_text().splitlines()]
         seen = {r["id"]: r for r in server.records()["records"]}
@@ -120,6 +125,7 @@ def run_case(conc: int, first_ms: float, itl_ms: float, osl: int, duration: floa
         "cpu_us_per_request": 1e6 * client["cpu_s"] / counts["requests_ok"] if counts["requests_ok"] else None,
         "sys_us_per_token": 1e6 * client["cpu_sys_s"] / tokens if tokens else None,
         "cpu_util": client["cpu_util"], "server_cpu_util": server_cpu_s / (duration + 2.0),
+        "preempted_per_s": preempted,
         **(_errors(counted, seen) if seen else {}),
         "loop_lag_ms_p99": (level["metrics"]["loop_lag"]["stats"]["p99"] or 0) / 1000,
     }
@@ -144,6 +150,7 @@ def run_bare_case(conc: int, first_ms: float, itl_ms: float, osl: int, duration:
         "cpu_us_per_request": 1e6 * result["cpu_s"] / len(records) if records else None,
         "sys_us_per_token": 1e6 * result["sys_s"] / tokens if tokens else None,
         "cpu_util": result["cpu_s"] / duration, "server_cpu_util": None,
+        "preempted_per_s": result["preempted"] / result["span_s"],
         **_errors(records, seen), "loop_lag_ms_p99": None,
     }
 
@@ -158,6 +165,12 @@ def _errors(records: list[dict], seen: dict) -> dict:
     return {"recv_err_ms_p50": _pct(receive, 50), "recv_err_ms_p99": _pct(receive, 99),
             "full_err_ms_p50": _pct(full, 50), "full_err_ms_p99": _pct(full, 99),
             "e2el_err_ms_p50": _pct(e2el, 50), "e2el_err_ms_p99": _pct(e2el, 99)}
+
+
+def _involuntary_switches() -> int:
+    """How often this process was taken off its CPU while it could run (other processes wanting
+    the core): each time, the sockets wait, and a wait of one event interval smears the stamps."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_nivcsw
 
 
 def _process_cpu(pid: int) -> float:
@@ -247,7 +260,8 @@ def _first_request_s(flags: list[str], tmp: Path, repeats: int) -> float:
 
 HEADER = ("client", "conc", "first_ms", "itl_ms", "tok_s", "cpu_us_per_token", "cpu_vs_bare", "sys_us_per_token",
           "cpu_us_per_request", "cpu_util", "server_cpu_util", "recv_err_ms_p50", "recv_err_ms_p99",
-          "full_err_ms_p50", "full_err_ms_p99", "e2el_err_ms_p50", "e2el_err_ms_p99", "loop_lag_ms_p99", "errors")
+          "full_err_ms_p50", "full_err_ms_p99", "e2el_err_ms_p50", "e2el_err_ms_p99", "loop_lag_ms_p99", "preempted_per_s",
+          "errors")
 
 
 def main() -> None:

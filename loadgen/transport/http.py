@@ -195,6 +195,16 @@ class _SseStream:
         except orjson.JSONDecodeError:
             return 0
         usage = b'"usage"' in text  # some servers send usage on every content chunk
+        if not usage:
+            # The usual batch: every event a content chunk with token ids, counted in one pass.
+            try:
+                counts = [len(event["choices"][0]["token_ids"]) for event in events]
+            except (LookupError, TypeError):
+                counts = []  # some event of another shape: the loop below sorts them one by one
+            if counts and 0 not in counts:
+                self.ex.chunk_ns += stamps[:len(events)]
+                self.ex.chunk_tokens += counts
+                return len(events)
         tokens: list[int] = []
         first = 0  # the first piece of the run of content chunks not yet recorded
         for k, event in enumerate(events):
