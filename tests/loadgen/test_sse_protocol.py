@@ -176,7 +176,8 @@ def _by_lines(pieces: list[bytes], stamps: list[int]):
     [b'data: {"error":{"message":"boom"}}\n\n', b'data: {"choices":[{"token_ids":[1]}]}\n\n'],
     [b'data: {"choices":[{"token_ids":[1,2]}]}\n\n', b'data: {"choices":[{"text":"a","token_ids":null}]}\n\n',
      b'data: {"choices":[{"token_ids":[3]}]}\n\n'],
-    [b'data: {"choices":[{"token_ids":[1]}]}\n\n', b'data: {"choices":[]}\n\n', b'data: {"choices":[{"token_ids":[2]}]}\n\n'],
+    [b'data: {"choices":[{"token_ids":[1]}]}\n\n', b'data: {"choices":[]}\n\n',
+     b'data: {"choices":[{"token_ids":[2]}]}\n\n'],
     [b'data: {"choices":[{"token_ids":[1]}]}\n\n', b'data: {"choices":[{"token_ids":[2,3,4]}]}\n\n',
      b'data: {"choices":[{"token_ids":[5]}]}\n\n'],
     [b'data: {"choices":[{"token_ids":[1]}]}\n\n',  # a usage key spelled with an escape is still usage
