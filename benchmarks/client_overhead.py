@@ -6,8 +6,8 @@ OS allows; the client is pinned to the first), streaming `--osl` tokens per requ
 given delays. The client is the real `loadgen replay` path (plan, runner, HTTP transport, HDR
 recording) run in this process over synthetic sessions with no think time. Client CPU is
 getrusage(RUSAGE_SELF) over the measurement window. `preempted_per_s`: the client's involuntary
-context switches per second of its run (other processes taking its core); on a shared machine
-they, not the client's own work, can make the TTFT error's tail.
+context switches over the same span per second of the window (other processes taking its core);
+on a shared machine they, not the client's own work, can make the TTFT error's tail.
 
 TTFT error, two views (both from perf_counter_ns = CLOCK_MONOTONIC, shared by the processes):
   receive: client's first-chunk timestamp - the end of the server's first write call (how late
@@ -31,7 +31,6 @@ import argparse
 import gzip
 import json
 import os
-import resource
 import signal
 import statistics
 import subprocess
@@ -99,13 +98,11 @@ def run_case(conc: int, first_ms: float, itl_ms: float, osl: int, duration: floa
             out = tmp_path / "out"
             pids = server.pids if isinstance(server, FastServer) else [server.proc.pid]
             server_cpu_before = sum(map(_process_cpu, pids))
-            switched_before, started = _involuntary_switches(), time.perf_counter()
             code = main(["replay", "--url", server.url, "--traces", str(tmp_path), "--conc", str(conc),
                          "--duration", str(duration), "--warmup", "1s", "--start-offset", "0:0",
                          "--workers", str(workers),
                          "--out", str(out), "--per-request", str(out / "req.jsonl"), "--quiet"])
             server_cpu_s = sum(map(_process_cpu, pids)) - server_cpu_before
-            preempted = (_involuntary_switches() - switched_before) / (time.perf_counter() - started)
             level = json.loads((out / "result.json").read_text())["levels"][0]
             records = [json.loads(line) for line in (out / "req.jsonl").read_text().splitlines()]
         seen = {r["id"]: r for r in server.records()["records"]}
@@ -125,7 +122,7 @@ def run_case(conc: int, first_ms: float, itl_ms: float, osl: int, duration: floa
         "cpu_us_per_request": 1e6 * client["cpu_s"] / counts["requests_ok"] if counts["requests_ok"] else None,
         "sys_us_per_token": 1e6 * client["cpu_sys_s"] / tokens if tokens else None,
         "cpu_util": client["cpu_util"], "server_cpu_util": server_cpu_s / (duration + 2.0),
-        "preempted_per_s": preempted,
+        "preempted_per_s": client["preempted_per_s"],
         **(_errors(counted, seen) if seen else {}),
         "loop_lag_ms_p99": (level["metrics"]["loop_lag"]["stats"]["p99"] or 0) / 1000,
     }
@@ -150,7 +147,7 @@ def run_bare_case(conc: int, first_ms: float, itl_ms: float, osl: int, duration:
         "cpu_us_per_request": 1e6 * result["cpu_s"] / len(records) if records else None,
         "sys_us_per_token": 1e6 * result["sys_s"] / tokens if tokens else None,
         "cpu_util": result["cpu_s"] / duration, "server_cpu_util": None,
-        "preempted_per_s": result["preempted"] / result["span_s"],
+        "preempted_per_s": result["preempted"] / duration,  # over the window and the drain, as loadgen's
         **_errors(records, seen), "loop_lag_ms_p99": None,
     }
 
@@ -165,12 +162,6 @@ def _errors(records: list[dict], seen: dict) -> dict:
     return {"recv_err_ms_p50": _pct(receive, 50), "recv_err_ms_p99": _pct(receive, 99),
             "full_err_ms_p50": _pct(full, 50), "full_err_ms_p99": _pct(full, 99),
             "e2el_err_ms_p50": _pct(e2el, 50), "e2el_err_ms_p99": _pct(e2el, 99)}
-
-
-def _involuntary_switches() -> int:
-    """How often this process was taken off its CPU while it could run (other processes wanting
-    the core): each time, the sockets wait, and a wait of one event interval smears the stamps."""
-    return resource.getrusage(resource.RUSAGE_SELF).ru_nivcsw
 
 
 def _process_cpu(pid: int) -> float:
