@@ -5,7 +5,7 @@ It does only what any streaming benchmark client must: keep N connections busy i
 in uvloop's `data_received`, and notice content events and the response's end. No JSON parsing,
 no histograms, no per-request file: whatever loadgen spends beyond this is its own overhead.
 
-    run_bare(url, conc, osl, warmup_s, duration_s) -> {"cpu_s", "sys_s", "window_s", "tokens", "records"}
+    run_bare(url, conc, osl, warmup_s, duration_s) -> {"cpu_s", "sys_s", "window_s", "preempted", "tokens", "records"}
 """
 
 from __future__ import annotations
@@ -90,6 +90,7 @@ async def _run(url: str, conc: int, osl: int, warmup_s: float, duration_s: float
     after = resource.getrusage(resource.RUSAGE_SELF)  # the same span as loadgen's client.cpu_s
     return {"cpu_s": after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime,
             "sys_s": after.ru_stime - before.ru_stime, "window_s": duration_s,
+            "preempted": after.ru_nivcsw - before.ru_nivcsw,
             "tokens": sum(r["tokens"] for r in records), "records": records}
 
 

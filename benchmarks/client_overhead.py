@@ -5,7 +5,9 @@ The server is tests/loadgen/sse_server.py in its own process (pinned to the last
 OS allows; the client is pinned to the first), streaming `--osl` tokens per request with the
 given delays. The client is the real `loadgen replay` path (plan, runner, HTTP transport, HDR
 recording) run in this process over synthetic sessions with no think time. Client CPU is
-getrusage(RUSAGE_SELF) over the measurement window.
+getrusage(RUSAGE_SELF) over the measurement window. `preempted_per_s`: the client's involuntary
+context switches over the same span per second of the window (other processes taking its core);
+on a shared machine they, not the client's own work, can make the TTFT error's tail.
 
 TTFT error, two views (both from perf_counter_ns = CLOCK_MONOTONIC, shared by the processes):
   receive: client's first-chunk timestamp - the end of the server's first write call (how late
@@ -120,6 +122,7 @@ def run_case(conc: int, first_ms: float, itl_ms: float, osl: int, duration: floa
         "cpu_us_per_request": 1e6 * client["cpu_s"] / counts["requests_ok"] if counts["requests_ok"] else None,
         "sys_us_per_token": 1e6 * client["cpu_sys_s"] / tokens if tokens else None,
         "cpu_util": client["cpu_util"], "server_cpu_util": server_cpu_s / (duration + 2.0),
+        "preempted_per_s": client["preempted_per_s"],
         **(_errors(counted, seen) if seen else {}),
         "loop_lag_ms_p99": (level["metrics"]["loop_lag"]["stats"]["p99"] or 0) / 1000,
     }
@@ -144,6 +147,7 @@ def run_bare_case(conc: int, first_ms: float, itl_ms: float, osl: int, duration:
         "cpu_us_per_request": 1e6 * result["cpu_s"] / len(records) if records else None,
         "sys_us_per_token": 1e6 * result["sys_s"] / tokens if tokens else None,
         "cpu_util": result["cpu_s"] / duration, "server_cpu_util": None,
+        "preempted_per_s": result["preempted"] / duration,  # over the window and the drain, as loadgen's
         **_errors(records, seen), "loop_lag_ms_p99": None,
     }
 
@@ -247,7 +251,8 @@ def _first_request_s(flags: list[str], tmp: Path, repeats: int) -> float:
 
 HEADER = ("client", "conc", "first_ms", "itl_ms", "tok_s", "cpu_us_per_token", "cpu_vs_bare", "sys_us_per_token",
           "cpu_us_per_request", "cpu_util", "server_cpu_util", "recv_err_ms_p50", "recv_err_ms_p99",
-          "full_err_ms_p50", "full_err_ms_p99", "e2el_err_ms_p50", "e2el_err_ms_p99", "loop_lag_ms_p99", "errors")
+          "full_err_ms_p50", "full_err_ms_p99", "e2el_err_ms_p50", "e2el_err_ms_p99", "loop_lag_ms_p99", "preempted_per_s",
+          "errors")
 
 
 def main() -> None:

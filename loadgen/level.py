@@ -150,6 +150,8 @@ class LevelRun:
     sys_start: float = 0.0
     cpu_s: float | None = None
     sys_s: float | None = None
+    switches_start: int = 0
+    preempted: int | None = None  # involuntary context switches of the window (other tasks took the core)
     columns: dict[str, list] = field(default_factory=lambda: {k: [] for k in COLUMNS})
     lane_requests: Counter = field(default_factory=Counter)
     lanes_warm: int = 0
@@ -185,6 +187,7 @@ class LevelRun:
         self.window_end_ns = self.window_start_ns + int(duration_s * 1e9)
         self.cpu_start = cpu_seconds()
         self.sys_start = sys_seconds()
+        self.switches_start = involuntary_switches()
         if not self.window_opened.done():
             self.window_opened.set_result(None)
 
@@ -198,6 +201,7 @@ class LevelRun:
             return
         self.cpu_s = cpu_seconds() - self.cpu_start
         self.sys_s = sys_seconds() - self.sys_start
+        self.preempted = involuntary_switches() - self.switches_start
         now = time.perf_counter_ns()
         if self.window_end_ns is None or self.window_end_ns > now:
             self.window_end_ns = now
@@ -212,8 +216,8 @@ class LevelRun:
             **{name: dict(getattr(self, name)) for name in _TALLIES},
             "max_inflight": self.max_inflight, "max_active_trees": self.max_active_trees,
             "window_s": self.window_s if self.window_start_ns is not None else None,
-            "cpu_s": self.cpu_s, "sys_s": self.sys_s, "columns": self.columns, "hdr": hists,
-            "spec": self.spec_tally,
+            "cpu_s": self.cpu_s, "sys_s": self.sys_s, "preempted": self.preempted, "columns": self.columns,
+            "hdr": hists, "spec": self.spec_tally,
         }
 
     def absorb(self, part: dict[str, Any]) -> None:
@@ -232,6 +236,7 @@ class LevelRun:
         if part["cpu_s"] is not None:
             self.cpu_s = (self.cpu_s or 0.0) + part["cpu_s"]
             self.sys_s = (self.sys_s or 0.0) + part["sys_s"]
+            self.preempted = (self.preempted or 0) + part["preempted"]
         for name in COLUMNS:
             self.columns[name].extend(part["columns"][name])
         for name, text in part["hdr"].items():
@@ -246,3 +251,8 @@ def cpu_seconds() -> float:
 
 def sys_seconds() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_stime
+
+
+def involuntary_switches() -> int:
+    """Times this process was taken off a core while it could run: another task wanted the core."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_nivcsw

@@ -37,6 +37,13 @@ class TraceHitRates:
         return round(weighted / level.input_tokens, 6)
 
 
+# Involuntary context switches per second and worker above which a lagging loop is blamed on a
+# shared core. On a core shared with CPU-bound processes, the loadgen runs whose loop lagged
+# (p99 17-36 ms) saw 65-110 a second, the leaner bare client on the same core 1-9
+# (benchmarks/RESULTS.md, issue 13's fourth round).
+WARN_PREEMPTED_PER_S = 20
+
+
 def level_summary(level: LevelRun, config: RunConfig, theoretical_hit_rate: float | None,
                   spec: SpecExpectation | None = None, engine_in_process: bool = False) -> dict[str, Any]:
     """The results-file entry of one level (see results.py). `engine_in_process` (`loadgen bench`):
@@ -57,9 +64,15 @@ def level_summary(level: LevelRun, config: RunConfig, theoretical_hit_rate: floa
     lag_p99 = metrics["loop_lag"]["stats"]["p99"]
     cpu_util = level.cpu_s / window_s if level.cpu_s is not None and window_s > 0 else None
     per_worker = cpu_util / level.workers if cpu_util is not None else None
+    preempted_per_s = level.preempted / window_s if level.preempted is not None and window_s > 0 else None
     warnings = []
     if lag_p99 is not None and lag_p99 > WARN_P99_US:
-        warnings.append(f"client event loop lagged (p99 {lag_p99 / 1000:.1f} ms): the client may be the bottleneck")
+        warning = f"client event loop lagged (p99 {lag_p99 / 1000:.1f} ms): the client may be the bottleneck"
+        if (preempted_per_s is not None and preempted_per_s / level.workers > WARN_PREEMPTED_PER_S
+                and not engine_in_process):
+            warning += (f"; other processes took the client's core {preempted_per_s / level.workers:.0f} times a "
+                        "second per worker process: a shared core (give the client cores of its own)")
+        warnings.append(warning)
     if per_worker is not None and per_worker > 0.9 and not engine_in_process:
         warnings.append(f"client used {per_worker:.0%} of a core per worker process during the window: it may "
                         "be the bottleneck (more --workers spread it over more cores)")
@@ -106,6 +119,7 @@ def level_summary(level: LevelRun, config: RunConfig, theoretical_hit_rate: floa
         "client": {"cpu_s": round(level.cpu_s, 4) if level.cpu_s is not None else None,
                    "cpu_sys_s": round(level.sys_s, 4) if level.sys_s is not None else None,
                    "cpu_util": round(cpu_util, 4) if cpu_util is not None else None,
+                   "preempted_per_s": round(preempted_per_s, 1) if preempted_per_s is not None else None,
                    "warnings": warnings},
         "spec_decode": level.spec_tally.summary(spec),
         "metrics": metrics,

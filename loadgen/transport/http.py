@@ -186,15 +186,29 @@ class _SseStream:
         error) goes through the line rules in its place, so order is kept. How many pieces were
         taken: all, or 0 when the pieces are not one event each."""
         text = b"".join(pieces)
-        # one event per piece: only each piece's own two newlines, each piece opening with `data:`
-        if (text.count(b"\n") != 2 * len(pieces) or not text.startswith(b"data:")
-                or text.count(b"\n\ndata:") != len(pieces) - 1):
+        if not text.startswith(b"data:"):
+            return 0
+        body = text.replace(b"\n\ndata:", b",")  # each of the 7-byte separators becomes 1 byte
+        # One event per piece: every piece after the first opens with `data:` right after the
+        # blank line that ends the one before, and no newline is left but the last piece's two.
+        # (memchr finds the first newline: cheaper than counting them all.)
+        if len(text) - len(body) != 6 * (len(pieces) - 1) or body.find(b"\n") != len(body) - 2 \
+                or body[-1:] != b"\n":
             return 0
         try:
-            events = orjson.loads(b"[" + text[5:-2].replace(b"\n\ndata:", b",") + b"]")
+            events = orjson.loads(b"[" + body[5:-2] + b"]")
         except orjson.JSONDecodeError:
             return 0
-        usage = b'"usage"' in text  # some servers send usage on every content chunk
+        # The usual batch: every event a content chunk with token ids and no usage (some servers
+        # send usage on every content chunk), counted in one pass.
+        try:
+            counts = [len(event["choices"][0]["token_ids"]) for event in events if "usage" not in event]
+        except (LookupError, TypeError):
+            counts = []  # some event of another shape: the loop below sorts them one by one
+        if len(counts) == len(events) and 0 not in counts:
+            self.ex.chunk_ns += stamps[:len(events)]
+            self.ex.chunk_tokens += counts
+            return len(events)
         tokens: list[int] = []
         first = 0  # the first piece of the run of content chunks not yet recorded
         for k, event in enumerate(events):
@@ -202,7 +216,7 @@ class _SseStream:
                 n = len(event["choices"][0]["token_ids"])
             except (LookupError, TypeError):
                 n = 0
-            if n and not (usage and event.get("usage")):
+            if n and not event.get("usage"):  # n > 0: the event is an object
                 tokens.append(n)
                 continue
             # an empty token_ids list (the text decides), no ids, usage, an error: the line rules
