@@ -48,7 +48,11 @@ TORCH_TOPK_MIN_ROWS = 1024
 # spread to pay: in a CUDA graph on an H200 it won at 128 x 4096 (22.4 vs 31.2-31.8 us), tied at
 # 1 x 4096 (22.1 vs 20.8-25.3) and lost at 1 x 8192 (40.3 vs 15.9 for the compacting path;
 # benchmarks/kernels.py --only topk times every path).
-SINGLE_PASS_MAX_COLS = 4096
+SINGLE_PASS_MAX_COLS = 16384
+# ... and keep it in registers, narrowing the k-th largest key by this many pivots per block
+# reduction, with this many warps (the row's 4k-16k keys spread over them)
+SINGLE_PASS_PIVOTS = 2
+SINGLE_PASS_WARPS = 8
 # Longer rows take the compacting path: up to this many columns with 1,024-column chunks at 16
 # programs/SM, longer rows with 2,048-column chunks at 8/SM (default_config; the measurements are
 # beside it).
@@ -230,6 +234,106 @@ def _topk_row_kernel(logits_ptr, lengths_ptr, out_ptr, n_cols, k, BLOCK: tl.cons
         _select_in_program(row_ptr, row_ptr, length, out_row, k, zero, zero, k, 0, True, BLOCK)
 
 
+# The in-register kernel's emit packs two counts of a block into one int32 (above the k-th largest
+# key in the high half, kept below 2^15 by this bound, candidates in the low): the longest row it takes.
+REGISTER_ROW_MAX_COLS = 16384
+
+
+@triton.jit
+def _sum3(a0, a1, a2, b0, b1, b2):
+    return a0 + b0, a1 + b1, a2 + b2
+
+
+@triton.jit
+def _count_at_or_above(key, pivot):
+    return tl.sum((key >= pivot.to(tl.uint32)).to(tl.int32), axis=0)
+
+
+@triton.jit
+def _narrow_interval(key, k, lo, hi, c_lo, c_hi, PIVOTS: tl.constexpr):
+    """One step of the search for the k-th largest key: [lo, hi) holds it, with c_lo >= k keys at or
+    above lo and c_hi < k at or above hi. Splits the interval at one pivot (halves) or at three
+    (quarters, their counts taken by one block reduction) and keeps the part that holds it."""
+    if PIVOTS == 1:
+        mid = lo + (hi - lo) // 2
+        c = _count_at_or_above(key, mid)
+        up = c >= k
+        return tl.where(up, mid, lo), tl.where(up, hi, mid), tl.where(up, c, c_lo), tl.where(up, c_hi, c)
+    elif PIVOTS == 2:
+        # thirds, both counts in one int32 (each below 2^16: REGISTER_ROW_MAX_COLS) summed by one
+        # plain reduction
+        third = (hi - lo + 2) // 3
+        m1 = lo + third
+        m2 = tl.minimum(lo + 2 * third, hi - 1)
+        both = tl.sum((key >= m1.to(tl.uint32)).to(tl.int32) + ((key >= m2.to(tl.uint32)).to(tl.int32) << 16), axis=0)
+        c1, c2 = both & 0xFFFF, both >> 16
+        up1, up2 = c1 >= k, c2 >= k
+        new_lo = tl.where(up2, m2, tl.where(up1, m1, lo))
+        new_hi = tl.where(up2, hi, tl.where(up1, m2, m1))
+        return new_lo, new_hi, tl.where(up2, c2, tl.where(up1, c1, c_lo)), tl.where(up2, c_hi, tl.where(up1, c2, c1))
+    else:
+        # pivots lo < m1 <= m2 <= m3 < hi (equal ones in intervals of under four keys)
+        q = (hi - lo + 3) // 4
+        m1 = lo + q
+        m2 = tl.minimum(lo + 2 * q, hi - 1)
+        m3 = tl.minimum(lo + 3 * q, hi - 1)
+        c1, c2, c3 = tl.reduce(((key >= m1.to(tl.uint32)).to(tl.int32), (key >= m2.to(tl.uint32)).to(tl.int32),
+                                (key >= m3.to(tl.uint32)).to(tl.int32)), 0, _sum3)
+        # the highest pivot whose count reaches k is the new lo, the next point above it the new hi
+        up1, up2, up3 = c1 >= k, c2 >= k, c3 >= k
+        new_lo = tl.where(up3, m3, tl.where(up2, m2, tl.where(up1, m1, lo)))
+        new_hi = tl.where(up3, hi, tl.where(up2, m3, tl.where(up1, m2, m1)))
+        new_c_lo = tl.where(up3, c3, tl.where(up2, c2, tl.where(up1, c1, c_lo)))
+        new_c_hi = tl.where(up3, c_hi, tl.where(up2, c3, tl.where(up1, c2, c1)))
+        return new_lo, new_hi, new_c_lo, new_c_hi
+
+
+@triton.jit
+def _select_in_registers(row_ptr, out_row, length, k, BLOCK: tl.constexpr, PIVOTS: tl.constexpr):
+    """Top k of a row of length in (k, BLOCK] columns whose keys stay in registers.
+
+    The k-th largest key is found by narrowing a key interval [lo, hi) with counts of keys at or
+    above pivots, each count a block reduction (no histogram), until exactly k keys lie at or above
+    lo (the k largest, whatever ties lie below) or the interval is one key wide (lo is the k-th
+    largest). Then one emit: the keys at or above hi, then keys in [lo, hi) while fewer than k are
+    placed, positions from one packed scan.
+    """
+    col = tl.arange(0, BLOCK)
+    valid = col < length
+    # columns past the length get key 0 and never count: every pivot is above 0
+    key = tl.where(valid, _ordered_key(tl.load(row_ptr + col, mask=valid, other=0.0)), 0)
+    lo = tl.full((), 0, tl.int64)
+    hi = tl.full((), 1 << 32, tl.int64)  # int64: the interval may end past the largest key
+    c_lo = length
+    c_hi = tl.full((), 0, tl.int32)
+    while (c_lo > k) & (hi - lo > 1):
+        lo, hi, c_lo, c_hi = _narrow_interval(key, k, lo, hi, c_lo, c_hi, PIVOTS)
+    wide = key.to(tl.int64)
+    is_above = wide >= hi
+    is_cand = valid & (wide >= lo) & (wide < hi)
+    rank = tl.cumsum((is_above.to(tl.int32) << 16) | is_cand.to(tl.int32), axis=0)
+    pos = tl.where(is_above, (rank >> 16) - 1, c_hi + (rank & 0xFFFF) - 1)
+    tl.store(out_row + pos, col, mask=is_above | (is_cand & (pos < k)))
+
+
+@triton.jit
+def _topk_in_registers_kernel(logits_ptr, lengths_ptr, out_ptr, n_cols, k, BLOCK: tl.constexpr,
+                              PIVOTS: tl.constexpr):
+    """The whole top-k of one row in one program (grid: rows) that reads the row once, into
+    registers: BLOCK >= n_cols columns, or half as many when the row's length (read on the device)
+    fits them, which halves the work of every count."""
+    row = tl.program_id(0)
+    length = tl.minimum(tl.load(lengths_ptr + row), n_cols)
+    row_ptr = logits_ptr + row.to(tl.int64) * n_cols
+    out_row = out_ptr + row.to(tl.int64) * k
+    if length <= k:
+        _store_short_row(out_row, length, k, BLOCK)
+    elif length <= BLOCK // 2:
+        _select_in_registers(row_ptr, out_row, length, k, BLOCK // 2, PIVOTS)
+    else:
+        _select_in_registers(row_ptr, out_row, length, k, BLOCK, PIVOTS)
+
+
 @triton.jit(do_not_specialize=["level"])
 def _radix_pass_kernel(
     logits_ptr, lengths_ptr, out_ptr, hist_ptr, count_ptr, n_cols, k, level,
@@ -398,6 +502,7 @@ class TopkConfig:
     num_warps: int
     programs_per_sm: int = 4
     single_pass_max_cols: int = SINGLE_PASS_MAX_COLS
+    single_pass_pivots: int = SINGLE_PASS_PIVOTS
     candidates: int = 0
     per_column_atomics: bool = False
     finish_block: int = 512
@@ -412,6 +517,8 @@ class TopkConfig:
             raise ValueError(f"TopkConfig: hist_block={self.hist_block} must be >= 0")
         if self.candidates < 0:
             raise ValueError(f"TopkConfig: candidates={self.candidates} must be >= 0")
+        if self.single_pass_pivots not in (0, 1, 2, 3):
+            raise ValueError(f"TopkConfig: single_pass_pivots={self.single_pass_pivots} must be 0, 1, 2 or 3")
 
 
 def default_config(device: torch.device, n_cols: int, n_rows: int) -> TopkConfig:
@@ -431,7 +538,7 @@ def default_config(device: torch.device, n_cols: int, n_rows: int) -> TopkConfig
     # at 64 x 64k; at 32k columns and 4k context they lost, 17.2 vs 16.0 and 30.5 vs 29.1), and from
     # ATOMICS_MIN_ROWS rows the split places by per-hit atomics.
     if n_cols <= SINGLE_PASS_MAX_COLS:
-        return TopkConfig(4096, 4096, 16)
+        return TopkConfig(4096, 4096, SINGLE_PASS_WARPS)
     if n_cols <= FINE_CHUNK_MAX_COLS:
         return TopkConfig(1024, 1024, 4, 16, candidates=CANDIDATES)
     return TopkConfig(2048, 1024, 4, 8, candidates=CANDIDATES, hist_block=2048,
@@ -453,6 +560,10 @@ def topk_triton(logits: torch.Tensor, lengths: torch.Tensor, k: int, config: Top
     if t == 0:
         return out
     cfg = config or default_config(logits.device, n, t)
+    if n <= min(cfg.single_pass_max_cols, REGISTER_ROW_MAX_COLS) and cfg.single_pass_pivots:
+        _topk_in_registers_kernel[(t,)](logits, lengths, out, n, k, BLOCK=max(64, triton.next_power_of_2(n)),
+                                        PIVOTS=cfg.single_pass_pivots, num_warps=cfg.num_warps)
+        return out
     if n <= cfg.single_pass_max_cols:
         _topk_row_kernel[(t,)](logits, lengths, out, n, k, BLOCK=cfg.block, num_warps=cfg.num_warps)
         return out
