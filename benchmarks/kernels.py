@@ -338,17 +338,17 @@ def indexer_prefill_cases(rows: list[Row], chunk: int, context: int) -> None:
 # kernel's limit (REGISTER_ROW_MAX_COLS) the defaults alone: their variants (compacting grids,
 # histogram steps, per-hit atomics, five launches) were timed in benchmarks/RESULTS.md ("Compacting
 # top-k", "Top-k: wider histogram steps"). Up to it, every launch shape: the compacting path at its
-# grid up to 32k columns, the one-launch radix kernel that re-reads the row per level (pivots 0),
-# and the in-register kernel at 1, 2 or 3 pivots per block reduction and 4, 8 or 16 warps.
+# grid up to 32k columns, the one-launch radix kernel that re-reads the row per level, and the
+# in-register kernel at 4, 8 or 16 warps (its 2- and 3-pivot steps: benchmarks/RESULTS.md, top-k
+# with the row in registers).
 MULTI_LAUNCH, ONE = 0, 1 << 30  # single_pass_max_cols that force the multi-launch paths / the single launch
 _CUDA = torch.device("cuda")
 COMPACTING = replace(default_config(_CUDA, 32768, 1), single_pass_max_cols=MULTI_LAUNCH)
-RADIX_ONE_LAUNCH = TopkConfig(4096, 4096, 16, single_pass_max_cols=ONE, single_pass_pivots=0)
+RADIX_ONE_LAUNCH = TopkConfig(4096, 4096, 16, single_pass_max_cols=ONE, single_pass_registers=False)
 TOPK_SWEEP = {
     1 << 30: (None,),
     REGISTER_ROW_MAX_COLS: (None, COMPACTING, RADIX_ONE_LAUNCH) + tuple(
-        TopkConfig(4096, 4096, warps, single_pass_max_cols=ONE, single_pass_pivots=pivots)
-        for pivots in (1, 2, 3) for warps in (4, 8, 16)),
+        TopkConfig(4096, 4096, warps, single_pass_max_cols=ONE) for warps in (4, 8, 16)),
 }
 
 
@@ -356,8 +356,8 @@ def topk_label(cfg: TopkConfig | None, n_rows: int, n_cols: int) -> str:
     if cfg is None:
         cfg = default_config(torch.device(DEV), n_cols, n_rows)
         return f"triton default ({topk_label(cfg, n_rows, n_cols).removeprefix('triton ')})"
-    if n_cols <= min(cfg.single_pass_max_cols, REGISTER_ROW_MAX_COLS) and cfg.single_pass_pivots:
-        return f"triton 1 launch in registers, {cfg.single_pass_pivots} pivot(s) w{cfg.num_warps}"
+    if n_cols <= min(cfg.single_pass_max_cols, REGISTER_ROW_MAX_COLS) and cfg.single_pass_registers:
+        return f"triton 1 launch in registers w{cfg.num_warps}"
     if n_cols <= cfg.single_pass_max_cols:
         return f"triton 1 launch radix block{cfg.block} w{cfg.num_warps}"
     grid = f"chunk{cfg.chunk} block{cfg.block} w{cfg.num_warps} p{cfg.programs_per_sm}/SM"
@@ -414,7 +414,7 @@ def topk_cases(rows: list[Row], n_rows: int, n_cols: int, k: int | None = None, 
     crowded = crowded_rows(x)
     checks = [(x, lens), (x, short), (crowded, lens)]
     smoke = (TopkConfig(512, 256, 4, single_pass_max_cols=MULTI_LAUNCH), TopkConfig(512, 256, 4, single_pass_max_cols=ONE),
-             TopkConfig(512, 256, 4, single_pass_max_cols=ONE, single_pass_pivots=0),
+             TopkConfig(512, 256, 4, single_pass_max_cols=ONE, single_pass_registers=False),
              TopkConfig(512, 256, 4, single_pass_max_cols=MULTI_LAUNCH, candidates=256),
              TopkConfig(512, 256, 4, single_pass_max_cols=MULTI_LAUNCH, candidates=256, hist_block=1024))
     sweep = TOPK_SWEEP[min(size for size in TOPK_SWEEP if size >= n_cols)]
