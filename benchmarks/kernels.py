@@ -516,8 +516,9 @@ def main(argv: list[str] | None = None) -> int:
         if "topk" in parts:
             topk_cases(rows, *((2, 4096) if SMOKE else (64, 65536)))
             if not SMOKE:  # the decode steps' shapes: v32 16 requests at 64k; small (k = 512) 1 and 128 requests
-                # at 4k context in rows of benchmarks/engine.py's max_model_len (context + steps + 2); rows
-                # up to the in-register kernel's limit (REGISTER_ROW_MAX_COLS), where the launch shapes meet
+                # at 4k context in rows a little over 4k columns, like benchmarks/engine.py's max_model_len
+                # (context + steps + 2; any width in 4,097-8,192 takes the same kernels); rows up to the
+                # in-register kernel's limit (REGISTER_ROW_MAX_COLS), where the launch shapes meet
                 topk_cases(rows, 16, 65536)
                 for n_rows in (1, 128):
                     topk_cases(rows, n_rows, 4096 + 54, k=512, length=4096)
