@@ -36,7 +36,13 @@ from kernels.quant import (  # noqa: E402
     write_kv_cache,
 )
 from kernels.sparse_mla import SparseMlaConfig, auto_num_splits, sparse_mla_torch, sparse_mla_triton  # noqa: E402
-from kernels.topk import TopkConfig, default_config, topk_indices_torch, topk_triton  # noqa: E402
+from kernels.topk import (  # noqa: E402
+    REGISTER_ROW_MAX_COLS,
+    TopkConfig,
+    default_config,
+    topk_indices_torch,
+    topk_triton,
+)
 from kernels.triton_utils import poisoned_outputs  # noqa: E402
 
 COPY_TBPS = 4.04  # measured on this H200 (issue 4, 2026-11-29)
@@ -333,26 +339,21 @@ def indexer_prefill_cases(rows: list[Row], chunk: int, context: int) -> None:
 # ---------------------------------------------------------------- top-k
 
 
-# The default config (None) and the variants worth timing at each row size: for rows past 32k
-# columns the compacting path (forced by a threshold of 0 columns) with its histogram levels
-# stepping 1,024 (the old default), 2,048 or 4,096 columns a step, each with the split placing by
-# scan or by per-hit atomics, and the five full radix passes; at 32k the compacting grid of
-# 1,024-column chunks, its histogram levels at 1,024 or 2,048; up to the single launch's threshold
-# the default alone (the other launch shapes were timed there in benchmarks/RESULTS.md "Compacting
-# top-k"; one program per row took 433-597 us at 64k columns, "Top-k launch shapes").
+# The default config (None) and the variants worth timing at each row size. Past the in-register
+# kernel's limit (REGISTER_ROW_MAX_COLS) the defaults alone: their variants (compacting grids,
+# histogram steps, per-hit atomics, five launches) were timed in benchmarks/RESULTS.md ("Compacting
+# top-k", "Top-k: wider histogram steps"). Up to it, every launch shape: the compacting path at its
+# grid up to 32k columns, the one-launch radix kernel that re-reads the row per level, and the
+# in-register kernel at 4, 8 or 16 warps (its 2- and 3-pivot steps: benchmarks/RESULTS.md, top-k
+# with the row in registers).
 MULTI_LAUNCH, ONE = 0, 1 << 30  # single_pass_max_cols that force the multi-launch paths / the single launch
 _CUDA = torch.device("cuda")
-# the default compacting grids past 32k (16 rows: the scan split) and at 32k, histogram levels at block
-COMPACTING = replace(default_config(_CUDA, 65536, 16), single_pass_max_cols=MULTI_LAUNCH, hist_block=0)
-COMPACTING_32K = replace(default_config(_CUDA, 32768, 1), single_pass_max_cols=MULTI_LAUNCH)
+COMPACTING = replace(default_config(_CUDA, 32768, 1), single_pass_max_cols=MULTI_LAUNCH)
+RADIX_ONE_LAUNCH = TopkConfig(4096, 4096, 16, single_pass_max_cols=ONE, single_pass_registers=False)
 TOPK_SWEEP = {
-    1 << 30: (None, COMPACTING, replace(COMPACTING, per_column_atomics=True),
-              replace(COMPACTING, hist_block=2048), replace(COMPACTING, hist_block=2048, per_column_atomics=True),
-              replace(COMPACTING, hist_block=4096), replace(COMPACTING, hist_block=4096, per_column_atomics=True),
-              TopkConfig(2048, 1024, 4, 8, MULTI_LAUNCH, hist_block=2048)),
-    32768: (None, COMPACTING_32K, replace(COMPACTING_32K, hist_block=2048),
-            replace(COMPACTING_32K, hist_block=2048, per_column_atomics=True)),
-    4096: (None,),
+    1 << 30: (None,),
+    REGISTER_ROW_MAX_COLS: (None, COMPACTING, RADIX_ONE_LAUNCH) + tuple(
+        TopkConfig(4096, 4096, warps, single_pass_max_cols=ONE) for warps in (4, 8, 16)),
 }
 
 
@@ -360,8 +361,10 @@ def topk_label(cfg: TopkConfig | None, n_rows: int, n_cols: int) -> str:
     if cfg is None:
         cfg = default_config(torch.device(DEV), n_cols, n_rows)
         return f"triton default ({topk_label(cfg, n_rows, n_cols).removeprefix('triton ')})"
+    if n_cols <= min(cfg.single_pass_max_cols, REGISTER_ROW_MAX_COLS) and cfg.single_pass_registers:
+        return f"triton 1 launch in registers w{cfg.num_warps}"
     if n_cols <= cfg.single_pass_max_cols:
-        return f"triton 1 launch block{cfg.block} w{cfg.num_warps}"
+        return f"triton 1 launch radix block{cfg.block} w{cfg.num_warps}"
     grid = f"chunk{cfg.chunk} block{cfg.block} w{cfg.num_warps} p{cfg.programs_per_sm}/SM"
     if cfg.hist_block:
         grid += f" hist.block{cfg.hist_block}"
@@ -416,6 +419,7 @@ def topk_cases(rows: list[Row], n_rows: int, n_cols: int, k: int | None = None, 
     crowded = crowded_rows(x)
     checks = [(x, lens), (x, short), (crowded, lens)]
     smoke = (TopkConfig(512, 256, 4, single_pass_max_cols=MULTI_LAUNCH), TopkConfig(512, 256, 4, single_pass_max_cols=ONE),
+             TopkConfig(512, 256, 4, single_pass_max_cols=ONE, single_pass_registers=False),
              TopkConfig(512, 256, 4, single_pass_max_cols=MULTI_LAUNCH, candidates=256),
              TopkConfig(512, 256, 4, single_pass_max_cols=MULTI_LAUNCH, candidates=256, hist_block=1024))
     sweep = TOPK_SWEEP[min(size for size in TOPK_SWEEP if size >= n_cols)]
@@ -430,10 +434,10 @@ def topk_cases(rows: list[Row], n_rows: int, n_cols: int, k: int | None = None, 
                                                         return_mode="median")
             rows.append(Row(case, f"{label} [graph]", graphed, 0, nbytes, plain))
             print(f"{case} {label}: graph {graphed * 1e3:.1f} us", flush=True)
-    if not SMOKE:  # what the compacting path's fallback costs when every row overflows its list
-        graphed = triton.testing.do_bench_cudagraph(lambda: topk_triton(crowded, lens, k, COMPACTING), rep=200,
+    if not SMOKE:  # what the default costs when rows crowd or tie (the compacting path's list overflows)
+        graphed = triton.testing.do_bench_cudagraph(lambda: topk_triton(crowded, lens, k), rep=200,
                                                     return_mode="median")
-        rows.append(Row(case, f"{topk_label(COMPACTING, n_rows, n_cols)}, crowded rows [graph]", graphed, 0, nbytes, plain))
+        rows.append(Row(case, f"{topk_label(None, n_rows, n_cols)}, crowded rows [graph]", graphed, 0, nbytes, plain))
 
 
 # ---------------------------------------------------------------- fp8 quantisation
@@ -517,12 +521,15 @@ def main(argv: list[str] | None = None) -> int:
         if "topk" in parts:
             topk_cases(rows, *((2, 4096) if SMOKE else (64, 65536)))
             if not SMOKE:  # the decode steps' shapes: v32 16 requests at 64k; small (k = 512) 1 and 128 requests
-                # at 4k context in rows of its max_model_len (32k); 128 rows at the single launch's threshold
-                # (SINGLE_PASS_MAX_COLS)
+                # at 4k context in rows a little over 4k columns, like benchmarks/engine.py's max_model_len
+                # (context + steps + 2; any width in 4,097-8,192 takes the same kernels); rows up to the
+                # in-register kernel's limit (REGISTER_ROW_MAX_COLS), where the launch shapes meet
                 topk_cases(rows, 16, 65536)
                 for n_rows in (1, 128):
-                    topk_cases(rows, n_rows, 32768, k=512, length=4096)
+                    topk_cases(rows, n_rows, 4096 + 54, k=512, length=4096)
                 topk_cases(rows, 128, 4096)
+                for n_cols in (8192, REGISTER_ROW_MAX_COLS):
+                    topk_cases(rows, 1, n_cols)
         if "quant" in parts:
             quant_cases(rows, 2 if SMOKE else 16)
         if "prefill" in parts:  # a 64k prompt's last chunk: indexer and top-k (sparse attention: under mla)

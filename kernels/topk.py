@@ -1,16 +1,23 @@
 """Exact per-row top-k column indices with per-row lengths, and their mapping to cache slots.
 
-Triton path: a radix select on order-preserving 32-bit keys. Four levels of 8-bit digit
-histograms (keys matching the digits chosen so far) narrow the k-th largest key down to one value;
-an emit pass then writes every column above it plus just enough columns equal to it. Rows no
-longer than k emit 0..len-1 then -1.
+Triton path: a selection on order-preserving 32-bit keys. The k-th largest key is found either by
+a radix select, four levels of 8-bit digit histograms (keys matching the digits chosen so far), or,
+for rows held in registers, by halving a key interval with counts of the keys at or above its
+midpoint; an emit pass then writes every column above it plus just enough columns equal to it.
+Rows no longer than k emit 0..len-1 then -1.
 
 Launch shapes, chosen by the row and column counts and the config alone (so a CUDA graph keeps a fixed
 choice; a row's length and values only steer branches on the device):
-- up to `TopkConfig.single_pass_max_cols` columns, ONE launch with one program per row: the
-  program keeps each level's histogram in registers, re-reads the row (from L2) once per level
-  and places its outputs by a running count, so no scratch table, atomics or further launches;
-  at decode shapes a launch costs more than the work (about 11-15 us each on an H200);
+- up to `TopkConfig.single_pass_max_cols` columns, ONE launch with one program per row, no scratch
+  table, atomics or further launches (at decode shapes a launch costs more than the work):
+  - by default the row is read once into registers (up to REGISTER_ROW_MAX_COLS columns, the
+    register block halved when the row's length fits half of it), and each step of the interval
+    search is one block reduction of a compare per key: about 20 steps for continuous values
+    (it stops once exactly k keys lie at or above the interval's low end), 32 for ties. Bound by
+    that chain of reductions: 8.0 us for one 4k row in a CUDA graph on an H200 (benchmarks/RESULTS.md,
+    top-k with the row in registers);
+  - or (`TopkConfig.single_pass_registers` off, or longer rows) the radix select, keeping each
+    level's histogram in registers and re-reading the row (from L2) once per level;
 - longer rows, spread over (rows x programs, each looping over chunks of columns up to the row's
   length) so that a few long rows still fill the GPU, the histograms meeting in a per-row table in
   global memory and outputs placed by atomic counters; either
@@ -43,12 +50,17 @@ from kernels.triton_utils import new_output, row_programs
 # H200 (benchmarks/RESULTS.md, issue 12 prefill), where the five passes run far below bandwidth.
 TORCH_TOPK_MIN_ROWS = 1024
 
-# Rows up to this many columns take the single-launch kernel: one program reading a row five
-# times beats the multi-launch paths until the row is long enough for the (rows x programs)
-# spread to pay: in a CUDA graph on an H200 it won at 128 x 4096 (22.4 vs 31.2-31.8 us), tied at
-# 1 x 4096 (22.1 vs 20.8-25.3) and lost at 1 x 8192 (40.3 vs 15.9 for the compacting path;
-# benchmarks/kernels.py --only topk times every path).
-SINGLE_PASS_MAX_COLS = 4096
+# Rows up to this many columns take the single launch with the row in registers, one program per
+# row, which beats the multi-launch paths until a row is long enough for the (rows x programs)
+# spread to pay: in a CUDA graph on an H200 (benchmarks/RESULTS.md, top-k with the row in
+# registers; benchmarks/kernels.py --only topk times every path) 8.0 vs 16.7 us (compacting) and
+# 22.1 (one-launch radix) at 1 x 4150 columns of length 4096, k=512 (the small model's decode rows),
+# 10.7 vs 22.7 and 22.4 at 128 such rows, 11.6 vs 16.2 at 1 x 8192, k=2048, but 17.0 vs 16.5 at
+# 1 x 16,384.
+SINGLE_PASS_MAX_COLS = 8192
+# Warps of that program: 8 beat 4 and 16 at every shape up to 8192 columns but 128 x 4096 with k=2048
+# (12.2 vs 11.6 at 4 warps).
+SINGLE_PASS_WARPS = 8
 # Longer rows take the compacting path: up to this many columns with 1,024-column chunks at 16
 # programs/SM, longer rows with 2,048-column chunks at 8/SM (default_config; the measurements are
 # beside it).
@@ -230,6 +242,76 @@ def _topk_row_kernel(logits_ptr, lengths_ptr, out_ptr, n_cols, k, BLOCK: tl.cons
         _select_in_program(row_ptr, row_ptr, length, out_row, k, zero, zero, k, 0, True, BLOCK)
 
 
+# The in-register kernel's emit packs two counts of a block into one int32 (above the k-th largest
+# key in the high half, kept below 2^15 by this bound, candidates in the low): the longest row it
+# takes; longer rows of the single launch take the radix kernel.
+REGISTER_ROW_MAX_COLS = 16384
+
+
+@triton.jit
+def _count_at_or_above(key, pivot):
+    return tl.sum((key >= pivot.to(tl.uint32)).to(tl.int32), axis=0)
+
+
+@triton.jit
+def _halve_interval(key, k, lo, hi, c_lo, c_hi):
+    """One step of the search for the k-th largest key: [lo, hi) holds it, with c_lo >= k keys at
+    or above lo and c_hi < k at or above hi; keeps the half that holds it.
+
+    One pivot per block reduction: two or three (thirds with both counts packed in one int32, or
+    quarters by one three-value reduction) took as long or longer on an H200 (benchmarks/RESULTS.md,
+    top-k with the row in registers): their extra compares cost what the fewer steps saved."""
+    mid = lo + (hi - lo) // 2
+    c = _count_at_or_above(key, mid)
+    up = c >= k
+    return tl.where(up, mid, lo), tl.where(up, hi, mid), tl.where(up, c, c_lo), tl.where(up, c_hi, c)
+
+
+@triton.jit
+def _select_in_registers(row_ptr, out_row, length, k, BLOCK: tl.constexpr):
+    """Top k of a row of length in (k, BLOCK] columns whose keys stay in registers.
+
+    The k-th largest key is found by halving a key interval [lo, hi), each count of the keys at or
+    above its midpoint one block reduction (no histogram), until exactly k keys lie at or above lo
+    (the k largest, whatever ties lie below) or the interval is one key wide (lo is the k-th
+    largest). Then one emit: the keys at or above hi, then keys in [lo, hi) while fewer than k are
+    placed, positions from one packed scan.
+    """
+    col = tl.arange(0, BLOCK)
+    valid = col < length
+    # columns past the length get key 0 and never count: every pivot is above 0
+    key = tl.where(valid, _ordered_key(tl.load(row_ptr + col, mask=valid, other=0.0)), 0)
+    lo = tl.full((), 0, tl.int64)
+    hi = tl.full((), 1 << 32, tl.int64)  # int64: the interval may end past the largest key
+    c_lo = length
+    c_hi = tl.full((), 0, tl.int32)
+    while (c_lo > k) & (hi - lo > 1):
+        lo, hi, c_lo, c_hi = _halve_interval(key, k, lo, hi, c_lo, c_hi)
+    wide = key.to(tl.int64)
+    is_above = wide >= hi
+    is_cand = valid & (wide >= lo) & (wide < hi)
+    rank = tl.cumsum((is_above.to(tl.int32) << 16) | is_cand.to(tl.int32), axis=0)
+    pos = tl.where(is_above, (rank >> 16) - 1, c_hi + (rank & 0xFFFF) - 1)
+    tl.store(out_row + pos, col, mask=is_above | (is_cand & (pos < k)))
+
+
+@triton.jit
+def _topk_in_registers_kernel(logits_ptr, lengths_ptr, out_ptr, n_cols, k, BLOCK: tl.constexpr):
+    """The whole top-k of one row in one program (grid: rows) that reads the row once, into
+    registers: BLOCK >= n_cols columns, or half as many when the row's length (read on the device)
+    fits them, which halves the work of every count."""
+    row = tl.program_id(0)
+    length = tl.minimum(tl.load(lengths_ptr + row), n_cols)
+    row_ptr = logits_ptr + row.to(tl.int64) * n_cols
+    out_row = out_ptr + row.to(tl.int64) * k
+    if length <= k:
+        _store_short_row(out_row, length, k, BLOCK)
+    elif length <= BLOCK // 2:
+        _select_in_registers(row_ptr, out_row, length, k, BLOCK // 2)
+    else:
+        _select_in_registers(row_ptr, out_row, length, k, BLOCK)
+
+
 @triton.jit(do_not_specialize=["level"])
 def _radix_pass_kernel(
     logits_ptr, lengths_ptr, out_ptr, hist_ptr, count_ptr, n_cols, k, level,
@@ -382,8 +464,9 @@ def _finish_kernel(logits_ptr, lengths_ptr, out_ptr, hist_ptr, cand_ptr, n_cols,
 @dataclass(frozen=True)
 class TopkConfig:
     """Columns per chunk, columns per loop step (block), warps and programs per multiprocessor
-    (the grid) of the multi-launch paths, and the longest row that takes the single launch (whose
-    one program per row uses block and num_warps only).
+    (the grid) of the multi-launch paths, and the longest row that takes the single launch, one
+    program per row of num_warps warps: with `single_pass_registers` the row read once into
+    registers (rows up to REGISTER_ROW_MAX_COLS), else the radix kernel stepping block columns.
 
     Longer rows take the compacting path with a candidate list of `candidates` entries per row, or
     with 0 the five full radix passes. The compacting split places its hits by a block scan, or
@@ -398,6 +481,7 @@ class TopkConfig:
     num_warps: int
     programs_per_sm: int = 4
     single_pass_max_cols: int = SINGLE_PASS_MAX_COLS
+    single_pass_registers: bool = True
     candidates: int = 0
     per_column_atomics: bool = False
     finish_block: int = 512
@@ -422,8 +506,10 @@ def default_config(device: torch.device, n_cols: int, n_rows: int) -> TopkConfig
     if device.type != "cuda":
         return TopkConfig(256, 64, 4, candidates=CANDIDATES, finish_block=64)
     # Fastest per shape replayed in a CUDA graph on an H200 (benchmarks/RESULTS.md, top-k launch
-    # shapes and compacting top-k): one program per row reading 4096 columns a step up to 4k
-    # columns; the compacting path beyond, with 1024-column chunks at 16 programs/SM up to 32k
+    # shapes, compacting top-k, top-k with the row in registers): one program per row holding the
+    # row in registers up to 8k columns (SINGLE_PASS_MAX_COLS has the numbers; the block and chunk
+    # below serve only a radix single launch); the compacting path beyond, with 1024-column chunks
+    # at 16 programs/SM up to 32k
     # (16.1 and 29.1 us at 1 and 128 rows of 32k at 4k context, k=512, where the five launches
     # took 21.3 and 53.0), 2048-column chunks at 8/SM beyond (29.8 vs 45.6 us at 16 x 64k, 80.1 vs
     # 142.0 at 64 x 64k); the finish steps 512 candidates at a time (2 us less than 1024 there).
@@ -431,7 +517,7 @@ def default_config(device: torch.device, n_cols: int, n_rows: int) -> TopkConfig
     # at 64 x 64k; at 32k columns and 4k context they lost, 17.2 vs 16.0 and 30.5 vs 29.1), and from
     # ATOMICS_MIN_ROWS rows the split places by per-hit atomics.
     if n_cols <= SINGLE_PASS_MAX_COLS:
-        return TopkConfig(4096, 4096, 16)
+        return TopkConfig(4096, 4096, SINGLE_PASS_WARPS)
     if n_cols <= FINE_CHUNK_MAX_COLS:
         return TopkConfig(1024, 1024, 4, 16, candidates=CANDIDATES)
     return TopkConfig(2048, 1024, 4, 8, candidates=CANDIDATES, hist_block=2048,
@@ -444,7 +530,8 @@ def _spread_grid(t: int, n: int, chunk: int, cfg: TopkConfig, device: torch.devi
 
 
 def topk_triton(logits: torch.Tensor, lengths: torch.Tensor, k: int, config: TopkConfig | None = None) -> torch.Tensor:
-    """One launch over rows up to config.single_pass_max_cols columns; beyond, over (rows x
+    """One launch over rows up to config.single_pass_max_cols columns (the row in registers, or
+    the radix select re-reading it); beyond, over (rows x
     programs per row), either the compacting path (SPLIT_LEVEL histogram levels, the split, then
     one program per row finishing on its candidates) or five launches (four histogram levels,
     then the emit pass)."""
@@ -453,6 +540,10 @@ def topk_triton(logits: torch.Tensor, lengths: torch.Tensor, k: int, config: Top
     if t == 0:
         return out
     cfg = config or default_config(logits.device, n, t)
+    if n <= min(cfg.single_pass_max_cols, REGISTER_ROW_MAX_COLS) and cfg.single_pass_registers:
+        _topk_in_registers_kernel[(t,)](logits, lengths, out, n, k, BLOCK=max(64, triton.next_power_of_2(n)),
+                                        num_warps=cfg.num_warps)
+        return out
     if n <= cfg.single_pass_max_cols:
         _topk_row_kernel[(t,)](logits, lengths, out, n, k, BLOCK=cfg.block, num_warps=cfg.num_warps)
         return out

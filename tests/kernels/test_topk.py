@@ -14,10 +14,12 @@ from kernels.topk import default_config, topk_indices_torch, topk_triton
 from tests.kernels.checks import selected_values
 
 CPU_CONFIG = default_config(torch.device("cpu"), 0, 1)
-# Each Triton check runs every path, whatever the default picks at its size: the compacting path
-# with a candidate list no row outgrows (split placing by scan and by atomics), and with one that
-# every row with two candidates overflows.
-PATHS = {"one launch": replace(CPU_CONFIG, single_pass_max_cols=1 << 30),
+# Each Triton check runs every path, whatever the default picks at its size: the one-launch kernel
+# with the row in registers, the one-launch radix kernel, the compacting path with a candidate list
+# no row outgrows (split placing by scan and by atomics), and with one that every row with two
+# candidates overflows.
+PATHS = {"one launch in registers": replace(CPU_CONFIG, single_pass_max_cols=1 << 30),
+         "one launch radix": replace(CPU_CONFIG, single_pass_max_cols=1 << 30, single_pass_registers=False),
          "five launches": replace(CPU_CONFIG, single_pass_max_cols=0, candidates=0),
          "compacting": replace(CPU_CONFIG, single_pass_max_cols=0, candidates=1 << 12),
          "compacting, per-column atomics": replace(CPU_CONFIG, single_pass_max_cols=0, candidates=1 << 12,
@@ -103,12 +105,16 @@ def test_topk_extreme_values_ragged_rows(gen, path):
     assert torch.equal(got[5:], ref[5:]), "short rows are exact"
 
 
-@pytest.mark.parametrize(("max_cols", "candidates", "expect"), [
-    (40, 0, {"_topk_row_kernel": 1}), (39, 0, {"_radix_pass_kernel": 5}),
-    (39, 16, {"_radix_pass_kernel": 2, "_split_kernel": 1, "_finish_kernel": 1})])
-def test_topk_launches_by_column_count(gen, monkeypatch, max_cols, candidates, expect):
+@pytest.mark.parametrize(("max_cols", "registers", "register_cols", "candidates", "expect"), [
+    (40, True, 40, 0, {"_topk_in_registers_kernel": 1}), (40, False, 40, 0, {"_topk_row_kernel": 1}),
+    (40, True, 39, 0, {"_topk_row_kernel": 1}),  # a row past the register limit: the radix launch
+    (39, True, 40, 0, {"_radix_pass_kernel": 5}),
+    (39, True, 40, 16, {"_radix_pass_kernel": 2, "_split_kernel": 1, "_finish_kernel": 1})])
+def test_topk_launches_by_column_count(gen, monkeypatch, max_cols, registers, register_cols, candidates, expect):
+    monkeypatch.setattr(topk, "REGISTER_ROW_MAX_COLS", register_cols)
     launches: Counter[str] = Counter()
-    for name in ("_topk_row_kernel", "_radix_pass_kernel", "_split_kernel", "_finish_kernel"):
+    for name in ("_topk_in_registers_kernel", "_topk_row_kernel", "_radix_pass_kernel", "_split_kernel",
+                 "_finish_kernel"):
         kernel = getattr(topk, name)
 
         def counted(*args, _run=kernel.run, _name=name, **kw):
@@ -118,9 +124,43 @@ def test_topk_launches_by_column_count(gen, monkeypatch, max_cols, candidates, e
         monkeypatch.setattr(kernel, "run", counted)
     logits = torch.randn(2, 40, generator=gen)
     lengths = torch.tensor([40, 9], dtype=torch.int32)
-    got = topk_triton(logits, lengths, 8, replace(CPU_CONFIG, single_pass_max_cols=max_cols, candidates=candidates))
+    got = topk_triton(logits, lengths, 8, replace(CPU_CONFIG, single_pass_max_cols=max_cols, candidates=candidates,
+                                                   single_pass_registers=registers))
     assert launches == expect
     check_row_set(logits, lengths, 8, got)
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_topk_nan_and_lengths_past_the_row(gen, path):
+    """NaN ranks above +inf (torch.topk's order; every kernel's key); a length past the row's
+    columns reads the row's columns alone."""
+    k, n = 12, 90
+    logits = torch.randn(3, n, generator=gen)
+    logits[0, 3::10] = float("nan")  # 9 NaNs, then 3 more from +inf and the rest
+    logits[0, 4::30] = float("inf")
+    logits[1, 50:] = 5.0 + torch.arange(n - 50) / n  # the top k lie at the end of the row
+    logits[2, :] = torch.randn(n, generator=gen).clamp_min(0)
+    lengths = torch.tensor([n, n + 40, 1 << 30], dtype=torch.int32)
+    got = topk_triton(logits, lengths, k, PATHS[path])
+    ref = topk_indices_torch(logits, lengths.clamp(max=n), k)
+    torch.testing.assert_close(selected_values(logits, got), selected_values(logits, ref), rtol=0, atol=0,
+                               equal_nan=True)
+    assert set(got[1].tolist()) == set(range(n - k, n))
+    check_row_set(logits[1:], torch.full((2,), n, dtype=torch.int32), k, got[1:])
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_topk_consecutive_floats(gen, path):
+    """Rows of adjacent floats (every key in a range taken, shuffled), one across the two zeros: a
+    search's pivots land on keys, so keys equal to a bound must fall on the right side of it."""
+    k, n = 40, 300
+    ramp = torch.arange(n // 2)
+    # from 1.0 up; and +0.0 up and -0.0 down, through the denormals (the first pivot is +0.0's key)
+    bits = torch.stack([0x3F800000 + torch.arange(n), torch.cat([ramp, ramp - (1 << 31)])]).to(torch.int32)
+    logits = bits.view(torch.float32)[:, torch.randperm(n, generator=gen)].contiguous()
+    lengths = torch.tensor([n, n - 7], dtype=torch.int32)
+    got = topk_triton(logits, lengths, k, PATHS[path])
+    check_row_set(logits, lengths, k, got)
 
 
 @pytest.mark.parametrize("cap", [48, 47])
