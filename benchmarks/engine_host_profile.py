@@ -66,7 +66,8 @@ class LaunchCounter:
 
     # by module path: the kernels package re-exports functions under the modules' names
     KERNELS = (("kernels.indexer", "_indexer_logits_kernel"), ("kernels.indexer_tiled", "_indexer_tiled_kernel"),
-               ("kernels.topk", "_topk_row_kernel"), ("kernels.topk", "_radix_pass_kernel"),
+               ("kernels.topk", "_topk_row_kernel"), ("kernels.topk", "_topk_in_registers_kernel"),
+               ("kernels.topk", "_radix_pass_kernel"),
                ("kernels.topk", "_split_kernel"), ("kernels.topk", "_finish_kernel"),
                ("kernels.topk", "_positions_to_slots_kernel"), ("kernels.sparse_mla", "_sparse_mla_kernel"),
                ("kernels.sparse_mla", "_combine_kernel"), ("kernels.fused", "_add_rms_norm_kernel"),
