@@ -23,8 +23,10 @@ sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _HERE]
 sys.path.insert(0, str(_HERE.parent))
 
 import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
 import triton  # noqa: E402
 
+import kernels.gemv as gemv  # noqa: E402
 from kernels.indexer import IndexerConfig, indexer_logits_paged_torch, indexer_logits_triton  # noqa: E402
 from kernels.indexer_tiled import TiledConfig, indexer_logits_tiled  # noqa: E402
 from kernels.quant import (  # noqa: E402
@@ -477,6 +479,103 @@ def quant_cases(rows: list[Row], n_rows: int) -> None:
     rows.append(Row(case, f"triton one kernel [{'ok' if ok else 'FAIL'}]", ms, 0, nbytes, eager))
 
 
+# ---------------------------------------------------------------- decode projections (GEMV)
+
+# (name, heads, N, K, weight transposed) of each model's projections at decode: the fused input and
+# query projections, W_UK (a transposed per-head view: it reduces over the weight's rows) and W_UV,
+# the output projection, the fused gate/up, down, and the LM head.
+GEMV_SHAPES = {
+    "small": [("input_proj", 1, 1232, 2048, False), ("query_proj", 1, 5120, 512, False), ("W_UK", 16, 512, 128, True),
+              ("W_UV", 16, 128, 512, False), ("wo", 1, 2048, 2048, False), ("gate_up", 1, 11264, 2048, False),
+              ("down", 1, 2048, 5632, False), ("lm_head", 1, 32768, 2048, False)],
+    "v32": [("input_proj", 1, 2304, 7168, False), ("query_proj", 1, 32768, 1536, False), ("W_UK", 128, 512, 128, True),
+            ("W_UV", 128, 128, 512, False), ("wo", 1, 7168, 16384, False), ("gate_up", 1, 36864, 7168, False),
+            ("down", 1, 7168, 18432, False), ("lm_head", 1, 129280, 7168, False)],
+}
+# The configs the sweep tries besides the default: fp32 multiply-adds for one row, tl.dot for more.
+GEMV_FMA_SWEEP = [gemv.GemvConfig(4, 2048), gemv.GemvConfig(8, 1024), gemv.GemvConfig(8, 2048, 8), gemv.GemvConfig(16, 1024, 8),
+                  gemv.GemvConfig(16, 512), gemv.GemvConfig(32, 512, 8)]
+GEMV_DOT_SWEEP = [gemv.GemvConfig(bn, bk, w, True, 16, st) for bn, bk, w, st in
+                  ((16, 128, 4, 4), (16, 256, 4, 3), (32, 128, 4, 4), (32, 256, 4, 3), (64, 128, 4, 4), (64, 256, 8, 3))]
+
+
+def graph_us(fns: list) -> float:
+    """Median us per call of the functions captured back to back in one CUDA graph (as a decode
+    step's graph runs them), each reading its own weights so the L2 holds none of them."""
+    if SMOKE:
+        return bench(fns) * 1e3
+    for f in fns:
+        f()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for f in fns:
+            f()
+    graph.replay()
+    times = []
+    for _ in range(5):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(3):
+            graph.replay()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end) * 1e3 / (3 * len(fns)))
+    return sorted(times)[len(times) // 2]
+
+
+def gemv_check(fn, ref: torch.Tensor) -> str:
+    """Poisoned output against the fp32 product: within bf16 rounding of each element plus 1 % of the largest."""
+    with poisoned_outputs():
+        got = fn().float()
+    err = (got - ref).abs()
+    ok = not torch.isnan(got).any() and bool((err <= ref.abs() / 128 + 1e-2 * ref.abs().max()).all())
+    return f"{'ok' if ok else 'FAIL'} (max err {float(err.max()):.2e})"
+
+
+def gemv_cases(rows: list[Row], model: str, row_counts: tuple[int, ...], sweep: bool = True) -> None:
+    """cuBLAS (F.linear / einsum) against the Triton GEMV per projection shape and row count, in CUDA graphs."""
+    for name, heads, n, k, transposed in GEMV_SHAPES[model]:
+        if SMOKE:
+            n, k = max(16, n // 64), max(16, k // 64)
+        nbytes_w = heads * n * k * 2
+        copies = 2 if SMOKE else max(2, min(48, -(-(256 << 20) // nbytes_w)))
+        weights = [torch.randn(heads, k, n, device=DEV).bfloat16().transpose(1, 2) if transposed
+                   else torch.randn(heads, n, k, device=DEV).bfloat16() for _ in range(copies)]
+        for m in row_counts:
+            x = torch.randn(m, heads, k, device=DEV).bfloat16()
+            case = f"gemv {model} {name} M{m} ({heads}x{n}x{k})"
+            flops, nbytes = 2.0 * m * heads * n * k, nbytes_w + 2 * m * heads * (n + k)
+            ref = torch.einsum("thk,hnk->thn", x.float(), weights[0].float())
+            if heads == 1:
+                cublas = [lambda w=w: F.linear(x[:, 0], w[0]) for w in weights]
+            else:
+                cublas = [lambda w=w: torch.einsum("thk,hnk->thn", x, w) for w in weights]
+            base = graph_us(cublas) / 1e3
+            print(f"{case} cuBLAS: check {gemv_check(cublas[0], ref.view_as(cublas[0]()))}, {base * 1e3:.1f} us", flush=True)
+            rows.append(Row(case, "cuBLAS", base, flops, nbytes))
+            default = gemv.default_config(n, k, m)
+            configs = [default] if default is not None else []
+            if sweep:
+                configs += [c for c in (GEMV_FMA_SWEEP if m == 1 else []) + GEMV_DOT_SWEEP if c != default]
+            for cfg in configs:
+                label = (f"{'default ' if cfg == default else ''}{'dot' if cfg.dot else 'fma'} m{cfg.block_m} "
+                         f"n{cfg.block_n} k{cfg.block_k} w{cfg.num_warps}{f' s{cfg.num_stages}' if cfg.dot else ''}")
+
+                def run(w, cfg=cfg):
+                    out = torch.empty(m, heads, n, device=DEV, dtype=torch.bfloat16)
+                    gemv.launch(x, w, out, cfg)
+                    return out
+
+                point = sweep_point(case, label, lambda cfg=cfg: gemv_check(lambda: run(weights[0]), ref),
+                                    [lambda w=w: run(w) for w in weights])
+                if point is not None:
+                    rows.append(Row(case, f"{label} [{point[0].split()[0]}]", point[1], flops, nbytes, base))
+        del weights
+        if not SMOKE:
+            torch.cuda.empty_cache()
+
+
 # ---------------------------------------------------------------- report
 
 
@@ -495,7 +594,7 @@ def print_table(rows: list[Row]) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--only", choices=["mla", "indexer", "topk", "quant", "prefill"], action="append", help="run only these parts (repeatable)")
+    parser.add_argument("--only", choices=["mla", "indexer", "topk", "quant", "prefill", "gemv"], action="append", help="run only these parts (repeatable)")
     parser.add_argument("--kv-slots", type=int, default=1 << 20, help="KV cache rows the sparse MLA indices draw from")
     parser.add_argument("--smoke", action="store_true", help="tiny shapes on CPU (set TRITON_INTERPRET=1) to test the script")
     args = parser.parse_args(argv)
@@ -505,7 +604,7 @@ def main(argv: list[str] | None = None) -> int:
     elif not torch.cuda.is_available():
         print("benchmarks/kernels.py needs a CUDA GPU (or --smoke)", file=sys.stderr)
         return 2
-    parts = args.only or ["mla", "indexer", "topk", "quant", "prefill"]
+    parts = args.only or ["mla", "indexer", "topk", "quant", "prefill", "gemv"]
     name = "cpu (smoke)" if SMOKE else torch.cuda.get_device_name()
     print(f"device: {name}  torch {torch.__version__}  triton {triton.__version__}")
     copy, mm = measure_ceilings()
@@ -536,6 +635,10 @@ def main(argv: list[str] | None = None) -> int:
             indexer_prefill_cases(rows, *((8, 256) if SMOKE else (2048, 65536)))
             if not SMOKE:
                 topk_cases(rows, 2048, 65536)
+        if "gemv" in parts:  # the decode steps' projections: small at batch 1, speculative 1 x 4, up to 16 rows
+            gemv_cases(rows, "small", (1, 2) if SMOKE else (1, 2, 4, 16), sweep=not SMOKE)
+            if not SMOKE:
+                gemv_cases(rows, "v32", (1, 16))
         if "indexer" in parts:
             indexer_cases(rows, *((2, 512) if SMOKE else (64, 65536)))
             if not SMOKE:  # v32's decode at 64k; small's (16 index heads) at batch 128 x 4k

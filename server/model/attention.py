@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 from kernels.attention_prep import indexer_prepare, mla_prepare_
+from kernels.gemv import head_linear
 from kernels.indexer import indexer_logits_paged
 from kernels.sparse_mla import sparse_mla
 from kernels.topk import positions_to_slots, topk_indices
@@ -113,8 +114,9 @@ class MLAttention(OwnsFusedLinears):
     def forward(self, x: torch.Tensor, rope: RopeAngles, meta: AttentionMetadata,
                 kv_cache: torch.Tensor, idx_cache: torch.Tensor, s: CacheSettings) -> torch.Tensor:
         c, t, h = self.c, x.shape[0], self.num_heads
-        q_latent, kv, index_key, index_weights = self.input_proj(x).split(self.input_proj.sizes, dim=-1)
-        q, index_query = self.query_proj(self.q_norm(q_latent)).split(self.query_proj.sizes, dim=-1)
+        b = s.backend
+        q_latent, kv, index_key, index_weights = self.input_proj(x, b).split(self.input_proj.sizes, dim=-1)
+        q, index_query = self.query_proj(self.q_norm(q_latent), b).split(self.query_proj.sizes, dim=-1)
         q = q.view(t, h, c.qk_nope_dim + c.qk_rope_dim)
         q_nope, q_pe = q.split([c.qk_nope_dim, c.qk_rope_dim], dim=-1)
         latent, k_pe = kv.split([c.kv_lora_rank, c.qk_rope_dim], dim=-1)
@@ -127,8 +129,10 @@ class MLAttention(OwnsFusedLinears):
 
         w_kv = self.wkv_b.weight.view(h, c.qk_nope_dim + c.v_head_dim, c.kv_lora_rank)
         w_uk, w_uv = w_kv.split([c.qk_nope_dim, c.v_head_dim], dim=1)
-        q_latent_abs = torch.einsum("thn,hnc->thc", q_nope, w_uk)  # W_UK absorbed; q_pe stays where it is
+        # W_UK absorbed (einsum "thn,hnc->thc": a product over W_UK's rows, so its transposed view);
+        # q_pe stays where it is
+        q_latent_abs = head_linear(q_nope, w_uk.transpose(1, 2), b)
         o_lat, _ = sparse_mla(q_latent_abs.to(torch.bfloat16), kv_cache, slots, c.softmax_scale, c.kv_lora_rank,
-                              s.kv_dtype, backend=s.backend, q_rope=q_pe.to(torch.bfloat16))
-        o = torch.einsum("thc,hvc->thv", o_lat.to(x.dtype), w_uv)
-        return self.wo(o.reshape(t, h * c.v_head_dim))
+                              s.kv_dtype, backend=b, q_rope=q_pe.to(torch.bfloat16))
+        o = head_linear(o_lat.to(x.dtype), w_uv, b)  # einsum "thc,hvc->thv"
+        return self.wo(o.reshape(t, h * c.v_head_dim), b)

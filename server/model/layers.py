@@ -2,7 +2,8 @@
 fused into one GEMM, SwiGLU MLP, and the scaled init that draws full weights and keeps this rank's
 slice. The residual add with the next norm and SwiGLU's product are single kernels on the Triton
 backend (kernels/fused.py); the rotations run inside the attention's preparation kernels
-(kernels/attention_prep.py)."""
+(kernels/attention_prep.py); the projections at decode batch sizes run as Triton GEMVs there
+(kernels/gemv.py: `backend`, as the kernels take it)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from kernels.fused import add_rms_norm, silu_mul
+from kernels.gemv import linear
 from server.parallel.collectives import TensorParallel
 
 
@@ -67,6 +69,9 @@ class ColumnParallelLinear(nn.Linear):
         super().__init__(in_features, out_features // tp.world_size, bias=False)
         self.tp = tp
 
+    def forward(self, x: torch.Tensor, backend: str | None = None) -> torch.Tensor:
+        return linear(x, self.weight, backend)
+
 
 class RowParallelLinear(nn.Linear):
     """y = x W^T with W's input columns split across ranks: each rank multiplies its slice of x,
@@ -78,8 +83,8 @@ class RowParallelLinear(nn.Linear):
         super().__init__(in_features // tp.world_size, out_features, bias=False)
         self.tp = tp
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.tp.all_reduce(super().forward(x))
+    def forward(self, x: torch.Tensor, backend: str | None = None) -> torch.Tensor:
+        return self.tp.all_reduce(linear(x, self.weight, backend))
 
 
 def full_shape(layer: nn.Linear) -> list[int]:
@@ -121,9 +126,9 @@ class FusedLinears:
         self.weight = stacked
         return stacked
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+    def __call__(self, x: torch.Tensor, backend: str | None = None) -> torch.Tensor:
         """The layers' outputs side by side, [..., sum of their widths] (`sizes` splits it)."""
-        return F.linear(x, self.weight)
+        return linear(x, self.weight, backend)
 
 
 class OwnsFusedLinears(nn.Module):
@@ -147,7 +152,7 @@ class SwiGLU(OwnsFusedLinears):
         self.gate_up = FusedLinears(self.w_gate, self.w_up)
 
     def forward(self, x: torch.Tensor, backend: str | None = None) -> torch.Tensor:
-        return self.w_down(silu_mul(self.gate_up(x), backend))
+        return self.w_down(silu_mul(self.gate_up(x, backend), backend), backend)
 
 
 def init_linear(layer: nn.Linear, generator: torch.Generator, gain: float = 1.0) -> torch.Tensor:

@@ -59,16 +59,16 @@ class SparseMLAModel(nn.Module):
             update = layer.mlp(x, b)
         return self.norm.add(update, residual, b)[0]
 
-    def parallel_logits(self, hidden: torch.Tensor) -> torch.Tensor | None:
+    def parallel_logits(self, hidden: torch.Tensor, backend: str | None = None) -> torch.Tensor | None:
         """Every rank at once: fp32 [N, vocab] on rank 0 (each rank's vocabulary slice, gathered);
-        None on the other ranks. The forward pass's path."""
-        return self.tp.gather_last_dim(self.lm_head(hidden).float())
+        None on the other ranks. The forward pass's path. backend: the kernels' (None: get_backend())."""
+        return self.tp.gather_last_dim(self.lm_head(hidden, backend).float())
 
-    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+    def logits(self, hidden: torch.Tensor, backend: str | None = None) -> torch.Tensor:
         """fp32 [N, vocab] computed by this rank alone, no collective: rank 0's path for work the
         other ranks do not join (the speculative draft head)."""
         if self.tp.world_size == 1:
-            return self.lm_head(hidden).float()
+            return self.lm_head(hidden, backend).float()
         if self.lm_head_full is None:
             raise RuntimeError(f"logits: rank {self.tp.rank} holds only its slice of the LM head; use parallel_logits")
         return F.linear(hidden, self.lm_head_full).float()

@@ -1,0 +1,176 @@
+"""Projections at decode batch sizes: y = x W^T for a few rows of x, in portable Triton.
+
+At batch 1 a projection reads its whole weight to produce one row: the time is the weight's bytes
+over the bandwidth plus the launch. cuBLAS runs these shapes as GEMM tiles well below bandwidth
+(the small model's 5 MB input projection at ~0.8 TB/s on an H200). Here each program owns a strip
+of BLOCK_N output columns (weight rows) and streams those rows once over the whole K, so the
+weight is read once, by many programs at once, and every output element is summed by one program
+in a fixed order: no split-K, no atomics, so a result depends only on the shape (and the config
+chosen from it), never on timing, and a CUDA graph's replay gives the eager step's numbers.
+
+Two kernels, chosen by the row count alone (so a captured graph and the eager step at the same
+padded batch take the same one):
+- up to FMA_MAX_ROWS rows, fp32 multiply-adds kept per lane across K and summed once at the end;
+- up to MAX_ROWS rows, tl.dot over a 16-row tile (padding rows masked), whose per-row sums do
+  not depend on how many of the 16 rows are real.
+More rows, other dtypes or a weight without a unit column stride fall back to F.linear, as does
+the torch backend.
+
+`linear` is nn.Linear's product; `head_linear` the per-head form y[t, h] = x[t, h] W[h]^T of
+absorbed MLA's W_UK and W_UV products (einsum "thk,hnk->thn", any weight strides).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+import triton
+import triton.language as tl
+
+from kernels.backend import resolve_backend
+from kernels.triton_utils import f32_to_bf16, new_output
+
+# Rows up to this many take a Triton kernel (decode at batch 1..16, or speculative verification of
+# up to 4 requests x 4 tokens); more rows are a GEMM, cuBLAS's ground. Both bounds are capture
+# sizes of the decode graphs (1, 2, 4, 8, 16, ...), so a batch padded to its graph's size takes the
+# same kernel as the unpadded eager step.
+MAX_ROWS = 16
+FMA_MAX_ROWS = 1
+DOT_ROWS = 16  # the dot kernel's row tile: tl.dot needs 16
+
+
+@dataclass(frozen=True)
+class GemvConfig:
+    block_n: int  # output columns (weight rows) per program
+    block_k: int  # reduction elements per step
+    num_warps: int = 4
+    dot: bool = False  # tl.dot over DOT_ROWS-row tiles, else fp32 multiply-adds over block_m rows
+    block_m: int = 1  # rows per program (DOT_ROWS for the dot kernel); the product's rows must fit
+    num_stages: int = 3  # dot kernel: weight tiles in flight (software pipelining)
+
+
+@triton.jit
+def _store_rows(out_ptr, y, rows, cols, row_ok, col_ok, out_row_stride, TO_BF16: tl.constexpr):
+    if TO_BF16:
+        y = f32_to_bf16(y)  # round to nearest even on every target (the interpreter's cast truncates)
+    tl.store(out_ptr + rows[:, None] * out_row_stride + cols[None, :], y.to(out_ptr.dtype.element_ty),
+             mask=row_ok[:, None] & col_ok[None, :])
+
+
+@triton.jit
+def _gemv_fma_kernel(x_ptr, w_ptr, out_ptr, M, N, K, x_row_stride, x_head_stride, w_head_stride, w_row_stride,
+                     w_col_stride, out_row_stride, out_head_stride, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                     BLOCK_K: tl.constexpr, TO_BF16: tl.constexpr):
+    head = tl.program_id(1).to(tl.int64)
+    cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    rows = tl.arange(0, BLOCK_M)
+    col_ok, row_ok = cols < N, rows < M
+    x_rows = x_ptr + head * x_head_stride + rows[:, None] * x_row_stride
+    w_rows = w_ptr + head * w_head_stride + cols[:, None].to(tl.int64) * w_row_stride
+    # Wide steps (BLOCK_N x BLOCK_K weights, 16-32 KB) keep enough loads in flight per program:
+    # the compiler does not pipeline loads that feed no dot.
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        k = k0 + tl.arange(0, BLOCK_K)
+        k_ok = k < K
+        w = tl.load(w_rows + k[None, :] * w_col_stride, mask=col_ok[:, None] & k_ok[None, :], other=0.0)
+        x = tl.load(x_rows + k[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0)
+        acc += tl.sum(x.to(tl.float32)[:, None, :] * w.to(tl.float32)[None, :, :], axis=2)
+    _store_rows(out_ptr + head * out_head_stride, acc, rows, cols, row_ok, col_ok, out_row_stride, TO_BF16)
+
+
+@triton.jit
+def _gemv_dot_kernel(x_ptr, w_ptr, out_ptr, M, N, K, x_row_stride, x_head_stride, w_head_stride, w_row_stride,
+                     w_col_stride, out_row_stride, out_head_stride, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                     BLOCK_K: tl.constexpr, TO_BF16: tl.constexpr, DOT_DTYPE: tl.constexpr):
+    head = tl.program_id(1).to(tl.int64)
+    cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    rows = tl.arange(0, BLOCK_M)
+    col_ok, row_ok = cols < N, rows < M
+    x_rows = x_ptr + head * x_head_stride + rows[:, None] * x_row_stride
+    w_cols = w_ptr + head * w_head_stride + cols[None, :].to(tl.int64) * w_row_stride
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        k = k0 + tl.arange(0, BLOCK_K)
+        k_ok = k < K
+        w_t = tl.load(w_cols + k[:, None] * w_col_stride, mask=k_ok[:, None] & col_ok[None, :], other=0.0)
+        x = tl.load(x_rows + k[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0)
+        acc = tl.dot(x.to(DOT_DTYPE), w_t.to(DOT_DTYPE), acc, input_precision="ieee")  # ieee: fp32 models stay fp32
+    _store_rows(out_ptr + head * out_head_stride, acc, rows, cols, row_ok, col_ok, out_row_stride, TO_BF16)
+
+
+# Per shape (N, K) of the small and v32 models' projections: the config, or None where cuBLAS is faster.
+# Filled from the H200 sweep of benchmarks/kernels.py --only gemv (numbers in benchmarks/RESULTS.md).
+def default_config(n: int, k: int, rows: int) -> GemvConfig | None:
+    """The launch config for an [rows, k] x [n, k]^T product, or None for F.linear. Depends on the
+    rows only through FMA_MAX_ROWS, so every row count of one kernel sums in the same order."""
+    if rows <= FMA_MAX_ROWS:
+        return GemvConfig(block_n=8 if n * k <= (8 << 20) else 16, block_k=1024, block_m=FMA_MAX_ROWS)
+    return GemvConfig(block_n=16 if n <= 4096 else 32, block_k=128, dot=True, block_m=DOT_ROWS, num_stages=4)
+
+
+def launch(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor, config: GemvConfig) -> None:
+    """out[t, h] = x[t, h] @ weight[h]^T over x [T, H, K] (unit column stride), weight [H, N, K] (any
+    strides), out [T, H, N] contiguous; T <= config.block_m."""
+    rows, heads, k = x.shape
+    n = weight.shape[1]
+    if rows > config.block_m:
+        raise ValueError(f"gemv: {rows} rows do not fit the config's {config.block_m}")
+    grid = (triton.cdiv(n, config.block_n), heads)
+    args = (x, weight, out, rows, n, k, x.stride(0), x.stride(1), weight.stride(0), weight.stride(1), weight.stride(2),
+            out.stride(0), out.stride(1))
+    to_bf16 = out.dtype == torch.bfloat16
+    if not config.dot:
+        _gemv_fma_kernel[grid](*args, BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
+                               TO_BF16=to_bf16, num_warps=config.num_warps)
+        return
+    # The interpreter's 16-bit dots are wrong: fp32 operands there, exact for 16-bit values.
+    dot_dtype = tl.float32 if x.device.type == "cpu" or x.dtype == torch.float32 else tl.bfloat16 \
+        if x.dtype == torch.bfloat16 else tl.float16
+    _gemv_dot_kernel[grid](*args, BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
+                           TO_BF16=to_bf16, DOT_DTYPE=dot_dtype, num_warps=config.num_warps,
+                           num_stages=config.num_stages)
+
+
+def _triton_config(x: torch.Tensor, weight: torch.Tensor, rows: int, backend: str | None) -> GemvConfig | None:
+    """The config when this product runs in Triton, else None (torch backend, too many rows, dtypes)."""
+    if rows == 0 or rows > MAX_ROWS or resolve_backend(backend, x.device) == "torch":
+        return None
+    if x.dtype != weight.dtype or x.dtype not in (torch.bfloat16, torch.float16, torch.float32):
+        return None
+    return default_config(weight.shape[-2], weight.shape[-1], rows)
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, backend: str | None = None) -> torch.Tensor:
+    """F.linear(x, weight) without bias: x [..., K], weight [N, K] -> [..., N]; a Triton GEMV for
+    up to MAX_ROWS rows of x on the Triton backend, F.linear otherwise."""
+    if x.shape[-1] != weight.shape[-1]:
+        raise ValueError(f"linear: x {tuple(x.shape)} and weight {tuple(weight.shape)} differ in K")
+    rows = x.numel() // max(1, x.shape[-1])
+    config = _triton_config(x, weight, rows, backend)
+    if config is None or weight.stride(-1) != 1:
+        return F.linear(x, weight)
+    flat = x.reshape(rows, 1, x.shape[-1])
+    if flat.stride(-1) != 1:
+        flat = flat.contiguous()
+    out = new_output((rows, 1, weight.shape[0]), x.dtype, x.device)
+    launch(flat, weight.unsqueeze(0), out, config)
+    return out.view(*x.shape[:-1], weight.shape[0])
+
+
+def head_linear(x: torch.Tensor, weight: torch.Tensor, backend: str | None = None) -> torch.Tensor:
+    """Per head y[t, h] = x[t, h] @ weight[h]^T: x [T, H, K], weight [H, N, K] (any strides: a
+    transposed view serves the products that reduce over the weight's rows) -> [T, H, N]."""
+    if x.dim() != 3 or weight.dim() != 3 or x.shape[1:] != (weight.shape[0], weight.shape[2]):
+        raise ValueError(f"head_linear: x {tuple(x.shape)} must be [T, H, K] and weight "
+                         f"{tuple(weight.shape)} [H, N, K]")
+    config = _triton_config(x, weight, x.shape[0], backend)
+    if config is None:
+        return torch.einsum("thk,hnk->thn", x, weight)
+    if x.stride(-1) != 1:
+        x = x.contiguous()
+    out = new_output((x.shape[0], x.shape[1], weight.shape[1]), x.dtype, x.device)
+    launch(x, weight, out, config)
+    return out
