@@ -72,12 +72,12 @@ def calc_diff(x: torch.Tensor, y: torch.Tensor) -> float:
     return float(1 - 2 * (x * y).sum() / denom) if denom > 0 else 0.0
 
 
-def sweep_point(case: str, label: str, check, fns: list) -> tuple[str, float] | None:
-    """(check verdict, median ms) of one swept config, or None when the compiler cannot fit it
-    (reported, and the sweep goes on)."""
+def sweep_point(case: str, label: str, check, fns: list, timer=None) -> tuple[str, float] | None:
+    """(check verdict, median ms by `timer`, default `bench`) of one swept config, or None when the
+    compiler cannot fit it (reported, and the sweep goes on)."""
     try:
         verdict = check()
-        ms = bench(fns)
+        ms = (timer or bench)(fns)
     except Exception as exc:
         print(f"{case} {label}: {type(exc).__name__}: {str(exc)[:300]}", flush=True)
         return None
@@ -499,11 +499,13 @@ GEMV_DOT_SWEEP = [gemv.GemvConfig(bn, bk, w, True, 16, st) for bn, bk, w, st in
                   ((16, 128, 4, 4), (16, 256, 4, 3), (32, 128, 4, 4), (32, 256, 4, 3), (64, 128, 4, 4), (64, 256, 8, 3))]
 
 
-def graph_us(fns: list) -> float:
-    """Median us per call of the functions captured back to back in one CUDA graph (as a decode
-    step's graph runs them), each reading its own weights so the L2 holds none of them."""
+def graph_ms(fns: list) -> float:
+    """Median ms per call of the functions captured back to back in one CUDA graph (as a decode
+    step's graph runs them), each reading its own weights so the L2 holds none of them. The graph
+    replays for ~20 ms before the timed replays: a kernel compiled just before would otherwise run
+    at the clock the GPU dropped to while the host compiled."""
     if SMOKE:
-        return bench(fns) * 1e3
+        return bench(fns)
     for f in fns:
         f()
     torch.cuda.synchronize()
@@ -511,17 +513,19 @@ def graph_us(fns: list) -> float:
     with torch.cuda.graph(graph):
         for f in fns:
             f()
-    graph.replay()
-    times = []
-    for _ in range(5):
+
+    def replays(count: int) -> float:
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
-        for _ in range(3):
+        for _ in range(count):
             graph.replay()
         end.record()
         torch.cuda.synchronize()
-        times.append(start.elapsed_time(end) * 1e3 / (3 * len(fns)))
-    return sorted(times)[len(times) // 2]
+        return start.elapsed_time(end) / count
+
+    replays(max(1, int(20 / replays(1))))
+    times = sorted(replays(3) / len(fns) for _ in range(5))
+    return times[len(times) // 2]
 
 
 def gemv_check(fn, ref: torch.Tensor) -> str:
@@ -551,7 +555,7 @@ def gemv_cases(rows: list[Row], model: str, row_counts: tuple[int, ...], sweep: 
                 cublas = [lambda w=w: F.linear(x[:, 0], w[0]) for w in weights]
             else:
                 cublas = [lambda w=w: torch.einsum("thk,hnk->thn", x, w) for w in weights]
-            base = graph_us(cublas) / 1e3
+            base = graph_ms(cublas)
             print(f"{case} cuBLAS: check {gemv_check(cublas[0], ref.view_as(cublas[0]()))}, {base * 1e3:.1f} us", flush=True)
             rows.append(Row(case, "cuBLAS", base, flops, nbytes))
             default = gemv.default_config(n, k, m)
@@ -568,7 +572,7 @@ def gemv_cases(rows: list[Row], model: str, row_counts: tuple[int, ...], sweep: 
                     return out
 
                 point = sweep_point(case, label, lambda cfg=cfg: gemv_check(lambda: run(weights[0]), ref),
-                                    [lambda w=w: run(w) for w in weights])
+                                    [lambda w=w: run(w) for w in weights], timer=graph_ms)
                 if point is not None:
                     rows.append(Row(case, f"{label} [{point[0].split()[0]}]", point[1], flops, nbytes, base))
         del weights
