@@ -8,13 +8,14 @@ weight is read once, by many programs at once, and every output element is summe
 in a fixed order: no split-K, no atomics, so a result depends only on the shape (and the config
 chosen from it), never on timing, and a CUDA graph's replay gives the eager step's numbers.
 
-Two kernels, chosen by the row count alone (so a captured graph and the eager step at the same
-padded batch take the same one):
-- up to FMA_MAX_ROWS rows, fp32 multiply-adds kept per lane across K and summed once at the end;
-- up to MAX_ROWS rows, tl.dot over a 16-row tile (padding rows masked), whose per-row sums do
-  not depend on how many of the 16 rows are real.
-More rows, other dtypes or a weight without a unit column stride fall back to F.linear, as does
-the torch backend.
+Two kernels: fp32 multiply-adds kept per lane across K and summed once at the end (FMA_MAX_ROWS
+rows), or tl.dot over a 16-row tile (padding rows masked), whose per-row sums do not depend on how
+many of the 16 rows are real. Which one, and its tiles, is chosen per shape from a sweep in CUDA
+graphs (`default_config`): on an H200 they beat cuBLAS at one row (batch-1 decode) on every
+projection of the small model but the query projection, by 0.4-2.9 us each; at four rows cuBLAS
+won or tied on all but the two per-head products, so more rows than MAX_ROWS, shapes outside
+the measured ones, other dtypes, a weight without a unit column stride and the torch backend
+take F.linear (or einsum).
 
 `linear` is nn.Linear's product; `head_linear` the per-head form y[t, h] = x[t, h] W[h]^T of
 absorbed MLA's W_UK and W_UV products (einsum "thk,hnk->thn", any weight strides).
@@ -32,11 +33,9 @@ import triton.language as tl
 from kernels.backend import resolve_backend
 from kernels.triton_utils import f32_to_bf16, new_output
 
-# Rows up to this many take a Triton kernel (decode at batch 1..16, or speculative verification of
-# up to 4 requests x 4 tokens); more rows are a GEMM, cuBLAS's ground. Both bounds are capture
-# sizes of the decode graphs (1, 2, 4, 8, 16, ...), so a batch padded to its graph's size takes the
-# same kernel as the unpadded eager step.
-MAX_ROWS = 16
+# Rows up to this many take a Triton kernel (batch-1 decode); more rows are cuBLAS's (see the module
+# docstring). A capture size of the decode graphs, so a graph and the eager step take the same kernel.
+MAX_ROWS = 1
 FMA_MAX_ROWS = 1
 DOT_ROWS = 16  # the dot kernel's row tile: tl.dot needs 16
 
@@ -101,14 +100,33 @@ def _gemv_dot_kernel(x_ptr, w_ptr, out_ptr, M, N, K, x_row_stride, x_head_stride
     _store_rows(out_ptr + head * out_head_stride, acc, rows, cols, row_ok, col_ok, out_row_stride, TO_BF16)
 
 
-# Per shape (N, K) of the small and v32 models' projections: the config, or None where cuBLAS is faster.
-# Filled from the H200 sweep of benchmarks/kernels.py --only gemv (numbers in benchmarks/RESULTS.md).
+# The largest weight, and the longest K, of the shapes the sweep measured (the small model's LM head,
+# its down projection); cuBLAS keeps anything larger (v32's 7,168-wide inputs were not swept).
+SWEPT_MAX_WEIGHT = 32768 * 2048
+SWEPT_MAX_K = 5632
+
+
 def default_config(n: int, k: int, rows: int) -> GemvConfig | None:
-    """The launch config for an [rows, k] x [n, k]^T product, or None for F.linear. Depends on the
-    rows only through FMA_MAX_ROWS, so every row count of one kernel sums in the same order."""
-    if rows <= FMA_MAX_ROWS:
-        return GemvConfig(block_n=8 if n * k <= (8 << 20) else 16, block_k=1024, block_m=FMA_MAX_ROWS)
-    return GemvConfig(block_n=16 if n <= 4096 else 32, block_k=128, dot=True, block_m=DOT_ROWS, num_stages=4)
+    """The launch config for an [rows, k] x [n, k]^T product, or None where cuBLAS was as fast.
+
+    From a sweep in CUDA graphs at one row on an H200 (benchmarks/kernels.py --only gemv;
+    benchmarks/RESULTS.md, projections at batch 1), us, against cuBLAS:
+    - K >= 2048, multiply-adds over 4 weight rows x 2048 a step: input projection 1232 x 2048
+      3.4 vs 6.3, wo 2048 x 2048 4.6 vs 6.1, down 2048 x 5632 9.4 vs 10.4, LM head 32768 x 2048
+      34.4 vs 35.5 (gate/up 11264 x 2048 14.3 vs 13.9, kept for one rule);
+    - K <= 128 (W_UK per head, 512 x 128): dot over 64 x 128 tiles 2.9 vs 3.3;
+    - N <= 1024 (W_UV per head, 128 x 512): multiply-adds over 8 x 1024 3.1 vs 3.7;
+    - the query projection 5120 x 512: none beat cuBLAS (4.3 vs 4.3).
+    """
+    if rows > MAX_ROWS or k > SWEPT_MAX_K or n * k > SWEPT_MAX_WEIGHT:
+        return None
+    if k >= 2048:
+        return GemvConfig(block_n=4, block_k=2048)
+    if k <= 128:
+        return GemvConfig(block_n=64, block_k=128, dot=True, block_m=DOT_ROWS, num_stages=4)
+    if n <= 1024:
+        return GemvConfig(block_n=8, block_k=1024)
+    return None
 
 
 def launch(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor, config: GemvConfig) -> None:
@@ -135,7 +153,8 @@ def launch(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor, config: Gem
 
 
 def _triton_config(x: torch.Tensor, weight: torch.Tensor, rows: int, backend: str | None) -> GemvConfig | None:
-    """The config when this product runs in Triton, else None (torch backend, too many rows, dtypes)."""
+    """The config when this product runs in Triton, else None (torch backend, too many rows, dtypes,
+    shapes where cuBLAS was as fast)."""
     if rows == 0 or rows > MAX_ROWS or resolve_backend(backend, x.device) == "torch":
         return None
     if x.dtype != weight.dtype or x.dtype not in (torch.bfloat16, torch.float16, torch.float32):

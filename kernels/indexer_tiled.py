@@ -283,7 +283,7 @@ def _mxfp4_folded_group(words, scale_bytes, top, q_g, scores, g: tl.constexpr, F
 
 @triton.jit
 def _mxfp4_fold_factor(top, FP8_DOT: tl.constexpr):
-    """The per-key factor 2^(top - 12) * 2^-6 that turns the folded groups' dots into q . k (with
+    """The per-key factor 2^(top - 12) * 2^6 that turns the folded groups' dots into q . k (with
     fp16 operands also undoing their raw 2^-8 scales)."""
     factor = ue8m0_to_f32(top) * (E2M1_RAW_E4M3_SCALE * FOLD_UNSCALE)
     if not FP8_DOT:

@@ -228,13 +228,18 @@ def _select_in_program(keys_ptr, cols_ptr, n, out_row, k, prefix, prefix_mask, r
 
 
 @triton.jit
+def _row_of_program(logits_ptr, lengths_ptr, out_ptr, n_cols, k):
+    """(the length clamped to the row, the row's logits, its output) of the row of program_id(0)."""
+    row = tl.program_id(0)
+    length = tl.minimum(tl.load(lengths_ptr + row), n_cols)
+    return length, logits_ptr + row.to(tl.int64) * n_cols, out_ptr + row.to(tl.int64) * k
+
+
+@triton.jit
 def _topk_row_kernel(logits_ptr, lengths_ptr, out_ptr, n_cols, k, BLOCK: tl.constexpr):
     """The whole radix select of one row in one program (grid: rows), re-reading the row up to its
     length (read on the device, so the grid depends only on the shapes) once per level."""
-    row = tl.program_id(0)
-    length = tl.minimum(tl.load(lengths_ptr + row), n_cols)
-    row_ptr = logits_ptr + row.to(tl.int64) * n_cols
-    out_row = out_ptr + row.to(tl.int64) * k
+    length, row_ptr, out_row = _row_of_program(logits_ptr, lengths_ptr, out_ptr, n_cols, k)
     if length <= k:
         _store_short_row(out_row, length, k, BLOCK)
     else:
@@ -300,10 +305,7 @@ def _topk_in_registers_kernel(logits_ptr, lengths_ptr, out_ptr, n_cols, k, BLOCK
     """The whole top-k of one row in one program (grid: rows) that reads the row once, into
     registers: BLOCK >= n_cols columns, or half as many when the row's length (read on the device)
     fits them, which halves the work of every count."""
-    row = tl.program_id(0)
-    length = tl.minimum(tl.load(lengths_ptr + row), n_cols)
-    row_ptr = logits_ptr + row.to(tl.int64) * n_cols
-    out_row = out_ptr + row.to(tl.int64) * k
+    length, row_ptr, out_row = _row_of_program(logits_ptr, lengths_ptr, out_ptr, n_cols, k)
     if length <= k:
         _store_short_row(out_row, length, k, BLOCK)
     elif length <= BLOCK // 2:
@@ -326,9 +328,7 @@ def _radix_pass_kernel(
     k-th largest, and just enough columns equal to it; per-row atomic counters give positions.
     """
     row = tl.program_id(0)
-    length = tl.minimum(tl.load(lengths_ptr + row), n_cols)
-    row_ptr = logits_ptr + row.to(tl.int64) * n_cols
-    out_row = out_ptr + row.to(tl.int64) * k
+    length, row_ptr, out_row = _row_of_program(logits_ptr, lengths_ptr, out_ptr, n_cols, k)
     if length <= k:  # short row: written once in the emit pass
         if (level == RADIX_LEVELS) & (tl.program_id(1) == 0):
             _store_short_row(out_row, length, k, BLOCK)

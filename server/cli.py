@@ -131,7 +131,9 @@ async def _serve(http: HttpConfig, client, info) -> int:
         print(f"server start: error: cannot bind {http.host}:{http.port}: {exc}", file=sys.stderr)
         await runner.cleanup()
         return 1
-    gc.freeze()  # ~45k long-lived objects (aiohttp, the app): a full collection walking them took ~30 ms
+    # ~45k long-lived objects (aiohttp, the app): a full collection walking them took ~30 ms
+    gc.collect()
+    gc.freeze()
     host, port = runner.addresses[0][:2]
     url = f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
     print(f"server: ready at {url} (model {settings.served_model_name}, engine pid {info.pid})",

@@ -89,6 +89,7 @@ def run_engine_process(config: EngineConfig, requests: Connection, outputs: Conn
         # The model, torch and Triton are ~180k long-lived objects: a full collection walking them
         # stalled a step by 135-270 ms on a 2-core VM. Frozen, the collector walks only what a
         # step allocates.
+        gc.collect()  # start-up garbage in cycles goes now; frozen, it would never go
         gc.freeze()
         outputs.send(EngineInfo(os.getpid(), engine.model_name, engine.max_model_len,
                                 engine.vocab_size, engine.eos_token_id, engine.num_gpus))

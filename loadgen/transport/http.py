@@ -199,6 +199,8 @@ class _SseStream:
             events = orjson.loads(b"[" + body[5:-2] + b"]")
         except orjson.JSONDecodeError:
             return 0
+        if len(events) != len(pieces):  # a piece holding two JSON values (`data: {...},{...}`): malformed
+            return 0
         # The usual batch: every event a content chunk with token ids and no usage (some servers
         # send usage on every content chunk), counted in one pass.
         try:

@@ -109,7 +109,6 @@ class BlockManager:
         hits_now_free = sum(1 for b in hits if self.ref_counts[b] == 0)
         return new_blocks + hits_now_free <= self.num_free_blocks
 
-
     # ---- changes -------------------------------------------------------------------------
     def admit(self, seq: Sequence, hits: list[int]) -> None:
         """Map seq onto its prefix-cache hits (the caller then appends blocks for the rest)."""

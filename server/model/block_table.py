@@ -20,6 +20,7 @@ import numpy as np
 from server.engine.sequence import Sequence
 
 RowKey = tuple[Sequence, int, int]  # the request, its block epoch, its block count
+HeldKey = tuple[Sequence | None, int, int]  # a row's last key; None: its request left the batch
 
 
 class _RequestBlocks:
@@ -47,14 +48,17 @@ class BlockTable:
     def __init__(self) -> None:
         self._requests: weakref.WeakKeyDictionary[Sequence, _RequestBlocks] = weakref.WeakKeyDictionary()
         self._table = np.zeros((0, 0), dtype=np.int32)
-        self._held: list[RowKey | None] = []  # what each row of _table holds (None: zeros)
+        self._held: list[HeldKey | None] = []  # what each row of _table holds (None: zeros)
+        self._rows_used = 0  # the last batch's size
 
     def build(self, seqs: tuple[Sequence, ...]) -> np.ndarray:
         """int32 [B, max blocks] of the batch, zero-padded; a new array the caller may keep."""
-        keys = [(s, s.block_epoch, len(s.block_ids)) for s in seqs]
+        keys: list[RowKey] = [(s, s.block_epoch, len(s.block_ids)) for s in seqs]
         width = max(n for _, _, n in keys)
-        if len(keys) > self._table.shape[0] or width > self._table.shape[1]:
-            self._table = np.zeros((max(len(keys), self._table.shape[0]), max(width, 2 * self._table.shape[1])),
+        rows, cols = self._table.shape
+        if len(keys) > rows or width > cols:
+            # each dimension grows only when it is short; the width by doubling, as rows gain blocks
+            self._table = np.zeros((max(len(keys), rows), cols if width <= cols else max(width, 2 * cols)),
                                    dtype=np.int32)
             self._held = [None] * self._table.shape[0]
         for i, key in enumerate(keys):
@@ -62,6 +66,11 @@ class BlockTable:
             if held != key:
                 self._write_row(i, key, 0 if held is None else held[2])
                 self._held[i] = key
+        for i in range(len(keys), self._rows_used):  # rows the batch left: drop their requests, keep their extent
+            held = self._held[i]
+            if held is not None:
+                self._held[i] = (None, -1, held[2])
+        self._rows_used = len(keys)
         return self._table[: len(keys), :width].copy()
 
     def _write_row(self, i: int, key: RowKey, held_count: int) -> None:

@@ -119,7 +119,7 @@ class DecodeGraphs:
             block_size=self.block_size, max_context=width,
         )
         hidden = self.model(fill_placeholders(tok[:, 0], self.pending), meta, self.kv, self.indexer, self.settings)
-        return self.model.parallel_logits(hidden), hidden
+        return self.model.parallel_logits(hidden, self.settings.backend), hidden
 
     @torch.inference_mode()
     def capture(self) -> None:

@@ -205,7 +205,7 @@ class ModelRunner:
                                       inputs.block_table, inputs.max_context, pending)
         input_ids, meta, wanted = self._on_device(inputs, pending)
         hidden = self.model(input_ids, meta, self.cache.kv, self.cache.indexer, self.settings)[wanted]
-        return self.model.parallel_logits(hidden), hidden
+        return self.model.parallel_logits(hidden, self.settings.backend), hidden
 
     def _wait_for_device(self) -> None:
         """Under TP a step counts as done (for the hang watchdog) only when the device is done."""

@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from kernels.gemv import DOT_ROWS, FMA_MAX_ROWS, MAX_ROWS, GemvConfig, head_linear, launch, linear
+from kernels.gemv import DOT_ROWS, FMA_MAX_ROWS, MAX_ROWS, GemvConfig, default_config, head_linear, launch, linear
 
 DTYPES = (torch.float32, torch.bfloat16)
 # Small tiles so that K = 100 takes several steps and a masked tail, N = 37 a masked strip.
@@ -24,14 +24,28 @@ def close(got: torch.Tensor, x: torch.Tensor, w: torch.Tensor, equation: str) ->
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("rows", (1, 2, 5, MAX_ROWS, MAX_ROWS + 1))
-def test_linear_matches_f_linear(gen, dtype, rows):
-    x = torch.randn(rows, 300, generator=gen).to(dtype)  # odd N and K: masked strips and steps
-    w = torch.randn(37, 300, generator=gen).to(dtype)
+@pytest.mark.parametrize("rows", (1, MAX_ROWS + 1, 5))
+@pytest.mark.parametrize("k", (300, 2100))  # the two multiply-add configs (N <= 1024; K >= 2048)
+def test_linear_matches_f_linear(gen, dtype, rows, k):
+    x = torch.randn(rows, k, generator=gen).to(dtype)  # odd N and K: masked strips and steps
+    w = torch.randn(37, k, generator=gen).to(dtype)
     got = linear(x, w, backend="triton")
     close(got, x, w, "tk,nk->tn")
     if rows > MAX_ROWS:  # past the bound: F.linear itself
         assert torch.equal(got, F.linear(x, w))
+
+
+def test_default_configs_follow_the_sweep():
+    """Batch-1 shapes of the small model take the configs that beat cuBLAS in CUDA graphs; the query
+    projection, more rows and shapes larger than the sweep's stay on cuBLAS (None)."""
+    fma_wide = GemvConfig(block_n=4, block_k=2048)
+    for n, k in ((1232, 2048), (2048, 2048), (2048, 5632), (11264, 2048), (32768, 2048)):
+        assert default_config(n, k, 1) == fma_wide, (n, k)
+    assert default_config(512, 128, 1) == GemvConfig(64, 128, dot=True, block_m=DOT_ROWS, num_stages=4)  # W_UK
+    assert default_config(128, 512, 1) == GemvConfig(8, 1024)  # W_UV
+    assert default_config(5120, 512, 1) is None  # the query projection
+    assert default_config(1232, 2048, MAX_ROWS + 1) is None
+    assert default_config(2 * 18432, 7168, 1) is None  # v32's gate/up: never swept
 
 
 @pytest.mark.parametrize("config", CONFIGS, ids=lambda c: f"{'dot' if c.dot else 'fma'}-m{c.block_m}-n{c.block_n}")

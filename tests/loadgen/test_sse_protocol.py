@@ -183,6 +183,8 @@ def _by_lines(pieces: list[bytes], stamps: list[int]):
     [b'data: {"choices":[{"token_ids":[1]}]}\n\n',  # a usage key spelled with an escape is still usage
      b'data: {"choices":[{"token_ids":[2]}],"\\u0075sage":{"completion_tokens":2}}\n\n'],
     [b'data: {"choices":[{"token_ids":[1]}]}\n', b'\ndata: {"choices":[{"token_ids":[2]}]}\n\n'],
+    [b'data: {"choices":[{"token_ids":[1]}]}\n\n',  # two JSON values in one event: malformed
+     b'data: {"choices":[{"token_ids":[2]}]},{"choices":[{"token_ids":[3]}]}\n\n'],
 ])
 def test_a_batch_of_pieces_reads_as_its_lines_one_by_one(batch):
     """The batched SSE path (one JSON parse per batch when every piece is one content chunk) and

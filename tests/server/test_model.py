@@ -243,6 +243,28 @@ def test_default_capture_sizes_reach_max_num_seqs():
     assert default_capture_sizes(20) == (1, 2, 4, 8, 16, 24)
 
 
+def test_block_table_grows_with_the_batch_without_doubling_and_lets_finished_requests_go():
+    """A batch growing one request a step widens the kept table only as its rows gain blocks, and a
+    request that left the batch is not kept alive by the row it held."""
+    import gc
+    import weakref
+
+    from server.model.block_table import BlockTable
+
+    bt = BlockTable()
+    blocks = BlockManager(256, 4, enable_prefix_caching=False)
+    seqs = []
+    for i in range(40):
+        seqs.append(Sequence(f"r{i}", list(range(8)), SamplingParams(max_tokens=4), 0.0))
+        blocks.append(seqs[-1], 8)
+        assert bt.build(tuple(seqs)).shape == (i + 1, 2)
+    assert bt._table.shape[1] <= 4
+    gone = weakref.ref(seqs.pop())
+    bt.build(tuple(seqs))
+    gc.collect()
+    assert gone() is None
+
+
 def test_context_buckets_split_at_the_topk_single_launch_width():
     """Decode graphs are captured for logits as wide as the top-k's one-launch kernel takes, and
     for max_model_len; a model no longer than that width has one bucket."""
