@@ -8,14 +8,17 @@ weight is read once, by many programs at once, and every output element is summe
 in a fixed order: no split-K, no atomics, so a result depends only on the shape (and the config
 chosen from it), never on timing, and a CUDA graph's replay gives the eager step's numbers.
 
-Two kernels: fp32 multiply-adds kept per lane across K and summed once at the end (FMA_MAX_ROWS
-rows), or tl.dot over a 16-row tile (padding rows masked), whose per-row sums do not depend on how
-many of the 16 rows are real. Which one, and its tiles, is chosen per shape from a sweep in CUDA
-graphs (`default_config`): on an H200 they beat cuBLAS at one row (batch-1 decode) on every
-projection of the small model but the query projection, by 0.4-2.9 us each; at four rows cuBLAS
-won or tied on all but the two per-head products, so more rows than MAX_ROWS, shapes outside
-the measured ones, other dtypes, a weight without a unit column stride and the torch backend
-take F.linear (or einsum).
+Two kernels: fp32 multiply-adds of each K step summed into per-column fp32 accumulators
+(FMA_MAX_ROWS rows), or tl.dot over a 16-row tile (padding rows masked), whose per-row sums do not
+depend on how many of the 16 rows are real. Which one, and its tiles, is chosen by rules fitted to
+a sweep in CUDA graphs over the small model's shapes (`default_config`): on an H200 the chosen
+configs beat cuBLAS at one row (batch-1 decode) by 0.4-2.9 us on five of its projections, tied
+within 0.4 us on gate/up and lost nothing elsewhere; the query projection stays on cuBLAS. At four
+rows cuBLAS won or tied on all but the two per-head products, so more rows than MAX_ROWS take
+F.linear (or einsum), as do weights larger or K longer than the sweep's largest (v32's 7,168-wide
+inputs), other dtypes, `linear`'s weights without a unit column stride, and the torch backend.
+Smaller shapes that were not swept (the tiny model's, tensor-parallel slices, v32's per-head
+W_UK / W_UV with 128 heads) follow the same rules unmeasured.
 
 `linear` is nn.Linear's product; `head_linear` the per-head form y[t, h] = x[t, h] W[h]^T of
 absorbed MLA's W_UK and W_UV products (einsum "thk,hnk->thn", any weight strides).
@@ -31,7 +34,7 @@ import triton
 import triton.language as tl
 
 from kernels.backend import resolve_backend
-from kernels.triton_utils import f32_to_bf16, new_output
+from kernels.triton_utils import dot_dtype, f32_to_bf16, new_output
 
 # Rows up to this many take a Triton kernel (batch-1 decode); more rows are cuBLAS's (see the module
 # docstring). A capture size of the decode graphs, so a graph and the eager step take the same kernel.
@@ -144,11 +147,10 @@ def launch(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor, config: Gem
         _gemv_fma_kernel[grid](*args, BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
                                TO_BF16=to_bf16, num_warps=config.num_warps)
         return
-    # The interpreter's 16-bit dots are wrong: fp32 operands there, exact for 16-bit values.
-    dot_dtype = tl.float32 if x.device.type == "cpu" or x.dtype == torch.float32 else tl.bfloat16 \
-        if x.dtype == torch.bfloat16 else tl.float16
+    operands = tl.float32 if x.dtype == torch.float32 else dot_dtype(x, tl.bfloat16 if x.dtype == torch.bfloat16
+                                                                      else tl.float16)
     _gemv_dot_kernel[grid](*args, BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
-                           TO_BF16=to_bf16, DOT_DTYPE=dot_dtype, num_warps=config.num_warps,
+                           TO_BF16=to_bf16, DOT_DTYPE=operands, num_warps=config.num_warps,
                            num_stages=config.num_stages)
 
 

@@ -217,7 +217,8 @@ class SpeculativeDecoder:
             return tokens
 
         k = max(n for _, _, n in chosen)
-        drafts = self.draft.propose(hidden[rows], last, self.runner.model, k, choose).tolist()
+        drafts = self.draft.propose(hidden[rows], last, self.runner.model, k, choose,
+                                    self.runner.settings.backend).tolist()
         for (seq, _, n), d in zip(chosen, drafts):
             seq.draft_token_ids = d[:n]
         if sampled:

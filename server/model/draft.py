@@ -41,21 +41,22 @@ class DraftHead(nn.Module):
         self.mlp_norm = RMSNorm(h, config.rms_norm_eps)
         self.mlp = SwiGLU(h, config.intermediate_size, TensorParallel())  # world size 1: replicated
 
-    def forward(self, hidden: torch.Tensor, token_ids: torch.Tensor,
-                target: SparseMLAModel) -> tuple[torch.Tensor, torch.Tensor]:
-        """hidden [B, H], token_ids [B] -> (next hidden [B, H], logits fp32 [B, V])."""
+    def forward(self, hidden: torch.Tensor, token_ids: torch.Tensor, target: SparseMLAModel,
+                backend: str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """hidden [B, H], token_ids [B] -> (next hidden [B, H], logits fp32 [B, V]); backend: the
+        engine's kernels (None: kernels.get_backend())."""
         x = self.proj(torch.cat((self.hidden_norm(hidden), self.embed_norm(target.embed(token_ids))), dim=-1))
-        x = x + self.mlp(self.mlp_norm(x))
-        return x, target.logits(target.norm(x))
+        x = x + self.mlp(self.mlp_norm(x), backend)
+        return x, target.logits(target.norm(x), backend)
 
     @torch.inference_mode()
     def propose(self, hidden: torch.Tensor, token_ids: torch.Tensor, target: SparseMLAModel, k: int,
-                choose: Callable[[torch.Tensor, int], torch.Tensor]) -> torch.Tensor:
+                choose: Callable[[torch.Tensor, int], torch.Tensor], backend: str | None = None) -> torch.Tensor:
         """k drafts per row, int64 [B, k] on the device. `choose(logits, i)` picks draft i's
         tokens from its logits (greedy or sampled, the caller's policy)."""
         drafts = []
         for i in range(k):
-            hidden, logits = self(hidden, token_ids, target)
+            hidden, logits = self(hidden, token_ids, target, backend)
             token_ids = choose(logits, i)
             drafts.append(token_ids)
         return torch.stack(drafts, dim=1)

@@ -2,8 +2,8 @@
 fused into one GEMM, SwiGLU MLP, and the scaled init that draws full weights and keeps this rank's
 slice. The residual add with the next norm and SwiGLU's product are single kernels on the Triton
 backend (kernels/fused.py); the rotations run inside the attention's preparation kernels
-(kernels/attention_prep.py); the projections at decode batch sizes run as Triton GEMVs there
-(kernels/gemv.py: `backend`, as the kernels take it)."""
+(kernels/attention_prep.py); projections of one row run as Triton GEMVs there where they beat
+cuBLAS (kernels/gemv.py: `backend`, as the kernels take it)."""
 
 from __future__ import annotations
 
