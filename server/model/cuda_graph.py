@@ -34,6 +34,7 @@ from __future__ import annotations
 import sys
 import time
 
+import numpy as np
 import torch
 
 from kernels.topk import SINGLE_PASS_MAX_COLS
@@ -48,6 +49,20 @@ def default_capture_sizes(max_num_seqs: int) -> tuple[int, ...]:
     """1, 2, 4, then every multiple of 8, up to the first size >= max_num_seqs (vLLM's shape)."""
     sizes = [1, 2, 4] + list(range(8, max_num_seqs + 8, 8))
     return tuple(s for i, s in enumerate(sizes) if i == 0 or sizes[i - 1] < max_num_seqs)
+
+
+def pad_requests(tokens: torch.Tensor | np.ndarray, table: torch.Tensor | np.ndarray, batch: int, size: int, q: int,
+                 dummy_block: int, block_size: int) -> None:
+    """Requests batch..size-1 of a graph's inputs (its device buffers at capture; numpy views of the
+    pinned staging buffers at replay, where numpy costs the host a fraction of a torch op): token 0
+    at positions 0..q-1 of their own table row, whose first block is the dummy."""
+    lo, hi = batch * q, size * q
+    rows = np.arange(lo, hi) if isinstance(tokens, np.ndarray) else torch.arange(lo, hi, device=tokens.device)
+    tokens[lo:hi, 0] = PAD_TOKEN
+    tokens[lo:hi, 1] = rows % q
+    tokens[lo:hi, 2] = rows // q
+    tokens[lo:hi, 3] = dummy_block * block_size + rows % q
+    table[batch:size, 0] = dummy_block
 
 
 def context_buckets(max_model_len: int) -> tuple[int, ...]:
@@ -68,7 +83,6 @@ class DecodeGraphs:
                  sizes: tuple[int, ...], max_num_seqs: int, query_lens: tuple[int, ...] = (1,)) -> None:
         self.model, self.kv, self.indexer, self.settings = model, kv, indexer, settings
         self.block_size, self.max_model_len = block_size, max_model_len
-        self.dummy_slot = dummy_block * block_size
         self.dummy_block = dummy_block
         self.sizes = tuple(sorted(set(sizes)))
         self.widths = context_buckets(max_model_len)
@@ -134,7 +148,7 @@ class DecodeGraphs:
                 for size in reversed(self.sizes)]
         for i, key in enumerate(keys):
             size, q, width = key
-            self._padding(self.tokens, self.block_table, 0, size, q)
+            pad_requests(self.tokens, self.block_table, 0, size, q, self.dummy_block, self.block_size)
             self._forward(*key)  # compiles the Triton kernels for this shape outside the capture
             torch.cuda.synchronize()
             graph = torch.cuda.CUDAGraph()
@@ -153,16 +167,6 @@ class DecodeGraphs:
               f"contexts up to {','.join(map(str, self.widths))}) in {self.capture_seconds:.1f} s",
               file=sys.stderr, flush=True)
 
-    def _padding(self, tokens: torch.Tensor, table: torch.Tensor, batch: int, size: int, q: int) -> None:
-        """Requests batch..size-1 (host or device buffers): token 0 at positions 0..q-1 of their own
-        table row, whose first block is the dummy."""
-        rows = torch.arange(batch * q, size * q, device=tokens.device)
-        tokens[batch * q : size * q, 0] = PAD_TOKEN
-        tokens[batch * q : size * q, 1] = rows % q
-        tokens[batch * q : size * q, 2] = rows // q
-        tokens[batch * q : size * q, 3] = self.dummy_slot + rows % q
-        table[batch:size, 0] = self.dummy_block
-
     def replay(self, token_ids: torch.Tensor, positions: torch.Tensor, seq_ids: torch.Tensor, slots: torch.Tensor,
                block_table: torch.Tensor, max_context: int,
                pending: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -178,9 +182,10 @@ class DecodeGraphs:
         for column, values in enumerate((token_ids, positions, seq_ids, slots)):
             host_np[:n, column] = values.numpy()
         table = self._host_table[self._flip][: size * width].view(size, width)
-        self._host_table_np[self._flip][: batch * width] = block_table.numpy().reshape(-1)
+        table_np = self._host_table_np[self._flip][: size * width].reshape(size, width)
+        table_np[:batch] = block_table.numpy()
         if batch < size:
-            self._padding(host, table, batch, size, q)
+            pad_requests(host_np, table_np, batch, size, q, self.dummy_block, self.block_size)
         self._flip ^= 1
         self.tokens[: size * q].copy_(host[: size * q], non_blocking=True)
         self.block_table[:size, :width].copy_(table, non_blocking=True)

@@ -265,6 +265,25 @@ def test_block_table_grows_with_the_batch_without_doubling_and_lets_finished_req
     assert gone() is None
 
 
+@pytest.mark.parametrize("batch, size, q", [(1, 4, 1), (3, 8, 4), (0, 2, 1)])
+def test_graph_padding_rows_alike_in_numpy_and_torch(batch, size, q):
+    """A graph's padding requests are written by torch into the device buffers at capture and by
+    numpy into the pinned staging buffers at replay: both give token 0 at positions 0..q-1 of the
+    request's own table row, whose first block is the dummy, and leave the real requests alone."""
+    from server.model.cuda_graph import PAD_TOKEN, pad_requests
+
+    dummy, block_size, width = 9, 16, 3
+    tokens_t = torch.full((size * q, 4), -7, dtype=torch.long)
+    table_t = torch.full((size, width), -7, dtype=torch.int32)
+    tokens_n, table_n = tokens_t.numpy().copy(), table_t.numpy().copy()
+    pad_requests(tokens_t, table_t, batch, size, q, dummy, block_size)
+    pad_requests(tokens_n, table_n, batch, size, q, dummy, block_size)
+    assert (tokens_t.numpy() == tokens_n).all() and (table_t.numpy() == table_n).all()
+    rows = [[PAD_TOKEN, i % q, i // q, dummy * block_size + i % q] for i in range(batch * q, size * q)]
+    assert tokens_n[batch * q:].tolist() == rows and (tokens_n[:batch * q] == -7).all()
+    assert (table_n[batch:, 0] == dummy).all() and (table_n[:batch] == -7).all() and (table_n[:, 1:] == -7).all()
+
+
 def test_context_buckets_split_at_the_topk_single_launch_width():
     """Decode graphs are captured for logits as wide as the top-k's one-launch kernel takes, and
     for max_model_len; a model no longer than that width has one bucket."""
