@@ -42,6 +42,7 @@ from kernels.topk import (  # noqa: E402
     REGISTER_ROW_MAX_COLS,
     TopkConfig,
     default_config,
+    takes_register_launch,
     topk_indices_torch,
     topk_triton,
 )
@@ -363,7 +364,7 @@ def topk_label(cfg: TopkConfig | None, n_rows: int, n_cols: int) -> str:
     if cfg is None:
         cfg = default_config(torch.device(DEV), n_cols, n_rows)
         return f"triton default ({topk_label(cfg, n_rows, n_cols).removeprefix('triton ')})"
-    if n_cols <= min(cfg.single_pass_max_cols, REGISTER_ROW_MAX_COLS) and cfg.single_pass_registers:
+    if takes_register_launch(cfg, n_cols):
         return f"triton 1 launch in registers w{cfg.num_warps}"
     if n_cols <= cfg.single_pass_max_cols:
         return f"triton 1 launch radix block{cfg.block} w{cfg.num_warps}"

@@ -25,7 +25,6 @@ import triton
 import triton.language as tl
 
 from kernels.backend import resolve_backend
-from kernels.fused import round_to
 from kernels.quant import (
     DS_MLA_GROUP,
     fp8_e4m3_quantize,
@@ -35,7 +34,7 @@ from kernels.quant import (
     write_kv_cache,
 )
 from kernels.quant_kernels import fp8_rows, store_mxfp4_groups
-from kernels.triton_utils import f32_to_bf16, new_output
+from kernels.triton_utils import f32_to_bf16, new_output, round_to
 
 BLOCK_HEADS = 16  # query heads per program
 

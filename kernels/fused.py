@@ -21,15 +21,7 @@ import triton
 import triton.language as tl
 
 from kernels.backend import resolve_backend
-from kernels.triton_utils import f32_to_bf16, new_output
-
-
-@triton.jit
-def round_to(x, TO_BF16: tl.constexpr):
-    """fp32 rounded to the output dtype's precision (bf16 by bit arithmetic: the interpreter truncates)."""
-    if TO_BF16:
-        return f32_to_bf16(x).to(tl.float32)
-    return x
+from kernels.triton_utils import new_output, round_to
 
 
 @triton.jit

@@ -9,7 +9,7 @@ in a fixed order: no split-K, no atomics, so a result depends only on the shape 
 chosen from it), never on timing, and a CUDA graph's replay gives the eager step's numbers.
 
 Two kernels: fp32 multiply-adds of each K step summed into per-column fp32 accumulators
-(FMA_MAX_ROWS rows), or tl.dot over a 16-row tile (padding rows masked), whose per-row sums do not
+(one row), or tl.dot over a 16-row tile (padding rows masked), whose per-row sums do not
 depend on how many of the 16 rows are real. Which one, and its tiles, is chosen by rules fitted to
 a sweep in CUDA graphs over the small model's shapes (`default_config`): on an H200 the chosen
 configs beat cuBLAS at one row (batch-1 decode) by 0.4-2.9 us on five of its projections, tied
@@ -39,7 +39,6 @@ from kernels.triton_utils import dot_dtype, f32_to_bf16, new_output
 # Rows up to this many take a Triton kernel (batch-1 decode); more rows are cuBLAS's (see the module
 # docstring). A capture size of the decode graphs, so a graph and the eager step take the same kernel.
 MAX_ROWS = 1
-FMA_MAX_ROWS = 1
 DOT_ROWS = 16  # the dot kernel's row tile: tl.dot needs 16
 
 

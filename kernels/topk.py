@@ -529,6 +529,11 @@ def _spread_grid(t: int, n: int, chunk: int, cfg: TopkConfig, device: torch.devi
     return t, row_programs(t, max(1, triton.cdiv(n, chunk)), device, cfg.programs_per_sm)
 
 
+def takes_register_launch(cfg: TopkConfig, n_cols: int) -> bool:
+    """Whether rows of n_cols columns take the in-register one-launch kernel under cfg."""
+    return n_cols <= min(cfg.single_pass_max_cols, REGISTER_ROW_MAX_COLS) and cfg.single_pass_registers
+
+
 def topk_triton(logits: torch.Tensor, lengths: torch.Tensor, k: int, config: TopkConfig | None = None) -> torch.Tensor:
     """One launch over rows up to config.single_pass_max_cols columns (the row in registers, or
     the radix select re-reading it); beyond, over (rows x
@@ -540,7 +545,7 @@ def topk_triton(logits: torch.Tensor, lengths: torch.Tensor, k: int, config: Top
     if t == 0:
         return out
     cfg = config or default_config(logits.device, n, t)
-    if n <= min(cfg.single_pass_max_cols, REGISTER_ROW_MAX_COLS) and cfg.single_pass_registers:
+    if takes_register_launch(cfg, n):
         _topk_in_registers_kernel[(t,)](logits, lengths, out, n, k, BLOCK=max(64, triton.next_power_of_2(n)),
                                         num_warps=cfg.num_warps)
         return out

@@ -76,6 +76,14 @@ def f32_to_bf16(x):
     return (rounded >> 16).to(tl.int16).to(tl.bfloat16, bitcast=True)
 
 
+@triton.jit
+def round_to(x, TO_BF16: tl.constexpr):
+    """fp32 rounded to the output dtype's precision (bf16 by bit arithmetic: the interpreter truncates)."""
+    if TO_BF16:
+        return f32_to_bf16(x).to(tl.float32)
+    return x
+
+
 def dot_dtype(t: torch.Tensor, gpu: tl.dtype = tl.bfloat16) -> tl.dtype:
     """Operand type for a 16-bit tl.dot: `gpu` (bf16 or fp16) on a GPU; fp32 in the interpreter,
     whose 16-bit dots are wrong.

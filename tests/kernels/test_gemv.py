@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from kernels.gemv import DOT_ROWS, FMA_MAX_ROWS, MAX_ROWS, GemvConfig, default_config, head_linear, launch, linear
+from kernels.gemv import DOT_ROWS, MAX_ROWS, GemvConfig, default_config, head_linear, launch, linear
 
 DTYPES = (torch.float32, torch.bfloat16)
 # Small tiles so that K = 100 takes several steps and a masked tail, N = 37 a masked strip.
@@ -107,5 +107,5 @@ def test_bad_shapes_are_refused(gen):
     with pytest.raises(ValueError, match=r"\[T, H, K\]"):
         head_linear(x, w, backend="triton")
     with pytest.raises(ValueError, match="do not fit"):
-        launch(torch.randn(FMA_MAX_ROWS + 1, 1, 32), w.unsqueeze(0), torch.empty(FMA_MAX_ROWS + 1, 1, 24),
-               GemvConfig(8, 32, block_m=FMA_MAX_ROWS))
+        launch(torch.randn(MAX_ROWS + 1, 1, 32), w.unsqueeze(0), torch.empty(MAX_ROWS + 1, 1, 24),
+               GemvConfig(8, 32, block_m=MAX_ROWS))
