@@ -3,7 +3,7 @@
 Times what kernels.indexer.indexer_logits_paged runs by default: decode steps (one query token per
 request: 64 and 16 requests at 64k keys with 64 heads, 128 requests at 4k with 16 heads) and one
 prefill chunk (2,048 tokens at the end of a 64k prompt), fp8 and MXFP4 keys; with --wide-scales also
-MXFP4 keys whose group scales lie 2^20 apart (the folded decode's fallback on every block). Each is first checked
+MXFP4 keys whose group scales lie 2^20 apart (far past one e4m3 operand per key). Each is first checked
 against the torch reference with poisoned outputs (decode: at full and staggered contexts), then
 timed (do_bench median, inputs rotating) and reported as % of the copy bandwidth that
 benchmarks/kernels.py uses. It uses only the public entry point, so the same file run against an
@@ -37,15 +37,13 @@ PREFILL_CHUNK, PREFILL_CONTEXT = 2048, 65536
 
 
 def sweep_configs(key_dtype: str) -> tuple[TiledConfig, ...]:
-    """One-token tiled configs (MXFP4: folded group scales and group dots); made only with --sweep,
+    """One-token tiled configs (MXFP4: group dots); made only with --sweep,
     so the file runs against checkouts whose TiledConfig lacks `prefetch` or `mx_scoring`."""
     if key_dtype == "fp8":
         return (TiledConfig(1, 64, 4, 16, 1), TiledConfig(1, 64, 4, 16, 1, prefetch=True),
                 TiledConfig(1, 64, 4, 8, 1, prefetch=True), TiledConfig(1, 128, 8, 8, 1, prefetch=True),
                 TiledConfig(1, 128, 4, 8, 1), TiledConfig(1, 128, 4, 8, 1, prefetch=True))
-    return (TiledConfig(1, 64, 4, 8, 1, mx_scoring="folded", prefetch=True),
-            TiledConfig(1, 64, 4, 8, 1, mx_scoring="folded"),
-            TiledConfig(1, 64, 4, 8, 1, mx_scoring="group_dots", prefetch=True),
+    return (TiledConfig(1, 64, 4, 8, 1, mx_scoring="group_dots", prefetch=True),
             TiledConfig(1, 64, 4, 8, 1, mx_scoring="group_dots"),
             TiledConfig(1, 64, 4, 4, 1, mx_scoring="group_dots", prefetch=True),
             TiledConfig(1, 64, 4, 6, 1, mx_scoring="group_dots", prefetch=True),

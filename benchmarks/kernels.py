@@ -196,7 +196,7 @@ INDEXER_SWEEP = (IndexerConfig(64, 4, 8), IndexerConfig(64, 4, 8, 1), IndexerCon
 def make_indexer_cache(num_slots: int, key_dtype: str, wide_scales: bool = False) -> torch.Tensor:
     """An indexer key cache of random keys in every slot, written a million rows at a time. With
     wide_scales every key's second 32-value group is 2^-20 of the others: MXFP4 group scales
-    spread past what a folded e4m3 operand holds (the folded decode's fallback on every block)."""
+    spread far past what one e4m3 operand per key holds (the group dots stay exact)."""
     cache = torch.empty(num_slots, indexer_row_bytes(D_I, key_dtype), dtype=torch.uint8, device=DEV)
     for lo in range(0, num_slots, 1 << 20):
         n = min(1 << 20, num_slots - lo)
@@ -221,7 +221,7 @@ INDEXER_DECODE_TILED = {
             TiledConfig(1, 128, 4, 8, 1, prefetch=True), TiledConfig(1, 128, 4, 8, 1)),
     "mxfp4": (TiledConfig(1, 64, 4, 8, 1, mx_scoring="group_dots", prefetch=True, few_tiles_programs_per_sm=4),
               TiledConfig(1, 64, 4, 8, 1, mx_scoring="group_dots"),
-              TiledConfig(1, 64, 4, 8, 1, mx_scoring="folded"), TiledConfig(1, 128, 4, 8)),
+              TiledConfig(1, 128, 4, 8)),
 }
 
 
@@ -266,7 +266,7 @@ def indexer_cases(rows: list[Row], requests: int, context: int, heads: int = H_I
             variants.append((f"triton n{cfg.block_n} w{cfg.num_warps} p{cfg.programs_per_sm}/SM s{cfg.num_stages or '-'}",
                              lambda q, w, n, cfg=cfg: indexer_logits_triton(q, w, cache, key_dtype, block_table, seq_ids, n, n,
                                                                             block_size, context, True, cfg)))
-        smoke_tiled = [TiledConfig(1, 16, 4), TiledConfig(1, 16, 4, mx_scoring="folded", prefetch=True)]
+        smoke_tiled = [TiledConfig(1, 16, 4), TiledConfig(1, 16, 4, mx_scoring="group_dots", prefetch=True)]
         for tcfg in smoke_tiled if SMOKE else INDEXER_DECODE_TILED[key_dtype]:
             group = f" {tcfg.mx_scoring}" if key_dtype == "mxfp4" else ""
             prefetch = " prefetch" if tcfg.prefetch else ""

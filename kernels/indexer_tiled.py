@@ -24,11 +24,9 @@ per-token kernel decodes every key element to fp16 first. MXFP4 keys then take o
 words and become e4m3 bytes four at a time (shifts and masks on whole words, low and high
 nibbles to separate words; the query group is permuted to the order that leaves), and each
 group's scale multiplies its dot's result: no key value is rounded, at any spread of group
-scales. "folded" instead adds each group's scale, relative to the key's largest, to its e4m3
-exponent fields (integer ops on the same words), so the groups' dots accumulate on the tensor
-cores and one factor per key scales the result; blocks whose scales spread wider than e4m3
-holds exactly take the group dots (see FOLD_TOP). It measured slower on an H200 than the group
-dots and is not the default. With 64 heads the next key block is prefetched
+scales. (Adding each group's scale to its bytes' e4m3 exponents instead, for one dot per block
+with an exact fallback, measured slower on an H200 and was not kept: benchmarks/RESULTS.md,
+"MXFP4 indexer decode: folded group scales".) With 64 heads the next key block is prefetched
 (`TiledConfig.prefetch`): its loads go out before this block's dots. A key block's cache slots
 come in runs inside one cache block (one block-table load per run, `_block_slots`).
 
@@ -227,85 +225,6 @@ def _query_groups(q_ptr, row_tok, row_head, row_ok, H: tl.constexpr, D: tl.const
     return q0, q1, q2, q3
 
 
-# Folded group scales: group g's e2m1 values enter the e4m3 operand multiplied by 2^step_g, with
-# step_g = its scale exponent - the key's largest + FOLD_TOP, and the dot's result is multiplied by
-# the key's 2^(largest - FOLD_TOP). e4m3 holds every such value exactly while 1 <= step_g <= FOLD_TOP:
-# 6 * 2^12 / 2^6 = 384 <= 448 at the top, and e2m1's 0.5 becomes 2^(step - 7) >= 2^-6, a normal e4m3
-# (so its exponent field takes the step like every other value's).
-FOLD_TOP = tl.constexpr(12)
-FOLD_SPREAD = tl.constexpr(11)  # binades between a key's largest and smallest group scale that fold
-FOLD_UNSCALE = tl.constexpr(2.0**-12)  # 2^-FOLD_TOP
-NIBBLE_LOW_BITS = tl.constexpr(0x11111111)  # bit 0 of each nibble of a word
-NIBBLE_HIGH_BITS = tl.constexpr(-0x11111112)  # 0xEEEEEEEE as an int32: bits 1-3 of each nibble
-BYTE_LOW_BITS = tl.constexpr(0x01010101)
-
-
-@triton.jit
-def _mxfp4_fold_plan(scale_bytes, visible, D: tl.constexpr):
-    """(each key's largest group scale byte [BLOCK_N], whether the whole block folds): every visible
-    key's group scales lie within FOLD_SPREAD binades of its largest, and none is 0x00 (a zero
-    group) or 0xFF (NaN), which only the group dots reproduce."""
-    top = scale_bytes & 0xFF  # bytes taken one by one: elementwise per key, no cross-thread reduction
-    bottom = top
-    for g in tl.static_range(1, D // 32):
-        exp = (scale_bytes >> (8 * g)) & 0xFF
-        top = tl.maximum(top, exp)
-        bottom = tl.minimum(bottom, exp)
-    folds = ((top - bottom <= FOLD_SPREAD) & (bottom >= 1) & (top <= 254)) | ~visible
-    return top, tl.min(folds.to(tl.int32), axis=0) == 1
-
-
-@triton.jit
-def _mxfp4_folded_group(words, scale_bytes, top, q_g, scores, g: tl.constexpr, FP8_DOT: tl.constexpr,
-                        DOT_DTYPE: tl.constexpr):
-    """scores + the dot of MXFP4 group g, folded (_mxfp4_fold_plan), with its query group: the
-    groups' dots accumulate on the tensor cores, since all share the key's factor
-    (_mxfp4_fold_factor).
-
-    From the group's nibble words [BLOCK_N, 4], all integer ops on whole words: the nibbles become
-    e4m3 bytes as for the group dots (_mxfp4_group_scores), then each nonzero byte's exponent field
-    gains the group's step (no carry: exponent + step <= 3 + 12 < 16), after the mantissa bit of
-    e2m1 0.5 (exponent 0: an e4m3 subnormal, which would not scale by the exponent) is cleared so
-    that 0.5 becomes the normal 2^(step - 7)."""
-    step = ((((scale_bytes >> (8 * g)) & 0xFF) - top + FOLD_TOP) << 3)[:, None]  # on the exponent field
-    exp_bits = (words >> 1) | (words >> 2)  # bit 0 of each nibble: the nibble's exponent is not 0
-    nonzero = (words | exp_bits) & NIBBLE_LOW_BITS
-    low, high = e2m1_words_to_raw_e4m3(words & (exp_bits | NIBBLE_HIGH_BITS))
-    low += (nonzero & BYTE_LOW_BITS) * step
-    high += ((nonzero >> 4) & BYTE_LOW_BITS) * step
-    raw = word_bytes(_interleave(low, high))
-    if FP8_DOT:
-        keys = raw.to(tl.float8e4nv, bitcast=True)
-    else:
-        keys = e4m3_to_raw_f16(raw.to(tl.int32)).to(DOT_DTYPE)
-    return tl.dot(keys, tl.trans(q_g), scores)
-
-
-@triton.jit
-def _mxfp4_fold_factor(top, FP8_DOT: tl.constexpr):
-    """The per-key factor 2^(top - 12) * 2^6 that turns the folded groups' dots into q . k (with
-    fp16 operands also undoing their raw 2^-8 scales)."""
-    factor = ue8m0_to_f32(top) * (E2M1_RAW_E4M3_SCALE * FOLD_UNSCALE)
-    if not FP8_DOT:
-        factor = factor * (E4M3_RAW_SCALE * E4M3_RAW_SCALE)
-    return factor
-
-
-@triton.jit
-def _mxfp4_folded_dots(scale_bytes, top, w0, w1, w2, w3, q0, q1, q2, q3, BLOCK_N: tl.constexpr,
-                       ROWS: tl.constexpr, D: tl.constexpr, FP8_DOT: tl.constexpr, DOT_DTYPE: tl.constexpr):
-    """Scores [BLOCK_N, ROWS] of a folded block before the per-key factor: its groups' dots on one
-    accumulator (_mxfp4_folded_group)."""
-    scores = tl.zeros((BLOCK_N, ROWS), tl.float32)
-    scores = _mxfp4_folded_group(w0, scale_bytes, top, q0, scores, 0, FP8_DOT, DOT_DTYPE)
-    if D >= 64:
-        scores = _mxfp4_folded_group(w1, scale_bytes, top, q1, scores, 1, FP8_DOT, DOT_DTYPE)
-    if D >= 128:
-        scores = _mxfp4_folded_group(w2, scale_bytes, top, q2, scores, 2, FP8_DOT, DOT_DTYPE)
-        scores = _mxfp4_folded_group(w3, scale_bytes, top, q3, scores, 3, FP8_DOT, DOT_DTYPE)
-    return scores
-
-
 @triton.jit
 def _block_slots(table_row_ptr, first_col, end, block_size, BLOCK_N: tl.constexpr, RUN: tl.constexpr):
     """Cache slots of columns first_col .. first_col + BLOCK_N - 1 of one request [BLOCK_N].
@@ -322,15 +241,15 @@ def _block_slots(table_row_ptr, first_col, end, block_size, BLOCK_N: tl.constexp
 @triton.jit
 def _load_block(key_ptr, key_words_ptr, table_row_ptr, blk, end, block_size, ROW_BYTES: tl.constexpr,
                 D: tl.constexpr, BLOCK_N: tl.constexpr, RUN: tl.constexpr, MXFP4: tl.constexpr,
-                MX_GROUP_DOTS: tl.constexpr, MX_FOLD: tl.constexpr, PREFETCH: tl.constexpr):
+                MX_GROUP_DOTS: tl.constexpr, PREFETCH: tl.constexpr):
     """Every load of key block blk (past the end: masked off, no memory traffic) as five tensors:
-    fp8 (bytes, scale bits), MXFP4 rows (bytes, group scale bytes), MXFP4 group dots or folded
-    (the scale bytes, then each group's nibble words: d_I < 128 repeats its groups); unused ones
-    repeat one. Prefetched fp8 bytes are carried across the loop as int32 words: as bytes, the
-    compiler repacks them at the loop boundary (a byte-permute per word)."""
+    fp8 (bytes, scale bits), MXFP4 rows (bytes, group scale bytes), MXFP4 group dots (the scale
+    bytes, then each group's nibble words: d_I < 128 repeats its groups); unused ones repeat one.
+    Prefetched fp8 bytes are carried across the loop as int32 words: as bytes, the compiler
+    repacks them at the loop boundary (a byte-permute per word)."""
     visible = blk * BLOCK_N + tl.arange(0, BLOCK_N) < end
     slots = _block_slots(table_row_ptr, blk * BLOCK_N, end, block_size, BLOCK_N, RUN)
-    if MXFP4 and (MX_GROUP_DOTS or MX_FOLD):
+    if MXFP4 and MX_GROUP_DOTS:
         a = _mxfp4_scale_bytes(key_ptr, key_words_ptr, slots, visible, ROW_BYTES, D)
         b = _mxfp4_nibble_words(key_ptr, key_words_ptr, slots, visible, 0, 4, ROW_BYTES)
         c = _mxfp4_nibble_words(key_ptr, key_words_ptr, slots, visible, 32 % D // 8, 4, ROW_BYTES)
@@ -352,7 +271,7 @@ def _indexer_tiled_kernel(
     n_tokens, n_cols, block_table_stride, block_size,
     ROW_BYTES: tl.constexpr, H: tl.constexpr, D: tl.constexpr, BLOCK_H: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, RUN: tl.constexpr,
-    MXFP4: tl.constexpr, MX_GROUP_DOTS: tl.constexpr, MX_FOLD: tl.constexpr, FP8_DOT: tl.constexpr,
+    MXFP4: tl.constexpr, MX_GROUP_DOTS: tl.constexpr, FP8_DOT: tl.constexpr,
     MASK_TAIL: tl.constexpr, PREFETCH: tl.constexpr, DOT_DTYPE: tl.constexpr,
 ):
     """Grid (token tiles, programs per tile): program p scores the tile's key blocks p, p + P, ..."""
@@ -360,7 +279,7 @@ def _indexer_tiled_kernel(
     row_tok = tl.program_id(0) * BLOCK_M + rows // BLOCK_H
     row_head = rows % BLOCK_H
     row_ok = (row_tok < n_tokens) & (row_head < H)
-    if MXFP4 and (MX_GROUP_DOTS or MX_FOLD):  # one query slice per 32-value group (d_I <= 128: at most four)
+    if MXFP4 and MX_GROUP_DOTS:  # one query slice per 32-value group (d_I <= 128: at most four)
         q0, q1, q2, q3 = _query_groups(q_ptr, row_tok, row_head, row_ok, H, D, FP8_DOT, DOT_DTYPE)
     else:
         q_raw = tl.load(q_ptr + row_tok[:, None] * (H * D) + row_head[:, None] * D + tl.arange(0, D)[None, :],
@@ -390,28 +309,19 @@ def _indexer_tiled_kernel(
         table_row = block_table_ptr + seq * block_table_stride
         if PREFETCH:
             ra, rb, rc, rd, re = _load_block(key_ptr, key_words_ptr, table_row, tl.program_id(1), end_max, block_size,
-                                             ROW_BYTES, D, BLOCK_N, RUN, MXFP4, MX_GROUP_DOTS, MX_FOLD, PREFETCH)
+                                             ROW_BYTES, D, BLOCK_N, RUN, MXFP4, MX_GROUP_DOTS, PREFETCH)
         for blk in range(tl.program_id(1), tl.cdiv(limit, BLOCK_N), tl.num_programs(1)):
             if PREFETCH:  # the next block's loads go out before this block's dots, so their latency overlaps
                 na, nb, nc, nd, ne = _load_block(key_ptr, key_words_ptr, table_row, blk + tl.num_programs(1),
                                                  end_max, block_size, ROW_BYTES, D, BLOCK_N, RUN, MXFP4,
-                                                 MX_GROUP_DOTS, MX_FOLD, PREFETCH)
+                                                 MX_GROUP_DOTS, PREFETCH)
             else:
                 ra, rb, rc, rd, re = _load_block(key_ptr, key_words_ptr, table_row, blk, end_max, block_size,
-                                                 ROW_BYTES, D, BLOCK_N, RUN, MXFP4, MX_GROUP_DOTS, MX_FOLD, PREFETCH)
+                                                 ROW_BYTES, D, BLOCK_N, RUN, MXFP4, MX_GROUP_DOTS, PREFETCH)
             cols = blk * BLOCK_N + tl.arange(0, BLOCK_N)
             if MXFP4 and MX_GROUP_DOTS:
                 scores = _mxfp4_group_dots(ra, rb, rc, rd, re, q0, q1, q2, q3, D, FP8_DOT, DOT_DTYPE)
                 key_factor = tl.full((BLOCK_N,), 1.0, tl.float32)
-            elif MXFP4 and MX_FOLD:
-                top, folds = _mxfp4_fold_plan(ra, cols < end_max, D)
-                if folds:
-                    scores = _mxfp4_folded_dots(ra, top, rb, rc, rd, re, q0, q1, q2, q3, BLOCK_N, BLOCK_M * BLOCK_H, D,
-                                                FP8_DOT, DOT_DTYPE)
-                    key_factor = _mxfp4_fold_factor(top, FP8_DOT)
-                else:  # some key's group scales spread wider than e4m3 holds: this block as group dots
-                    scores = _mxfp4_group_dots(ra, rb, rc, rd, re, q0, q1, q2, q3, D, FP8_DOT, DOT_DTYPE)
-                    key_factor = tl.full((BLOCK_N,), 1.0, tl.float32)
             else:
                 if MXFP4:
                     keys, key_factor = _mxfp4_keys(ra, rb, D, FP8_DOT, DOT_DTYPE)
@@ -427,7 +337,7 @@ def _indexer_tiled_kernel(
                 ra, rb, rc, rd, re = na, nb, nc, nd, ne
 
 
-MX_SCORINGS = ("rows", "group_dots", "folded")
+MX_SCORINGS = ("rows", "group_dots")
 FEW_TILES = 32  # below this many token tiles a launch takes TiledConfig.few_tiles_programs_per_sm
 
 
@@ -447,10 +357,7 @@ class TiledConfig:
     # How MXFP4 keys are scored (MX_SCORINGS): "rows" brings each row to one scale in fp16 (per-element
     # work, shared by wide prefill tiles; groups more than 2^8 below their row's largest are rounded on
     # the fp8 dot); "group_dots" takes one dot per 32-value group, each group's scale on its result (one
-    # [keys, rows] fp32 multiply-add per group); "folded" adds the group scales to the operand's
-    # exponents by integer ops, so the groups' dots accumulate on the tensor cores and one factor per
-    # key scales the sum, blocks whose scales spread wider than e4m3 holds exactly falling back to
-    # the group dots. The last two round no key value.
+    # [keys, rows] fp32 multiply-add per group), rounding no key value.
     mx_scoring: str = "rows"
     # Load the next key block before scoring this one (the loads are carried in registers across
     # the loop): the global-load latency overlaps the dots instead of stalling each block.
@@ -522,7 +429,7 @@ def indexer_logits_tiled(q_fp8, weights, rows, key_dtype, block_table, seq_ids, 
         t, n_cols, block_table.stride(0), block_size,
         ROW_BYTES=rows.shape[1], H=h, D=d, BLOCK_H=max(16, triton.next_power_of_2(h)),
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, RUN=math.gcd(cfg.block_n, block_size & -block_size),
-        MXFP4=key_dtype == "mxfp4", MX_GROUP_DOTS=cfg.mx_scoring == "group_dots", MX_FOLD=cfg.mx_scoring == "folded",
+        MXFP4=key_dtype == "mxfp4", MX_GROUP_DOTS=cfg.mx_scoring == "group_dots",
         FP8_DOT=use_fp8, MASK_TAIL=mask_tail,
         PREFETCH=cfg.prefetch,
         DOT_DTYPE=dot_dtype(q_fp8, tl.float16),

@@ -10,8 +10,8 @@ import triton
 import triton.language as tl
 
 from kernels.indexer import TILED_MIN_TOKENS_PER_REQUEST, indexer_logits_paged
-from kernels.indexer_tiled import TiledConfig, _mxfp4_fold_factor, _mxfp4_folded_group, indexer_logits_tiled
-from kernels.quant import decode_e2m1, decode_e4m3, mxfp4_dequantize, write_indexer_cache
+from kernels.indexer_tiled import TiledConfig, indexer_logits_tiled
+from kernels.quant import decode_e2m1, decode_e4m3, write_indexer_cache
 from kernels.triton_utils import e2m1_words_to_raw_e4m3, word_bytes
 from tests.kernels.checks import assert_logits_match
 from tests.kernels.test_indexer import make_cache, make_inputs
@@ -106,53 +106,21 @@ def test_paged_call_takes_tiled_kernel_for_prefill_chunks(gen, monkeypatch):
     assert_logits_match(got, indexer.indexer_logits_paged(*args, backend="torch"))
 
 
-MXFP4_DECODE_CASES = [("group_dots", fp8_dot, block_m, d_i) for fp8_dot in (False, True) for block_m in (1, 4)
-                      for d_i in (32, 64, 128)] + [("folded", fp8_dot, 1, d_i) for fp8_dot in (False, True)
-                                                   for d_i in (32, 128)]
+MXFP4_DECODE_CASES = [(fp8_dot, block_m, d_i) for fp8_dot in (False, True) for block_m in (1, 4)
+                      for d_i in (32, 64, 128)]
 
 
-@pytest.mark.parametrize(("scoring", "fp8_dot", "block_m", "d_i"), MXFP4_DECODE_CASES)
-def test_mxfp4_decode_scorings_match_reference(gen, scoring, fp8_dot, block_m, d_i):
-    """MXFP4 keys scored one dot per 32-value group (each scaled by its group's scale) or with the
-    group scales folded into the operand (one-token tiles; d_I 128 prefetched): one-token tiles
-    (decode) and wider tiles straddling requests, both dot paths, one to four groups (d_I 128: rows
-    of whole words, loaded as words; smaller: as bytes)."""
+@pytest.mark.parametrize(("fp8_dot", "block_m", "d_i"), MXFP4_DECODE_CASES)
+def test_mxfp4_group_dots_match_reference(gen, fp8_dot, block_m, d_i):
+    """MXFP4 keys scored one dot per 32-value group, each scaled by its group's scale (one-token
+    tiles at d_I 128 prefetched): one-token tiles (decode) and wider tiles straddling requests,
+    both dot paths, one to four groups (d_I 128: rows of whole words, loaded as words; smaller: as
+    bytes)."""
     q8, w, cache, block_table, seq_ids, lens = paged_batch(gen, "mxfp4", 16, d_i)
     ref = indexer_logits_paged(q8, w, cache, "mxfp4", block_table, 16, seq_ids, lens, 55, backend="torch")
-    cfg = TiledConfig(block_m, 16, 4, mx_scoring=scoring, prefetch=scoring == "folded" and d_i == 128)
+    cfg = TiledConfig(block_m, 16, 4, mx_scoring="group_dots", prefetch=block_m == 1 and d_i == 128)
     got = indexer_logits_tiled(q8, w, cache, "mxfp4", block_table, seq_ids, lens, 16, 55, config=cfg, fp8_dot=fp8_dot)
     assert_logits_match(got, ref)
-
-
-@triton.jit
-def _folded_group_kernel(words_ptr, scale_ptr, scores_ptr, factor_ptr):
-    rows = tl.arange(0, 16)
-    scale_bytes = tl.load(scale_ptr + rows)
-    top = tl.full((16,), 130, tl.int32)
-    identity = (tl.arange(0, 32)[:, None] == tl.arange(0, 32)[None, :]).to(tl.float32)
-    for g in tl.static_range(4):  # each group's dot with an identity query: its operand, as values
-        words = tl.load(words_ptr + rows[:, None] * 16 + 4 * g + tl.arange(0, 4)[None, :])
-        scores = _mxfp4_folded_group(words, scale_bytes, top, identity, tl.zeros((16, 32), tl.float32), g, False,
-                                     tl.float32)
-        tl.store(scores_ptr + rows[:, None] * 128 + 32 * g + tl.arange(0, 32)[None, :], scores)
-    tl.store(factor_ptr + rows, _mxfp4_fold_factor(top, False))
-
-
-def test_folded_operand_holds_every_nibble_at_every_step():
-    """Every byte value of nibbles, in groups 0 to 11 binades below the key's reference scale (steps
-    12 down to 1, the whole folded range): the folded operand times its per-key factor is the
-    e2m1 value times the group scale exactly, in the query order of _query_slice (zeros, signs and
-    e2m1's subnormal 0.5 included)."""
-    data = torch.arange(1024, dtype=torch.int32).remainder(256).to(torch.uint8).reshape(16, 64)
-    exps = torch.tensor([[130 - (4 * r + g) % 12 for g in range(4)] for r in range(16)], dtype=torch.int32)
-    scale_words = (exps[:, 0] | exps[:, 1] << 8 | exps[:, 2] << 16 | exps[:, 3] << 24).contiguous()
-    values, factor = torch.empty(16, 128), torch.empty(16)
-    _folded_group_kernel[(1,)](data.view(torch.int32), scale_words, values, factor)
-    rows = torch.cat([data, exps.to(torch.uint8)], dim=1)
-    k = torch.arange(128)
-    order = 8 * (k // 8) + 2 * (k % 4) + (k // 4) % 2  # column k holds element order[k]
-    # the fp16 path's factor also undoes a raw query's 2^-8 (E4M3_RAW_SCALE); the identity query has none
-    assert torch.equal(values * (factor[:, None] / 256), mxfp4_dequantize(rows, 128)[:, order])
 
 
 def wide_spread_batch(gen, spread: int):
@@ -170,11 +138,10 @@ def wide_spread_batch(gen, spread: int):
 
 
 @pytest.mark.parametrize("spread", [11, 12, 40, "zero group"])
-def test_folded_scores_exact_at_the_edge_of_the_folded_range_and_past_it(gen, spread):
-    """Group scales 11 binades apart take the folded operand (smallest step 1: e2m1 0.5 becomes
-    e4m3's smallest normal); 12 and more do not fit in e4m3 and the block falls back to the group
-    dots, as does a scale byte 0 (the group reads as zero; here 11 binades below a tiny first
-    group's). All match the reference, through the fp8 dot and the fp16 one, prefetched or not."""
+def test_group_dots_exact_at_any_spread_of_group_scales(gen, spread):
+    """Group scales 11, 12 and 40 binades apart, and a scale byte 0 (the group reads as zero; here 11
+    binades below a tiny first group's): the group dots scale each group's dot by its own scale, so
+    all match the reference, through the fp8 dot and the fp16 one, prefetched or not."""
     q8, w, cache, table, seq_ids = wide_spread_batch(gen, 11 if spread == "zero group" else spread)
     if spread == "zero group":
         cache[:, 32:] = torch.tensor([11, 0], dtype=torch.uint8)
@@ -182,7 +149,7 @@ def test_folded_scores_exact_at_the_edge_of_the_folded_range_and_past_it(gen, sp
     ref = indexer_logits_paged(q8, w, cache, "mxfp4", table, 64, seq_ids, lens, 64, backend="torch")
     for fp8_dot, prefetch in [(True, True), (False, False)]:
         got = indexer_logits_tiled(q8, w, cache, "mxfp4", table, seq_ids, lens, 64, 64, fp8_dot=fp8_dot,
-                                   config=TiledConfig(1, 64, 4, mx_scoring="folded", prefetch=prefetch))
+                                   config=TiledConfig(1, 64, 4, mx_scoring="group_dots", prefetch=prefetch))
         assert_logits_match(got, ref)
 
 
