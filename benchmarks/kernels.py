@@ -26,6 +26,7 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 import triton  # noqa: E402
 
+import kernels.argmax as argmax  # noqa: E402
 import kernels.gemv as gemv  # noqa: E402
 from kernels.indexer import IndexerConfig, indexer_logits_paged_torch, indexer_logits_triton  # noqa: E402
 from kernels.indexer_tiled import TiledConfig, indexer_logits_tiled  # noqa: E402
@@ -581,6 +582,30 @@ def gemv_cases(rows: list[Row], model: str, row_counts: tuple[int, ...], sweep: 
             torch.cuda.empty_cache()
 
 
+def argmax_cases(rows: list[Row], n_rows: int, n_cols: int) -> None:
+    """torch.argmax against the Triton argmax (its default and other block sizes) over fp32 logits, in CUDA graphs."""
+    case = f"argmax {n_rows}x{n_cols}"
+    sets = [torch.randn(n_rows, n_cols, device=DEV) for _ in range(2 if SMOKE else 8)]
+    ref = sets[0].argmax(dim=-1)
+    base = graph_ms([lambda x=x: x.argmax(dim=-1) for x in sets])
+    rows.append(Row(case, "torch.argmax", base, 0, 4.0 * n_rows * n_cols))
+    print(f"{case} torch.argmax: {base * 1e3:.1f} us", flush=True)
+    configs = [(argmax.BLOCK, argmax.NUM_WARPS)] + ([] if SMOKE else [(4096, 8), (8192, 8), (16384, 16), (32768, 16)])
+    for block, warps in configs:
+        label = f"{'default ' if (block, warps) == configs[0] else ''}triton block {block} w{warps}"
+
+        def run(x: torch.Tensor, block: int = block, warps: int = warps) -> torch.Tensor:
+            out = torch.empty(x.shape[0], dtype=torch.int64, device=DEV)
+            argmax._argmax_kernel[(x.shape[0],)](x, out, x.shape[1], x.stride(0), BLOCK=min(block, triton.next_power_of_2(n_cols)),
+                                                 num_warps=warps)
+            return out
+
+        point = sweep_point(case, label, lambda run=run: "ok" if torch.equal(run(sets[0]), ref) else "FAIL",
+                            [lambda x=x, run=run: run(x) for x in sets], timer=graph_ms)
+        if point is not None:
+            rows.append(Row(case, f"{label} [{point[0]}]", point[1], 0, 4.0 * n_rows * n_cols, base))
+
+
 # ---------------------------------------------------------------- report
 
 
@@ -599,7 +624,7 @@ def print_table(rows: list[Row]) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--only", choices=["mla", "indexer", "topk", "quant", "prefill", "gemv"], action="append", help="run only these parts (repeatable)")
+    parser.add_argument("--only", choices=["mla", "indexer", "topk", "quant", "prefill", "gemv", "argmax"], action="append", help="run only these parts (repeatable)")
     parser.add_argument("--kv-slots", type=int, default=1 << 20, help="KV cache rows the sparse MLA indices draw from")
     parser.add_argument("--smoke", action="store_true", help="tiny shapes on CPU (set TRITON_INTERPRET=1) to test the script")
     args = parser.parse_args(argv)
@@ -609,7 +634,7 @@ def main(argv: list[str] | None = None) -> int:
     elif not torch.cuda.is_available():
         print("benchmarks/kernels.py needs a CUDA GPU (or --smoke)", file=sys.stderr)
         return 2
-    parts = args.only or ["mla", "indexer", "topk", "quant", "prefill", "gemv"]
+    parts = args.only or ["mla", "indexer", "topk", "quant", "prefill", "gemv", "argmax"]
     name = "cpu (smoke)" if SMOKE else torch.cuda.get_device_name()
     print(f"device: {name}  torch {torch.__version__}  triton {triton.__version__}")
     copy, mm = measure_ceilings()
@@ -644,6 +669,9 @@ def main(argv: list[str] | None = None) -> int:
             gemv_cases(rows, "small", (1, 2) if SMOKE else (1, 2, 4, 16), sweep=not SMOKE)
             if not SMOKE:
                 gemv_cases(rows, "v32", (1, 16))
+        if "argmax" in parts:  # the greedy sampler over a decode step's logits: small (vocab 32,768), v32 (129,280)
+            for n_rows, n_cols in ((2, 1000),) if SMOKE else ((1, 32768), (128, 32768), (16, 129280)):
+                argmax_cases(rows, n_rows, n_cols)
         if "indexer" in parts:
             indexer_cases(rows, *((2, 512) if SMOKE else (64, 65536)))
             if not SMOKE:  # v32's decode at 64k; small's (16 index heads) at batch 128 x 4k

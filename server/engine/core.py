@@ -40,7 +40,7 @@ class Engine:
         self.num_gpus = self.runner.num_gpus
         self.blocks = BlockManager(self.runner.num_blocks, config.cache.block_size, config.cache.enable_prefix_caching)
         self.scheduler = Scheduler(config.scheduler, self.blocks, model.eos_token_id)
-        self.sampler = Sampler(self.runner.device, model.eos_token_id, config.seed)
+        self.sampler = Sampler(self.runner.device, model.eos_token_id, config.seed, self.runner.settings.backend)
         self.spec = None if config.speculative is None else SpeculativeDecoder(
             config.speculative, self.runner, self.sampler, config.seed, self.max_model_len)
         self.overlap = resolve_overlap(config)

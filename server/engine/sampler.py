@@ -13,13 +13,15 @@ from __future__ import annotations
 
 import torch
 
+from kernels.argmax import argmax_rows
 from server.engine.pending import to_device_async
 from server.engine.sequence import Sequence
 
 
 class Sampler:
-    def __init__(self, device: torch.device, eos_token_id: int, seed: int) -> None:
+    def __init__(self, device: torch.device, eos_token_id: int, seed: int, backend: str | None = None) -> None:
         self.device = device
+        self.backend = backend  # the kernels' backend (kernels.backend): whose argmax runs
         self.eos_token_id = eos_token_id
         self.generator = torch.Generator(device=device)  # for unseeded requests
         self.generator.manual_seed(seed)
@@ -42,13 +44,17 @@ class Sampler:
         A sequence may own several rows (speculative verification); `offsets[i]` is how many of
         its tokens come before row i's in this step, for the min_tokens rule."""
         self.suppress_eos(logits, seqs, offsets)
-        greedy = logits.argmax(dim=-1)
+        greedy = self.greedy(logits)
         temps = [s.params.temperature for s in seqs]
         if all(t == 0.0 for t in temps):
             return greedy
         sampled = self.race(self.probs(logits, seqs), seqs)
         is_greedy = self._tensor([t == 0.0 for t in temps])
         return torch.where(is_greedy, greedy, sampled)
+
+    def greedy(self, logits: torch.Tensor) -> torch.Tensor:
+        """The argmax of each row of fp32 logits [S, V]: int64 [S]."""
+        return argmax_rows(logits, self.backend)
 
     def suppress_eos(self, logits: torch.Tensor, seqs: list[Sequence], offsets: list[int] | None = None) -> None:
         """Requests still below `min_tokens` outputs cannot draw EOS (in place)."""
@@ -70,7 +76,7 @@ class Sampler:
 
     def race(self, probs: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
         """One token per row drawn from `probs` (any non-negative weights) by the exponential race."""
-        return (probs / self.exponential(probs.shape, seqs)).argmax(dim=-1)
+        return self.greedy(probs / self.exponential(probs.shape, seqs))
 
     def exponential(self, shape: torch.Size, seqs: list[Sequence]) -> torch.Tensor:
         """Exp(1) noise [rows, ...], each row from its request's generator when it has a seed."""

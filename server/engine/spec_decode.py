@@ -208,7 +208,7 @@ class SpeculativeDecoder:
 
         def choose(logits: torch.Tensor, i: int) -> torch.Tensor:
             self.sampler.suppress_eos(logits, draft_seqs, [i] * len(draft_seqs))
-            tokens = logits.argmax(dim=-1)
+            tokens = self.sampler.greedy(logits)
             if sampled:
                 sampled_seqs = [draft_seqs[j] for j in sampled]
                 q = self.sampler.probs(logits[sampled], sampled_seqs)

@@ -1,0 +1,54 @@
+"""The greedy sampler's argmax (kernels/argmax.py) against torch.argmax, in the Triton interpreter."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kernels.argmax import BLOCK, argmax_rows
+
+
+def check(logits: torch.Tensor) -> None:
+    got = argmax_rows(logits, backend="triton")
+    assert got.dtype == torch.int64
+    assert got.tolist() == logits.argmax(dim=-1).tolist()
+
+
+@pytest.mark.parametrize("cols", (1, 7, 1000, BLOCK + 300))  # one lane, a masked tail, several blocks a row
+def test_random_rows(gen, cols):
+    check(torch.randn(5, cols, generator=gen))
+
+
+def test_ties_take_the_first_column(gen):
+    logits = torch.randint(0, 3, (6, 2 * BLOCK + 5), generator=gen).float()  # many columns share the max
+    logits[1, :] = 1.0  # a whole row tied
+    logits[2, -1] = 9.0  # the max in the last column, past two blocks
+    logits[3, BLOCK] = 9.0  # the first column of the second block ...
+    logits[3, 2 * BLOCK] = 9.0  # ... tied by a later lane-mate
+    check(logits)
+
+
+def test_nan_and_inf(gen):
+    logits = torch.randn(5, 300, generator=gen)
+    logits[0, 17] = float("nan")  # NaN beats +inf, the first NaN wins
+    logits[0, 5] = float("inf")
+    logits[0, 200] = float("nan")
+    logits[1, :] = float("-inf")  # a row of -inf: column 0
+    logits[2, 40] = -float("nan")  # a NaN with its sign bit set is still NaN
+    logits[3, 7] = float("inf")
+    logits[3, 9] = float("inf")
+    check(logits)
+
+
+def test_strided_rows_and_empty_batch(gen):
+    wide = torch.randn(4, 600, generator=gen)
+    check(wide[:, 50:350])  # rows with a stride of their own
+    check(wide[:, ::2])  # not unit column stride: copied first
+    assert argmax_rows(torch.empty(0, 10), backend="triton").shape == (0,)
+
+
+def test_bad_input_is_refused():
+    with pytest.raises(ValueError, match="fp32"):
+        argmax_rows(torch.zeros(2, 3, dtype=torch.bfloat16), backend="triton")
+    with pytest.raises(ValueError, match=r"\[T, V\]"):
+        argmax_rows(torch.zeros(3), backend="triton")
