@@ -3,8 +3,8 @@
 One program per row. Each lane keeps the largest key it has seen and its column, over wide
 blocks whose loads are all in flight at once, and the block reduces once at the end: a decode
 step's [B, vocab] logits are read once, in a few load round trips per row. torch.argmax took
-1.8-2.4x as long at the decode shapes (see BLOCK). Semantics are torch.argmax's: the first column of the largest value, NaN above
-everything (the first NaN wins), and a row of -inf gives column 0.
+1.8-2.4x as long at the decode shapes (see BLOCK). Semantics are torch.argmax's: the first column
+of the largest value, NaN above everything (the first NaN wins), and a row of -inf gives column 0.
 """
 
 from __future__ import annotations
