@@ -53,7 +53,7 @@ class GemvConfig:
 
 
 @triton.jit
-def _store_rows(out_ptr, y, rows, cols, row_ok, col_ok, out_row_stride, TO_BF16: tl.constexpr):
+def store_rows(out_ptr, y, rows, cols, row_ok, col_ok, out_row_stride, TO_BF16: tl.constexpr):
     if TO_BF16:
         y = f32_to_bf16(y)  # round to nearest even on every target (the interpreter's cast truncates)
     tl.store(out_ptr + rows[:, None] * out_row_stride + cols[None, :], y.to(out_ptr.dtype.element_ty),
@@ -79,7 +79,7 @@ def _gemv_fma_kernel(x_ptr, w_ptr, out_ptr, M, N, K, x_row_stride, x_head_stride
         w = tl.load(w_rows + k[None, :] * w_col_stride, mask=col_ok[:, None] & k_ok[None, :], other=0.0)
         x = tl.load(x_rows + k[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0)
         acc += tl.sum(x.to(tl.float32)[:, None, :] * w.to(tl.float32)[None, :, :], axis=2)
-    _store_rows(out_ptr + head * out_head_stride, acc, rows, cols, row_ok, col_ok, out_row_stride, TO_BF16)
+    store_rows(out_ptr + head * out_head_stride, acc, rows, cols, row_ok, col_ok, out_row_stride, TO_BF16)
 
 
 @triton.jit
@@ -99,7 +99,7 @@ def _gemv_dot_kernel(x_ptr, w_ptr, out_ptr, M, N, K, x_row_stride, x_head_stride
         w_t = tl.load(w_cols + k[:, None] * w_col_stride, mask=k_ok[:, None] & col_ok[None, :], other=0.0)
         x = tl.load(x_rows + k[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0)
         acc = tl.dot(x.to(DOT_DTYPE), w_t.to(DOT_DTYPE), acc, input_precision="ieee")  # ieee: fp32 models stay fp32
-    _store_rows(out_ptr + head * out_head_stride, acc, rows, cols, row_ok, col_ok, out_row_stride, TO_BF16)
+    store_rows(out_ptr + head * out_head_stride, acc, rows, cols, row_ok, col_ok, out_row_stride, TO_BF16)
 
 
 # The largest weight, and the longest K, of the shapes the sweep measured (the small model's LM head,

@@ -111,12 +111,14 @@ class MLAttention(OwnsFusedLinears):
         self.input_proj = FusedLinears(self.wq_a, self.wkv_a, self.indexer.wk, self.indexer.weights_proj)
         self.query_proj = FusedLinears(self.wq_b, self.indexer.wq)
 
-    def forward(self, x: torch.Tensor, rope: RopeAngles, meta: AttentionMetadata,
+    def forward(self, inputs: torch.Tensor, rope: RopeAngles, meta: AttentionMetadata,
                 kv_cache: torch.Tensor, idx_cache: torch.Tensor, s: CacheSettings) -> torch.Tensor:
-        c, t, h = self.c, x.shape[0], self.num_heads
+        """inputs: `input_proj` of the normed layer input, which the caller computes with the norm
+        (`RMSNorm.add_project` over `input_proj.weight`)."""
+        c, t, h = self.c, inputs.shape[0], self.num_heads
         b = s.backend
-        q_latent, kv, index_key, index_weights = self.input_proj(x, b).split(self.input_proj.sizes, dim=-1)
-        q, index_query = self.query_proj(self.q_norm(q_latent), b).split(self.query_proj.sizes, dim=-1)
+        q_latent, kv, index_key, index_weights = inputs.split(self.input_proj.sizes, dim=-1)
+        q, index_query = self.q_norm.project(q_latent, self.query_proj.weight, b).split(self.query_proj.sizes, dim=-1)
         q = q.view(t, h, c.qk_nope_dim + c.qk_rope_dim)
         q_nope, q_pe = q.split([c.qk_nope_dim, c.qk_rope_dim], dim=-1)
         latent, k_pe = kv.split([c.kv_lora_rank, c.qk_rope_dim], dim=-1)
@@ -134,5 +136,5 @@ class MLAttention(OwnsFusedLinears):
         q_latent_abs = head_linear(q_nope, w_uk.transpose(1, 2), b)
         o_lat, _ = sparse_mla(q_latent_abs.to(torch.bfloat16), kv_cache, slots, c.softmax_scale, c.kv_lora_rank,
                               s.kv_dtype, backend=b, q_rope=q_pe.to(torch.bfloat16))
-        o = head_linear(o_lat.to(x.dtype), w_uv, b)  # einsum "thc,hvc->thv"
+        o = head_linear(o_lat.to(inputs.dtype), w_uv, b)  # einsum "thc,hvc->thv"
         return self.wo(o.reshape(t, h * c.v_head_dim), b)

@@ -46,7 +46,7 @@ class DraftHead(nn.Module):
         """hidden [B, H], token_ids [B] -> (next hidden [B, H], logits fp32 [B, V]); backend: the
         engine's kernels (None: kernels.get_backend())."""
         x = self.proj(torch.cat((self.hidden_norm(hidden), self.embed_norm(target.embed(token_ids))), dim=-1))
-        x = x + self.mlp(self.mlp_norm(x), backend)
+        x = x + self.mlp(self.mlp_norm.project(x, self.mlp.gate_up.weight, backend), backend)
         return x, target.logits(target.norm(x), backend)
 
     @torch.inference_mode()

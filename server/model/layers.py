@@ -3,7 +3,8 @@ fused into one GEMM, SwiGLU MLP, and the scaled init that draws full weights and
 slice. The residual add with the next norm and SwiGLU's product are single kernels on the Triton
 backend (kernels/fused.py); the rotations run inside the attention's preparation kernels
 (kernels/attention_prep.py); projections of one row run as Triton GEMVs there where they beat
-cuBLAS (kernels/gemv.py: `backend`, as the kernels take it)."""
+cuBLAS (kernels/gemv.py: `backend`, as the kernels take it), and at one row the norms and
+SwiGLU's product run inside the GEMV that reads them (kernels/gemv_fused.py)."""
 
 from __future__ import annotations
 
@@ -14,8 +15,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from kernels.fused import add_rms_norm, silu_mul
+from kernels.fused import add_rms_norm
 from kernels.gemv import linear
+from kernels.gemv_fused import add_rms_norm_linear, silu_mul_linear
 from server.parallel.collectives import TensorParallel
 
 
@@ -33,6 +35,16 @@ class RMSNorm(nn.Module):
         """(norm of residual + update, residual + update): a sub-layer's output joins the residual
         stream and the next sub-layer's input is normed, in one kernel. update None: norm only."""
         return add_rms_norm(update, residual, self.weight, self.eps, backend)
+
+    def add_project(self, update: torch.Tensor | None, residual: torch.Tensor, weight: torch.Tensor,
+                    backend: str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """(linear(norm of residual + update, weight), residual + update): `add`, then the
+        projection that reads the normed rows, in one GEMV at batch 1."""
+        return add_rms_norm_linear(update, residual, self.weight, self.eps, weight, backend)
+
+    def project(self, x: torch.Tensor, weight: torch.Tensor, backend: str | None = None) -> torch.Tensor:
+        """linear(norm of x, weight), in one GEMV at batch 1."""
+        return self.add_project(None, x, weight, backend)[0]
 
 
 class Rotary:
@@ -111,7 +123,9 @@ class FusedLinears:
     The linears stay their owner's modules (names, init, checkpoints and tensor-parallel slices
     unchanged); the owner calls `restack` after a dtype or device move, which gives each parameter
     storage of its own. Anything else that replaces a weight's storage (copy.deepcopy,
-    load_state_dict(assign=True)) needs a `restack` too, or the GEMM reads the old weights."""
+    load_state_dict(assign=True)) needs a `restack` too, or the GEMM reads the old weights. The GEMM
+    is the owner's, over `weight` (with the norm before it: `RMSNorm.add_project`); its output holds
+    the layers' outputs side by side, which `sizes` splits."""
 
     def __init__(self, *layers: nn.Linear) -> None:
         self.layers = layers
@@ -125,10 +139,6 @@ class FusedLinears:
             layer.weight = nn.Parameter(rows, requires_grad=False)
         self.weight = stacked
         return stacked
-
-    def __call__(self, x: torch.Tensor, backend: str | None = None) -> torch.Tensor:
-        """The layers' outputs side by side, [..., sum of their widths] (`sizes` splits it)."""
-        return linear(x, self.weight, backend)
 
 
 class OwnsFusedLinears(nn.Module):
@@ -151,8 +161,10 @@ class SwiGLU(OwnsFusedLinears):
         self.w_down = RowParallelLinear(intermediate, hidden, tp)
         self.gate_up = FusedLinears(self.w_gate, self.w_up)
 
-    def forward(self, x: torch.Tensor, backend: str | None = None) -> torch.Tensor:
-        return self.w_down(silu_mul(self.gate_up(x, backend), backend), backend)
+    def forward(self, gate_up: torch.Tensor, backend: str | None = None) -> torch.Tensor:
+        """w_down(silu(gate) * up) of the fused gate/up projection's output, which the caller computes
+        with the norm before it (`RMSNorm.add_project` over `gate_up.weight`)."""
+        return self.w_down.tp.all_reduce(silu_mul_linear(gate_up, self.w_down.weight, backend))
 
 
 def init_linear(layer: nn.Linear, generator: torch.Generator, gain: float = 1.0) -> torch.Tensor:

@@ -18,7 +18,16 @@ from torch import nn
 
 from server.config import ModelConfig
 from server.model.attention import AttentionMetadata, CacheSettings, MLAttention
-from server.model.layers import ColumnParallelLinear, RMSNorm, Rotary, SwiGLU, copy_shard, full_shape, init_linear
+from server.model.layers import (
+    ColumnParallelLinear,
+    RMSNorm,
+    RopeAngles,
+    Rotary,
+    SwiGLU,
+    copy_shard,
+    full_shape,
+    init_linear,
+)
 from server.parallel.collectives import TensorParallel
 
 
@@ -29,6 +38,16 @@ class DecoderLayer(nn.Module):
         self.attn = MLAttention(c, tp)
         self.mlp_norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
         self.mlp = SwiGLU(c.hidden_size, c.intermediate_size, tp)
+
+    def forward(self, update: torch.Tensor | None, residual: torch.Tensor, rope: RopeAngles, meta: AttentionMetadata,
+                kv: torch.Tensor, idx: torch.Tensor, s: CacheSettings) -> tuple[torch.Tensor, torch.Tensor]:
+        """(this layer's MLP output, the residual stream before it) from the previous layer's: each
+        sub-layer's output joins the residual stream in the next norm, and each norm runs with the
+        projection that reads it (one kernel at batch 1)."""
+        inputs, residual = self.attn_norm.add_project(update, residual, self.attn.input_proj.weight, s.backend)
+        update = self.attn(inputs, rope, meta, kv, idx, s)
+        gate_up, residual = self.mlp_norm.add_project(update, residual, self.mlp.gate_up.weight, s.backend)
+        return self.mlp(gate_up, s.backend), residual
 
 
 class SparseMLAModel(nn.Module):
@@ -51,13 +70,10 @@ class SparseMLAModel(nn.Module):
         """Hidden states [T, hidden] after the final norm."""
         residual = self.embed(input_ids)
         rope = self.rotary.at(meta.positions)
-        b = settings.backend
-        update = None  # each sub-layer's output joins the residual stream in the next norm's kernel
+        update = None
         for layer, kv, idx in zip(self.layers, kv_caches, idx_caches):
-            x, residual = layer.attn_norm.add(update, residual, b)
-            x, residual = layer.mlp_norm.add(layer.attn(x, rope, meta, kv, idx, settings), residual, b)
-            update = layer.mlp(x, b)
-        return self.norm.add(update, residual, b)[0]
+            update, residual = layer(update, residual, rope, meta, kv, idx, settings)
+        return self.norm.add(update, residual, settings.backend)[0]
 
     def parallel_logits(self, hidden: torch.Tensor, backend: str | None = None) -> torch.Tensor | None:
         """Every rank at once: fp32 [N, vocab] on rank 0 (each rank's vocabulary slice, gathered);

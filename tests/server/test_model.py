@@ -10,6 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from kernels.fused import add_rms_norm_reference
 from kernels.quant import (
     decode_e4m3,
     encode_indexer_keys,
@@ -119,8 +120,14 @@ def feed(runner: ModelRunner, token_lists: dict[str, list[int]], chunks: dict[st
     blocks = BlockManager(runner.num_blocks, runner.block_size, enable_prefix_caching=False)
     seqs = {rid: Sequence(rid, ids, SamplingParams(max_tokens=1), 0.0) for rid, ids in token_lists.items()}
     captured: list[list[tuple]] = [[] for _ in runner.model.layers]
-    hooks = [layer.attn.register_forward_hook(lambda mod, args, out, i=i: captured[i].append((args[0], args[2], out)))
-             for i, layer in enumerate(runner.model.layers)]
+    layer_inputs: list[list[torch.Tensor]] = [[] for _ in runner.model.layers]
+    # The attention reads its input projection, computed with the norm: the layer input it stands
+    # for is the norm of the layer's residual stream, as the torch backend computes it.
+    hooks = [layer.register_forward_pre_hook(lambda mod, args, i=i: layer_inputs[i].append(
+        add_rms_norm_reference(args[0], args[1], mod.attn_norm.weight, mod.attn_norm.eps)[0]))
+        for i, layer in enumerate(runner.model.layers)]
+    hooks += [layer.attn.register_forward_hook(lambda mod, args, out, i=i: captured[i].append((args[2], out)))
+              for i, layer in enumerate(runner.model.layers)]
     logits = {rid: [] for rid in seqs}
     try:
         for step in range(max(len(c) for c in chunks.values())):
@@ -137,9 +144,9 @@ def feed(runner: ModelRunner, token_lists: dict[str, list[int]], chunks: dict[st
             hook.remove()
     order = list(chunks)
     per_layer = []
-    for records in captured:
+    for records, hs in zip(captured, layer_inputs):
         by_req = {rid: ([], []) for rid in order}
-        for h, meta, out in records:
+        for h, (meta, out) in zip(hs, records):
             for rid in order:
                 rows = meta.seq_ids == order.index(rid)
                 by_req[rid][0].append(h[rows])
@@ -381,9 +388,9 @@ def test_fused_linears_are_views_of_one_weight_after_a_dtype_move():
     pair = Pair().to(torch.float64)
     x = torch.randn(4, 8, dtype=torch.float64)
     assert pair.both.weight.dtype == torch.float64 and pair.both.sizes == [3, 5]
-    torch.testing.assert_close(pair.both(x), torch.cat((pair.a(x), pair.b(x)), dim=-1))
+    torch.testing.assert_close(F.linear(x, pair.both.weight), torch.cat((pair.a(x), pair.b(x)), dim=-1))
     with torch.no_grad():
         pair.b.weight.mul_(2.0)
-    torch.testing.assert_close(pair.both(x)[:, 3:], pair.b(x))
+    torch.testing.assert_close(F.linear(x, pair.both.weight)[:, 3:], pair.b(x))
     assert pair.a.weight.data_ptr() == pair.both.weight.data_ptr()
     assert list(pair.state_dict()) == ["a.weight", "b.weight"]  # checkpoints keep the linears' names
