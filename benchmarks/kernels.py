@@ -28,6 +28,8 @@ import triton  # noqa: E402
 
 import kernels.argmax as argmax  # noqa: E402
 import kernels.gemv as gemv  # noqa: E402
+import kernels.gemv_fused as gemv_fused  # noqa: E402
+from kernels.fused import add_rms_norm, silu_mul  # noqa: E402
 from kernels.indexer import IndexerConfig, indexer_logits_paged_torch, indexer_logits_triton  # noqa: E402
 from kernels.indexer_tiled import TiledConfig, indexer_logits_tiled  # noqa: E402
 from kernels.quant import (  # noqa: E402
@@ -604,6 +606,74 @@ def argmax_cases(rows: list[Row], n_rows: int, n_cols: int) -> None:
                             [lambda x=x, run=run: run(x) for x in sets], timer=graph_ms)
         if point is not None:
             rows.append(Row(case, f"{label} [{point[0]}]", point[1], 0, 4.0 * n_rows * n_cols, base))
+# ---------------------------------------------------------------- GEMVs with the small op in their x-load
+
+# (name, N, K, prologue) of the small model's folds at batch 1 (kernels/gemv_fused.py): the pre-norms
+# with the residual add, q_norm alone, silu(gate) * up. The configs the query projection's sweep tries.
+GEMV_FUSED_SHAPES = [("input_proj", 1232, 2048, "add_norm"), ("gate_up", 11264, 2048, "add_norm"),
+                     ("query_proj", 5120, 512, "norm"), ("down", 2048, 5632, "silu_mul")]
+GEMV_FUSED_SWEEP = [gemv.GemvConfig(4, 512), gemv.GemvConfig(8, 512), gemv.GemvConfig(16, 512),
+                    gemv.GemvConfig(16, 512, 8), gemv.GemvConfig(32, 512, 8)]
+
+
+def gemv_fused_cases(rows: list[Row]) -> None:
+    """Per fold, in CUDA graphs at one row: the two launches (the norm or silu kernel, then the GEMV
+    or cuBLAS; for q_norm also torch's F.rms_norm) against the fused GEMV, which is checked first
+    against the two launches (elements that differ, max difference) and the fp32 product."""
+    eps = 1e-6
+    for name, n, k, prologue in GEMV_FUSED_SHAPES:
+        if SMOKE:
+            n, k = max(16, n // 64), max(16, k // 64)
+        copies = 2 if SMOKE else max(2, min(48, -(-(256 << 20) // (n * k * 2))))
+        weights = [torch.randn(n, k, device=DEV).bfloat16() / k**0.5 for _ in range(copies)]
+        residual, update = (torch.randn(1, k, device=DEV).bfloat16() for _ in range(2))
+        update = update if prologue == "add_norm" else None
+        norm_w = (1 + 0.1 * torch.randn(k, device=DEV)).bfloat16()
+        gate_up = torch.randn(1, 2 * k, device=DEV).bfloat16()
+        case = f"gemv_fused small {name}+{prologue} M1 ({n}x{k})"
+        flops, nbytes = 2.0 * n * k, n * k * 2 + 2 * (n + 3 * k)
+
+        def two_launches(w, torch_norm=False):
+            if prologue == "silu_mul":
+                return gemv.linear(silu_mul(gate_up, "triton"), w, "triton")
+            if torch_norm:
+                return gemv.linear(F.rms_norm(residual, (k,), norm_w, eps), w, "triton")
+            return gemv.linear(add_rms_norm(update, residual, norm_w, eps, "triton")[0], w, "triton")
+
+        def fused(w, cfg):
+            if prologue == "silu_mul":
+                return gemv_fused.launch(cfg, gate_up, w, k, silu_mul=True)
+            new_residual = None if update is None else torch.empty_like(residual)
+            return gemv_fused.launch(cfg, residual, w, k, update=update, norm_weight=norm_w, eps=eps,
+                                     new_residual=new_residual)
+
+        unfused = two_launches(weights[0])
+        x = silu_mul(gate_up, "triton") if prologue == "silu_mul" else add_rms_norm(update, residual, norm_w, eps,
+                                                                                    "triton")[0]
+        ref = F.linear(x.float(), weights[0].float())
+        variants = [("two launches", lambda w: two_launches(w))]
+        if prologue == "norm":
+            variants.append(("torch rms_norm + GEMV/cuBLAS", lambda w: two_launches(w, torch_norm=True)))
+        for label, fn in variants:
+            base = graph_ms([lambda w=w, fn=fn: fn(w) for w in weights])
+            print(f"{case} {label}: {base * 1e3:.1f} us", flush=True)
+            rows.append(Row(case, label, base, flops, nbytes))
+        default = gemv_fused.prologue_config(n, k, 1) or (gemv.GemvConfig(8, 32) if SMOKE else None)
+        configs = [c for c in [default] if c] + [c for c in GEMV_FUSED_SWEEP if prologue == "norm" and c != default]
+        for cfg in configs:
+            label = f"{'default ' if cfg == default else ''}fused n{cfg.block_n} k{cfg.block_k} w{cfg.num_warps}"
+
+            def check(cfg=cfg):
+                got = fused(weights[0], cfg)
+                differ = int((got != unfused).sum())
+                return f"{gemv_check(lambda: fused(weights[0], cfg), ref)}, {differ} of {n} differ from two launches"
+
+            point = sweep_point(case, label, check, [lambda w=w, cfg=cfg: fused(w, cfg) for w in weights], timer=graph_ms)
+            if point is not None:
+                rows.append(Row(case, f"{label} [{point[0].split()[0]}]", point[1], flops, nbytes, base))
+        del weights
+        if not SMOKE:
+            torch.cuda.empty_cache()
 
 
 # ---------------------------------------------------------------- report
@@ -624,7 +694,7 @@ def print_table(rows: list[Row]) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--only", choices=["mla", "indexer", "topk", "quant", "prefill", "gemv", "argmax"], action="append", help="run only these parts (repeatable)")
+    parser.add_argument("--only", choices=["mla", "indexer", "topk", "quant", "prefill", "gemv", "argmax", "gemv_fused"], action="append", help="run only these parts (repeatable)")
     parser.add_argument("--kv-slots", type=int, default=1 << 20, help="KV cache rows the sparse MLA indices draw from")
     parser.add_argument("--smoke", action="store_true", help="tiny shapes on CPU (set TRITON_INTERPRET=1) to test the script")
     args = parser.parse_args(argv)
@@ -634,7 +704,7 @@ def main(argv: list[str] | None = None) -> int:
     elif not torch.cuda.is_available():
         print("benchmarks/kernels.py needs a CUDA GPU (or --smoke)", file=sys.stderr)
         return 2
-    parts = args.only or ["mla", "indexer", "topk", "quant", "prefill", "gemv", "argmax"]
+    parts = args.only or ["mla", "indexer", "topk", "quant", "prefill", "gemv", "argmax", "gemv_fused"]
     name = "cpu (smoke)" if SMOKE else torch.cuda.get_device_name()
     print(f"device: {name}  torch {torch.__version__}  triton {triton.__version__}")
     copy, mm = measure_ceilings()
@@ -672,6 +742,8 @@ def main(argv: list[str] | None = None) -> int:
         if "argmax" in parts:  # the greedy sampler over a decode step's logits: small (vocab 32,768), v32 (129,280)
             for n_rows, n_cols in ((2, 1000),) if SMOKE else ((1, 32768), (128, 32768), (16, 129280)):
                 argmax_cases(rows, n_rows, n_cols)
+        if "gemv_fused" in parts:
+            gemv_fused_cases(rows)
         if "indexer" in parts:
             indexer_cases(rows, *((2, 512) if SMOKE else (64, 65536)))
             if not SMOKE:  # v32's decode at 64k; small's (16 index heads) at batch 128 x 4k

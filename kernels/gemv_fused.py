@@ -26,7 +26,7 @@ import triton.language as tl
 
 from kernels.backend import resolve_backend
 from kernels.fused import add_rms_norm, silu_mul
-from kernels.gemv import MAX_ROWS, GemvConfig, default_config, linear, store_rows
+from kernels.gemv import MAX_ROWS, SWEPT_MAX_WEIGHT, GemvConfig, default_config, linear, store_rows
 from kernels.triton_utils import new_output, round_to
 
 
@@ -94,8 +94,11 @@ def _gemv_prologue_kernel(x_ptr, update_ptr, norm_w_ptr, w_ptr, out_ptr, new_res
 
 def prologue_config(n: int, k: int, rows: int) -> GemvConfig | None:
     """The config of a fused [rows, k] x [n, k]^T product, or None where the ops stay two launches:
-    gemv's multiply-add config for the shape (the prologue is not in the dot kernel)."""
+    gemv's multiply-add config for the shape (the prologue is not in the dot kernel); the query
+    projection (K 512, N over 1,024), which stays on cuBLAS unfused, takes 16 rows x 512 a step."""
     config = default_config(n, k, rows)
+    if config is None and rows <= MAX_ROWS and 128 < k <= 512 and n * k <= SWEPT_MAX_WEIGHT:
+        return GemvConfig(block_n=16, block_k=512)
     return None if config is None or config.dot else config
 
 
@@ -111,9 +114,12 @@ def _fused_config(x: torch.Tensor, weight: torch.Tensor, k: int, backend: str | 
     return prologue_config(weight.shape[0], k, rows)
 
 
-def _launch(config: GemvConfig, x: torch.Tensor, weight: torch.Tensor, k: int, *, update: torch.Tensor | None = None,
-            norm_weight: torch.Tensor | None = None, eps: float = 0.0, new_residual: torch.Tensor | None = None,
-            silu_mul: bool = False) -> torch.Tensor:
+def launch(config: GemvConfig, x: torch.Tensor, weight: torch.Tensor, k: int, *, update: torch.Tensor | None = None,
+           norm_weight: torch.Tensor | None = None, eps: float = 0.0, new_residual: torch.Tensor | None = None,
+           silu_mul: bool = False) -> torch.Tensor:
+    """The fused product [T, N] over weight [N, k] (unit column stride), one program per BLOCK_N
+    columns and row: silu_mul, x the gate/up rows [T, 2k]; else the norm of x [T, k] (+ update, the
+    new residual stream then written to new_residual) times norm_weight."""
     rows, n = x.shape[0], weight.shape[0]
     out = new_output((rows, n), x.dtype, x.device)
     _gemv_prologue_kernel[(triton.cdiv(n, config.block_n), rows)](
@@ -139,7 +145,7 @@ def add_rms_norm_linear(update: torch.Tensor | None, residual: torch.Tensor, nor
         x, new_residual = add_rms_norm(update, residual, norm_weight, eps, backend)
         return linear(x, weight, backend), new_residual
     new_residual = residual if update is None else new_output(tuple(residual.shape), residual.dtype, residual.device)
-    out = _launch(config, residual, weight, d, update=update, norm_weight=norm_weight, eps=eps,
+    out = launch(config, residual, weight, d, update=update, norm_weight=norm_weight, eps=eps,
                   new_residual=new_residual)
     return out, new_residual
 
@@ -155,4 +161,4 @@ def silu_mul_linear(gate_up: torch.Tensor, weight: torch.Tensor, backend: str | 
     config = _fused_config(gate_up, weight, half, backend)
     if config is None:
         return linear(silu_mul(gate_up, backend), weight, backend)
-    return _launch(config, gate_up, weight, half, silu_mul=True)
+    return launch(config, gate_up, weight, half, silu_mul=True)

@@ -71,10 +71,13 @@ def test_more_rows_and_the_torch_backend_take_the_two_ops(gen, config):
 
 def test_prologue_configs_are_gemvs_multiply_add_configs():
     """The small model's folded projections at one row: the pre-norms' (input 1232 x 2048, gate/up
-    11264 x 2048) and the down projection's (2048 x 5632) take gemv's config; no dot config."""
+    11264 x 2048) and the down projection's (2048 x 5632) take gemv's config, the query projection
+    its own; no dot config."""
     for n, k in ((1232, 2048), (11264, 2048), (2048, 5632)):
         assert gemv_fused.prologue_config(n, k, 1) == gemv.default_config(n, k, 1) == GemvConfig(4, 2048)
+    assert gemv_fused.prologue_config(5120, 512, 1) == GemvConfig(16, 512)  # the query projection, with q_norm
     assert gemv_fused.prologue_config(512, 128, 1) is None  # W_UK's dot config
+    assert gemv_fused.prologue_config(32768, 1536, 1) is None  # v32's query projection: never swept
     assert gemv_fused.prologue_config(1232, 2048, MAX_ROWS + 1) is None
 
 
@@ -100,8 +103,8 @@ def test_model_decode_step_fused_equals_unfused(monkeypatch):
     monkeypatch.setattr(gemv, "default_config", lambda n, k, rows: every_shape if rows <= MAX_ROWS else None)
     monkeypatch.setattr(gemv_fused, "default_config", gemv.default_config)
     launches = []
-    real_launch = gemv_fused._launch
-    monkeypatch.setattr(gemv_fused, "_launch", lambda *a, **kw: launches.append(1) or real_launch(*a, **kw))
+    real_launch = gemv_fused.launch
+    monkeypatch.setattr(gemv_fused, "launch", lambda *a, **kw: launches.append(1) or real_launch(*a, **kw))
 
     def logits() -> torch.Tensor:
         runner = ModelRunner(tiny_config(backend="triton", num_blocks=8, num_layers=1))
