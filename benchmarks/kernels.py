@@ -609,11 +609,13 @@ def argmax_cases(rows: list[Row], n_rows: int, n_cols: int) -> None:
 # ---------------------------------------------------------------- GEMVs with the small op in their x-load
 
 # (name, N, K, prologue) of the small model's folds at batch 1 (kernels/gemv_fused.py): the pre-norms
-# with the residual add, q_norm alone, silu(gate) * up. The configs the query projection's sweep tries.
+# with the residual add, q_norm alone, silu(gate) * up; and the configs each prologue's sweep tries.
 GEMV_FUSED_SHAPES = [("input_proj", 1232, 2048, "add_norm"), ("gate_up", 11264, 2048, "add_norm"),
                      ("query_proj", 5120, 512, "norm"), ("down", 2048, 5632, "silu_mul")]
-GEMV_FUSED_SWEEP = [gemv.GemvConfig(4, 512), gemv.GemvConfig(8, 512), gemv.GemvConfig(16, 512),
-                    gemv.GemvConfig(16, 512, 8), gemv.GemvConfig(32, 512, 8)]
+GEMV_FUSED_SWEEP = {"add_norm": [gemv.GemvConfig(4, 2048), gemv.GemvConfig(8, 2048, 8), gemv.GemvConfig(8, 1024),
+                                 gemv.GemvConfig(16, 1024, 8)],
+                    "norm": [gemv.GemvConfig(4, 512), gemv.GemvConfig(8, 512), gemv.GemvConfig(16, 512)],
+                    "silu_mul": [gemv.GemvConfig(4, 2048), gemv.GemvConfig(8, 1024)]}
 
 
 def gemv_fused_cases(rows: list[Row]) -> None:
@@ -659,7 +661,7 @@ def gemv_fused_cases(rows: list[Row]) -> None:
             print(f"{case} {label}: {base * 1e3:.1f} us", flush=True)
             rows.append(Row(case, label, base, flops, nbytes))
         default = gemv_fused.prologue_config(n, k, 1) or (gemv.GemvConfig(8, 32) if SMOKE else None)
-        configs = [c for c in [default] if c] + [c for c in GEMV_FUSED_SWEEP if prologue == "norm" and c != default]
+        configs = [c for c in [default] if c] + [c for c in GEMV_FUSED_SWEEP[prologue] if c != default and not SMOKE]
         for cfg in configs:
             label = f"{'default ' if cfg == default else ''}fused n{cfg.block_n} k{cfg.block_k} w{cfg.num_warps}"
 

@@ -75,30 +75,35 @@ def _gemv_prologue_kernel(x_ptr, update_ptr, norm_w_ptr, w_ptr, out_ptr, new_res
     x_row = x_ptr + row * x_row_stride
     update_row = update_ptr + row * update_row_stride
     write_end = tl.where(tl.program_id(0) == 0, K, 0)  # program 0 writes the new residual
+    w_rows = w_ptr + cols[:, None].to(tl.int64) * w_row_stride
+    # Each weight tile is requested a step ahead, the first before the norm's pass over the row:
+    # the row's reads and reductions then wait alongside the weight's, not before it.
+    k = tl.arange(0, BLOCK_K)
+    w = tl.load(w_rows + k[None, :], mask=col_ok[:, None] & (k < K)[None, :], other=0.0)
     if not SILU_MUL:
         rstd = _row_rstd(x_row, update_row, K, eps, HAS_UPDATE, TO_BF16, ROW_BLOCK)
-    w_rows = w_ptr + cols[:, None].to(tl.int64) * w_row_stride
     acc = tl.zeros((1, BLOCK_N), dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):  # gemv's multiply-add loop, its x computed here
         k = k0 + tl.arange(0, BLOCK_K)
         k_ok = k < K
-        w = tl.load(w_rows + k[None, :], mask=col_ok[:, None] & k_ok[None, :], other=0.0)
         if SILU_MUL:
             x = _silu_mul_x(x_row, K, k, k_ok, TO_BF16)
         else:
             x = _normed_x(x_row, update_row, norm_w_ptr, new_residual_ptr + row * K, k, k_ok, rstd, write_end,
                           HAS_UPDATE, TO_BF16)
         acc += tl.sum(x[:, None, :] * w.to(tl.float32)[None, :, :], axis=2)
+        k_next = k + BLOCK_K
+        w = tl.load(w_rows + k_next[None, :], mask=col_ok[:, None] & (k_next < K)[None, :], other=0.0)
     store_rows(out_ptr + row * out_row_stride, acc, rows, cols, rows < 1, col_ok, 0, TO_BF16)
 
 
 def prologue_config(n: int, k: int, rows: int) -> GemvConfig | None:
     """The config of a fused [rows, k] x [n, k]^T product, or None where the ops stay two launches:
     gemv's multiply-add config for the shape (the prologue is not in the dot kernel); the query
-    projection (K 512, N over 1,024), which stays on cuBLAS unfused, takes 16 rows x 512 a step."""
+    projection (K 512, N over 1,024), which stays on cuBLAS unfused, takes 8 rows x 512 a step."""
     config = default_config(n, k, rows)
     if config is None and rows <= MAX_ROWS and 128 < k <= 512 and n * k <= SWEPT_MAX_WEIGHT:
-        return GemvConfig(block_n=16, block_k=512)
+        return GemvConfig(block_n=8, block_k=512)
     return None if config is None or config.dot else config
 
 

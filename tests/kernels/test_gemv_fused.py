@@ -75,7 +75,7 @@ def test_prologue_configs_are_gemvs_multiply_add_configs():
     its own; no dot config."""
     for n, k in ((1232, 2048), (11264, 2048), (2048, 5632)):
         assert gemv_fused.prologue_config(n, k, 1) == gemv.default_config(n, k, 1) == GemvConfig(4, 2048)
-    assert gemv_fused.prologue_config(5120, 512, 1) == GemvConfig(16, 512)  # the query projection, with q_norm
+    assert gemv_fused.prologue_config(5120, 512, 1) == GemvConfig(8, 512)  # the query projection, with q_norm
     assert gemv_fused.prologue_config(512, 128, 1) is None  # W_UK's dot config
     assert gemv_fused.prologue_config(32768, 1536, 1) is None  # v32's query projection: never swept
     assert gemv_fused.prologue_config(1232, 2048, MAX_ROWS + 1) is None
