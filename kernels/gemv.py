@@ -13,7 +13,8 @@ Two kernels: fp32 multiply-adds of each K step summed into per-column fp32 accum
 depend on how many of the 16 rows are real. Which one, and its tiles, is chosen by rules fitted to
 a sweep in CUDA graphs over the small model's shapes (`default_config`): on an H200 the chosen
 configs beat cuBLAS at one row (batch-1 decode) by 0.4-2.9 us on five of its projections, tied
-within 0.4 us on gate/up and lost nothing elsewhere; the query projection stays on cuBLAS. At four
+within 0.4 us on gate/up and lost nothing elsewhere; the query projection stays on cuBLAS (with
+q_norm folded into its x-load, kernels/gemv_fused.py runs it at batch 1). At four
 rows cuBLAS won or tied on all but the two per-head products, so more rows than MAX_ROWS take
 F.linear (or einsum), as do weights larger or K longer than the sweep's largest (v32's 7,168-wide
 inputs), other dtypes, `linear`'s weights without a unit column stride, and the torch backend.
@@ -118,7 +119,8 @@ def default_config(n: int, k: int, rows: int) -> GemvConfig | None:
       34.4 vs 35.5 (gate/up 11264 x 2048 14.3 vs 13.9, kept for one rule);
     - K <= 128 (W_UK per head, 512 x 128): dot over 64 x 128 tiles 2.9 vs 3.3;
     - N <= 1024 (W_UV per head, 128 x 512): multiply-adds over 8 x 1024 3.1 vs 3.7;
-    - the query projection 5120 x 512: none beat cuBLAS (4.3 vs 4.3).
+    - the query projection 5120 x 512: none beat cuBLAS (4.3 vs 4.3); with q_norm folded in it
+      does (kernels/gemv_fused.prologue_config).
     """
     if rows > MAX_ROWS or k > SWEPT_MAX_K or n * k > SWEPT_MAX_WEIGHT:
         return None

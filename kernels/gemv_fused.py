@@ -14,8 +14,11 @@ bf16 in a bf16 model) and sums the norm's squares over the whole row in one bloc
 `add_rms_norm` does; the multiply-adds then run as gemv's fp32 kernel runs them with the same
 config. So a fused result equals the two launches' to the bit where their configs match.
 
-Rows beyond gemv.MAX_ROWS, the torch backend, fp16, and shapes without a multiply-add config
-(`prologue_config`) run the two ops one after the other, as before.
+Which products fold is measured (`prologue_config`): the input, query and down projections;
+gate/up's 2,816 programs paid more for redoing the norm than its launch cost. Rows beyond
+gemv.MAX_ROWS, the torch backend, fp16, and the other shapes run the two ops one after the other.
+(The final norm stays apart from the LM head: the runner picks the rows that want logits in
+between, and the normed rows are also the speculative draft head's input.)
 """
 
 from __future__ import annotations
@@ -75,36 +78,49 @@ def _gemv_prologue_kernel(x_ptr, update_ptr, norm_w_ptr, w_ptr, out_ptr, new_res
     x_row = x_ptr + row * x_row_stride
     update_row = update_ptr + row * update_row_stride
     write_end = tl.where(tl.program_id(0) == 0, K, 0)  # program 0 writes the new residual
-    w_rows = w_ptr + cols[:, None].to(tl.int64) * w_row_stride
-    # Each weight tile is requested a step ahead, the first before the norm's pass over the row:
-    # the row's reads and reductions then wait alongside the weight's, not before it.
-    k = tl.arange(0, BLOCK_K)
-    w = tl.load(w_rows + k[None, :], mask=col_ok[:, None] & (k < K)[None, :], other=0.0)
     if not SILU_MUL:
         rstd = _row_rstd(x_row, update_row, K, eps, HAS_UPDATE, TO_BF16, ROW_BLOCK)
+    w_rows = w_ptr + cols[:, None].to(tl.int64) * w_row_stride
     acc = tl.zeros((1, BLOCK_N), dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):  # gemv's multiply-add loop, its x computed here
         k = k0 + tl.arange(0, BLOCK_K)
         k_ok = k < K
+        w = tl.load(w_rows + k[None, :], mask=col_ok[:, None] & k_ok[None, :], other=0.0)
         if SILU_MUL:
             x = _silu_mul_x(x_row, K, k, k_ok, TO_BF16)
         else:
             x = _normed_x(x_row, update_row, norm_w_ptr, new_residual_ptr + row * K, k, k_ok, rstd, write_end,
                           HAS_UPDATE, TO_BF16)
         acc += tl.sum(x[:, None, :] * w.to(tl.float32)[None, :, :], axis=2)
-        k_next = k + BLOCK_K
-        w = tl.load(w_rows + k_next[None, :], mask=col_ok[:, None] & (k_next < K)[None, :], other=0.0)
     store_rows(out_ptr + row * out_row_stride, acc, rows, cols, rows < 1, col_ok, 0, TO_BF16)
 
 
+# Every program of a fused GEMV redoes the row's prologue (for a norm: reads the row twice, reduces
+# it), so a GEMV of many narrow strips pays it many times over: gate/up's 2,816 programs lost more
+# than the norm's launch saves (see `prologue_config`). Only GEMVs of up to this many programs fold.
+MAX_FUSED_PROGRAMS = 1024
+
+
 def prologue_config(n: int, k: int, rows: int) -> GemvConfig | None:
-    """The config of a fused [rows, k] x [n, k]^T product, or None where the ops stay two launches:
-    gemv's multiply-add config for the shape (the prologue is not in the dot kernel); the query
-    projection (K 512, N over 1,024), which stays on cuBLAS unfused, takes 8 rows x 512 a step."""
+    """The config of a fused [rows, k] x [n, k]^T product, or None where the ops stay two launches.
+
+    gemv's multiply-add config for the shape (the prologue is not in the dot kernel), up to
+    MAX_FUSED_PROGRAMS programs; the query projection (K 512, N over 1,024), which gemv leaves to
+    cuBLAS, 8 rows x 512 a step. In CUDA graphs at one row on an H200 (benchmarks/kernels.py --only
+    gemv_fused; benchmarks/RESULTS.md, small ops folded into the batch-1 GEMVs), us, fused against
+    the two launches:
+    - input projection 1232 x 2048 with the residual add and attn_norm: 4.8 vs 5.0 (4 x 2048);
+    - query projection 5120 x 512 with q_norm: 4.7 vs 5.9 (add_rms_norm, cuBLAS), 6.1 (torch's
+      rms_norm, cuBLAS); 8 x 512 the best of 4, 8 and 16 rows (4.9, 4.7, 5.0);
+    - down projection 2048 x 5632 with silu(gate) * up: 10.3 vs 10.9 (4 x 2048);
+    - gate/up 11264 x 2048 with the residual add and mlp_norm: 19.0 vs 16.1, so it stays apart.
+    """
     config = default_config(n, k, rows)
     if config is None and rows <= MAX_ROWS and 128 < k <= 512 and n * k <= SWEPT_MAX_WEIGHT:
-        return GemvConfig(block_n=8, block_k=512)
-    return None if config is None or config.dot else config
+        config = GemvConfig(block_n=8, block_k=512)
+    if config is None or config.dot or triton.cdiv(n, config.block_n) > MAX_FUSED_PROGRAMS:
+        return None
+    return config
 
 
 def _fused_config(x: torch.Tensor, weight: torch.Tensor, k: int, backend: str | None) -> GemvConfig | None:
