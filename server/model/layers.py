@@ -3,8 +3,8 @@ fused into one GEMM, SwiGLU MLP, and the scaled init that draws full weights and
 slice. The residual add with the next norm and SwiGLU's product are single kernels on the Triton
 backend (kernels/fused.py); the rotations run inside the attention's preparation kernels
 (kernels/attention_prep.py); projections of one row run as Triton GEMVs there where they beat
-cuBLAS (kernels/gemv.py: `backend`, as the kernels take it), and at one row the norms and
-SwiGLU's product run inside the GEMV that reads them (kernels/gemv_fused.py)."""
+cuBLAS (kernels/gemv.py: `backend`, as the kernels take it), and at one row a norm or SwiGLU's
+product runs inside the GEMV that reads it where that measured faster (kernels/gemv_fused.py)."""
 
 from __future__ import annotations
 
@@ -39,11 +39,12 @@ class RMSNorm(nn.Module):
     def add_project(self, update: torch.Tensor | None, residual: torch.Tensor, weight: torch.Tensor,
                     backend: str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """(linear(norm of residual + update, weight), residual + update): `add`, then the
-        projection that reads the normed rows, in one GEMV at batch 1."""
+        projection that reads the normed rows, in one GEMV at batch 1 where that measured faster
+        (kernels/gemv_fused.prologue_config)."""
         return add_rms_norm_linear(update, residual, self.weight, self.eps, weight, backend)
 
     def project(self, x: torch.Tensor, weight: torch.Tensor, backend: str | None = None) -> torch.Tensor:
-        """linear(norm of x, weight), in one GEMV at batch 1."""
+        """linear(norm of x, weight): `add_project` without a residual update."""
         return self.add_project(None, x, weight, backend)[0]
 
 

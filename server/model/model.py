@@ -43,7 +43,7 @@ class DecoderLayer(nn.Module):
                 kv: torch.Tensor, idx: torch.Tensor, s: CacheSettings) -> tuple[torch.Tensor, torch.Tensor]:
         """(this layer's MLP output, the residual stream before it) from the previous layer's: each
         sub-layer's output joins the residual stream in the next norm, and each norm runs with the
-        projection that reads it (one kernel at batch 1)."""
+        projection that reads it (one kernel at batch 1, see RMSNorm.add_project)."""
         inputs, residual = self.attn_norm.add_project(update, residual, self.attn.input_proj.weight, s.backend)
         update = self.attn(inputs, rope, meta, kv, idx, s)
         gate_up, residual = self.mlp_norm.add_project(update, residual, self.mlp.gate_up.weight, s.backend)
