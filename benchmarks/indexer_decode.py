@@ -42,7 +42,10 @@ def sweep_configs(key_dtype: str) -> tuple[TiledConfig, ...]:
     if key_dtype == "fp8":
         return (TiledConfig(1, 64, 4, 16, 1), TiledConfig(1, 64, 4, 16, 1, prefetch=True),
                 TiledConfig(1, 64, 4, 8, 1, prefetch=True), TiledConfig(1, 128, 8, 8, 1, prefetch=True),
-                TiledConfig(1, 128, 4, 8, 1), TiledConfig(1, 128, 4, 8, 1, prefetch=True))
+                TiledConfig(1, 128, 4, 8, 1), TiledConfig(1, 128, 4, 8, 1, prefetch=True),
+                TiledConfig(1, 64, 4, 12, 1, prefetch=True), TiledConfig(1, 64, 4, 24, 1, prefetch=True),
+                TiledConfig(1, 32, 4, 16, 1, prefetch=True), TiledConfig(1, 32, 2, 32, 1, prefetch=True),
+                TiledConfig(1, 64, 2, 32, 1, prefetch=True))
     return (TiledConfig(1, 64, 4, 8, 1, mx_scoring="group_dots", prefetch=True),
             TiledConfig(1, 64, 4, 8, 1, mx_scoring="group_dots"),
             TiledConfig(1, 64, 4, 4, 1, mx_scoring="group_dots", prefetch=True),
