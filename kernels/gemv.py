@@ -190,7 +190,11 @@ def head_linear(x: torch.Tensor, weight: torch.Tensor, backend: str | None = Non
                          f"{tuple(weight.shape)} [H, N, K]")
     config = _triton_config(x, weight, x.shape[0], backend)
     if config is None:
-        return torch.einsum("thk,hnk->thn", x, weight)
+        # bmm over head-major views, written into a token-major output: einsum returns a head-major
+        # result whose token-major use (the sparse MLA's query, W_UV's rows into wo) copies it.
+        out = torch.empty(x.shape[0], x.shape[1], weight.shape[1], dtype=torch.result_type(x, weight), device=x.device)
+        torch.bmm(x.transpose(0, 1), weight.transpose(1, 2), out=out.transpose(0, 1))
+        return out
     if x.stride(-1) != 1:
         x = x.contiguous()
     out = new_output((x.shape[0], x.shape[1], weight.shape[1]), x.dtype, x.device)
