@@ -21,9 +21,13 @@ SSE = b"".join(b'data: {"n": %d}\n\n' % i for i in range(20)) + b"data: [DONE]\n
 READ_PATHS = ["compiled", "raw-socket", "asyncio-transport"]
 
 
-def _client(url: str, headers: dict[str, str], read_path: str) -> HttpClient:
+def _require(read_path: str) -> None:
     if read_path == "compiled" and wire._readpath is None:
         pytest.skip("the compiled read path is not built (pip install -e . with a C compiler)")
+
+
+def _client(url: str, headers: dict[str, str], read_path: str) -> HttpClient:
+    _require(read_path)
     client = HttpClient(url, headers, 4, kernel_timestamps=read_path != "asyncio-transport",
                         compiled=read_path == "compiled")
     assert client.read_path == ("compiled" if read_path == "compiled" else "python")
@@ -177,6 +181,7 @@ def test_bad_url_is_named():
 def test_kernel_stamps_are_arrival_times_not_read_times(read_path):
     """Data that arrives while the loop is blocked: the raw-socket path records when it arrived,
     the asyncio-transport path only when the loop could read it."""
+    _require(read_path)  # before the answering thread starts
     listener = socket.create_server(("127.0.0.1", 0))
     response = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n" + _chunked(SSE, [len(SSE)])
 
@@ -384,8 +389,7 @@ def _read_by_hand(response: bytes, reads: list[int], compiled: bool):
 def test_the_compiled_reader_takes_every_split_as_the_python_path_does(name):
     """Each response in two reads split at every byte, and in reads of one byte: the compiled
     reader hands the sink the same pieces, with the same reads' stamps, and ends the same way."""
-    if wire._readpath is None:
-        pytest.skip("the compiled read path is not built (pip install -e . with a C compiler)")
+    _require("compiled")
     response = _RESPONSES[name]
     splits = [[k, len(response) - k] for k in range(1, len(response))] + [[1] * len(response)]
     for reads in splits:
