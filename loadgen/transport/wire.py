@@ -397,6 +397,11 @@ class _RealtimeToPerfCounter:
 _stamp = _RealtimeToPerfCounter().stamp
 
 
+def compiled_reads_available() -> bool:
+    """Whether plain-http connections can be read by the compiled reader (built, and Linux)."""
+    return _readpath is not None and sys.platform.startswith("linux")
+
+
 def _is_chunked(headers: dict[str, str]) -> bool | None:
     """How a response body is framed: chunked (True), by Content-Length (False), or neither: it
     ends when the connection does (None)."""
@@ -433,7 +438,7 @@ class HttpClient:
         # raw sockets with kernel receive stamps for plain http; asyncio's transports otherwise
         self._raw_sockets = kernel_timestamps and self._ssl is None and hasattr(socket, "CMSG_SPACE")
         # raw sockets on Linux are read by the compiled reader where it is built
-        self._compiled = compiled and self._raw_sockets and _readpath is not None and sys.platform.startswith("linux")
+        self._compiled = compiled and self._raw_sockets and compiled_reads_available()
         self.read_path = "compiled" if self._compiled else "python"
         if self._raw_sockets and not self._compiled and compiled:
             _say_once("the compiled read path (loadgen/transport/_readpath.c) is not built: plain-http reads take the "
