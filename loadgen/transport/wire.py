@@ -39,6 +39,7 @@ http and https. Connections are reused while the server keeps them alive.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import socket
 import ssl
@@ -441,8 +442,7 @@ class HttpClient:
         self._compiled = compiled and self._raw_sockets and compiled_reads_available()
         self.read_path = "compiled" if self._compiled else "python"
         if self._raw_sockets and not self._compiled and compiled:
-            _say_once("the compiled read path (loadgen/transport/_readpath.c) is not built: plain-http reads take the "
-                      "Python path, a few CPU-microseconds more per streamed token (reinstall with a C compiler)")
+            _warn_python_reads()
         host_header = url.netloc.rpartition("@")[2]
         fixed = {"Host": host_header, "User-Agent": "agentload", "Accept": "*/*", **headers}
         self._fixed = "".join(f"{k}: {v}\r\n" for k, v in fixed.items())
@@ -536,13 +536,10 @@ class HttpClient:
         await asyncio.sleep(0)  # let the transports run their close callbacks
 
 
-_said: set[str] = set()
-
-
-def _say_once(message: str) -> None:
-    if message not in _said:
-        _said.add(message)
-        log.warning(message)
+@functools.cache  # once per process
+def _warn_python_reads() -> None:
+    log.warning("the compiled read path (loadgen/transport/_readpath.c) is not built: plain-http reads take the "
+                "Python path, a few CPU-microseconds more per streamed token (reinstall with a C compiler)")
 
 
 def _expire(done: asyncio.Future) -> None:
