@@ -275,7 +275,8 @@ class _SocketTransport:
     """Drives a _Conn from a non-blocking TCP socket read with recvmsg, so each read carries the
     kernel's receive timestamp (SO_TIMESTAMPNS, Linux): the time the bytes reached the socket,
     not the later moment a busy event loop got round to reading them. Without the option (other
-    systems) the read time is used, as the protocol path does."""
+    systems) the read time is used, as the protocol path does. With `compiled` the reads are the
+    compiled reader's (_readpath.Reader, see the module's docstring) instead of _readable's."""
 
     def __init__(self, sock: socket.socket, conn: _Conn, compiled: bool) -> None:
         self._sock = sock
@@ -441,7 +442,7 @@ class HttpClient:
         # raw sockets on Linux are read by the compiled reader where it is built
         self._compiled = compiled and self._raw_sockets and compiled_reads_available()
         self.read_path = "compiled" if self._compiled else "python"
-        if self._raw_sockets and not self._compiled and compiled:
+        if compiled and self._raw_sockets and _readpath is None and sys.platform.startswith("linux"):
             _warn_python_reads()
         host_header = url.netloc.rpartition("@")[2]
         fixed = {"Host": host_header, "User-Agent": "agentload", "Accept": "*/*", **headers}
