@@ -6,7 +6,8 @@
    close), and the body split into pieces of complete lines with the read's stamp, exactly as
    wire._Conn.on_body does. It calls into Python (the connection, a wire._Conn) only when a
    response head is complete (take_head: httptools parses it, as on the Python path), every
-   batch of pieces (deliver), at the message's end (finish_body), for the body of a response that
+   batch of pieces (deliver), at the message's end (finish_body; a chunked body's last chunk and
+   trailer go through its llhttp parser there), for the body of a response that
    does not stream (on_body), on malformed framing (malformed_body) and on EOF or a socket error
    (the transport's lost). Everything else about a connection stays in wire.py.
 
@@ -23,8 +24,8 @@
 #include <sys/socket.h>
 #include <time.h>
 
-/* Body framings besides a length, as wire._Conn.take_head returns them (wire.py's constants). */
-#define NO_BODY (-1)
+/* Body framings besides a length, as wire._Conn.take_head returns them (wire.py's constants;
+   its NO_BODY, -1, needs no test here: a head without a body leaves the reader at the next head). */
 #define BODY_CHUNKED (-2)
 #define BODY_UNTIL_CLOSE (-3)
 
@@ -68,7 +69,7 @@ typedef struct {
     int size_digits;
     long long remaining;  /* bytes left of the chunk, or of a Content-Length body; a chunk's size while read */
     long long now;        /* the current read's stamp */
-    char *head;           /* the response head so far */
+    char *head;           /* the response head so far, or a chunked body's trailer */
     Py_ssize_t head_len, head_cap, head_scanned;
     char *line;           /* the partial body line (no LF in it) */
     Py_ssize_t line_len, line_cap;
