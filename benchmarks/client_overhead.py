@@ -112,7 +112,7 @@ def run_case(conc: int, first_ms: float, itl_ms: float, osl: int, duration: floa
     counts, client = level["counts"], level["client"]
     tokens = counts["output_tokens"]
     return {
-        "client": f"loadgen --workers {workers}" + (f" (fast server x{len(pids)})" if fast_server else ""),
+        "client": f"loadgen --workers {workers}, {read_path()} reads" + (f" (fast server x{len(pids)})" if fast_server else ""),
         "conc": conc,
         "first_ms": first_ms,
         "itl_ms": itl_ms, "osl": osl, "exit": code,
@@ -126,6 +126,13 @@ def run_case(conc: int, first_ms: float, itl_ms: float, osl: int, duration: floa
         **(_errors(counted, seen) if seen else {}),
         "loop_lag_ms_p99": (level["metrics"]["loop_lag"]["stats"]["p99"] or 0) / 1000,
     }
+
+
+def read_path() -> str:
+    """How loadgen reads plain-http responses here (loadgen/transport/wire.py): compiled or python."""
+    from loadgen.transport.wire import compiled_reads_available
+
+    return "compiled" if compiled_reads_available() else "python"
 
 
 def run_bare_case(conc: int, first_ms: float, itl_ms: float, osl: int, duration: float,

@@ -22,6 +22,15 @@ one buffer that keeps only the newest stamp (even a one-byte MSG_PEEK reports it
 a stream that wait together all get the last one's time. Kernel stamps make a late loop
 harmless only up to one event interval; beyond that the client must keep up (--workers).
 
+The compiled read path: where the extension module `_readpath` (loadgen/transport/_readpath.c)
+is built, a plain-http connection on Linux is read by its `Reader`, a C callable registered as
+the loop's reader callback: the recvmsg, the stamp, the body framing (chunked, Content-Length,
+read-until-close) and the split into pieces of lines run in one compiled call per read, no
+Python frame; it calls back here when a response head is complete (httptools parses it, as
+below), for every batch of pieces, and at the message's end or a failure. The pieces, stamps,
+batches and errors are the same as on the Python path (the wire tests run both); https, other
+systems and a checkout built without a C compiler take the Python path.
+
 Scope: what an OpenAI-compatible server needs: one request per connection at a time, request
 bodies with Content-Length, responses with Content-Length, chunked, or read-until-close bodies,
 http and https. Connections are reused while the server keeps them alive.
@@ -30,6 +39,8 @@ http and https. Connections are reused while the server keeps them alive.
 from __future__ import annotations
 
 import asyncio
+import functools
+import logging
 import socket
 import ssl
 import struct
@@ -41,6 +52,13 @@ from urllib.parse import urlsplit
 import httptools
 
 from loadgen.transport.base import ErrorKind
+
+try:
+    from loadgen.transport import _readpath  # type: ignore[attr-defined]  # the compiled read path
+except ImportError:  # built without a C compiler: the Python path reads every connection
+    _readpath = None
+
+log = logging.getLogger(__name__)
 
 # (body pieces, each one or more complete lines ending in b"\n" -- the last piece of a body may
 # lack it --, the arrival perf_counter_ns of each piece), in order
@@ -145,10 +163,8 @@ class _Conn(asyncio.Protocol):
         response.status = self._parser.get_status_code()
         if response.status != 200:
             self._sink = None  # an error body is kept whole, not streamed
-        headers = response.headers
         self._headers_done = True
-        self._until_close = ("chunked" not in headers.get("transfer-encoding", "").lower()
-                             and "content-length" not in headers)
+        self._until_close = _is_chunked(response.headers) is None
 
     def on_body(self, data: bytes) -> None:
         if self._sink is None:
@@ -180,6 +196,41 @@ class _Conn(asyncio.Protocol):
         done = self._done
         if done is not None and not done.done():
             done.set_result(self._response)
+
+    # -- called by the compiled reader (_readpath.Reader) ------------------------------------
+
+    def take_head(self, head: bytes, now: int) -> tuple[int, bool]:
+        """A complete response head that arrived by `now`, parsed by a fresh llhttp parser (the
+        compiled reader undoes the body's framing itself). Returns the body's framing -- its
+        Content-Length, BODY_CHUNKED, BODY_UNTIL_CLOSE, or NO_BODY when the response is already
+        complete or failed -- and whether the body goes to the sink in pieces."""
+        self._parser = httptools.HttpResponseParser(self)
+        self.feed(head, now)
+        if self.closed or self._done is None or self._done.done():
+            return NO_BODY, False
+        chunked = _is_chunked(self._response.headers)
+        if chunked is None:
+            framing = BODY_UNTIL_CLOSE
+        else:
+            framing = BODY_CHUNKED if chunked else int(self._response.headers["content-length"])
+        return framing, self._sink is not None
+
+    def finish_body(self, line: bytes, now: int, end: bytes) -> None:
+        """The body ended at `now`, with `line` its unterminated last line (b"" when none); a
+        chunked body's `end` (its last chunk and trailer) goes through llhttp, which completes
+        the message, and a body of other framing completes here."""
+        self._line = line
+        if end:
+            self.feed(end, now)
+            return
+        self._now = now
+        try:
+            self.on_message_complete()
+        except Exception as error:
+            self._fail_unexpected(error)
+
+    def malformed_body(self, detail: str) -> None:
+        self._fail(f"malformed HTTP response: {detail}", ErrorKind.PROTOCOL)
 
     def deliver(self) -> None:
         """Hand the kept body lines to the sink (the sink may raise)."""
@@ -224,9 +275,10 @@ class _SocketTransport:
     """Drives a _Conn from a non-blocking TCP socket read with recvmsg, so each read carries the
     kernel's receive timestamp (SO_TIMESTAMPNS, Linux): the time the bytes reached the socket,
     not the later moment a busy event loop got round to reading them. Without the option (other
-    systems) the read time is used, as the protocol path does."""
+    systems) the read time is used, as the protocol path does. With `compiled` the reads are the
+    compiled reader's (_readpath.Reader, see the module's docstring) instead of _readable's."""
 
-    def __init__(self, sock: socket.socket, conn: _Conn) -> None:
+    def __init__(self, sock: socket.socket, conn: _Conn, compiled: bool) -> None:
         self._sock = sock
         self._conn = conn
         self._loop = asyncio.get_running_loop()
@@ -237,7 +289,8 @@ class _SocketTransport:
         self._feed = conn.feed
         _enable_rx_timestamps(sock)
         conn.connection_made(self)  # type: ignore[arg-type]
-        self._loop.add_reader(self._fd, self._readable)
+        reader = _readpath.Reader(self._fd, conn, self._lost).readable if compiled else self._readable
+        self._loop.add_reader(self._fd, reader)
 
     def write(self, data: bytes) -> None:
         if self._out is not None:
@@ -346,6 +399,24 @@ class _RealtimeToPerfCounter:
 _stamp = _RealtimeToPerfCounter().stamp
 
 
+def compiled_reads_available() -> bool:
+    """Whether plain-http connections can be read by the compiled reader (built, and Linux)."""
+    return _readpath is not None and sys.platform.startswith("linux")
+
+
+def _is_chunked(headers: dict[str, str]) -> bool | None:
+    """How a response body is framed: chunked (True), by Content-Length (False), or neither: it
+    ends when the connection does (None)."""
+    if "chunked" in headers.get("transfer-encoding", "").lower():
+        return True
+    return False if "content-length" in headers else None
+
+
+NO_BODY, BODY_CHUNKED, BODY_UNTIL_CLOSE = -1, -2, -3  # framings besides a length (_readpath.c's)
+if _readpath is not None:
+    _readpath.configure(_RealtimeToPerfCounter.offset, _RealtimeToPerfCounter.REFRESH_NS, READ_SIZE, BATCH_PIECES)
+
+
 def _enable_rx_timestamps(sock: socket.socket) -> None:
     if sys.platform.startswith("linux"):
         try:
@@ -358,7 +429,7 @@ class HttpClient:
     """Requests to one origin over a pool of keep-alive connections."""
 
     def __init__(self, base_url: str, headers: dict[str, str], max_connections: int,
-                 kernel_timestamps: bool = True) -> None:
+                 kernel_timestamps: bool = True, compiled: bool = True) -> None:
         url = urlsplit(base_url)
         if url.scheme not in ("http", "https") or not url.hostname:
             raise ValueError(f"--url: expected http://HOST:PORT or https://HOST:PORT, got {base_url!r}")
@@ -368,6 +439,11 @@ class HttpClient:
         self._ssl = ssl.create_default_context() if url.scheme == "https" else None
         # raw sockets with kernel receive stamps for plain http; asyncio's transports otherwise
         self._raw_sockets = kernel_timestamps and self._ssl is None and hasattr(socket, "CMSG_SPACE")
+        # raw sockets on Linux are read by the compiled reader where it is built
+        self._compiled = compiled and self._raw_sockets and compiled_reads_available()
+        self.read_path = "compiled" if self._compiled else "python"
+        if compiled and self._raw_sockets and _readpath is None and sys.platform.startswith("linux"):
+            _warn_python_reads()
         host_header = url.netloc.rpartition("@")[2]
         fixed = {"Host": host_header, "User-Agent": "agentload", "Accept": "*/*", **headers}
         self._fixed = "".join(f"{k}: {v}\r\n" for k, v in fixed.items())
@@ -445,7 +521,7 @@ class HttpClient:
                 raise
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             conn = _Conn()
-            _SocketTransport(sock, conn)
+            _SocketTransport(sock, conn, self._compiled)
             return conn
         raise last
 
@@ -459,6 +535,12 @@ class HttpClient:
             self._discard(conn)
         self._idle.clear()
         await asyncio.sleep(0)  # let the transports run their close callbacks
+
+
+@functools.cache  # once per process
+def _warn_python_reads() -> None:
+    log.warning("the compiled read path (loadgen/transport/_readpath.c) is not built: plain-http reads take the "
+                "Python path, a few CPU-microseconds more per streamed token (reinstall with a C compiler)")
 
 
 def _expire(done: asyncio.Future) -> None:

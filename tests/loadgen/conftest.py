@@ -83,6 +83,19 @@ def subagent_item(t: float, n_requests: int, think: float, duration_s: float, n_
                          for i in range(n_requests)]}
 
 
+@pytest.fixture(params=["compiled", "python"])
+def read_path(request, monkeypatch) -> str:
+    """Plain-http reads through the compiled reader (loadgen/transport/_readpath.c) or the Python
+    path: the tests that take this fixture run on both, so a bug in either fails them."""
+    from loadgen.transport import wire
+
+    if request.param == "compiled" and wire._readpath is None:
+        pytest.skip("the compiled read path is not built (pip install -e . with a C compiler)")
+    if request.param == "python":
+        monkeypatch.setattr(wire, "_readpath", None)
+    return request.param
+
+
 @pytest.fixture
 def replay(tmp_path):
     """Run `loadgen replay --quiet` in-process; returns (exit code, results doc, per-request records)."""

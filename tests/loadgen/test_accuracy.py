@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 
-def test_times_and_tokens_match_the_server_at_concurrency_64(start_server, sessions, replay):
+def test_times_and_tokens_match_the_server_at_concurrency_64(start_server, sessions, replay, read_path):
     """Client and server share CLOCK_MONOTONIC (perf_counter_ns), so the client's stamp of each
     chunk is compared with the server's own write of it: stamped from just before to just after
     the write (`writes_ns`, `written_ns`), during which the chunk reaches the client's socket.

@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.parametrize("kind, error", [("reset", "reset"), ("500", "http_500"), ("short", "truncated")])
-def test_failed_requests_are_counted_by_kind(start_server, sessions, replay, kind, error):
+def test_failed_requests_are_counted_by_kind(start_server, sessions, replay, kind, error, read_path):
     server = start_server(first_ms=1, fault={"kind": kind, "every": 3})
     folder = sessions(*({"n_requests": 10, "think": 0.0, "n_out": 6} for _ in range(2)))
     code, doc, records = replay(server.url, "--traces", str(folder), "--conc", "2", "--duration", "0.8")

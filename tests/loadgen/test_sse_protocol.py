@@ -103,7 +103,7 @@ WRONG_SHAPES = [
 
 
 @pytest.mark.parametrize("bad", WRONG_SHAPES, ids=[b[6:-2].decode() for b in WRONG_SHAPES])
-def test_an_event_of_the_wrong_shape_is_a_protocol_error(bad_event_server, bad):
+def test_an_event_of_the_wrong_shape_is_a_protocol_error(bad_event_server, bad, read_path):
     server = bad_event_server(bad)
 
     async def main():

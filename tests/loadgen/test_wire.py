@@ -10,9 +10,28 @@ import time
 
 import pytest
 
+from loadgen.transport import wire
 from loadgen.transport.wire import HttpClient, ResponseError
 
 SSE = b"".join(b'data: {"n": %d}\n\n' % i for i in range(20)) + b"data: [DONE]\n\n"
+
+
+# Every test runs on each way a response is read: raw sockets with kernel stamps through the
+# compiled reader (loadgen/transport/_readpath.c) or the Python path, and asyncio's transports.
+READ_PATHS = ["compiled", "raw-socket", "asyncio-transport"]
+
+
+def _require(read_path: str) -> None:
+    if read_path == "compiled" and wire._readpath is None:
+        pytest.skip("the compiled read path is not built (pip install -e . with a C compiler)")
+
+
+def _client(url: str, headers: dict[str, str], read_path: str) -> HttpClient:
+    _require(read_path)
+    client = HttpClient(url, headers, 4, kernel_timestamps=read_path != "asyncio-transport",
+                        compiled=read_path == "compiled")
+    assert client.read_path == ("compiled" if read_path == "compiled" else "python")
+    return client
 
 
 def _chunked(body: bytes, sizes: list[int]) -> bytes:
@@ -62,15 +81,15 @@ def _line_sink(got: list):
     return sink
 
 
-@pytest.mark.parametrize("kernel_timestamps", [True, False], ids=["raw-socket", "asyncio-transport"])
+@pytest.mark.parametrize("read_path", READ_PATHS)
 @pytest.mark.parametrize("split", [1, 2, 3, 7, None])
-def test_chunked_stream_split_anywhere(split, kernel_timestamps):
+def test_chunked_stream_split_anywhere(split, read_path):
     async def main():
         rng = random.Random(split)
         sizes = [rng.randint(1, 40) for _ in range(100)]
         response = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n" + _chunked(SSE, sizes)
         server, port, seen = await _serve([response, response], split)
-        client = HttpClient(f"http://127.0.0.1:{port}", {"X-A": "b"}, 4, kernel_timestamps)
+        client = _client(f"http://127.0.0.1:{port}", {"X-A": "b"}, read_path)
         for _ in range(2):  # the second request reuses the kept-alive connection
             got: list = []
             resp = await client.request("POST", "/v1/completions", b"{}", sink=_line_sink(got),
@@ -87,13 +106,13 @@ def test_chunked_stream_split_anywhere(split, kernel_timestamps):
     asyncio.run(main())
 
 
-@pytest.mark.parametrize("kernel_timestamps", [True, False], ids=["raw-socket", "asyncio-transport"])
-def test_content_length_and_until_close_bodies_and_error_status(kernel_timestamps):
+@pytest.mark.parametrize("read_path", READ_PATHS)
+def test_content_length_and_until_close_bodies_and_error_status(read_path):
     async def main():
         responses = [b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(SSE) + SSE,
                      b"HTTP/1.1 500 Internal Server Error\r\nContent-Length: 4\r\n\r\noops"]
         server, port, _ = await _serve(responses, 5)
-        client = HttpClient(f"http://127.0.0.1:{port}", {}, 4, kernel_timestamps)
+        client = _client(f"http://127.0.0.1:{port}", {}, read_path)
         got: list = []
         await client.request("POST", "/x", b"1", sink=_line_sink(got), timeout=10)
         assert len(_lines(got)) == 21
@@ -102,7 +121,7 @@ def test_content_length_and_until_close_bodies_and_error_status(kernel_timestamp
         server.close()
         until_close = b"HTTP/1.1 200 OK\r\nConnection: close\r\n\r\n" + SSE
         server, port, _ = await _serve([until_close], 9, close_after=True)
-        client = HttpClient(f"http://127.0.0.1:{port}", {}, 4, kernel_timestamps)
+        client = _client(f"http://127.0.0.1:{port}", {}, read_path)
         got = []
         await client.request("POST", "/x", b"1", sink=_line_sink(got), timeout=10)
         assert len(_lines(got)) == 21
@@ -111,12 +130,12 @@ def test_content_length_and_until_close_bodies_and_error_status(kernel_timestamp
     asyncio.run(main())
 
 
-@pytest.mark.parametrize("kernel_timestamps", [True, False], ids=["raw-socket", "asyncio-transport"])
-def test_a_stale_kept_alive_connection_is_retried_once(kernel_timestamps):
+@pytest.mark.parametrize("read_path", READ_PATHS)
+def test_a_stale_kept_alive_connection_is_retried_once(read_path):
     async def main():
         ok = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nhi"
         server, port, seen = await _serve([ok, ok], None, close_after=True)  # closes after each answer
-        client = HttpClient(f"http://127.0.0.1:{port}", {}, 4, kernel_timestamps)
+        client = _client(f"http://127.0.0.1:{port}", {}, read_path)
         assert (await client.request("GET", "/", timeout=10)).body == b"hi"
         await asyncio.sleep(0.05)
         assert (await client.request("GET", "/", timeout=10)).body == b"hi"
@@ -126,16 +145,16 @@ def test_a_stale_kept_alive_connection_is_retried_once(kernel_timestamps):
     asyncio.run(main())
 
 
-@pytest.mark.parametrize("kernel_timestamps", [True, False], ids=["raw-socket", "asyncio-transport"])
-def test_refused_reset_and_timeout(kernel_timestamps):
+@pytest.mark.parametrize("read_path", READ_PATHS)
+def test_refused_reset_and_timeout(read_path):
     async def main():
-        client = HttpClient("http://127.0.0.1:9", {}, 4, kernel_timestamps)
+        client = _client("http://127.0.0.1:9", {}, read_path)
         with pytest.raises(ResponseError) as refused:
             await client.request("GET", "/", timeout=5)
         assert refused.value.kind == "connect"
         cut = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n" + _chunked(SSE, [30, 30])[:70]
         server, port, _ = await _serve([cut], 16, close_after=True)
-        client = HttpClient(f"http://127.0.0.1:{port}", {}, 4, kernel_timestamps)
+        client = _client(f"http://127.0.0.1:{port}", {}, read_path)
         with pytest.raises(ResponseError) as reset:
             await client.request("POST", "/x", b"", sink=_line_sink([]), timeout=5)
         assert reset.value.kind == "reset" and reset.value.received
@@ -145,7 +164,7 @@ def test_refused_reset_and_timeout(kernel_timestamps):
             await asyncio.sleep(5)
 
         server = await asyncio.start_server(silent, "127.0.0.1", 0)
-        client = HttpClient(f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}", {}, 4, kernel_timestamps)
+        client = _client(f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}", {}, read_path)
         with pytest.raises(asyncio.TimeoutError):
             await client.request("GET", "/", timeout=0.2)
         server.close()
@@ -158,10 +177,11 @@ def test_bad_url_is_named():
         HttpClient("ftp://x", {}, 1)
 
 
-@pytest.mark.parametrize("kernel_timestamps", [True, False], ids=["raw-socket", "asyncio-transport"])
-def test_kernel_stamps_are_arrival_times_not_read_times(kernel_timestamps):
+@pytest.mark.parametrize("read_path", READ_PATHS)
+def test_kernel_stamps_are_arrival_times_not_read_times(read_path):
     """Data that arrives while the loop is blocked: the raw-socket path records when it arrived,
     the asyncio-transport path only when the loop could read it."""
+    _require(read_path)  # before the answering thread starts
     listener = socket.create_server(("127.0.0.1", 0))
     response = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n" + _chunked(SSE, [len(SSE)])
 
@@ -180,7 +200,7 @@ def test_kernel_stamps_are_arrival_times_not_read_times(kernel_timestamps):
     thread.start()
 
     async def main() -> list[int]:
-        client = HttpClient(f"http://127.0.0.1:{listener.getsockname()[1]}", {}, 4, kernel_timestamps)
+        client = _client(f"http://127.0.0.1:{listener.getsockname()[1]}", {}, read_path)
         lines: list = []
         task = asyncio.ensure_future(client.request("POST", "/x", b"", sink=_line_sink(lines), timeout=10))
         while not asked.is_set():  # the request went out
@@ -194,19 +214,19 @@ def test_kernel_stamps_are_arrival_times_not_read_times(kernel_timestamps):
     offsets = asyncio.run(main())
     thread.join()
     listener.close()
-    if kernel_timestamps:
+    if read_path != "asyncio-transport":
         assert offsets and all(t < 250_000_000 for t in offsets)
     else:
         assert offsets and all(t >= 300_000_000 for t in offsets)
 
 
-@pytest.mark.parametrize("kernel_timestamps", [True, False], ids=["raw-socket", "asyncio-transport"])
-def test_a_large_request_body_is_sent_whole(kernel_timestamps):
+@pytest.mark.parametrize("read_path", READ_PATHS)
+def test_a_large_request_body_is_sent_whole(read_path):
     """A long prompt (megabytes of JSON) does not fit the socket buffer in one send."""
     async def main():
         ok = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
         server, port, seen = await _serve([ok], None)
-        client = HttpClient(f"http://127.0.0.1:{port}", {}, 4, kernel_timestamps)
+        client = _client(f"http://127.0.0.1:{port}", {}, read_path)
         body = bytes(range(256)) * 16384  # 4 MiB
         assert (await client.request("POST", "/x", body, timeout=30)).body == b"ok"
         assert seen[0].endswith(body)
@@ -228,13 +248,13 @@ def _sink_raising_on(bad: bytes):
     return sink
 
 
-@pytest.mark.parametrize("kernel_timestamps", [True, False], ids=["raw-socket", "asyncio-transport"])
-def test_a_sink_that_raises_fails_its_request_as_a_protocol_error(kernel_timestamps):
+@pytest.mark.parametrize("read_path", READ_PATHS)
+def test_a_sink_that_raises_fails_its_request_as_a_protocol_error(read_path):
     async def main():
         chunked = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n" + _chunked(SSE, [len(SSE)])
         ok = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nhi"
         server, port, _ = await _serve([chunked, ok], None)
-        client = HttpClient(f"http://127.0.0.1:{port}", {}, 4, kernel_timestamps)
+        client = _client(f"http://127.0.0.1:{port}", {}, read_path)
         with pytest.raises(ResponseError) as broke:  # raised on a line with lines after it
             await client.request("POST", "/x", b"", sink=_sink_raising_on(b'data: {"n": 2}'), timeout=5)
         assert broke.value.kind == "protocol" and "_SinkBroke" in str(broke.value)
@@ -243,7 +263,7 @@ def test_a_sink_that_raises_fails_its_request_as_a_protocol_error(kernel_timesta
         # a read-until-close body whose last, unterminated line is delivered when the server closes
         until_close = b"HTTP/1.1 200 OK\r\nConnection: close\r\n\r\ndata: a\n\ndata: b"
         server, port, _ = await _serve([until_close], None, close_after=True)
-        client = HttpClient(f"http://127.0.0.1:{port}", {}, 4, kernel_timestamps)
+        client = _client(f"http://127.0.0.1:{port}", {}, read_path)
         with pytest.raises(ResponseError) as broke:
             await client.request("POST", "/x", b"", sink=_sink_raising_on(b"data: b"), timeout=5)
         assert broke.value.kind == "protocol" and "_SinkBroke" in str(broke.value)
@@ -274,3 +294,103 @@ def test_kernel_stamps_convert_with_the_tightest_clock_offset(monkeypatch):
     stamp = 5_000_123_456
     ancillary = [(1, 35, struct.pack("qq", stamp // 1_000_000_000, stamp % 1_000_000_000))]
     assert converter.stamp(ancillary) == 123_456
+
+
+@pytest.mark.parametrize("read_path", READ_PATHS)
+@pytest.mark.parametrize("framing", [b"zz\r\n", b"5\r\nabcdeXX", b"5\r\nabcde\r\n0\r\n\rX"],
+                         ids=["bad-size", "no-crlf-after-data", "bad-trailer-end"])
+def test_malformed_chunked_framing_is_a_protocol_error(read_path, framing):
+    async def main():
+        bad = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\ndata:\r\n" + framing + b"\r\n\r\n"
+        server, port, _ = await _serve([bad], None)
+        client = _client(f"http://127.0.0.1:{port}", {}, read_path)
+        with pytest.raises(ResponseError) as failed:
+            await client.request("POST", "/x", b"", sink=_line_sink([]), timeout=5)
+        assert failed.value.kind == "protocol" and failed.value.received
+        assert "malformed HTTP response" in str(failed.value)
+        server.close()
+        server, port, _ = await _serve([b"SSH-2.0-OpenSSH_9.6\r\n\r\n"], None)  # not HTTP at all
+        client = _client(f"http://127.0.0.1:{port}", {}, read_path)
+        with pytest.raises(ResponseError) as failed:
+            await client.request("POST", "/x", b"", sink=_line_sink([]), timeout=5)
+        assert failed.value.kind == "reset" and failed.value.received
+        server.close()
+
+    asyncio.run(main())
+
+
+class _Transport:
+    """A connection's transport for driving its reads by hand: closing it loses the connection."""
+
+    def __init__(self, conn) -> None:
+        self.conn = conn
+
+    def write(self, data: bytes) -> None:
+        pass
+
+    def close(self) -> None:
+        if not self.conn.closed:
+            self.conn.connection_lost(None)
+
+
+_RESPONSES = {
+    "chunked": b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n" + _chunked(SSE, [7, 40, 1, 90, 33, 200]),
+    "extensions-trailer": (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+                           b"1e;a=b\r\ndata: {\"n\": 1}\n\ndata: {\"n\": 2}\r\n0\r\nX-T: 1\r\n\r\n"),
+    "length": b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(SSE) + SSE,
+    "until-close": b"HTTP/1.1 200 OK\r\nConnection: close\r\n\r\n" + SSE + b"data: cut",
+    "error-status": b"HTTP/1.1 503 Busy\r\nTransfer-Encoding: chunked\r\n\r\n" + _chunked(b"no\nroom", [3, 4]),
+    "empty": b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n",
+    "bad-chunk": b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n8\r\ndata: a\n\r\nq\r\n",
+    "cut": b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n" + _chunked(SSE, [30, 30])[:70],
+}
+
+
+def _read_by_hand(response: bytes, reads: list[int], compiled: bool):
+    """`response` read in pieces of the given sizes (then the server closes) on one connection;
+    returns what its sink got (pieces, and which read each came with) and how the request ended."""
+    loop = asyncio.new_event_loop()
+    conn = wire._Conn()
+    conn.connection_made(_Transport(conn))
+    got: list = []
+    done = loop.create_future()
+    conn.start(b"", lambda pieces, stamps: got.extend(zip(pieces, stamps)), done)
+    ends, pos = [], 0
+    if compiled:
+        ours, theirs = socket.socketpair()
+        ours.setblocking(False)
+        wire._enable_rx_timestamps(ours)
+        readable = wire._readpath.Reader(ours.fileno(), conn, conn.connection_lost).readable
+        for size in reads:
+            theirs.sendall(response[pos:pos + size])
+            pos += size
+            readable()
+        theirs.close()
+        readable()  # the end of the stream
+        ours.close()
+    else:
+        for number, size in enumerate(reads):
+            conn.feed(response[pos:pos + size], number)
+            pos += size
+        conn.connection_lost(None)
+    # which read each piece came with: the stamps' order of first appearance (one per read)
+    order = {stamp: k for k, stamp in enumerate(dict.fromkeys(stamp for _, stamp in got))}
+    pieces = [(piece, order[stamp]) for piece, stamp in got]
+    if done.exception() is not None:
+        ends.append((type(done.exception()).__name__, getattr(done.exception(), "kind", None)))
+    else:
+        result = done.result()
+        ends.append((result.status, result.headers, result.body, conn.reusable))
+    loop.close()
+    return pieces, ends
+
+
+@pytest.mark.parametrize("name", list(_RESPONSES))
+def test_the_compiled_reader_takes_every_split_as_the_python_path_does(name):
+    """Each response in two reads split at every byte, and in reads of one byte: the compiled
+    reader hands the sink the same pieces, with the same reads' stamps, and ends the same way."""
+    _require("compiled")
+    response = _RESPONSES[name]
+    splits = [[k, len(response) - k] for k in range(1, len(response))] + [[1] * len(response)]
+    for reads in splits:
+        assert _read_by_hand(response, reads, True) == _read_by_hand(response, reads, False), reads

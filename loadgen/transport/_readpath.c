@@ -1,0 +1,688 @@
+/* The compiled read path of loadgen's plain-http connections (loadgen/transport/wire.py).
+
+   A Reader's `readable` is registered as the event loop's reader callback of one socket, so a
+   read runs no Python frame: recvmsg with SO_TIMESTAMPNS, the kernel stamp converted to
+   perf_counter_ns, the HTTP/1.1 body framing undone (chunked, Content-Length, read until
+   close), and the body split into pieces of complete lines with the read's stamp, exactly as
+   wire._Conn.on_body does. It calls into Python (the connection, a wire._Conn) only when a
+   response head is complete (take_head: httptools parses it, as on the Python path), every
+   batch of pieces (deliver), at the message's end (finish_body; a chunked body's last chunk and
+   trailer go through its llhttp parser there), for the body of a response that
+   does not stream (on_body), on malformed framing (malformed_body) and on EOF or a socket error
+   (the transport's lost). Everything else about a connection stays in wire.py.
+
+   Limited API (abi3): one build loads on CPython 3.10 and later. Linux only (SO_TIMESTAMPNS). */
+
+#define Py_LIMITED_API 0x030A0000
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include <errno.h>
+#include <limits.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+
+/* Body framings besides a length, as wire._Conn.take_head returns them (wire.py's constants;
+   its NO_BODY, -1, needs no test here: a head without a body leaves the reader at the next head). */
+#define BODY_CHUNKED (-2)
+#define BODY_UNTIL_CLOSE (-3)
+
+enum state {
+    HEAD,            /* bytes up to the blank line that ends a response head */
+    CHUNK_SIZE,      /* hex digits of a chunk's size */
+    CHUNK_EXT,       /* `;name=value` after the size, skipped */
+    CHUNK_SIZE_LF,   /* the LF after the size line's CR */
+    CHUNK_DATA,
+    CHUNK_DATA_CR,   /* the CRLF after a chunk's data */
+    CHUNK_DATA_LF,
+    TRAILER_START,   /* after the last chunk: a trailer line or the final CRLF */
+    TRAILER_LINE,
+    TRAILER_END_LF,
+    BODY_LENGTH,     /* `remaining` bytes of a Content-Length body */
+    BODY_CLOSE,      /* everything until the server closes */
+};
+
+/* Set once by configure() (wire.py holds the values); the stamp conversion's state is shared by
+   every Reader, as wire's one _RealtimeToPerfCounter is. */
+static PyObject *offset_source;  /* CLOCK_REALTIME - CLOCK_MONOTONIC, in ns, when called */
+static long long refresh_ns;
+static long long stamp_offset;
+static long long offset_valid_until;
+static Py_ssize_t batch_pieces;
+static char *read_buffer;
+static Py_ssize_t read_size;
+
+/* Attribute and method names, interned once. */
+static PyObject *s_pieces, *s_stamps, *s_received, *s_closed, *s_line, *s_deliver, *s_take_head,
+    *s_finish_body, *s_on_body, *s_malformed_body, *s_fail_unexpected;
+
+typedef struct {
+    PyObject_HEAD
+    int fd;
+    PyObject *conn;  /* the wire._Conn it reads for */
+    PyObject *lost;  /* the transport's _lost(exc or None): closes the socket, fails or ends the request */
+    enum state state;
+    int closed;         /* the connection closed: nothing more is read */
+    int streamed;       /* the body goes to the connection's sink as pieces of lines */
+    int size_digits;
+    long long remaining;  /* bytes left of the chunk, or of a Content-Length body; a chunk's size while read */
+    long long now;        /* the current read's stamp */
+    char *head;           /* the response head so far, or a chunked body's trailer */
+    Py_ssize_t head_len, head_cap, head_scanned;
+    char *line;           /* the partial body line (no LF in it) */
+    Py_ssize_t line_len, line_cap;
+} Reader;
+
+static long long monotonic_ns(void)
+{
+    struct timespec now;
+    clock_gettime(CLOCK_MONOTONIC, &now);  /* perf_counter_ns's clock on Linux */
+    return (long long)now.tv_sec * 1000000000LL + now.tv_nsec;
+}
+
+/* The read's kernel receive time in perf_counter_ns, or now when it carries none. -1 on error. */
+static int read_stamp(struct msghdr *message, long long *stamp)
+{
+    struct cmsghdr *item;
+    for (item = CMSG_FIRSTHDR(message); item != NULL; item = CMSG_NXTHDR(message, item)) {
+        if (item->cmsg_level == SOL_SOCKET && item->cmsg_type == SCM_TIMESTAMPNS) {
+            struct timespec arrival;
+            memcpy(&arrival, CMSG_DATA(item), sizeof arrival);
+            long long realtime = (long long)arrival.tv_sec * 1000000000LL + arrival.tv_nsec;
+            if (realtime >= offset_valid_until) {
+                PyObject *offset = PyObject_CallNoArgs(offset_source);
+                if (offset == NULL)
+                    return -1;
+                stamp_offset = PyLong_AsLongLong(offset);
+                Py_DECREF(offset);
+                if (stamp_offset == -1 && PyErr_Occurred())
+                    return -1;
+                offset_valid_until = realtime + refresh_ns;
+            }
+            *stamp = realtime - stamp_offset;
+            return 0;
+        }
+    }
+    *stamp = monotonic_ns();
+    return 0;
+}
+
+static int grow(char **buffer, Py_ssize_t *capacity, Py_ssize_t needed)
+{
+    if (needed <= *capacity)
+        return 0;
+    Py_ssize_t size = *capacity ? *capacity : 256;
+    while (size < needed)
+        size *= 2;
+    char *bigger = realloc(*buffer, (size_t)size);
+    if (bigger == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    *buffer = bigger;
+    *capacity = size;
+    return 0;
+}
+
+static int stopped(Reader *self)
+{
+    PyObject *closed = PyObject_GetAttr(self->conn, s_closed);
+    if (closed == NULL)
+        return -1;
+    int yes = PyObject_IsTrue(closed);
+    Py_DECREF(closed);
+    return yes;
+}
+
+/* Call a method of the connection; returns its result, or NULL with the error set. */
+static PyObject *call_conn(Reader *self, PyObject *name, PyObject *arg1, PyObject *arg2)
+{
+    return PyObject_CallMethodObjArgs(self->conn, name, arg1, arg2, NULL);
+}
+
+static int append_to(Reader *self, PyObject *name, PyObject *item)
+{
+    PyObject *list = PyObject_GetAttr(self->conn, name);
+    if (list == NULL)
+        return -1;
+    int result = PyList_Append(list, item);
+    Py_ssize_t length = PyList_Size(list);
+    Py_DECREF(list);
+    return result < 0 ? -1 : (int)(length >= batch_pieces);
+}
+
+/* One piece of whole lines that arrived at the read's stamp; a full batch goes to the sink.
+   Returns 1 when the connection closed meanwhile, -1 on error. */
+static int take_piece(Reader *self, PyObject *piece)
+{
+    PyObject *stamp = PyLong_FromLongLong(self->now);
+    if (stamp == NULL)
+        return -1;
+    int full = append_to(self, s_pieces, piece);
+    int stamps_full = full < 0 ? -1 : append_to(self, s_stamps, stamp);
+    Py_DECREF(stamp);
+    if (full < 0 || stamps_full < 0)
+        return -1;
+    if (!full)
+        return 0;
+    PyObject *result = call_conn(self, s_deliver, NULL, NULL);
+    if (result == NULL)
+        return -1;
+    Py_DECREF(result);
+    return stopped(self);
+}
+
+/* A span of body bytes of one read (wire._Conn.on_body's rules). Returns as take_piece. */
+static int body_span(Reader *self, const char *data, Py_ssize_t size)
+{
+    if (size == 0)
+        return 0;
+    if (!self->streamed) {
+        PyObject *bytes = PyBytes_FromStringAndSize(data, size);
+        if (bytes == NULL)
+            return -1;
+        PyObject *result = call_conn(self, s_on_body, bytes, NULL);
+        Py_DECREF(bytes);
+        if (result == NULL)
+            return -1;
+        Py_DECREF(result);
+        return 0;
+    }
+    PyObject *piece;
+    if (self->line_len == 0 && data[size - 1] == '\n') {
+        piece = PyBytes_FromStringAndSize(data, size);  /* the usual piece: whole lines */
+    } else {
+        const char *last = memrchr(data, '\n', (size_t)size);
+        if (last == NULL) {
+            if (grow(&self->line, &self->line_cap, self->line_len + size) < 0)
+                return -1;
+            memcpy(self->line + self->line_len, data, (size_t)size);
+            self->line_len += size;
+            return 0;
+        }
+        Py_ssize_t end = last - data + 1;
+        piece = PyBytes_FromStringAndSize(NULL, self->line_len + end);
+        if (piece == NULL)
+            return -1;
+        char *text = PyBytes_AsString(piece);
+        memcpy(text, self->line, (size_t)self->line_len);
+        memcpy(text + self->line_len, data, (size_t)end);
+        self->line_len = size - end;
+        if (grow(&self->line, &self->line_cap, self->line_len) < 0) {
+            Py_DECREF(piece);
+            return -1;
+        }
+        memcpy(self->line, data + end, (size_t)self->line_len);
+    }
+    if (piece == NULL)
+        return -1;
+    int result = take_piece(self, piece);
+    Py_DECREF(piece);
+    return result;
+}
+
+/* The partial line the body ends with, as bytes (empty when none or not streamed). */
+static PyObject *partial_line(Reader *self)
+{
+    Py_ssize_t length = self->streamed ? self->line_len : 0;
+    self->line_len = 0;
+    return PyBytes_FromStringAndSize(self->line, length);
+}
+
+/* The body is complete: the connection ends the request. A chunked body's end (its last chunk
+   and trailer, kept in the head buffer) goes to the connection's llhttp parser, which takes the
+   trailer's fields into the headers as on the Python path. Returns as take_piece. */
+static int body_complete(Reader *self, int chunked)
+{
+    self->state = HEAD;
+    PyObject *line = partial_line(self);
+    PyObject *now = PyLong_FromLongLong(self->now);
+    PyObject *end = PyBytes_FromStringAndSize(NULL, chunked ? 3 + self->head_len : 0);
+    self->head_len = 0;
+    if (end != NULL && chunked) {
+        memcpy(PyBytes_AsString(end), "0\r\n", 3);
+        memcpy(PyBytes_AsString(end) + 3, self->head, (size_t)(PyBytes_Size(end) - 3));
+    }
+    PyObject *result = line && now && end
+        ? PyObject_CallMethodObjArgs(self->conn, s_finish_body, line, now, end, NULL) : NULL;
+    Py_XDECREF(line);
+    Py_XDECREF(now);
+    Py_XDECREF(end);
+    if (result == NULL)
+        return -1;
+    Py_DECREF(result);
+    return stopped(self);
+}
+
+static int malformed(Reader *self, const char *detail)
+{
+    PyObject *text = PyUnicode_FromString(detail);
+    if (text == NULL)
+        return -1;
+    PyObject *result = call_conn(self, s_malformed_body, text, NULL);
+    Py_DECREF(text);
+    if (result == NULL)
+        return -1;
+    Py_DECREF(result);
+    return 1;  /* the connection closed */
+}
+
+/* Where the head in the buffer ends (after its blank line), or 0 while it has not. */
+static Py_ssize_t head_end(Reader *self)
+{
+    const char *head = self->head;
+    Py_ssize_t at = self->head_scanned;
+    while (at < self->head_len) {
+        const char *lf = memchr(head + at, '\n', (size_t)(self->head_len - at));
+        if (lf == NULL)
+            break;
+        Py_ssize_t i = lf - head;
+        if (i + 1 < self->head_len && head[i + 1] == '\n')
+            return i + 2;
+        if (i + 2 < self->head_len && head[i + 1] == '\r' && head[i + 2] == '\n')
+            return i + 3;
+        if (i + 2 >= self->head_len) {  /* the blank line may still be coming */
+            self->head_scanned = i;
+            return 0;
+        }
+        at = i + 1;
+    }
+    self->head_scanned = self->head_len;
+    return 0;
+}
+
+/* Bytes of a response head; *used says how many of them belong to it. Returns as take_piece. */
+static int head_bytes(Reader *self, const char *data, Py_ssize_t size, Py_ssize_t *used)
+{
+    Py_ssize_t before = self->head_len;
+    if (grow(&self->head, &self->head_cap, before + size) < 0)
+        return -1;
+    memcpy(self->head + before, data, (size_t)size);
+    self->head_len += size;
+    Py_ssize_t end = head_end(self);
+    Py_ssize_t prefix = self->head_len < 5 ? self->head_len : 5;
+    if (end == 0 && memcmp(self->head, "HTTP/", (size_t)prefix) != 0)
+        end = self->head_len;  /* not a response: httptools names what is wrong */
+    if (end == 0) {
+        *used = size;
+        return 0;
+    }
+    *used = end - before;
+    PyObject *head = PyBytes_FromStringAndSize(self->head, end);
+    self->head_len = self->head_scanned = 0;
+    if (head == NULL)
+        return -1;
+    PyObject *now = PyLong_FromLongLong(self->now);
+    if (now == NULL) {
+        Py_DECREF(head);
+        return -1;
+    }
+    PyObject *framing = call_conn(self, s_take_head, head, now);
+    Py_DECREF(head);
+    Py_DECREF(now);
+    if (framing == NULL)
+        return -1;
+    long long length;
+    int streamed;
+    if (!PyArg_ParseTuple(framing, "Lp", &length, &streamed)) {
+        Py_DECREF(framing);
+        return -1;
+    }
+    Py_DECREF(framing);
+    int closed = stopped(self);
+    if (closed != 0)
+        return closed;
+    self->streamed = streamed;
+    self->line_len = 0;
+    if (length == BODY_CHUNKED) {
+        self->state = CHUNK_SIZE;
+        self->remaining = 0;
+        self->size_digits = 0;
+    } else if (length == BODY_UNTIL_CLOSE) {
+        self->state = BODY_CLOSE;
+    } else if (length > 0) {
+        self->state = BODY_LENGTH;
+        self->remaining = length;
+    }  /* NO_BODY (or an empty one, which the head's parse completed): the next head */
+    return 0;
+}
+
+static int hex_value(char c)
+{
+    if (c >= '0' && c <= '9')
+        return c - '0';
+    if (c >= 'a' && c <= 'f')
+        return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F')
+        return c - 'A' + 10;
+    return -1;
+}
+
+/* One byte of chunked framing outside a chunk's data. Returns as take_piece. */
+static int chunk_byte(Reader *self, char c)
+{
+    switch (self->state) {
+    case CHUNK_SIZE: {
+        int digit = hex_value(c);
+        if (digit >= 0) {
+            if (self->remaining > (LLONG_MAX >> 4))
+                return malformed(self, "chunk size too large");
+            self->remaining = self->remaining * 16 + digit;
+            self->size_digits++;
+        } else if (self->size_digits == 0) {
+            return malformed(self, "invalid character in chunk size");
+        } else if (c == ';') {
+            self->state = CHUNK_EXT;
+        } else if (c == '\r') {
+            self->state = CHUNK_SIZE_LF;
+        } else {
+            return malformed(self, "invalid character in chunk size");
+        }
+        return 0;
+    }
+    case CHUNK_EXT:
+        if (c == '\r')
+            self->state = CHUNK_SIZE_LF;
+        return 0;
+    case CHUNK_SIZE_LF:
+        if (c != '\n')
+            return malformed(self, "expected LF after chunk size");
+        self->state = self->remaining ? CHUNK_DATA : TRAILER_START;
+        return 0;
+    case CHUNK_DATA_CR:
+        if (c != '\r')
+            return malformed(self, "expected CRLF after chunk data");
+        self->state = CHUNK_DATA_LF;
+        return 0;
+    case CHUNK_DATA_LF:
+        if (c != '\n')
+            return malformed(self, "expected CRLF after chunk data");
+        self->state = CHUNK_SIZE;
+        self->size_digits = 0;
+        return 0;
+    case TRAILER_START:
+    case TRAILER_LINE:
+        if (grow(&self->head, &self->head_cap, self->head_len + 1) < 0)
+            return -1;
+        self->head[self->head_len++] = c;
+        if (self->state == TRAILER_START && c == '\r')
+            self->state = TRAILER_END_LF;
+        else
+            self->state = c == '\n' ? TRAILER_START : TRAILER_LINE;
+        return 0;
+    case TRAILER_END_LF:
+        if (c != '\n')
+            return malformed(self, "expected LF after the last chunk");
+        if (grow(&self->head, &self->head_cap, self->head_len + 1) < 0)
+            return -1;
+        self->head[self->head_len++] = c;
+        return body_complete(self, 1);
+    default:
+        PyErr_SetString(PyExc_AssertionError, "chunk_byte outside chunked framing");
+        return -1;
+    }
+}
+
+/* One read's bytes through the framing. Returns as take_piece. */
+static int feed(Reader *self, const char *data, Py_ssize_t size)
+{
+    Py_ssize_t at = 0;
+    int result = 0;
+    while (at < size && result == 0) {
+        Py_ssize_t take;
+        switch (self->state) {
+        case HEAD:
+            result = head_bytes(self, data + at, size - at, &take);
+            at += take;
+            break;
+        case CHUNK_DATA:
+        case BODY_LENGTH:
+            take = size - at < self->remaining ? size - at : (Py_ssize_t)self->remaining;
+            result = body_span(self, data + at, take);
+            at += take;
+            self->remaining -= take;
+            if (result == 0 && self->remaining == 0) {
+                if (self->state == CHUNK_DATA)
+                    self->state = CHUNK_DATA_CR;
+                else
+                    result = body_complete(self, 0);
+            }
+            break;
+        case BODY_CLOSE:
+            result = body_span(self, data + at, size - at);
+            at = size;
+            break;
+        default:
+            result = chunk_byte(self, data[at]);
+            at++;
+        }
+    }
+    return result;
+}
+
+/* The server closed: a read-until-close body ends here (the connection's connection_lost
+   completes it with the partial line set here), anything else fails as a reset. */
+static int end_of_stream(Reader *self)
+{
+    if (self->state == BODY_CLOSE) {
+        PyObject *line = partial_line(self);
+        if (line == NULL)
+            return -1;
+        int result = PyObject_SetAttr(self->conn, s_line, line);
+        Py_DECREF(line);
+        if (result < 0)
+            return -1;
+    }
+    PyObject *result = PyObject_CallFunctionObjArgs(self->lost, Py_None, NULL);
+    if (result == NULL)
+        return -1;
+    Py_DECREF(result);
+    return 0;
+}
+
+static int socket_error(Reader *self)
+{
+    PyErr_SetFromErrno(PyExc_OSError);  /* the errno's subclass: ConnectionResetError, ... */
+    PyObject *type, *value, *traceback;
+    PyErr_Fetch(&type, &value, &traceback);
+    PyErr_NormalizeException(&type, &value, &traceback);
+    PyObject *result = value ? PyObject_CallFunctionObjArgs(self->lost, value, NULL) : NULL;
+    Py_XDECREF(type);
+    Py_XDECREF(value);
+    Py_XDECREF(traceback);
+    if (result == NULL)
+        return -1;
+    Py_DECREF(result);
+    return 0;
+}
+
+static PyObject *Reader_readable(Reader *self, PyObject *Py_UNUSED(ignored))
+{
+    char ancillary[CMSG_SPACE(sizeof(struct timespec))];
+    struct iovec vector = {read_buffer, (size_t)read_size};
+    struct msghdr message = {0};
+    message.msg_iov = &vector;
+    message.msg_iovlen = 1;
+    message.msg_control = ancillary;
+    message.msg_controllen = sizeof ancillary;
+    if (self->closed)
+        Py_RETURN_NONE;
+    ssize_t size = recvmsg(self->fd, &message, 0);
+    if (size < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR))
+        Py_RETURN_NONE;
+    Py_INCREF(self);  /* the loop's handle may go while the connection closes in a call below */
+    int result;
+    if (size <= 0) {
+        self->closed = 1;
+        result = size < 0 ? socket_error(self) : end_of_stream(self);
+    } else {
+        result = read_stamp(&message, &self->now);
+        if (result == 0)
+            result = PyObject_SetAttr(self->conn, s_received, Py_True);
+        if (result == 0)
+            result = feed(self, read_buffer, size);
+        if (result != 0)
+            self->closed = 1;  /* failed, or the connection closed in a call into Python */
+    }
+    if (result < 0) {
+        /* Raised into the loop's handler the request would carry on without this read: fail it,
+           as wire._Conn.feed does for a failure on the Python path. */
+        PyObject *type, *value, *traceback;
+        PyErr_Fetch(&type, &value, &traceback);
+        PyErr_NormalizeException(&type, &value, &traceback);
+        PyObject *done = value ? call_conn(self, s_fail_unexpected, value, NULL) : NULL;
+        Py_XDECREF(type);
+        Py_XDECREF(value);
+        Py_XDECREF(traceback);
+        if (done == NULL) {
+            Py_DECREF(self);
+            return NULL;
+        }
+        Py_DECREF(done);
+    }
+    Py_DECREF(self);
+    Py_RETURN_NONE;
+}
+
+static PyObject *Reader_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
+{
+    static char *names[] = {"fd", "conn", "lost", NULL};
+    int fd;
+    PyObject *conn, *lost;
+    if (read_buffer == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "_readpath.configure() first");
+        return NULL;
+    }
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "iOO:Reader", names, &fd, &conn, &lost))
+        return NULL;
+    Reader *self = (Reader *)PyType_GenericAlloc(type, 0);
+    if (self == NULL)
+        return NULL;
+    self->fd = fd;
+    Py_INCREF(conn);
+    self->conn = conn;
+    Py_INCREF(lost);
+    self->lost = lost;
+    self->state = HEAD;
+    return (PyObject *)self;
+}
+
+static int Reader_traverse(Reader *self, visitproc visit, void *arg)
+{
+    Py_VISIT(self->conn);
+    Py_VISIT(self->lost);
+    Py_VISIT(Py_TYPE(self));
+    return 0;
+}
+
+static int Reader_clear(Reader *self)
+{
+    Py_CLEAR(self->conn);
+    Py_CLEAR(self->lost);
+    return 0;
+}
+
+static void Reader_dealloc(Reader *self)
+{
+    PyTypeObject *type = Py_TYPE(self);
+    PyObject_GC_UnTrack(self);
+    Reader_clear(self);
+    free(self->head);
+    free(self->line);
+    freefunc free_slot = (freefunc)PyType_GetSlot(type, Py_tp_free);
+    free_slot(self);
+    Py_DECREF(type);
+}
+
+static PyMethodDef Reader_methods[] = {
+    {"readable", (PyCFunction)Reader_readable, METH_NOARGS,
+     "Read what the socket holds and take it through the framing (the loop's reader callback)."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyType_Slot Reader_slots[] = {
+    {Py_tp_doc, "Reader(fd, conn, lost): the compiled reads of one plain-http connection."},
+    {Py_tp_new, Reader_new},
+    {Py_tp_dealloc, Reader_dealloc},
+    {Py_tp_traverse, Reader_traverse},
+    {Py_tp_clear, Reader_clear},
+    {Py_tp_methods, Reader_methods},
+    {0, NULL},
+};
+
+static PyType_Spec Reader_spec = {
+    "loadgen.transport._readpath.Reader", sizeof(Reader), 0,
+    Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC, Reader_slots,
+};
+
+static PyObject *configure(PyObject *module, PyObject *args)
+{
+    PyObject *source;
+    long long refresh;
+    Py_ssize_t size, batch;
+    if (!PyArg_ParseTuple(args, "OLnn:configure", &source, &refresh, &size, &batch))
+        return NULL;
+    if (size <= 0 || batch <= 0) {
+        PyErr_SetString(PyExc_ValueError, "configure: read size and batch must be positive");
+        return NULL;
+    }
+    char *buffer = realloc(read_buffer, (size_t)size);
+    if (buffer == NULL)
+        return PyErr_NoMemory();
+    read_buffer = buffer;
+    read_size = size;
+    Py_INCREF(source);
+    Py_XDECREF(offset_source);
+    offset_source = source;
+    refresh_ns = refresh;
+    offset_valid_until = 0;
+    batch_pieces = batch;
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef module_methods[] = {
+    {"configure", configure, METH_VARARGS,
+     "configure(offset, refresh_ns, read_size, batch_pieces): the clock offset's source and how "
+     "long an offset holds, the bytes asked of each read, the pieces kept before a batch goes out."},
+    {NULL, NULL, 0, NULL},
+};
+
+static int intern_names(void)
+{
+    struct { PyObject **slot; const char *text; } names[] = {
+        {&s_pieces, "_pieces"}, {&s_stamps, "_stamps"}, {&s_received, "_received"},
+        {&s_closed, "closed"}, {&s_line, "_line"}, {&s_deliver, "deliver"},
+        {&s_take_head, "take_head"}, {&s_finish_body, "finish_body"}, {&s_on_body, "on_body"},
+        {&s_malformed_body, "malformed_body"}, {&s_fail_unexpected, "_fail_unexpected"},
+    };
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
+        *names[i].slot = PyUnicode_InternFromString(names[i].text);
+        if (*names[i].slot == NULL)
+            return -1;
+    }
+    return 0;
+}
+
+static struct PyModuleDef module_def = {
+    PyModuleDef_HEAD_INIT, "_readpath",
+    "The compiled read path of plain-http connections (see loadgen/transport/wire.py).",
+    -1, module_methods, NULL, NULL, NULL, NULL,
+};
+
+PyMODINIT_FUNC PyInit__readpath(void)
+{
+    if (intern_names() < 0)
+        return NULL;
+    PyObject *module = PyModule_Create(&module_def);
+    if (module == NULL)
+        return NULL;
+    PyObject *type = PyType_FromSpec(&Reader_spec);
+    if (type == NULL || PyModule_AddObject(module, "Reader", type) < 0) {
+        Py_XDECREF(type);
+        Py_DECREF(module);
+        return NULL;
+    }
+    return module;
+}
