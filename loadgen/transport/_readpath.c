@@ -29,16 +29,43 @@
 #define BODY_CHUNKED (-2)
 #define BODY_UNTIL_CLOSE (-3)
 
+/* A response head, or a chunked body's trailer, larger than this is malformed: the buffer that
+   holds it while it arrives stays bounded whatever the server sends. */
+#define HEAD_LIMIT (64 * 1024)
+
+/* The kernel stamp's control messages. wire.py asks for SO_TIMESTAMPNS_OLD (35), whose stamp is
+   two C longs, also where SCM_TIMESTAMPNS means SO_TIMESTAMPNS_NEW (32-bit systems with a 64-bit
+   time_t), whose stamp is two 64-bit integers: either is taken. */
+#ifdef SO_TIMESTAMPNS_OLD
+#define STAMP_OLD SO_TIMESTAMPNS_OLD
+#else
+#define STAMP_OLD SCM_TIMESTAMPNS
+#endif
+#ifdef SO_TIMESTAMPNS_NEW
+#define STAMP_NEW SO_TIMESTAMPNS_NEW
+#else
+#define STAMP_NEW (-1)  /* no such message */
+#endif
+
 enum state {
     HEAD,            /* bytes up to the blank line that ends a response head */
     CHUNK_SIZE,      /* hex digits of a chunk's size */
-    CHUNK_EXT,       /* `;name=value` after the size, skipped */
+    /* Chunk extensions after the size (`;name`, `;name=token`, `;name="quoted"`), skipped once
+       checked as llhttp checks them (the Python path's parser): */
+    EXT_START,       /* after a `;` */
+    EXT_NAME,
+    EXT_VALUE_START, /* after a `=` */
+    EXT_VALUE,
+    EXT_QUOTED,      /* inside a quoted value */
+    EXT_QUOTED_PAIR, /* after a backslash in it */
+    EXT_QUOTED_END,  /* after its closing quote */
     CHUNK_SIZE_LF,   /* the LF after the size line's CR */
     CHUNK_DATA,
     CHUNK_DATA_CR,   /* the CRLF after a chunk's data */
     CHUNK_DATA_LF,
     TRAILER_START,   /* after the last chunk: a trailer line or the final CRLF */
     TRAILER_LINE,
+    TRAILER_LINE_LF, /* the LF after a trailer line's CR */
     TRAILER_END_LF,
     BODY_LENGTH,     /* `remaining` bytes of a Content-Length body */
     BODY_CLOSE,      /* everything until the server closes */
@@ -51,8 +78,11 @@ static long long refresh_ns;
 static long long stamp_offset;
 static long long offset_valid_until;
 static Py_ssize_t batch_pieces;
-static char *read_buffer;
 static Py_ssize_t read_size;
+/* The buffer reads go into, shared while it is free: a read walks it while calling into Python,
+   where another thread's Reader (or a nested call) may read; that read gets a buffer of its own. */
+static char *read_buffer;
+static int read_buffer_busy;
 
 /* Attribute and method names, interned once. */
 static PyObject *s_pieces, *s_stamps, *s_received, *s_closed, *s_line, *s_deliver, *s_take_head,
@@ -87,23 +117,32 @@ static int read_stamp(struct msghdr *message, long long *stamp)
 {
     struct cmsghdr *item;
     for (item = CMSG_FIRSTHDR(message); item != NULL; item = CMSG_NXTHDR(message, item)) {
-        if (item->cmsg_level == SOL_SOCKET && item->cmsg_type == SCM_TIMESTAMPNS) {
-            struct timespec arrival;
-            memcpy(&arrival, CMSG_DATA(item), sizeof arrival);
-            long long realtime = (long long)arrival.tv_sec * 1000000000LL + arrival.tv_nsec;
-            if (realtime >= offset_valid_until) {
-                PyObject *offset = PyObject_CallNoArgs(offset_source);
-                if (offset == NULL)
-                    return -1;
-                stamp_offset = PyLong_AsLongLong(offset);
-                Py_DECREF(offset);
-                if (stamp_offset == -1 && PyErr_Occurred())
-                    return -1;
-                offset_valid_until = realtime + refresh_ns;
-            }
-            *stamp = realtime - stamp_offset;
-            return 0;
+        long long realtime;
+        if (item->cmsg_level != SOL_SOCKET)
+            continue;
+        if (item->cmsg_type == STAMP_OLD) {
+            long arrival[2];
+            memcpy(arrival, CMSG_DATA(item), sizeof arrival);
+            realtime = (long long)arrival[0] * 1000000000LL + arrival[1];
+        } else if (item->cmsg_type == STAMP_NEW) {
+            long long arrival[2];
+            memcpy(arrival, CMSG_DATA(item), sizeof arrival);
+            realtime = arrival[0] * 1000000000LL + arrival[1];
+        } else {
+            continue;
         }
+        if (realtime >= offset_valid_until) {
+            PyObject *offset = PyObject_CallNoArgs(offset_source);
+            if (offset == NULL)
+                return -1;
+            stamp_offset = PyLong_AsLongLong(offset);
+            Py_DECREF(offset);
+            if (stamp_offset == -1 && PyErr_Occurred())
+                return -1;
+            offset_valid_until = realtime + refresh_ns;
+        }
+        *stamp = realtime - stamp_offset;
+        return 0;
     }
     *stamp = monotonic_ns();
     return 0;
@@ -207,14 +246,17 @@ static int body_span(Reader *self, const char *data, Py_ssize_t size)
         if (piece == NULL)
             return -1;
         char *text = PyBytes_AsString(piece);
-        memcpy(text, self->line, (size_t)self->line_len);
+        if (self->line_len)  /* line is NULL until a partial line came */
+            memcpy(text, self->line, (size_t)self->line_len);
         memcpy(text + self->line_len, data, (size_t)end);
         self->line_len = size - end;
-        if (grow(&self->line, &self->line_cap, self->line_len) < 0) {
-            Py_DECREF(piece);
-            return -1;
+        if (self->line_len) {
+            if (grow(&self->line, &self->line_cap, self->line_len) < 0) {
+                Py_DECREF(piece);
+                return -1;
+            }
+            memcpy(self->line, data + end, (size_t)self->line_len);
         }
-        memcpy(self->line, data + end, (size_t)self->line_len);
     }
     if (piece == NULL)
         return -1;
@@ -228,7 +270,7 @@ static PyObject *partial_line(Reader *self)
 {
     Py_ssize_t length = self->streamed ? self->line_len : 0;
     self->line_len = 0;
-    return PyBytes_FromStringAndSize(self->line, length);
+    return PyBytes_FromStringAndSize(length ? self->line : "", length);
 }
 
 /* The body is complete: the connection ends the request. A chunked body's end (its last chunk
@@ -296,12 +338,18 @@ static Py_ssize_t head_end(Reader *self)
 /* Bytes of a response head; *used says how many of them belong to it. Returns as take_piece. */
 static int head_bytes(Reader *self, const char *data, Py_ssize_t size, Py_ssize_t *used)
 {
+    if (self->head_len == 0 && (data[0] == '\r' || data[0] == '\n')) {
+        *used = 1;  /* CR/LF before a response (after a body's end), skipped as llhttp does */
+        return 0;
+    }
     Py_ssize_t before = self->head_len;
     if (grow(&self->head, &self->head_cap, before + size) < 0)
         return -1;
     memcpy(self->head + before, data, (size_t)size);
     self->head_len += size;
     Py_ssize_t end = head_end(self);
+    if (end > HEAD_LIMIT || (end == 0 && self->head_len > HEAD_LIMIT))
+        return malformed(self, "response head larger than 64 KiB");
     Py_ssize_t prefix = self->head_len < 5 ? self->head_len : 5;
     if (end == 0 && memcmp(self->head, "HTTP/", (size_t)prefix) != 0)
         end = self->head_len;  /* not a response: httptools names what is wrong */
@@ -349,6 +397,43 @@ static int head_bytes(Reader *self, const char *data, Py_ssize_t size, Py_ssize_
     return 0;
 }
 
+/* RFC 9110's tchar: the characters of a token. */
+static int is_token(char c)
+{
+    return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z')
+        || (c != 0 && strchr("!#$%&'*+-.^_`|~", c) != NULL);
+}
+
+/* A byte a quoted value may hold as it is (qdtext), or after a backslash when `escaped`. */
+static int is_quoted_text(char c, int escaped)
+{
+    unsigned char u = (unsigned char)c;
+    return u == '\t' || (u >= ' ' && u != 0x7f && (escaped || (u != '"' && u != '\\')));
+}
+
+/* One byte of a chunk's extensions: the next state, or -1 when llhttp rejects it. */
+static int extension_state(enum state state, char c)
+{
+    int separator = c == ';' ? EXT_START : c == '\r' ? CHUNK_SIZE_LF : -1;
+    switch (state) {
+    case EXT_START:  /* no CR here: a `;` needs a name or value after it */
+        return is_token(c) ? EXT_NAME : c == '=' ? EXT_VALUE_START : c == ';' ? EXT_START : -1;
+    case EXT_NAME:
+        return is_token(c) ? EXT_NAME : c == '=' ? EXT_VALUE_START : separator;
+    case EXT_VALUE_START:
+        return is_token(c) ? EXT_VALUE : c == '"' ? EXT_QUOTED : separator;
+    case EXT_VALUE:  /* llhttp takes a quoted part after a token's too */
+        return is_token(c) ? EXT_VALUE : c == '"' ? EXT_QUOTED : separator;
+    case EXT_QUOTED:
+        return c == '"' ? EXT_QUOTED_END : c == '\\' ? EXT_QUOTED_PAIR
+            : is_quoted_text(c, 0) ? EXT_QUOTED : -1;
+    case EXT_QUOTED_PAIR:
+        return is_quoted_text(c, 1) ? EXT_QUOTED : -1;
+    default:  /* EXT_QUOTED_END */
+        return separator;
+    }
+}
+
 static int hex_value(char c)
 {
     if (c >= '0' && c <= '9')
@@ -374,7 +459,7 @@ static int chunk_byte(Reader *self, char c)
         } else if (self->size_digits == 0) {
             return malformed(self, "invalid character in chunk size");
         } else if (c == ';') {
-            self->state = CHUNK_EXT;
+            self->state = EXT_START;
         } else if (c == '\r') {
             self->state = CHUNK_SIZE_LF;
         } else {
@@ -382,10 +467,19 @@ static int chunk_byte(Reader *self, char c)
         }
         return 0;
     }
-    case CHUNK_EXT:
-        if (c == '\r')
-            self->state = CHUNK_SIZE_LF;
+    case EXT_START:
+    case EXT_NAME:
+    case EXT_VALUE_START:
+    case EXT_VALUE:
+    case EXT_QUOTED:
+    case EXT_QUOTED_PAIR:
+    case EXT_QUOTED_END: {
+        int next = extension_state(self->state, c);
+        if (next < 0)
+            return malformed(self, "invalid character in chunk extension");
+        self->state = (enum state)next;
         return 0;
+    }
     case CHUNK_SIZE_LF:
         if (c != '\n')
             return malformed(self, "expected LF after chunk size");
@@ -404,11 +498,17 @@ static int chunk_byte(Reader *self, char c)
         return 0;
     case TRAILER_START:
     case TRAILER_LINE:
+    case TRAILER_LINE_LF:
+        /* Lines end in CRLF (llhttp takes no bare LF here); llhttp parses them at the end. */
+        if ((c == '\n') != (self->state == TRAILER_LINE_LF))
+            return malformed(self, "expected CRLF in the trailer");
+        if (self->head_len >= HEAD_LIMIT)
+            return malformed(self, "trailer larger than 64 KiB");
         if (grow(&self->head, &self->head_cap, self->head_len + 1) < 0)
             return -1;
         self->head[self->head_len++] = c;
-        if (self->state == TRAILER_START && c == '\r')
-            self->state = TRAILER_END_LF;
+        if (c == '\r')
+            self->state = self->state == TRAILER_START ? TRAILER_END_LF : TRAILER_LINE_LF;
         else
             self->state = c == '\n' ? TRAILER_START : TRAILER_LINE;
         return 0;
@@ -498,49 +598,87 @@ static int socket_error(Reader *self)
     return 0;
 }
 
-static PyObject *Reader_readable(Reader *self, PyObject *Py_UNUSED(ignored))
+/* A read failed in a call into Python: raised into the loop's handler the request would carry
+   on without this read, so the connection fails it, as wire._Conn.feed does on the Python path.
+   Should that raise too, the transport closes the socket (left registered, a level-triggered
+   poll would call the reader again and again). Returns 0, or -1 with the last error set. */
+static int fail_read(Reader *self)
 {
-    char ancillary[CMSG_SPACE(sizeof(struct timespec))];
-    struct iovec vector = {read_buffer, (size_t)read_size};
+    PyObject *type, *value, *traceback;
+    PyErr_Fetch(&type, &value, &traceback);
+    PyErr_NormalizeException(&type, &value, &traceback);
+    PyObject *done = value ? call_conn(self, s_fail_unexpected, value, NULL) : NULL;
+    if (done == NULL) {
+        PyObject *lost_type, *lost_value, *lost_traceback;
+        PyErr_Fetch(&lost_type, &lost_value, &lost_traceback);
+        PyErr_NormalizeException(&lost_type, &lost_value, &lost_traceback);
+        PyObject *error = lost_value ? lost_value : value;
+        done = error ? PyObject_CallFunctionObjArgs(self->lost, error, NULL) : NULL;
+        if (done == NULL)
+            PyErr_Restore(lost_type, lost_value, lost_traceback);  /* to the loop's handler */
+        else {
+            Py_XDECREF(lost_type);
+            Py_XDECREF(lost_value);
+            Py_XDECREF(lost_traceback);
+        }
+    }
+    Py_XDECREF(type);
+    Py_XDECREF(value);
+    Py_XDECREF(traceback);
+    if (done == NULL)
+        return -1;
+    Py_DECREF(done);
+    return 0;
+}
+
+/* One read of `size` bytes into `buffer`: its stamp, then the framing. Returns as take_piece. */
+static int read_into(Reader *self, char *buffer, Py_ssize_t size)
+{
+    union {  /* aligned for the control message's header */
+        struct cmsghdr header;
+        char bytes[CMSG_SPACE(2 * sizeof(long long))];
+    } ancillary;
+    struct iovec vector = {buffer, (size_t)size};
     struct msghdr message = {0};
     message.msg_iov = &vector;
     message.msg_iovlen = 1;
-    message.msg_control = ancillary;
-    message.msg_controllen = sizeof ancillary;
+    message.msg_control = ancillary.bytes;
+    message.msg_controllen = sizeof ancillary.bytes;
+    ssize_t got = recvmsg(self->fd, &message, 0);
+    if (got < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR))
+        return 0;
+    if (got <= 0) {
+        self->closed = 1;
+        return got < 0 ? socket_error(self) : end_of_stream(self);
+    }
+    int result = read_stamp(&message, &self->now);
+    if (result == 0)
+        result = PyObject_SetAttr(self->conn, s_received, Py_True);
+    if (result == 0)
+        result = feed(self, buffer, got);
+    if (result != 0)
+        self->closed = 1;  /* failed, or the connection closed in a call into Python */
+    return result;
+}
+
+static PyObject *Reader_readable(Reader *self, PyObject *Py_UNUSED(ignored))
+{
     if (self->closed)
-        Py_RETURN_NONE;
-    ssize_t size = recvmsg(self->fd, &message, 0);
-    if (size < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR))
         Py_RETURN_NONE;
     Py_INCREF(self);  /* the loop's handle may go while the connection closes in a call below */
     int result;
-    if (size <= 0) {
-        self->closed = 1;
-        result = size < 0 ? socket_error(self) : end_of_stream(self);
-    } else {
-        result = read_stamp(&message, &self->now);
-        if (result == 0)
-            result = PyObject_SetAttr(self->conn, s_received, Py_True);
-        if (result == 0)
-            result = feed(self, read_buffer, size);
-        if (result != 0)
-            self->closed = 1;  /* failed, or the connection closed in a call into Python */
+    if (!read_buffer_busy) {
+        read_buffer_busy = 1;
+        result = read_into(self, read_buffer, read_size);
+        read_buffer_busy = 0;
+    } else {  /* a read is walking the shared buffer (see read_buffer) */
+        char *own = malloc((size_t)read_size);
+        result = own == NULL ? (PyErr_NoMemory(), -1) : read_into(self, own, read_size);
+        free(own);
     }
-    if (result < 0) {
-        /* Raised into the loop's handler the request would carry on without this read: fail it,
-           as wire._Conn.feed does for a failure on the Python path. */
-        PyObject *type, *value, *traceback;
-        PyErr_Fetch(&type, &value, &traceback);
-        PyErr_NormalizeException(&type, &value, &traceback);
-        PyObject *done = value ? call_conn(self, s_fail_unexpected, value, NULL) : NULL;
-        Py_XDECREF(type);
-        Py_XDECREF(value);
-        Py_XDECREF(traceback);
-        if (done == NULL) {
-            Py_DECREF(self);
-            return NULL;
-        }
-        Py_DECREF(done);
+    if (result < 0 && fail_read(self) < 0) {
+        Py_DECREF(self);
+        return NULL;
     }
     Py_DECREF(self);
     Py_RETURN_NONE;
@@ -617,7 +755,7 @@ static PyType_Spec Reader_spec = {
     Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC, Reader_slots,
 };
 
-static PyObject *configure(PyObject *module, PyObject *args)
+static PyObject *configure(PyObject *Py_UNUSED(module), PyObject *args)
 {
     PyObject *source;
     long long refresh;
@@ -626,6 +764,10 @@ static PyObject *configure(PyObject *module, PyObject *args)
         return NULL;
     if (size <= 0 || batch <= 0) {
         PyErr_SetString(PyExc_ValueError, "configure: read size and batch must be positive");
+        return NULL;
+    }
+    if (read_buffer_busy) {
+        PyErr_SetString(PyExc_RuntimeError, "configure: called while a read is under way");
         return NULL;
     }
     char *buffer = realloc(read_buffer, (size_t)size);
