@@ -28,8 +28,9 @@ the loop's reader callback: the recvmsg, the stamp, the body framing (chunked, C
 read-until-close) and the split into pieces of lines run in one compiled call per read, no
 Python frame; it calls back here when a response head is complete (httptools parses it, as
 below), for every batch of pieces, and at the message's end or a failure. The pieces, stamps,
-batches and errors are the same as on the Python path (the wire tests run both); https, other
-systems and a checkout built without a C compiler take the Python path.
+batches and errors are the same as on the Python path (the wire tests run both), but for a head
+or trailer over 64 KiB, malformed here only; https, other systems and a checkout built without a
+C compiler take the Python path.
 
 Scope: what an OpenAI-compatible server needs: one request per connection at a time, request
 bodies with Content-Length, responses with Content-Length, chunked, or read-until-close bodies,
@@ -155,6 +156,10 @@ class _Conn(asyncio.Protocol):
 
     # -- llhttp callbacks --------------------------------------------------------------------
 
+    def on_message_begin(self) -> None:
+        if self._done is None or self._done.done():  # parsed on, it would replace the response
+            raise ResponseError(ErrorKind.PROTOCOL, "bytes after the response's end", True)
+
     def on_header(self, name: bytes, value: bytes) -> None:
         self._response.headers[name.decode("latin-1").lower()] = value.decode("latin-1").strip()
 
@@ -165,6 +170,8 @@ class _Conn(asyncio.Protocol):
             self._sink = None  # an error body is kept whole, not streamed
         self._headers_done = True
         self._until_close = _is_chunked(response.headers) is None
+        if int(response.headers.get("content-length", 0)) >= 1 << 63:  # llhttp takes up to 2^64 - 1,
+            raise ValueError("Content-Length too large")  # the compiled reader counts in 63 bits
 
     def on_body(self, data: bytes) -> None:
         if self._sink is None:
@@ -204,9 +211,15 @@ class _Conn(asyncio.Protocol):
         compiled reader undoes the body's framing itself). Returns the body's framing -- its
         Content-Length, BODY_CHUNKED, BODY_UNTIL_CLOSE, or NO_BODY when the response is already
         complete or failed -- and whether the body goes to the sink in pieces."""
+        if self._done is None or self._done.done():  # no request waits for it: not ours to parse
+            self._fail("bytes after the response's end", ErrorKind.PROTOCOL)
+            return NO_BODY, False
         self._parser = httptools.HttpResponseParser(self)
         self.feed(head, now)
-        if self.closed or self._done is None or self._done.done():
+        if self.closed or self._done.done():
+            return NO_BODY, False
+        if not self._headers_done:  # the reader hands over a head that is not a response's
+            self._fail("malformed HTTP response: no status line", ErrorKind.RESET)
             return NO_BODY, False
         chunked = _is_chunked(self._response.headers)
         if chunked is None:
@@ -352,7 +365,7 @@ class _SocketTransport:
 
 READ_SIZE = 1 << 16  # larger buffers cost more per read (allocation) than they save
 _SO_TIMESTAMPNS = 35  # Linux, all architectures Python runs on; not exported by the socket module
-_TIMESPEC = struct.Struct("qq")  # struct timespec on 64-bit Linux
+_TIMESPEC = struct.Struct("@ll")  # option 35's stamp: two C longs (SO_TIMESTAMPNS_OLD's timespec)
 _unpack_timespec = _TIMESPEC.unpack_from
 _ANCILLARY_SIZE = socket.CMSG_SPACE(_TIMESPEC.size) if hasattr(socket, "CMSG_SPACE") else 0
 
@@ -407,7 +420,8 @@ def compiled_reads_available() -> bool:
 def _is_chunked(headers: dict[str, str]) -> bool | None:
     """How a response body is framed: chunked (True), by Content-Length (False), or neither: it
     ends when the connection does (None)."""
-    if "chunked" in headers.get("transfer-encoding", "").lower():
+    # chunked frames the body only as the last coding (as llhttp reads it)
+    if headers.get("transfer-encoding", "").rpartition(",")[2].strip().lower() == "chunked":
         return True
     return False if "content-length" in headers else None
 
