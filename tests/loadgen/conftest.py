@@ -83,14 +83,31 @@ def subagent_item(t: float, n_requests: int, think: float, duration_s: float, n_
                          for i in range(n_requests)]}
 
 
+REQUIRE_READPATH = "AGENTLOAD_REQUIRE_READPATH"  # =1: tests of the compiled read path fail where it is not built
+
+
+def require_compiled_reads() -> None:
+    """Skip a test of the compiled read path (loadgen/transport/_readpath.c) where it is not built,
+    or fail it on Linux with AGENTLOAD_REQUIRE_READPATH=1 (.ci/run sets it: a build that failed
+    must not pass as skipped tests)."""
+    from loadgen.transport import wire
+
+    if wire._readpath is not None:
+        return
+    message = "the compiled read path is not built (pip install -e . with a C compiler)"
+    if os.environ.get(REQUIRE_READPATH) == "1" and sys.platform.startswith("linux"):
+        pytest.fail(f"{message}, and {REQUIRE_READPATH}=1 requires it")
+    pytest.skip(message)
+
+
 @pytest.fixture(params=["compiled", "python"])
 def read_path(request, monkeypatch) -> str:
     """Plain-http reads through the compiled reader (loadgen/transport/_readpath.c) or the Python
     path: the tests that take this fixture run on both, so a bug in either fails them."""
     from loadgen.transport import wire
 
-    if request.param == "compiled" and wire._readpath is None:
-        pytest.skip("the compiled read path is not built (pip install -e . with a C compiler)")
+    if request.param == "compiled":
+        require_compiled_reads()
     if request.param == "python":
         monkeypatch.setattr(wire, "_readpath", None)
     return request.param

@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import random
 import socket
+import struct
+import sys
 import threading
 import time
 
@@ -12,6 +14,7 @@ import pytest
 
 from loadgen.transport import wire
 from loadgen.transport.wire import HttpClient, ResponseError
+from tests.loadgen.conftest import REQUIRE_READPATH, require_compiled_reads
 
 SSE = b"".join(b'data: {"n": %d}\n\n' % i for i in range(20)) + b"data: [DONE]\n\n"
 
@@ -22,8 +25,8 @@ READ_PATHS = ["compiled", "raw-socket", "asyncio-transport"]
 
 
 def _require(read_path: str) -> None:
-    if read_path == "compiled" and wire._readpath is None:
-        pytest.skip("the compiled read path is not built (pip install -e . with a C compiler)")
+    if read_path == "compiled":
+        require_compiled_reads()
 
 
 def _client(url: str, headers: dict[str, str], read_path: str) -> HttpClient:
@@ -333,64 +336,262 @@ class _Transport:
             self.conn.connection_lost(None)
 
 
+_HEAD_OK = b"HTTP/1.1 200 OK\r\n"
+_CHUNKED_HEAD = _HEAD_OK + b"Transfer-Encoding: chunked\r\n\r\n"
+
 _RESPONSES = {
-    "chunked": b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n" + _chunked(SSE, [7, 40, 1, 90, 33, 200]),
-    "extensions-trailer": (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
-                           b"1e;a=b\r\ndata: {\"n\": 1}\n\ndata: {\"n\": 2}\r\n0\r\nX-T: 1\r\n\r\n"),
-    "length": b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(SSE) + SSE,
-    "until-close": b"HTTP/1.1 200 OK\r\nConnection: close\r\n\r\n" + SSE + b"data: cut",
+    "chunked": _CHUNKED_HEAD + _chunked(SSE, [7, 40, 1, 90, 33, 200]),
+    "extensions-trailer": (_CHUNKED_HEAD + b"1e;a=b\r\ndata: {\"n\": 1}\n\ndata: {\"n\": 2}\r\n"
+                           b"8;q=\"x\\\"y\";f;=\r\ndata: a\n\r\n0\r\nX-T: 1\r\n\r\n"),
+    "length": _HEAD_OK + b"Content-Length: %d\r\n\r\n" % len(SSE) + SSE,
+    "until-close": _HEAD_OK + b"Connection: close\r\n\r\n" + SSE + b"data: cut",
     "error-status": b"HTTP/1.1 503 Busy\r\nTransfer-Encoding: chunked\r\n\r\n" + _chunked(b"no\nroom", [3, 4]),
-    "empty": b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n",
-    "bad-chunk": b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n8\r\ndata: a\n\r\nq\r\n",
-    "cut": b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n" + _chunked(SSE, [30, 30])[:70],
+    "empty": _HEAD_OK + b"Content-Length: 0\r\n\r\n",
+    "bad-chunk": _CHUNKED_HEAD + b"8\r\ndata: a\n\r\nq\r\n",
+    "cut": _CHUNKED_HEAD + _chunked(SSE, [30, 30])[:70],
+    "leading-crlf": b"\r\n" + _HEAD_OK + b"Content-Length: 8\r\n\r\ndata: a\n",
+    "leading-lf-not-http": b"\nTTP/1.1 200 OK\r\nContent-Length: 8\r\n\r\ndata: a\n",
+    "extension-control-byte": _CHUNKED_HEAD + b"8;a\nb\r\ndata: a\n\r\n0\r\n\r\n",
+    "extension-bad-quoting": _CHUNKED_HEAD + b"8;q=x\"y\r\ndata: a\n\r\n0\r\n\r\n",
+    "bare-lf-trailer": _CHUNKED_HEAD + b"8\r\ndata: a\n\r\n0\r\n\n",
+    "bytes-after-the-end": (_HEAD_OK + b"Content-Length: 8\r\n\r\ndata: a\n"
+                            + _HEAD_OK + b"X-Next: 1\r\nContent-Length: 8\r\n\r\ndata: b\n"),
+    "not-chunked-last": _HEAD_OK + b"Transfer-Encoding: chunked, gzip\r\n\r\n8\r\ndata: a\n",
+    "length-past-63-bits": _HEAD_OK + b"Content-Length: 9223372036854775808\r\n\r\ndata: a\n",
 }
 
 
-def _read_by_hand(response: bytes, reads: list[int], compiled: bool):
-    """`response` read in pieces of the given sizes (then the server closes) on one connection;
-    returns what its sink got (pieces, and which read each came with) and how the request ended."""
+def _socket_reader(conn: wire._Conn, lost):
+    """A compiled reader for `conn` on one end of a socket pair: (its readable, that end, the other)."""
+    ours, theirs = socket.socketpair()
+    ours.setblocking(False)
+    wire._enable_rx_timestamps(ours)
+    return wire._readpath.Reader(ours.fileno(), conn, lost).readable, ours, theirs
+
+
+def _sink_into(got: list, conn: wire._Conn):
+    return lambda pieces, stamps: got.extend(zip(pieces, stamps))
+
+
+def _exchange(reads: list[bytes | None], compiled: bool, starts: frozenset[int] = frozenset({0}),
+              sink_for=_sink_into):
+    """Reads (None: the server closes) of one connection, a request started before each read
+    whose index is in `starts`, its sink made by `sink_for(got, connection)`. Returns, per request, what its
+    sink got -- each piece with the read its stamp falls in and the read that produced it -- and
+    how it ended."""
     loop = asyncio.new_event_loop()
     conn = wire._Conn()
     conn.connection_made(_Transport(conn))
-    got: list = []
-    done = loop.create_future()
-    conn.start(b"", lambda pieces, stamps: got.extend(zip(pieces, stamps)), done)
-    ends, pos = [], 0
+    requests: list[tuple[list, asyncio.Future]] = []
+    windows, made = [], []  # per read: (perf_counter_ns before it is sent, after it is read); pieces so far
     if compiled:
-        ours, theirs = socket.socketpair()
-        ours.setblocking(False)
-        wire._enable_rx_timestamps(ours)
-        readable = wire._readpath.Reader(ours.fileno(), conn, conn.connection_lost).readable
-        for size in reads:
-            theirs.sendall(response[pos:pos + size])
-            pos += size
+        readable, ours, theirs = _socket_reader(conn, conn.connection_lost)
+    for number, data in enumerate(reads):
+        if number in starts:
+            requests.append(([], loop.create_future()))
+            conn.start(b"", sink_for(requests[-1][0], conn), requests[-1][1])
+        before = time.perf_counter_ns()
+        if compiled:
+            if data is None:
+                theirs.close()
+            else:
+                theirs.sendall(data)
             readable()
-        theirs.close()
-        readable()  # the end of the stream
+        elif conn.closed:
+            pass  # its transport reads no more
+        elif data is None:
+            conn.connection_lost(None)
+        else:
+            conn.feed(data, time.perf_counter_ns())
+        windows.append((before, time.perf_counter_ns()))
+        made.append(sum(len(got) for got, _ in requests) + len(conn._pieces))
+    if compiled:
         ours.close()
-    else:
-        for number, size in enumerate(reads):
-            conn.feed(response[pos:pos + size], number)
-            pos += size
-        conn.connection_lost(None)
-    # which read each piece came with: the stamps' order of first appearance (one per read)
-    order = {stamp: k for k, stamp in enumerate(dict.fromkeys(stamp for _, stamp in got))}
-    pieces = [(piece, order[stamp]) for piece, stamp in got]
-    if done.exception() is not None:
-        ends.append((type(done.exception()).__name__, getattr(done.exception(), "kind", None)))
-    else:
-        result = done.result()
-        ends.append((result.status, result.headers, result.body, conn.reusable))
+    results, counted = [], 0
+    for got, done in requests:
+        pieces = []
+        for piece, stamp in got:
+            stamped = next((k for k, (start, end) in enumerate(windows) if start <= stamp <= end), None)
+            produced = next(k for k, total in enumerate(made) if total > counted)
+            pieces.append((piece, stamped, produced))
+            counted += 1
+        if not done.done():
+            end: tuple = ("pending",)
+        elif done.exception() is not None:
+            end = (type(done.exception()).__name__, getattr(done.exception(), "kind", None))
+        else:
+            result = done.result()
+            end = (result.status, result.headers, result.body, conn.reusable)
+        results.append((pieces, end))
     loop.close()
-    return pieces, ends
+    return results
+
+
+def _read_by_hand(response: bytes, reads: list[int], compiled: bool):
+    """`response` read in pieces of the given sizes (then the server closes) on one connection."""
+    offsets = [sum(reads[:k]) for k in range(len(reads) + 1)]
+    return _exchange([response[a:b] for a, b in zip(offsets, offsets[1:])] + [None], compiled)
 
 
 @pytest.mark.parametrize("name", list(_RESPONSES))
 def test_the_compiled_reader_takes_every_split_as_the_python_path_does(name):
     """Each response in two reads split at every byte, and in reads of one byte: the compiled
-    reader hands the sink the same pieces, with the same reads' stamps, and ends the same way."""
+    reader hands the sink the same pieces, with the stamps of the same reads, and ends the same way."""
     _require("compiled")
     response = _RESPONSES[name]
     splits = [[k, len(response) - k] for k in range(1, len(response))] + [[1] * len(response)]
     for reads in splits:
         assert _read_by_hand(response, reads, True) == _read_by_hand(response, reads, False), reads
+
+
+_LENGTH_A = _HEAD_OK + b"Content-Length: 8\r\n\r\ndata: a\n"
+_CHUNKED_B = _CHUNKED_HEAD + b"8\r\ndata: b\n\r\n0\r\n\r\n"
+
+
+@pytest.mark.parametrize("reads", [[_CHUNKED_B, b"\r\n", _LENGTH_A, None], [_CHUNKED_B + b"\r\n", _LENGTH_A, None],
+                                   [_CHUNKED_B, b"\r\n" + _LENGTH_A, None], [_CHUNKED_B, b"\n", _LENGTH_A, None]],
+                         ids=["crlf-alone", "crlf-after-the-end", "crlf-before-the-next", "lf-alone"])
+def test_a_stray_line_end_between_kept_alive_responses_is_skipped(reads):
+    """Servers may send CRLF after a body: llhttp skips it, and so does the compiled reader (in a
+    read of its own it once took it for the next response's head and left that request waiting)."""
+    _require("compiled")
+    starts = frozenset({0, 1})
+    compiled, python = _exchange(reads, True, starts), _exchange(reads, False, starts)
+    assert compiled == python
+    assert [end[0] for _, end in compiled] == [200, 200]
+
+
+def _closing_sink(got: list, conn: wire._Conn):
+    """A sink that closes its connection when the first batch comes."""
+    def sink(pieces: list[bytes], stamps: list[int]) -> None:
+        got.extend(zip(pieces, stamps))
+        conn.transport.close()
+    return sink
+
+
+@pytest.mark.parametrize("closes", [False, True], ids=["whole", "sink-closes-on-its-first-batch"])
+def test_more_pieces_than_a_batch_go_out_mid_body(closes):
+    """A body of more than BATCH_PIECES pieces (a read each): the sink gets a batch mid-body, then
+    the rest (or, when it closes the connection at the first batch, nothing more), on both read
+    paths alike."""
+    _require("compiled")
+    lines = wire.BATCH_PIECES + 40
+    reads = [_HEAD_OK + b"Content-Length: %d\r\n\r\n" % (2 * lines)] + [b"x\n"] * lines + [None]
+    sink_for = _closing_sink if closes else _sink_into
+    compiled, python = _exchange(reads, True, sink_for=sink_for), _exchange(reads, False, sink_for=sink_for)
+    assert compiled == python
+    (pieces, end), = compiled
+    assert len(pieces) == (wire.BATCH_PIECES if closes else lines)
+    assert end == (("ResponseError", "reset") if closes else (200, {"content-length": str(2 * lines)}, b"", False))
+
+
+def test_a_read_inside_another_reads_callback_keeps_its_own_bytes():
+    """A read walks its buffer while it calls into Python, where another connection may read
+    (another thread, or a nested call as here): each read keeps its bytes, and configure(), which
+    would replace the buffer, refuses meanwhile."""
+    _require("compiled")
+    loop = asyncio.new_event_loop()
+    inner = wire._Conn()
+    inner.connection_made(_Transport(inner))
+    inner_got: list = []
+    inner.start(b"", _sink_into(inner_got, inner), loop.create_future())
+    inner_readable, inner_ours, inner_theirs = _socket_reader(inner, inner.connection_lost)
+    refused: list = []
+
+    class Outer(wire._Conn):
+        def take_head(self, head: bytes, now: int) -> tuple[int, bool]:
+            framing = super().take_head(head, now)
+            inner_readable()
+            try:
+                wire._readpath.configure(wire._RealtimeToPerfCounter.offset, wire._RealtimeToPerfCounter.REFRESH_NS,
+                                         wire.READ_SIZE, wire.BATCH_PIECES)
+            except RuntimeError as exc:
+                refused.append(str(exc))
+            return framing
+
+    outer = Outer()
+    outer.connection_made(_Transport(outer))
+    outer_got: list = []
+    done = loop.create_future()
+    outer.start(b"", _sink_into(outer_got, outer), done)
+    outer_readable, outer_ours, outer_theirs = _socket_reader(outer, outer.connection_lost)
+    inner_theirs.sendall(_HEAD_OK + b"Content-Length: 16\r\n\r\n" + b"Z" * 15 + b"\n")
+    outer_theirs.sendall(_HEAD_OK + b"Content-Length: 8\r\n\r\ndata: a\n")
+    outer_readable()
+    assert [piece for piece, _ in outer_got] == [b"data: a\n"] and done.result().status == 200
+    assert [piece for piece, _ in inner_got] == [b"Z" * 15 + b"\n"]
+    assert refused and "read is under way" in refused[0]
+    for sock in (inner_ours, inner_theirs, outer_ours, outer_theirs):
+        sock.close()
+    loop.close()
+
+
+def test_a_read_whose_failure_cannot_be_reported_still_closes_the_connection():
+    """When the connection raises while it reports a failed read, the transport's `lost` still
+    runs (a socket left registered would wake a level-triggered loop again and again)."""
+    _require("compiled")
+
+    class Broken(wire._Conn):
+        def take_head(self, head: bytes, now: int) -> tuple[int, bool]:
+            raise _SinkBroke("the head")
+
+        def _fail_unexpected(self, exc: BaseException) -> None:
+            raise _SinkBroke("the report")
+
+    conn = Broken()
+    lost: list = []
+    readable, ours, theirs = _socket_reader(conn, lost.append)
+    theirs.sendall(_HEAD_OK + b"Content-Length: 8\r\n\r\ndata: a\n")
+    readable()
+    assert [str(exc) for exc in lost] == ["the report"]
+    readable()  # closed: reads nothing more
+    assert len(lost) == 1
+    ours.close()
+    theirs.close()
+
+
+@pytest.mark.parametrize("read_path", READ_PATHS)
+def test_a_connection_reset_fails_the_request_as_a_reset(read_path):
+    """The server resets the connection (RST) mid-body: a reset, after what came before it."""
+    async def main():
+        async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            await reader.readuntil(b"\r\n\r\n")
+            writer.write(_CHUNKED_HEAD + b"8\r\ndata: a\n\r\n")
+            await writer.drain()
+            await asyncio.sleep(0.05)
+            writer.get_extra_info("socket").setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            writer.transport.abort()
+
+        server = await asyncio.start_server(handle, "127.0.0.1", 0)
+        client = _client(f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}", {}, read_path)
+        with pytest.raises(ResponseError) as reset:
+            await client.request("POST", "/x", b"", sink=_line_sink([]), timeout=5)
+        assert reset.value.kind == "reset" and reset.value.received and "reset by peer" in str(reset.value)
+        await client.close()
+        server.close()
+
+    asyncio.run(main())
+
+
+def test_a_head_larger_than_64_kib_is_malformed_on_the_compiled_path():
+    """The compiled reader keeps a head (or trailer) while it arrives, up to 64 KiB; llhttp on the
+    Python path has no such bound."""
+    _require("compiled")
+    big = _HEAD_OK + b"X-Big: " + b"a" * (64 * 1024) + b"\r\nContent-Length: 8\r\n\r\ndata: a\n"
+    trailer = _CHUNKED_HEAD + b"8\r\ndata: a\n\r\n0\r\nX-Big: " + b"a" * (64 * 1024) + b"\r\n\r\n"
+    for response in (big, trailer):
+        for reads in ([len(response)], [1000] * (len(response) // 1000) + [len(response) % 1000]):
+            [(pieces, end)] = _read_by_hand(response, reads, True)
+            assert end == ("ResponseError", "protocol")
+    assert _read_by_hand(big, [len(big)], False)[0][1][0] == 200
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the compiled read path is built on Linux only")
+def test_a_missing_build_fails_its_tests_where_ci_requires_it(monkeypatch):
+    monkeypatch.setattr(wire, "_readpath", None)
+    monkeypatch.setenv(REQUIRE_READPATH, "1")
+    with pytest.raises(pytest.fail.Exception, match=REQUIRE_READPATH):
+        require_compiled_reads()
+    monkeypatch.setenv(REQUIRE_READPATH, "0")
+    with pytest.raises(pytest.skip.Exception):
+        require_compiled_reads()
