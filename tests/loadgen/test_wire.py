@@ -444,6 +444,17 @@ def test_the_compiled_reader_takes_every_split_as_the_python_path_does(name):
         assert _read_by_hand(response, reads, True) == _read_by_hand(response, reads, False), reads
 
 
+
+@pytest.mark.parametrize("read_path", ["compiled", "raw-socket"])
+def test_bytes_after_a_responses_end_close_the_connection_and_leave_the_response_alone(read_path):
+    """A second response nobody asked for (in the same read) neither replaces the finished
+    response's headers nor reaches its sink: the connection closes."""
+    _require(read_path)
+    response = _RESPONSES["bytes-after-the-end"]
+    [(pieces, end)] = _read_by_hand(response, [len(response)], read_path == "compiled")
+    assert [piece for piece, *_ in pieces] == [b"data: a\n"]
+    assert end == (200, {"content-length": "8"}, b"", False)
+
 _LENGTH_A = _HEAD_OK + b"Content-Length: 8\r\n\r\ndata: a\n"
 _CHUNKED_B = _CHUNKED_HEAD + b"8\r\ndata: b\n\r\n0\r\n\r\n"
 
