@@ -215,46 +215,54 @@ class Runner:
     def _account(self, level: LevelRun, meta: RequestMeta, wire_id: str, ex: Exchange, origin: int, counted: bool,
                  open_loop: bool, al: float | None) -> None:
         level.lane_requests[meta.lane] += 1
-        self._watch_server(ex)
+        if ex.error is None:
+            self._consecutive_refused = 0
+        else:
+            self._watch_server(ex)
         if ex.error:
             (level.errors if counted else level.warmup_errors)[ex.error] += 1
         elif not counted:
             level.warmup_ok += 1
         else:
             self._measure(level, meta, ex, origin, open_loop)
-            usage = (None if ex.spec_num_drafts is None
-                     else SpecCounters(ex.spec_num_drafts, ex.spec_num_accepted_tokens or 0))
-            level.spec_tally.add(al, ex.output_tokens, usage)
-        self._maybe_open_window_after_warmup_requests(level, meta.lane)
+            if al is not None or ex.spec_num_drafts is not None:  # else nothing to tally
+                usage = (None if ex.spec_num_drafts is None
+                         else SpecCounters(ex.spec_num_drafts, ex.spec_num_accepted_tokens or 0))
+                level.spec_tally.add(al, ex.output_tokens, usage)
+        if level.window_start_ns is None:  # a requests-counted warm-up opens the window once done
+            self._maybe_open_window_after_warmup_requests(level, meta.lane)
         if self.on_request is not None:
             self.on_request(request_record(level, meta, wire_id, ex, origin, counted, al))
 
     def _measure(self, level: LevelRun, meta: RequestMeta, ex: Exchange, origin: int, open_loop: bool) -> None:
         request = meta.request
         osl = ex.output_tokens
-        ttft_us = (ex.chunk_ns[0] - origin) // 1000
-        e2el_us = (ex.chunk_ns[-1] - origin) // 1000
+        counted = ex.counted_tokens
+        chunk_ns = ex.chunk_ns
+        ttft_us = (chunk_ns[0] - origin) // 1000
+        e2el_us = (chunk_ns[-1] - origin) // 1000
         rec = level.recorder
-        tpot_us = rec.record_latencies(ttft_us, e2el_us, osl, ex.chunk_ns, ex.chunk_tokens)
+        tpot_us = rec.record_latencies(ttft_us, e2el_us, osl, chunk_ns, ex.chunk_tokens)
         if open_loop:
             rec.record_queue_delay((ex.start_ns - origin) // 1000)
         level.ok += 1
-        level.input_tokens += request.input_tokens
+        input_tokens = request.input_tokens
+        level.input_tokens += input_tokens
         level.output_tokens += osl
-        level.counted_tokens += ex.counted_tokens
-        if ex.usage_completion_tokens is not None and ex.usage_completion_tokens != ex.counted_tokens:
+        level.counted_tokens += counted
+        if ex.usage_completion_tokens is not None and ex.usage_completion_tokens != counted:
             level.usage_mismatches += 1
         if ex.cached_tokens is not None:
             level.cached_tokens += ex.cached_tokens
-            level.cached_input_tokens += request.input_tokens
+            level.cached_input_tokens += input_tokens
             level.cached_reported += 1
-        level.session_input_tokens[meta.session] += request.input_tokens
+        level.session_input_tokens[meta.session] += input_tokens
         cols = level.columns
         cols["play"].append(meta.play_id)
         cols["session"].append(meta.session)
         cols["agent"].append(meta.agent)
         cols["turn"].append(request.index)
-        cols["isl"].append(request.input_tokens)
+        cols["isl"].append(input_tokens)
         cols["osl"].append(osl)
         cols["ttft_us"].append(ttft_us)
         cols["e2el_us"].append(e2el_us)
@@ -274,9 +282,8 @@ class Runner:
                     level.open_window(self.config.duration_s)
 
     def _watch_server(self, ex: Exchange) -> None:
+        """A failed request (a success resets the count): refused connections in a row end the run."""
         if ex.error != ErrorKind.CONNECT:
-            if ex.error is None:
-                self._consecutive_refused = 0
             return
         self._consecutive_refused += 1
         if self._consecutive_refused >= DEAD_AFTER and not self.stopped:

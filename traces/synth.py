@@ -8,13 +8,16 @@ while a new salt (a recycled session) shares nothing with the previous play.
 
 Everything is vectorised over whole prompts with numpy, and the last prompt of each
 (session, salt) is kept in a bounded LRU cache: the next request of that session usually extends
-it, so only its new blocks and tail are generated.
+it, so only its new blocks and tail are generated, and one whose blocks the cached prompt already
+holds (and that has no tail) is a view of it, no numpy work at all. Hash ids are compared as
+tuples: a request costs no array of the ids it shares with the cached prompt.
 """
 
 from __future__ import annotations
 
 import hashlib
 from collections import OrderedDict
+from typing import NamedTuple
 
 import numpy as np
 
@@ -71,53 +74,55 @@ class PromptSynth:
         self._vocab_size = np.uint64(vocab_size)
         self._vocab_offset = np.int32(vocab_offset)
         self._session_keys: dict[str, int] = {}
-        # (session id, salt) -> (hash ids, their block tokens) of the latest prompt built for it.
-        self._cache: OrderedDict[tuple[str, int], tuple[np.ndarray, np.ndarray]] = OrderedDict()
+        # (session id, salt) -> the latest prompt built for it (the longer one when the latest was
+        # a prefix of it, so that the same prompt's key, blocks and ids are never built twice)
+        self._cache: OrderedDict[tuple[str, int], _Cached] = OrderedDict()
         self._cached_tokens = 0
 
     def prompt(self, session_id: str, request: Request, salt: int) -> np.ndarray:
         """The request's prompt: read-only int32 token ids, exactly `request.input_tokens` long."""
-        ids = np.array(request.hash_ids, dtype=np.uint64)
-        block_len = len(ids) * self.block_size
+        hash_ids = request.hash_ids
+        block_size = self.block_size
+        block_len = len(hash_ids) * block_size
         if block_len > request.input_tokens:
             raise ValueError(
-                f"request {request.index}: {len(ids)} hash ids of {self.block_size} tokens exceed its "
+                f"request {request.index}: {len(hash_ids)} hash ids of {block_size} tokens exceed its "
                 f"{request.input_tokens} input tokens"
             )
-        key = self._key(session_id, salt)
+        cache_key = (session_id, salt)
+        cached = self._cache.pop(cache_key, None)
+        if cached is None:
+            key, shared = self._key(session_id, salt), 0
+        else:
+            self._cached_tokens -= cached.tokens.size
+            key, shared = cached.key, _common_prefix(cached.hash_ids, hash_ids)
+        if cached is not None and shared == len(hash_ids) and block_len == request.input_tokens:
+            # Every block is cached and there is no tail: the prompt is a view of the cached one
+            # (read-only), and the cache keeps the longer prompt it was cut from.
+            self._remember(cache_key, cached)
+            return cached.tokens[:block_len]
         out = np.empty(request.input_tokens, dtype=np.int32)
-        blocks = out[:block_len]
-        shared = self._copy_cached_prefix(blocks, (session_id, salt), ids) * self.block_size
+        if shared:
+            out[: shared * block_size] = cached.tokens[: shared * block_size]  # type: ignore[union-attr]
         # The new blocks' and the tail's SplitMix64 states, turned into tokens in one pass.
-        states = np.empty(request.input_tokens - shared, dtype=np.uint64)
-        new_blocks = states[: block_len - shared]
+        states = np.empty(request.input_tokens - shared * block_size, dtype=np.uint64)
+        new_blocks = states[: block_len - shared * block_size]
         if new_blocks.size:
-            seeds = _splitmix64(ids[shared // self.block_size:] ^ np.uint64(key ^ _BLOCK_DOMAIN))
-            np.add(seeds[:, None], self._positions[None, :], out=new_blocks.reshape(len(seeds), self.block_size))
-        tail = states[block_len - shared:]
+            ids = np.array(hash_ids[shared:], dtype=np.uint64)
+            seeds = _splitmix64(ids ^ np.uint64(key ^ _BLOCK_DOMAIN))
+            np.add(seeds[:, None], self._positions[None, :], out=new_blocks.reshape(len(seeds), block_size))
+        tail = states[new_blocks.size:]
         if tail.size:
             seed = _splitmix64_scalar(key ^ _TAIL_DOMAIN ^ _splitmix64_scalar(request.index))
             np.add(self._steps(tail.size), np.uint64(seed), out=tail)
         if states.size:
-            out[shared:] = self._stream(states)
-        if blocks.size <= self.cache_tokens:
-            self._remember((session_id, salt), ids, blocks)
-        # The cache keeps a view of the blocks: read-only, so no caller can change a cached block.
-        out.flags.writeable = False
+            out[shared * block_size:] = self._stream(states)
+        out.flags.writeable = False  # the cache keeps a view of the blocks: no caller may change them
+        if cached is not None and shared == len(hash_ids) and len(cached.hash_ids) > shared:
+            self._remember(cache_key, cached)  # this prompt's blocks are a prefix of the cached ones
+        elif block_len <= self.cache_tokens:
+            self._remember(cache_key, _Cached(key, hash_ids, out[:block_len]))
         return out
-
-    def _copy_cached_prefix(self, blocks: np.ndarray, cache_key: tuple[str, int], ids: np.ndarray) -> int:
-        """Copy the leading blocks shared with this play's previous prompt; returns how many."""
-        cached = self._cache.pop(cache_key, None)
-        if cached is None:
-            return 0
-        self._cached_tokens -= cached[1].size
-        old_ids, old_tokens = cached
-        n = min(len(old_ids), len(ids))
-        differ = np.flatnonzero(old_ids[:n] != ids[:n])
-        shared = int(differ[0]) if differ.size else n
-        blocks[: shared * self.block_size] = old_tokens[: shared * self.block_size]
-        return shared
 
     def _steps(self, length: int) -> np.ndarray:
         """SplitMix64 increments 1..length times the golden gamma (a tail is usually shorter than a block)."""
@@ -142,9 +147,27 @@ class PromptSynth:
             base = self._session_keys.setdefault(session_id, int.from_bytes(digest, "little"))
         return _splitmix64_scalar(base ^ _splitmix64_scalar(int(salt) & _MASK))
 
-    def _remember(self, cache_key: tuple[str, int], ids: np.ndarray, tokens: np.ndarray) -> None:
-        self._cache[cache_key] = (ids, tokens)
-        self._cached_tokens += tokens.size
+    def _remember(self, cache_key: tuple[str, int], cached: _Cached) -> None:
+        self._cache[cache_key] = cached
+        self._cached_tokens += cached.tokens.size
         while self._cached_tokens > self.cache_tokens:
-            _, (_, evicted) = self._cache.popitem(last=False)
-            self._cached_tokens -= evicted.size
+            _, evicted = self._cache.popitem(last=False)
+            self._cached_tokens -= evicted.tokens.size
+
+
+class _Cached(NamedTuple):
+    """The latest prompt built for a (session, salt): its key, hash ids and block tokens."""
+
+    key: int
+    hash_ids: tuple[int, ...]
+    tokens: np.ndarray  # read-only int32, len(hash_ids) blocks
+
+
+def _common_prefix(old: tuple[int, ...], new: tuple[int, ...]) -> int:
+    """How many leading hash ids two prompts share. Tuples compare in C: the usual answer (one
+    extends the other) takes one comparison, no array."""
+    n = min(len(old), len(new))
+    if old[:n] == new[:n]:
+        return n
+    differ = np.flatnonzero(np.array(old[:n], dtype=np.uint64) != np.array(new[:n], dtype=np.uint64))
+    return int(differ[0])

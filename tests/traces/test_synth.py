@@ -78,6 +78,21 @@ def test_cache_never_changes_the_tokens() -> None:
             assert np.array_equal(cached.prompt(session.id, request, salt), uncached.prompt(session.id, request, salt))
 
 
+def test_a_prefix_of_the_cached_prompt_is_served_from_it_unchanged() -> None:
+    """Requests that shrink back to a prefix of the cached prompt (with and without a tail), grow
+    again, and diverge: the tokens are those of an uncached synthesiser, and a prompt served as a
+    view of the cache is read-only like any other."""
+    cached, uncached = PromptSynth(block_size=4), PromptSynth(block_size=4, cache_tokens=0)
+    plan = [(0, 28, (1, 2, 3, 4, 5, 6, 7)), (1, 16, (1, 2, 3, 4)), (2, 18, (1, 2, 3, 4)), (3, 20, (1, 2, 3, 4, 5)),
+            (4, 28, (1, 2, 3, 4, 5, 6, 7)), (5, 32, (1, 2, 3, 4, 5, 6, 7, 8)), (6, 12, (1, 2, 9)), (7, 0, ()),
+            (8, 8, (1, 2))]
+    for salt in (3, 3, 4):
+        for index, tokens, ids in plan:
+            got = cached.prompt("s", _request(index, tokens, ids), salt)
+            assert not got.flags.writeable and got.dtype == np.int32
+            assert np.array_equal(got, uncached.prompt("s", _request(index, tokens, ids), salt))
+
+
 def _digest(synth: PromptSynth) -> str:
     session = load_traces("agentic-coding").sessions[3]
     h = hashlib.sha256()
