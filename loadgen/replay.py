@@ -520,16 +520,11 @@ def _record_writer(file: BinaryIO | None) -> Callable[[bytes], None] | None:
     return write
 
 
-PER_REQUEST_BUFFER = 1 << 20  # bytes of --per-request lines kept before a write
-
-
 def _open_per_request(path: str | None) -> BinaryIO | None:
     if not path:
         return None
     Path(path).parent.mkdir(parents=True, exist_ok=True)
-    # A line a request of ~1-2 kB: the default 8 KiB buffer would cost a write call every few
-    # requests inside the window; this one, every few hundred (the file is closed on every exit).
-    return open(path, "wb", buffering=PER_REQUEST_BUFFER)
+    return open(path, "wb")
 
 
 def _utc_now() -> str:
