@@ -11,6 +11,10 @@
    does not stream (on_body), on malformed framing (malformed_body) and on EOF or a socket error
    (the transport's lost). Everything else about a connection stays in wire.py.
 
+   It also counts the token ids of a batch of SSE content events (count_content_tokens, for
+   loadgen/transport/http.py) without building their objects, when every event is of the one
+   plain shape it fully validates; any other batch goes to orjson.
+
    Limited API (abi3): one build loads on CPython 3.10 and later. Linux only (SO_TIMESTAMPNS). */
 
 #define Py_LIMITED_API 0x030A0000
@@ -784,10 +788,287 @@ static PyObject *configure(PyObject *Py_UNUSED(module), PyObject *args)
     Py_RETURN_NONE;
 }
 
+/* -- The token counts of a batch of SSE content events (http._SseStream's fast path) ---------
+
+   count_content_tokens takes a batch only when every piece is one event `data: {...}\n\n` of
+   the shape the Python path counts in one pass: an object with no "usage" and no "error" key
+   whose "choices" list opens with an object whose "token_ids" is a non-empty list of integers.
+   It validates the JSON grammar of everything it takes, and anything else -- any escape or
+   non-ASCII byte, a key given twice where it counts (orjson keeps the last), numbers that might
+   not be finite as doubles, deep nesting -- makes it answer None, so orjson parses that batch
+   as on the Python path and malformed JSON fails its request there. */
+
+#define JSON_DEPTH_LIMIT 64       /* orjson's is deeper: past this the batch goes to orjson */
+#define JSON_INTEGER_DIGITS 100   /* with at most 2 exponent digits a number stays finite */
+#define JSON_EXPONENT_DIGITS 2
+
+typedef struct {
+    const char *at, *end;
+    int depth;
+} Json;
+
+/* How an object's keys count: any object, an event, or an event's first choice. */
+enum json_object_kind { ANY_OBJECT, EVENT_OBJECT, CHOICE_OBJECT };
+
+static int json_value(Json *j);
+
+static void json_space(Json *j)
+{
+    while (j->at < j->end && (*j->at == ' ' || *j->at == '\t' || *j->at == '\r' || *j->at == '\n'))
+        j->at++;
+}
+
+/* Takes `c` after any whitespace; 1 when it was there. */
+static int json_take(Json *j, char c)
+{
+    json_space(j);
+    if (j->at < j->end && *j->at == c) {
+        j->at++;
+        return 1;
+    }
+    return 0;
+}
+
+/* A string of printable ASCII without escapes (so its first '"' ends it). 0, or -1. */
+static int json_string(Json *j, const char **text, Py_ssize_t *size)
+{
+    if (!json_take(j, '"'))
+        return -1;
+    const char *start = j->at;
+    for (; j->at < j->end; j->at++) {
+        unsigned char c = (unsigned char)*j->at;
+        if (c == '"') {
+            *text = start;
+            *size = j->at++ - start;
+            return 0;
+        }
+        if (c < 0x20 || c >= 0x80 || c == '\\')
+            return -1;
+    }
+    return -1;
+}
+
+static Py_ssize_t json_digits(Json *j)
+{
+    const char *start = j->at;
+    while (j->at < j->end && *j->at >= '0' && *j->at <= '9')
+        j->at++;
+    return j->at - start;
+}
+
+/* A number (an integer when `integer_only`); what follows it is the caller's to check. */
+static int json_number(Json *j, int integer_only)
+{
+    json_space(j);
+    if (j->at < j->end && *j->at == '-')
+        j->at++;
+    if (j->at < j->end && *j->at == '0') {
+        j->at++;
+    } else {
+        Py_ssize_t digits = json_digits(j);
+        if (digits == 0 || digits > JSON_INTEGER_DIGITS)
+            return -1;
+    }
+    if (j->at < j->end && *j->at == '.') {
+        j->at++;
+        if (integer_only || json_digits(j) == 0)
+            return -1;
+    }
+    if (j->at < j->end && (*j->at == 'e' || *j->at == 'E')) {
+        j->at++;
+        if (j->at < j->end && (*j->at == '+' || *j->at == '-'))
+            j->at++;
+        Py_ssize_t digits = json_digits(j);
+        if (integer_only || digits == 0 || digits > JSON_EXPONENT_DIGITS)
+            return -1;
+    }
+    return 0;
+}
+
+static int json_literal(Json *j, const char *word)
+{
+    size_t size = strlen(word);
+    if ((size_t)(j->end - j->at) < size || memcmp(j->at, word, size) != 0)
+        return -1;
+    j->at += size;
+    return 0;
+}
+
+static int json_nest(Json *j)
+{
+    return ++j->depth > JSON_DEPTH_LIMIT ? -1 : 0;
+}
+
+/* An array's values after its '['. */
+static int json_array(Json *j)
+{
+    if (json_nest(j) < 0)
+        return -1;
+    if (!json_take(j, ']')) {
+        do {
+            if (json_value(j) < 0)
+                return -1;
+        } while (json_take(j, ','));
+        if (!json_take(j, ']'))
+            return -1;
+    }
+    j->depth--;
+    return 0;
+}
+
+/* token_ids: a non-empty list of integers; *tokens its length. */
+static int json_token_ids(Json *j, Py_ssize_t *tokens)
+{
+    Py_ssize_t count = 0;
+    if (!json_take(j, '[') || json_nest(j) < 0)
+        return -1;
+    do {
+        if (json_number(j, 1) < 0)
+            return -1;
+        count++;
+    } while (json_take(j, ','));
+    if (!json_take(j, ']'))
+        return -1;
+    j->depth--;
+    *tokens = count;
+    return 0;
+}
+
+static int json_object(Json *j, enum json_object_kind kind, Py_ssize_t *tokens);
+
+/* choices: a list whose first value is an object with token ids; *tokens their count. */
+static int json_choices(Json *j, Py_ssize_t *tokens)
+{
+    if (!json_take(j, '[') || json_nest(j) < 0 || !json_take(j, '{'))
+        return -1;
+    if (json_object(j, CHOICE_OBJECT, tokens) < 0)
+        return -1;
+    while (json_take(j, ','))
+        if (json_value(j) < 0)
+            return -1;
+    if (!json_take(j, ']'))
+        return -1;
+    j->depth--;
+    return 0;
+}
+
+static int json_key_is(const char *key, Py_ssize_t size, const char *name)
+{
+    return (size_t)size == strlen(name) && memcmp(key, name, (size_t)size) == 0;
+}
+
+/* An object's members after its '{'. An event's or a choice's sets *tokens (> 0) from its
+   choices or token ids, and fails without them. */
+static int json_object(Json *j, enum json_object_kind kind, Py_ssize_t *tokens)
+{
+    if (json_nest(j) < 0)
+        return -1;
+    *tokens = 0;
+    if (!json_take(j, '}')) {
+        do {
+            const char *key;
+            Py_ssize_t size;
+            if (json_string(j, &key, &size) < 0 || !json_take(j, ':'))
+                return -1;
+            int result;
+            if (kind == EVENT_OBJECT && json_key_is(key, size, "choices"))
+                result = *tokens ? -1 : json_choices(j, tokens);
+            else if (kind == CHOICE_OBJECT && json_key_is(key, size, "token_ids"))
+                result = *tokens ? -1 : json_token_ids(j, tokens);
+            else if (kind == EVENT_OBJECT && (json_key_is(key, size, "usage") || json_key_is(key, size, "error")))
+                result = -1;
+            else
+                result = json_value(j);
+            if (result < 0)
+                return -1;
+        } while (json_take(j, ','));
+        if (!json_take(j, '}'))
+            return -1;
+    }
+    j->depth--;
+    return kind == ANY_OBJECT || *tokens > 0 ? 0 : -1;
+}
+
+static int json_value(Json *j)
+{
+    Py_ssize_t unused;
+    const char *text;
+    json_space(j);
+    if (j->at >= j->end)
+        return -1;
+    switch (*j->at) {
+    case '{':
+        j->at++;
+        return json_object(j, ANY_OBJECT, &unused);
+    case '[':
+        j->at++;
+        return json_array(j);
+    case '"':
+        return json_string(j, &text, &unused);
+    case 't':
+        return json_literal(j, "true");
+    case 'f':
+        return json_literal(j, "false");
+    case 'n':
+        return json_literal(j, "null");
+    default:
+        return json_number(j, 0);
+    }
+}
+
+/* The token count of one piece holding one content event, or -1 when it is anything else. */
+static Py_ssize_t event_tokens(const char *data, Py_ssize_t size)
+{
+    if (size < 7 || memcmp(data, "data:", 5) != 0 || data[size - 2] != '\n' || data[size - 1] != '\n'
+            || memchr(data, '\n', (size_t)(size - 2)) != NULL)
+        return -1;  /* not one `data:` line and its blank line */
+    Json j = {data + 5, data + size - 2, 0};
+    Py_ssize_t tokens;
+    if (!json_take(&j, '{') || json_object(&j, EVENT_OBJECT, &tokens) < 0)
+        return -1;
+    json_space(&j);
+    return j.at == j.end ? tokens : -1;
+}
+
+static PyObject *count_content_tokens(PyObject *Py_UNUSED(module), PyObject *pieces)
+{
+    if (!PyList_Check(pieces)) {
+        PyErr_SetString(PyExc_TypeError, "count_content_tokens: pieces must be a list of bytes");
+        return NULL;
+    }
+    Py_ssize_t count = PyList_Size(pieces);
+    PyObject *counts = PyList_New(count);
+    if (counts == NULL)
+        return NULL;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        char *data;
+        Py_ssize_t size;
+        if (PyBytes_AsStringAndSize(PyList_GetItem(pieces, i), &data, &size) < 0) {
+            Py_DECREF(counts);
+            return NULL;
+        }
+        Py_ssize_t tokens = event_tokens(data, size);
+        if (tokens < 0) {
+            Py_DECREF(counts);
+            Py_RETURN_NONE;
+        }
+        PyObject *number = PyLong_FromSsize_t(tokens);
+        if (number == NULL) {
+            Py_DECREF(counts);
+            return NULL;
+        }
+        PyList_SetItem(counts, i, number);
+    }
+    return counts;
+}
+
 static PyMethodDef module_methods[] = {
     {"configure", configure, METH_VARARGS,
      "configure(offset, refresh_ns, read_size, batch_pieces): the clock offset's source and how "
      "long an offset holds, the bytes asked of each read, the pieces kept before a batch goes out."},
+    {"count_content_tokens", count_content_tokens, METH_O,
+     "count_content_tokens(pieces): the token ids' count of each piece's SSE event when every piece is "
+     "one plain content chunk with token ids (http._SseStream's fast path), else None."},
     {NULL, NULL, 0, NULL},
 };
 

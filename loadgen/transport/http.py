@@ -6,8 +6,10 @@ arrival time; the request's coroutine wakes once, at the end of the response.
 
 The SSE events come in batches of reads (wire.BodySink). The usual batch, one `data:` event
 per read, each a content chunk with `token_ids`, is parsed as one JSON array in one call and
-its token counts read in one comprehension; anything else (usage, [DONE], errors, several
-lines per read, servers without token ids) goes line by line through the same rules.
+its token counts read in one comprehension (where the compiled read path is built, its
+count_content_tokens validates and counts such a batch without building objects, and leaves
+any other batch to orjson); anything else (usage, [DONE], errors, several lines per read,
+servers without token ids) goes line by line through the same rules.
 
 Request body (completions): `prompt` = the token ids (exact input length), `max_tokens` =
 `min_tokens` = the trace's output length, `ignore_eos`, `stream`, `stream_options.include_usage`,
@@ -41,7 +43,7 @@ from loadgen.transport.base import (
     TransportError,
     WireRequest,
 )
-from loadgen.transport.wire import HttpClient, ResponseError
+from loadgen.transport.wire import HttpClient, ResponseError, content_token_counter
 
 ENDPOINT_PATHS = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}
 BODY_HEADS_KEPT = 4096  # cached body heads (one per play and output length); the cache starts over when full
@@ -197,6 +199,12 @@ class _SseStream:
         content chunks with token ids; any other event (a role-only or text-only chunk, usage, an
         error) goes through the line rules in its place, so order is kept. How many pieces were
         taken: all, or 0 when the pieces are not one event each."""
+        count = content_token_counter()
+        counts = count(pieces) if count is not None else None
+        if counts is not None:  # the compiled counter took the usual batch: the same counts, no objects
+            self.ex.chunk_ns += stamps[:len(counts)]
+            self.ex.chunk_tokens += counts
+            return len(counts)
         text = b"".join(pieces)
         if not text.startswith(b"data:"):
             return 0

@@ -417,6 +417,12 @@ def compiled_reads_available() -> bool:
     return _readpath is not None and sys.platform.startswith("linux")
 
 
+def content_token_counter() -> Callable[[list[bytes]], list[int] | None] | None:
+    """The compiled counter of a batch of SSE content events' token ids (_readpath.c's
+    count_content_tokens, used by http._SseStream), or None where the extension is not built."""
+    return _readpath.count_content_tokens if _readpath is not None else None
+
+
 def _is_chunked(headers: dict[str, str]) -> bool | None:
     """How a response body is framed: chunked (True), by Content-Length (False), or neither: it
     ends when the connection does (None)."""
