@@ -791,8 +791,10 @@ static PyObject *configure(PyObject *Py_UNUSED(module), PyObject *args)
 /* -- The token counts of a batch of SSE content events (http._SseStream's fast path) ---------
 
    count_content_tokens takes a batch only when every piece is one event `data: {...}\n\n` of
-   the shape the Python path counts in one pass: an object with no "usage" and no "error" key
-   whose "choices" list opens with an object whose "token_ids" is a non-empty list of integers.
+   the shape the Python path counts as content chunks: an object with no "error" key, no
+   "usage" but a null one (vLLM's and our server's chunks under include_usage carry
+   `"usage":null`; the Python path counts those too), whose "choices" list opens with an object
+   whose "token_ids" is a non-empty list of integers.
    It validates the JSON grammar of everything it takes, and anything else -- any escape or
    non-ASCII byte, a key given twice where it counts (orjson keeps the last), numbers that might
    not be finite as doubles, deep nesting -- makes it answer None, so orjson parses that batch
@@ -964,6 +966,7 @@ static int json_object(Json *j, enum json_object_kind kind, Py_ssize_t *tokens)
     if (json_nest(j) < 0)
         return -1;
     *tokens = 0;
+    int usage_seen = 0;
     if (!json_take(j, '}')) {
         do {
             const char *key;
@@ -975,7 +978,9 @@ static int json_object(Json *j, enum json_object_kind kind, Py_ssize_t *tokens)
                 result = *tokens ? -1 : json_choices(j, tokens);
             else if (kind == CHOICE_OBJECT && json_key_is(key, size, "token_ids"))
                 result = *tokens ? -1 : json_token_ids(j, tokens);
-            else if (kind == EVENT_OBJECT && (json_key_is(key, size, "usage") || json_key_is(key, size, "error")))
+            else if (kind == EVENT_OBJECT && json_key_is(key, size, "usage"))  /* null: as vLLM's chunks */
+                result = usage_seen++ ? -1 : (json_space(j), json_literal(j, "null"));
+            else if (kind == EVENT_OBJECT && json_key_is(key, size, "error"))
                 result = -1;
             else
                 result = json_value(j);
