@@ -1,0 +1,270 @@
+"""The compiled counter of SSE content events (loadgen/transport/_readpath.c's
+count_content_tokens) against orjson: it counts a batch exactly as the Python path does, or
+leaves it to orjson (None); it never counts anything orjson would not, nor a different count."""
+
+from __future__ import annotations
+
+import random
+
+import orjson
+import pytest
+
+from loadgen.transport import wire
+from loadgen.transport.base import Exchange
+from loadgen.transport.http import _SseStream
+from tests.loadgen.conftest import require_compiled_reads
+
+
+@pytest.fixture
+def count():
+    require_compiled_reads()
+    counter = wire.content_token_counter()
+    assert counter is not None
+    return counter
+
+
+def _piece(obj: object, head: bytes = b"data: ", tail: bytes = b"\n\n") -> bytes:
+    return head + orjson.dumps(obj) + tail
+
+
+def _completion(ids: list[int], text: str = "x", **extra: object) -> dict:
+    """Our server's completions chunk (server/protocol.py's ResponseHeader.chunk)."""
+    choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": None, "token_ids": ids}
+    return {"id": "cmpl-7", "object": "text_completion", "created": 1764633600, "model": "m",
+            "choices": [choice], **extra}
+
+
+def _chat(ids: list[int], text: str = "x", first: bool = False) -> dict:
+    delta = {"role": "assistant", "content": text} if first else {"content": text}
+    choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": None, "token_ids": ids}
+    return {"id": "chatcmpl-7", "object": "chat.completion.chunk", "created": 1764633600, "model": "m",
+            "choices": [choice], "usage": None}
+
+
+def _vllm_completion_logprobs(ids: list[int]) -> dict:
+    """vLLM's completions chunk with logprobs, token ids first in its choice."""
+    logprobs = {"text_offset": [0, 4], "token_logprobs": [-0.5, -1.25e-05], "tokens": ["the", "cat"],
+                "top_logprobs": [{"the": -0.5, "a": -1.2}, {"cat": -1.25e-05, "dog": -11.5}]}
+    choice = {"token_ids": ids, "index": 0, "text": "the cat", "logprobs": logprobs, "finish_reason": None,
+              "stop_reason": None, "prompt_logprobs": None}
+    return {"id": "cmpl-abc", "created": 1764633600, "model": "deepseek", "choices": [choice], "usage": None,
+            "object": "text_completion"}
+
+
+def _vllm_chat_logprobs(ids: list[int]) -> dict:
+    """vLLM's chat chunk with logprobs (nested objects and lists), token ids last in its choice."""
+    top = [{"token": "x", "logprob": -2.3e-05, "bytes": [120]}, {"token": "y", "logprob": -10.0, "bytes": [121]}]
+    content = [{"token": "x", "logprob": -0.0001, "bytes": [120], "top_logprobs": top}]
+    choice = {"index": 0, "delta": {"content": "x"}, "logprobs": {"content": content}, "finish_reason": None,
+              "stop_reason": None, "token_ids": ids}
+    return {"id": "chatcmpl-abc", "object": "chat.completion.chunk", "created": 1764633600, "model": "m",
+            "choices": [choice, {"index": 1, "delta": {}, "flags": [True, False, None, 0, -0, 1.5E+3]}]}
+
+
+# Every one a plain content chunk: the counter takes each, alone and in batches.
+PLAIN = [
+    _piece(_completion([7])),
+    _piece(_completion([1, 2, 3, 4])),  # speculative decoding: several tokens in one chunk
+    _piece(_completion([0, 129279, 2 ** 40], usage=None)),
+    _piece(_completion([5], text="")),
+    _piece(_completion([5], text='it is ok: {not json} [1,2] , : ')),
+    _piece(_chat([9], first=True)),
+    _piece(_chat([10, 11])),
+    _piece(_vllm_completion_logprobs([279, 8415])),
+    _piece(_vllm_chat_logprobs([120])),
+    _piece({"choices": [{"token_ids": [1]}]}),
+    _piece({"choices": [{"token_ids": [-1, 0, 3]}]}, head=b"data:"),
+    _piece({"choices": [{"token_ids": [1, 2]}], "x": {"y": [[], {}, [[]]]}}, tail=b" \t\r\n\n"),
+    b'data: \t{ "choices" : [ { "token_ids" : [ 1 , 2 ] } ] }  \n\n',
+    b'data: {"choices":[{"token_ids":[1],"text":"\x7f"}],"n":-0.5e-3,"m":1E2,"k":0}\n\n',
+]
+
+# Valid JSON it must leave to orjson (None): escapes, non-ASCII, other shapes.
+REFUSED = [
+    _piece(_completion([5], text='say "hi"')),  # escaped quotes
+    _piece(_completion([5], text="line\nbreak")),
+    _piece(_completion([5], text="caf\u00e9")),  # UTF-8 bytes
+    _piece(_completion([5], text="\U0001f600")),
+    _piece(_chat([5], text="\u65e5\u672c")),
+    _piece(_completion([5], usage={"completion_tokens": 1})),
+    _piece(_completion([5], usage=0)),
+    _piece(_completion([5], error={"message": "boom"})),
+    _piece(_completion([])),
+    _piece({"choices": [{"token_ids": [1.0]}]}),
+    _piece({"choices": [{"token_ids": ["1"]}]}),
+    _piece({"choices": [{"token_ids": [[1]]}]}),
+    _piece({"choices": [{"token_ids": None}]}),
+    _piece({"choices": [{"token_ids": "abc"}]}),
+    _piece({"choices": [{"text": "x"}]}),
+    _piece({"choices": [{"delta": {"role": "assistant"}}]}),
+    _piece({"choices": []}),
+    _piece({"choices": {"token_ids": [1]}}),
+    _piece({"choices": [[{"token_ids": [1]}]]}),
+    _piece({"choices": [{"text": "x"}, {"token_ids": [1]}]}),
+    _piece({"token_ids": [1]}),
+    _piece([{"choices": [{"token_ids": [1]}]}]),
+    b'data: {"choices":[{"token_ids":[1]}],"\\u0075sage":{"completion_tokens":2}}\n\n',
+    b'data: {"choices":[{"token_ids":[1]}],"usage":null,"usage":{"completion_tokens":2}}\n\n',
+    b'data: {"choices":[{"token_ids":[1]}],"choices":[{"token_ids":[1,2]}]}\n\n',  # orjson keeps the last
+    b'data: {"choices":[{"token_ids":[1],"token_ids":[1,2]}]}\n\n',
+    b'data: {"choices":[{"token_ids":[1]}]}{"choices":[{"token_ids":[2]}]}\n\n',  # two values: malformed
+    b'data: {"choices":[{"token_ids":[1]}]},{"choices":[{"token_ids":[2]}]}\n\n',
+    b'data: {"choices":[{"token_ids":[1]}],"x":1e400}\n\n',  # orjson: infinity, an error
+    b'data: {"choices":[{"token_ids":[1]}],"x":' + b"9" * 400 + b"}\n\n",
+    b'data: {"choices":[{"token_ids":[1]}],"x":' + b"[" * 100 + b"]" * 100 + b"}\n\n",
+    b'data: {"choices":[{"token_ids":[1]}]}\r\n\r\n',  # a CRLF blank line: two lines in the piece
+    b'data: {"choices":[{"token_ids":[1]}]}\n',
+    b': keep-alive\n\n',
+    b"data: [DONE]\n\n",
+    b'data: {"choices":[{"token_ids":[1]}]}\n\ndata: {"choices":[{"token_ids":[2]}]}\n\n',
+    b' data: {"choices":[{"token_ids":[1]}]}\n\n',
+]
+
+# Not JSON at all: orjson fails each, so must the counter.
+MALFORMED = [
+    b'data: {"choices":[{"token_ids":[1,]}]}\n\n',
+    b'data: {"choices":[{"token_ids":[1]},]}\n\n',
+    b'data: {"choices":[{"token_ids":[1]}],}\n\n',
+    b'data: {"choices":[{"token_ids":[01]}]}\n\n',
+    b'data: {"choices":[{"token_ids":[1]}],"x":01}\n\n',
+    b'data: {"choices":[{"token_ids":[1]}],"x":1.}\n\n',
+    b'data: {"choices":[{"token_ids":[1]}],"x":.5}\n\n',
+    b'data: {"choices":[{"token_ids":[1]}],"x":-}\n\n',
+    b'data: {"choices":[{"token_ids":[1]}],"x":1e}\n\n',
+    b'data: {"choices":[{"token_ids":[1]}],"x":+1}\n\n',
+    b'data: {"choices":[{"token_ids":[1]}],"x":tru}\n\n',
+    b'data: {"choices":[{"token_ids":[1]}],"x":nul}\n\n',
+    b'data: {"choices":[{"token_ids":[1]}],"x":True}\n\n',
+    b'data: {"choices":[{"token_ids":[1]}],"x":"a\tb"}\n\n',
+    b'data: {"choices":[{"token_ids":[1]}],"x":"abc}\n\n',
+    b'data: {"choices":[{"token_ids":[1]}],x:1}\n\n',
+    b'data: {"choices":[{"token_ids":[1]}],"x"}\n\n',
+    b'data: {"choices":[{"token_ids":[1]}],"x":}\n\n',
+    b'data: {"choices":[{"token_ids":[1]}] "x":1}\n\n',
+    b'data: {"choices":[{"token_ids":[1]}]\n\n',
+    b'data: {"choices":[{"token_ids":[1 2]}]}\n\n',
+    b'data: {"choices":[{"token_ids":[1]}]}}\n\n',
+    b"data: {'choices':[{'token_ids':[1]}]}\n\n",
+    b'data: \x0c{"choices":[{"token_ids":[1]}]}\n\n',
+    b"data: \n\n",
+]
+
+
+def _reference(piece: bytes) -> int | None:
+    """The Python path's count of one piece taken as a content chunk, None for anything else
+    (raises orjson.JSONDecodeError for malformed JSON)."""
+    event = orjson.loads(piece[5:])
+    try:
+        ids = event["choices"][0]["token_ids"]
+    except (LookupError, TypeError):
+        return None
+    if not isinstance(ids, list) or not ids or event.get("usage") or "error" in event:
+        return None
+    return len(ids)
+
+
+def _check(count, pieces: list[bytes]) -> list[int] | None:
+    """The counter's answer for a batch, checked against orjson: None, or orjson's counts."""
+    counts = count(pieces)
+    if counts is None:
+        return None
+    assert len(counts) == len(pieces), pieces
+    for piece, n in zip(pieces, counts):
+        assert piece.startswith(b"data:") and piece.endswith(b"\n\n") and piece.count(b"\n") == 2, piece
+        try:
+            expected = _reference(piece)
+        except orjson.JSONDecodeError:
+            raise AssertionError(f"counted malformed JSON: {piece!r}") from None
+        assert n == expected, piece
+    return counts
+
+
+def test_the_counter_counts_every_plain_content_event(count):
+    for piece in PLAIN:
+        assert _check(count, [piece]) is not None, piece
+    counts = _check(count, PLAIN)
+    assert counts == [_reference(piece) for piece in PLAIN] and count([]) == []
+
+
+@pytest.mark.parametrize("piece", REFUSED + MALFORMED)
+def test_the_counter_leaves_every_other_event_to_orjson(count, piece):
+    if piece in MALFORMED:  # the list holds what orjson fails
+        with pytest.raises(orjson.JSONDecodeError):
+            orjson.loads(piece[5:])
+    assert count([piece]) is None
+    assert count([PLAIN[0], piece, PLAIN[1]]) is None  # one such event sends the whole batch
+
+
+def test_the_counter_refuses_what_is_not_a_list_of_bytes(count):
+    with pytest.raises(TypeError):
+        count((PLAIN[0],))
+    with pytest.raises(TypeError):
+        count([PLAIN[0].decode()])
+
+
+def _mutations(piece: bytes, rng: random.Random):
+    """Every byte flipped (to a structural character and a random one), deleted and duplicated;
+    every truncation of the event's JSON; and random multi-byte edits."""
+    structural = b'{}[]",:-.0123456789eE+ tfnrul\\\x00\x80'
+    for at in range(len(piece)):
+        for byte in (structural[rng.randrange(len(structural))], rng.randrange(256)):
+            yield piece[:at] + bytes([byte]) + piece[at + 1:]
+        yield piece[:at] + piece[at + 1:]
+        yield piece[:at + 1] + piece[at:]
+    for end in range(6, len(piece) - 2):
+        yield piece[:end] + b"\n\n"
+    for _ in range(200):
+        edited = bytearray(piece)
+        for _ in range(rng.randrange(1, 4)):
+            at = rng.randrange(len(edited))
+            edited[at:at + rng.randrange(0, 3)] = bytes(rng.choice(structural) for _ in range(rng.randrange(0, 3)))
+        yield bytes(edited)
+
+
+@pytest.mark.parametrize("base", range(len(PLAIN)))
+def test_mutated_events_are_refused_or_counted_as_orjson_counts(count, base):
+    """A fuzz: every mutation of a plain event is either left to orjson or counted exactly as
+    orjson's parse counts it, alone and after a plain event."""
+    rng = random.Random(base)
+    counted = 0
+    for mutated in _mutations(PLAIN[base], rng):
+        counted += _check(count, [mutated]) is not None
+        _check(count, [PLAIN[0], mutated])
+    assert counted  # some mutations (a digit for a digit, a letter in a string) stay plain events
+
+
+def _take(pieces: list[bytes], compiled: bool, monkeypatch) -> tuple:
+    """What an _SseStream records for one batch, with the counter or the Python path alone."""
+    with monkeypatch.context() as patch:
+        if not compiled:
+            patch.setattr(wire, "_readpath", None)
+        stream = _SseStream(Exchange(), chat=False)
+        stream.take(pieces, [1000 * (i + 1) for i in range(len(pieces))])
+    ex = stream.ex
+    return (ex.chunk_ns, ex.chunk_tokens, ex.usage_prompt_tokens, ex.usage_completion_tokens,
+            stream.done, stream.error, stream.detail)
+
+
+def test_a_batch_records_the_same_with_and_without_the_counter(count, monkeypatch):
+    rng = random.Random(7)
+    others = REFUSED + MALFORMED
+    batches = [PLAIN, PLAIN + [b"data: [DONE]\n\n"]]
+    batches += [[*PLAIN[:3], other, *PLAIN[3:5]] for other in others]
+    batches += [[rng.choice(PLAIN), mutated] for mutated in _mutations(PLAIN[0], rng)]
+    for batch in batches:
+        assert _take(batch, True, monkeypatch) == _take(batch, False, monkeypatch), batch
+
+
+def test_a_plain_batch_builds_no_objects(count, monkeypatch):
+    """The usual batch is the counter's alone: orjson parses nothing of it."""
+    from loadgen.transport import http
+
+    def refuse(_: bytes) -> object:
+        raise AssertionError("orjson parsed a batch the counter takes")
+
+    expected = [_reference(piece) for piece in PLAIN]
+    monkeypatch.setattr(http.orjson, "loads", refuse)
+    stream = _SseStream(Exchange(), chat=True)
+    stream.take(PLAIN, list(range(len(PLAIN))))
+    assert stream.ex.chunk_tokens == expected
+    assert stream.ex.chunk_ns == list(range(len(PLAIN))) and stream.error is None
