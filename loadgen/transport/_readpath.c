@@ -23,6 +23,7 @@
 
 #include <errno.h>
 #include <limits.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
@@ -814,10 +815,14 @@ enum json_object_kind { ANY_OBJECT, EVENT_OBJECT, CHOICE_OBJECT };
 
 static int json_value(Json *j);
 
+/* The scans below walk a local pointer: j->at, stored through a char pointer, would be
+   reloaded at every byte (a char may alias it). */
 static void json_space(Json *j)
 {
-    while (j->at < j->end && (*j->at == ' ' || *j->at == '\t' || *j->at == '\r' || *j->at == '\n'))
-        j->at++;
+    const char *at = j->at;
+    while (at < j->end && (*at == ' ' || *at == '\t' || *at == '\r' || *at == '\n'))
+        at++;
+    j->at = at;
 }
 
 /* Takes `c` after any whitespace; 1 when it was there. */
@@ -836,12 +841,25 @@ static int json_string(Json *j, const char **text, Py_ssize_t *size)
 {
     if (!json_take(j, '"'))
         return -1;
-    const char *start = j->at;
-    for (; j->at < j->end; j->at++) {
-        unsigned char c = (unsigned char)*j->at;
+    const char *start = j->at, *end = j->end, *at = start;
+    /* Eight bytes at a time while none of them can end the string or fail it (SWAR: a byte
+       below 0x20, at or above 0x80, '"' or '\\' sets its word's flag; one may be a false
+       alarm, which the loop below sorts out byte by byte). */
+    const uint64_t ones = 0x0101010101010101ULL, highs = 0x8080808080808080ULL;
+    for (uint64_t word; end - at >= 8; at += 8) {
+        memcpy(&word, at, 8);
+        uint64_t quote = word ^ (ones * '"'), backslash = word ^ (ones * '\\');
+        uint64_t stop = (word - ones * 0x20) | word | ((quote - ones) & ~quote)
+            | ((backslash - ones) & ~backslash);
+        if (stop & highs)
+            break;
+    }
+    for (; at < end; at++) {
+        unsigned char c = (unsigned char)*at;
         if (c == '"') {
             *text = start;
-            *size = j->at++ - start;
+            *size = at - start;
+            j->at = at + 1;
             return 0;
         }
         if (c < 0x20 || c >= 0x80 || c == '\\')
@@ -852,10 +870,11 @@ static int json_string(Json *j, const char **text, Py_ssize_t *size)
 
 static Py_ssize_t json_digits(Json *j)
 {
-    const char *start = j->at;
-    while (j->at < j->end && *j->at >= '0' && *j->at <= '9')
-        j->at++;
-    return j->at - start;
+    const char *start = j->at, *at = start;
+    while (at < j->end && *at >= '0' && *at <= '9')
+        at++;
+    j->at = at;
+    return at - start;
 }
 
 /* A number (an integer when `integer_only`); what follows it is the caller's to check. */

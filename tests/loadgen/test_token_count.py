@@ -195,6 +195,15 @@ def test_the_counter_leaves_every_other_event_to_orjson(count, piece):
     assert count([PLAIN[0], piece, PLAIN[1]]) is None  # one such event sends the whole batch
 
 
+@pytest.mark.parametrize("stop", [b'"', b"\\", b"\x00", b"\x1f", b"\x80", b"\xff"])
+def test_a_string_with_a_quote_escape_control_or_non_ascii_byte_anywhere_is_refused(count, stop):
+    """Long strings are scanned eight bytes at a time: the byte is caught at every offset."""
+    for at in range(40):
+        text = b"a" * at + stop + b"b" * (39 - at)
+        assert count([b'data: {"choices":[{"token_ids":[1],"text":"' + text + b'"}]}\n\n']) is None, at
+    assert count([b'data: {"choices":[{"token_ids":[1],"text":"' + b"\x7f ~" * 20 + b'"}]}\n\n']) == [1]
+
+
 def test_the_counter_refuses_what_is_not_a_list_of_bytes(count):
     with pytest.raises(TypeError):
         count((PLAIN[0],))
