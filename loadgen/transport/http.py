@@ -46,7 +46,6 @@ from loadgen.transport.base import (
 from loadgen.transport.wire import HttpClient, ResponseError, content_token_counter
 
 ENDPOINT_PATHS = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}
-BODY_HEADS_KEPT = 4096  # cached body heads (one per play and output length); the cache starts over when full
 
 
 class HttpTransport(Transport):
@@ -70,7 +69,6 @@ class HttpTransport(Transport):
             self.headers["Authorization"] = f"Bearer {api_key}"
         self._path = ENDPOINT_PATHS[endpoint]
         self._client: HttpClient | None = None
-        self._body_heads: dict[tuple, bytes] = {}  # (model, max_tokens, user, acceptance_length) -> head
 
     def _opened(self) -> HttpClient:
         assert self._client is not None, "open() first"
@@ -140,21 +138,6 @@ class HttpTransport(Transport):
         return ex
 
     def _body(self, request: WireRequest) -> bytes:
-        """The JSON body: the fields before the prompt come from a cache (a play's requests share
-        them), the prompt is serialised alone; the bytes are orjson's of the whole object."""
-        fields = (self.model, request.max_tokens, request.user, request.acceptance_length)
-        head = self._body_heads.get(fields)
-        if head is None:
-            if len(self._body_heads) >= BODY_HEADS_KEPT:
-                self._body_heads.clear()
-            head = self._body_heads[fields] = self._body_head(request)
-        if self.endpoint == "completions":
-            return head + b'"prompt":' + orjson.dumps(request.prompt, option=orjson.OPT_SERIALIZE_NUMPY) + b"}"
-        text = " ".join(map(str, request.prompt.tolist()))
-        return head + b'"messages":' + orjson.dumps([{"role": "user", "content": text}]) + b"}"
-
-    def _body_head(self, request: WireRequest) -> bytes:
-        """`{"model":...,` up to the prompt, in the body's field order."""
         body: dict[str, Any] = {
             "model": self.model,
             "max_tokens": request.max_tokens,
@@ -167,7 +150,12 @@ class HttpTransport(Transport):
             body["user"] = request.user
         if request.acceptance_length is not None:
             body["acceptance_length"] = request.acceptance_length
-        return orjson.dumps(body)[:-1] + b","
+        if self.endpoint == "completions":
+            body["prompt"] = request.prompt
+        else:
+            text = " ".join(map(str, request.prompt.tolist()))
+            body["messages"] = [{"role": "user", "content": text}]
+        return orjson.dumps(body, option=orjson.OPT_SERIALIZE_NUMPY)
 
 
 class _SseStream:

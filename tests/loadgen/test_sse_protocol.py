@@ -233,27 +233,3 @@ def test_a_role_only_first_chunk_leaves_the_rest_to_the_batched_path(monkeypatch
     stream.take(batch, list(range(1, len(batch) + 1)))
     assert len(lines) == 1
     assert stream.ex.chunk_tokens == [1] * 10 and stream.ex.chunk_ns == list(range(2, 12))
-
-
-@pytest.mark.parametrize("endpoint", ["completions", "chat"])
-def test_request_body_is_the_whole_object_serialised_once(endpoint: str) -> None:
-    """The body is built from a cached head and the prompt alone: its bytes are those of the one
-    JSON object, whatever the fields, and a changed model or field never reuses another head."""
-    transport = HttpTransport("http://127.0.0.1:9", endpoint=endpoint)
-    for model in ("m", 'we"ird\u00e9', "m2"):
-        transport.model = model
-        for user in ("", "agentload-3"):
-            for al in (None, 2.5):
-                for tokens in (np.arange(0, dtype=np.int32), np.arange(5, dtype=np.int32) * 1000):
-                    request = WireRequest("r", tokens, 17, user, al)
-                    fields: dict = {"model": model, "max_tokens": 17, "min_tokens": 17, "ignore_eos": True,
-                                    "stream": True, "stream_options": {"include_usage": True}}
-                    if user:
-                        fields["user"] = user
-                    if al is not None:
-                        fields["acceptance_length"] = al
-                    if endpoint == "completions":
-                        fields["prompt"] = tokens.tolist()
-                    else:
-                        fields["messages"] = [{"role": "user", "content": " ".join(map(str, tokens.tolist()))}]
-                    assert transport._body(request) == orjson.dumps(fields)
