@@ -72,7 +72,9 @@ class LaunchCounter:
                ("kernels.topk", "_positions_to_slots_kernel"), ("kernels.sparse_mla", "_sparse_mla_kernel"),
                ("kernels.sparse_mla", "_combine_kernel"), ("kernels.fused", "_add_rms_norm_kernel"),
                ("kernels.fused", "_silu_mul_kernel"), ("kernels.attention_prep", "_mla_prepare_kernel"),
-               ("kernels.attention_prep", "_indexer_prepare_kernel"))
+               ("kernels.attention_prep", "_indexer_prepare_kernel"), ("kernels.gemv", "_gemv_fma_kernel"),
+               ("kernels.gemv", "_gemv_dot_kernel"), ("kernels.gemv_fused", "_gemv_prologue_kernel"),
+               ("kernels.argmax", "_argmax_kernel"))
 
     def __init__(self) -> None:
         self.count = 0

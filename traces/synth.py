@@ -122,7 +122,7 @@ class PromptSynth:
             self._remember(cache_key, cached)  # this prompt's blocks are a prefix of the cached ones
         elif block_len <= self.cache_tokens:
             self._remember(cache_key, _Cached(key, hash_ids, out[:block_len]))
-        return out
+        return out.view()  # a view of a read-only base: no caller can make the cached blocks writable
 
     def _steps(self, length: int) -> np.ndarray:
         """SplitMix64 increments 1..length times the golden gamma (a tail is usually shorter than a block)."""
@@ -167,7 +167,7 @@ def _common_prefix(old: tuple[int, ...], new: tuple[int, ...]) -> int:
     """How many leading hash ids two prompts share. Tuples compare in C: the usual answer (one
     extends the other) takes one comparison, no array."""
     n = min(len(old), len(new))
-    if old[:n] == new[:n]:
+    if tuple(old[:n]) == tuple(new[:n]):  # any sequence of ints (a list from a caller)
         return n
     differ = np.flatnonzero(np.array(old[:n], dtype=np.uint64) != np.array(new[:n], dtype=np.uint64))
-    return int(differ[0])
+    return int(differ[0]) if differ.size else n

@@ -93,6 +93,17 @@ def test_a_prefix_of_the_cached_prompt_is_served_from_it_unchanged() -> None:
             assert np.array_equal(got, uncached.prompt("s", _request(index, tokens, ids), salt))
 
 
+def test_no_caller_can_change_the_cache() -> None:
+    """A returned prompt's writeable flag cannot be set back (its base is read-only), and hash ids
+    given as a list compare with the cached tuple's."""
+    cached, uncached = PromptSynth(block_size=4), PromptSynth(block_size=4, cache_tokens=0)
+    first = cached.prompt("s", _request(0, 12, (1, 2, 3)), 0)
+    with pytest.raises(ValueError):
+        first.flags.writeable = True
+    shorter = _request(1, 8, [1, 2])  # type: ignore[arg-type]
+    assert np.array_equal(cached.prompt("s", shorter, 0), uncached.prompt("s", shorter, 0))
+
+
 def _digest(synth: PromptSynth) -> str:
     session = load_traces("agentic-coding").sessions[3]
     h = hashlib.sha256()
