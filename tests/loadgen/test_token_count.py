@@ -187,6 +187,8 @@ MALFORMED = [
     b'data: {"choices":[{"token_ids":[1]}],"x":"\\ud800\\ud800"}\n\n',
     b'data: {"choices":[{"token_ids":[1]}],"x":"\\ud800\\n"}\n\n',
     b'data: {"choices":[{"token_ids":[1]}],"x":"\\udbff"}\n\n',
+    b'data: {"choices":[{"token_ids":[1]}],"x":"\\udc00"}\n\n',
+    b'data: {"choices":[{"token_ids":[1]}],"x":"a\\uDFFFb"}\n\n',
     # bytes that are not UTF-8
     b'data: {"choices":[{"token_ids":[1]}],"x":"\xc0\x80"}\n\n',  # overlong
     b'data: {"choices":[{"token_ids":[1]}],"x":"\xc1\xbf"}\n\n',
@@ -202,6 +204,8 @@ MALFORMED = [
     b'data: {"choices":[{"token_ids":[1]}],"x":"\x80"}\n\n',  # a continuation byte alone
     b'data: {"choices":[{"token_ids":[1]}],"x":"\xc3"}\n\n',  # truncated
     b'data: {"choices":[{"token_ids":[1]}],"x":"\xe6\x97"}\n\n',
+    b'data: {"choices":[{"token_ids":[1]}],"x":"\xe6\x97a"}\n\n',
+    b'data: {"choices":[{"token_ids":[1]}],"x":"\xf0\x9f\xc3\xa9"}\n\n',
     b'data: {"choices":[{"token_ids":[1]}],"x":"\xf0\x9f\x98"}\n\n',
     b'data: {"choices":[{"token_ids":[1]}],"x":"\xf0\x9f\x98a"}\n\n',
     b'data: {"choices":[{"token_ids":[1]}],"x":"\xe6\xc3\xa9"}\n\n',
@@ -261,8 +265,8 @@ def _with_text(text: bytes) -> bytes:
     return b'data: {"choices":[{"token_ids":[1],"text":"' + text + b'"}]}\n\n'
 
 
-@pytest.mark.parametrize("stop", [b'"', b"\\x", b"\\u12G", b"\\ud800", b"\x00", b"\x1f", b"\x80", b"\xff", b"\xc3",
-                                  b"\xed\xa0\x80", b"\xf4\x90\x80\x80"])
+@pytest.mark.parametrize("stop", [b'"', b"\\x", b"\\u12G", b"\\ud800", b"\\udc00", b"\x00", b"\x1f", b"\x80", b"\xff",
+                                  b"\xc3", b"\xe6\x97", b"\xed\xa0\x80", b"\xf4\x90\x80\x80"])
 def test_a_string_with_a_quote_control_byte_or_bad_escape_or_utf8_anywhere_is_refused(count, stop):
     """Long strings are scanned eight bytes at a time: the bytes are caught at every offset."""
     for at in range(40):
