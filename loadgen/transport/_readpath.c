@@ -15,6 +15,9 @@
    loadgen/transport/http.py) without building their objects, when every event is of the one
    plain shape it fully validates; any other batch goes to orjson.
 
+   READ_PATH_VERSION changes with what the module offers or how it behaves: wire.py takes a build
+   only of the version it expects, so a build of an older source left in a checkout is not used.
+
    Limited API (abi3): one build loads on CPython 3.10 and later. Linux only (SO_TIMESTAMPNS). */
 
 #define Py_LIMITED_API 0x030A0000
@@ -28,6 +31,9 @@
 #include <string.h>
 #include <sys/socket.h>
 #include <time.h>
+
+/* wire.READ_PATH_VERSION must match: 2 = the counter takes escapes and UTF-8 text. */
+#define READ_PATH_VERSION 2
 
 /* Body framings besides a length, as wire._Conn.take_head returns them (wire.py's constants;
    its NO_BODY, -1, needs no test here: a head without a body leaves the reader at the next head). */
@@ -796,10 +802,12 @@ static PyObject *configure(PyObject *Py_UNUSED(module), PyObject *args)
    "usage" but a null one (vLLM's and our server's chunks under include_usage carry
    `"usage":null`; the Python path counts those too), whose "choices" list opens with an object
    whose "token_ids" is a non-empty list of integers.
-   It validates the JSON grammar of everything it takes, and anything else -- any escape or
-   non-ASCII byte, a key given twice where it counts (orjson keeps the last), numbers that might
-   not be finite as doubles, deep nesting -- makes it answer None, so orjson parses that batch
-   as on the Python path and malformed JSON fails its request there. */
+   It validates the JSON grammar of everything it takes, string values included (JSON's escapes
+   and UTF-8 text, as orjson accepts them: detokenised text is full of both), and anything else --
+   a key with an escape or a non-ASCII byte, a \u escape of a lone surrogate, a key given twice
+   where it counts (orjson keeps the last), numbers that might not be finite as doubles, deep
+   nesting -- makes it answer None, so orjson parses that batch as on the Python path and
+   malformed JSON fails its request there. */
 
 #define JSON_DEPTH_LIMIT 64       /* orjson's is deeper: past this the batch goes to orjson */
 #define JSON_INTEGER_DIGITS 100   /* with at most 2 exponent digits a number stays finite */
@@ -836,15 +844,11 @@ static int json_take(Json *j, char c)
     return 0;
 }
 
-/* A string of printable ASCII without escapes (so its first '"' ends it). 0, or -1. */
-static int json_string(Json *j, const char **text, Py_ssize_t *size)
+/* The first byte from `at` that is not plain text: not printable ASCII, or '"' or '\\'. Eight
+   bytes at a time while none of them can be one (SWAR: a byte below 0x20, at or above 0x80, '"'
+   or '\\' sets its word's flag; one may be a false alarm, which the bytes loop sorts out). */
+static const char *plain_text_end(const char *at, const char *end)
 {
-    if (!json_take(j, '"'))
-        return -1;
-    const char *start = j->at, *end = j->end, *at = start;
-    /* Eight bytes at a time while none of them can end the string or fail it (SWAR: a byte
-       below 0x20, at or above 0x80, '"' or '\\' sets its word's flag; one may be a false
-       alarm, which the loop below sorts out byte by byte). */
     const uint64_t ones = 0x0101010101010101ULL, highs = 0x8080808080808080ULL;
     for (uint64_t word; end - at >= 8; at += 8) {
         memcpy(&word, at, 8);
@@ -856,16 +860,124 @@ static int json_string(Json *j, const char **text, Py_ssize_t *size)
     }
     for (; at < end; at++) {
         unsigned char c = (unsigned char)*at;
+        if (c < 0x20 || c >= 0x80 || c == '"' || c == '\\')
+            break;
+    }
+    return at;
+}
+
+/* The four hex digits of a \u escape at `at`, or -1. */
+static long json_hex4(const char *at, const char *end)
+{
+    if (end - at < 4)
+        return -1;
+    long value = 0;
+    for (int i = 0; i < 4; i++) {
+        int digit = hex_value(at[i]);
+        if (digit < 0)
+            return -1;
+        value = value * 16 + digit;
+    }
+    return value;
+}
+
+/* Past one escape whose backslash is at `at`, or NULL when JSON does not allow it. A \u escape of
+   a UTF-16 surrogate counts only as the high half of a pair followed by its low half (orjson
+   rejects a lone one; here it sends the batch to orjson either way). */
+static const char *json_escape(const char *at, const char *end)
+{
+    if (end - at < 2)
+        return NULL;
+    switch (at[1]) {
+    case '"': case '\\': case '/': case 'b': case 'f': case 'n': case 'r': case 't':
+        return at + 2;
+    case 'u': {
+        long unit = json_hex4(at + 2, end);
+        if (unit < 0xD800 || unit > 0xDFFF)
+            return unit < 0 ? NULL : at + 6;
+        if (unit >= 0xDC00 || end - at < 12 || at[6] != '\\' || at[7] != 'u')
+            return NULL;
+        long low = json_hex4(at + 8, end);
+        return low >= 0xDC00 && low <= 0xDFFF ? at + 12 : NULL;
+    }
+    default:
+        return NULL;
+    }
+}
+
+/* Past one UTF-8 character of two to four bytes whose lead byte is at `at`, or NULL when the
+   bytes are not one (RFC 3629: no overlong forms, no surrogates, nothing past U+10FFFF). */
+static const char *json_utf8(const char *at, const char *end)
+{
+    unsigned char lead = (unsigned char)at[0];
+    int size;
+    unsigned char low = 0x80, high = 0xBF;  /* the second byte's range */
+    if (lead >= 0xC2 && lead <= 0xDF)
+        size = 2;
+    else if (lead >= 0xE0 && lead <= 0xEF)
+        size = 3;
+    else if (lead >= 0xF0 && lead <= 0xF4)
+        size = 4;
+    else
+        return NULL;
+    if (lead == 0xE0)
+        low = 0xA0;   /* below: overlong */
+    else if (lead == 0xED)
+        high = 0x9F;  /* above: a surrogate */
+    else if (lead == 0xF0)
+        low = 0x90;   /* below: overlong */
+    else if (lead == 0xF4)
+        high = 0x8F;  /* above: past U+10FFFF */
+    if (end - at < size)
+        return NULL;
+    unsigned char second = (unsigned char)at[1];
+    if (second < low || second > high)
+        return NULL;
+    for (int i = 2; i < size; i++)
+        if (((unsigned char)at[i] & 0xC0) != 0x80)
+            return NULL;
+    return at + size;
+}
+
+/* A string value: JSON's escapes and UTF-8 text, validated as orjson does. 0, or -1. */
+static int json_string(Json *j)
+{
+    if (!json_take(j, '"'))
+        return -1;
+    const char *at = j->at, *end = j->end;
+    for (;;) {
+        at = plain_text_end(at, end);
+        if (at == end)
+            return -1;
+        unsigned char c = (unsigned char)*at;
         if (c == '"') {
-            *text = start;
-            *size = at - start;
             j->at = at + 1;
             return 0;
         }
-        if (c < 0x20 || c >= 0x80 || c == '\\')
+        if (c == '\\')
+            at = json_escape(at, end);
+        else if (c >= 0x80)
+            at = json_utf8(at, end);
+        else
+            return -1;  /* a control character */
+        if (at == NULL)
             return -1;
     }
-    return -1;
+}
+
+/* A key: plain text only, so that its bytes are its name (an escaped or non-ASCII key could
+   spell "choices" or "usage"; those batches go to orjson). 0, or -1. */
+static int json_key(Json *j, const char **text, Py_ssize_t *size)
+{
+    if (!json_take(j, '"'))
+        return -1;
+    const char *start = j->at, *at = plain_text_end(start, j->end);
+    if (at == j->end || *at != '"')
+        return -1;
+    *text = start;
+    *size = at - start;
+    j->at = at + 1;
+    return 0;
 }
 
 static Py_ssize_t json_digits(Json *j)
@@ -990,7 +1102,7 @@ static int json_object(Json *j, enum json_object_kind kind, Py_ssize_t *tokens)
         do {
             const char *key;
             Py_ssize_t size;
-            if (json_string(j, &key, &size) < 0 || !json_take(j, ':'))
+            if (json_key(j, &key, &size) < 0 || !json_take(j, ':'))
                 return -1;
             int result;
             if (kind == EVENT_OBJECT && json_key_is(key, size, "choices"))
@@ -1016,7 +1128,6 @@ static int json_object(Json *j, enum json_object_kind kind, Py_ssize_t *tokens)
 static int json_value(Json *j)
 {
     Py_ssize_t unused;
-    const char *text;
     json_space(j);
     if (j->at >= j->end)
         return -1;
@@ -1028,7 +1139,7 @@ static int json_value(Json *j)
         j->at++;
         return json_array(j);
     case '"':
-        return json_string(j, &text, &unused);
+        return json_string(j);
     case 't':
         return json_literal(j, "true");
     case 'f':
@@ -1125,6 +1236,10 @@ PyMODINIT_FUNC PyInit__readpath(void)
     PyObject *module = PyModule_Create(&module_def);
     if (module == NULL)
         return NULL;
+    if (PyModule_AddIntConstant(module, "READ_PATH_VERSION", READ_PATH_VERSION) < 0) {
+        Py_DECREF(module);
+        return NULL;
+    }
     PyObject *type = PyType_FromSpec(&Reader_spec);
     if (type == NULL || PyModule_AddObject(module, "Reader", type) < 0) {
         Py_XDECREF(type);

@@ -29,8 +29,9 @@ read-until-close) and the split into pieces of lines run in one compiled call pe
 Python frame; it calls back here when a response head is complete (httptools parses it, as
 below), for every batch of pieces, and at the message's end or a failure. The pieces, stamps,
 batches and errors are the same as on the Python path (the wire tests run both), but for a head
-or trailer over 64 KiB, malformed here only; https, other systems and a checkout built without a
-C compiler take the Python path.
+or trailer over 64 KiB, malformed here only; https, other systems, a checkout built without a
+C compiler and one whose build is of an older source (its READ_PATH_VERSION is not this
+module's) take the Python path.
 
 Scope: what an OpenAI-compatible server needs: one request per connection at a time, request
 bodies with Content-Length, responses with Content-Length, chunked, or read-until-close bodies,
@@ -48,18 +49,29 @@ import struct
 import sys
 import time
 from collections.abc import Callable
+from typing import Any
 from urllib.parse import urlsplit
 
 import httptools
 
 from loadgen.transport.base import ErrorKind
 
-try:
-    from loadgen.transport import _readpath  # type: ignore[attr-defined]  # the compiled read path
-except ImportError:  # built without a C compiler: the Python path reads every connection
-    _readpath = None
-
 log = logging.getLogger(__name__)
+
+READ_PATH_VERSION = 2  # _readpath.c's: a build of another source is not used
+
+
+def _current_build(module: Any) -> Any:
+    """The compiled read path's module when it was built from this source (its READ_PATH_VERSION
+    matches), else None: a build of an older source left in a checkout takes the Python paths."""
+    return module if getattr(module, "READ_PATH_VERSION", None) == READ_PATH_VERSION else None
+
+
+try:
+    from loadgen.transport import _readpath as _built  # type: ignore[attr-defined]  # the compiled read path
+except ImportError:  # built without a C compiler: the Python path reads every connection
+    _built = None
+_readpath = _current_build(_built)
 
 # (body pieces, each one or more complete lines ending in b"\n" -- the last piece of a body may
 # lack it --, the arrival perf_counter_ns of each piece), in order
@@ -559,8 +571,9 @@ class HttpClient:
 
 @functools.cache  # once per process
 def _warn_python_reads() -> None:
-    log.warning("the compiled read path (loadgen/transport/_readpath.c) is not built: plain-http reads take the "
-                "Python path, a few CPU-microseconds more per streamed token (reinstall with a C compiler)")
+    log.warning("the compiled read path (loadgen/transport/_readpath.c) is not built, or was built from an older "
+                "source: plain-http reads take the Python path, a few CPU-microseconds more per streamed token "
+                "(rebuild: pip install -e . with a C compiler)")
 
 
 def _expire(done: asyncio.Future) -> None:

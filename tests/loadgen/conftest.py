@@ -87,14 +87,14 @@ REQUIRE_READPATH = "AGENTLOAD_REQUIRE_READPATH"  # =1: tests of the compiled rea
 
 
 def require_compiled_reads() -> None:
-    """Skip a test of the compiled read path (loadgen/transport/_readpath.c) where it is not built,
-    or fail it on Linux with AGENTLOAD_REQUIRE_READPATH=1 (.ci/run sets it: a build that failed
-    must not pass as skipped tests)."""
+    """Skip a test of the compiled read path (loadgen/transport/_readpath.c) where it is not built
+    or is stale (wire.READ_PATH_VERSION), or fail it on Linux with AGENTLOAD_REQUIRE_READPATH=1
+    (.ci/run sets it: a build that failed must not pass as skipped tests)."""
     from loadgen.transport import wire
 
     if wire._readpath is not None:
         return
-    message = "the compiled read path is not built (pip install -e . with a C compiler)"
+    message = "the compiled read path is not built, or built from an older source (pip install -e . with a C compiler)"
     if os.environ.get(REQUIRE_READPATH) == "1" and sys.platform.startswith("linux"):
         pytest.fail(f"{message}, and {REQUIRE_READPATH}=1 requires it")
     pytest.skip(message)

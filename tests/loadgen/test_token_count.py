@@ -4,7 +4,10 @@ leaves it to orjson (None); it never counts anything orjson would not, nor a dif
 
 from __future__ import annotations
 
+import os
 import random
+import subprocess
+import sys
 
 import orjson
 import pytest
@@ -12,7 +15,7 @@ import pytest
 from loadgen.transport import wire
 from loadgen.transport.base import Exchange
 from loadgen.transport.http import _SseStream
-from tests.loadgen.conftest import require_compiled_reads
+from tests.loadgen.conftest import REQUIRE_READPATH, require_compiled_reads
 
 
 @pytest.fixture
@@ -77,15 +80,35 @@ PLAIN = [
     _piece({"choices": [{"token_ids": [1, 2]}], "x": {"y": [[], {}, [[]]]}}, tail=b" \t\r\n\n"),
     b'data: \t{ "choices" : [ { "token_ids" : [ 1 , 2 ] } ] }  \n\n',
     b'data: {"choices":[{"token_ids":[1],"text":"\x7f"}],"n":-0.5e-3,"m":1E2,"k":0}\n\n',
-]
-
-# Valid JSON it must leave to orjson (None): escapes, non-ASCII, other shapes.
-REFUSED = [
-    _piece(_completion([5], text='say "hi"')),  # escaped quotes
+    # detokenised text: JSON's escapes and UTF-8 characters of 2, 3 and 4 bytes
+    _piece(_completion([5], text='say "hi"')),
     _piece(_completion([5], text="line\nbreak")),
-    _piece(_completion([5], text="caf\u00e9")),  # UTF-8 bytes
+    _piece(_completion([5], text="caf\u00e9")),
     _piece(_completion([5], text="\U0001f600")),
     _piece(_chat([5], text="\u65e5\u672c")),
+    _piece(_completion([5], text='def f(x):\n\tif x == "a\\b":\r\n\t\treturn \'\u00b5s \u2264 1 \U0001f680\'\n')),
+    _piece(_completion([5], text="\x00\x01\x08\x0c\x1f\x7f\ud7ff\ue000\uffff\U00010000\U0010ffff")),
+    _piece(_chat([6, 7], text="\n")),
+    _piece(_chat([6], text="\u00e9")),
+    _piece({"choices": [{"token_ids": [1], "text": "\u00e9\u65e5\U0001f600", "k": ["\\", "\n", ""]}]}),
+    b'data: {"choices":[{"token_ids":[1],"text":"\\"\\\\\\/\\b\\f\\n\\r\\t"}]}\n\n',  # every escape kind
+    b'data: {"choices":[{"token_ids":[1],"text":'
+    b'"\\u0000\\u00E9\\u00e9\\uFFFF\\uD83D\\uDE00\\ud83d\\ude00\\uDBFF\\uDFFF"}]}\n\n',
+    b'data: {"choices":[{"token_ids":[1],"text":"\\n","t":"\\u0041","u":"\\\\","v":"\\"x\\""}]}\n\n',
+    b'data: {"choices":[{"token_ids":[1],'
+    b'"text":"\xc3\xa9","t":"\xe6\x97\xa5","u":"\xf0\x9f\x98\x80","v":"\xc2\x80\xdf\xbf"}]}\n\n',
+    b'data: {"choices":[{"token_ids":[1],'
+    b'"text":"\xe0\xa0\x80\xed\x9f\xbf\xee\x80\x80\xf0\x90\x80\x80\xf4\x8f\xbf\xbf"}]}\n\n',
+]
+
+# Valid JSON it must leave to orjson (None): escaped or non-ASCII keys, other shapes.
+REFUSED = [
+    b'data: {"ch\\u006fices":[{"token_ids":[1]}]}\n\n',  # an escaped key may spell a name that counts
+    b'data: {"choices":[{"token\\u005fids":[1]}]}\n\n',
+    b'data: {"choices":[{"token_ids":[1]}],"\\u0065rror":{"message":"boom"}}\n\n',
+    b'data: {"choices":[{"token_ids":[1]}],"\\n":1}\n\n',
+    b'data: {"choices":[{"token_ids":[1]}],"caf\xc3\xa9":1}\n\n',
+    b'data: {"choices":[{"token_ids":[1],"\xe6\x97\xa5":"x"}]}\n\n',
     _piece(_completion([5], usage={"completion_tokens": 1})),
     _piece(_completion([5], usage=0)),
     _piece(_completion([5], error={"message": "boom"})),
@@ -147,6 +170,49 @@ MALFORMED = [
     b"data: {'choices':[{'token_ids':[1]}]}\n\n",
     b'data: \x0c{"choices":[{"token_ids":[1]}]}\n\n',
     b"data: \n\n",
+    # escapes JSON does not allow
+    b'data: {"choices":[{"token_ids":[1]}],"x":"\\x41"}\n\n',
+    b'data: {"choices":[{"token_ids":[1]}],"x":"\\U0041"}\n\n',
+    b'data: {"choices":[{"token_ids":[1]}],"x":"\\a"}\n\n',
+    b'data: {"choices":[{"token_ids":[1]}],"x":"\\\'"}\n\n',
+    b'data: {"choices":[{"token_ids":[1]}],"x":"\\u12"}\n\n',
+    b'data: {"choices":[{"token_ids":[1]}],"x":"\\u12G4"}\n\n',
+    b'data: {"choices":[{"token_ids":[1]}],"x":"\\u 123"}\n\n',
+    b'data: {"choices":[{"token_ids":[1]}],"x":"ab\\"}\n\n',  # a trailing backslash escapes the quote
+    b'data: {"choices":[{"token_ids":[1]}],"x":"ab\\\n\n',
+    b'data: {"choices":[{"token_ids":[1]}],"x":"\\\xc3\xa9"}\n\n',
+    b'data: {"choices":[{"token_ids":[1]}],"x":"\\ud800"}\n\n',  # lone surrogates
+    b'data: {"choices":[{"token_ids":[1]}],"x":"\\udc00\\ud800"}\n\n',
+    b'data: {"choices":[{"token_ids":[1]}],"x":"\\ud800\\u0041"}\n\n',
+    b'data: {"choices":[{"token_ids":[1]}],"x":"\\ud800\\ud800"}\n\n',
+    b'data: {"choices":[{"token_ids":[1]}],"x":"\\ud800\\n"}\n\n',
+    b'data: {"choices":[{"token_ids":[1]}],"x":"\\udbff"}\n\n',
+    b'data: {"choices":[{"token_ids":[1]}],"x":"\\udc00"}\n\n',
+    b'data: {"choices":[{"token_ids":[1]}],"x":"a\\uDFFFb"}\n\n',
+    # bytes that are not UTF-8
+    b'data: {"choices":[{"token_ids":[1]}],"x":"\xc0\x80"}\n\n',  # overlong
+    b'data: {"choices":[{"token_ids":[1]}],"x":"\xc1\xbf"}\n\n',
+    b'data: {"choices":[{"token_ids":[1]}],"x":"\xe0\x80\x80"}\n\n',
+    b'data: {"choices":[{"token_ids":[1]}],"x":"\xe0\x9f\xbf"}\n\n',
+    b'data: {"choices":[{"token_ids":[1]}],"x":"\xf0\x80\x80\x80"}\n\n',
+    b'data: {"choices":[{"token_ids":[1]}],"x":"\xf0\x8f\xbf\xbf"}\n\n',
+    b'data: {"choices":[{"token_ids":[1]}],"x":"\xed\xa0\x80"}\n\n',  # a surrogate
+    b'data: {"choices":[{"token_ids":[1]}],"x":"\xed\xbf\xbf"}\n\n',
+    b'data: {"choices":[{"token_ids":[1]}],"x":"\xf4\x90\x80\x80"}\n\n',  # past U+10FFFF
+    b'data: {"choices":[{"token_ids":[1]}],"x":"\xf5\x80\x80\x80"}\n\n',
+    b'data: {"choices":[{"token_ids":[1]}],"x":"\xff"}\n\n',
+    b'data: {"choices":[{"token_ids":[1]}],"x":"\x80"}\n\n',  # a continuation byte alone
+    b'data: {"choices":[{"token_ids":[1]}],"x":"\xc3"}\n\n',  # truncated
+    b'data: {"choices":[{"token_ids":[1]}],"x":"\xe6\x97"}\n\n',
+    b'data: {"choices":[{"token_ids":[1]}],"x":"\xe6\x97a"}\n\n',
+    b'data: {"choices":[{"token_ids":[1]}],"x":"\xf0\x9f\xc3\xa9"}\n\n',
+    b'data: {"choices":[{"token_ids":[1]}],"x":"\xf0\x9f\x98"}\n\n',
+    b'data: {"choices":[{"token_ids":[1]}],"x":"\xf0\x9f\x98a"}\n\n',
+    b'data: {"choices":[{"token_ids":[1]}],"x":"\xe6\xc3\xa9"}\n\n',
+    b'data: {"choices":[{"token_ids":[1]}],"x":"\xc3\xa9\xa9"}\n\n',
+    b'data: {"choices":[{"token_ids":[1]}],"x":"\xf0\x9f\x98\x80\x80"}\n\n',
+    b'data: {"choices":[{"token_ids":[1]}],"x":"a\xc3\n\n',
+    b'data: {"choices":[{"token_ids":[1]}],"x":"a\xf0\x9f\n\n',
 ]
 
 
@@ -195,13 +261,30 @@ def test_the_counter_leaves_every_other_event_to_orjson(count, piece):
     assert count([PLAIN[0], piece, PLAIN[1]]) is None  # one such event sends the whole batch
 
 
-@pytest.mark.parametrize("stop", [b'"', b"\\", b"\x00", b"\x1f", b"\x80", b"\xff"])
-def test_a_string_with_a_quote_escape_control_or_non_ascii_byte_anywhere_is_refused(count, stop):
-    """Long strings are scanned eight bytes at a time: the byte is caught at every offset."""
+def _with_text(text: bytes) -> bytes:
+    return b'data: {"choices":[{"token_ids":[1],"text":"' + text + b'"}]}\n\n'
+
+
+@pytest.mark.parametrize("stop", [b'"', b"\\x", b"\\u12G", b"\\ud800", b"\\udc00", b"\x00", b"\x1f", b"\x80", b"\xff",
+                                  b"\xc3", b"\xe6\x97", b"\xed\xa0\x80", b"\xf4\x90\x80\x80"])
+def test_a_string_with_a_quote_control_byte_or_bad_escape_or_utf8_anywhere_is_refused(count, stop):
+    """Long strings are scanned eight bytes at a time: the bytes are caught at every offset."""
     for at in range(40):
-        text = b"a" * at + stop + b"b" * (39 - at)
-        assert count([b'data: {"choices":[{"token_ids":[1],"text":"' + text + b'"}]}\n\n']) is None, at
-    assert count([b'data: {"choices":[{"token_ids":[1],"text":"' + b"\x7f ~" * 20 + b'"}]}\n\n']) == [1]
+        piece = _with_text(b"a" * at + stop + b"b" * (39 - at))
+        with pytest.raises(orjson.JSONDecodeError):
+            orjson.loads(piece[5:])
+        assert count([piece]) is None, at
+    assert count([_with_text(b"\x7f ~" * 20)]) == [1]
+
+
+@pytest.mark.parametrize("text", [b"\\n", b"\\\\", b'\\"', b"\\/", b"\\t", b"\\u00e9", b"\\uD83D\\uDE00", b"\xc3\xa9",
+                                  b"\xe6\x97\xa5", b"\xf0\x9f\x98\x80", b'\\n\xc3\xa9\\"\xf0\x9f\x98\x80\\t'])
+def test_escapes_and_utf8_anywhere_in_a_long_string_are_counted(count, text):
+    """At every offset of the eight-byte scan, at the string's start and at its end."""
+    for at in range(24):
+        for piece in (_with_text(b"a" * at + text + b"b" * (23 - at)), _with_text(b"a" * at + text),
+                      _with_text(text + b"b" * at), _with_text(text * (at + 1))):
+            assert _check(count, [piece]) == [1], piece
 
 
 def test_the_counter_refuses_what_is_not_a_list_of_bytes(count):
@@ -214,7 +297,7 @@ def test_the_counter_refuses_what_is_not_a_list_of_bytes(count):
 def _mutations(piece: bytes, rng: random.Random):
     """Every byte flipped (to a structural character and a random one), deleted and duplicated;
     every truncation of the event's JSON; and random multi-byte edits."""
-    structural = b'{}[]",:-.0123456789eE+ tfnrul\\\x00\x80'
+    structural = b'{}[]",:-.0123456789eE+ tfnrulbDd\\/\x00\x80\x8f\x90\x9f\xa0\xbf\xc0\xc3\xe0\xed\xf0\xf4\xff'
     for at in range(len(piece)):
         for byte in (structural[rng.randrange(len(structural))], rng.randrange(256)):
             yield piece[:at] + bytes([byte]) + piece[at + 1:]
@@ -277,3 +360,48 @@ def test_a_plain_batch_builds_no_objects(count, monkeypatch):
     stream.take(PLAIN, list(range(len(PLAIN))))
     assert stream.ex.chunk_tokens == expected
     assert stream.ex.chunk_ns == list(range(len(PLAIN))) and stream.error is None
+
+
+# Run in a fresh interpreter: the build is vetted when wire.py is imported. The module's
+# READ_PATH_VERSION is set (or removed) first, as a build of an older source would have it.
+_STALE_BUILD = """
+import logging, sys
+import pytest
+from loadgen.transport import _readpath
+if sys.argv[1] == "missing":
+    del _readpath.READ_PATH_VERSION
+else:
+    _readpath.READ_PATH_VERSION = int(sys.argv[1])
+from loadgen.transport import http, wire
+from loadgen.transport.base import Exchange
+from tests.loadgen.conftest import require_compiled_reads
+logging.basicConfig(level=logging.WARNING)
+assert wire._readpath is None and wire.content_token_counter() is None and not wire.compiled_reads_available()
+client = wire.HttpClient("http://127.0.0.1:9", {}, 1)
+wire.HttpClient("http://127.0.0.1:9", {}, 1)
+assert client.read_path == "python", client.read_path
+stream = http._SseStream(Exchange(), chat=False)
+stream.take([b'data: {"choices":[{"token_ids":[1,2],"text":"\\u00e9"}]}\\n\\n'], [5])
+assert stream.ex.chunk_tokens == [2], stream.ex.chunk_tokens  # counted by orjson
+try:
+    require_compiled_reads()
+except pytest.fail.Exception as failed:
+    print("FAILED:", failed)
+except pytest.skip.Exception:
+    print("SKIPPED")
+"""
+
+
+@pytest.mark.parametrize("version", ["missing", "1", "0", "999"])
+def test_a_build_of_another_source_counts_as_not_built(count, version):
+    """A stale build: the Python paths read and count, one warning says to rebuild, and the tests
+    of the compiled path fail where .ci/run requires it (skip elsewhere)."""
+    assert wire._readpath.READ_PATH_VERSION == wire.READ_PATH_VERSION  # this build is current
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    for required, outcome in (("1", "FAILED:"), ("0", "SKIPPED")):
+        env = {**os.environ, "PYTHONPATH": root, REQUIRE_READPATH: required}
+        run = subprocess.run([sys.executable, "-c", _STALE_BUILD, version], capture_output=True, text=True,
+                             env=env, cwd=root, timeout=120)
+        assert run.returncode == 0, run.stderr
+        assert run.stdout.startswith(outcome), run.stdout
+        assert run.stderr.count("pip install -e .") == 1, run.stderr  # once per process
