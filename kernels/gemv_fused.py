@@ -14,8 +14,11 @@ bf16 in a bf16 model) and sums the norm's squares over the whole row in one bloc
 `add_rms_norm` does; the multiply-adds then run as gemv's fp32 kernel runs them with the same
 config. So a fused result equals the two launches' to the bit where their configs match.
 
-Which products fold is measured (`prologue_config`): the input, query and down projections;
-gate/up's 2,816 programs paid more for redoing the norm than its launch cost. Rows beyond
+Which products fold is measured per kernel (`prologue_config`): the input, query and down
+projections; gate/up's 2,816 programs paid more for redoing the norm than its launch cost. In the
+engine (benchmarks/RESULTS.md, integration of this session's merged main) the folds took the small
+model's batch-1 graph from 0.652 to 0.637 ms, in one pair of runs without an A/A: a small gain,
+bounded by each fold's pass over the row before its weight streams (~1.4 us a GEMV). Rows beyond
 gemv.MAX_ROWS, the torch backend, fp16, and the other shapes run the two ops one after the other.
 (The final norm stays apart from the LM head: the runner picks the rows that want logits in
 between, and the normed rows are also the speculative draft head's input.)
