@@ -251,6 +251,7 @@ def _topk_row_kernel(logits_ptr, lengths_ptr, out_ptr, n_cols, k, BLOCK: tl.cons
 # key in the high half, kept below 2^15 by this bound, candidates in the low): the longest row it
 # takes; longer rows of the single launch take the radix kernel.
 REGISTER_ROW_MAX_COLS = 16384
+SEARCH_BOUND_BELOW = True
 
 
 @triton.jit
@@ -258,22 +259,77 @@ def _count_at_or_above(key, pivot):
     return tl.sum((key >= pivot.to(tl.uint32)).to(tl.int32), axis=0)
 
 
-@triton.jit
-def _halve_interval(key, k, lo, hi, c_lo, c_hi):
-    """One step of the search for the k-th largest key: [lo, hi) holds it, with c_lo >= k keys at
-    or above lo and c_hi < k at or above hi; keeps the half that holds it.
+# Steps past bisection's 32 that the interpolation search may take on rows it guesses badly:
+# each step's pivot is kept close enough to the interval's midpoint that after step j (from 0) the
+# interval is at most 2^(32 + SEARCH_SLACK - j - 1) keys wide, whatever the row.
+SEARCH_SLACK = tl.constexpr(2)
 
-    One pivot per block reduction: two or three (thirds with both counts packed in one int32, or
-    quarters by one three-value reduction) took as long or longer on an H200 (benchmarks/RESULTS.md,
-    top-k with the row in registers): their extra compares cost what the fewer steps saved."""
-    mid = lo + (hi - lo) // 2
-    c = _count_at_or_above(key, mid)
+
+@triton.jit
+def _interpolation_step(key, k, lo, hi, c_lo, c_hi, w_lo, w_hi, kept, reach):
+    """One step of the search for the k-th largest key: [lo, hi) holds it, with c_lo > k keys at
+    or above lo and c_hi < k at or above hi; counts the keys at or above a pivot and keeps the part
+    that holds it.
+
+    The pivot is where a straight line through (lo, w_lo) and (hi, w_hi) crosses zero, w being the
+    count less k (regula falsi on the count over the key space, which for the keys' log-like
+    spacing of floats is smooth where values are), then Illinois: an end kept twice in a row has
+    its weight halved, so that a one-sided approach speeds up. The pivot is clamped inside the
+    interval and within 2^reach - ceil(width / 2) keys of its midpoint (an ITP-style projection;
+    reach falls by one a step), which bounds the steps of a badly guessed row (ties, gaps,
+    outliers) at 32 + SEARCH_SLACK. `kept`: 1 if the last step kept the upper part, -1 the lower,
+    0 at first.
+    """
+    width = hi - lo
+    guess = lo + (width.to(tl.float32) * (w_lo / (w_lo - w_hi))).to(tl.int64)
+    mid = lo + width // 2
+    radius = (tl.full((), 1, tl.int64) << reach) - (width - width // 2)
+    pivot = tl.minimum(tl.maximum(guess, tl.maximum(mid - radius, lo + 1)), tl.minimum(mid + radius, hi - 1))
+    c = _count_at_or_above(key, pivot)
     up = c >= k
-    return tl.where(up, mid, lo), tl.where(up, hi, mid), tl.where(up, c, c_lo), tl.where(up, c_hi, c)
+    w = (c - k).to(tl.float32)
+    w_lo = tl.where(~up & (kept < 0), w_lo * 0.5, w_lo)
+    w_hi = tl.where(up & (kept > 0), w_hi * 0.5, w_hi)
+    return (tl.where(up, pivot, lo), tl.where(up, hi, pivot), tl.where(up, c, c_lo), tl.where(up, c_hi, c),
+            tl.where(up, w, w_lo), tl.where(up, w_hi, w), tl.where(up, 1, -1), reach - 1)
 
 
 @triton.jit
-def _select_in_registers(row_ptr, out_row, length, k, BLOCK: tl.constexpr):
+def _search_kth_key(key, valid, length, k, BOUND_BELOW: tl.constexpr):
+    """(lo, hi, c_hi): the k-th largest key lies in [lo, hi), c_hi < k keys lie at or above hi and
+    every key in [lo, hi) belongs to the top k: exactly k keys lie at or above lo, or lo + 1 == hi.
+
+    A first reduction bounds the interval by the row's largest key (and, BOUND_BELOW, its
+    smallest), then interpolation steps (_interpolation_step). Once k - 1 keys lie at or above hi,
+    the k-th largest is the largest key below hi: one max reduction finds it and ends the search,
+    where landing exactly on k by counts would take several steps.
+    """
+    hi = tl.max(tl.where(valid, key, 0), axis=0).to(tl.int64) + 1  # int64: up to 2^32
+    if BOUND_BELOW:
+        lo = tl.min(tl.where(valid, key, tl.full(key.shape, 0xFFFFFFFF, tl.uint32)), axis=0).to(tl.int64)
+    else:
+        lo = tl.full((), 0, tl.int64)
+    c_lo = length
+    c_hi = tl.full((), 0, tl.int32)
+    w_lo = (c_lo - k).to(tl.float32)
+    w_hi = (c_hi - k).to(tl.float32)
+    kept = tl.full((), 0, tl.int32)
+    reach = tl.full((), 31 + SEARCH_SLACK, tl.int64)
+    # reach >= 0 holds while the interval is wider than one key (see _interpolation_step); the bound
+    # keeps a broken step from looping on
+    while (c_lo > k) & (hi - lo > 1) & (reach >= 0):
+        if c_hi == k - 1:
+            # no key lies in [max below hi + 1, hi): hi moves down to it and c_hi stays
+            lo = tl.max(tl.where(key <= (hi - 1).to(tl.uint32), key, 0), axis=0).to(tl.int64)
+            hi = lo + 1
+        else:
+            lo, hi, c_lo, c_hi, w_lo, w_hi, kept, reach = _interpolation_step(
+                key, k, lo, hi, c_lo, c_hi, w_lo, w_hi, kept, reach)
+    return lo, hi, c_hi
+
+
+@triton.jit
+def _select_in_registers(row_ptr, out_row, length, k, BLOCK: tl.constexpr, BOUND_BELOW: tl.constexpr):
     """Top k of a row of length in (k, BLOCK] columns whose keys stay in registers.
 
     The k-th largest key is found by halving a key interval [lo, hi), each count of the keys at or
@@ -286,12 +342,7 @@ def _select_in_registers(row_ptr, out_row, length, k, BLOCK: tl.constexpr):
     valid = col < length
     # columns past the length get key 0 and never count: every pivot is above 0
     key = tl.where(valid, _ordered_key(tl.load(row_ptr + col, mask=valid, other=0.0)), 0)
-    lo = tl.full((), 0, tl.int64)
-    hi = tl.full((), 1 << 32, tl.int64)  # int64: the interval may end past the largest key
-    c_lo = length
-    c_hi = tl.full((), 0, tl.int32)
-    while (c_lo > k) & (hi - lo > 1):
-        lo, hi, c_lo, c_hi = _halve_interval(key, k, lo, hi, c_lo, c_hi)
+    lo, hi, c_hi = _search_kth_key(key, valid, length, k, BOUND_BELOW)
     wide = key.to(tl.int64)
     is_above = wide >= hi
     is_cand = valid & (wide >= lo) & (wide < hi)
@@ -301,7 +352,8 @@ def _select_in_registers(row_ptr, out_row, length, k, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def _topk_in_registers_kernel(logits_ptr, lengths_ptr, out_ptr, n_cols, k, BLOCK: tl.constexpr):
+def _topk_in_registers_kernel(logits_ptr, lengths_ptr, out_ptr, n_cols, k, BLOCK: tl.constexpr,
+                              BOUND_BELOW: tl.constexpr):
     """The whole top-k of one row in one program (grid: rows) that reads the row once, into
     registers: BLOCK >= n_cols columns, or half as many when the row's length (read on the device)
     fits them, which halves the work of every count."""
@@ -309,9 +361,9 @@ def _topk_in_registers_kernel(logits_ptr, lengths_ptr, out_ptr, n_cols, k, BLOCK
     if length <= k:
         _store_short_row(out_row, length, k, BLOCK)
     elif length <= BLOCK // 2:
-        _select_in_registers(row_ptr, out_row, length, k, BLOCK // 2)
+        _select_in_registers(row_ptr, out_row, length, k, BLOCK // 2, BOUND_BELOW)
     else:
-        _select_in_registers(row_ptr, out_row, length, k, BLOCK)
+        _select_in_registers(row_ptr, out_row, length, k, BLOCK, BOUND_BELOW)
 
 
 @triton.jit(do_not_specialize=["level"])
@@ -547,7 +599,7 @@ def topk_triton(logits: torch.Tensor, lengths: torch.Tensor, k: int, config: Top
     cfg = config or default_config(logits.device, n, t)
     if takes_register_launch(cfg, n):
         _topk_in_registers_kernel[(t,)](logits, lengths, out, n, k, BLOCK=max(64, triton.next_power_of_2(n)),
-                                        num_warps=cfg.num_warps)
+                                        BOUND_BELOW=SEARCH_BOUND_BELOW, num_warps=cfg.num_warps)
         return out
     if n <= cfg.single_pass_max_cols:
         _topk_row_kernel[(t,)](logits, lengths, out, n, k, BLOCK=cfg.block, num_warps=cfg.num_warps)
