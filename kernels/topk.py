@@ -251,101 +251,110 @@ def _topk_row_kernel(logits_ptr, lengths_ptr, out_ptr, n_cols, k, BLOCK: tl.cons
 # key in the high half, kept below 2^15 by this bound, candidates in the low): the longest row it
 # takes; longer rows of the single launch take the radix kernel.
 REGISTER_ROW_MAX_COLS = 16384
-SEARCH_BOUND_BELOW = True
+SEARCH_BOUNDS = 2
 
 
 @triton.jit
 def _count_at_or_above(key, pivot):
-    return tl.sum((key >= pivot.to(tl.uint32)).to(tl.int32), axis=0)
+    return tl.sum((key >= pivot).to(tl.int32), axis=0)
 
 
 # Steps past bisection's 32 that the interpolation search may take on rows it guesses badly:
-# each step's pivot is kept close enough to the interval's midpoint that after step j (from 0) the
-# interval is at most 2^(32 + SEARCH_SLACK - j - 1) keys wide, whatever the row.
-SEARCH_SLACK = tl.constexpr(2)
+# each step's pivot is kept close enough to the interval's middle that after step j (from 0) the
+# interval is about 2^(31 + SEARCH_SLACK - j) keys wide at most, whatever the row.
+SEARCH_SLACK = 0
+FIRST_REACH = tl.constexpr(2.0 ** (31 + SEARCH_SLACK))
 
 
 @triton.jit
-def _interpolation_step(key, k, lo, hi, c_lo, c_hi, w_lo, w_hi, kept, reach):
-    """One step of the search for the k-th largest key: [lo, hi) holds it, with c_lo > k keys at
-    or above lo and c_hi < k at or above hi; counts the keys at or above a pivot and keeps the part
-    that holds it.
+def _interpolation_step(key, k, lo, top, c_lo, c_hi, w_lo, w_hi, kept, reach):
+    """One step of the search for the k-th largest key: [lo, top] holds it, with c_lo > k keys at
+    or above lo and c_hi < k above top; counts the keys at or above a pivot in (lo, top] and keeps
+    the part that holds it.
 
-    The pivot is where a straight line through (lo, w_lo) and (hi, w_hi) crosses zero, w being the
-    count less k (regula falsi on the count over the key space, which for the keys' log-like
-    spacing of floats is smooth where values are), then Illinois: an end kept twice in a row has
-    its weight halved, so that a one-sided approach speeds up. The pivot is clamped inside the
-    interval and within 2^reach - ceil(width / 2) keys of its midpoint (an ITP-style projection;
-    reach falls by one a step), which bounds the steps of a badly guessed row (ties, gaps,
-    outliers) at 32 + SEARCH_SLACK. `kept`: 1 if the last step kept the upper part, -1 the lower,
-    0 at first.
+    The pivot is where a straight line through (lo, w_lo) and (top, w_hi) crosses zero, w being
+    the count less k (regula falsi on the count over the key space, smooth where values are:
+    the keys of floats are spaced like their logarithms), with Illinois: an end kept twice in a
+    row has its weight halved, so that a one-sided approach speeds up. The pivot stays within
+    `reach` (halved each step) less half the interval of its middle (an ITP-style projection),
+    which bounds the steps of a row the line guesses badly (ties, gaps, outliers) near
+    32 + SEARCH_SLACK. `kept`: 1 if the last step kept the upper part, -1 the lower, 0 at first.
+    The pivot's arithmetic is fp32 and 32-bit (each step waits on it, and 64-bit integer math cost
+    ~0.2 us a step on an H200, benchmarks/RESULTS.md); only the clamp to (lo, top] must be exact.
     """
-    width = hi - lo
-    guess = lo + (width.to(tl.float32) * (w_lo / (w_lo - w_hi))).to(tl.int64)
-    mid = lo + width // 2
-    radius = (tl.full((), 1, tl.int64) << reach) - (width - width // 2)
-    pivot = tl.minimum(tl.maximum(guess, tl.maximum(mid - radius, lo + 1)), tl.minimum(mid + radius, hi - 1))
+    span = top - lo
+    span_f = span.to(tl.float32)
+    guess = span_f * (w_lo / (w_lo - w_hi))
+    # within reach - span/2 of the middle span/2, then inside (lo, top] whatever reach is left
+    off = tl.minimum(tl.maximum(tl.minimum(tl.maximum(guess, span_f - reach), reach), 1.0), span_f)
+    pivot = lo + tl.minimum(off.to(tl.uint32), span)
     c = _count_at_or_above(key, pivot)
     up = c >= k
     w = (c - k).to(tl.float32)
     w_lo = tl.where(~up & (kept < 0), w_lo * 0.5, w_lo)
     w_hi = tl.where(up & (kept > 0), w_hi * 0.5, w_hi)
-    return (tl.where(up, pivot, lo), tl.where(up, hi, pivot), tl.where(up, c, c_lo), tl.where(up, c_hi, c),
-            tl.where(up, w, w_lo), tl.where(up, w_hi, w), tl.where(up, 1, -1), reach - 1)
+    return (tl.where(up, pivot, lo), tl.where(up, top, pivot - 1), tl.where(up, c, c_lo), tl.where(up, c_hi, c),
+            tl.where(up, w, w_lo), tl.where(up, w_hi, w), tl.where(up, 1, -1), reach * 0.5)
 
 
 @triton.jit
-def _search_kth_key(key, valid, length, k, BOUND_BELOW: tl.constexpr):
-    """(lo, hi, c_hi): the k-th largest key lies in [lo, hi), c_hi < k keys lie at or above hi and
-    every key in [lo, hi) belongs to the top k: exactly k keys lie at or above lo, or lo + 1 == hi.
+def _max_min(a_max, a_min, b_max, b_min):
+    return tl.maximum(a_max, b_max), tl.minimum(a_min, b_min)
 
-    A first reduction bounds the interval by the row's largest key (and, BOUND_BELOW, its
-    smallest), then interpolation steps (_interpolation_step). Once k - 1 keys lie at or above hi,
-    the k-th largest is the largest key below hi: one max reduction finds it and ends the search,
-    where landing exactly on k by counts would take several steps.
+
+@triton.jit
+def _search_kth_key(key, valid, length, k, BOUNDS: tl.constexpr):
+    """(lo, top, c_hi): the k-th largest key lies in [lo, top], c_hi < k keys lie above top and
+    every key in [lo, top] belongs to the top k: exactly k keys lie at or above lo, or lo == top.
+
+    A first reduction bounds the interval by the row's largest key (BOUNDS 2 and 3: and its
+    smallest, by a second reduction or in the same one), then interpolation steps
+    (_interpolation_step). Once k - 1 keys lie above top, the k-th largest is the largest key
+    at or below top: one max reduction finds it and ends the search, where landing exactly on k
+    by counts would take several steps.
     """
-    hi = tl.max(tl.where(valid, key, 0), axis=0).to(tl.int64) + 1  # int64: up to 2^32
-    if BOUND_BELOW:
-        lo = tl.min(tl.where(valid, key, tl.full(key.shape, 0xFFFFFFFF, tl.uint32)), axis=0).to(tl.int64)
+    low = tl.full(key.shape, 0xFFFFFFFF, tl.uint32)
+    if BOUNDS == 3:
+        top, lo = tl.reduce((tl.where(valid, key, 0), tl.where(valid, key, low)), 0, _max_min)
+    elif BOUNDS == 2:
+        top = tl.max(tl.where(valid, key, 0), axis=0)
+        lo = tl.min(tl.where(valid, key, low), axis=0)
     else:
-        lo = tl.full((), 0, tl.int64)
+        top = tl.max(tl.where(valid, key, 0), axis=0)
+        lo = tl.full((), 0, tl.uint32)
     c_lo = length
     c_hi = tl.full((), 0, tl.int32)
     w_lo = (c_lo - k).to(tl.float32)
     w_hi = (c_hi - k).to(tl.float32)
     kept = tl.full((), 0, tl.int32)
-    reach = tl.full((), 31 + SEARCH_SLACK, tl.int64)
-    # reach >= 0 holds while the interval is wider than one key (see _interpolation_step); the bound
-    # keeps a broken step from looping on
-    while (c_lo > k) & (hi - lo > 1) & (reach >= 0):
+    reach = tl.full((), FIRST_REACH, tl.float32)
+    while (c_lo > k) & (top > lo):
         if c_hi == k - 1:
-            # no key lies in [max below hi + 1, hi): hi moves down to it and c_hi stays
-            lo = tl.max(tl.where(key <= (hi - 1).to(tl.uint32), key, 0), axis=0).to(tl.int64)
-            hi = lo + 1
+            lo = tl.max(tl.where(key <= top, key, 0), axis=0)
+            top = lo
         else:
-            lo, hi, c_lo, c_hi, w_lo, w_hi, kept, reach = _interpolation_step(
-                key, k, lo, hi, c_lo, c_hi, w_lo, w_hi, kept, reach)
-    return lo, hi, c_hi
+            lo, top, c_lo, c_hi, w_lo, w_hi, kept, reach = _interpolation_step(
+                key, k, lo, top, c_lo, c_hi, w_lo, w_hi, kept, reach)
+    return lo, top, c_hi
 
 
 @triton.jit
-def _select_in_registers(row_ptr, out_row, length, k, BLOCK: tl.constexpr, BOUND_BELOW: tl.constexpr):
+def _select_in_registers(row_ptr, out_row, length, k, BLOCK: tl.constexpr, BOUNDS: tl.constexpr):
     """Top k of a row of length in (k, BLOCK] columns whose keys stay in registers.
 
-    The k-th largest key is found by halving a key interval [lo, hi), each count of the keys at or
-    above its midpoint one block reduction (no histogram), until exactly k keys lie at or above lo
-    (the k largest, whatever ties lie below) or the interval is one key wide (lo is the k-th
-    largest). Then one emit: the keys at or above hi, then keys in [lo, hi) while fewer than k are
-    placed, positions from one packed scan.
+    The k-th largest key is found by narrowing a key interval [lo, hi) (_search_kth_key), each
+    count of the keys at or above a pivot one block reduction (no histogram), until exactly k keys
+    lie at or above lo (the k largest, whatever ties lie below) or the interval is one key wide
+    (lo is the k-th largest). Then one emit: the keys at or above hi, then keys in [lo, hi) while
+    fewer than k are placed, positions from one packed scan.
     """
     col = tl.arange(0, BLOCK)
     valid = col < length
     # columns past the length get key 0 and never count: every pivot is above 0
     key = tl.where(valid, _ordered_key(tl.load(row_ptr + col, mask=valid, other=0.0)), 0)
-    lo, hi, c_hi = _search_kth_key(key, valid, length, k, BOUND_BELOW)
-    wide = key.to(tl.int64)
-    is_above = wide >= hi
-    is_cand = valid & (wide >= lo) & (wide < hi)
+    lo, top, c_hi = _search_kth_key(key, valid, length, k, BOUNDS)
+    is_above = key > top
+    is_cand = valid & (key >= lo) & (key <= top)
     rank = tl.cumsum((is_above.to(tl.int32) << 16) | is_cand.to(tl.int32), axis=0)
     pos = tl.where(is_above, (rank >> 16) - 1, c_hi + (rank & 0xFFFF) - 1)
     tl.store(out_row + pos, col, mask=is_above | (is_cand & (pos < k)))
@@ -353,7 +362,7 @@ def _select_in_registers(row_ptr, out_row, length, k, BLOCK: tl.constexpr, BOUND
 
 @triton.jit
 def _topk_in_registers_kernel(logits_ptr, lengths_ptr, out_ptr, n_cols, k, BLOCK: tl.constexpr,
-                              BOUND_BELOW: tl.constexpr):
+                              BOUNDS: tl.constexpr):
     """The whole top-k of one row in one program (grid: rows) that reads the row once, into
     registers: BLOCK >= n_cols columns, or half as many when the row's length (read on the device)
     fits them, which halves the work of every count."""
@@ -361,9 +370,9 @@ def _topk_in_registers_kernel(logits_ptr, lengths_ptr, out_ptr, n_cols, k, BLOCK
     if length <= k:
         _store_short_row(out_row, length, k, BLOCK)
     elif length <= BLOCK // 2:
-        _select_in_registers(row_ptr, out_row, length, k, BLOCK // 2, BOUND_BELOW)
+        _select_in_registers(row_ptr, out_row, length, k, BLOCK // 2, BOUNDS)
     else:
-        _select_in_registers(row_ptr, out_row, length, k, BLOCK, BOUND_BELOW)
+        _select_in_registers(row_ptr, out_row, length, k, BLOCK, BOUNDS)
 
 
 @triton.jit(do_not_specialize=["level"])
@@ -599,7 +608,7 @@ def topk_triton(logits: torch.Tensor, lengths: torch.Tensor, k: int, config: Top
     cfg = config or default_config(logits.device, n, t)
     if takes_register_launch(cfg, n):
         _topk_in_registers_kernel[(t,)](logits, lengths, out, n, k, BLOCK=max(64, triton.next_power_of_2(n)),
-                                        BOUND_BELOW=SEARCH_BOUND_BELOW, num_warps=cfg.num_warps)
+                                        BOUNDS=SEARCH_BOUNDS, num_warps=cfg.num_warps)
         return out
     if n <= cfg.single_pass_max_cols:
         _topk_row_kernel[(t,)](logits, lengths, out, n, k, BLOCK=cfg.block, num_warps=cfg.num_warps)

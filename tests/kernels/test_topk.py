@@ -189,13 +189,14 @@ def search_rows(gen: torch.Generator, n: int) -> torch.Tensor:
 
 
 @triton.jit
-def _search_kernel(logits_ptr, out_ptr, length, k, BLOCK: tl.constexpr):
+def _search_kernel(logits_ptr, out_ptr, length, k, BLOCK: tl.constexpr, BOUNDS: tl.constexpr):
     """The in-register kernel's search alone on one row: out = (lo, hi, c_hi)."""
     col = tl.arange(0, BLOCK)
     valid = col < length
     key = tl.where(valid, topk._ordered_key(tl.load(logits_ptr + col, mask=valid, other=0.0)), 0)
-    lo, hi, c_hi = topk._search_kth_key(key, valid, length, k, True)
-    tl.store(out_ptr + tl.arange(0, 4), tl.where(tl.arange(0, 4) == 0, lo, tl.where(tl.arange(0, 4) == 1, hi, c_hi)))
+    lo, top, c_hi = topk._search_kth_key(key, valid, length, k, BOUNDS)
+    i = tl.arange(0, 4)
+    tl.store(out_ptr + i, tl.where(i == 0, lo.to(tl.int64), tl.where(i == 1, top.to(tl.int64) + 1, c_hi.to(tl.int64))))
 
 
 @pytest.mark.parametrize("k", [24, 40])
@@ -206,7 +207,7 @@ def test_topk_in_registers_search_ends_on_the_kth_key(gen, k):
     n = 200
     for row in search_rows(gen, n):
         out = torch.zeros(4, dtype=torch.int64)
-        _search_kernel[(1,)](row, out, n, k, BLOCK=256)
+        _search_kernel[(1,)](row, out, n, k, BLOCK=256, BOUNDS=topk.SEARCH_BOUNDS)
         lo, hi, c_hi = out[:3].tolist()
         keys = ordered_keys(row)
         kth = int(keys.topk(k).values[-1])
