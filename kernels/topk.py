@@ -2,8 +2,8 @@
 
 Triton path: a selection on order-preserving 32-bit keys. The k-th largest key is found either by
 a radix select, four levels of 8-bit digit histograms (keys matching the digits chosen so far), or,
-for rows held in registers, by halving a key interval with counts of the keys at or above its
-midpoint; an emit pass then writes every column above it plus just enough columns equal to it.
+for rows held in registers, by narrowing a key interval with counts of the keys at or above a
+pivot; an emit pass then writes every column above it plus just enough columns equal to it.
 Rows no longer than k emit 0..len-1 then -1.
 
 Launch shapes, chosen by the row and column counts and the config alone (so a CUDA graph keeps a fixed
@@ -12,10 +12,11 @@ choice; a row's length and values only steer branches on the device):
   table, atomics or further launches (at decode shapes a launch costs more than the work):
   - by default the row is read once into registers (up to REGISTER_ROW_MAX_COLS columns, the
     register block halved when the row's length fits half of it), and each step of the interval
-    search is one block reduction of a compare per key: about 20 steps for continuous values
-    (it stops once exactly k keys lie at or above the interval's low end), 32 for ties. Bound by
-    that chain of reductions: 8.0 us for one 4k row in a CUDA graph on an H200 (benchmarks/RESULTS.md,
-    top-k with the row in registers);
+    search is one block reduction of a compare per key, its pivot interpolated from the counts:
+    about 8 steps after the row's max and min for continuous values (it stops once exactly k keys
+    lie at or above the interval's low end), about 32 for ties. Bound by that chain of
+    reductions: 6.8 us for one 4k row in a CUDA graph on an H200 (benchmarks/RESULTS.md, top-k:
+    fewer search steps);
   - or (`TopkConfig.single_pass_registers` off, or longer rows) the radix select, keeping each
     level's histogram in registers and re-reading the row (from L2) once per level;
 - longer rows, spread over (rows x programs, each looping over chunks of columns up to the row's
@@ -56,7 +57,8 @@ TORCH_TOPK_MIN_ROWS = 1024
 # registers; benchmarks/kernels.py --only topk times every path) 8.0 vs 16.7 us (compacting) and
 # 22.1 (one-launch radix) at 1 x 4150 columns of length 4096, k=512 (the small model's decode rows),
 # 10.7 vs 22.7 and 22.4 at 128 such rows, 11.6 vs 16.2 at 1 x 8192, k=2048, but 17.0 vs 16.5 at
-# 1 x 16,384.
+# 1 x 16,384, all with the kernel's earlier bisection search (the interpolation search since: 6.8,
+# 8.0 and 8.9 us at the first three; top-k: fewer search steps).
 SINGLE_PASS_MAX_COLS = 8192
 # Warps of that program: 8 beat 4 and 16 at every shape up to 8192 columns but 128 x 4096 with k=2048
 # (12.2 vs 11.6 at 4 warps).
@@ -251,7 +253,6 @@ def _topk_row_kernel(logits_ptr, lengths_ptr, out_ptr, n_cols, k, BLOCK: tl.cons
 # key in the high half, kept below 2^15 by this bound, candidates in the low): the longest row it
 # takes; longer rows of the single launch take the radix kernel.
 REGISTER_ROW_MAX_COLS = 16384
-SEARCH_BOUNDS = 2
 
 
 @triton.jit
@@ -261,7 +262,8 @@ def _count_at_or_above(key, pivot):
 
 # Steps past bisection's 32 that the interpolation search may take on rows it guesses badly:
 # each step's pivot is kept close enough to the interval's middle that after step j (from 0) the
-# interval is about 2^(31 + SEARCH_SLACK - j) keys wide at most, whatever the row.
+# interval is about 2^(31 + SEARCH_SLACK - j) keys wide at most, whatever the row. At 0, rows whose
+# k-th largest value ties (ReLU'd logits with k half the row) take bisection's ~32 steps, not more.
 SEARCH_SLACK = 0
 FIRST_REACH = tl.constexpr(2.0 ** (31 + SEARCH_SLACK))
 
@@ -279,8 +281,12 @@ def _interpolation_step(key, k, lo, top, c_lo, c_hi, w_lo, w_hi, kept, reach):
     `reach` (halved each step) less half the interval of its middle (an ITP-style projection),
     which bounds the steps of a row the line guesses badly (ties, gaps, outliers) near
     32 + SEARCH_SLACK. `kept`: 1 if the last step kept the upper part, -1 the lower, 0 at first.
-    The pivot's arithmetic is fp32 and 32-bit (each step waits on it, and 64-bit integer math cost
-    ~0.2 us a step on an H200, benchmarks/RESULTS.md); only the clamp to (lo, top] must be exact.
+    The pivot's arithmetic is fp32 and 32-bit: each step waits on it, and with 64-bit integers a
+    step cost ~0.1 us more on an H200 (benchmarks/RESULTS.md); only the clamp to (lo, top] is exact.
+    One pivot per block reduction: two or three (thirds with both counts packed in one int32, or
+    quarters by one three-value reduction) took as long or longer on an H200 with bisection
+    (benchmarks/RESULTS.md, top-k with the row in registers): their extra compares cost what the
+    fewer steps saved.
     """
     span = top - lo
     span_f = span.to(tl.float32)
@@ -298,30 +304,18 @@ def _interpolation_step(key, k, lo, top, c_lo, c_hi, w_lo, w_hi, kept, reach):
 
 
 @triton.jit
-def _max_min(a_max, a_min, b_max, b_min):
-    return tl.maximum(a_max, b_max), tl.minimum(a_min, b_min)
-
-
-@triton.jit
-def _search_kth_key(key, valid, length, k, BOUNDS: tl.constexpr):
+def _search_kth_key(key, valid, length, k):
     """(lo, top, c_hi): the k-th largest key lies in [lo, top], c_hi < k keys lie above top and
     every key in [lo, top] belongs to the top k: exactly k keys lie at or above lo, or lo == top.
 
-    A first reduction bounds the interval by the row's largest key (BOUNDS 2 and 3: and its
-    smallest, by a second reduction or in the same one), then interpolation steps
-    (_interpolation_step). Once k - 1 keys lie above top, the k-th largest is the largest key
-    at or below top: one max reduction finds it and ends the search, where landing exactly on k
-    by counts would take several steps.
+    Two reductions bound the interval by the row's largest and smallest keys (a row of one value
+    ends there; on an H200 the largest alone, or both in one two-value reduction, took longer:
+    benchmarks/RESULTS.md), then interpolation steps (_interpolation_step). Once k - 1 keys lie
+    above top, the k-th largest is the largest key at or below top: one max reduction finds it
+    and ends the search, where landing exactly on k by counts would take several steps.
     """
-    low = tl.full(key.shape, 0xFFFFFFFF, tl.uint32)
-    if BOUNDS == 3:
-        top, lo = tl.reduce((tl.where(valid, key, 0), tl.where(valid, key, low)), 0, _max_min)
-    elif BOUNDS == 2:
-        top = tl.max(tl.where(valid, key, 0), axis=0)
-        lo = tl.min(tl.where(valid, key, low), axis=0)
-    else:
-        top = tl.max(tl.where(valid, key, 0), axis=0)
-        lo = tl.full((), 0, tl.uint32)
+    top = tl.max(tl.where(valid, key, 0), axis=0)
+    lo = tl.min(tl.where(valid, key, tl.full(key.shape, 0xFFFFFFFF, tl.uint32)), axis=0)
     c_lo = length
     c_hi = tl.full((), 0, tl.int32)
     w_lo = (c_lo - k).to(tl.float32)
@@ -339,20 +333,20 @@ def _search_kth_key(key, valid, length, k, BOUNDS: tl.constexpr):
 
 
 @triton.jit
-def _select_in_registers(row_ptr, out_row, length, k, BLOCK: tl.constexpr, BOUNDS: tl.constexpr):
+def _select_in_registers(row_ptr, out_row, length, k, BLOCK: tl.constexpr):
     """Top k of a row of length in (k, BLOCK] columns whose keys stay in registers.
 
-    The k-th largest key is found by narrowing a key interval [lo, hi) (_search_kth_key), each
+    The k-th largest key is found by narrowing a key interval [lo, top] (_search_kth_key), each
     count of the keys at or above a pivot one block reduction (no histogram), until exactly k keys
-    lie at or above lo (the k largest, whatever ties lie below) or the interval is one key wide
-    (lo is the k-th largest). Then one emit: the keys at or above hi, then keys in [lo, hi) while
-    fewer than k are placed, positions from one packed scan.
+    lie at or above lo (the k largest, whatever ties lie below) or the interval is one key (lo is
+    the k-th largest). Then one emit: the keys above top, then keys in [lo, top] while fewer than
+    k are placed, positions from one packed scan.
     """
     col = tl.arange(0, BLOCK)
     valid = col < length
     # columns past the length get key 0 and never count: every pivot is above 0
     key = tl.where(valid, _ordered_key(tl.load(row_ptr + col, mask=valid, other=0.0)), 0)
-    lo, top, c_hi = _search_kth_key(key, valid, length, k, BOUNDS)
+    lo, top, c_hi = _search_kth_key(key, valid, length, k)
     is_above = key > top
     is_cand = valid & (key >= lo) & (key <= top)
     rank = tl.cumsum((is_above.to(tl.int32) << 16) | is_cand.to(tl.int32), axis=0)
@@ -361,8 +355,7 @@ def _select_in_registers(row_ptr, out_row, length, k, BLOCK: tl.constexpr, BOUND
 
 
 @triton.jit
-def _topk_in_registers_kernel(logits_ptr, lengths_ptr, out_ptr, n_cols, k, BLOCK: tl.constexpr,
-                              BOUNDS: tl.constexpr):
+def _topk_in_registers_kernel(logits_ptr, lengths_ptr, out_ptr, n_cols, k, BLOCK: tl.constexpr):
     """The whole top-k of one row in one program (grid: rows) that reads the row once, into
     registers: BLOCK >= n_cols columns, or half as many when the row's length (read on the device)
     fits them, which halves the work of every count."""
@@ -370,9 +363,9 @@ def _topk_in_registers_kernel(logits_ptr, lengths_ptr, out_ptr, n_cols, k, BLOCK
     if length <= k:
         _store_short_row(out_row, length, k, BLOCK)
     elif length <= BLOCK // 2:
-        _select_in_registers(row_ptr, out_row, length, k, BLOCK // 2, BOUNDS)
+        _select_in_registers(row_ptr, out_row, length, k, BLOCK // 2)
     else:
-        _select_in_registers(row_ptr, out_row, length, k, BLOCK, BOUNDS)
+        _select_in_registers(row_ptr, out_row, length, k, BLOCK)
 
 
 @triton.jit(do_not_specialize=["level"])
@@ -608,7 +601,7 @@ def topk_triton(logits: torch.Tensor, lengths: torch.Tensor, k: int, config: Top
     cfg = config or default_config(logits.device, n, t)
     if takes_register_launch(cfg, n):
         _topk_in_registers_kernel[(t,)](logits, lengths, out, n, k, BLOCK=max(64, triton.next_power_of_2(n)),
-                                        BOUNDS=SEARCH_BOUNDS, num_warps=cfg.num_warps)
+                                        num_warps=cfg.num_warps)
         return out
     if n <= cfg.single_pass_max_cols:
         _topk_row_kernel[(t,)](logits, lengths, out, n, k, BLOCK=cfg.block, num_warps=cfg.num_warps)

@@ -168,9 +168,9 @@ def test_topk_consecutive_floats(gen, path):
 def search_rows(gen: torch.Generator, n: int) -> torch.Tensor:
     """Rows on which the in-register kernel's interpolation search guesses badly, 3 of each kind:
     the k-th largest value tied in a row spanning the key range (from -3e38 to 3e38, or from -inf
-    to NaN), so the search narrows 2^32 keys down to one and the radius around the midpoint (the
-    bisection fallback) spends its slack; values crowded far below one outlier (guesses land
-    near the crowd's edge, where the counts jump); adjacent floats under 1-3 outliers (keys on
+    to NaN), so the search narrows 2^32 keys down to one and the radius around the middle (the
+    bisection fallback) bounds its steps; values crowded far below one outlier (guesses land
+    near the crowd's edge, where the counts jump); adjacent floats under 2-8 outliers (keys on
     consecutive integers, where a step ends with k - 1 keys at or above the interval's end, and
     the largest key below that end, which the search then takes, is its neighbour); and two
     tight clusters far apart (a count that jumps from one to the other)."""
@@ -180,8 +180,9 @@ def search_rows(gen: torch.Generator, n: int) -> torch.Tensor:
     crowded = torch.randn(3, n, generator=gen) * 1e-3
     crowded[:, 0] = 1e30
     adjacent = (0x3F800000 + torch.arange(n)).int().view(torch.float32).repeat(3, 1)
-    for row, outliers in enumerate((1, 2, 3)):  # at k 40, 24 and 24 a step ends on k - 1 keys
-        adjacent[row, :outliers] = 3e38 / torch.arange(1, outliers + 1)
+    # outliers after which a step ends on k - 1 keys: at k 24 in rows 0 and 1, at k 40 in row 2
+    for row, outliers in enumerate((10.0 ** torch.arange(1, 3), 10.0 ** torch.arange(1, 4), 3e38 / torch.arange(1, 9))):
+        adjacent[row, : len(outliers)] = outliers
     adjacent = adjacent[:, torch.randperm(n, generator=gen)]
     clusters = 1 + 1e-6 * torch.randn(3, n, generator=gen)
     clusters[:, ::2] -= 2
@@ -189,12 +190,12 @@ def search_rows(gen: torch.Generator, n: int) -> torch.Tensor:
 
 
 @triton.jit
-def _search_kernel(logits_ptr, out_ptr, length, k, BLOCK: tl.constexpr, BOUNDS: tl.constexpr):
-    """The in-register kernel's search alone on one row: out = (lo, hi, c_hi)."""
+def _search_kernel(logits_ptr, out_ptr, length, k, BLOCK: tl.constexpr):
+    """The in-register kernel's search alone on one row: out = (lo, top + 1, c_hi)."""
     col = tl.arange(0, BLOCK)
     valid = col < length
     key = tl.where(valid, topk._ordered_key(tl.load(logits_ptr + col, mask=valid, other=0.0)), 0)
-    lo, top, c_hi = topk._search_kth_key(key, valid, length, k, BOUNDS)
+    lo, top, c_hi = topk._search_kth_key(key, valid, length, k)
     i = tl.arange(0, 4)
     tl.store(out_ptr + i, tl.where(i == 0, lo.to(tl.int64), tl.where(i == 1, top.to(tl.int64) + 1, c_hi.to(tl.int64))))
 
@@ -203,11 +204,11 @@ def _search_kernel(logits_ptr, out_ptr, length, k, BLOCK: tl.constexpr, BOUNDS: 
 def test_topk_in_registers_search_ends_on_the_kth_key(gen, k):
     """What the search promises the emit, on the rows that defeat its guesses: c_hi < k keys at or
     above hi, and every key in [lo, hi) in the top k (exactly k at or above lo, or lo the k-th
-    largest key and hi = lo + 1), within its step budget (a search that runs out ends wider)."""
+    largest key and hi = lo + 1)."""
     n = 200
     for row in search_rows(gen, n):
         out = torch.zeros(4, dtype=torch.int64)
-        _search_kernel[(1,)](row, out, n, k, BLOCK=256, BOUNDS=topk.SEARCH_BOUNDS)
+        _search_kernel[(1,)](row, out, n, k, BLOCK=256)
         lo, hi, c_hi = out[:3].tolist()
         keys = ordered_keys(row)
         kth = int(keys.topk(k).values[-1])
