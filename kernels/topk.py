@@ -2,8 +2,8 @@
 
 Triton path: a selection on order-preserving 32-bit keys. The k-th largest key is found either by
 a radix select, four levels of 8-bit digit histograms (keys matching the digits chosen so far), or,
-for rows held in registers, by halving a key interval with counts of the keys at or above its
-midpoint; an emit pass then writes every column above it plus just enough columns equal to it.
+for rows held in registers, by narrowing a key interval with counts of the keys at or above a
+pivot; an emit pass then writes every column above it plus just enough columns equal to it.
 Rows no longer than k emit 0..len-1 then -1.
 
 Launch shapes, chosen by the row and column counts and the config alone (so a CUDA graph keeps a fixed
@@ -12,10 +12,11 @@ choice; a row's length and values only steer branches on the device):
   table, atomics or further launches (at decode shapes a launch costs more than the work):
   - by default the row is read once into registers (up to REGISTER_ROW_MAX_COLS columns, the
     register block halved when the row's length fits half of it), and each step of the interval
-    search is one block reduction of a compare per key: about 20 steps for continuous values
-    (it stops once exactly k keys lie at or above the interval's low end), 32 for ties. Bound by
-    that chain of reductions: 8.0 us for one 4k row in a CUDA graph on an H200 (benchmarks/RESULTS.md,
-    top-k with the row in registers);
+    search is one block reduction of a compare per key, its pivot interpolated from the counts:
+    about 8 steps after the row's max and min for continuous values (it stops once exactly k keys
+    lie at or above the interval's low end), about 32 for ties. Bound by that chain of
+    reductions: 6.8 us for one 4k row in a CUDA graph on an H200 (benchmarks/RESULTS.md, top-k:
+    fewer search steps);
   - or (`TopkConfig.single_pass_registers` off, or longer rows) the radix select, keeping each
     level's histogram in registers and re-reading the row (from L2) once per level;
 - longer rows, spread over (rows x programs, each looping over chunks of columns up to the row's
@@ -56,7 +57,8 @@ TORCH_TOPK_MIN_ROWS = 1024
 # registers; benchmarks/kernels.py --only topk times every path) 8.0 vs 16.7 us (compacting) and
 # 22.1 (one-launch radix) at 1 x 4150 columns of length 4096, k=512 (the small model's decode rows),
 # 10.7 vs 22.7 and 22.4 at 128 such rows, 11.6 vs 16.2 at 1 x 8192, k=2048, but 17.0 vs 16.5 at
-# 1 x 16,384.
+# 1 x 16,384, all with the kernel's earlier bisection search (the interpolation search since: 6.8,
+# 8.0 and 8.9 us at the first three; top-k: fewer search steps).
 SINGLE_PASS_MAX_COLS = 8192
 # Warps of that program: 8 beat 4 and 16 at every shape up to 8192 columns but 128 x 4096 with k=2048
 # (12.2 vs 11.6 at 4 warps).
@@ -255,46 +257,98 @@ REGISTER_ROW_MAX_COLS = 16384
 
 @triton.jit
 def _count_at_or_above(key, pivot):
-    return tl.sum((key >= pivot.to(tl.uint32)).to(tl.int32), axis=0)
+    return tl.sum((key >= pivot).to(tl.int32), axis=0)
+
+
+# Steps past bisection's 32 that the interpolation search may take on rows it guesses badly:
+# each step's pivot is kept close enough to the interval's middle that after step j (from 0) the
+# interval is about 2^(31 + SEARCH_SLACK - j) keys wide at most, whatever the row. At 0, rows whose
+# k-th largest value ties (ReLU'd logits with k half the row) take bisection's ~32 steps, not more.
+SEARCH_SLACK = 0
+FIRST_REACH = tl.constexpr(2.0 ** (31 + SEARCH_SLACK))
 
 
 @triton.jit
-def _halve_interval(key, k, lo, hi, c_lo, c_hi):
-    """One step of the search for the k-th largest key: [lo, hi) holds it, with c_lo >= k keys at
-    or above lo and c_hi < k at or above hi; keeps the half that holds it.
+def _interpolation_step(key, k, lo, top, c_lo, c_hi, w_lo, w_hi, kept, reach):
+    """One step of the search for the k-th largest key: [lo, top] holds it, with c_lo > k keys at
+    or above lo and c_hi < k above top; counts the keys at or above a pivot in (lo, top] and keeps
+    the part that holds it.
 
+    The pivot is where a straight line through (lo, w_lo) and (top, w_hi) crosses zero, w being
+    the count less k (regula falsi on the count over the key space, smooth where values are:
+    the keys of floats are spaced like their logarithms), with Illinois: an end kept twice in a
+    row has its weight halved, so that a one-sided approach speeds up. The pivot stays within
+    `reach` (halved each step) less half the interval of its middle (an ITP-style projection),
+    which bounds the steps of a row the line guesses badly (ties, gaps, outliers) near
+    32 + SEARCH_SLACK. `kept`: 1 if the last step kept the upper part, -1 the lower, 0 at first.
+    The pivot's arithmetic is fp32 and 32-bit: each step waits on it, and with 64-bit integers a
+    step cost ~0.1 us more on an H200 (benchmarks/RESULTS.md); only the clamp to (lo, top] is exact.
     One pivot per block reduction: two or three (thirds with both counts packed in one int32, or
-    quarters by one three-value reduction) took as long or longer on an H200 (benchmarks/RESULTS.md,
-    top-k with the row in registers): their extra compares cost what the fewer steps saved."""
-    mid = lo + (hi - lo) // 2
-    c = _count_at_or_above(key, mid)
+    quarters by one three-value reduction) took as long or longer on an H200 with bisection
+    (benchmarks/RESULTS.md, top-k with the row in registers): their extra compares cost what the
+    fewer steps saved.
+    """
+    span = top - lo
+    span_f = span.to(tl.float32)
+    guess = span_f * (w_lo / (w_lo - w_hi))
+    # within reach - span/2 of the middle span/2, then inside (lo, top] whatever reach is left
+    off = tl.minimum(tl.maximum(tl.minimum(tl.maximum(guess, span_f - reach), reach), 1.0), span_f)
+    pivot = lo + tl.minimum(off.to(tl.uint32), span)
+    c = _count_at_or_above(key, pivot)
     up = c >= k
-    return tl.where(up, mid, lo), tl.where(up, hi, mid), tl.where(up, c, c_lo), tl.where(up, c_hi, c)
+    w = (c - k).to(tl.float32)
+    w_lo = tl.where(~up & (kept < 0), w_lo * 0.5, w_lo)
+    w_hi = tl.where(up & (kept > 0), w_hi * 0.5, w_hi)
+    return (tl.where(up, pivot, lo), tl.where(up, top, pivot - 1), tl.where(up, c, c_lo), tl.where(up, c_hi, c),
+            tl.where(up, w, w_lo), tl.where(up, w_hi, w), tl.where(up, 1, -1), reach * 0.5)
+
+
+@triton.jit
+def _search_kth_key(key, valid, length, k):
+    """(lo, top, c_hi): the k-th largest key lies in [lo, top], c_hi < k keys lie above top and
+    every key in [lo, top] belongs to the top k: exactly k keys lie at or above lo, or lo == top.
+
+    Two reductions bound the interval by the row's largest and smallest keys (a row of one value
+    ends there; on an H200 the largest alone, or both in one two-value reduction, took longer:
+    benchmarks/RESULTS.md), then interpolation steps (_interpolation_step). Once k - 1 keys lie
+    above top, the k-th largest is the largest key at or below top: one max reduction finds it
+    and ends the search, where landing exactly on k by counts would take several steps.
+    """
+    top = tl.max(tl.where(valid, key, 0), axis=0)
+    lo = tl.min(tl.where(valid, key, tl.full(key.shape, 0xFFFFFFFF, tl.uint32)), axis=0)
+    c_lo = length
+    c_hi = tl.full((), 0, tl.int32)
+    w_lo = (c_lo - k).to(tl.float32)
+    w_hi = (c_hi - k).to(tl.float32)
+    kept = tl.full((), 0, tl.int32)
+    reach = tl.full((), FIRST_REACH, tl.float32)
+    while (c_lo > k) & (top > lo):
+        if c_hi == k - 1:
+            lo = tl.max(tl.where(key <= top, key, 0), axis=0)
+            top = lo
+        else:
+            lo, top, c_lo, c_hi, w_lo, w_hi, kept, reach = _interpolation_step(
+                key, k, lo, top, c_lo, c_hi, w_lo, w_hi, kept, reach)
+    return lo, top, c_hi
 
 
 @triton.jit
 def _select_in_registers(row_ptr, out_row, length, k, BLOCK: tl.constexpr):
     """Top k of a row of length in (k, BLOCK] columns whose keys stay in registers.
 
-    The k-th largest key is found by halving a key interval [lo, hi), each count of the keys at or
-    above its midpoint one block reduction (no histogram), until exactly k keys lie at or above lo
-    (the k largest, whatever ties lie below) or the interval is one key wide (lo is the k-th
-    largest). Then one emit: the keys at or above hi, then keys in [lo, hi) while fewer than k are
-    placed, positions from one packed scan.
+    The k-th largest key is found by narrowing a key interval [lo, top] (_search_kth_key), each
+    count of the keys at or above a pivot one block reduction (no histogram), until exactly k keys
+    lie at or above lo (the k largest, whatever ties lie below) or the interval is one key (lo is
+    the k-th largest). Then one emit: the keys above top, then keys in [lo, top] while fewer than
+    k are placed, positions from one packed scan.
     """
     col = tl.arange(0, BLOCK)
     valid = col < length
     # columns past the length get key 0 and never count: every pivot is above 0
     key = tl.where(valid, _ordered_key(tl.load(row_ptr + col, mask=valid, other=0.0)), 0)
-    lo = tl.full((), 0, tl.int64)
-    hi = tl.full((), 1 << 32, tl.int64)  # int64: the interval may end past the largest key
-    c_lo = length
-    c_hi = tl.full((), 0, tl.int32)
-    while (c_lo > k) & (hi - lo > 1):
-        lo, hi, c_lo, c_hi = _halve_interval(key, k, lo, hi, c_lo, c_hi)
-    wide = key.to(tl.int64)
-    is_above = wide >= hi
-    is_cand = valid & (wide >= lo) & (wide < hi)
+    lo, top, c_hi = _search_kth_key(key, valid, length, k)
+    is_above = key > top
+    is_cand = valid & (key >= lo) & (key <= top)
     rank = tl.cumsum((is_above.to(tl.int32) << 16) | is_cand.to(tl.int32), axis=0)
     pos = tl.where(is_above, (rank >> 16) - 1, c_hi + (rank & 0xFFFF) - 1)
     tl.store(out_row + pos, col, mask=is_above | (is_cand & (pos < k)))

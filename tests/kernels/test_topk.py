@@ -8,6 +8,8 @@ from dataclasses import replace
 
 import pytest
 import torch
+import triton
+import triton.language as tl
 
 from kernels import positions_to_slots, topk, topk_indices
 from kernels.topk import default_config, topk_indices_torch, topk_triton
@@ -161,6 +163,72 @@ def test_topk_consecutive_floats(gen, path):
     lengths = torch.tensor([n, n - 7], dtype=torch.int32)
     got = topk_triton(logits, lengths, k, PATHS[path])
     check_row_set(logits, lengths, k, got)
+
+
+def search_rows(gen: torch.Generator, n: int) -> torch.Tensor:
+    """Rows on which the in-register kernel's interpolation search guesses badly, 3 of each kind:
+    the k-th largest value tied in a row spanning the key range (from -3e38 to 3e38, or from -inf
+    to NaN), so the search narrows 2^32 keys down to one and the radius around the middle (the
+    bisection fallback) bounds its steps; values crowded far below one outlier (guesses land
+    near the crowd's edge, where the counts jump); adjacent floats under 2-8 outliers (keys on
+    consecutive integers, where a step ends with k - 1 keys at or above the interval's end, and
+    the largest key below that end, which the search then takes, is its neighbour); and two
+    tight clusters far apart (a count that jumps from one to the other)."""
+    tied = torch.round(torch.randn(6, n, generator=gen) * 4)
+    tied[:3, :2] = torch.tensor([3e38, -3e38])
+    tied[3:, :2] = torch.tensor([float("nan"), float("-inf")])
+    crowded = torch.randn(3, n, generator=gen) * 1e-3
+    crowded[:, 0] = 1e30
+    adjacent = (0x3F800000 + torch.arange(n)).int().view(torch.float32).repeat(3, 1)
+    # outliers after which a step ends on k - 1 keys: at k 24 in rows 0 and 1, at k 40 in row 2
+    for row, outliers in enumerate((10.0 ** torch.arange(1, 3), 10.0 ** torch.arange(1, 4), 3e38 / torch.arange(1, 9))):
+        adjacent[row, : len(outliers)] = outliers
+    adjacent = adjacent[:, torch.randperm(n, generator=gen)]
+    clusters = 1 + 1e-6 * torch.randn(3, n, generator=gen)
+    clusters[:, ::2] -= 2
+    return torch.cat([tied, crowded, adjacent, clusters])
+
+
+@triton.jit
+def _search_kernel(logits_ptr, out_ptr, length, k, BLOCK: tl.constexpr):
+    """The in-register kernel's search alone on one row: out = (lo, top + 1, c_hi)."""
+    col = tl.arange(0, BLOCK)
+    valid = col < length
+    key = tl.where(valid, topk._ordered_key(tl.load(logits_ptr + col, mask=valid, other=0.0)), 0)
+    lo, top, c_hi = topk._search_kth_key(key, valid, length, k)
+    i = tl.arange(0, 4)
+    tl.store(out_ptr + i, tl.where(i == 0, lo.to(tl.int64), tl.where(i == 1, top.to(tl.int64) + 1, c_hi.to(tl.int64))))
+
+
+@pytest.mark.parametrize("k", [24, 40])
+def test_topk_in_registers_search_ends_on_the_kth_key(gen, k):
+    """What the search promises the emit, on the rows that defeat its guesses: c_hi < k keys at or
+    above hi, and every key in [lo, hi) in the top k (exactly k at or above lo, or lo the k-th
+    largest key and hi = lo + 1)."""
+    n = 200
+    for row in search_rows(gen, n):
+        out = torch.zeros(4, dtype=torch.int64)
+        _search_kernel[(1,)](row, out, n, k, BLOCK=256)
+        lo, hi, c_hi = out[:3].tolist()
+        keys = ordered_keys(row)
+        kth = int(keys.topk(k).values[-1])
+        assert int((keys >= hi).sum()) == c_hi < k
+        assert lo <= kth < hi
+        assert int((keys >= lo).sum()) == k or hi == lo + 1
+
+
+@pytest.mark.parametrize("k", [24, 40])
+def test_topk_in_registers_search_worst_rows(gen, k):
+    """The in-register kernel on rows that defeat its interpolation: values, -1 padding and the
+    lengths as torch.topk's (NaN above +inf)."""
+    n = 200
+    logits = search_rows(gen, n)
+    lengths = torch.full((logits.shape[0],), n, dtype=torch.int32)
+    got = topk_triton(logits, lengths, k, PATHS["one launch in registers"])
+    ref = topk_indices_torch(logits, lengths, k)
+    assert ((got >= 0) & (got < n)).all() and all(len(set(row.tolist())) == k for row in got)
+    torch.testing.assert_close(selected_values(logits, got), selected_values(logits, ref), rtol=0, atol=0,
+                               equal_nan=True)
 
 
 @pytest.mark.parametrize("cap", [48, 47])
