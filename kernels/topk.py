@@ -266,6 +266,7 @@ def _count_at_or_above(key, pivot):
 # k-th largest value ties (ReLU'd logits with k half the row) take bisection's ~32 steps, not more.
 SEARCH_SLACK = 0
 FIRST_REACH = tl.constexpr(2.0 ** (31 + SEARCH_SLACK))
+LARGEST_F32_BELOW_2_32 = tl.constexpr(4294967040.0)
 
 
 @triton.jit
@@ -293,6 +294,9 @@ def _interpolation_step(key, k, lo, top, c_lo, c_hi, w_lo, w_hi, kept, reach):
     guess = span_f * (w_lo / (w_lo - w_hi))
     # within reach - span/2 of the middle span/2, then inside (lo, top] whatever reach is left
     off = tl.minimum(tl.maximum(tl.minimum(tl.maximum(guess, span_f - reach), reach), 1.0), span_f)
+    # span_f rounds up to 2^32 for spans within 128 of it (a row holding NaNs of both signs): the
+    # cast to uint32 must stay in range, where out-of-range casts are undefined (LLVM's fptoui)
+    off = tl.minimum(off, LARGEST_F32_BELOW_2_32)
     pivot = lo + tl.minimum(off.to(tl.uint32), span)
     c = _count_at_or_above(key, pivot)
     up = c >= k

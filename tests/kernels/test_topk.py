@@ -217,6 +217,22 @@ def test_topk_in_registers_search_ends_on_the_kth_key(gen, k):
         assert int((keys >= lo).sum()) == k or hi == lo + 1
 
 
+def test_topk_in_registers_search_spans_every_key(gen):
+    """A row holding the keys 0 and 2^32 - 1 (the NaNs whose bits are all ones, with and without the
+    sign): the first interval is 2^32 - 1 keys wide, which fp32 rounds up to 2^32, and the pivot's
+    cast back to 32 bits must stay in range for the search to move (and end)."""
+    n, k = 200, 24
+    row = torch.round(torch.randn(n, generator=gen) * 4)
+    row[:2] = torch.tensor([-1, 0x7FFFFFFF], dtype=torch.int32).view(torch.float32)
+    out = torch.zeros(4, dtype=torch.int64)
+    _search_kernel[(1,)](row, out, n, k, BLOCK=256)
+    lo, hi, c_hi = out[:3].tolist()
+    keys = ordered_keys(row)
+    assert int(keys.max()) == 0xFFFFFFFF and int(keys.min()) == 0
+    kth = int(keys.topk(k).values[-1])
+    assert int((keys >= hi).sum()) == c_hi < k and lo <= kth < hi
+
+
 @pytest.mark.parametrize("k", [24, 40])
 def test_topk_in_registers_search_worst_rows(gen, k):
     """The in-register kernel on rows that defeat its interpolation: values, -1 padding and the
