@@ -86,7 +86,7 @@ def test_thinking_and_plain_requests_reach_their_own_golden_al(spec_server, tmp_
 
 def test_bundled_traces_report_measured_beside_golden(spec_server, tmp_path, capsys):
     code, doc, records = _replay(tmp_path, spec_server.url, "--token-scale", "0.02", "--think-time-scale", "0.01",
-                                 "--duration", "3", "--conc", "2", "--golden-al", "dsv4_mtp", "--spec-k", "3")
+                                 "--duration", "5", "--conc", "2", "--golden-al", "dsv4_mtp", "--spec-k", "3")
     assert code == 0
     table = capsys.readouterr().out
     (level,) = doc["levels"]
