@@ -16,7 +16,7 @@ config. So a fused result equals the two launches' to the bit where their config
 
 Which products fold is measured per kernel (`prologue_config`): the input, query and down
 projections; gate/up's 2,816 programs paid more for redoing the norm than its launch cost. In the
-engine (benchmarks/RESULTS.md, integration of this session's merged main) the folds took the small
+engine (benchmarks/RESULTS.md, integration of merged main, 2026-12-02) the folds took the small
 model's batch-1 graph from 0.652 to 0.637 ms, in one pair of runs without an A/A: a small gain,
 bounded by each fold's pass over the row before its weight streams (~1.4 us a GEMV). Rows beyond
 gemv.MAX_ROWS, the torch backend, fp16, and the other shapes run the two ops one after the other.
