@@ -79,13 +79,24 @@ CANDIDATES = 4096
 # ---------------------------------------------------------------- torch reference
 
 
+_INT32_MIN = -(2**31)
+
+
 def topk_indices_torch(logits: torch.Tensor, lengths: torch.Tensor, k: int) -> torch.Tensor:
-    """Reference: torch.topk over each row's first lengths[t] columns, short rows 0..len-1 then -1."""
+    """Reference: torch.topk over each row's first lengths[t] columns, short rows 0..len-1 then -1.
+
+    Columns are ranked by the fp32 order the kernel uses (NaN above +inf), and a column past its
+    row's length below every value, -inf included: a row with fewer than k finite values then still
+    selects only columns inside its length."""
     t, n = logits.shape
     lengths = lengths.long()
     out = torch.full((t, k), -1, dtype=torch.int32, device=logits.device)
     col = torch.arange(n, device=logits.device)
-    masked = torch.where(col[None, :] < lengths[:, None], logits.float(), float("-inf"))
+    bits = logits.float().contiguous().view(torch.int32)
+    ordered = (bits >> 31) & 0x7FFFFFFF  # signed int32 order = the float order
+    ordered ^= bits
+    ordered.clamp_min_(_INT32_MIN + 1)  # the lowest key stays free for columns past the length
+    masked = torch.where(col[None, :] < lengths[:, None], ordered, _INT32_MIN)
     if n:
         _, idx = masked.topk(min(k, n), dim=1)
         out[:, : idx.shape[1]] = idx.int()

@@ -317,3 +317,21 @@ def test_topk_default_config_by_shape():
     assert few.hist_block > few.block and not few.per_column_atomics
     assert many.per_column_atomics and replace(many, per_column_atomics=False) == few
     assert default_config(gpu, topk.FINE_CHUNK_MAX_COLS, topk.ATOMICS_MIN_ROWS).hist_block == 0
+
+
+@pytest.mark.parametrize("path", ["reference", *PATHS])
+def test_topk_rows_with_few_finite_values_stay_inside_their_length(gen, path):
+    """Rows with fewer than k values above -inf inside their length, and large values past it: every
+    selected column lies inside the length (the reference once ranked masked columns with -inf)."""
+    k, n = 16, 120
+    logits = torch.full((3, n), float("-inf"))
+    logits[0, :5] = torch.randn(5, generator=gen)  # 5 finite values, 25 -inf inside the length
+    logits[2, 7] = 3.0  # one finite value in a row one longer than k
+    logits[:, 60:] = 1e30  # past every row's length
+    lengths = torch.tensor([30, 40, 17], dtype=torch.int32)
+    if path == "reference":
+        got = topk_indices_torch(logits, lengths, k)
+    else:
+        got = topk_triton(logits, lengths, k, PATHS[path])
+    check_row_set(logits, lengths, k, got)
+    assert set(range(5)) <= set(got[0].tolist()) and 7 in got[2].tolist()
