@@ -21,8 +21,10 @@ inputs), other dtypes, `linear`'s weights without a unit column stride, and the 
 Smaller shapes that were not swept (the tiny model's, tensor-parallel slices, v32's per-head
 W_UK / W_UV with 128 heads) follow the same rules unmeasured.
 
-`linear` is nn.Linear's product; `head_linear` the per-head form y[t, h] = x[t, h] W[h]^T of
-absorbed MLA's W_UK and W_UV products (einsum "thk,hnk->thn", any weight strides).
+`linear` is nn.Linear's product (with `out_dtype=torch.float32` a bf16 GEMV stores the LM head's
+fp32 logits itself, rounded to bf16 first as F.linear(x, w).float() rounds: the cast's launch
+saved); `head_linear` the per-head form y[t, h] = x[t, h] W[h]^T of absorbed MLA's W_UK and W_UV
+products (einsum "thk,hnk->thn", any weight strides).
 """
 
 from __future__ import annotations
@@ -135,7 +137,8 @@ def default_config(n: int, k: int, rows: int) -> GemvConfig | None:
 
 def launch(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor, config: GemvConfig) -> None:
     """out[t, h] = x[t, h] @ weight[h]^T over x [T, H, K] (unit column stride), weight [H, N, K] (any
-    strides), out [T, H, N] contiguous; T <= config.block_m."""
+    strides), out [T, H, N] contiguous; T <= config.block_m. The product rounds to x's dtype where
+    that is bf16 and out is wider (the LM head's fp32 logits: F.linear's bf16 result, then .float())."""
     rows, heads, k = x.shape
     n = weight.shape[1]
     if rows > config.block_m:
@@ -143,7 +146,7 @@ def launch(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor, config: Gem
     grid = (triton.cdiv(n, config.block_n), heads)
     args = (x, weight, out, rows, n, k, x.stride(0), x.stride(1), weight.stride(0), weight.stride(1), weight.stride(2),
             out.stride(0), out.stride(1))
-    to_bf16 = out.dtype == torch.bfloat16
+    to_bf16 = x.dtype == torch.bfloat16
     if not config.dot:
         _gemv_fma_kernel[grid](*args, BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
                                TO_BF16=to_bf16, num_warps=config.num_warps)
@@ -165,19 +168,24 @@ def _triton_config(x: torch.Tensor, weight: torch.Tensor, rows: int, backend: st
     return default_config(weight.shape[-2], weight.shape[-1], rows)
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, backend: str | None = None) -> torch.Tensor:
-    """F.linear(x, weight) without bias: x [..., K], weight [N, K] -> [..., N]; a Triton GEMV for
-    up to MAX_ROWS rows of x on the Triton backend, F.linear otherwise."""
+def linear(x: torch.Tensor, weight: torch.Tensor, backend: str | None = None,
+           out_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """F.linear(x, weight).to(out_dtype) without bias: x [..., K], weight [N, K] -> [..., N]; a Triton
+    GEMV for up to MAX_ROWS rows of x on the Triton backend, F.linear otherwise. A bf16 product
+    wanted in fp32 (the LM head's logits) is stored so by the GEMV itself: one kernel less."""
     if x.shape[-1] != weight.shape[-1]:
         raise ValueError(f"linear: x {tuple(x.shape)} and weight {tuple(weight.shape)} differ in K")
+    out_dtype = out_dtype or x.dtype
     rows = x.numel() // max(1, x.shape[-1])
     config = _triton_config(x, weight, rows, backend)
-    if config is None or weight.stride(-1) != 1:
-        return F.linear(x, weight)
+    widened = out_dtype == torch.float32 and x.dtype == torch.bfloat16
+    if config is None or weight.stride(-1) != 1 or not (out_dtype == x.dtype or widened):
+        y = F.linear(x, weight)
+        return y if y.dtype == out_dtype else y.to(out_dtype)  # no op dispatched for nothing
     flat = x.reshape(rows, 1, x.shape[-1])
     if flat.stride(-1) != 1:
         flat = flat.contiguous()
-    out = new_output((rows, 1, weight.shape[0]), x.dtype, x.device)
+    out = new_output((rows, 1, weight.shape[0]), out_dtype, x.device)
     launch(flat, weight.unsqueeze(0), out, config)
     return out.view(*x.shape[:-1], weight.shape[0])
 

@@ -27,6 +27,7 @@ from server.config import ModelConfig
 from server.model.layers import (
     ColumnParallelLinear,
     FusedLinears,
+    GraphBranch,
     OwnsFusedLinears,
     RMSNorm,
     RopeAngles,
@@ -53,6 +54,14 @@ class CacheSettings:
     kv_dtype: str  # kernels' name: "bf16" or "fp8_ds_mla"
     key_dtype: str  # "fp8" or "mxfp4"
     backend: str  # "torch" or "triton"
+
+
+# Steps of up to this many tokens run the attention's latent side beside its indexer side in a
+# CUDA graph (MLAttention.forward). Small model at 4k context on an H200 (benchmarks/RESULTS.md,
+# "Attention sides in parallel graph branches"), graph ms inline -> in branches, two runs each:
+# batch 1 0.615-0.616 -> 0.590-0.591, batch 32 0.875-0.876 -> 0.854-0.856, batch 128 1.225-1.227
+# -> 1.252-1.258 (slower: there the indexer's own kernels fill the GPU).
+BRANCH_MAX_TOKENS = 32
 
 
 class Indexer(nn.Module):
@@ -122,18 +131,22 @@ class MLAttention(OwnsFusedLinears):
         q = q.view(t, h, c.qk_nope_dim + c.qk_rope_dim)
         q_nope, q_pe = q.split([c.qk_nope_dim, c.qk_rope_dim], dim=-1)
         latent, k_pe = kv.split([c.kv_lora_rank, c.qk_rope_dim], dim=-1)
-        mla_prepare_(q_pe, latent, k_pe, self.kv_norm.weight, self.kv_norm.eps, rope.cos, rope.sin, kv_cache,
-                     meta.slot_mapping, s.kv_dtype, backend=s.backend)
+        w_kv = self.wkv_b.weight.view(h, c.qk_nope_dim + c.v_head_dim, c.kv_lora_rank)
+        w_uk, w_uv = w_kv.split([c.qk_nope_dim, c.v_head_dim], dim=1)
+        # The latent side (the KV row written, q_pe rotated, W_UK absorbed into the query) does not
+        # depend on the indexer's side (key written, logits, top-k, slots) until the sparse
+        # attention: in a graph of up to BRANCH_MAX_TOKENS tokens the two run side by side.
+        with GraphBranch(inputs.device, enabled=t <= BRANCH_MAX_TOKENS) as latent_side:
+            mla_prepare_(q_pe, latent, k_pe, self.kv_norm.weight, self.kv_norm.eps, rope.cos, rope.sin, kv_cache,
+                         meta.slot_mapping, s.kv_dtype, backend=s.backend)
+            # W_UK absorbed (einsum "thn,hnc->thc": a product over W_UK's rows, so its transposed
+            # view); q_pe stays where it is
+            q_latent_abs = head_linear(q_nope, w_uk.transpose(1, 2), b)
 
         logits = self.indexer(index_query, index_key, index_weights, rope, meta, idx_cache, s)
         top = topk_indices(logits, meta.context_lens, c.index_topk, backend=s.backend)
         slots = positions_to_slots(top, meta.block_table, meta.seq_ids, meta.block_size, backend=s.backend)
-
-        w_kv = self.wkv_b.weight.view(h, c.qk_nope_dim + c.v_head_dim, c.kv_lora_rank)
-        w_uk, w_uv = w_kv.split([c.qk_nope_dim, c.v_head_dim], dim=1)
-        # W_UK absorbed (einsum "thn,hnc->thc": a product over W_UK's rows, so its transposed view);
-        # q_pe stays where it is
-        q_latent_abs = head_linear(q_nope, w_uk.transpose(1, 2), b)
+        latent_side.join(q_latent_abs)
         o_lat, _ = sparse_mla(q_latent_abs.to(torch.bfloat16), kv_cache, slots, c.softmax_scale, c.kv_lora_rank,
                               s.kv_dtype, backend=b, q_rope=q_pe.to(torch.bfloat16))
         o = head_linear(o_lat.to(inputs.dtype), w_uv, b)  # einsum "thc,hvc->thv"

@@ -22,6 +22,11 @@ A graph replays fixed addresses and fixed launch grids, so:
   to `SINGLE_PASS_MAX_COLS` wide take its one-launch kernel, so each batch bucket has a graph for
   contexts up to that width and one for the rest, up to max_model_len (`context_buckets`).
 
+Inside a capture, a layer's attention runs its latent side (KV row, q_pe's rotation, W_UK) on a
+side stream beside its indexer side (key, logits, top-k, slots) at up to 32 tokens
+(server/model/attention.py, BRANCH_MAX_TOKENS; server/model/layers.GraphBranch): the graph holds
+the two as parallel branches; an eager step runs them one after the other, with the same numbers.
+
 Steps replay when every request computes the same number of tokens q and wants all their
 logits: decode (q = 1) and, with speculative decoding, verification of k drafts (q = k + 1);
 prefill chunks, mixed steps and ragged verification run eagerly, as does everything on CPU,

@@ -4,12 +4,15 @@ slice. The residual add with the next norm and SwiGLU's product are single kerne
 backend (kernels/fused.py); the rotations run inside the attention's preparation kernels
 (kernels/attention_prep.py); projections of one row run as Triton GEMVs there where they beat
 cuBLAS (kernels/gemv.py: `backend`, as the kernels take it), and at one row a norm or SwiGLU's
-product runs inside the GEMV that reads it where that measured faster (kernels/gemv_fused.py)."""
+product runs inside the GEMV that reads it where that measured faster (kernels/gemv_fused.py).
+`GraphBranch` runs independent work as a parallel branch of a captured CUDA graph."""
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from types import TracebackType
+from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -71,6 +74,58 @@ class RopeAngles:
 
     cos: torch.Tensor
     sin: torch.Tensor
+
+
+class GraphBranch:
+    """Work that a CUDA graph runs beside the current stream's: inside a graph's capture the block
+    runs on a side stream forked from the current one, so the graph holds it as a parallel branch
+    (kernels of either branch overlap: a decode step's small kernels each wait on their own
+    latency and leave most of the GPU idle); `join` makes the current stream wait for it, and
+    hands the tensors made in the branch to the current stream. Outside a capture (eager steps,
+    CPU) the block runs in line, in the same order, so both paths compute the same numbers.
+
+        with GraphBranch(x.device) as branch:
+            y = f(x)  # does not read what the current stream writes until the join
+        ...  # the current stream's own work
+        branch.join(y)
+    """
+
+    _streams: ClassVar[dict[torch.device, torch.cuda.Stream]] = {}
+
+    def __init__(self, device: torch.device, enabled: bool = True) -> None:
+        """enabled False: always in line (where branches measured slower)."""
+        self.stream: torch.cuda.Stream | None = None
+        if device.type == "cuda":
+            # Made on the first eager step, not inside a capture (a graph's shape always runs
+            # eagerly once before its capture).
+            if device not in self._streams:
+                self._streams[device] = torch.cuda.Stream(device)
+            if enabled and torch.cuda.is_current_stream_capturing():
+                self.stream = self._streams[device]
+        self._context: torch.cuda.StreamContext | None = None
+
+    def __enter__(self) -> GraphBranch:
+        if self.stream is not None:
+            self.stream.wait_stream(torch.cuda.current_stream(self.stream.device))
+            self._context = torch.cuda.stream(self.stream)
+            self._context.__enter__()
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
+                 trace: TracebackType | None) -> None:
+        if self._context is not None:
+            self._context.__exit__(kind, error, trace)
+            self._context = None
+
+    def join(self, *made: torch.Tensor) -> None:
+        """The current stream waits for the branch; `made`: tensors allocated in the branch and
+        used after the join (the allocator then keeps their memory until the current stream is
+        done with them)."""
+        if self.stream is not None:
+            current = torch.cuda.current_stream(self.stream.device)
+            current.wait_stream(self.stream)
+            for t in made:
+                t.record_stream(current)
 
 
 class ColumnParallelLinear(nn.Linear):

@@ -35,6 +35,17 @@ def test_linear_matches_f_linear(gen, dtype, rows, k):
         assert torch.equal(got, F.linear(x, w))
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("rows", (1, MAX_ROWS + 1))
+def test_fp32_output_equals_the_product_then_float(gen, dtype, rows):
+    """The LM head's fp32 logits: a bf16 product rounded to bf16 first, as F.linear(x, w).float()."""
+    x = torch.randn(rows, 2100, generator=gen).to(dtype)
+    w = torch.randn(37, 2100, generator=gen).to(dtype)
+    got = linear(x, w, backend="triton", out_dtype=torch.float32)
+    assert got.dtype == torch.float32
+    assert torch.equal(got, linear(x, w, backend="triton").float())
+
+
 def test_default_configs_follow_the_sweep():
     """Batch-1 shapes of the small model take the configs that beat cuBLAS in CUDA graphs; the query
     projection, more rows and shapes larger than the sweep's stay on cuBLAS (None)."""
