@@ -6,7 +6,8 @@ tokens come from a stream seeded by (s, request index, k). Hence two requests th
 leading run of hash ids send exactly the same token prefix (and a server's prefix cache can hit),
 while a new salt (a recycled session) shares nothing with the previous play.
 
-Everything is vectorised over whole prompts with numpy, and the last prompt of each
+The tokens are computed vectorised over whole prompts with numpy (the seeds of a request's
+few new blocks as Python ints: cheaper than numpy calls on tiny arrays), and the last prompt of each
 (session, salt) is kept in a bounded LRU cache: the next request of that session usually extends
 it, so only its new blocks and tail are generated, and one whose blocks the cached prompt already
 holds (and that has no tail) is a view of it, no numpy work at all. Hash ids are compared as
@@ -52,6 +53,18 @@ def _splitmix64(z: np.ndarray) -> np.ndarray:
     z *= _MIX2
     z ^= np.right_shift(z, shift31, out=scratch)
     return z
+
+
+# Up to this many new blocks, their seeds are SplitMix64'd as Python ints: a request usually adds
+# one or a few blocks, and the ten numpy calls of the vectorised finaliser cost more than that.
+SCALAR_SEEDS_UP_TO = 16
+
+
+def _block_seeds(hash_ids: tuple[int, ...], block_key: int) -> np.ndarray:
+    """The SplitMix64 seeds of blocks `hash_ids` (uint64): the same values either way."""
+    if len(hash_ids) <= SCALAR_SEEDS_UP_TO:
+        return np.array([_splitmix64_scalar(h ^ block_key) for h in hash_ids], dtype=np.uint64)
+    return _splitmix64(np.array(hash_ids, dtype=np.uint64) ^ np.uint64(block_key))
 
 
 class PromptSynth:
@@ -108,15 +121,14 @@ class PromptSynth:
         states = np.empty(request.input_tokens - shared * block_size, dtype=np.uint64)
         new_blocks = states[: block_len - shared * block_size]
         if new_blocks.size:
-            ids = np.array(hash_ids[shared:], dtype=np.uint64)
-            seeds = _splitmix64(ids ^ np.uint64(key ^ _BLOCK_DOMAIN))
+            seeds = _block_seeds(hash_ids[shared:], key ^ _BLOCK_DOMAIN)
             np.add(seeds[:, None], self._positions[None, :], out=new_blocks.reshape(len(seeds), block_size))
         tail = states[new_blocks.size:]
         if tail.size:
             seed = _splitmix64_scalar(key ^ _TAIL_DOMAIN ^ _splitmix64_scalar(request.index))
             np.add(self._steps(tail.size), np.uint64(seed), out=tail)
         if states.size:
-            out[shared * block_size:] = self._stream(states)
+            self._stream(states, out[shared * block_size:])
         out.flags.writeable = False  # the cache keeps a view of the blocks: no caller may change them
         if cached is not None and shared == len(hash_ids) and len(cached.hash_ids) > shared:
             self._remember(cache_key, cached)  # this prompt's blocks are a prefix of the cached ones
@@ -130,15 +142,18 @@ class PromptSynth:
             return self._positions[:length]
         return np.arange(1, length + 1, dtype=np.uint64) * _GOLDEN_U64
 
-    def _stream(self, states: np.ndarray) -> np.ndarray:
-        """Map SplitMix64 states to token ids in [vocab_offset, vocab_offset + vocab_size)."""
+    def _stream(self, states: np.ndarray, out: np.ndarray) -> None:
+        """Map SplitMix64 states (scratch: changed in place) to token ids in [vocab_offset,
+        vocab_offset + vocab_size), written into the int32 array `out`."""
         z = _splitmix64(states)
         # Multiply-shift on the high 32 bits: uniform enough, and cheaper than a 64-bit modulo.
         shift32 = _SHIFTS[3]
         z >>= shift32
         z *= self._vocab_size
         z >>= shift32
-        return z.astype(np.int32) + self._vocab_offset
+        out[:] = z  # below vocab_size: the int32 cast is exact
+        if self.vocab_offset:
+            out += self._vocab_offset
 
     def _key(self, session_id: str, salt: int) -> int:
         base = self._session_keys.get(session_id)

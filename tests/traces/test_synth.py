@@ -144,3 +144,16 @@ def test_the_tokens_are_those_of_earlier_versions() -> None:
     assert synth.prompt("sess", _request(3, 10, (11, 12)), 5).tolist() == [353, 573, 535, 811, 197, 951, 652, 638,
                                                                             394, 585]
     assert synth.prompt("sess", _request(4, 7, (11,)), 5).tolist() == [353, 573, 535, 811, 987, 51, 628]
+
+
+def test_block_seeds_are_the_same_scalar_or_vectorised() -> None:
+    """A prompt built in one go (its many new blocks seeded by numpy) equals the same prompt grown
+    a few blocks at a time (each request's new blocks seeded as Python ints)."""
+    from traces.synth import SCALAR_SEEDS_UP_TO
+
+    ids = tuple(range(100, 100 + 3 * SCALAR_SEEDS_UP_TO))
+    whole = PromptSynth(block_size=8, vocab_offset=3).prompt("s", _request(0, 8 * len(ids) + 5, ids), salt=9)
+    grown = PromptSynth(block_size=8, vocab_offset=3)
+    for count in range(SCALAR_SEEDS_UP_TO // 2, len(ids) + 1, SCALAR_SEEDS_UP_TO // 2):
+        prompt = grown.prompt("s", _request(0, 8 * count + (5 if count == len(ids) else 0), ids[:count]), salt=9)
+    assert prompt.tolist() == whole.tolist()
