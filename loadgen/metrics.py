@@ -174,11 +174,12 @@ class LevelRecorder:
     """
 
     FLUSH_EVERY = 64  # requests per batch: about a millisecond of recording
+    LOOP_LAGS_KEPT = 1024  # loop-lag samples (5 ms apart) kept at most between two batches
 
     def __init__(self) -> None:
         self.hists = {spec.name: new_histogram(spec.name) for spec in METRIC_DEFINITIONS}
         self._pending: dict[str, list[int]] = {name: [] for name in ("ttft", "e2el", "norm_e2el", "tpot",
-                                                                      "interactivity", "queue_delay")}
+                                                                      "interactivity", "queue_delay", "loop_lag")}
         self._chunk_times: list[list[int]] = []
         self._chunk_tokens: list[list[int]] = []
 
@@ -231,7 +232,11 @@ class LevelRecorder:
         self._pending["queue_delay"].append(delay_us)  # recorded with the next batch
 
     def record_loop_lag(self, lag_us: int) -> None:
-        self.hists["loop_lag"].record_value(_clamp(max(0, lag_us)))
+        """Recorded with the next batch (a negative lag counts as 0: `record_many` clips)."""
+        pending = self._pending["loop_lag"]
+        pending.append(lag_us)
+        if len(pending) >= self.LOOP_LAGS_KEPT:  # no request completes: the list stays bounded
+            self.flush()
 
     def encoded(self) -> dict[str, str]:
         """Every histogram in HDR's encoded form, for merging in another process."""
@@ -257,6 +262,3 @@ class LevelRecorder:
             out[spec.name] = entry
         return out
 
-
-def _clamp(value: int, highest: int = HIGHEST_US) -> int:
-    return value if value < highest else highest

@@ -48,6 +48,7 @@ import ssl
 import struct
 import sys
 import time
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 from urllib.parse import urlsplit
@@ -110,6 +111,8 @@ class _Conn(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.closed = False
         self._parser = httptools.HttpResponseParser(self)
+        self._deadline: float | None = None  # the current request's (loop.time()), None: no timeout
+        self._timer: asyncio.TimerHandle | None = None  # the connection's one timer, see `_arm`
         self._reset(None, None)
 
     def _reset(self, sink: BodySink | None, done: asyncio.Future | None) -> None:
@@ -132,6 +135,9 @@ class _Conn(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
         done = self._done
         if done is None or done.done():
             return
@@ -286,10 +292,36 @@ class _Conn(asyncio.Protocol):
 
     # -- used by the pool --------------------------------------------------------------------
 
-    def start(self, request: bytes, sink: BodySink | None, done: asyncio.Future) -> None:
+    def start(self, request: bytes, sink: BodySink | None, done: asyncio.Future,
+              deadline: float | None = None) -> None:
+        """Send `request`; `done` gets the response, or asyncio.TimeoutError at `deadline`
+        (loop.time()) when the response is not complete by then."""
         self._reset(sink, done)
         assert self.transport is not None, "start() on a connection that was never made"
+        self._deadline = deadline
+        if deadline is not None and (self._timer is None or self._timer.when() > deadline):
+            self._arm(deadline)
         self.transport.write(request)
+
+    # A request's timeout: one timer per connection, not a call_at and a cancel per request. The
+    # timer stays armed at an earlier request's deadline; when it fires before the current
+    # request's, it re-arms at that one, so a request still expires exactly at its own deadline.
+
+    def _arm(self, deadline: float) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer = asyncio.get_running_loop().call_at(deadline, self._on_timer)
+
+    def _on_timer(self) -> None:
+        fired_at = self._timer.when() if self._timer is not None else None
+        self._timer = None
+        done, deadline = self._done, self._deadline
+        if done is None or done.done() or deadline is None or self.closed:
+            return  # no request waiting, or one without a timeout: the next start arms it
+        if fired_at is not None and fired_at < deadline:
+            self._arm(deadline)  # armed for an earlier request
+        else:
+            done.set_exception(asyncio.TimeoutError())
 
     @property
     def reusable(self) -> bool:
@@ -457,6 +489,41 @@ def _enable_rx_timestamps(sock: socket.socket) -> None:
             pass  # reads then carry no stamp and take the read time
 
 
+class _Slots:
+    """A semaphore (first come, first served; a waiter cancelled as it is handed a slot passes it
+    on) whose free slot is taken without a coroutine: asyncio.Semaphore's `async with` costs
+    two coroutines per request even when no one waits."""
+
+    def __init__(self, count: int) -> None:
+        self._free = count
+        self._waiting: deque[asyncio.Future] = deque()
+
+    def take_free(self) -> bool:
+        """Take a slot if one is free and no one waits for it (else `take`)."""
+        if self._free and not self._waiting:
+            self._free -= 1
+            return True
+        return False
+
+    async def take(self) -> None:
+        future = asyncio.get_running_loop().create_future()
+        self._waiting.append(future)
+        try:
+            await future
+        except asyncio.CancelledError:
+            if future.done() and not future.cancelled():
+                self.give()  # handed a slot just as the caller was cancelled
+            raise
+
+    def give(self) -> None:
+        while self._waiting:
+            future = self._waiting.popleft()
+            if not future.done():  # a cancelled waiter takes no slot
+                future.set_result(None)
+                return
+        self._free += 1
+
+
 class HttpClient:
     """Requests to one origin over a pool of keep-alive connections."""
 
@@ -480,7 +547,7 @@ class HttpClient:
         fixed = {"Host": host_header, "User-Agent": "agentload", "Accept": "*/*", **headers}
         self._fixed = "".join(f"{k}: {v}\r\n" for k, v in fixed.items())
         self._idle: list[_Conn] = []
-        self._slots = asyncio.Semaphore(max_connections)
+        self._slots = _Slots(max_connections)
         self._open: set[_Conn] = set()
 
     async def request(self, method: str, path: str, body: bytes = b"", headers: str = "",
@@ -489,14 +556,19 @@ class HttpClient:
         Raises ResponseError (connect/reset) or asyncio.TimeoutError."""
         head = (f"{method} {self.prefix}{path} HTTP/1.1\r\n{self._fixed}{headers}"
                 f"Content-Length: {len(body)}\r\n\r\n").encode("latin-1")
-        async with self._slots:
+        slots = self._slots
+        if not slots.take_free():  # the usual case, without a coroutine
+            await slots.take()
+        try:
             loop = asyncio.get_running_loop()
             deadline = None if timeout is None else loop.time() + timeout
             for attempt in (0, 1):
-                conn, reused = await self._connection(deadline)
+                conn = self._idle_connection()  # the usual case, without a coroutine
+                reused = conn is not None
+                if conn is None:
+                    conn = await self._connect_by(deadline)
                 done = loop.create_future()
-                timer = loop.call_at(deadline, _expire, done) if deadline is not None else None
-                conn.start(head + body, sink, done)
+                conn.start(head + body, sink, done, deadline)
                 try:
                     response = await done
                 except ResponseError as exc:
@@ -509,22 +581,24 @@ class HttpClient:
                     conn.deliver_before_failing()
                     self._discard(conn)
                     raise
-                finally:
-                    if timer is not None:
-                        timer.cancel()
                 if conn.reusable:
                     self._idle.append(conn)
                 else:
                     self._discard(conn)
                 return response
+        finally:
+            slots.give()
         raise AssertionError("unreachable")
 
-    async def _connection(self, deadline: float | None) -> tuple[_Conn, bool]:
+    def _idle_connection(self) -> _Conn | None:
         while self._idle:
             conn = self._idle.pop()
             if not conn.closed:
-                return conn, True
+                return conn
             self._open.discard(conn)
+        return None
+
+    async def _connect_by(self, deadline: float | None) -> _Conn:
         loop = asyncio.get_running_loop()
         timeout = None if deadline is None else max(0.0, deadline - loop.time())
         try:
@@ -532,7 +606,7 @@ class HttpClient:
         except OSError as exc:
             raise ResponseError(ErrorKind.CONNECT, f"cannot connect to {self.host}:{self.port}: {exc}", False) from exc
         self._open.add(conn)
-        return conn, False
+        return conn
 
     async def _connect(self, loop: asyncio.AbstractEventLoop) -> _Conn:
         if not self._raw_sockets:
@@ -575,7 +649,3 @@ def _warn_python_reads() -> None:
                 "source: plain-http reads take the Python path, a few CPU-microseconds more per streamed token "
                 "(rebuild: pip install -e . with a C compiler)")
 
-
-def _expire(done: asyncio.Future) -> None:
-    if not done.done():
-        done.set_exception(asyncio.TimeoutError())

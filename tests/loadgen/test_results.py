@@ -103,6 +103,20 @@ def test_batched_recording_equals_one_value_at_a_time():
     assert histogram_stats(many) == histogram_stats(one)
 
 
+def test_loop_lags_recorded_in_batches_equal_one_at_a_time():
+    """Lags wait for the recorder's next batch (and are bounded while none comes); a late wake-up
+    reads as a negative lag and counts as 0, one past the histogram's range as its highest."""
+    from loadgen.metrics import new_histogram
+
+    lags = [-3, 0, 1, 999, 5_000, 12_345_678, 10**13] * 300  # more than LevelRecorder.LOOP_LAGS_KEPT
+    rec, one = LevelRecorder(), new_histogram("loop_lag")
+    for lag in lags:
+        rec.record_loop_lag(lag)
+        one.record_value(min(max(0, lag), one.highest_trackable_value))
+    assert len(rec._pending["loop_lag"]) < rec.LOOP_LAGS_KEPT
+    assert rec.encoded()["loop_lag"] == one.encode().decode("ascii")
+
+
 def test_check_writable_names_the_flag_and_the_folder(tmp_path):
     check_writable(tmp_path / "new" / "deeper")
     assert not (tmp_path / "new").exists()  # the folders it made for the probe are gone again

@@ -175,6 +175,68 @@ def test_refused_reset_and_timeout(read_path):
     asyncio.run(main())
 
 
+@pytest.mark.parametrize("read_path", READ_PATHS)
+def test_each_request_on_a_kept_alive_connection_expires_at_its_own_deadline(read_path):
+    """The connection keeps one timer armed at an earlier request's deadline: a later request with
+    a nearer deadline still expires at it, and one with a farther deadline outlives the old one."""
+    async def main():
+        delays = iter([0.0, 0.6, 0.0, 5.0])  # the server's wait before each answer, in order
+
+        async def answer(reader, writer):
+            while True:
+                try:
+                    await reader.readuntil(b"\r\n\r\n")
+                except asyncio.IncompleteReadError:
+                    return
+                await asyncio.sleep(next(delays))
+                writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nhi")
+
+        server = await asyncio.start_server(answer, "127.0.0.1", 0)
+        client = _client(f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}", {}, read_path)
+        assert (await client.request("GET", "/", timeout=0.2)).body == b"hi"
+        assert (await client.request("GET", "/", timeout=10)).body == b"hi"  # past the first's deadline
+        assert (await client.request("GET", "/", timeout=10)).body == b"hi"
+        with pytest.raises(asyncio.TimeoutError):  # nearer than the timer armed at the one before
+            await client.request("GET", "/", timeout=0.2)
+        await client.close()
+        server.close()
+
+    asyncio.run(main())
+
+
+def test_connection_slots_admit_in_order_and_a_cancelled_waiter_takes_none():
+    async def main():
+        slots = wire._Slots(1)
+        assert slots.take_free() and not slots.take_free()
+        admitted: list[str] = []
+
+        async def wait_for_slot(name: str) -> None:
+            await slots.take()
+            admitted.append(name)
+
+        def waiters(*names: str) -> list[asyncio.Task]:
+            return [asyncio.ensure_future(wait_for_slot(name)) for name in names]
+
+        a, b, c = waiters("a", "b", "c")
+        await asyncio.sleep(0)
+        b.cancel()  # while it waits
+        slots.give()
+        await asyncio.sleep(0)
+        slots.give()
+        await asyncio.gather(a, c)
+        assert admitted == ["a", "c"] and b.cancelled()
+        d, e = waiters("d", "e")
+        await asyncio.sleep(0)
+        slots.give()  # c's slot, handed to d ...
+        d.cancel()  # ... cancelled before it runs: d passes the slot on to e
+        await asyncio.wait([d, e], timeout=5)  # e is never admitted if d kept the slot
+        assert admitted == ["a", "c", "e"] and d.cancelled()
+        slots.give()  # e's: the slot is free again
+        assert slots.take_free() and not slots.take_free()
+
+    asyncio.run(main())
+
+
 def test_bad_url_is_named():
     with pytest.raises(ValueError, match="--url"):
         HttpClient("ftp://x", {}, 1)
