@@ -181,7 +181,8 @@ class LevelRecorder:
         self._pending: dict[str, list[int]] = {name: [] for name in ("ttft", "e2el", "norm_e2el", "tpot",
                                                                       "interactivity", "queue_delay", "loop_lag")}
         self._chunk_times: list[list[int]] = []
-        self._chunk_tokens: list[list[int]] = []
+        self._chunk_tokens: list[list[int]] = []  # of the requests whose chunks are not all of one token
+        self._one_token_chunks = 0  # the chunks of the others, the usual stream: one token each
 
     def record_latencies(
         self,
@@ -199,7 +200,10 @@ class LevelRecorder:
         if osl > 0:
             pending["norm_e2el"].append(e2el_us // osl)
         self._chunk_times.append(chunk_ns)
-        self._chunk_tokens.append(chunk_tokens)
+        if chunk_tokens.count(1) == len(chunk_tokens):
+            self._one_token_chunks += len(chunk_tokens)  # counted, not converted value by value
+        else:
+            self._chunk_tokens.append(chunk_tokens)
         tpot_us = None
         if osl >= 2 and len(chunk_ns) >= 2:
             tpot_us = max(1, (e2el_us - ttft_us) // (osl - 1))
@@ -224,9 +228,13 @@ class LevelRecorder:
         within = np.ones(max(0, total - 1), dtype=bool)
         within[np.cumsum(lengths)[:-1] - 1] = False  # a gap across two requests is no ITL
         record_many(self.hists["itl"], np.diff(times)[within] // 1000)
-        record_many(self.hists["tokens_per_chunk"], np.fromiter(
-            itertools.chain.from_iterable(self._chunk_tokens), dtype=np.int64, count=total))
-        self._chunk_times, self._chunk_tokens = [], []
+        tokens_per_chunk = self.hists["tokens_per_chunk"]
+        if self._one_token_chunks:
+            tokens_per_chunk.record_value(1, self._one_token_chunks)
+        if self._chunk_tokens:
+            record_many(tokens_per_chunk, np.fromiter(itertools.chain.from_iterable(self._chunk_tokens),
+                                                      dtype=np.int64, count=total - self._one_token_chunks))
+        self._chunk_times, self._chunk_tokens, self._one_token_chunks = [], [], 0
 
     def record_queue_delay(self, delay_us: int) -> None:
         self._pending["queue_delay"].append(delay_us)  # recorded with the next batch

@@ -117,6 +117,29 @@ def test_loop_lags_recorded_in_batches_equal_one_at_a_time():
     assert rec.encoded()["loop_lag"] == one.encode().decode("ascii")
 
 
+def test_chunk_histograms_in_batches_equal_one_value_at_a_time():
+    """ITL and tokens per chunk over batches that mix one-token streams (counted, not converted)
+    with speculative ones, split at flush points anywhere, equal recording every value alone."""
+    import random
+
+    from loadgen.metrics import new_histogram
+
+    rng = random.Random(3)
+    rec, itl, per_chunk = LevelRecorder(), new_histogram("itl"), new_histogram("tokens_per_chunk")
+    for i in range(3 * LevelRecorder.FLUSH_EVERY + 5):
+        count = rng.randint(1, 12)
+        tokens = [1] * count if i % 3 else [rng.choice((1, 1, 2, 3, 0)) for _ in range(count)]
+        stamps = sorted(10**9 * i + rng.randint(0, 10**8) for _ in range(count))
+        rec.record_latencies(50_000, 90_000, max(1, sum(tokens)), stamps, tokens)
+        for earlier, later in zip(stamps, stamps[1:]):
+            itl.record_value((later - earlier) // 1000)
+        for n in tokens:
+            per_chunk.record_value(n)
+    encoded = rec.encoded()
+    assert encoded["itl"] == itl.encode().decode("ascii")
+    assert encoded["tokens_per_chunk"] == per_chunk.encode().decode("ascii")
+
+
 def test_check_writable_names_the_flag_and_the_folder(tmp_path):
     check_writable(tmp_path / "new" / "deeper")
     assert not (tmp_path / "new").exists()  # the folders it made for the probe are gone again
