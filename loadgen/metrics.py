@@ -69,15 +69,53 @@ def record_many(hist: HdrHistogram, values: np.ndarray) -> None:
     if low_value < 0 or high_value > hist.highest_trackable_value:
         values = np.clip(values, 0, hist.highest_trackable_value)
         low_value, high_value = max(0, low_value), min(high_value, hist.highest_trackable_value)
+    _add_counts(hist, _bucket_indices(hist, values), low_value, high_value)
+
+
+def record_batches(batches: list[tuple[HdrHistogram, list[int]]]) -> None:
+    """`record_many` of several histograms of one bucket layout (the same lowest value and
+    significant digits), each given a list of ints: the bucket arithmetic runs once over all the
+    values. For LevelRecorder's per-request metrics, a few dozen values each, numpy's cost per
+    call is most of the work. A list with values out of a histogram's range is clipped in place."""
+    batches = [(hist, values) for hist, values in batches if values]
+    if not batches:
+        return
+    layout = batches[0][0]
+    for hist, _ in batches:
+        if (hist.unit_magnitude, hist.sub_bucket_half_count_magnitude) != (
+                layout.unit_magnitude, layout.sub_bucket_half_count_magnitude):
+            raise ValueError("record_batches: the histograms differ in their bucket layout")
+    bounds = []  # each batch's (histogram, lowest value, highest value), values clipped as record_many does
+    for hist, values in batches:
+        low_value, high_value = min(values), max(values)
+        if low_value < 0 or high_value > hist.highest_trackable_value:
+            values[:] = np.clip(values, 0, hist.highest_trackable_value).tolist()
+            low_value, high_value = max(0, low_value), min(high_value, hist.highest_trackable_value)
+        bounds.append((hist, low_value, high_value))
+    total = sum(len(values) for _, values in batches)
+    index = _bucket_indices(layout, np.fromiter(itertools.chain.from_iterable(values for _, values in batches),
+                                                dtype=np.int64, count=total))
+    start = 0
+    for (hist, low_value, high_value), (_, values) in zip(bounds, batches):
+        _add_counts(hist, index[start: start + len(values)], low_value, high_value)
+        start += len(values)
+
+
+def _bucket_indices(hist: HdrHistogram, values: np.ndarray) -> np.ndarray:
+    """The counts index of each value (hdrh's `_counts_index_for`, vectorised); values in range."""
     # bit_length(v | mask) via the float exponent: exact, values stay far below 2**53
     bit_length = np.frexp((values | hist.sub_bucket_mask).astype(np.float64))[1].astype(np.int64)
     bucket = bit_length - hist.unit_magnitude - (hist.sub_bucket_half_count_magnitude + 1)
     sub_bucket = values >> (bucket + hist.unit_magnitude)
-    index = ((bucket + 1) << hist.sub_bucket_half_count_magnitude) + (sub_bucket - hist.sub_bucket_half_count)
+    return ((bucket + 1) << hist.sub_bucket_half_count_magnitude) + (sub_bucket - hist.sub_bucket_half_count)
+
+
+def _add_counts(hist: HdrHistogram, index: np.ndarray, low_value: int, high_value: int) -> None:
+    """Count values whose counts indices are `index` and whose range is [low_value, high_value]."""
     low, high = int(index.min()), int(index.max())
     counts = _counts_view(hist)[low: high + 1]  # only the buckets these values touch
     counts += np.bincount(index - low, minlength=high - low + 1).astype(counts.dtype)
-    hist.total_count += int(values.size)
+    hist.total_count += int(index.size)
     hist.min_value = min(hist.min_value, low_value)
     hist.max_value = max(hist.max_value, high_value)
 
@@ -216,10 +254,10 @@ class LevelRecorder:
     def flush(self) -> None:
         """Record the batched values: per-request latencies, ITLs (gaps within each request) and
         tokens per chunk, each metric in one vectorised pass."""
-        for name, values in self._pending.items():
-            if values:
-                record_many(self.hists[name], np.asarray(values, dtype=np.int64))
-                values.clear()
+        pending = self._pending
+        record_batches([(self.hists[name], values) for name, values in pending.items()])
+        for values in pending.values():
+            values.clear()
         if not self._chunk_times:
             return
         lengths = np.fromiter(map(len, self._chunk_times), dtype=np.int64, count=len(self._chunk_times))

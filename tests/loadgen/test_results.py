@@ -103,6 +103,29 @@ def test_batched_recording_equals_one_value_at_a_time():
     assert histogram_stats(many) == histogram_stats(one)
 
 
+def test_several_histograms_recorded_together_equal_one_value_at_a_time():
+    import numpy as np
+    from hdrh.histogram import HdrHistogram
+
+    from loadgen.metrics import new_histogram, record_batches
+
+    rng = np.random.default_rng(6)
+    names = ("ttft", "interactivity", "tokens_per_chunk", "tpot")
+    values = {"ttft": rng.lognormal(10, 3, 300).astype(np.int64).tolist() + [-5, 10**13],
+              "interactivity": [10**12 + 1, 0, 3, 2048] + rng.integers(1, 10**9, 50).tolist(),
+              "tokens_per_chunk": [1, 2, 10**8], "tpot": []}
+    one = {name: new_histogram(name) for name in names}
+    together = {name: new_histogram(name) for name in names}
+    for name in names:
+        for v in values[name]:
+            one[name].record_value(min(max(0, v), one[name].highest_trackable_value))
+    record_batches([(together[name], list(values[name])) for name in names])
+    for name in names:
+        assert together[name].encode() == one[name].encode(), name
+    with pytest.raises(ValueError, match="bucket layout"):
+        record_batches([(new_histogram("ttft"), [1]), (HdrHistogram(1, 10**6, 2), [1])])
+
+
 def test_loop_lags_recorded_in_batches_equal_one_at_a_time():
     """Lags wait for the recorder's next batch (and are bounded while none comes); a late wake-up
     reads as a negative lag and counts as 0, one past the histogram's range as its highest."""
