@@ -378,10 +378,9 @@ def _search_kth_key(key, valid, length, k):
 
 
 @triton.jit
-def _select_in_registers(row, out_row, length, k, table_row, BLOCK_SIZE: tl.constexpr, TO_SLOTS: tl.constexpr,
+def _select_in_registers(row_ptr, out_row, length, k, table_row, BLOCK_SIZE: tl.constexpr, TO_SLOTS: tl.constexpr,
                          BLOCK: tl.constexpr):
-    """Top k of a row of length in (k, BLOCK] columns (row: its first BLOCK values, loaded) whose
-    keys stay in registers; with TO_SLOTS
+    """Top k of a row of length in (k, BLOCK] columns whose keys stay in registers; with TO_SLOTS
     it writes their cache slots (`_slots_of`), looked up for every column before the search, whose
     loads then overlap the search rather than follow it.
 
@@ -394,7 +393,7 @@ def _select_in_registers(row, out_row, length, k, table_row, BLOCK_SIZE: tl.cons
     col = tl.arange(0, BLOCK)
     valid = col < length
     # columns past the length get key 0 and never count: every pivot is above 0
-    key = tl.where(valid, _ordered_key(row), 0)
+    key = tl.where(valid, _ordered_key(tl.load(row_ptr + col, mask=valid, other=0.0)), 0)
     dest = _slots_of(col, valid, table_row, BLOCK_SIZE, TO_SLOTS)
     lo, top, c_hi = _search_kth_key(key, valid, length, k)
     is_above = key > top
@@ -413,18 +412,12 @@ def _topk_in_registers_kernel(logits_ptr, lengths_ptr, out_ptr, n_cols, k, table
     cache slots: block table[seq_ids[row]] (rows of table_stride) in blocks of BLOCK_SIZE."""
     length, row_ptr, out_row = _row_of_program(logits_ptr, lengths_ptr, out_ptr, n_cols, k)
     table_row = _table_row(table_ptr, seq_ids_ptr, table_stride, TO_SLOTS)
-    # the half block's values are read before the length arrives (bounded by the columns, not the
-    # length): the row's read then waits on no other load
-    half = tl.arange(0, BLOCK // 2)
-    head = tl.load(row_ptr + half, mask=half < n_cols, other=0.0)
     if length <= k:
         _store_short_row_slots(out_row, length, k, table_row, BLOCK_SIZE, TO_SLOTS, BLOCK)
     elif length <= BLOCK // 2:
-        _select_in_registers(head, out_row, length, k, table_row, BLOCK_SIZE, TO_SLOTS, BLOCK // 2)
+        _select_in_registers(row_ptr, out_row, length, k, table_row, BLOCK_SIZE, TO_SLOTS, BLOCK // 2)
     else:
-        col = tl.arange(0, BLOCK)
-        row = tl.load(row_ptr + col, mask=col < n_cols, other=0.0)
-        _select_in_registers(row, out_row, length, k, table_row, BLOCK_SIZE, TO_SLOTS, BLOCK)
+        _select_in_registers(row_ptr, out_row, length, k, table_row, BLOCK_SIZE, TO_SLOTS, BLOCK)
 
 
 @triton.jit(do_not_specialize=["level"])
