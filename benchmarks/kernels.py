@@ -774,9 +774,11 @@ def main(argv: list[str] | None = None) -> int:
                 topk_cases(rows, 128, 4096)
                 for n_cols in (8192, REGISTER_ROW_MAX_COLS):
                     topk_cases(rows, 1, n_cols)
-        if "topk_slots" in parts:  # the small model's decode rows (k 512, 4k context) as cache slots
+        if "topk_slots" in parts:  # the small model's decode rows (k 512, 4k context) as cache slots; the
+            # engine's rows past 4,096 (benchmarks/engine.py --context 4096: 4,131 columns) take the full block
             for n_rows, n_cols, length in ((2, 700, 600),) if SMOKE else (
-                    (1, 4096 + 54, 4096), (1, 4096, 4096), (32, 4096 + 54, 4096), (128, 4096 + 54, 4096)):
+                    (1, 4096 + 54, 4096), (1, 4096, 4096), (1, 4096 + 35, 4096 + 14), (32, 4096 + 54, 4096),
+                    (128, 4096 + 54, 4096)):
                 topk_slots_cases(rows, n_rows, n_cols, 64 if SMOKE else 512, length, 16 if SMOKE else 64)
         if "quant" in parts:
             quant_cases(rows, 2 if SMOKE else 16)
