@@ -43,8 +43,10 @@ from kernels.quant import (  # noqa: E402
 from kernels.sparse_mla import SparseMlaConfig, auto_num_splits, sparse_mla_torch, sparse_mla_triton  # noqa: E402
 from kernels.topk import (  # noqa: E402
     REGISTER_ROW_MAX_COLS,
+    SlotMap,
     TopkConfig,
     default_config,
+    positions_to_slots,
     takes_register_launch,
     topk_indices_torch,
     topk_triton,
@@ -446,6 +448,47 @@ def topk_cases(rows: list[Row], n_rows: int, n_cols: int, k: int | None = None, 
         rows.append(Row(case, f"{topk_label(None, n_rows, n_cols)}, crowded rows [graph]", graphed, 0, nbytes, plain))
 
 
+def topk_slots_cases(rows: list[Row], n_rows: int, n_cols: int, k: int, length: int, block_size: int = 64) -> None:
+    """The top-k as a decode step's attention runs it: positions mapped to cache slots through a
+    shuffled block table, by topk_triton then positions_to_slots (two launches) or by topk_triton
+    with the mapping (one launch on the in-register path), the default and 4/16 warps; checked
+    (slots equal to the two launches', positions' values to the reference's), replayed in a CUDA graph."""
+    x = torch.randn(n_rows, n_cols, device=DEV).clamp_min_(0)
+    lens = torch.full((n_rows,), length, device=DEV, dtype=torch.int32)
+    short = lens.clone()
+    short[: min(4, n_rows)] = torch.tensor([0, k - 1, k, k + 1], device=DEV, dtype=torch.int32)[: min(4, n_rows)]
+    blocks = triton.cdiv(n_cols, block_size)
+    table = torch.randperm(n_rows * blocks, device=DEV).int().reshape(n_rows, blocks)
+    slots = SlotMap(table, torch.randperm(n_rows, device=DEV).int(), block_size)
+    case = f"topk slots {k} of {n_rows}x{n_cols}" + (f" len {length}" if length < n_cols else "")
+    nbytes = n_rows * length * 4 + n_rows * k * 4
+
+    def two_launches(cfg: TopkConfig | None, lengths: torch.Tensor, rows_: torch.Tensor = x) -> torch.Tensor:
+        top = topk_triton(rows_, lengths, k, cfg)
+        return positions_to_slots(top, table, slots.seq_ids, block_size, backend="triton")
+
+    def check(cfg: TopkConfig | None) -> str:
+        ok = True
+        for rows_, lengths in ((x, lens), (x, short), (crowded_rows(x), lens)):
+            with poisoned_outputs():
+                got = topk_triton(rows_, lengths, k, cfg, slots=slots)
+            ok = ok and torch.equal(got, two_launches(cfg, lengths, rows_))
+            ok = ok and check_topk([(rows_, lengths)], k, cfg) == "ok"
+        return "ok" if ok else "FAIL"
+
+    base = None
+    warps = () if SMOKE else (4, 16)
+    for cfg in (None, *(replace(default_config(x.device, n_cols, n_rows), num_warps=w) for w in warps)):
+        label = topk_label(cfg, n_rows, n_cols)
+        verdict = check(cfg)
+        for name, fn in (("topk + positions_to_slots", lambda cfg=cfg: two_launches(cfg, lens)),
+                         ("topk with slots", lambda cfg=cfg: topk_triton(x, lens, k, cfg, slots=slots))):
+            ms = bench([fn]) if SMOKE else triton.testing.do_bench_cudagraph(fn, rep=200, return_mode="median")
+            base = base or ms
+            rows.append(Row(case, f"{label}, {name} [{verdict}] [graph]", ms, 0, nbytes, base))
+            print(f"{case} {label}, {name}: check {verdict}, graph {ms * 1e3:.2f} us", flush=True)
+
+
 # ---------------------------------------------------------------- fp8 quantisation
 
 
@@ -696,7 +739,7 @@ def print_table(rows: list[Row]) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--only", choices=["mla", "indexer", "topk", "quant", "prefill", "gemv", "argmax", "gemv_fused"], action="append", help="run only these parts (repeatable)")
+    parser.add_argument("--only", choices=["mla", "indexer", "topk", "topk_slots", "quant", "prefill", "gemv", "argmax", "gemv_fused"], action="append", help="run only these parts (repeatable)")
     parser.add_argument("--kv-slots", type=int, default=1 << 20, help="KV cache rows the sparse MLA indices draw from")
     parser.add_argument("--smoke", action="store_true", help="tiny shapes on CPU (set TRITON_INTERPRET=1) to test the script")
     args = parser.parse_args(argv)
@@ -706,7 +749,7 @@ def main(argv: list[str] | None = None) -> int:
     elif not torch.cuda.is_available():
         print("benchmarks/kernels.py needs a CUDA GPU (or --smoke)", file=sys.stderr)
         return 2
-    parts = args.only or ["mla", "indexer", "topk", "quant", "prefill", "gemv", "argmax", "gemv_fused"]
+    parts = args.only or ["mla", "indexer", "topk", "topk_slots", "quant", "prefill", "gemv", "argmax", "gemv_fused"]
     name = "cpu (smoke)" if SMOKE else torch.cuda.get_device_name()
     print(f"device: {name}  torch {torch.__version__}  triton {triton.__version__}")
     copy, mm = measure_ceilings()
@@ -731,6 +774,12 @@ def main(argv: list[str] | None = None) -> int:
                 topk_cases(rows, 128, 4096)
                 for n_cols in (8192, REGISTER_ROW_MAX_COLS):
                     topk_cases(rows, 1, n_cols)
+        if "topk_slots" in parts:  # the small model's decode rows (k 512, 4k context) as cache slots; the
+            # engine's rows past 4,096 (benchmarks/engine.py --context 4096: 4,131 columns) take the full block
+            for n_rows, n_cols, length in ((2, 700, 600),) if SMOKE else (
+                    (1, 4096 + 54, 4096), (1, 4096, 4096), (1, 4096 + 35, 4096 + 14), (32, 4096 + 54, 4096),
+                    (128, 4096 + 54, 4096)):
+                topk_slots_cases(rows, n_rows, n_cols, 64 if SMOKE else 512, length, 16 if SMOKE else 64)
         if "quant" in parts:
             quant_cases(rows, 2 if SMOKE else 16)
         if "prefill" in parts:  # a 64k prompt's last chunk: indexer and top-k (sparse attention: under mla)

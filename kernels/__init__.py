@@ -32,7 +32,7 @@ from kernels.quant import (
     write_kv_cache,
 )
 from kernels.sparse_mla import sparse_mla
-from kernels.topk import positions_to_slots, topk_indices
+from kernels.topk import positions_to_slots, topk_indices, topk_slots
 
 __all__ = [
     "BACKENDS",
@@ -52,6 +52,7 @@ __all__ = [
     "set_backend",
     "sparse_mla",
     "topk_indices",
+    "topk_slots",
     "write_indexer_cache",
     "write_kv_cache",
 ]

@@ -4,7 +4,8 @@ Triton path: a selection on order-preserving 32-bit keys. The k-th largest key i
 a radix select, four levels of 8-bit digit histograms (keys matching the digits chosen so far), or,
 for rows held in registers, by narrowing a key interval with counts of the keys at or above a
 pivot; an emit pass then writes every column above it plus just enough columns equal to it.
-Rows no longer than k emit 0..len-1 then -1.
+Rows no longer than k emit 0..len-1 then -1. `topk_slots` emits the selected columns' cache slots
+(a block-table lookup per column, in the in-register kernel's own write), what sparse attention reads.
 
 Launch shapes, chosen by the row and column counts and the config alone (so a CUDA graph keeps a fixed
 choice; a row's length and values only steer branches on the device):
@@ -177,11 +178,40 @@ def _store_selected(out_row, col, is_above, is_equal, above_before, equal_before
 
 
 @triton.jit
-def _store_short_row(out_row, length, k, BLOCK: tl.constexpr):
-    """A row no longer than k: 0..len-1 then -1."""
+def _slots_of(pos, mask, table_row, BLOCK_SIZE: tl.constexpr, TO_SLOTS: tl.constexpr):
+    """With TO_SLOTS, the cache slots of positions of one request (table_row: its block table row)
+    where mask holds; else the positions themselves."""
+    if TO_SLOTS:
+        block = tl.load(table_row + pos // BLOCK_SIZE, mask=mask, other=0)
+        return block * BLOCK_SIZE + pos % BLOCK_SIZE
+    else:
+        return pos
+
+
+@triton.jit
+def _table_row(table_ptr, seq_ids_ptr, table_stride, TO_SLOTS: tl.constexpr):
+    """The block table row of the request of program_id(0)'s row (unread without TO_SLOTS)."""
+    if TO_SLOTS:
+        return table_ptr + tl.load(seq_ids_ptr + tl.program_id(0)).to(tl.int64) * table_stride
+    else:
+        return table_ptr
+
+
+@triton.jit
+def _store_short_row_slots(out_row, length, k, table_row, BLOCK_SIZE: tl.constexpr, TO_SLOTS: tl.constexpr,
+                           BLOCK: tl.constexpr):
+    """A row no longer than k: positions (or with TO_SLOTS their slots) 0..len-1, then -1."""
     for start in range(0, k, BLOCK):
         slot = start + tl.arange(0, BLOCK)
-        tl.store(out_row + slot, tl.where(slot < length, slot, -1), mask=slot < k)
+        inside = slot < length
+        dest = _slots_of(slot, inside, table_row, BLOCK_SIZE, TO_SLOTS)
+        tl.store(out_row + slot, tl.where(inside, dest, -1), mask=slot < k)
+
+
+@triton.jit
+def _store_short_row(out_row, length, k, BLOCK: tl.constexpr):
+    """A row no longer than k: 0..len-1 then -1."""
+    _store_short_row_slots(out_row, length, k, out_row, 1, False, BLOCK)
 
 
 @triton.jit
@@ -348,8 +378,11 @@ def _search_kth_key(key, valid, length, k):
 
 
 @triton.jit
-def _select_in_registers(row_ptr, out_row, length, k, BLOCK: tl.constexpr):
-    """Top k of a row of length in (k, BLOCK] columns whose keys stay in registers.
+def _select_in_registers(row_ptr, out_row, length, k, table_row, BLOCK_SIZE: tl.constexpr, TO_SLOTS: tl.constexpr,
+                         BLOCK: tl.constexpr):
+    """Top k of a row of length in (k, BLOCK] columns whose keys stay in registers; with TO_SLOTS
+    it writes their cache slots (`_slots_of`), looked up for every column before the search, whose
+    loads then overlap the search rather than follow it.
 
     The k-th largest key is found by narrowing a key interval [lo, top] (_search_kth_key), each
     count of the keys at or above a pivot one block reduction (no histogram), until exactly k keys
@@ -361,26 +394,30 @@ def _select_in_registers(row_ptr, out_row, length, k, BLOCK: tl.constexpr):
     valid = col < length
     # columns past the length get key 0 and never count: every pivot is above 0
     key = tl.where(valid, _ordered_key(tl.load(row_ptr + col, mask=valid, other=0.0)), 0)
+    dest = _slots_of(col, valid, table_row, BLOCK_SIZE, TO_SLOTS)
     lo, top, c_hi = _search_kth_key(key, valid, length, k)
     is_above = key > top
     is_cand = valid & (key >= lo) & (key <= top)
     rank = tl.cumsum((is_above.to(tl.int32) << 16) | is_cand.to(tl.int32), axis=0)
     pos = tl.where(is_above, (rank >> 16) - 1, c_hi + (rank & 0xFFFF) - 1)
-    tl.store(out_row + pos, col, mask=is_above | (is_cand & (pos < k)))
+    tl.store(out_row + pos, dest, mask=is_above | (is_cand & (pos < k)))
 
 
 @triton.jit
-def _topk_in_registers_kernel(logits_ptr, lengths_ptr, out_ptr, n_cols, k, BLOCK: tl.constexpr):
+def _topk_in_registers_kernel(logits_ptr, lengths_ptr, out_ptr, n_cols, k, table_ptr, seq_ids_ptr, table_stride,
+                              BLOCK_SIZE: tl.constexpr, TO_SLOTS: tl.constexpr, BLOCK: tl.constexpr):
     """The whole top-k of one row in one program (grid: rows) that reads the row once, into
     registers: BLOCK >= n_cols columns, or half as many when the row's length (read on the device)
-    fits them, which halves the work of every count."""
+    fits them, which halves the work of every count. With TO_SLOTS it writes the selected columns'
+    cache slots: block table[seq_ids[row]] (rows of table_stride) in blocks of BLOCK_SIZE."""
     length, row_ptr, out_row = _row_of_program(logits_ptr, lengths_ptr, out_ptr, n_cols, k)
+    table_row = _table_row(table_ptr, seq_ids_ptr, table_stride, TO_SLOTS)
     if length <= k:
-        _store_short_row(out_row, length, k, BLOCK)
+        _store_short_row_slots(out_row, length, k, table_row, BLOCK_SIZE, TO_SLOTS, BLOCK)
     elif length <= BLOCK // 2:
-        _select_in_registers(row_ptr, out_row, length, k, BLOCK // 2)
+        _select_in_registers(row_ptr, out_row, length, k, table_row, BLOCK_SIZE, TO_SLOTS, BLOCK // 2)
     else:
-        _select_in_registers(row_ptr, out_row, length, k, BLOCK)
+        _select_in_registers(row_ptr, out_row, length, k, table_row, BLOCK_SIZE, TO_SLOTS, BLOCK)
 
 
 @triton.jit(do_not_specialize=["level"])
@@ -603,21 +640,39 @@ def takes_register_launch(cfg: TopkConfig, n_cols: int) -> bool:
     return n_cols <= min(cfg.single_pass_max_cols, REGISTER_ROW_MAX_COLS) and cfg.single_pass_registers
 
 
-def topk_triton(logits: torch.Tensor, lengths: torch.Tensor, k: int, config: TopkConfig | None = None) -> torch.Tensor:
+@dataclass(frozen=True)
+class SlotMap:
+    """What maps a row's positions to global cache slots: the block table (int32 [requests,
+    blocks]), the request of each row (seq_ids, int32 [T]) and the block size."""
+
+    block_table: torch.Tensor
+    seq_ids: torch.Tensor
+    block_size: int
+
+
+def topk_triton(logits: torch.Tensor, lengths: torch.Tensor, k: int, config: TopkConfig | None = None,
+                slots: SlotMap | None = None) -> torch.Tensor:
     """One launch over rows up to config.single_pass_max_cols columns (the row in registers, or
     the radix select re-reading it); beyond, over (rows x
     programs per row), either the compacting path (SPLIT_LEVEL histogram levels, the split, then
     one program per row finishing on its candidates) or five launches (four histogram levels,
-    then the emit pass)."""
+    then the emit pass). With `slots` the outputs are cache slots: the in-register kernel looks
+    them up as it writes (no second launch); the other paths map their positions afterwards."""
     t, n = logits.shape
     out = new_output((t, k), torch.int32, logits.device)
     if t == 0:
         return out
     cfg = config or default_config(logits.device, n, t)
     if takes_register_launch(cfg, n):
-        _topk_in_registers_kernel[(t,)](logits, lengths, out, n, k, BLOCK=max(64, triton.next_power_of_2(n)),
-                                        num_warps=cfg.num_warps)
+        table = slots.block_table.int() if slots else out
+        seq_ids = slots.seq_ids.int().contiguous() if slots else lengths
+        _topk_in_registers_kernel[(t,)](logits, lengths, out, n, k, table, seq_ids, table.stride(0),
+                                        BLOCK_SIZE=slots.block_size if slots else 1, TO_SLOTS=slots is not None,
+                                        BLOCK=max(64, triton.next_power_of_2(n)), num_warps=cfg.num_warps)
         return out
+    if slots:
+        return positions_to_slots(topk_triton(logits, lengths, k, cfg), slots.block_table, slots.seq_ids,
+                                  slots.block_size, backend="triton")
     if n <= cfg.single_pass_max_cols:
         _topk_row_kernel[(t,)](logits, lengths, out, n, k, BLOCK=cfg.block, num_warps=cfg.num_warps)
         return out
@@ -654,16 +709,46 @@ def topk_indices(logits: torch.Tensor, lengths: torch.Tensor, k: int, backend: s
     Rows with lengths[t] <= k emit 0..len-1 then -1. On a GPU, batches of TORCH_TOPK_MIN_ROWS rows
     or more use the torch path whatever the backend.
     """
-    if logits.dim() != 2 or logits.dtype != torch.float32:
-        raise ValueError(f"topk_indices: logits must be fp32[T, N], got {logits.dtype}{list(logits.shape)}")
-    if lengths.shape != (logits.shape[0],):
-        raise ValueError(f"topk_indices: lengths must be [T={logits.shape[0]}], got {list(lengths.shape)}")
-    if k <= 0:
-        raise ValueError(f"topk_indices: k={k} must be positive")
-    if resolve_backend(backend, logits.device) == "torch" or (
-            logits.device.type == "cuda" and logits.shape[0] >= TORCH_TOPK_MIN_ROWS):
+    _check_topk_inputs("topk_indices", logits, lengths, k)
+    if _takes_torch(logits, backend):
         return topk_indices_torch(logits, lengths, k)
     return topk_triton(logits.contiguous(), lengths.int().contiguous(), k)
+
+
+def topk_slots(logits: torch.Tensor, lengths: torch.Tensor, k: int, block_table: torch.Tensor,
+               seq_ids: torch.Tensor, block_size: int, backend: str | None = None) -> torch.Tensor:
+    """int32[T, k]: the cache slots of topk_indices' columns, row t's positions read through
+    block_table[seq_ids[t]] in blocks of block_size; -1 stays -1. The same as positions_to_slots
+    over topk_indices, in one launch where the top-k takes the in-register kernel (the decode
+    step's rows)."""
+    _check_topk_inputs("topk_slots", logits, lengths, k)
+    if seq_ids.shape != (logits.shape[0],):
+        raise ValueError(f"topk_slots: seq_ids must be [T={logits.shape[0]}], got {list(seq_ids.shape)}")
+    # a host sync on a GPU (values_checkable): there the context lengths come from a block table
+    # that covers them
+    if logits.numel() and values_checkable(lengths) and (
+            int(lengths.clamp(max=logits.shape[1]).max()) > block_table.shape[1] * block_size):
+        raise ValueError("topk_slots: a row's length reaches beyond the block table")
+    if _takes_torch(logits, backend):
+        top = topk_indices_torch(logits, lengths, k)
+        return positions_to_slots(top, block_table, seq_ids, block_size, backend=backend)
+    return topk_triton(logits.contiguous(), lengths.int().contiguous(), k,
+                       slots=SlotMap(block_table, seq_ids, block_size))
+
+
+def _check_topk_inputs(op: str, logits: torch.Tensor, lengths: torch.Tensor, k: int) -> None:
+    if logits.dim() != 2 or logits.dtype != torch.float32:
+        raise ValueError(f"{op}: logits must be fp32[T, N], got {logits.dtype}{list(logits.shape)}")
+    if lengths.shape != (logits.shape[0],):
+        raise ValueError(f"{op}: lengths must be [T={logits.shape[0]}], got {list(lengths.shape)}")
+    if k <= 0:
+        raise ValueError(f"{op}: k={k} must be positive")
+
+
+def _takes_torch(logits: torch.Tensor, backend: str | None) -> bool:
+    """Whether the top-k of these rows runs the torch path (the backend, or a prefill's many rows)."""
+    return resolve_backend(backend, logits.device) == "torch" or (
+        logits.device.type == "cuda" and logits.shape[0] >= TORCH_TOPK_MIN_ROWS)
 
 
 @triton.jit

@@ -22,7 +22,7 @@ from kernels.attention_prep import indexer_prepare, mla_prepare_
 from kernels.gemv import head_linear
 from kernels.indexer import indexer_logits_paged
 from kernels.sparse_mla import sparse_mla
-from kernels.topk import positions_to_slots, topk_indices
+from kernels.topk import topk_slots
 from server.config import ModelConfig
 from server.model.layers import (
     ColumnParallelLinear,
@@ -144,8 +144,8 @@ class MLAttention(OwnsFusedLinears):
             q_latent_abs = head_linear(q_nope, w_uk.transpose(1, 2), b)
 
         logits = self.indexer(index_query, index_key, index_weights, rope, meta, idx_cache, s)
-        top = topk_indices(logits, meta.context_lens, c.index_topk, backend=s.backend)
-        slots = positions_to_slots(top, meta.block_table, meta.seq_ids, meta.block_size, backend=s.backend)
+        slots = topk_slots(logits, meta.context_lens, c.index_topk, meta.block_table, meta.seq_ids, meta.block_size,
+                           backend=s.backend)
         latent_side.join(q_latent_abs)
         o_lat, _ = sparse_mla(q_latent_abs.to(torch.bfloat16), kv_cache, slots, c.softmax_scale, c.kv_lora_rank,
                               s.kv_dtype, backend=b, q_rope=q_pe.to(torch.bfloat16))

@@ -1,5 +1,6 @@
 """Top-k indices: Triton radix select (both launch shapes) vs the torch reference vs torch.topk,
-compared on selected values."""
+compared on selected values; top-k slots (the indices mapped through a block table) vs the two
+references composed."""
 
 from __future__ import annotations
 
@@ -11,8 +12,8 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels import positions_to_slots, topk, topk_indices
-from kernels.topk import default_config, topk_indices_torch, topk_triton
+from kernels import positions_to_slots, topk, topk_indices, topk_slots
+from kernels.topk import SlotMap, default_config, positions_to_slots_reference, topk_indices_torch, topk_triton
 from tests.kernels.checks import selected_values
 
 CPU_CONFIG = default_config(torch.device("cpu"), 0, 1)
@@ -335,3 +336,84 @@ def test_topk_rows_with_few_finite_values_stay_inside_their_length(gen, path):
         got = topk_triton(logits, lengths, k, PATHS[path])
     check_row_set(logits, lengths, k, got)
     assert set(range(5)) <= set(got[0].tolist()) and 7 in got[2].tolist()
+
+
+def slots_to_positions(slots: torch.Tensor, block_table: torch.Tensor, seq_ids: torch.Tensor,
+                       block_size: int) -> torch.Tensor:
+    """The positions of slots of a block table whose blocks are all distinct: -1 stays -1."""
+    column_of_block = torch.full((int(block_table.max()) + 1,), -1, dtype=torch.long)
+    column_of_block[block_table.long()] = torch.arange(block_table.shape[1]).expand_as(block_table)
+    block = slots.long().clamp_min(0) // block_size
+    assert (block_table[seq_ids.long()[:, None], column_of_block[block]] == block)[slots >= 0].all(), \
+        "a slot lies outside its request's blocks"
+    return torch.where(slots >= 0, column_of_block[block] * block_size + slots % block_size, -1).int()
+
+
+def slot_rows(gen: torch.Generator, block_size: int) -> tuple[torch.Tensor, torch.Tensor, SlotMap]:
+    """ReLU'd rows (ties at 0), a row of ties beyond k, rows of lengths k + 1, k, 3, 0 and one past
+    the columns, over 3 requests (one shared by two rows) whose blocks are shuffled."""
+    n = 300
+    logits = torch.randn(7, n, generator=gen).clamp_min(0)
+    logits[1, : n // 2] = 1.5
+    lengths = torch.tensor([n, n, 41, 40, 3, 0, 1 << 30], dtype=torch.int32)
+    blocks = -(-n // block_size)
+    block_table = torch.randperm(3 * blocks + 5, generator=gen)[: 3 * blocks].int().reshape(3, blocks)
+    seq_ids = torch.tensor([2, 0, 1, 2, 0, 1, 1], dtype=torch.int32)
+    return logits, lengths, SlotMap(block_table, seq_ids, block_size)
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("block_size", [16, 7])
+def test_topk_slots_match_the_composed_references(gen, path, block_size):
+    """Every path's slots are its own positions mapped through the block table (exactly, in order),
+    and map back to positions holding torch.topk's values; short rows and -1 padding exact."""
+    k = 40
+    logits, lengths, slots = slot_rows(gen, block_size)
+    got = topk_triton(logits, lengths, k, PATHS[path], slots=slots)
+    top = topk_triton(logits, lengths, k, PATHS[path])
+    assert torch.equal(got, positions_to_slots_reference(top, slots.block_table, slots.seq_ids, block_size))
+    assert not torch.equal(got, top), "the table must move the slots away from the positions"
+    ref = topk_slots(logits, lengths, k, slots.block_table, slots.seq_ids, block_size, backend="torch")
+    ref_top = topk_indices_torch(logits, lengths, k)
+    assert torch.equal(ref, positions_to_slots_reference(ref_top, slots.block_table, slots.seq_ids, block_size))
+    positions = slots_to_positions(got, slots.block_table, slots.seq_ids, block_size)
+    visible = lengths.clamp(max=logits.shape[1])
+    check_row_set(logits, visible, k, positions)
+    assert torch.equal(selected_values(logits, positions), selected_values(logits, ref_top))
+    assert torch.equal(got[3:6], ref[3:6]), "short rows are exact"
+
+
+@pytest.mark.parametrize("backend", ["triton", "torch"])
+def test_topk_slots_api(gen, backend):
+    logits, lengths, slots = slot_rows(gen, 16)
+    got = topk_slots(logits, lengths, 40, slots.block_table, slots.seq_ids, 16, backend=backend)
+    if backend == "triton":
+        expect = topk_triton(logits, lengths, 40, CPU_CONFIG, slots=slots)
+    else:
+        expect = positions_to_slots_reference(topk_indices_torch(logits, lengths, 40), slots.block_table,
+                                              slots.seq_ids, 16)
+    assert torch.equal(got, expect)
+    with pytest.raises(ValueError, match="topk_slots: seq_ids"):
+        topk_slots(logits, lengths, 40, slots.block_table, slots.seq_ids[:2], 16, backend=backend)
+    with pytest.raises(ValueError, match="beyond the block table"):
+        topk_slots(logits, lengths, 40, slots.block_table[:, :-1], slots.seq_ids, 16, backend=backend)
+    with pytest.raises(ValueError, match="topk_slots: k=0"):
+        topk_slots(logits, lengths, 0, slots.block_table, slots.seq_ids, 16, backend=backend)
+
+
+def test_topk_slots_one_launch_in_registers(gen, monkeypatch):
+    """The in-register path maps in its own write: one launch, no positions_to_slots kernel."""
+    launches: Counter[str] = Counter()
+    for name in ("_topk_in_registers_kernel", "_positions_to_slots_kernel"):
+        kernel = getattr(topk, name)
+
+        def counted(*args, _run=kernel.run, _name=name, **kw):
+            launches[_name] += 1
+            return _run(*args, **kw)
+
+        monkeypatch.setattr(kernel, "run", counted)
+    logits, lengths, slots = slot_rows(gen, 16)
+    topk_triton(logits, lengths, 40, PATHS["one launch in registers"], slots=slots)
+    assert launches == {"_topk_in_registers_kernel": 1}
+    topk_triton(logits, lengths, 40, PATHS["compacting"], slots=slots)
+    assert launches == {"_topk_in_registers_kernel": 1, "_positions_to_slots_kernel": 1}
