@@ -80,24 +80,20 @@ CANDIDATES = 4096
 # ---------------------------------------------------------------- torch reference
 
 
-_INT32_MIN = -(2**31)
-
-
 def topk_indices_torch(logits: torch.Tensor, lengths: torch.Tensor, k: int) -> torch.Tensor:
     """Reference: torch.topk over each row's first lengths[t] columns, short rows 0..len-1 then -1.
 
-    Columns are ranked by the fp32 order the kernel uses (NaN above +inf), and a column past its
-    row's length below every value, -inf included: a row with fewer than k finite values then still
-    selects only columns inside its length."""
+    Columns past a row's length rank as -inf and an -inf inside it as the lowest finite fp32 value,
+    so a row with fewer than k finite values still selects only columns inside its length (the one
+    order this changes, an -inf tied with -3.4e38, never reaches the engine: its indexer logits are
+    finite). One elementwise pass more than masking alone: an exact integer key took four, ~4 % of
+    a 64k prefill on an H200 (benchmarks/RESULTS.md), where this path serves the long rows."""
     t, n = logits.shape
     lengths = lengths.long()
     out = torch.full((t, k), -1, dtype=torch.int32, device=logits.device)
     col = torch.arange(n, device=logits.device)
-    bits = logits.float().contiguous().view(torch.int32)
-    ordered = (bits >> 31) & 0x7FFFFFFF  # signed int32 order = the float order
-    ordered ^= bits
-    ordered.clamp_min_(_INT32_MIN + 1)  # the lowest key stays free for columns past the length
-    masked = torch.where(col[None, :] < lengths[:, None], ordered, _INT32_MIN)
+    inside = logits.float().clamp_min(torch.finfo(torch.float32).min)  # NaN stays NaN
+    masked = torch.where(col[None, :] < lengths[:, None], inside, float("-inf"))
     if n:
         _, idx = masked.topk(min(k, n), dim=1)
         out[:, : idx.shape[1]] = idx.int()
