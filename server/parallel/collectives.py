@@ -15,6 +15,7 @@ import torch
 import torch.distributed as dist
 
 from server.config import EngineConfig, resolve_device
+from server.parallel.settings import collective_timeout_s
 
 if TYPE_CHECKING:
     from server.parallel.supervisor import Supervisor
@@ -86,7 +87,7 @@ class TensorParallel:
         self._supervisor = supervisor = Supervisor.start(self, config)
         # The collectives' own timeout is the backstop for ranks on other nodes; the watchdog,
         # which can name the rank, fires first for this node's.
-        self.connect(config, *supervisor.rendezvous, 2 * supervisor.timeout_s)
+        self.connect(config, *supervisor.rendezvous, collective_timeout_s(supervisor.timeout_s))
 
     def stop(self) -> None:
         """Rank 0: end the workers and leave the group. Once."""

@@ -15,7 +15,7 @@ import torch
 from server.config import EngineConfig
 from server.log import configure_logging
 from server.parallel.collectives import TensorParallel
-from server.parallel.settings import disable_multicast, step_timeout_s
+from server.parallel.settings import collective_timeout_s, disable_multicast, step_timeout_s
 
 log = logging.getLogger(__name__)
 
@@ -38,7 +38,7 @@ def worker_main(config: EngineConfig, rank: int, local_rank: int, addr: str, por
 
         tp = TensorParallel(rank, config.parallel.tensor_parallel_size, local_rank)
         tp.acks = acks
-        tp.connect(config, addr, port, 2 * step_timeout_s())
+        tp.connect(config, addr, port, collective_timeout_s(step_timeout_s()))
         ModelRunner(config, tp).serve()
         tp.disconnect()
     except BaseException:
