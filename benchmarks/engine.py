@@ -267,10 +267,15 @@ def check_graph_tokens(args: argparse.Namespace) -> None:
     for spec in (None, SpeculativeConfig(method="mtp", num_speculative_tokens=3)):
         results, replays = {}, Counter()
         # Reference: eager, one step at a time; overlapped scheduling is off with speculative decoding.
-        variants = [("eager", False), ("graph", False)] + ([("eager", True), ("graph", True)] if spec is None else [])
+        # "eager again" repeats the reference: two runs of one tree on one schedule must agree.
+        variants = [("eager", False), ("eager again", False), ("graph", False)] + (
+            [("eager", True), ("graph", True)] if spec is None else [])
+        margins: dict[tuple[str, bool], dict[str, list[float]]] = {}
         for mode, overlap in variants:
-            engine = make_engine(args, "triton", args.kv_dtypes.split(",")[0], blocks * 4, 2 * short, 8, 4096, mode,
-                                 speculative=spec, overlap=overlap)
+            engine = make_engine(args, "triton", args.kv_dtypes.split(",")[0], blocks * 4, 2 * short, 8, 4096,
+                                 mode.split()[0], speculative=spec, overlap=overlap)
+            if spec is None:
+                margins[mode, overlap] = record_margins(engine)
             graphs = engine.runner.graphs
             if graphs is not None:
                 replay = graphs.replay
@@ -299,6 +304,10 @@ def check_graph_tokens(args: argparse.Namespace) -> None:
                       f"{float((replayed - eager_a).abs().max()):.3e} (eager twice: {float((eager_b - eager_a).abs().max()):.3e}); "
                       f"capture of {len(graphs.graphs)} graphs took {graphs.capture_seconds:.2f} s", flush=True)
         label = "decode" if spec is None else "speculative (k=3, standard)"
+        again = results.pop(("eager again", False))
+        same = [r for r in again if again[r] != results["eager", False].get(r)]
+        print(f"graph check {label}: eager twice, overlap off: {'DIFFER in ' + ','.join(same) if same else 'IDENTICAL'}",
+              flush=True)
         for (mode, overlap), got in results.items():
             if mode == "eager":
                 continue
@@ -312,7 +321,30 @@ def check_graph_tokens(args: argparse.Namespace) -> None:
             print(f"graph check {label}: greedy tokens graph overlap {'on' if overlap else 'off'} vs eager on the same schedule: "
                   f"{'DIFFER in ' + ','.join(diverged) if diverged else 'IDENTICAL'} "
                   f"({sum(map(len, got.values()))} tokens, {len(prompts)} requests)", flush=True)
+            for r in diverged if spec is None else ():
+                at = next(i for i, (a, b) in enumerate(zip(ref[r], got[r])) if a != b)
+                print(f"  {r}: first differs at token {at}; top-2 logit margin there: eager "
+                      f"{margins['eager', overlap][r][at]:.3e}, graph {margins[mode, overlap][r][at]:.3e}", flush=True)
         print(f"graph check {label}: replays by (batch, query tokens, context bucket): {dict(sorted(replays.items()))}", flush=True)
+
+
+def record_margins(engine: Engine) -> dict[str, list[float]]:
+    """Each request's top-2 logit margin at every token it samples (the gap a numerics change must
+    cross to flip a greedy token), filled in as the engine runs: a host sync per step, for checks."""
+    margins: dict[str, list[float]] = {}
+    execute = engine.runner.execute
+
+    def recorded(batch, num_logits, *rest):
+        logits = execute(batch, num_logits, *rest)
+        top2 = logits.topk(2, dim=-1).values
+        gaps = (top2[:, 0] - top2[:, 1]).tolist()
+        wanting = [s.request_id for s, k in zip(batch.seqs, num_logits) for _ in range(k)]
+        for request_id, gap in zip(wanting, gaps):
+            margins.setdefault(request_id, []).append(gap)
+        return logits
+
+    engine.runner.execute = recorded
+    return margins
 
 
 def print_table(rows: list[Row]) -> None:
