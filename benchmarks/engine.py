@@ -381,7 +381,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--count-kernels", action="store_true",
                    help="print the GPU kernels of one eager decode step, and of one more prefill run")
     p.add_argument("--check-graphs", action="store_true",
-                   help="first check on the GPU that graph and eager engines emit the same greedy tokens")
+                   help="first check on the GPU that graph and eager engines emit the same greedy tokens "
+                        "(and two eager runs the same; a flip prints its top-2 logit margin)")
     p.add_argument("--batches", default="1,8,32,128", help="decode batch sizes (empty: no decode)")
     p.add_argument("--context", type=int, default=4096, help="tokens per request during decode")
     p.add_argument("--steps", type=int, default=20, help="measured decode steps")
