@@ -137,8 +137,10 @@ class ColumnParallelLinear(nn.Linear):
         super().__init__(in_features, out_features // tp.world_size, bias=False)
         self.tp = tp
 
-    def forward(self, x: torch.Tensor, backend: str | None = None) -> torch.Tensor:
-        return linear(x, self.weight, backend)
+    def forward(self, x: torch.Tensor, backend: str | None = None,
+                out_dtype: torch.dtype | None = None) -> torch.Tensor:
+        """out_dtype: the result's dtype (default x's; the LM head asks for fp32 logits)."""
+        return linear(x, self.weight, backend, out_dtype)
 
 
 class RowParallelLinear(nn.Linear):

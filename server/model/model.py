@@ -16,7 +16,6 @@ import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from kernels.gemv import linear
 from server.config import ModelConfig
 from server.model.attention import AttentionMetadata, CacheSettings, MLAttention
 from server.model.layers import (
@@ -79,13 +78,13 @@ class SparseMLAModel(nn.Module):
     def parallel_logits(self, hidden: torch.Tensor, backend: str | None = None) -> torch.Tensor | None:
         """Every rank at once: fp32 [N, vocab] on rank 0 (each rank's vocabulary slice, gathered);
         None on the other ranks. The forward pass's path. backend: the kernels' (None: get_backend())."""
-        return self.tp.gather_last_dim(linear(hidden, self.lm_head.weight, backend, out_dtype=torch.float32))
+        return self.tp.gather_last_dim(self.lm_head(hidden, backend, out_dtype=torch.float32))
 
     def logits(self, hidden: torch.Tensor, backend: str | None = None) -> torch.Tensor:
         """fp32 [N, vocab] computed by this rank alone, no collective: rank 0's path for work the
         other ranks do not join (the speculative draft head)."""
         if self.tp.world_size == 1:
-            return linear(hidden, self.lm_head.weight, backend, out_dtype=torch.float32)
+            return self.lm_head(hidden, backend, out_dtype=torch.float32)
         if self.lm_head_full is None:
             raise RuntimeError(f"logits: rank {self.tp.rank} holds only its slice of the LM head; use parallel_logits")
         return F.linear(hidden, self.lm_head_full).float()
