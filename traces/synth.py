@@ -94,7 +94,7 @@ class PromptSynth:
 
     def prompt(self, session_id: str, request: Request, salt: int) -> np.ndarray:
         """The request's prompt: read-only int32 token ids, exactly `request.input_tokens` long."""
-        hash_ids = request.hash_ids
+        hash_ids = tuple(request.hash_ids)  # any sequence from a caller; a tuple is taken as it is
         block_size = self.block_size
         block_len = len(hash_ids) * block_size
         if block_len > request.input_tokens:
@@ -182,7 +182,7 @@ def _common_prefix(old: tuple[int, ...], new: tuple[int, ...]) -> int:
     """How many leading hash ids two prompts share. Tuples compare in C: the usual answer (one
     extends the other) takes one comparison, no array."""
     n = min(len(old), len(new))
-    if tuple(old[:n]) == tuple(new[:n]):  # any sequence of ints (a list from a caller)
+    if old[:n] == new[:n]:
         return n
     differ = np.flatnonzero(np.array(old[:n], dtype=np.uint64) != np.array(new[:n], dtype=np.uint64))
-    return int(differ[0]) if differ.size else n
+    return int(differ[0])

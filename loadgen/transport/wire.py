@@ -313,12 +313,13 @@ class _Conn(asyncio.Protocol):
         self._timer = asyncio.get_running_loop().call_at(deadline, self._on_timer)
 
     def _on_timer(self) -> None:
-        fired_at = self._timer.when() if self._timer is not None else None
+        assert self._timer is not None  # only the armed handle calls this: _arm and connection_lost cancel
+        fired_at = self._timer.when()
         self._timer = None
         done, deadline = self._done, self._deadline
         if done is None or done.done() or deadline is None or self.closed:
             return  # no request waiting, or one without a timeout: the next start arms it
-        if fired_at is not None and fired_at < deadline:
+        if fired_at < deadline:
             self._arm(deadline)  # armed for an earlier request
         else:
             done.set_exception(asyncio.TimeoutError())
