@@ -37,7 +37,8 @@ import triton
 import triton.language as tl
 
 from kernels.backend import resolve_backend
-from kernels.triton_utils import dot_dtype, f32_to_bf16, new_output
+from kernels.gemm import gemm, store_rows, triton_config
+from kernels.triton_utils import dot_dtype, new_output
 
 # Rows up to this many take a Triton kernel (batch-1 decode); more rows are cuBLAS's (see the module
 # docstring). A capture size of the decode graphs, so a graph and the eager step take the same kernel.
@@ -53,14 +54,6 @@ class GemvConfig:
     dot: bool = False  # tl.dot over DOT_ROWS-row tiles, else fp32 multiply-adds over block_m rows
     block_m: int = 1  # rows per program (DOT_ROWS for the dot kernel); the product's rows must fit
     num_stages: int = 3  # dot kernel: weight tiles in flight (software pipelining)
-
-
-@triton.jit
-def store_rows(out_ptr, y, rows, cols, row_ok, col_ok, out_row_stride, TO_BF16: tl.constexpr):
-    if TO_BF16:
-        y = f32_to_bf16(y)  # round to nearest even on every target (the interpreter's cast truncates)
-    tl.store(out_ptr + rows[:, None] * out_row_stride + cols[None, :], y.to(out_ptr.dtype.element_ty),
-             mask=row_ok[:, None] & col_ok[None, :])
 
 
 @triton.jit
@@ -170,16 +163,22 @@ def _triton_config(x: torch.Tensor, weight: torch.Tensor, rows: int, backend: st
 
 def linear(x: torch.Tensor, weight: torch.Tensor, backend: str | None = None,
            out_dtype: torch.dtype | None = None) -> torch.Tensor:
-    """F.linear(x, weight).to(out_dtype) without bias: x [..., K], weight [N, K] -> [..., N]; a Triton
-    GEMV for up to MAX_ROWS rows of x on the Triton backend, F.linear otherwise. A bf16 product
-    wanted in fp32 (the LM head's logits) is stored so by the GEMV itself: one kernel less."""
+    """F.linear(x, weight).to(out_dtype) without bias: x [..., K], weight [N, K] -> [..., N]; on the
+    Triton backend a Triton GEMV for up to MAX_ROWS rows of x, kernels/gemm.py's GEMM for the row
+    counts and shapes it was measured faster at, F.linear otherwise. A bf16 product wanted in fp32
+    (the LM head's logits) is stored so by the Triton kernels themselves: one kernel less."""
     if x.shape[-1] != weight.shape[-1]:
         raise ValueError(f"linear: x {tuple(x.shape)} and weight {tuple(weight.shape)} differ in K")
     out_dtype = out_dtype or x.dtype
+    if not (out_dtype == x.dtype or out_dtype == torch.float32 and x.dtype == torch.bfloat16):
+        y = F.linear(x, weight)
+        return y.to(out_dtype)
     rows = x.numel() // max(1, x.shape[-1])
     config = _triton_config(x, weight, rows, backend)
-    widened = out_dtype == torch.float32 and x.dtype == torch.bfloat16
-    if config is None or weight.stride(-1) != 1 or not (out_dtype == x.dtype or widened):
+    if config is None or weight.stride(-1) != 1:
+        wide = triton_config(x, weight, backend)
+        if wide is not None:
+            return gemm(x, weight, wide, out_dtype)
         y = F.linear(x, weight)
         return y if y.dtype == out_dtype else y.to(out_dtype)  # no op dispatched for nothing
     flat = x.reshape(rows, 1, x.shape[-1])
