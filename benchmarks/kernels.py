@@ -27,7 +27,6 @@ import torch.nn.functional as F  # noqa: E402
 import triton  # noqa: E402
 
 import kernels.argmax as argmax  # noqa: E402
-import kernels.gemm as gemm  # noqa: E402
 import kernels.gemv as gemv  # noqa: E402
 import kernels.gemv_fused as gemv_fused  # noqa: E402
 from kernels.fused import add_rms_norm, silu_mul  # noqa: E402
@@ -545,6 +544,8 @@ GEMV_FMA_SWEEP = [gemv.GemvConfig(4, 2048), gemv.GemvConfig(8, 1024), gemv.GemvC
                   gemv.GemvConfig(16, 512), gemv.GemvConfig(32, 512, 8)]
 GEMV_DOT_SWEEP = [gemv.GemvConfig(bn, bk, w, True, 16, st) for bn, bk, w, st in
                   ((16, 128, 4, 4), (16, 256, 4, 3), (32, 128, 4, 4), (32, 256, 4, 3), (64, 128, 4, 4), (64, 256, 8, 3))]
+# The dot kernel's tiles (block_n, block_k, warps, stages) tried at decode batches past DOT_ROWS rows.
+GEMV_BATCH_TILES = ((32, 128, 4, 3), (64, 64, 4, 4), (64, 128, 4, 3), (128, 64, 4, 3), (128, 64, 8, 4), (64, 64, 8, 5))
 
 
 def graph_ms(fns: list) -> float:
@@ -585,8 +586,15 @@ def gemv_check(fn, ref: torch.Tensor) -> str:
     return f"{'ok' if ok else 'FAIL'} (max err {float(err.max()):.2e})"
 
 
+def gemv_batch_sweep(m: int) -> list[gemv.GemvConfig]:
+    """The dot kernel's tiles tried at m rows (more than DOT_ROWS), every row in one tile."""
+    return [gemv.GemvConfig(bn, bk, w, True, triton.next_power_of_2(m), st) for bn, bk, w, st in GEMV_BATCH_TILES]
+
+
 def gemv_cases(rows: list[Row], model: str, row_counts: tuple[int, ...], sweep: bool = True) -> None:
-    """cuBLAS (F.linear / einsum) against the Triton GEMV per projection shape and row count, in CUDA graphs."""
+    """cuBLAS (F.linear / einsum; the LM head's .float() after it, as its fp32 logits need) against
+    the Triton GEMV per projection shape and row count, in CUDA graphs. Past DOT_ROWS rows the sweep
+    runs at the first such row count and its fastest config alone at the later ones."""
     for name, heads, n, k, transposed in GEMV_SHAPES[model]:
         if SMOKE:
             n, k = max(16, n // 64), max(16, k // 64)
@@ -594,13 +602,15 @@ def gemv_cases(rows: list[Row], model: str, row_counts: tuple[int, ...], sweep: 
         copies = 2 if SMOKE else max(2, min(48, -(-(256 << 20) // nbytes_w)))
         weights = [torch.randn(heads, k, n, device=DEV).bfloat16().transpose(1, 2) if transposed
                    else torch.randn(heads, n, k, device=DEV).bfloat16() for _ in range(copies)]
+        out_dtype = torch.float32 if name == "lm_head" else torch.bfloat16
+        best: tuple[float, gemv.GemvConfig] | None = None  # the fastest config past DOT_ROWS rows
         for m in row_counts:
             x = torch.randn(m, heads, k, device=DEV).bfloat16()
             case = f"gemv {model} {name} M{m} ({heads}x{n}x{k})"
             flops, nbytes = 2.0 * m * heads * n * k, nbytes_w + 2 * m * heads * (n + k)
             ref = torch.einsum("thk,hnk->thn", x.float(), weights[0].float())
             if heads == 1:
-                cublas = [lambda w=w: F.linear(x[:, 0], w[0]) for w in weights]
+                cublas = [lambda w=w: F.linear(x[:, 0], w[0]).to(out_dtype) for w in weights]
             else:
                 cublas = [lambda w=w: torch.einsum("thk,hnk->thn", x, w) for w in weights]
             base = graph_ms(cublas)
@@ -608,14 +618,17 @@ def gemv_cases(rows: list[Row], model: str, row_counts: tuple[int, ...], sweep: 
             rows.append(Row(case, "cuBLAS", base, flops, nbytes))
             default = gemv.default_config(n, k, m)
             configs = [default] if default is not None else []
-            if sweep:
-                configs += [c for c in (GEMV_FMA_SWEEP if m == 1 else []) + GEMV_DOT_SWEEP if c != default]
+            if best is not None:
+                configs += [c for c in (replace(best[1], block_m=triton.next_power_of_2(m)),) if c != default]
+            elif sweep:
+                swept = (GEMV_FMA_SWEEP if m == 1 else []) + (GEMV_DOT_SWEEP if m <= gemv.DOT_ROWS else gemv_batch_sweep(m))
+                configs += [c for c in swept if c != default]
             for cfg in configs:
                 label = (f"{'default ' if cfg == default else ''}{'dot' if cfg.dot else 'fma'} m{cfg.block_m} "
                          f"n{cfg.block_n} k{cfg.block_k} w{cfg.num_warps}{f' s{cfg.num_stages}' if cfg.dot else ''}")
 
                 def run(w, cfg=cfg):
-                    out = torch.empty(m, heads, n, device=DEV, dtype=torch.bfloat16)
+                    out = torch.empty(m, heads, n, device=DEV, dtype=out_dtype)
                     gemv.launch(x, w, out, cfg)
                     return out
 
@@ -623,73 +636,11 @@ def gemv_cases(rows: list[Row], model: str, row_counts: tuple[int, ...], sweep: 
                                     [lambda w=w: run(w) for w in weights], timer=graph_ms)
                 if point is not None:
                     rows.append(Row(case, f"{label} [{point[0].split()[0]}]", point[1], flops, nbytes, base))
-        del weights
-        if not SMOKE:
-            torch.cuda.empty_cache()
-
-
-# The GEMM's tiles the sweep tries (block_n, block_k, warps, stages) at each shape, each unsplit and
-# split so that the strips times the splits about fill the multiprocessors once and twice.
-GEMM_TILES = ((64, 64, 4, 4), (64, 128, 4, 3), (128, 64, 8, 4), (128, 64, 4, 3), (64, 64, 8, 5))
-GEMM_SHAPES = [(name, n, k, False) for name, heads, n, k, _ in GEMV_SHAPES["small"] if heads == 1] + [
-    ("down+silu_mul", 2048, 5632, True)]
-
-
-def gemm_splits(n: int, k: int, block_n: int, block_k: int) -> list[int]:
-    strips, sms = -(-n // block_n), torch.cuda.get_device_properties(0).multi_processor_count if not SMOKE else 4
-    fill = -(-sms // strips)
-    return sorted({s for s in (1, fill, 2 * fill) if s == 1 or k // s >= 2 * block_k})
-
-
-def gemm_variant(config: gemm.GemmConfig) -> str:
-    return f"n{config.block_n} k{config.block_k} split{config.split_k} w{config.num_warps} s{config.num_stages}"
-
-
-def gemm_cases(rows: list[Row], m: int, other_rows: tuple[int, ...]) -> None:
-    """cuBLAS against kernels/gemm.py's tiles per projection of the small model at m rows, in CUDA
-    graphs; the fastest config then again at other_rows. With silu_mul the baseline is the two
-    launches it folds (silu_mul, then cuBLAS); the LM head's baseline is F.linear then .float()."""
-    for name, n, k, fold in GEMM_SHAPES:
-        if SMOKE:
-            n, k = max(16, n // 64), max(32, k // 64)
-        nbytes_w = n * k * 2
-        copies = 2 if SMOKE else max(2, min(48, -(-(256 << 20) // nbytes_w)))
-        weights = [torch.randn(n, k, device=DEV).bfloat16() for _ in range(copies)]
-        out_dtype = torch.float32 if name == "lm_head" else torch.bfloat16
-        best: tuple[float, gemm.GemmConfig] | None = None
-        for rows_now in (m, *other_rows):
-            x = torch.randn(rows_now, 2 * k if fold else k, device=DEV).bfloat16()
-            x_in = silu_mul(x, "triton") if fold else x
-            case = f"gemm small {name} M{rows_now} ({n}x{k})"
-            flops, nbytes = 2.0 * rows_now * n * k, nbytes_w + 2 * rows_now * (n + x.shape[1])
-            ref = x_in.float() @ weights[0].float().T
-            cublas = [lambda w=w: F.linear(silu_mul(x, "triton") if fold else x, w).to(out_dtype) for w in weights]
-            base = graph_ms(cublas)
-            print(f"{case} cuBLAS: check {gemv_check(cublas[0], ref)}, {base * 1e3:.1f} us", flush=True)
-            rows.append(Row(case, "cuBLAS", base, flops, nbytes))
-            if best is None:
-                configs = [gemm.GemmConfig(bn, bk, s, w, st) for bn, bk, w, st in GEMM_TILES
-                           for s in gemm_splits(n, k, bn, bk)]
-            else:
-                configs = [best[1]]
-            for cfg in configs:
-                label = gemm_variant(cfg)
-
-                def run(w, cfg=cfg):
-                    return gemm.gemm(x, w, cfg, out_dtype, silu_mul=fold)
-
-                point = sweep_point(case, label, lambda: gemv_check(lambda: run(weights[0]), ref),
-                                    [lambda w=w: run(w) for w in weights], timer=graph_ms)
-                if point is None:
-                    continue
-                rows.append(Row(case, f"{label} [{point[0].split()[0]}]", point[1], flops, nbytes, base))
-                if rows_now == m and point[0].startswith("ok") and (best is None or point[1] < best[0]):
-                    best = point[1], cfg
-            if best is None:
-                break
-            if rows_now == m:
-                print(f"gemm best small {name} ({n}x{k}) M{m}: {best[1]!r} {best[0] * 1e3:.1f} us vs cuBLAS {base * 1e3:.1f} us",
-                      flush=True)
+                    if m > gemv.DOT_ROWS and point[0].startswith("ok") and (best is None or point[1] < best[0]):
+                        best = point[1], cfg
+            if best is not None and m == row_counts[0]:
+                print(f"gemv best {model} {name} ({n}x{k}) M{m}: {best[1]!r} {best[0] * 1e3:.1f} us vs cuBLAS "
+                      f"{base * 1e3:.1f} us", flush=True)
         del weights
         if not SMOKE:
             torch.cuda.empty_cache()
@@ -807,7 +758,7 @@ def print_table(rows: list[Row]) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--only", choices=["mla", "indexer", "topk", "topk_slots", "quant", "prefill", "gemv", "argmax", "gemv_fused", "gemm"], action="append", help="run only these parts (repeatable)")
+    parser.add_argument("--only", choices=["mla", "indexer", "topk", "topk_slots", "quant", "prefill", "gemv", "argmax", "gemv_fused", "gemv_batch"], action="append", help="run only these parts (repeatable)")
     parser.add_argument("--kv-slots", type=int, default=1 << 20, help="KV cache rows the sparse MLA indices draw from")
     parser.add_argument("--smoke", action="store_true", help="tiny shapes on CPU (set TRITON_INTERPRET=1) to test the script")
     args = parser.parse_args(argv)
@@ -818,7 +769,7 @@ def main(argv: list[str] | None = None) -> int:
         print("benchmarks/kernels.py needs a CUDA GPU (or --smoke)", file=sys.stderr)
         return 2
     parts = args.only or ["mla", "indexer", "topk", "topk_slots", "quant", "prefill", "gemv", "argmax", "gemv_fused",
-                          "gemm"]
+                          "gemv_batch"]
     name = "cpu (smoke)" if SMOKE else torch.cuda.get_device_name()
     print(f"device: {name}  torch {torch.__version__}  triton {triton.__version__}")
     copy, mm = measure_ceilings()
@@ -859,13 +810,13 @@ def main(argv: list[str] | None = None) -> int:
             gemv_cases(rows, "small", (1, 2) if SMOKE else (1, 2, 4, 16), sweep=not SMOKE)
             if not SMOKE:
                 gemv_cases(rows, "v32", (1, 16))
+        if "gemv_batch" in parts:  # the small model's decode at batch 128, then the rows' lower bound
+            gemv_cases(rows, "small", (40, 33) if SMOKE else (128, 40))
         if "argmax" in parts:  # the greedy sampler over a decode step's logits: small (vocab 32,768), v32 (129,280)
             for n_rows, n_cols in ((2, 1000),) if SMOKE else ((1, 32768), (128, 32768), (16, 129280)):
                 argmax_cases(rows, n_rows, n_cols)
         if "gemv_fused" in parts:
             gemv_fused_cases(rows)
-        if "gemm" in parts:  # the small model's projections at batch 128, then the bounds of kernels/gemm.py's rows
-            gemm_cases(rows, *((40, ()) if SMOKE else (128, (40, 256))))
         if "indexer" in parts:
             indexer_cases(rows, *((2, 512) if SMOKE else (64, 65536)))
             if not SMOKE:  # v32's decode at 64k; small's (16 index heads) at batch 128 x 4k

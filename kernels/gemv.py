@@ -16,7 +16,9 @@ configs beat cuBLAS at one row (batch-1 decode) by 0.4-2.9 us on five of its pro
 within 0.4 us on gate/up and lost nothing elsewhere; the query projection stays on cuBLAS (with
 q_norm folded into its x-load, kernels/gemv_fused.py runs it at batch 1). At four
 rows cuBLAS won or tied on all but the two per-head products, so more rows than MAX_ROWS take
-F.linear (or einsum), as do weights larger or K longer than the sweep's largest (v32's 7,168-wide
+F.linear (or einsum), except decode batches of BATCH_MIN_ROWS-BATCH_MAX_ROWS rows on the shapes
+the dot kernel with every row in one tile measured faster on (`BATCH_CONFIGS`: the LM head, whose
+fp32 logits it stores itself), as do weights larger or K longer than the sweep's largest (v32's 7,168-wide
 inputs), other dtypes, `linear`'s weights without a unit column stride, and the torch backend.
 Smaller shapes that were not swept (the tiny model's, tensor-parallel slices, v32's per-head
 W_UK / W_UV with 128 heads) follow the same rules unmeasured.
@@ -29,7 +31,7 @@ products (einsum "thk,hnk->thn", any weight strides).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
@@ -37,13 +39,17 @@ import triton
 import triton.language as tl
 
 from kernels.backend import resolve_backend
-from kernels.gemm import gemm, store_rows, triton_config
-from kernels.triton_utils import dot_dtype, new_output
+from kernels.triton_utils import dot_dtype, f32_to_bf16, new_output
 
 # Rows up to this many take a Triton kernel (batch-1 decode); more rows are cuBLAS's (see the module
 # docstring). A capture size of the decode graphs, so a graph and the eager step take the same kernel.
 MAX_ROWS = 1
 DOT_ROWS = 16  # the dot kernel's row tile: tl.dot needs 16
+# Decode batches of BATCH_MIN_ROWS-BATCH_MAX_ROWS rows: the dot kernel with every row in one tile (the
+# rows padded to a power of two), for the shapes in BATCH_CONFIGS; other shapes and row counts stay on
+# cuBLAS. With the default capture sizes (multiples of 8, none past a power of two that the rows it
+# pads are not) a graph's batch and the eager step's rows take the same tile.
+BATCH_MIN_ROWS, BATCH_MAX_ROWS = 33, 128
 
 
 @dataclass(frozen=True)
@@ -54,6 +60,14 @@ class GemvConfig:
     dot: bool = False  # tl.dot over DOT_ROWS-row tiles, else fp32 multiply-adds over block_m rows
     block_m: int = 1  # rows per program (DOT_ROWS for the dot kernel); the product's rows must fit
     num_stages: int = 3  # dot kernel: weight tiles in flight (software pipelining)
+
+
+@triton.jit
+def store_rows(out_ptr, y, rows, cols, row_ok, col_ok, out_row_stride, TO_BF16: tl.constexpr):
+    if TO_BF16:
+        y = f32_to_bf16(y)  # round to nearest even on every target (the interpreter's cast truncates)
+    tl.store(out_ptr + rows[:, None] * out_row_stride + cols[None, :], y.to(out_ptr.dtype.element_ty),
+             mask=row_ok[:, None] & col_ok[None, :])
 
 
 @triton.jit
@@ -104,6 +118,21 @@ SWEPT_MAX_WEIGHT = 32768 * 2048
 SWEPT_MAX_K = 5632
 
 
+# (N, K) -> the dot kernel's tiles (block_m set by the rows) where they beat cuBLAS at 128 rows: from a
+# sweep in CUDA graphs on an H200 (benchmarks/kernels.py --only gemv_batch; benchmarks/RESULTS.md,
+# projections at batch 128), us, the best config against cuBLAS at 128 rows:
+# - LM head 32768 x 2048 with fp32 logits: 47.0 vs 55.9 (F.linear then .float(): the cast is a
+#   second pass over the logits), at 40 rows 40.7 vs 44.4; at 256 rows the same tiles over a
+#   256-row tile took 248 vs 75 (its fp32 accumulator overflows the registers), hence BATCH_MAX_ROWS;
+# - none beat cuBLAS elsewhere: input 9.6 vs 6.0, query 5.4 vs 4.5, W_UK 3.8 vs 3.8, W_UV 4.4 vs 4.0,
+#   wo 10.3 vs 6.8, gate/up 20.1 vs 15.8, down 22.8 vs 12.1 (each strip streams its K alone: the
+#   narrow outputs leave most multiprocessors idle, and a split K with a second summing launch
+#   measured 7.9, 8.9 and 15.8 on input, wo and down).
+BATCH_CONFIGS: dict[tuple[int, int], GemvConfig] = {
+    (32768, 2048): GemvConfig(block_n=128, block_k=64, num_warps=4, dot=True, block_m=BATCH_MAX_ROWS, num_stages=3),
+}
+
+
 def default_config(n: int, k: int, rows: int) -> GemvConfig | None:
     """The launch config for an [rows, k] x [n, k]^T product, or None where cuBLAS was as fast.
 
@@ -117,6 +146,8 @@ def default_config(n: int, k: int, rows: int) -> GemvConfig | None:
     - the query projection 5120 x 512: none beat cuBLAS (4.3 vs 4.3); with q_norm folded in it
       does (kernels/gemv_fused.prologue_config).
     """
+    if BATCH_MIN_ROWS <= rows <= BATCH_MAX_ROWS and (n, k) in BATCH_CONFIGS:
+        return replace(BATCH_CONFIGS[n, k], block_m=triton.next_power_of_2(rows))
     if rows > MAX_ROWS or k > SWEPT_MAX_K or n * k > SWEPT_MAX_WEIGHT:
         return None
     if k >= 2048:
@@ -154,7 +185,7 @@ def launch(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor, config: Gem
 def _triton_config(x: torch.Tensor, weight: torch.Tensor, rows: int, backend: str | None) -> GemvConfig | None:
     """The config when this product runs in Triton, else None (torch backend, too many rows, dtypes,
     shapes where cuBLAS was as fast)."""
-    if rows == 0 or rows > MAX_ROWS or resolve_backend(backend, x.device) == "torch":
+    if rows == 0 or resolve_backend(backend, x.device) == "torch":
         return None
     if x.dtype != weight.dtype or x.dtype not in (torch.bfloat16, torch.float16, torch.float32):
         return None
@@ -163,22 +194,16 @@ def _triton_config(x: torch.Tensor, weight: torch.Tensor, rows: int, backend: st
 
 def linear(x: torch.Tensor, weight: torch.Tensor, backend: str | None = None,
            out_dtype: torch.dtype | None = None) -> torch.Tensor:
-    """F.linear(x, weight).to(out_dtype) without bias: x [..., K], weight [N, K] -> [..., N]; on the
-    Triton backend a Triton GEMV for up to MAX_ROWS rows of x, kernels/gemm.py's GEMM for the row
-    counts and shapes it was measured faster at, F.linear otherwise. A bf16 product wanted in fp32
-    (the LM head's logits) is stored so by the Triton kernels themselves: one kernel less."""
+    """F.linear(x, weight).to(out_dtype) without bias: x [..., K], weight [N, K] -> [..., N]; a Triton
+    GEMV for up to MAX_ROWS rows of x on the Triton backend, F.linear otherwise. A bf16 product
+    wanted in fp32 (the LM head's logits) is stored so by the GEMV itself: one kernel less."""
     if x.shape[-1] != weight.shape[-1]:
         raise ValueError(f"linear: x {tuple(x.shape)} and weight {tuple(weight.shape)} differ in K")
     out_dtype = out_dtype or x.dtype
-    if not (out_dtype == x.dtype or out_dtype == torch.float32 and x.dtype == torch.bfloat16):
-        y = F.linear(x, weight)
-        return y.to(out_dtype)
     rows = x.numel() // max(1, x.shape[-1])
     config = _triton_config(x, weight, rows, backend)
-    if config is None or weight.stride(-1) != 1:
-        wide = triton_config(x, weight, backend)
-        if wide is not None:
-            return gemm(x, weight, wide, out_dtype)
+    widened = out_dtype == torch.float32 and x.dtype == torch.bfloat16
+    if config is None or weight.stride(-1) != 1 or not (out_dtype == x.dtype or widened):
         y = F.linear(x, weight)
         return y if y.dtype == out_dtype else y.to(out_dtype)  # no op dispatched for nothing
     flat = x.reshape(rows, 1, x.shape[-1])

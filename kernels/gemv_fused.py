@@ -32,8 +32,7 @@ import triton.language as tl
 
 from kernels.backend import resolve_backend
 from kernels.fused import add_rms_norm, silu_mul
-from kernels.gemm import gemm, silu_mul_tile, store_rows, triton_config
-from kernels.gemv import MAX_ROWS, SWEPT_MAX_WEIGHT, GemvConfig, default_config, linear
+from kernels.gemv import MAX_ROWS, SWEPT_MAX_WEIGHT, GemvConfig, default_config, linear, store_rows
 from kernels.triton_utils import new_output, round_to
 
 
@@ -62,6 +61,14 @@ def _normed_x(x_ptr, update_ptr, norm_w_ptr, new_residual_ptr, k, k_ok, rstd, wr
 
 
 @triton.jit
+def _silu_mul_x(gate_up_ptr, K, k, k_ok, TO_BF16: tl.constexpr):
+    """Columns k of silu(gate) * up [1, BLOCK_K], gate and up the two halves of the row."""
+    g = tl.load(gate_up_ptr + k[None, :], mask=k_ok[None, :], other=0.0).to(tl.float32)
+    u = tl.load(gate_up_ptr + K + k[None, :], mask=k_ok[None, :], other=0.0).to(tl.float32)
+    return round_to(g / (1.0 + tl.exp(-g)) * u, TO_BF16)
+
+
+@triton.jit
 def _gemv_prologue_kernel(x_ptr, update_ptr, norm_w_ptr, w_ptr, out_ptr, new_residual_ptr, N, K, x_row_stride,
                           update_row_stride, w_row_stride, out_row_stride, eps, SILU_MUL: tl.constexpr,
                           HAS_UPDATE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
@@ -83,7 +90,7 @@ def _gemv_prologue_kernel(x_ptr, update_ptr, norm_w_ptr, w_ptr, out_ptr, new_res
         k_ok = k < K
         w = tl.load(w_rows + k[None, :], mask=col_ok[:, None] & k_ok[None, :], other=0.0)
         if SILU_MUL:
-            x = silu_mul_tile(x_row, K, k, k_ok[None, :], TO_BF16)
+            x = _silu_mul_x(x_row, K, k, k_ok, TO_BF16)
         else:
             x = _normed_x(x_row, update_row, norm_w_ptr, new_residual_ptr + row * K, k, k_ok, rstd, write_end,
                           HAS_UPDATE, TO_BF16)
@@ -177,8 +184,5 @@ def silu_mul_linear(gate_up: torch.Tensor, weight: torch.Tensor, backend: str | 
                          f"{tuple(weight.shape)}'s input width")
     config = _fused_config(gate_up, weight, half, backend)
     if config is None:
-        wide = triton_config(gate_up, weight, backend, silu_mul=True)
-        if wide is not None:
-            return gemm(gate_up, weight, wide, silu_mul=True)
         return linear(silu_mul(gate_up, backend), weight, backend)
     return launch(config, gate_up, weight, half, silu_mul=True)
