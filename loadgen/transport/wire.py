@@ -59,7 +59,7 @@ from loadgen.transport.base import ErrorKind
 
 log = logging.getLogger(__name__)
 
-READ_PATH_VERSION = 2  # _readpath.c's: a build of another source is not used
+READ_PATH_VERSION = 3  # _readpath.c's: a build of another source is not used
 
 
 def _current_build(module: Any) -> Any:
@@ -462,9 +462,10 @@ def compiled_reads_available() -> bool:
     return _readpath is not None and sys.platform.startswith("linux")
 
 
-def content_token_counter() -> Callable[[list[bytes]], list[int] | None] | None:
-    """The compiled counter of a batch of SSE content events' token ids (_readpath.c's
-    count_content_tokens, used by http._SseStream), or None where the extension is not built."""
+def content_token_counter() -> Callable[[list[bytes]], list[int]] | None:
+    """The compiled counter of a batch of SSE content events' token ids, one count per piece and
+    0 for a piece it leaves to orjson (_readpath.c's count_content_tokens, used by
+    http._SseStream), or None where the extension is not built."""
     return _readpath.count_content_tokens if _readpath is not None else None
 
 
