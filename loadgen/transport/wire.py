@@ -107,6 +107,11 @@ class _Conn(asyncio.Protocol):
     """One keep-alive connection; parses one response at a time with llhttp (httptools), whose
     callbacks below receive the status, headers and de-chunked body pieces of each read."""
 
+    # No instance dict: a read touches a few cache lines of its connection, not a dict's too
+    # (hundreds of connections take turns, so each one's state is cold when its read comes).
+    __slots__ = ("transport", "closed", "_parser", "_deadline", "_timer", "_sink", "_pieces", "_stamps", "_done",
+                 "_response", "_headers_done", "_until_close", "_line", "_keep_alive", "_received", "_now")
+
     def __init__(self) -> None:
         self.transport: asyncio.Transport | None = None
         self.closed = False
@@ -335,6 +340,8 @@ class _SocketTransport:
     not the later moment a busy event loop got round to reading them. Without the option (other
     systems) the read time is used, as the protocol path does. With `compiled` the reads are the
     compiled reader's (_readpath.Reader, see the module's docstring) instead of _readable's."""
+
+    __slots__ = ("_sock", "_conn", "_loop", "_fd", "_out", "_open", "_recvmsg", "_feed")
 
     def __init__(self, sock: socket.socket, conn: _Conn, compiled: bool) -> None:
         self._sock = sock
