@@ -85,12 +85,18 @@ class FastServer:
         self.proc.wait(timeout=10)
 
 
+def server_config(first_ms: float, itl_ms: float, usage_apart: bool) -> dict:
+    """tests/loadgen/sse_server.py's config for one delay case (one token a chunk)."""
+    return {"first_ms": first_ms, "itl_ms": itl_ms, "tokens_per_chunk": 1, "usage_apart": usage_apart}
+
+
 def run_case(conc: int, first_ms: float, itl_ms: float, osl: int, duration: float, server_cpu: int | None,
-             workers: int = 1, fast_server: bool = False, server_cpus: set[int] | None = None) -> dict:
+             workers: int = 1, fast_server: bool = False, server_cpus: set[int] | None = None,
+             usage_apart: bool = False) -> dict:
     from loadgen.cli import main
 
     server = FastServer(server_cpus) if fast_server else ServerProcess(
-        {"first_ms": first_ms, "itl_ms": itl_ms, "tokens_per_chunk": 1}, cpu=server_cpu)
+        server_config(first_ms, itl_ms, usage_apart), cpu=server_cpu)
     try:
         with tempfile.TemporaryDirectory() as tmp:
             tmp_path = Path(tmp)
@@ -136,11 +142,11 @@ def read_path() -> str:
 
 
 def run_bare_case(conc: int, first_ms: float, itl_ms: float, osl: int, duration: float,
-                  server_cpu: int | None) -> dict:
+                  server_cpu: int | None, usage_apart: bool = False) -> dict:
     """The same load through benchmarks/bare_client.py: the floor."""
     from bare_client import run_bare
 
-    server = ServerProcess({"first_ms": first_ms, "itl_ms": itl_ms, "tokens_per_chunk": 1}, cpu=server_cpu)
+    server = ServerProcess(server_config(first_ms, itl_ms, usage_apart), cpu=server_cpu)
     try:
         result = run_bare(server.url, conc, osl, 1.0, duration)
         seen = {r["id"]: r for r in server.records()["records"]}
@@ -274,6 +280,9 @@ def main() -> None:
                         "cheap per token), nothing pinned")
     parser.add_argument("--client-cpus", help="cores for the client (the overhead rows use the first), e.g. 0,1")
     parser.add_argument("--server-cpus", help="cores for the server (the overhead rows use the first), e.g. 2,3")
+    parser.add_argument("--usage-apart", action="store_true",
+                        help="the server sends usage and [DONE] in chunks of their own, each an ITL after the one "
+                        "before (vLLM's usage chunk, read apart from [DONE]); default: both in the last write")
     parser.add_argument("--no-startup", action="store_true", help="skip the start-up timings")
     parser.add_argument("--startup-repeats", type=int, default=5, help="runs per start-up timing (default 5)")
     parser.add_argument("--json", help="also write the rows to this JSON file")
@@ -290,8 +299,8 @@ def main() -> None:
     rows = []
     for first, itl in delays:
         for conc in (int(c) for c in args.conc.split(",") if c):
-            bare = run_bare_case(conc, first, itl, args.osl, args.duration, server_cpu)
-            ours = run_case(conc, first, itl, args.osl, args.duration, server_cpu)
+            bare = run_bare_case(conc, first, itl, args.osl, args.duration, server_cpu, args.usage_apart)
+            ours = run_case(conc, first, itl, args.osl, args.duration, server_cpu, usage_apart=args.usage_apart)
             if bare["cpu_us_per_token"] and ours["cpu_us_per_token"]:
                 ours["cpu_vs_bare"] = ours["cpu_us_per_token"] / bare["cpu_us_per_token"]
             rows += [bare, ours]

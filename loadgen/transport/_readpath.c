@@ -12,8 +12,8 @@
    (the transport's lost). Everything else about a connection stays in wire.py.
 
    It also counts the token ids of a batch of SSE content events (count_content_tokens, for
-   loadgen/transport/http.py) without building their objects, when every event is of the one
-   plain shape it fully validates; any other batch goes to orjson.
+   loadgen/transport/http.py) without building their objects: each piece that holds one event of
+   the one plain shape it fully validates is counted, and any other piece is left to orjson.
 
    READ_PATH_VERSION changes with what the module offers or how it behaves: wire.py takes a build
    only of the version it expects, so a build of an older source left in a checkout is not used.
@@ -32,8 +32,8 @@
 #include <sys/socket.h>
 #include <time.h>
 
-/* wire.READ_PATH_VERSION must match: 2 = the counter takes escapes and UTF-8 text. */
-#define READ_PATH_VERSION 2
+/* wire.READ_PATH_VERSION must match: 3 = the counter answers piece by piece (0: orjson's). */
+#define READ_PATH_VERSION 3
 
 /* Body framings besides a length, as wire._Conn.take_head returns them (wire.py's constants;
    its NO_BODY, -1, needs no test here: a head without a body leaves the reader at the next head). */
@@ -797,19 +797,20 @@ static PyObject *configure(PyObject *Py_UNUSED(module), PyObject *args)
 
 /* -- The token counts of a batch of SSE content events (http._SseStream's fast path) ---------
 
-   count_content_tokens takes a batch only when every piece is one event `data: {...}\n\n` of
-   the shape the Python path counts as content chunks: an object with no "error" key, no
-   "usage" but a null one (vLLM's and our server's chunks under include_usage carry
-   `"usage":null`; the Python path counts those too), whose "choices" list opens with an object
-   whose "token_ids" is a non-empty list of integers.
+   count_content_tokens answers piece by piece: the token count of a piece that is one event
+   `data: {...}\n\n` of the shape the Python path counts as content chunks -- an object with
+   no "error" key, no "usage" but a null one (vLLM's and our server's chunks under include_usage
+   carry `"usage":null`; the Python path counts those too), whose "choices" list opens with an
+   object whose "token_ids" is a non-empty list of integers.
    It validates the JSON grammar of everything it takes, string values included (JSON's escapes
    and UTF-8 text, as orjson accepts them: detokenised text is full of both), and anything else --
    a key with an escape or a non-ASCII byte, a \u escape of a lone surrogate, a key given twice
    where it counts (orjson keeps the last), numbers that might not be finite as doubles, deep
-   nesting -- makes it answer None, so orjson parses that batch as on the Python path and
-   malformed JSON fails its request there. */
+   nesting -- makes it answer 0 for that piece (a content chunk has at least one token), so
+   orjson parses that piece as on the Python path and malformed JSON fails its request there.
+   One usage event, chat role chunk or [DONE] thus costs its own parse, not its batch's. */
 
-#define JSON_DEPTH_LIMIT 64       /* orjson's is deeper: past this the batch goes to orjson */
+#define JSON_DEPTH_LIMIT 64       /* orjson's is deeper: past this the piece goes to orjson */
 #define JSON_INTEGER_DIGITS 100   /* with at most 2 exponent digits a number stays finite */
 #define JSON_EXPONENT_DIGITS 2
 
@@ -883,7 +884,7 @@ static long json_hex4(const char *at, const char *end)
 
 /* Past one escape whose backslash is at `at`, or NULL when JSON does not allow it. A \u escape of
    a UTF-16 surrogate counts only as the high half of a pair followed by its low half (orjson
-   rejects a lone one; here it sends the batch to orjson either way). */
+   rejects a lone one; here it sends the piece to orjson either way). */
 static const char *json_escape(const char *at, const char *end)
 {
     if (end - at < 2)
@@ -966,7 +967,7 @@ static int json_string(Json *j)
 }
 
 /* A key: plain text only, so that its bytes are its name (an escaped or non-ASCII key could
-   spell "choices" or "usage"; those batches go to orjson). 0, or -1. */
+   spell "choices" or "usage"; those pieces go to orjson). 0, or -1. */
 static int json_key(Json *j, const char **text, Py_ssize_t *size)
 {
     if (!json_take(j, '"'))
@@ -1151,18 +1152,18 @@ static int json_value(Json *j)
     }
 }
 
-/* The token count of one piece holding one content event, or -1 when it is anything else. */
+/* The token count of one piece holding one content event, or 0 when it is anything else. */
 static Py_ssize_t event_tokens(const char *data, Py_ssize_t size)
 {
     if (size < 7 || memcmp(data, "data:", 5) != 0 || data[size - 2] != '\n' || data[size - 1] != '\n'
             || memchr(data, '\n', (size_t)(size - 2)) != NULL)
-        return -1;  /* not one `data:` line and its blank line */
+        return 0;  /* not one `data:` line and its blank line */
     Json j = {data + 5, data + size - 2, 0};
     Py_ssize_t tokens;
     if (!json_take(&j, '{') || json_object(&j, EVENT_OBJECT, &tokens) < 0)
-        return -1;
+        return 0;
     json_space(&j);
-    return j.at == j.end ? tokens : -1;
+    return j.at == j.end ? tokens : 0;
 }
 
 static PyObject *count_content_tokens(PyObject *Py_UNUSED(module), PyObject *pieces)
@@ -1182,12 +1183,7 @@ static PyObject *count_content_tokens(PyObject *Py_UNUSED(module), PyObject *pie
             Py_DECREF(counts);
             return NULL;
         }
-        Py_ssize_t tokens = event_tokens(data, size);
-        if (tokens < 0) {
-            Py_DECREF(counts);
-            Py_RETURN_NONE;
-        }
-        PyObject *number = PyLong_FromSsize_t(tokens);
+        PyObject *number = PyLong_FromSsize_t(event_tokens(data, size));
         if (number == NULL) {
             Py_DECREF(counts);
             return NULL;
@@ -1202,8 +1198,8 @@ static PyMethodDef module_methods[] = {
      "configure(offset, refresh_ns, read_size, batch_pieces): the clock offset's source and how "
      "long an offset holds, the bytes asked of each read, the pieces kept before a batch goes out."},
     {"count_content_tokens", count_content_tokens, METH_O,
-     "count_content_tokens(pieces): the token ids' count of each piece's SSE event when every piece is "
-     "one plain content chunk with token ids (http._SseStream's fast path), else None."},
+     "count_content_tokens(pieces): for each piece, the token ids' count of its SSE event when it is one "
+     "plain content chunk with token ids (http._SseStream's fast path), else 0 (orjson parses it)."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -4,12 +4,13 @@ Runs on wire.HttpClient (asyncio protocols, keep-alive pool sized to the load): 
 read is timestamped once with perf_counter_ns, and every SSE line it completes carries that
 arrival time; the request's coroutine wakes once, at the end of the response.
 
-The SSE events come in batches of reads (wire.BodySink). The usual batch, one `data:` event
-per read, each a content chunk with `token_ids`, is parsed as one JSON array in one call and
-its token counts read in one comprehension (where the compiled read path is built, its
-count_content_tokens validates and counts such a batch without building objects, and leaves
-any other batch to orjson); anything else (usage, [DONE], errors, several lines per read,
-servers without token ids) goes line by line through the same rules.
+The SSE events come in batches of reads (wire.BodySink). Where the compiled read path is
+built, its count_content_tokens validates and counts each piece that is one content chunk with
+`token_ids` without building objects, and leaves every other piece (usage, [DONE], a chat role
+chunk, errors, several lines per read, servers without token ids) to the line rules below, in
+its place. Without it, the usual batch, one `data:` event per read, is parsed as one JSON array
+in one call and its token counts read in one comprehension; any event of another shape, or any
+batch that is not one event per read, goes line by line through the same rules.
 
 Request body (completions): `prompt` = the token ids (exact input length), `max_tokens` =
 `min_tokens` = the trace's output length, `ignore_eos`, `stream`, `stream_options.include_usage`,
@@ -174,6 +175,10 @@ class _SseStream:
         """A batch of body pieces (whole lines) and the arrival of each (wire.BodySink)."""
         if self.error is not None:
             return
+        count = content_token_counter()
+        if count is not None:  # compiled: each piece's count, 0 where the line rules read it
+            self._record(pieces, stamps, count(pieces))
+            return
         whole = len(pieces)
         last = pieces[-1]
         if b"[DONE]" in last or last[-2:] != b"\n\n":
@@ -183,16 +188,10 @@ class _SseStream:
             self._lines(piece, now)
 
     def _content_chunks(self, pieces: list[bytes], stamps: list[int]) -> int:
-        """The fast path: when every piece is one event, parse them all in one go and record the
-        content chunks with token ids; any other event (a role-only or text-only chunk, usage, an
-        error) goes through the line rules in its place, so order is kept. How many pieces were
-        taken: all, or 0 when the pieces are not one event each."""
-        count = content_token_counter()
-        counts = count(pieces) if count is not None else None
-        if counts is not None:  # the compiled counter took the usual batch: the same counts, no objects
-            self.ex.chunk_ns += stamps[:len(counts)]
-            self.ex.chunk_tokens += counts
-            return len(counts)
+        """The Python path's fast path: when every piece is one event, parse them all in one go
+        and record the content chunks with token ids; any other event (a role-only or text-only
+        chunk, usage, an error) goes through the line rules in its place, so order is kept. How
+        many pieces were taken: all, or 0 when the pieces are not one event each."""
         text = b"".join(pieces)
         if not text.startswith(b"data:"):
             return 0
@@ -214,31 +213,27 @@ class _SseStream:
         try:
             counts = [len(event["choices"][0]["token_ids"]) for event in events if "usage" not in event]
         except (LookupError, TypeError):
-            counts = []  # some event of another shape: the loop below sorts them one by one
-        if len(counts) == len(events) and 0 not in counts:
-            self.ex.chunk_ns += stamps[:len(events)]
-            self.ex.chunk_tokens += counts
-            return len(events)
-        tokens: list[int] = []
+            counts = []  # some event of another shape: counted one by one below
+        if len(counts) != len(events):
+            counts = [_chunk_tokens(event) for event in events]
+        self._record(pieces, stamps, counts)
+        return len(events)
+
+    def _record(self, pieces: list[bytes], stamps: list[int], counts: list[int]) -> None:
+        """Records each piece's content chunk of counts[k] tokens; a piece counted 0 (an empty
+        token_ids list, where the text decides; no ids; usage; [DONE]; an error; several or
+        partial lines) goes through the line rules in its place, between the runs around it."""
         first = 0  # the first piece of the run of content chunks not yet recorded
-        for k, event in enumerate(events):
-            try:
-                n = len(event["choices"][0]["token_ids"])
-            except (LookupError, TypeError):
-                n = 0
-            if n and not event.get("usage"):  # n > 0: the event is an object
-                tokens.append(n)
-                continue
-            # an empty token_ids list (the text decides), no ids, usage, an error: the line rules
+        for _ in range(counts.count(0)):  # none in the usual batch
+            k = counts.index(0, first)
             self.ex.chunk_ns += stamps[first:k]
-            self.ex.chunk_tokens += tokens
-            tokens, first = [], k + 1
+            self.ex.chunk_tokens += counts[first:k]
+            first = k + 1
             self._lines(pieces[k], stamps[k])
             if self.error is not None:
-                return len(events)  # nothing after an error counts, as on the line path
-        self.ex.chunk_ns += stamps[first:len(events)]
-        self.ex.chunk_tokens += tokens
-        return len(events)
+                return  # nothing after an error counts, as on the line path
+        self.ex.chunk_ns += stamps[first:len(counts)]
+        self.ex.chunk_tokens += counts[first:]
 
     def _lines(self, piece: bytes, now: int) -> None:
         for line in piece.split(b"\n"):
@@ -284,6 +279,15 @@ class _SseStream:
         if not self.done:
             return ErrorKind.TRUNCATED, "stream ended without [DONE]"
         return None, None
+
+
+def _chunk_tokens(event: Any) -> int:
+    """A parsed event's tokens when it is a content chunk with token ids and no usage, else 0."""
+    try:
+        n = len(event["choices"][0]["token_ids"])
+    except (LookupError, TypeError):
+        return 0
+    return 0 if n and event.get("usage") else n  # n > 0: the event is an object
 
 
 def _content_tokens(choice: dict, chat: bool) -> int:

@@ -59,7 +59,7 @@ from loadgen.transport.base import ErrorKind
 
 log = logging.getLogger(__name__)
 
-READ_PATH_VERSION = 2  # _readpath.c's: a build of another source is not used
+READ_PATH_VERSION = 3  # _readpath.c's: a build of another source is not used
 
 
 def _current_build(module: Any) -> Any:
@@ -106,6 +106,11 @@ class Response:
 class _Conn(asyncio.Protocol):
     """One keep-alive connection; parses one response at a time with llhttp (httptools), whose
     callbacks below receive the status, headers and de-chunked body pieces of each read."""
+
+    # No instance dict: a read touches a few cache lines of its connection, not a dict's too
+    # (hundreds of connections take turns, so each one's state is cold when its read comes).
+    __slots__ = ("transport", "closed", "_parser", "_deadline", "_timer", "_sink", "_pieces", "_stamps", "_done",
+                 "_response", "_headers_done", "_until_close", "_line", "_keep_alive", "_received", "_now")
 
     def __init__(self) -> None:
         self.transport: asyncio.Transport | None = None
@@ -336,6 +341,8 @@ class _SocketTransport:
     systems) the read time is used, as the protocol path does. With `compiled` the reads are the
     compiled reader's (_readpath.Reader, see the module's docstring) instead of _readable's."""
 
+    __slots__ = ("_sock", "_conn", "_loop", "_fd", "_out", "_open", "_recvmsg", "_feed")
+
     def __init__(self, sock: socket.socket, conn: _Conn, compiled: bool) -> None:
         self._sock = sock
         self._conn = conn
@@ -462,9 +469,10 @@ def compiled_reads_available() -> bool:
     return _readpath is not None and sys.platform.startswith("linux")
 
 
-def content_token_counter() -> Callable[[list[bytes]], list[int] | None] | None:
-    """The compiled counter of a batch of SSE content events' token ids (_readpath.c's
-    count_content_tokens, used by http._SseStream), or None where the extension is not built."""
+def content_token_counter() -> Callable[[list[bytes]], list[int]] | None:
+    """The compiled counter of a batch of SSE content events' token ids, one count per piece and
+    0 for a piece it leaves to orjson (_readpath.c's count_content_tokens, used by
+    http._SseStream), or None where the extension is not built."""
     return _readpath.count_content_tokens if _readpath is not None else None
 
 

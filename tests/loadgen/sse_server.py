@@ -3,7 +3,8 @@
 Run as its own process: `python sse_server.py --config JSON [--cpu N]` prints `PORT <n>` when
 it listens on 127.0.0.1. /v1/completions and /v1/chat/completions stream `max_tokens` tokens:
 `first_ms` before the first chunk, `itl_ms` between chunks, `tokens_per_chunk` tokens each
-(with `token_ids` when `send_token_ids`), then a usage chunk and [DONE]; with `serial` it
+(with `token_ids` when `send_token_ids`), then a usage chunk and [DONE] (in one write; with
+`usage_apart` each in its own, `itl_ms` after the one before, as vLLM sends them); with `serial` it
 serves one request at a time (a slow server: the others queue). It records, per
 request, its own timestamps (time.perf_counter_ns, CLOCK_MONOTONIC: comparable across
 processes on Linux), the prompt, the fields asked for, and how many distinct `user`s (session
@@ -34,7 +35,7 @@ from aiohttp import web
 DEFAULTS = {"first_ms": 0.0, "itl_ms": 0.0, "tokens_per_chunk": 1, "send_token_ids": True,
             "model": "test-model", "owned_by": "test", "max_model_len": None, "num_gpus": None,
             "vocab_size": None, "fault": None, "keep_prompts": False, "cached_tokens": 0, "serial": False,
-            "spec_metrics": None}
+            "spec_metrics": None, "usage_apart": False}
 
 
 class State:
@@ -140,8 +141,14 @@ async def _stream(request, cfg, body, prompt, rec, kind, chat) -> web.StreamResp
         deadline = writes[-1] + int(cfg["itl_ms"] * 1e6)
     usage = {"prompt_tokens": len(prompt), "completion_tokens": sent, "total_tokens": len(prompt) + sent,
              "prompt_tokens_details": {"cached_tokens": cfg["cached_tokens"]}}
-    final = {"id": "c", "object": "text_completion", "choices": [], "usage": usage}
-    await resp.write(b"data: " + orjson.dumps(final) + b"\n\ndata: [DONE]\n\n")
+    final = b"data: " + orjson.dumps({"id": "c", "object": "text_completion", "choices": [], "usage": usage}) + b"\n\n"
+    if cfg["usage_apart"]:
+        for data in (final, b"data: [DONE]\n\n"):
+            await _sleep_until(deadline)
+            await resp.write(data)
+            deadline = time.perf_counter_ns() + int(cfg["itl_ms"] * 1e6)
+    else:
+        await resp.write(final + b"data: [DONE]\n\n")
     await resp.write_eof()
     return resp
 

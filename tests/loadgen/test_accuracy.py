@@ -85,3 +85,19 @@ def test_without_token_ids_each_chunk_counts_one_token(start_server, sessions, r
     seen = {rec["id"]: rec for rec in server.records()["records"]}
     assert records and all(r["osl"] == r["osl_counted"] == 5 for r in records)
     assert all(seen[r["id"]]["n_prompt"] == r["isl"] for r in records)
+
+
+@pytest.mark.parametrize("endpoint", ["completions", "chat"])
+def test_usage_and_done_apart_read_as_vllm_sends_them(start_server, sessions, replay, read_path, endpoint):
+    """vLLM's shape: the usage chunk and [DONE] each in a write of its own, read apart from the
+    content chunks and from each other (benchmarks/client_overhead.py --usage-apart)."""
+    server = start_server(tokens_per_chunk=2, itl_ms=2, usage_apart=True, cached_tokens=3)
+    folder = sessions({"n_requests": 4, "think": 0.0, "n_out": 5})
+    code, doc, records = replay(server.url, "--traces", str(folder), "--conc", "1", "--duration", "0.5",
+                                "--endpoint", endpoint)
+    assert code == 0, doc["levels"]
+    level = doc["levels"][0]
+    seen = {rec["id"]: rec for rec in server.records()["records"]}
+    assert records and all(r["osl"] == r["osl_counted"] == 5 and r["chunk_tokens"] == [2, 2, 1] for r in records)
+    assert all(r["cached_tokens"] == 3 and seen[r["id"]]["n_prompt"] == r["isl"] for r in records)  # usage read
+    assert level["counts"]["usage_mismatch_requests"] == 0 and level["counts"]["errors_total"] == 0

@@ -1,6 +1,7 @@
 """The compiled counter of SSE content events (loadgen/transport/_readpath.c's
-count_content_tokens) against orjson: it counts a batch exactly as the Python path does, or
-leaves it to orjson (None); it never counts anything orjson would not, nor a different count."""
+count_content_tokens) against orjson: piece by piece, it counts a content chunk exactly as the
+Python path does, or leaves the piece to orjson (0); it never counts anything orjson would not,
+nor a different count, and the pieces it leaves cost a batch no more than their own parse."""
 
 from __future__ import annotations
 
@@ -101,7 +102,7 @@ PLAIN = [
     b'"text":"\xe0\xa0\x80\xed\x9f\xbf\xee\x80\x80\xf0\x90\x80\x80\xf4\x8f\xbf\xbf"}]}\n\n',
 ]
 
-# Valid JSON it must leave to orjson (None): escaped or non-ASCII keys, other shapes.
+# Valid JSON it must leave to orjson (0): escaped or non-ASCII keys, other shapes.
 REFUSED = [
     b'data: {"ch\\u006fices":[{"token_ids":[1]}]}\n\n',  # an escaped key may spell a name that counts
     b'data: {"choices":[{"token\\u005fids":[1]}]}\n\n',
@@ -229,13 +230,15 @@ def _reference(piece: bytes) -> int | None:
     return len(ids)
 
 
-def _check(count, pieces: list[bytes]) -> list[int] | None:
-    """The counter's answer for a batch, checked against orjson: None, or orjson's counts."""
+def _check(count, pieces: list[bytes]) -> list[int]:
+    """The counter's answer for a batch, checked against orjson piece by piece: 0 (left to
+    orjson), or orjson's count."""
     counts = count(pieces)
-    if counts is None:
-        return None
-    assert len(counts) == len(pieces), pieces
+    assert type(counts) is list and len(counts) == len(pieces), pieces
     for piece, n in zip(pieces, counts):
+        assert type(n) is int and n >= 0, n
+        if n == 0:
+            continue
         assert piece.startswith(b"data:") and piece.endswith(b"\n\n") and piece.count(b"\n") == 2, piece
         try:
             expected = _reference(piece)
@@ -247,7 +250,7 @@ def _check(count, pieces: list[bytes]) -> list[int] | None:
 
 def test_the_counter_counts_every_plain_content_event(count):
     for piece in PLAIN:
-        assert _check(count, [piece]) is not None, piece
+        assert _check(count, [piece]) != [0], piece
     counts = _check(count, PLAIN)
     assert counts == [_reference(piece) for piece in PLAIN] and count([]) == []
 
@@ -257,8 +260,9 @@ def test_the_counter_leaves_every_other_event_to_orjson(count, piece):
     if piece in MALFORMED:  # the list holds what orjson fails
         with pytest.raises(orjson.JSONDecodeError):
             orjson.loads(piece[5:])
-    assert count([piece]) is None
-    assert count([PLAIN[0], piece, PLAIN[1]]) is None  # one such event sends the whole batch
+    assert count([piece]) == [0]
+    # one such piece is left to orjson alone: the pieces around it are still counted
+    assert count([PLAIN[0], piece, PLAIN[1], piece]) == [_reference(PLAIN[0]), 0, _reference(PLAIN[1]), 0]
 
 
 def _with_text(text: bytes) -> bytes:
@@ -273,7 +277,7 @@ def test_a_string_with_a_quote_control_byte_or_bad_escape_or_utf8_anywhere_is_re
         piece = _with_text(b"a" * at + stop + b"b" * (39 - at))
         with pytest.raises(orjson.JSONDecodeError):
             orjson.loads(piece[5:])
-        assert count([piece]) is None, at
+        assert count([piece]) == [0], at
     assert count([_with_text(b"\x7f ~" * 20)]) == [1]
 
 
@@ -320,46 +324,109 @@ def test_mutated_events_are_refused_or_counted_as_orjson_counts(count, base):
     rng = random.Random(base)
     counted = 0
     for mutated in _mutations(PLAIN[base], rng):
-        counted += _check(count, [mutated]) is not None
-        _check(count, [PLAIN[0], mutated])
+        counted += _check(count, [mutated]) != [0]
+        _check(count, [PLAIN[0], mutated, PLAIN[1]])
     assert counted  # some mutations (a digit for a digit, a letter in a string) stay plain events
 
 
-def _take(pieces: list[bytes], compiled: bool, monkeypatch) -> tuple:
-    """What an _SseStream records for one batch, with the counter or the Python path alone."""
+def _usage_event(completion_tokens: int = 4) -> dict:
+    return {"id": "c", "object": "text_completion", "choices": [],
+            "usage": {"prompt_tokens": 100, "completion_tokens": completion_tokens, "total_tokens": 104}}
+
+
+DONE = b"data: [DONE]\n\n"
+USAGE = _piece(_usage_event())
+# Events of real streams that the counter leaves to the line rules, each in its own piece.
+ROLE = _piece({"id": "chatcmpl-7", "object": "chat.completion.chunk", "model": "m",  # vLLM's first chat chunk
+               "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                            "finish_reason": None}]})
+FINISH = _piece({"choices": [{"index": 0, "text": "", "finish_reason": "length", "token_ids": []}]})  # no token
+EMPTY_IDS_TEXT = _piece(_completion([], text="x"))  # an empty-ids chunk whose text is a token
+USAGE_ON_CONTENT = _piece(_completion([5, 6], usage=_usage_event()["usage"]))
+TEXT_ONLY = _piece({"choices": [{"index": 0, "text": "x", "finish_reason": None}]})
+ERROR = _piece({"error": {"message": "boom", "code": 500}})
+LEFT = [ROLE, FINISH, EMPTY_IDS_TEXT, USAGE_ON_CONTENT, TEXT_ONLY, USAGE]
+
+# Whole responses as the reader may batch them: vLLM's (usage and [DONE] apart), ours and the
+# test server's (together), chat, events split over and packed into pieces, an error mid-batch.
+STREAMS = [
+    [*PLAIN[:6], USAGE, DONE],
+    [*PLAIN[:6], USAGE + DONE],
+    [ROLE, *PLAIN[5:7], FINISH, USAGE, DONE],
+    [PLAIN[0], USAGE, PLAIN[1], DONE, PLAIN[2]],
+    [EMPTY_IDS_TEXT, PLAIN[3], USAGE_ON_CONTENT, PLAIN[4], TEXT_ONLY, TEXT_ONLY, PLAIN[5]],
+    [PLAIN[0] + PLAIN[1], PLAIN[2], PLAIN[3][:-1], b"\n", PLAIN[4][:20], PLAIN[4][20:], PLAIN[5]],
+    [PLAIN[0], ERROR, PLAIN[1], USAGE, DONE],
+    [PLAIN[0], PLAIN[1][:-1] + b"}\n\n", PLAIN[2]],  # malformed mid-batch: the request fails there
+    [DONE],
+    [USAGE],
+]
+
+
+def _take(batches: list[list[bytes]], compiled: bool, monkeypatch, chat: bool = False) -> tuple:
+    """What an _SseStream records for its batches, with the counter or the Python path alone."""
     with monkeypatch.context() as patch:
         if not compiled:
             patch.setattr(wire, "_readpath", None)
-        stream = _SseStream(Exchange(), chat=False)
-        stream.take(pieces, [1000 * (i + 1) for i in range(len(pieces))])
+        stream = _SseStream(Exchange(), chat=chat)
+        stamp = 0
+        for pieces in batches:
+            stream.take(pieces, [1000 * (stamp + i + 1) for i in range(len(pieces))])
+            stamp += len(pieces)
     ex = stream.ex
     return (ex.chunk_ns, ex.chunk_tokens, ex.usage_prompt_tokens, ex.usage_completion_tokens,
             stream.done, stream.error, stream.detail)
 
 
-def test_a_batch_records_the_same_with_and_without_the_counter(count, monkeypatch):
+@pytest.mark.parametrize("chat", [False, True])
+def test_a_batch_records_the_same_with_and_without_the_counter(count, monkeypatch, chat):
     rng = random.Random(7)
-    others = REFUSED + MALFORMED
-    batches = [PLAIN, PLAIN + [b"data: [DONE]\n\n"]]
+    others = REFUSED + MALFORMED + LEFT + [ERROR, DONE]
+    batches = [PLAIN, PLAIN + [DONE], *STREAMS]
     batches += [[*PLAIN[:3], other, *PLAIN[3:5]] for other in others]
-    batches += [[rng.choice(PLAIN), mutated] for mutated in _mutations(PLAIN[0], rng)]
+    batches += [[other, *PLAIN[:2], other] for other in others]
+    batches += [[rng.choice(PLAIN), mutated, rng.choice(PLAIN)] for mutated in _mutations(PLAIN[0], rng)]
     for batch in batches:
-        assert _take(batch, True, monkeypatch) == _take(batch, False, monkeypatch), batch
+        assert _take([batch], True, monkeypatch, chat) == _take([batch], False, monkeypatch, chat), batch
+    stream = [piece for batch in STREAMS[:3] for piece in batch]  # one response cut into batches anywhere
+    for cut in range(1, len(stream)):
+        batches = [stream[:cut], stream[cut:]]
+        assert _take(batches, True, monkeypatch, chat) == _take(batches, False, monkeypatch, chat), cut
+
+
+def _parsed_by_orjson(pieces: list[bytes], monkeypatch) -> tuple[list[bytes], list[int]]:
+    """What orjson parses of one batch, and the tokens recorded."""
+    from loadgen.transport import http
+
+    parsed: list[bytes] = []
+    loads = http.orjson.loads
+
+    def spy(data: bytes) -> object:
+        parsed.append(bytes(data))
+        return loads(data)
+
+    monkeypatch.setattr(http.orjson, "loads", spy)
+    stream = _SseStream(Exchange(), chat=False)
+    stream.take(pieces, list(range(len(pieces))))
+    monkeypatch.undo()
+    assert stream.error is None
+    return parsed, stream.ex.chunk_tokens
 
 
 def test_a_plain_batch_builds_no_objects(count, monkeypatch):
     """The usual batch is the counter's alone: orjson parses nothing of it."""
-    from loadgen.transport import http
+    parsed, tokens = _parsed_by_orjson(PLAIN, monkeypatch)
+    assert parsed == [] and tokens == [_reference(piece) for piece in PLAIN]
 
-    def refuse(_: bytes) -> object:
-        raise AssertionError("orjson parsed a batch the counter takes")
 
-    expected = [_reference(piece) for piece in PLAIN]
-    monkeypatch.setattr(http.orjson, "loads", refuse)
-    stream = _SseStream(Exchange(), chat=True)
-    stream.take(PLAIN, list(range(len(PLAIN))))
-    assert stream.ex.chunk_tokens == expected
-    assert stream.ex.chunk_ns == list(range(len(PLAIN))) and stream.error is None
+def test_only_the_pieces_the_counter_leaves_are_parsed(count, monkeypatch):
+    """A usage event, a chat role chunk, an empty-ids chunk or [DONE] in a batch costs its own
+    parse, not the batch's: orjson sees exactly those events, once each, in order."""
+    batch = [ROLE, *PLAIN[:3], FINISH, PLAIN[3], EMPTY_IDS_TEXT, *PLAIN[4:6], USAGE_ON_CONTENT, USAGE, DONE]
+    parsed, tokens = _parsed_by_orjson(batch, monkeypatch)
+    assert parsed == [piece[5:-2] for piece in (ROLE, FINISH, EMPTY_IDS_TEXT, USAGE_ON_CONTENT, USAGE)]
+    plain = [_reference(piece) for piece in PLAIN]
+    assert tokens == [*plain[:3], plain[3], 1, *plain[4:6], 2]
 
 
 # Run in a fresh interpreter: the build is vetted when wire.py is imported. The module's
@@ -392,7 +459,7 @@ except pytest.skip.Exception:
 """
 
 
-@pytest.mark.parametrize("version", ["missing", "1", "0", "999"])
+@pytest.mark.parametrize("version", ["missing", "2", "0", "999"])
 def test_a_build_of_another_source_counts_as_not_built(count, version):
     """A stale build: the Python paths read and count, one warning says to rebuild, and the tests
     of the compiled path fail where .ci/run requires it (skip elsewhere)."""
