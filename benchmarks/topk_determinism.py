@@ -7,8 +7,7 @@ inputs and counts results that differ from the first bit for bit (order included
 attention sums its rows in the order given), checks that every result selects the same set as
 the torch reference, and times one call replayed in a CUDA graph. With `--baseline PATH` another
 tree's kernels/topk.py is loaded beside this one (its imports resolve to this tree's helpers)
-and measured in the same process; this tree's compacting path is measured with each way its
-finish orders a row (TopkConfig.ordering); all in alternating order, twice each.
+and measured in the same process, in alternating order, twice each.
 
     PYTHONPATH=. python benchmarks/topk_determinism.py --baseline ../s1/kernels/topk.py
 """
@@ -18,7 +17,6 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import sys
-from dataclasses import replace
 from pathlib import Path
 from types import ModuleType
 
@@ -57,18 +55,13 @@ def case_inputs(rows: int, cols: int, length: int) -> tuple[torch.Tensor, torch.
     return logits, lengths, table, torch.arange(rows, dtype=torch.int32, device="cuda")
 
 
-def measure(module: ModuleType, ordering: str | None, inputs: tuple, k: int,
-            calls: int) -> tuple[int, torch.Tensor, float]:
-    """(results that differ from the first, the first result, ms per call in a CUDA graph) of the
-    module's default config, with `ordering` in place of its own when given."""
+def measure(module: ModuleType, inputs: tuple, k: int, calls: int) -> tuple[int, torch.Tensor, float]:
+    """(results that differ from the first, the first result, ms per call in a CUDA graph)."""
     logits, lengths, table, seq_ids = inputs
     slots = module.SlotMap(table, seq_ids, BLOCK_SIZE)
-    config = module.default_config(logits.device, logits.shape[1], logits.shape[0])
-    if ordering is not None and config.candidates:
-        config = replace(config, ordering=ordering)
 
     def call() -> torch.Tensor:
-        return module.topk_triton(logits, lengths, k, config, slots=slots)
+        return module.topk_triton(logits, lengths, k, slots=slots)
 
     results = [call() for _ in range(calls)]
     changed = sum(not torch.equal(r, results[0]) for r in results[1:])
@@ -91,27 +84,25 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("topk_determinism: needs a CUDA GPU")
-    # name: (module, ordering of the compacting path's finish; None: the module's default)
-    impls: dict[str, tuple[ModuleType, str | None]] = {
-        f"this, {order}": (this_topk, order) for order in this_topk.ORDERINGS}
+    impls = {"this": this_topk}
     if args.baseline:
-        impls = {"baseline": (load_baseline(args.baseline), None), **impls}
+        impls = {"baseline": load_baseline(args.baseline), **impls}
     print(f"# top-k slots run to run on {torch.cuda.get_device_name()}, torch {torch.__version__}, "
           f"triton {triton.__version__}; {args.calls} calls per case")
-    print(f"{'rows x cols (len), k':28} {'tree':14} {'differ':>7} {'set ok':>6} {'ms, two runs':>16}")
+    print(f"{'rows x cols (len), k':28} {'tree':9} {'differ':>7} {'set ok':>6} {'ms, two runs':>16}")
     for rows, cols, length, k in CASES:
         inputs = case_inputs(rows, cols, length)
         times: dict[str, list[float]] = {name: [] for name in impls}
         report: dict[str, tuple[int, bool]] = {}
         for _ in range(2):  # alternating order: baseline, this, baseline, this
-            for name, (module, ordering) in impls.items():
-                changed, first, ms = measure(module, ordering, inputs, k, args.calls)
+            for name, module in impls.items():
+                changed, first, ms = measure(module, inputs, k, args.calls)
                 times[name].append(ms)
                 previous = report.get(name, (0, True))
                 report[name] = (previous[0] + changed, previous[1] and same_set(first, inputs, k))
         for name in impls:
             changed, ok = report[name]
-            print(f"{f'{rows} x {cols} ({length}), {k}':28} {name:14} {f'{changed}/{2 * (args.calls - 1)}':>7} "
+            print(f"{f'{rows} x {cols} ({length}), {k}':28} {name:9} {f'{changed}/{2 * (args.calls - 1)}':>7} "
                   f"{'yes' if ok else 'NO':>6} {times[name][0]:7.4f} {times[name][1]:7.4f}", flush=True)
     return 0
 

@@ -27,9 +27,14 @@ choice; a row's length and values only steer branches on the device):
     histogram levels fix the top 16 bits of the k-th largest key; a split pass writes the columns
     above that prefix to the output and those in its bin (the candidates, a small share of a row)
     to a per-row list; then one program per row finishes the last two levels and the emit on its
-    list alone. A row whose candidates overflow the list (values crowding into one prefix, or
-    many ties) finishes over the row itself: exact, slower; or
-  - five launches: four histogram levels over the whole row, then the emit pass.
+    list alone, then puts the row in ascending column order: the split's atomics place columns
+    in an order that varies from run to run, and the sparse attention's sums follow the order
+    it is given, so without it two runs of one step differed in their last bits (ties at the
+    k-th value go to the lowest columns, as in the one-launch kernels). A row whose candidates
+    overflow the list (values crowding into one prefix, or many ties) finishes over the row
+    itself: exact, slower; or
+  - five launches: four histogram levels over the whole row, then the emit pass (whose atomics
+    leave the order, and the choice among ties at the k-th value, to the run: no default takes it).
 Each full-row pass is bound by instruction issue, not memory (benchmarks/RESULTS.md, compacting
 top-k): so the compacting path's gain is the passes it leaves out, and the histogram levels step
 more columns at a time than the split (`TopkConfig.hist_block`), which spreads a histogram's
@@ -569,9 +574,7 @@ def _split_kernel(
                 tl.store(cand_keys + cap + cand_slot, col, mask=is_cand)
 
 
-# How the compacting path's finish orders a row (TopkConfig.ordering), and the bitmap words its
-# rank scan steps at a time.
-ORDERINGS = ("sort", "bitmap")
+# Bitmap words the compacting path's finish counts at a time when it orders a row (_order_by_bitmap).
 ORDER_WORDS_BLOCK = 1024
 
 
@@ -616,12 +619,11 @@ def _order_by_bitmap(out_row, k, length, bits_row, ranks_row, K_BLOCK: tl.conste
 
 @triton.jit
 def _finish_kernel(logits_ptr, lengths_ptr, out_ptr, hist_ptr, cand_ptr, bits_ptr, n_cols, k, cap,
-                   BLOCK: tl.constexpr, K_BLOCK: tl.constexpr, W_BLOCK: tl.constexpr, BITMAP: tl.constexpr):
+                   BLOCK: tl.constexpr, K_BLOCK: tl.constexpr, W_BLOCK: tl.constexpr):
     """The compacting path's last launch (grid: rows): the remaining digits and the emit over the
     row's candidates in one program, then the row's k outputs put in ascending order (K_BLOCK: k
-    rounded up to a power of two), by a bitonic sort or with BITMAP by `_order_by_bitmap` over
-    the row's zeroed bitmap and word ranks (bits_ptr: 2 * cdiv(n_cols, 32) int32 per row); short
-    rows 0..len-1 then -1.
+    rounded up to a power of two) by `_order_by_bitmap` over the row's zeroed bitmap and word
+    ranks (bits_ptr: 2 * cdiv(n_cols, 32) int32 per row); short rows 0..len-1 then -1.
 
     A row whose candidates did not fit the list (values crowding into one 16-bit prefix, or many
     equal values) finishes over the row itself instead, filtered by the prefix: exact, slower.
@@ -649,14 +651,9 @@ def _finish_kernel(logits_ptr, lengths_ptr, out_ptr, hist_ptr, cand_ptr, bits_pt
                                SPLIT_LEVEL, True, BLOCK)
         # every thread's stores above (and the split's, an earlier launch) visible to every thread
         tl.debug_barrier()
-        if BITMAP:
-            words = tl.cdiv(n_cols, 32)
-            bits_row = bits_ptr + row.to(tl.int64) * 2 * words
-            _order_by_bitmap(out_row, k, length, bits_row, bits_row + words, K_BLOCK, W_BLOCK)
-        else:
-            i = tl.arange(0, K_BLOCK)
-            cols = tl.load(out_row + i, mask=i < k, other=0x7FFFFFFF)  # the padding sorts last
-            tl.store(out_row + i, tl.sort(cols), mask=i < k)
+        words = tl.cdiv(n_cols, 32)
+        bits_row = bits_ptr + row.to(tl.int64) * 2 * words
+        _order_by_bitmap(out_row, k, length, bits_row, bits_row + words, K_BLOCK, W_BLOCK)
 
 
 @dataclass(frozen=True)
@@ -671,9 +668,8 @@ class TopkConfig:
     with `per_column_atomics` by an atomic per hit; its finish steps `finish_block` entries at a time.
     The full-row histogram levels step `hist_block` columns at a time (0: `block`; their chunks
     grow to it): a histogram's per-step cost (ballots, a barrier, a shared-memory merge) is shared
-    by more columns, while the emit and split keep the smaller block. The finish puts each row's
-    columns in ascending order (ORDERINGS): "sort" by a bitonic sort, "bitmap" by counting
-    through a bitmap of the row (`_order_by_bitmap`).
+    by more columns, while the emit and split keep the smaller block. The compacting path's
+    finish puts each row's columns in ascending order (`_order_by_bitmap`).
     """
 
     chunk: int
@@ -686,11 +682,8 @@ class TopkConfig:
     per_column_atomics: bool = False
     finish_block: int = 512
     hist_block: int = 0
-    ordering: str = "bitmap"
 
     def __post_init__(self) -> None:
-        if self.ordering not in ORDERINGS:
-            raise ValueError(f"TopkConfig: ordering={self.ordering!r}: expected one of {ORDERINGS}")
         # the split's scan packs two per-block counts into one int32, the above-count in the high
         # half, which must stay below 2^15 (a whole block above the prefix) to keep the sign bit clear
         if self.block >= 1 << 15:
@@ -776,7 +769,7 @@ def topk_triton(logits: torch.Tensor, lengths: torch.Tensor, k: int, config: Top
     # One zeroed buffer for the scratch tables: one allocation and one fill per call, not several.
     compact = cfg.candidates > 0
     levels, stride = RADIX_LEVELS.value * 256, COUNTER_STRIDE.value
-    words = triton.cdiv(n, 32) if compact and cfg.ordering == "bitmap" else 0  # the finish's bitmap and ranks
+    words = triton.cdiv(n, 32) if compact else 0  # the finish's bitmap and word ranks
     scratch = torch.zeros(t * (levels + stride + 2 * words), dtype=torch.int32, device=logits.device)
     # [t, levels, 256], [t, stride] and [t, 2, words], flat
     hist, counts, bits = scratch.split((t * levels, t * stride, t * 2 * words))
@@ -795,8 +788,7 @@ def topk_triton(logits: torch.Tensor, lengths: torch.Tensor, k: int, config: Top
         _split_kernel[grid](logits, lengths, out, hist, counts, cand, n, k, cfg.candidates, CHUNK=cfg.chunk,
                             BLOCK=cfg.block, PER_COLUMN_ATOMICS=cfg.per_column_atomics, num_warps=cfg.num_warps)
         _finish_kernel[(t,)](logits, lengths, out, hist, cand, bits, n, k, cfg.candidates, BLOCK=cfg.finish_block,
-                             K_BLOCK=triton.next_power_of_2(k), W_BLOCK=ORDER_WORDS_BLOCK,
-                             BITMAP=cfg.ordering == "bitmap", num_warps=cfg.num_warps)
+                             K_BLOCK=triton.next_power_of_2(k), W_BLOCK=ORDER_WORDS_BLOCK, num_warps=cfg.num_warps)
     return out
 
 
@@ -804,7 +796,8 @@ def topk_triton(logits: torch.Tensor, lengths: torch.Tensor, k: int, config: Top
 
 
 def topk_indices(logits: torch.Tensor, lengths: torch.Tensor, k: int, backend: str | None = None) -> torch.Tensor:
-    """int32[T, k]: exact top-k column indices among each row's first lengths[t] columns, any order.
+    """int32[T, k]: exact top-k column indices among each row's first lengths[t] columns, in an
+    order that depends on the row's values alone (ascending on the compacting path).
 
     Rows with lengths[t] <= k emit 0..len-1 then -1. On a GPU, batches of TORCH_TOPK_MIN_ROWS rows
     or more use the torch path whatever the backend.

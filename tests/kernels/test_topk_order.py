@@ -19,9 +19,7 @@ CPU_CONFIG = default_config(torch.device("cpu"), 0, 1)
 COMPACTING = {"list": replace(CPU_CONFIG, single_pass_max_cols=0, candidates=1 << 12),
               "list, per-column atomics": replace(CPU_CONFIG, single_pass_max_cols=0, candidates=1 << 12,
                                                   per_column_atomics=True),
-              "list overflows": replace(CPU_CONFIG, single_pass_max_cols=0, candidates=1),
-              "list, ordered by a sort": replace(CPU_CONFIG, single_pass_max_cols=0, candidates=1 << 12,
-                                                 ordering="sort")}
+              "list overflows": replace(CPU_CONFIG, single_pass_max_cols=0, candidates=1)}
 ONE_LAUNCH = {"in registers": replace(CPU_CONFIG, single_pass_max_cols=1 << 30),
               "radix": replace(CPU_CONFIG, single_pass_max_cols=1 << 30, single_pass_registers=False)}
 
@@ -60,8 +58,3 @@ def test_ties_at_the_kth_value_take_the_lowest_columns(gen, path):
     expect = torch.cat((above, torch.tensor(ties[:12]))).sort().values.int()
     for t in range(2):
         assert torch.equal(got[t].sort().values, expect), f"row {t} took other tied columns"
-
-
-def test_ordering_must_be_known():
-    with pytest.raises(ValueError, match="ordering='heap'"):
-        replace(CPU_CONFIG, ordering="heap")
