@@ -252,6 +252,36 @@ def count_kernels(engine: Engine, work: Callable[[], object] | None = None) -> i
     return len(kernels)
 
 
+def check_requests(max_prompt: int | None = None) -> list[tuple[tuple[int, ...], int]]:
+    """(prompt, output tokens) of the checks' requests: ragged (batches shrink as requests finish),
+    one prompt past the shortest context bucket, where the top-k leaves its one-launch kernel
+    (prompts cut to max_prompt tokens when given: the CPU smoke runs)."""
+    short = context_buckets(1 << 20)[0]  # the shortest context bucket
+    lengths, outputs = (1, 17, 200, 1000, 3000, 70, 513, short + 100), (8, 12, 16, 20, 24, 30, 5, 4)
+    gen = torch.Generator().manual_seed(2)
+    prompts = [tuple(torch.randint(0, 256, (n,), generator=gen).tolist())[:max_prompt] for n in lengths]
+    return list(zip(prompts, outputs))
+
+
+def check_engine(args: argparse.Namespace, backend: str, kv: str, mode: str,
+                 speculative: SpeculativeConfig | None = None, overlap: bool = False,
+                 max_prompt: int | None = None) -> Engine:
+    """An engine for check_requests(max_prompt): 8 sequences, 4,096 tokens a step, room for every
+    request's blocks four times over, a context twice the shortest bucket (or the model's)."""
+    requests = check_requests(max_prompt)
+    blocks = sum(-(-(len(p) + m) // 64) + 1 for p, m in requests) + 8
+    max_len = min(2 * context_buckets(1 << 20)[0], model_preset(args.model).max_position)
+    return make_engine(args, backend, kv, blocks * 4, max_len, 8, 4096, mode, speculative=speculative,
+                       overlap=overlap)
+
+
+def add_check_requests(engine: Engine, max_prompt: int | None = None) -> None:
+    """Queue check_requests(max_prompt) as r0, r1, ...: greedy, each to its full output length."""
+    for i, (prompt, outputs) in enumerate(check_requests(max_prompt)):
+        engine.add_request(AddRequest(f"r{i}", prompt, SamplingParams(max_tokens=outputs, temperature=0.0,
+                                                                      ignore_eos=True), 0.0))
+
+
 def check_graph_tokens(args: argparse.Namespace) -> None:
     """Greedy tokens of a graph engine against an eager one over ragged requests (batches shrink
     as requests finish, so several buckets and their padding run; one request's context passes
@@ -259,11 +289,7 @@ def check_graph_tokens(args: argparse.Namespace) -> None:
     decoding (standard verification of 3 drafts: the verify steps replay their own graphs);
     prints the verdicts, the graph replays per (batch, query tokens, context bucket), and the largest logit
     difference of a graph replay against the same padded step run eagerly."""
-    short = context_buckets(1 << 20)[0]  # the shortest context bucket
-    lengths, outputs = (1, 17, 200, 1000, 3000, 70, 513, short + 100), (8, 12, 16, 20, 24, 30, 5, 4)
-    gen = torch.Generator().manual_seed(2)
-    prompts = [tuple(torch.randint(0, 256, (n,), generator=gen).tolist()) for n in lengths]
-    blocks = sum(-(-(n + m) // 64) + 1 for n, m in zip(lengths, outputs)) + 8
+    num_requests = len(check_requests())
     for spec in (None, SpeculativeConfig(method="mtp", num_speculative_tokens=3)):
         results, replays = {}, Counter()
         # Reference: eager, one step at a time; overlapped scheduling is off with speculative decoding.
@@ -272,8 +298,7 @@ def check_graph_tokens(args: argparse.Namespace) -> None:
             [("eager", True), ("graph", True)] if spec is None else [])
         margins: dict[tuple[str, bool], dict[str, list[float]]] = {}
         for mode, overlap in variants:
-            engine = make_engine(args, "triton", args.kv_dtypes.split(",")[0], blocks * 4, 2 * short, 8, 4096,
-                                 mode.split()[0], speculative=spec, overlap=overlap)
+            engine = check_engine(args, "triton", args.kv_dtypes.split(",")[0], mode.split()[0], spec, overlap)
             if spec is None:
                 margins[mode, overlap] = record_margins(engine)
             graphs = engine.runner.graphs
@@ -286,8 +311,7 @@ def check_graph_tokens(args: argparse.Namespace) -> None:
                     return _replay(*a)
 
                 graphs.replay = counted
-            for i, (p, m) in enumerate(zip(prompts, outputs)):
-                engine.add_request(AddRequest(f"r{i}", p, SamplingParams(max_tokens=m, temperature=0.0, ignore_eos=True), 0.0))
+            add_check_requests(engine)
             tokens: dict[str, list[int]] = {}
             while engine.has_unfinished():
                 for out in engine.step().outputs:
@@ -320,7 +344,7 @@ def check_graph_tokens(args: argparse.Namespace) -> None:
             diverged = [r for r in ref if ref[r] != got.get(r)]
             print(f"graph check {label}: greedy tokens graph overlap {'on' if overlap else 'off'} vs eager on the same schedule: "
                   f"{'DIFFER in ' + ','.join(diverged) if diverged else 'IDENTICAL'} "
-                  f"({sum(map(len, got.values()))} tokens, {len(prompts)} requests)", flush=True)
+                  f"({sum(map(len, got.values()))} tokens, {num_requests} requests)", flush=True)
             for r in diverged if spec is None else ():
                 at = next(i for i, (a, b) in enumerate(zip(ref[r], got[r])) if a != b)
                 print(f"  {r}: first differs at token {at}; top-2 logit margin there: eager "

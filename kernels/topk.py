@@ -27,9 +27,14 @@ choice; a row's length and values only steer branches on the device):
     histogram levels fix the top 16 bits of the k-th largest key; a split pass writes the columns
     above that prefix to the output and those in its bin (the candidates, a small share of a row)
     to a per-row list; then one program per row finishes the last two levels and the emit on its
-    list alone. A row whose candidates overflow the list (values crowding into one prefix, or
-    many ties) finishes over the row itself: exact, slower; or
-  - five launches: four histogram levels over the whole row, then the emit pass.
+    list alone, then puts the row in ascending column order: the split's atomics place columns
+    in an order that varies from run to run, and the sparse attention's sums follow the order
+    it is given, so without it two runs of one step differed in their last bits (ties at the
+    k-th value go to the lowest columns, as in the one-launch kernels). A row whose candidates
+    overflow the list (values crowding into one prefix, or many ties) finishes over the row
+    itself: exact, slower; or
+  - five launches: four histogram levels over the whole row, then the emit pass (whose atomics
+    leave the order, and the choice among ties at the k-th value, to the run: no default takes it).
 Each full-row pass is bound by instruction issue, not memory (benchmarks/RESULTS.md, compacting
 top-k): so the compacting path's gain is the passes it leaves out, and the histogram levels step
 more columns at a time than the split (`TopkConfig.hist_block`), which spreads a histogram's
@@ -236,6 +241,27 @@ def _load_entries(keys_ptr, cols_ptr, start, hi, FROM_ROW: tl.constexpr, BLOCK: 
 
 
 @triton.jit
+def _tie_cut(keys_ptr, cols_ptr, n, kth, wanted, BLOCK: tl.constexpr):
+    """The column c such that exactly `wanted` entries of a candidate list with key kth lie at
+    columns <= c (columns are distinct): a bisection over the column range, a pass over the list
+    per step. Only rows with more entries equal to the k-th largest key than the top k holds
+    (ties at the boundary, rare in continuous logits) take it."""
+    lo = tl.full((), 0, tl.int32)
+    hi = tl.full((), 0x7FFFFFFF, tl.int32)
+    while lo < hi:
+        mid = lo + (hi - lo) // 2
+        count = tl.full((), 0, tl.int32)
+        for start in range(0, n, BLOCK):
+            col, key, valid = _load_entries(keys_ptr, cols_ptr, start, n, False, BLOCK)
+            count += tl.sum((valid & (key == kth) & (col <= mid)).to(tl.int32), axis=0)
+        if count >= wanted:
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo
+
+
+@triton.jit
 def _select_in_program(keys_ptr, cols_ptr, n, out_row, k, prefix, prefix_mask, remaining, first_level,
                        FROM_ROW: tl.constexpr, BLOCK: tl.constexpr):
     """The radix select's levels from first_level on, and its emit, in one program over n entries.
@@ -243,9 +269,13 @@ def _select_in_program(keys_ptr, cols_ptr, n, out_row, k, prefix, prefix_mask, r
     Only entries whose key matches (prefix, prefix_mask), the digits fixed by earlier levels, take
     part; the k - remaining outputs above them are already placed. Each level re-reads the entries
     and keeps its histogram in registers; the emit carries how many entries above and equal to the
-    k-th largest key it has written, in place of atomic counters.
+    k-th largest key it has written, in place of atomic counters. Of the entries equal to the k-th
+    largest key it takes those of the lowest columns: the first ones of a row (FROM_ROW), or of a
+    candidate list (whose order is the order its entries arrived in) those below a cut found by
+    `_tie_cut`, so the choice does not depend on that order.
     """
     start_prefix, start_mask, placed = prefix, prefix_mask, k - remaining
+    n_equal = tl.full((), 0, tl.int32)
     for level in range(first_level, RADIX_LEVELS):
         shift = _digit_shift(level)
         hist = tl.zeros((256,), tl.int32)
@@ -253,14 +283,21 @@ def _select_in_program(keys_ptr, cols_ptr, n, out_row, k, prefix, prefix_mask, r
             col, key, valid = _load_entries(keys_ptr, cols_ptr, start, n, FROM_ROW, BLOCK)
             hist += _digit_histogram(key, valid & ((key & prefix_mask) == prefix), shift)
         prefix, prefix_mask, remaining = _narrow_prefix(hist, level, prefix, prefix_mask, remaining)
+        # entries matching the prefix so far with its new digit: after the last level, those equal
+        # to the k-th largest key
+        n_equal = tl.sum(tl.where(tl.arange(0, 256) == ((prefix >> shift) & 0xFF).to(tl.int32), hist, 0), axis=0)
     n_above = k - remaining - placed  # prefix is now the k-th largest key
+    cut = tl.full((), 0x7FFFFFFF, tl.int32)  # the highest column an equal entry may have
+    if not FROM_ROW:
+        if n_equal > remaining:
+            cut = _tie_cut(keys_ptr, cols_ptr, n, prefix, remaining, BLOCK)
     above_before = tl.full((), 0, tl.int32)
     equal_before = tl.full((), 0, tl.int32)
     for start in range(0, n, BLOCK):
         col, key, valid = _load_entries(keys_ptr, cols_ptr, start, n, FROM_ROW, BLOCK)
         valid = valid & ((key & start_mask) == start_prefix)
         is_above = valid & (key > prefix)
-        is_equal = valid & (key == prefix)
+        is_equal = valid & (key == prefix) & (col <= cut)
         _store_selected(out_row + placed, col, is_above, is_equal, above_before, equal_before, n_above, remaining)
         above_before += tl.sum(is_above.to(tl.int32), axis=0)
         equal_before += tl.sum(is_equal.to(tl.int32), axis=0)
@@ -537,13 +574,64 @@ def _split_kernel(
                 tl.store(cand_keys + cap + cand_slot, col, mask=is_cand)
 
 
+# Bitmap words the compacting path's finish counts at a time when it orders a row (_order_by_bitmap).
+ORDER_WORDS_BLOCK = 1024
+
+
 @triton.jit
-def _finish_kernel(logits_ptr, lengths_ptr, out_ptr, hist_ptr, cand_ptr, n_cols, k, cap, BLOCK: tl.constexpr):
+def _popcount(words):
+    """Set bits of each int32 word (SWAR on uint32: no popcount intrinsic, which is not portable)."""
+    x = words.to(tl.uint32, bitcast=True)
+    x = x - ((x >> 1) & 0x55555555)
+    x = (x & 0x33333333) + ((x >> 2) & 0x33333333)
+    x = (x + (x >> 4)) & 0x0F0F0F0F
+    return ((x * 0x01010101) >> 24).to(tl.int32)
+
+
+@triton.jit
+def _order_by_bitmap(out_row, k, length, bits_row, ranks_row, K_BLOCK: tl.constexpr, W_BLOCK: tl.constexpr):
+    """Rewrite a row's k distinct columns (each below length) in ascending order, as a counting
+    sort: each column sets its bit in a zeroed bitmap of the row (an atomic OR, whose result does
+    not depend on the order of the ORs), a scan of the words' bit counts gives each word's count
+    of set bits before it (ranks_row), and a column's place is that count plus the set bits below
+    it in its word. O(k + length / 32) work, where a bitonic sort of k values (tl.sort) costs
+    O(k log^2 k): on an H200 the top-k of 16 x 65,536 columns, k 2,048, took 35.2 us with this
+    ordering, 55.3 with the sort and 31.5 unordered (benchmarks/RESULTS.md, deterministic top-k)."""
+    i = tl.arange(0, K_BLOCK)
+    ok = i < k
+    cols = tl.load(out_row + i, mask=ok, other=0)
+    word = cols >> 5
+    bit = cols & 31
+    tl.atomic_or(bits_row + word, 1 << bit, mask=ok, sem="relaxed")
+    tl.debug_barrier()  # every bit set before any thread counts them
+    carried = tl.full((), 0, tl.int32)
+    for start in range(0, tl.cdiv(length, 32), W_BLOCK):
+        w = start + tl.arange(0, W_BLOCK)
+        inside = w < tl.cdiv(length, 32)
+        counts = _popcount(tl.load(bits_row + w, mask=inside, other=0))
+        tl.store(ranks_row + w, carried + tl.cumsum(counts, axis=0) - counts, mask=inside)
+        carried += tl.sum(counts, axis=0)
+    tl.debug_barrier()  # every word's rank stored before any thread reads one
+    below = _popcount(tl.load(bits_row + word, mask=ok, other=0) & ~(-1 << bit))
+    place = tl.load(ranks_row + word, mask=ok, other=0) + below
+    tl.store(out_row + place, cols, mask=ok)
+
+
+@triton.jit
+def _finish_kernel(logits_ptr, lengths_ptr, out_ptr, hist_ptr, cand_ptr, bits_ptr, n_cols, k, cap,
+                   BLOCK: tl.constexpr, K_BLOCK: tl.constexpr, W_BLOCK: tl.constexpr):
     """The compacting path's last launch (grid: rows): the remaining digits and the emit over the
-    row's candidates in one program; short rows 0..len-1 then -1.
+    row's candidates in one program, then the row's k outputs put in ascending order (K_BLOCK: k
+    rounded up to a power of two) by `_order_by_bitmap` over the row's zeroed bitmap and word
+    ranks (bits_ptr: 2 * cdiv(n_cols, 32) int32 per row); short rows 0..len-1 then -1.
 
     A row whose candidates did not fit the list (values crowding into one 16-bit prefix, or many
     equal values) finishes over the row itself instead, filtered by the prefix: exact, slower.
+
+    The ordering makes the output deterministic: the split placed its columns in the order its
+    programs reached the row's atomic counters, which varies from run to run, and the sparse
+    attention sums its rows in the order it gets them, so that order would change the last bits
+    of the attention's output (and, at a near-tie, a greedy token) between two runs of one step.
     """
     row = tl.program_id(0)
     length = tl.minimum(tl.load(lengths_ptr + row), n_cols)
@@ -561,6 +649,11 @@ def _finish_kernel(logits_ptr, lengths_ptr, out_ptr, hist_ptr, cand_ptr, n_cols,
             row_ptr = logits_ptr + row.to(tl.int64) * n_cols
             _select_in_program(row_ptr, row_ptr, length, out_row, k, prefix, prefix_mask, remaining,
                                SPLIT_LEVEL, True, BLOCK)
+        # every thread's stores above (and the split's, an earlier launch) visible to every thread
+        tl.debug_barrier()
+        words = tl.cdiv(n_cols, 32)
+        bits_row = bits_ptr + row.to(tl.int64) * 2 * words
+        _order_by_bitmap(out_row, k, length, bits_row, bits_row + words, K_BLOCK, W_BLOCK)
 
 
 @dataclass(frozen=True)
@@ -575,7 +668,8 @@ class TopkConfig:
     with `per_column_atomics` by an atomic per hit; its finish steps `finish_block` entries at a time.
     The full-row histogram levels step `hist_block` columns at a time (0: `block`; their chunks
     grow to it): a histogram's per-step cost (ballots, a barrier, a shared-memory merge) is shared
-    by more columns, while the emit and split keep the smaller block.
+    by more columns, while the emit and split keep the smaller block. The compacting path's
+    finish puts each row's columns in ascending order (`_order_by_bitmap`).
     """
 
     chunk: int
@@ -672,15 +766,17 @@ def topk_triton(logits: torch.Tensor, lengths: torch.Tensor, k: int, config: Top
     if n <= cfg.single_pass_max_cols:
         _topk_row_kernel[(t,)](logits, lengths, out, n, k, BLOCK=cfg.block, num_warps=cfg.num_warps)
         return out
-    # One zeroed buffer for both scratch tables: one allocation and one fill per call, not two.
+    # One zeroed buffer for the scratch tables: one allocation and one fill per call, not several.
+    compact = cfg.candidates > 0
     levels, stride = RADIX_LEVELS.value * 256, COUNTER_STRIDE.value
-    scratch = torch.zeros(t * (levels + stride), dtype=torch.int32, device=logits.device)
-    hist, counts = scratch[: t * levels], scratch[t * levels :]  # [t, levels, 256] and [t, stride], flat
+    words = triton.cdiv(n, 32) if compact else 0  # the finish's bitmap and word ranks
+    scratch = torch.zeros(t * (levels + stride + 2 * words), dtype=torch.int32, device=logits.device)
+    # [t, levels, 256], [t, stride] and [t, 2, words], flat
+    hist, counts, bits = scratch.split((t * levels, t * stride, t * 2 * words))
     grid = _spread_grid(t, n, cfg.chunk, cfg, logits.device)
     hist_block = cfg.hist_block or cfg.block
     hist_chunk = max(cfg.chunk, hist_block)
     hist_grid = _spread_grid(t, n, hist_chunk, cfg, logits.device)
-    compact = cfg.candidates > 0
     for level in range(SPLIT_LEVEL.value if compact else RADIX_LEVELS.value):
         _radix_pass_kernel[hist_grid](logits, lengths, out, hist, counts, n, k, level, CHUNK=hist_chunk,
                                       BLOCK=hist_block, num_warps=cfg.num_warps)
@@ -691,8 +787,8 @@ def topk_triton(logits: torch.Tensor, lengths: torch.Tensor, k: int, config: Top
         cand = torch.empty(t * 2 * cfg.candidates, dtype=torch.int32, device=logits.device)  # [t, keys|cols, cap]
         _split_kernel[grid](logits, lengths, out, hist, counts, cand, n, k, cfg.candidates, CHUNK=cfg.chunk,
                             BLOCK=cfg.block, PER_COLUMN_ATOMICS=cfg.per_column_atomics, num_warps=cfg.num_warps)
-        _finish_kernel[(t,)](logits, lengths, out, hist, cand, n, k, cfg.candidates, BLOCK=cfg.finish_block,
-                             num_warps=cfg.num_warps)
+        _finish_kernel[(t,)](logits, lengths, out, hist, cand, bits, n, k, cfg.candidates, BLOCK=cfg.finish_block,
+                             K_BLOCK=triton.next_power_of_2(k), W_BLOCK=ORDER_WORDS_BLOCK, num_warps=cfg.num_warps)
     return out
 
 
@@ -700,7 +796,8 @@ def topk_triton(logits: torch.Tensor, lengths: torch.Tensor, k: int, config: Top
 
 
 def topk_indices(logits: torch.Tensor, lengths: torch.Tensor, k: int, backend: str | None = None) -> torch.Tensor:
-    """int32[T, k]: exact top-k column indices among each row's first lengths[t] columns, any order.
+    """int32[T, k]: exact top-k column indices among each row's first lengths[t] columns, in an
+    order that depends on the row's values alone (ascending on the compacting path).
 
     Rows with lengths[t] <= k emit 0..len-1 then -1. On a GPU, batches of TORCH_TOPK_MIN_ROWS rows
     or more use the torch path whatever the backend.
