@@ -13,14 +13,19 @@ pointer loads (RewriteTensorDescriptorToPointer), and the interpreter runs them 
 
 The scoring is today's: fp8 keys' bytes are the e4m3 operand of one dot; MXFP4 keys take one dot per
 32-value group on e4m3 bytes decoded from the nibble words, each group's scale on its result
-(kernels/indexer_tiled.py's group dots). A key block is BLOCK_N consecutive columns inside one cache
+(kernels/indexer_tiled.py's group dots), or with TmaConfig.dot_scaled one tl.dot_scaled on the nibbles
+and group scales as they lie (emulated through bf16 on Hopper). A key block is BLOCK_N consecutive columns inside one cache
 block (BLOCK_N divides the cache block size), so its rows are contiguous in both regions.
 
 On a CUDA GPU it checks every variant against the torch reference (poisoned outputs, full and
 staggered contexts), then times it against today's default (`indexer_logits_paged` on today's rows)
 in the same process, with the copy bandwidth measured there too:
 
-    PYTHONPATH=. python3 benchmarks/indexer_tma_proto.py [--key-dtypes fp8,mxfp4] [--requests 64,16]
+    PYTHONPATH=. python3 benchmarks/indexer_tma_proto.py [--key-dtypes fp8,mxfp4] [--requests 64,16] [--configs LABELS]
+
+Measured on an H200 (benchmarks/RESULTS.md, "Indexer decode through tensor descriptors (TMA) on a
+split key cache"): fp8 64 x 64k 209 -> 153 us (n64 w4 p16 s5), MXFP4 308 -> 294 us (p8 s5, group
+dots; dot_scaled 520+ us).
 """
 
 from __future__ import annotations
@@ -36,9 +41,12 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from kernels.indexer_tiled import _mxfp4_group_dots, _query_groups
-from kernels.quant import indexer_row_bytes
-from kernels.triton_utils import new_output, row_programs
+# run as a script, benchmarks/ comes first on the path and its kernels.py would shadow the package
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from kernels.indexer_tiled import _mxfp4_group_dots, _query_groups  # noqa: E402
+from kernels.quant import indexer_row_bytes  # noqa: E402
+from kernels.triton_utils import new_output, row_programs  # noqa: E402
 
 
 @triton.jit
@@ -58,13 +66,13 @@ def _indexer_decode_tma_kernel(
     block_table_ptr, seq_ids_ptr, end_ptr,
     n_cols, block_table_stride, block_size,
     H: tl.constexpr, D: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
-    MXFP4: tl.constexpr, SCALES_TMA: tl.constexpr, NUM_STAGES: tl.constexpr,
+    MXFP4: tl.constexpr, SCALES_TMA: tl.constexpr, NUM_STAGES: tl.constexpr, DOT_SCALED: tl.constexpr,
 ):
     """Grid (tokens, programs per token): program p scores its token's key blocks p, p + P, ..."""
     tok = tl.program_id(0)
     heads = tl.arange(0, BLOCK_H)
     head_ok = heads < H
-    if MXFP4:
+    if MXFP4 and not DOT_SCALED:
         q0, q1, q2, q3 = _query_groups(q_ptr, tok + 0 * heads, heads, head_ok, H, D, True, tl.float16)
     else:
         q_raw = tl.load(q_ptr + tok * (H * D) + heads[:, None] * D + tl.arange(0, D)[None, :],
@@ -83,7 +91,11 @@ def _indexer_decode_tma_kernel(
             scale_bits = scales_desc.load([row0])
         else:
             scale_bits = tl.load(scales_ptr + row0.to(tl.int64) + keys_in_block)
-        if MXFP4:
+        if MXFP4 and DOT_SCALED:  # the nibbles and group scales as they lie: an MX dot (emulated on Hopper)
+            group_scales = ((scale_bits[:, None] >> (8 * tl.arange(0, D // 32))[None, :]) & 0xFF).to(tl.uint8)
+            scores = tl.dot_scaled(values_desc.load([row0, 0]), group_scales, "e2m1", tl.trans(q), None, "e4m3")
+            key_factor = tl.full((BLOCK_N,), 1.0, tl.float32)
+        elif MXFP4:
             scores = _mxfp4_block_scores(values_desc, scale_bits, row0, q0, q1, q2, q3, D)
             key_factor = tl.full((BLOCK_N,), 1.0, tl.float32)
         else:
@@ -107,16 +119,18 @@ class TmaConfig:
     programs_per_sm: int = 8
     num_stages: int = 3
     scales_tma: bool = False
+    # MXFP4: one tl.dot_scaled per block on the packed nibbles and their group scales, instead of the group dots
+    dot_scaled: bool = False
 
     def label(self) -> str:
         return (f"tma n{self.block_n} w{self.num_warps} p{self.programs_per_sm} s{self.num_stages}"
-                f"{' scales-tma' if self.scales_tma else ''}")
+                f"{' scales-tma' if self.scales_tma else ''}{' dot-scaled' if self.dot_scaled else ''}")
 
 
 def split_key_cache(rows: torch.Tensor, key_dtype: str, d_i: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Today's rows [num_slots, row bytes] -> (values, scales): fp8 values float8_e4m3fn [num_slots, d_I] (the bytes as they are),
-    MXFP4 values int32 [num_slots, d_I / 8] (nibble words); scales int32 [num_slots] (fp8: the fp32
-    scale's bits; MXFP4: group g's ue8m0 byte in bits 8g..)."""
+    """Today's rows [num_slots, row bytes] -> (values, scales): fp8 values float8_e4m3fn [num_slots, d_I]
+    (the bytes as they are), MXFP4 values int32 [num_slots, d_I / 8] (nibble words); scales int32
+    [num_slots] (fp8: the fp32 scale's bits; MXFP4: group g's ue8m0 byte in bits 8g..)."""
     if indexer_row_bytes(d_i, key_dtype) != rows.shape[1]:
         raise ValueError(f"split_key_cache: rows of {rows.shape[1]} bytes are not d_I={d_i} {key_dtype} rows")
     value_bytes = d_i if key_dtype == "fp8" else d_i // 2
@@ -147,14 +161,19 @@ def _launch(out, q_fp8, weights, values, scales, key_dtype, block_table, seq_ids
     t, h, d = q_fp8.shape
     n_cols = out.shape[1]
     mxfp4 = key_dtype == "mxfp4"
-    values_desc = TensorDescriptor.from_tensor(values, [config.block_n, 4 if mxfp4 else d])
+    dot_scaled = mxfp4 and config.dot_scaled
+    if dot_scaled:  # the nibble bytes of a whole row as one block
+        values_desc = TensorDescriptor.from_tensor(values.view(torch.uint8), [config.block_n, d // 2])
+    else:
+        values_desc = TensorDescriptor.from_tensor(values, [config.block_n, 4 if mxfp4 else d])
     scales_desc = TensorDescriptor.from_tensor(scales, [config.block_n])
     grid = (t, row_programs(t, triton.cdiv(n_cols, config.block_n), q_fp8.device, config.programs_per_sm))
     return _indexer_decode_tma_kernel[grid](
         q_fp8, weights, values_desc, scales, scales_desc, out, block_table, seq_ids, end,
         n_cols, block_table.stride(0), block_size,
         H=h, D=d, BLOCK_H=max(16, triton.next_power_of_2(h)), BLOCK_N=config.block_n, MXFP4=mxfp4,
-        SCALES_TMA=config.scales_tma, NUM_STAGES=config.num_stages, num_warps=config.num_warps,
+        SCALES_TMA=config.scales_tma, NUM_STAGES=config.num_stages, DOT_SCALED=dot_scaled,
+        num_warps=config.num_warps,
     )
 
 
@@ -166,11 +185,16 @@ TMA_CONFIGS = {
     "fp8": (TmaConfig(num_stages=3), TmaConfig(num_stages=2), TmaConfig(num_stages=5), TmaConfig(num_stages=1),
             TmaConfig(num_stages=3, programs_per_sm=16), TmaConfig(num_stages=5, programs_per_sm=16),
             TmaConfig(num_stages=3, programs_per_sm=4), TmaConfig(num_stages=3, scales_tma=True),
-            TmaConfig(num_stages=3, num_warps=8), TmaConfig(block_n=32, num_stages=5, programs_per_sm=16)),
+            TmaConfig(num_stages=3, num_warps=8), TmaConfig(block_n=32, num_stages=5, programs_per_sm=16),
+            TmaConfig(num_stages=6, programs_per_sm=16), TmaConfig(num_stages=5, programs_per_sm=24)),
     "mxfp4": (TmaConfig(num_stages=2), TmaConfig(num_stages=1), TmaConfig(num_stages=3), TmaConfig(num_stages=5),
               TmaConfig(num_stages=1, programs_per_sm=4), TmaConfig(num_stages=2, programs_per_sm=4),
               TmaConfig(num_stages=2, scales_tma=True), TmaConfig(num_stages=2, num_warps=8),
-              TmaConfig(num_stages=1, num_warps=8)),
+              TmaConfig(num_stages=1, num_warps=8), TmaConfig(num_stages=6), TmaConfig(num_stages=7),
+              TmaConfig(num_stages=5, programs_per_sm=12), TmaConfig(num_stages=5, scales_tma=True),
+              TmaConfig(num_stages=6, scales_tma=True), TmaConfig(num_stages=1, dot_scaled=True),
+              TmaConfig(num_stages=3, dot_scaled=True), TmaConfig(num_stages=5, dot_scaled=True),
+              TmaConfig(num_stages=5, num_warps=8, dot_scaled=True)),
 }
 CONTEXT, HEADS, BLOCK_SIZE = 65536, 64, 64
 
@@ -216,7 +240,8 @@ def compile_report(handle) -> str:
             + " ".join(f"{op} {n}" for op, n in mix.most_common(12)))
 
 
-def decode_case(kb, key_dtype: str, requests: int, copy_tbps: float, out_dir: Path | None) -> None:
+def decode_case(kb, key_dtype: str, requests: int, copy_tbps: float, out_dir: Path | None,
+                only: set[str] | None = None) -> None:
     from kernels.indexer import indexer_logits_paged  # kernels/indexer.py: today's default path
 
     cache = kb.make_indexer_cache(requests * CONTEXT, key_dtype)
@@ -236,6 +261,8 @@ def decode_case(kb, key_dtype: str, requests: int, copy_tbps: float, out_dir: Pa
 
     launches = [("today (rows, default)", today, None)]
     for cfg in TMA_CONFIGS[key_dtype]:
+        if only is not None and cfg.label() not in only:
+            continue
         launches.append((cfg.label(), lambda q, w, n, cfg=cfg: indexer_decode_tma(
             q, w, values, scales, key_dtype, table, seq_ids, n, BLOCK_SIZE, CONTEXT, cfg), cfg))
     launches.append(("today again (A/A)", today, None))
@@ -260,7 +287,7 @@ def decode_case(kb, key_dtype: str, requests: int, copy_tbps: float, out_dir: Pa
             handle = _launch(torch.empty(requests, CONTEXT, device="cuda"), q, w, values, scales, key_dtype, table,
                              seq_ids, lens, BLOCK_SIZE, cfg)
             print(f"    compiled: {compile_report(handle)}", flush=True)
-            if out_dir is not None and cfg == TMA_CONFIGS[key_dtype][0]:
+            if out_dir is not None and cfg == TMA_CONFIGS[key_dtype][0] and only is None:
                 (out_dir / f"tma_{key_dtype}.ttgir").write_text(handle.asm["ttgir"])
 
 
@@ -268,6 +295,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--key-dtypes", default="fp8,mxfp4", help="comma list of key formats")
     parser.add_argument("--requests", default="64,16", help="comma list of decode batch sizes (64k keys each)")
+    parser.add_argument("--configs", default=None,
+                        help="comma list of config labels to time (as printed, e.g. 'tma n64 w4 p16 s5'); default all")
     parser.add_argument("--out", type=Path, default=None, help="folder for the first config's TTGIR per format")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
@@ -275,12 +304,13 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     kb = _kernel_bench()
     torch.manual_seed(0)
-    copy_gbps, _ = kb.measure_ceilings()
+    copy_tbps, _ = kb.measure_ceilings()
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}; "
-          f"copy {copy_gbps / 1e3:.2f} TB/s measured here", flush=True)
+          f"copy {copy_tbps:.2f} TB/s measured here", flush=True)
+    only = None if args.configs is None else {c.strip() for c in args.configs.split(",")}
     for key_dtype in args.key_dtypes.split(","):
         for requests in (int(r) for r in args.requests.split(",")):
-            decode_case(kb, key_dtype, requests, copy_gbps / 1e3, args.out)
+            decode_case(kb, key_dtype, requests, copy_tbps, args.out, only)
     return 0
 
 

@@ -1,6 +1,7 @@
 """The tensor-descriptor indexer decode prototype (benchmarks/indexer_tma_proto.py) against the paged
 reference in the interpreter: both key formats, d_I 64 and 128, key blocks smaller than and equal to
-the cache block, scales by plain or descriptor loads, staggered contexts and the -inf tail."""
+the cache block, scales by plain or descriptor loads, MXFP4 as group dots or one scaled dot,
+staggered contexts and the -inf tail."""
 
 from __future__ import annotations
 
@@ -17,6 +18,8 @@ from tests.kernels.test_indexer import make_cache, make_inputs
 @pytest.mark.parametrize(("d_i", "block_size", "config"), [
     (64, 32, TmaConfig(block_n=16, programs_per_sm=2, num_stages=2)),
     (128, 16, TmaConfig(block_n=16, programs_per_sm=2, scales_tma=True)),
+    (64, 32, TmaConfig(block_n=32, programs_per_sm=2, dot_scaled=True)),
+    (128, 16, TmaConfig(block_n=16, programs_per_sm=2, dot_scaled=True)),
 ])
 def test_tma_decode_matches_reference(gen, key_dtype, d_i, block_size, config):
     requests, max_blocks, heads = 3, 4, 4
