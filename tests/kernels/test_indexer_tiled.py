@@ -114,8 +114,7 @@ MXFP4_DECODE_CASES = [(fp8_dot, block_m, d_i) for fp8_dot in (False, True) for b
 def test_mxfp4_group_dots_match_reference(gen, fp8_dot, block_m, d_i):
     """MXFP4 keys scored one dot per 32-value group, each scaled by its group's scale (one-token
     tiles at d_I 128 prefetched): one-token tiles (decode) and wider tiles straddling requests,
-    both dot paths, one to four groups (d_I 128: rows of whole words, loaded as words; smaller: as
-    bytes)."""
+    both dot paths, one to four groups."""
     q8, w, cache, block_table, seq_ids, lens = paged_batch(gen, "mxfp4", 16, d_i)
     ref = indexer_logits_paged(q8, w, cache, "mxfp4", block_table, 16, seq_ids, lens, 55, backend="torch")
     cfg = TiledConfig(block_m, 16, 4, mx_scoring="group_dots", prefetch=block_m == 1 and d_i == 128)
