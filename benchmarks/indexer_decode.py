@@ -63,7 +63,7 @@ def report(label: str, case: str, verdict: str, ms: float, nbytes: float) -> Non
 def decode_case(label: str, key_dtype: str, requests: int, context: int, heads: int, sweep: bool,
                 wide_scales: bool = False) -> None:
     block_size = 64
-    cache = kb.make_indexer_cache(requests * context, key_dtype, wide_scales)
+    cache = kb.make_indexer_cache(requests * context, key_dtype, block_size, wide_scales)
     table = torch.randperm(requests * context // block_size, device="cuda").int().reshape(requests, -1)
     seq_ids = torch.arange(requests, device="cuda", dtype=torch.int32)
     lens = torch.full((requests,), context, device="cuda", dtype=torch.int32)

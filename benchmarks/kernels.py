@@ -198,11 +198,13 @@ def sparse_mla_cases(rows: list[Row], num_slots: int, batch: int, head_counts: t
 INDEXER_SWEEP = (IndexerConfig(64, 4, 8), IndexerConfig(64, 4, 8, 1), IndexerConfig(64, 4, 16, 2), IndexerConfig(128, 8, 8, 2))
 
 
-def make_indexer_cache(num_slots: int, key_dtype: str, wide_scales: bool = False) -> torch.Tensor:
-    """An indexer key cache of random keys in every slot, written a million rows at a time. With
-    wide_scales every key's second 32-value group is 2^-20 of the others: MXFP4 group scales
-    spread far past what one e4m3 operand per key holds (the group dots stay exact)."""
-    cache = torch.empty(num_slots, indexer_row_bytes(D_I, key_dtype), dtype=torch.uint8, device=DEV)
+def make_indexer_cache(num_slots: int, key_dtype: str, block_size: int, wide_scales: bool = False) -> torch.Tensor:
+    """An indexer key cache of random keys in every slot (num_slots a multiple of block_size; the
+    cache's layout: kernels/quant.py), written a million keys at a time. With wide_scales every
+    key's second 32-value group is 2^-20 of the others: MXFP4 group scales spread far past what one
+    e4m3 operand per key holds (the group dots stay exact)."""
+    cache = torch.empty(num_slots // block_size, block_size * indexer_row_bytes(D_I, key_dtype), dtype=torch.uint8,
+                        device=DEV)
     for lo in range(0, num_slots, 1 << 20):
         n = min(1 << 20, num_slots - lo)
         keys = torch.randn(n, D_I, device=DEV)
@@ -256,7 +258,7 @@ def indexer_cases(rows: list[Row], requests: int, context: int, heads: int = H_I
     block_size = 64
     blocks_per_req = context // block_size
     for key_dtype in ("fp8", "mxfp4"):
-        cache = make_indexer_cache(requests * context, key_dtype)
+        cache = make_indexer_cache(requests * context, key_dtype, block_size)
         block_table = torch.randperm(requests * blocks_per_req, device=DEV).int().reshape(requests, blocks_per_req)
         seq_ids = torch.arange(requests, device=DEV, dtype=torch.int32)
         lens = torch.full((requests,), context, device=DEV, dtype=torch.int32)
@@ -295,7 +297,7 @@ def prefill_indexer_case(key_dtype: str, chunk: int, context: int):
     """One request's last `chunk` prompt tokens of a `context`-token prompt: (cache, block table,
     seq ids, context lengths, query sets). Blocks are shuffled over the cache."""
     block_size = 64
-    cache = make_indexer_cache(context, key_dtype)
+    cache = make_indexer_cache(context, key_dtype, block_size)
     table = torch.randperm(context // block_size, device=DEV).int()[None]
     seq_ids = torch.zeros(chunk, device=DEV, dtype=torch.int32)
     lens = torch.arange(context - chunk + 1, context + 1, device=DEV, dtype=torch.int32)

@@ -28,7 +28,7 @@ from kernels.backend import resolve_backend
 from kernels.quant import (
     DS_MLA_GROUP,
     fp8_e4m3_quantize,
-    indexer_row_bytes,
+    indexer_cache_block_size,
     kv_row_width,
     write_indexer_cache,
     write_kv_cache,
@@ -122,7 +122,7 @@ def _mla_prepare_kernel(q_pe_ptr, latent_ptr, k_pe_ptr, norm_w_ptr, cos_ptr, sin
 @triton.jit
 def _indexer_prepare_kernel(q_ptr, key_ptr, hw_ptr, ln_w_ptr, ln_b_ptr, cos_ptr, sin_ptr, slots_ptr, cache_ptr,
                             q8_ptr, weights_ptr, n_heads, q_stride_t, q_stride_h, key_stride_t, hw_stride_t,
-                            eps, weight_scale, D: tl.constexpr, D_R: tl.constexpr, MXFP4: tl.constexpr,
+                            eps, weight_scale, block_size, D: tl.constexpr, D_R: tl.constexpr, MXFP4: tl.constexpr,
                             TO_BF16: tl.constexpr, BLOCK_H: tl.constexpr):
     t = tl.program_id(0).to(tl.int64)
     half: tl.constexpr = D_R // 2
@@ -146,24 +146,30 @@ def _indexer_prepare_kernel(q_ptr, key_ptr, hw_ptr, ln_w_ptr, ln_b_ptr, cos_ptr,
         mean = tl.sum(x, axis=0) / D
         rstd = 1.0 / tl.sqrt(tl.sum((x - mean) * (x - mean), axis=0) / D + eps)
         slot = tl.load(slots_ptr + t).to(tl.int64)
+        # the key's values and its scale word in its cache block (kernels/quant.py's layout)
+        value_bytes: tl.constexpr = D // 2 if MXFP4 else D
+        block_base = cache_ptr + (slot // block_size) * block_size * (value_bytes + 4)
+        values_dst = block_base + (slot % block_size) * value_bytes
+        scale_dst = block_base + block_size * value_bytes + (slot % block_size) * 4
         if MXFP4:  # each group's even and odd elements, as the quantiser packs them
-            row_bytes: tl.constexpr = D // 2 + D // 32
             g = tl.arange(0, D // 32)
             even_cols = g[:, None] * 32 + 2 * tl.arange(0, 16)[None, :]
             even = _rotated(row, even_cols, even_cols >= 0, cos_row, sin_row, mean, rstd, ln_w_ptr, ln_b_ptr, half,
                             False, True, TO_BF16)
             odd = _rotated(row, even_cols + 1, even_cols >= 0, cos_row, sin_row, mean, rstd, ln_w_ptr, ln_b_ptr,
                            half, False, True, TO_BF16)
-            dst = cache_ptr + slot * row_bytes + tl.zeros((D // 32,), tl.int64)
-            store_mxfp4_groups(dst, g, even, odd, g >= 0, D)
+            lanes = tl.zeros((D // 32,), tl.int64)
+            store_mxfp4_groups(values_dst + lanes, scale_dst + lanes, g, even, odd, g >= 0)
+            if D < 128:  # the scale word's bytes past the key's groups: zero, as the torch writer leaves them
+                pad = tl.arange(0, 4)
+                tl.store(scale_dst + pad, tl.zeros((4,), tl.uint8), mask=pad >= D // 32)
         else:  # D e4m3 bytes, then the fp32 scale
             key_cols = tl.arange(0, D)[None, :]
             k = _rotated(row, key_cols, key_cols >= 0, cos_row, sin_row, mean, rstd, ln_w_ptr, ln_b_ptr, half, False,
                          True, TO_BF16)
             key_codes, key_scale = fp8_rows(k)
-            dst = cache_ptr + slot * (D + 4)
-            tl.store(dst + key_cols, key_codes.to(tl.uint8))
-            tl.store((dst + D).to(tl.pointer_type(tl.float32)) + tl.arange(0, 1), key_scale)
+            tl.store(values_dst + key_cols, key_codes.to(tl.uint8))
+            tl.store(scale_dst.to(tl.pointer_type(tl.float32)) + tl.arange(0, 1), key_scale)
 
 
 def rope_reference(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: bool) -> torch.Tensor:
@@ -252,9 +258,7 @@ def indexer_prepare(q: torch.Tensor, key: torch.Tensor, head_weights: torch.Tens
                                          idx_cache, slots, key_dtype, weight_scale)
     for x, name in ((q, "q"), (key, "key"), (head_weights, "head_weights")):
         _rows_of(x, name, "indexer_prepare")
-    if idx_cache.dim() != 2 or idx_cache.shape[1] != indexer_row_bytes(d, key_dtype):
-        raise ValueError(f"indexer_prepare: idx_cache must be [num_slots, {indexer_row_bytes(d, key_dtype)}] for "
-                         f"{key_dtype} keys, got {list(idx_cache.shape)}")
+    block_size = indexer_cache_block_size(idx_cache, d, key_dtype, "indexer_prepare: idx_cache")
     q8 = new_output((t, heads, d), torch.uint8, q.device)
     weights = new_output((t, heads), torch.float32, q.device)
     if t:
@@ -262,6 +266,6 @@ def indexer_prepare(q: torch.Tensor, key: torch.Tensor, head_weights: torch.Tens
         _indexer_prepare_kernel[(t, 1 + triton.cdiv(heads, BLOCK_HEADS))](
             q, key, head_weights, norm_weight, norm_bias, cos.reshape(t, half).contiguous(),
             sin.reshape(t, half).contiguous(), slots.contiguous(), idx_cache, q8, weights, heads, q.stride(0),
-            q.stride(1), key.stride(0), head_weights.stride(0), eps, weight_scale, D=d, D_R=rope_dim,
+            q.stride(1), key.stride(0), head_weights.stride(0), eps, weight_scale, block_size, D=d, D_R=rope_dim,
             MXFP4=key_dtype == "mxfp4", TO_BF16=q.dtype == torch.bfloat16, BLOCK_H=BLOCK_HEADS, num_warps=4)
     return q8, weights

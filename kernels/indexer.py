@@ -1,8 +1,10 @@
 """Lightning-indexer logits: paged (decode) and ragged (prefill), Triton kernel and torch reference.
 
 I[t, s] = s_k[s] * sum_h w[t, h] * relu(q[t, h] . k[s]) over the keys a row may see, -inf
-elsewhere. Queries are e4m3 bytes whose scale is already folded into w; keys are fp8 rows
-(e4m3 + one fp32 scale) or MXFP4 rows (e2m1 + ue8m0 per 32 values, scale inside the dot).
+elsewhere. Queries are e4m3 bytes whose scale is already folded into w; keys are fp8 (e4m3 + one
+fp32 scale) or MXFP4 (e2m1 + ue8m0 per 32 values, scale inside the dot) in the indexer key cache's
+blocks (kernels/quant.py: a block's values, then its scale words); ragged keys are a cache of
+one-key blocks, [values ; scale word] rows.
 """
 
 from __future__ import annotations
@@ -14,8 +16,9 @@ import triton
 import triton.language as tl
 
 from kernels.backend import resolve_backend, values_checkable
-from kernels.indexer_tiled import decode_tiled_config, indexer_logits_tiled
-from kernels.quant import decode_e4m3, indexer_row_bytes, read_indexer_keys
+from kernels.indexer_decode import descriptor_decode_config, indexer_decode_descriptor
+from kernels.indexer_tiled import decode_tiled_config, indexer_logits_tiled, key_words
+from kernels.quant import decode_e4m3, gather_indexer_rows, indexer_row_bytes, indexer_value_bytes, read_indexer_keys
 from kernels.triton_utils import (
     E2M1_RAW_SCALE,
     E4M3_RAW_SCALE,
@@ -30,8 +33,9 @@ from kernels.triton_utils import (
 _REF_CHUNK = 1 << 24  # elements of the [tokens, heads, keys] score tensor the reference holds at once
 # From this many query tokens per request on average (a prefill chunk, not a decode or verify
 # step) the paged call uses the tiled kernel with tiles of several tokens, which load each key
-# block once per tile; decode and verify steps take it with one-token tiles where the GPU has
-# fp8 dots (decode_tiled_config), and the per-token kernel below elsewhere.
+# block once per tile; decode and verify steps take fp8 keys through a tensor descriptor where that
+# was measured (kernels/indexer_decode.py), else one-token tiles where the GPU has fp8 dots
+# (decode_tiled_config), and the per-token kernel below elsewhere.
 TILED_MIN_TOKENS_PER_REQUEST = 16
 
 
@@ -61,7 +65,7 @@ def indexer_logits_paged_torch(q_fp8, weights, idx_cache, key_dtype, block_table
         if n == 0:
             continue
         slots = block_table[seq, pos[:n] // block_size].long() * block_size + pos[:n] % block_size
-        keys, key_scale = read_indexer_keys(idx_cache[slots], d_i, key_dtype)
+        keys, key_scale = read_indexer_keys(gather_indexer_rows(idx_cache, slots, d_i, key_dtype), d_i, key_dtype)
         logits = _scores(q[rows], w[rows], keys, key_scale)
         visible = pos[None, :n] < context_lens[rows, None]
         out[rows, :n] = torch.where(visible, logits, float("-inf"))
@@ -90,9 +94,10 @@ def _query_raw(q_ptr, t, offset, stride: tl.constexpr, H: tl.constexpr, D: tl.co
 
 
 @triton.jit
-def _block_slots(blk, t, seq, start, end, block_table_ptr, block_table_stride, block_size,
-                 BLOCK_N: tl.constexpr, PAGED: tl.constexpr):
-    """(columns, visible mask, cache slots) of one block of keys of token t."""
+def _block_keys(blk, t, seq, start, end, block_table_ptr, block_table_stride, block_size,
+                BLOCK_N: tl.constexpr, PAGED: tl.constexpr, VALUE_WORDS: tl.constexpr):
+    """(columns, visible mask, the keys' value words, their scale words) of one block of keys of
+    token t, as int32-word indices of the cache (key_words)."""
     cols = blk * BLOCK_N + tl.arange(0, BLOCK_N)
     if PAGED:
         visible = cols < end
@@ -100,24 +105,25 @@ def _block_slots(blk, t, seq, start, end, block_table_ptr, block_table_stride, b
     else:  # contiguous keys: block_size is 1 and block is the column itself
         visible = (cols >= start) & (cols < end)
         block = cols // block_size
-    # block_size is not specialised (do_not_specialize): were it known to be a multiple of 16, the
-    # compiler would take every slot for one and load rows of ROW_BYTES (132: 4-byte aligned) with
-    # 16-byte vectors, a misaligned access on the GPU. Invisible columns are masked, never read.
-    return cols, visible, block.to(tl.int64) * block_size + cols % block_size
+    # Invisible columns are masked, never read.
+    values, scales = key_words(block.to(tl.int64), cols % block_size, block_size, VALUE_WORDS)
+    return cols, visible, values, scales
 
 
 @triton.jit
-def _mx_group_scores(row, visible, g: tl.constexpr, q_even, q_odd, D: tl.constexpr, DOT_DTYPE: tl.constexpr):
-    """Raw scores of MXFP4 group g (32 values, bytes 16g..16g+15, one ue8m0 scale) [BLOCK_N, BLOCK_H].
+def _mx_group_scores(values, scales, visible, g: tl.constexpr, q_even, q_odd, DOT_DTYPE: tl.constexpr):
+    """Raw scores of MXFP4 group g (32 values, bytes 16g..16g+15 of the keys' values at byte
+    pointers values [BLOCK_N], one ue8m0 scale byte g of their scale words at scales) [BLOCK_N, BLOCK_H].
 
     Byte i holds elements 2i (low nibble) and 2i+1 (high nibble): two K=16 dots, even and odd
     elements, and the group's power-of-two scale applied to their fp32 sum.
     """
-    packed = tl.load(row[:, None] + 16 * g + tl.arange(0, 16)[None, :], mask=visible[:, None], other=0).to(tl.int32)
+    packed = tl.load(values[:, None] + 16 * g + tl.arange(0, 16)[None, :], mask=visible[:, None], other=0)
+    packed = packed.to(tl.int32)
     k_even = e2m1_to_raw_f16(packed & 0xF).to(DOT_DTYPE)
     k_odd = e2m1_to_raw_f16(packed >> 4).to(DOT_DTYPE)
     part = tl.dot(k_even, tl.trans(q_even)) + tl.dot(k_odd, tl.trans(q_odd))
-    scale = ue8m0_to_f32(tl.load(row + D // 2 + g, mask=visible, other=0).to(tl.int32))
+    scale = ue8m0_to_f32(tl.load(scales + g, mask=visible, other=0).to(tl.int32))
     return part * scale[:, None]
 
 
@@ -133,7 +139,7 @@ def _indexer_logits_kernel(
     q_ptr, w_ptr, key_ptr, key_words_ptr, out_ptr,
     block_table_ptr, seq_ids_ptr, start_ptr, end_ptr,
     n_cols, block_table_stride, block_size,
-    ROW_BYTES: tl.constexpr,  # fixed per model; as a constant it tells the compiler how wide rows can be loaded
+    VALUE_WORDS: tl.constexpr,  # int32 words of one key's values (d_I / 4 fp8, d_I / 8 MXFP4)
     H: tl.constexpr, D: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
     PAGED: tl.constexpr, MXFP4: tl.constexpr, MASK_TAIL: tl.constexpr, DOT_DTYPE: tl.constexpr,
 ):
@@ -166,26 +172,25 @@ def _indexer_logits_kernel(
         e3 = _query_raw(q_ptr, t, 96 % D, 2, H, D, BLOCK_H, 16, DOT_DTYPE)
         o3 = _query_raw(q_ptr, t, 96 % D + 1, 2, H, D, BLOCK_H, 16, DOT_DTYPE)
         for blk in range(first + tl.program_id(1), tl.cdiv(limit, BLOCK_N), tl.num_programs(1)):
-            cols, visible, slots = _block_slots(blk, t, seq, start, end, block_table_ptr, block_table_stride,
-                                                block_size, BLOCK_N, PAGED)
-            row = key_ptr + slots * ROW_BYTES  # [BLOCK_N] row starts
-            scores = _mx_group_scores(row, visible, 0, e0, o0, D, DOT_DTYPE)
+            cols, visible, value_words, scale_words = _block_keys(
+                blk, t, seq, start, end, block_table_ptr, block_table_stride, block_size, BLOCK_N, PAGED, VALUE_WORDS)
+            values, scales = key_ptr + 4 * value_words, key_ptr + 4 * scale_words  # [BLOCK_N] byte pointers
+            scores = _mx_group_scores(values, scales, visible, 0, e0, o0, DOT_DTYPE)
             if D >= 64:
-                scores += _mx_group_scores(row, visible, 1, e1, o1, D, DOT_DTYPE)
+                scores += _mx_group_scores(values, scales, visible, 1, e1, o1, DOT_DTYPE)
             if D >= 128:
-                scores += _mx_group_scores(row, visible, 2, e2, o2, D, DOT_DTYPE)
-                scores += _mx_group_scores(row, visible, 3, e3, o3, D, DOT_DTYPE)
+                scores += _mx_group_scores(values, scales, visible, 2, e2, o2, DOT_DTYPE)
+                scores += _mx_group_scores(values, scales, visible, 3, e3, o3, DOT_DTYPE)
             _store_logits(scores * (E2M1_RAW_SCALE * E4M3_RAW_SCALE), w, visible, cols, out_ptr, t, n_cols)
     else:
         q = _query_raw(q_ptr, t, 0, 1, H, D, BLOCK_H, D, DOT_DTYPE)
         dims = tl.arange(0, D)
         for blk in range(first + tl.program_id(1), tl.cdiv(limit, BLOCK_N), tl.num_programs(1)):
-            cols, visible, slots = _block_slots(blk, t, seq, start, end, block_table_ptr, block_table_stride,
-                                                block_size, BLOCK_N, PAGED)
-            raw = e4m3_to_raw_f16(tl.load(key_ptr + slots[:, None] * ROW_BYTES + dims[None, :],
+            cols, visible, value_words, scale_words = _block_keys(
+                blk, t, seq, start, end, block_table_ptr, block_table_stride, block_size, BLOCK_N, PAGED, VALUE_WORDS)
+            raw = e4m3_to_raw_f16(tl.load(key_ptr + 4 * value_words[:, None] + dims[None, :],
                                           mask=visible[:, None], other=0).to(tl.int32))
-            # fp8 rows are d_I + 4 bytes, d_I a multiple of 16: the scale is word d_I/4 of the row
-            scale_bits = tl.load(key_words_ptr + slots * (ROW_BYTES // 4) + D // 4, mask=visible, other=0)
+            scale_bits = tl.load(key_words_ptr + scale_words, mask=visible, other=0)
             key_scale = scale_bits.to(tl.float32, bitcast=True) * (E4M3_RAW_SCALE * E4M3_RAW_SCALE)
             scores = tl.dot(raw.to(DOT_DTYPE), tl.trans(q)) * key_scale[:, None]
             _store_logits(scores, w, visible, cols, out_ptr, t, n_cols)
@@ -218,13 +223,13 @@ def indexer_logits_triton(q_fp8, weights, rows, key_dtype, block_table, seq_ids,
     if t == 0 or n_cols == 0:
         return out
     cfg = config or default_config(key_dtype, q_fp8.device)
-    words = rows.view(torch.int32) if key_dtype == "fp8" else rows
     grid = (t, row_programs(t, triton.cdiv(n_cols, cfg.block_n), q_fp8.device, cfg.programs_per_sm))
     _indexer_logits_kernel[grid](
-        q_fp8, weights, rows, words, out,
+        q_fp8, weights, rows, rows.view(torch.int32), out,
         block_table, seq_ids, start, end,
         n_cols, block_table.stride(0), block_size,
-        ROW_BYTES=rows.shape[1], H=h, D=d, BLOCK_H=max(16, triton.next_power_of_2(h)), BLOCK_N=cfg.block_n,
+        VALUE_WORDS=indexer_value_bytes(d, key_dtype) // 4, H=h, D=d, BLOCK_H=max(16, triton.next_power_of_2(h)),
+        BLOCK_N=cfg.block_n,
         PAGED=paged, MXFP4=key_dtype == "mxfp4", MASK_TAIL=mask_tail, DOT_DTYPE=dot_dtype(q_fp8, tl.float16),
         num_warps=cfg.num_warps, **({} if cfg.num_stages is None else {"num_stages": cfg.num_stages}),
     )
@@ -234,7 +239,8 @@ def indexer_logits_triton(q_fp8, weights, rows, key_dtype, block_table, seq_ids,
 # ---------------------------------------------------------------- public API
 
 
-def _check_inputs(q_fp8: torch.Tensor, weights: torch.Tensor, rows: torch.Tensor, key_dtype: str, name: str) -> None:
+def _check_inputs(q_fp8: torch.Tensor, weights: torch.Tensor, keys: torch.Tensor, key_dtype: str, block_size: int,
+                  name: str) -> None:
     if q_fp8.dtype != torch.uint8 or q_fp8.dim() != 3:
         raise ValueError(f"{name}: q_fp8 must be uint8[T, H_I, d_I], got {q_fp8.dtype}{list(q_fp8.shape)}")
     t, h, d = q_fp8.shape
@@ -244,10 +250,11 @@ def _check_inputs(q_fp8: torch.Tensor, weights: torch.Tensor, rows: torch.Tensor
         raise ValueError(f"{name}: weights must be [T, H_I] = {[t, h]}, got {list(weights.shape)}")
     if key_dtype == "mxfp4" and d > 128:
         raise ValueError(f"{name}: d_I={d}: the MXFP4 kernel holds at most four 32-value groups (d_I <= 128)")
-    row = indexer_row_bytes(d, key_dtype)
-    if rows.dtype != torch.uint8 or rows.dim() != 2 or rows.shape[1] != row:
-        raise ValueError(f"{name}: key rows must be uint8[N, {row}] for d_I={d} {key_dtype}, "
-                         f"got {rows.dtype}{list(rows.shape)}")
+    width = block_size * indexer_row_bytes(d, key_dtype)
+    if keys.dtype != torch.uint8 or keys.dim() != 2 or keys.shape[1] != width:
+        what = "key rows must be uint8[N" if block_size == 1 else "the key cache must be uint8[num_blocks"
+        raise ValueError(f"{name}: {what}, {width}] for d_I={d} {key_dtype} (block_size {block_size}), "
+                         f"got {keys.dtype}{list(keys.shape)}")
 
 
 def indexer_logits_paged(
@@ -268,7 +275,7 @@ def indexer_logits_paged(
     mask_tail=False: the Triton kernel leaves the columns at or past context_lens[t] unwritten
     and spends no work on them (the engine's top-k reads only a row's first context_lens[t]
     columns, and a captured CUDA graph sizes max_context for the longest context it may see)."""
-    _check_inputs(q_fp8, weights, idx_cache, key_dtype, "indexer_logits_paged")
+    _check_inputs(q_fp8, weights, idx_cache, key_dtype, block_size, "indexer_logits_paged")
     t = q_fp8.shape[0]
     if seq_ids.shape != (t,) or context_lens.shape != (t,):
         raise ValueError(f"indexer_logits_paged: seq_ids and context_lens must be [T={t}]")
@@ -285,6 +292,10 @@ def indexer_logits_paged(
     if t >= TILED_MIN_TOKENS_PER_REQUEST * block_table.shape[0]:
         return indexer_logits_tiled(q_fp8, weights, idx_cache, key_dtype, block_table, seq_ids, ends, block_size,
                                     max_context, mask_tail=mask_tail)
+    descriptor = descriptor_decode_config(key_dtype, q_fp8.shape[1], q_fp8.shape[2], block_size, q_fp8.device)
+    if descriptor is not None:
+        return indexer_decode_descriptor(q_fp8, weights, idx_cache, block_table, seq_ids, ends, block_size,
+                                         max_context, descriptor, mask_tail)
     decode = decode_tiled_config(key_dtype, q_fp8.shape[1], q_fp8.device)
     if decode is not None:
         return indexer_logits_tiled(q_fp8, weights, idx_cache, key_dtype, block_table, seq_ids, ends, block_size,
@@ -303,7 +314,7 @@ def indexer_logits_ragged(
     backend: str | None = None,
 ) -> torch.Tensor:
     """fp32[T, N] logits of each query token over contiguous keys k_start[t] <= s < k_end[t] (-inf elsewhere)."""
-    _check_inputs(q_fp8, weights, keys, key_dtype, "indexer_logits_ragged")
+    _check_inputs(q_fp8, weights, keys, key_dtype, 1, "indexer_logits_ragged")
     t = q_fp8.shape[0]
     if k_start.shape != (t,) or k_end.shape != (t,):
         raise ValueError(f"indexer_logits_ragged: k_start and k_end must be [T={t}]")

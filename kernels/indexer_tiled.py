@@ -28,7 +28,7 @@ scales. (Adding each group's scale to its bytes' e4m3 exponents instead, for one
 with an exact fallback, measured slower on an H200 and was not kept: benchmarks/RESULTS.md,
 "MXFP4 indexer decode: folded group scales".) With 64 heads the next key block is prefetched
 (`TiledConfig.prefetch`): its loads go out before this block's dots. A key block's cache slots
-come in runs inside one cache block (one block-table load per run, `_block_slots`).
+come in runs inside one cache block (one block-table load per run, `_block_key_words`).
 
 Tokens of one request are contiguous in a batch. A tile whose tokens all belong to one request
 makes one pass over its keys; a tile straddling requests makes one pass per token (the other
@@ -46,6 +46,7 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.quant import indexer_value_bytes
 from kernels.triton_utils import (
     E2M1_RAW_E4M3_SCALE,
     E2M1_RAW_SCALE,
@@ -62,18 +63,24 @@ from kernels.triton_utils import (
 
 
 @triton.jit
-def _fp8_block(key_ptr, key_words_ptr, slots, visible, ROW_BYTES: tl.constexpr, D: tl.constexpr,
-               AS_WORDS: tl.constexpr):
-    """The loads of a block of fp8 keys: (the rows' first d_I bytes [BLOCK_N, D], or as int32 words
-    [BLOCK_N, D / 4] with AS_WORDS; scale bits [BLOCK_N]). Rows are d_I + 4 bytes, d_I a multiple
-    of 16: the scale is word d_I / 4 of the row."""
-    row_words = key_words_ptr + slots * (ROW_BYTES // 4)
+def key_words(block, offset, block_size, VALUE_WORDS: tl.constexpr):
+    """(first value word, scale word) of the keys at offset [any shape] of cache blocks block (int64),
+    as int32-word indices of the indexer key cache: a block holds its block_size keys' values,
+    VALUE_WORDS words each, then their scale words (kernels/quant.py's layout)."""
+    base = block * block_size * (VALUE_WORDS + 1)
+    return base + offset * VALUE_WORDS, base + block_size * VALUE_WORDS + offset
+
+
+@triton.jit
+def _fp8_block(key_ptr, key_words_ptr, value_words, scale_words, visible, D: tl.constexpr, AS_WORDS: tl.constexpr):
+    """The loads of a block of fp8 keys: (their d_I value bytes [BLOCK_N, D], or as int32 words
+    [BLOCK_N, D / 4] with AS_WORDS; scale bits [BLOCK_N])."""
     if AS_WORDS:
-        raw = tl.load(row_words[:, None] + tl.arange(0, D // 4)[None, :], mask=visible[:, None], other=0)
-    else:
-        raw = tl.load(key_ptr + slots[:, None] * ROW_BYTES + tl.arange(0, D)[None, :], mask=visible[:, None],
+        raw = tl.load(key_words_ptr + value_words[:, None] + tl.arange(0, D // 4)[None, :], mask=visible[:, None],
                       other=0)
-    return raw, tl.load(row_words + D // 4, mask=visible, other=0)
+    else:
+        raw = tl.load(key_ptr + 4 * value_words[:, None] + tl.arange(0, D)[None, :], mask=visible[:, None], other=0)
+    return raw, tl.load(key_words_ptr + scale_words, mask=visible, other=0)
 
 
 @triton.jit
@@ -92,14 +99,13 @@ def _fp8_keys(raw, scale_bits, AS_WORDS: tl.constexpr, FP8_DOT: tl.constexpr, DO
 
 
 @triton.jit
-def _mxfp4_row_block(key_ptr, slots, visible, ROW_BYTES: tl.constexpr, D: tl.constexpr):
+def _mxfp4_row_block(key_ptr, value_words, scale_words, visible, D: tl.constexpr):
     """The loads of a block of MXFP4 keys scored as whole rows: (the byte holding each element,
     each element's group scale byte), both [BLOCK_N, D]. Element i is nibble i % 2 of byte i // 2
     (each byte is loaded twice, from the same line)."""
     dims = tl.arange(0, D)
-    row = key_ptr + slots[:, None] * ROW_BYTES
-    packed = tl.load(row + dims[None, :] // 2, mask=visible[:, None], other=0)
-    group_exp = tl.load(row + D // 2 + dims[None, :] // 32, mask=visible[:, None], other=0)
+    packed = tl.load(key_ptr + 4 * value_words[:, None] + dims[None, :] // 2, mask=visible[:, None], other=0)
+    group_exp = tl.load(key_ptr + 4 * scale_words[:, None] + dims[None, :] // 32, mask=visible[:, None], other=0)
     return packed, group_exp
 
 
@@ -142,39 +148,17 @@ def _query_slice(q_ptr, row_tok, row_head, row_ok, FIRST: tl.constexpr, WIDTH: t
 
 
 @triton.jit
-def _mxfp4_nibble_words(key_ptr, key_words_ptr, slots, visible, FIRST: tl.constexpr, COUNT: tl.constexpr,
-                        ROW_BYTES: tl.constexpr):
+def _mxfp4_nibble_words(key_words_ptr, value_words, visible, FIRST: tl.constexpr, COUNT: tl.constexpr):
     """Nibble words FIRST..FIRST+COUNT-1 of each MXFP4 key (8 elements each: a group is 4 words) as
-    int32 [BLOCK_N, COUNT]: loaded as words where rows are whole words (d_I = 128: 68 bytes), else
-    as bytes and packed."""
-    if ROW_BYTES % 4 == 0:
-        words = tl.load(key_words_ptr + slots[:, None] * (ROW_BYTES // 4) + FIRST + tl.arange(0, COUNT)[None, :],
-                        mask=visible[:, None], other=0)
-    else:
-        packed = tl.load(key_ptr + slots[:, None] * ROW_BYTES + 4 * FIRST + tl.arange(0, 4 * COUNT)[None, :],
-                         mask=visible[:, None], other=0).to(tl.int32)
-        shifts = 8 * tl.arange(0, 4)
-        words = tl.sum(tl.reshape(packed, (packed.shape[0], COUNT, 4)) << shifts[None, None, :], axis=2)
-    return words
-
-
-@triton.jit
-def _mxfp4_scale_bytes(key_ptr, key_words_ptr, slots, visible, ROW_BYTES: tl.constexpr, D: tl.constexpr):
-    """The ue8m0 scale bytes of each key's (at most four) groups, group g in bits 8g.. of an int32
-    [BLOCK_N]: one word load where rows are whole words (d_I = 128), else a byte load per group."""
-    if ROW_BYTES % 4 == 0:
-        packed = tl.load(key_words_ptr + slots * (ROW_BYTES // 4) + D // 8, mask=visible, other=0)
-    else:
-        packed = tl.load(key_ptr + slots * ROW_BYTES + D // 2, mask=visible, other=0).to(tl.int32)
-        if D >= 64:
-            packed |= tl.load(key_ptr + slots * ROW_BYTES + D // 2 + 1, mask=visible, other=0).to(tl.int32) << 8
-    return packed
+    int32 [BLOCK_N, COUNT]."""
+    return tl.load(key_words_ptr + value_words[:, None] + FIRST + tl.arange(0, COUNT)[None, :],
+                   mask=visible[:, None], other=0)
 
 
 @triton.jit
 def _mxfp4_group_scores(words, scale_bytes, q_g, g: tl.constexpr, FP8_DOT: tl.constexpr, DOT_DTYPE: tl.constexpr):
     """Scores of MXFP4 group g [BLOCK_N, rows], scaled to q . k, from its nibble words [BLOCK_N, 4]
-    (_mxfp4_nibble_words) and the keys' scale bytes (_mxfp4_scale_bytes).
+    (_mxfp4_nibble_words) and the keys' scale words (group g's byte in bits 8g..).
 
     The nibbles become e4m3 bytes four at a time on int32 words (low nibbles: the even elements,
     high: the odd ones), and the operand is those words' bytes as they lie, words ordered (low
@@ -226,20 +210,24 @@ def _query_groups(q_ptr, row_tok, row_head, row_ok, H: tl.constexpr, D: tl.const
 
 
 @triton.jit
-def _block_slots(table_row_ptr, first_col, end, block_size, BLOCK_N: tl.constexpr, RUN: tl.constexpr):
-    """Cache slots of columns first_col .. first_col + BLOCK_N - 1 of one request [BLOCK_N].
+def _block_key_words(table_row_ptr, first_col, end, block_size, BLOCK_N: tl.constexpr, RUN: tl.constexpr,
+                     VALUE_WORDS: tl.constexpr):
+    """(first value word, scale word) of columns first_col .. first_col + BLOCK_N - 1 of one request
+    [BLOCK_N] (key_words).
 
     The host picks RUN, a power of two dividing both BLOCK_N and block_size, so the block's
-    columns come in runs of RUN consecutive slots inside one cache block: one block-table load and
+    columns come in runs of RUN consecutive keys inside one cache block: one block-table load and
     one division per run, not per column (with RUN = 1, any block_size, per column)."""
     run_cols = first_col + RUN * tl.arange(0, BLOCK_N // RUN)
     block = tl.load(table_row_ptr + run_cols // block_size, mask=run_cols < end, other=0)
-    run_slots = block.to(tl.int64) * block_size + run_cols % block_size
-    return tl.reshape(run_slots[:, None] + tl.arange(0, RUN)[None, :], (BLOCK_N,))
+    values, scales = key_words(block.to(tl.int64), run_cols % block_size, block_size, VALUE_WORDS)
+    in_run = tl.arange(0, RUN)[None, :]
+    return (tl.reshape(values[:, None] + VALUE_WORDS * in_run, (BLOCK_N,)),
+            tl.reshape(scales[:, None] + in_run, (BLOCK_N,)))
 
 
 @triton.jit
-def _load_block(key_ptr, key_words_ptr, table_row_ptr, blk, end, block_size, ROW_BYTES: tl.constexpr,
+def _load_block(key_ptr, key_words_ptr, table_row_ptr, blk, end, block_size, VALUE_WORDS: tl.constexpr,
                 D: tl.constexpr, BLOCK_N: tl.constexpr, RUN: tl.constexpr, MXFP4: tl.constexpr,
                 MX_GROUP_DOTS: tl.constexpr, PREFETCH: tl.constexpr):
     """Every load of key block blk (past the end: masked off, no memory traffic) as five tensors:
@@ -248,18 +236,19 @@ def _load_block(key_ptr, key_words_ptr, table_row_ptr, blk, end, block_size, ROW
     Prefetched fp8 bytes are carried across the loop as int32 words: as bytes, the compiler
     repacks them at the loop boundary (a byte-permute per word)."""
     visible = blk * BLOCK_N + tl.arange(0, BLOCK_N) < end
-    slots = _block_slots(table_row_ptr, blk * BLOCK_N, end, block_size, BLOCK_N, RUN)
-    if MXFP4 and MX_GROUP_DOTS:
-        a = _mxfp4_scale_bytes(key_ptr, key_words_ptr, slots, visible, ROW_BYTES, D)
-        b = _mxfp4_nibble_words(key_ptr, key_words_ptr, slots, visible, 0, 4, ROW_BYTES)
-        c = _mxfp4_nibble_words(key_ptr, key_words_ptr, slots, visible, 32 % D // 8, 4, ROW_BYTES)
-        d = _mxfp4_nibble_words(key_ptr, key_words_ptr, slots, visible, 64 % D // 8, 4, ROW_BYTES)
-        e = _mxfp4_nibble_words(key_ptr, key_words_ptr, slots, visible, 96 % D // 8, 4, ROW_BYTES)
+    value_words, scale_words = _block_key_words(table_row_ptr, blk * BLOCK_N, end, block_size, BLOCK_N, RUN,
+                                                VALUE_WORDS)
+    if MXFP4 and MX_GROUP_DOTS:  # the scale word: group g's ue8m0 byte in bits 8g..
+        a = tl.load(key_words_ptr + scale_words, mask=visible, other=0)
+        b = _mxfp4_nibble_words(key_words_ptr, value_words, visible, 0, 4)
+        c = _mxfp4_nibble_words(key_words_ptr, value_words, visible, 32 % D // 8, 4)
+        d = _mxfp4_nibble_words(key_words_ptr, value_words, visible, 64 % D // 8, 4)
+        e = _mxfp4_nibble_words(key_words_ptr, value_words, visible, 96 % D // 8, 4)
     elif MXFP4:
-        a, b = _mxfp4_row_block(key_ptr, slots, visible, ROW_BYTES, D)
+        a, b = _mxfp4_row_block(key_ptr, value_words, scale_words, visible, D)
         c, d, e = b, b, b
     else:
-        a, b = _fp8_block(key_ptr, key_words_ptr, slots, visible, ROW_BYTES, D, PREFETCH)
+        a, b = _fp8_block(key_ptr, key_words_ptr, value_words, scale_words, visible, D, PREFETCH)
         c, d, e = b, b, b
     return a, b, c, d, e
 
@@ -269,7 +258,7 @@ def _indexer_tiled_kernel(
     q_ptr, w_ptr, key_ptr, key_words_ptr, out_ptr,
     block_table_ptr, seq_ids_ptr, end_ptr,
     n_tokens, n_cols, block_table_stride, block_size,
-    ROW_BYTES: tl.constexpr, H: tl.constexpr, D: tl.constexpr, BLOCK_H: tl.constexpr,
+    VALUE_WORDS: tl.constexpr, H: tl.constexpr, D: tl.constexpr, BLOCK_H: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, RUN: tl.constexpr,
     MXFP4: tl.constexpr, MX_GROUP_DOTS: tl.constexpr, FP8_DOT: tl.constexpr,
     MASK_TAIL: tl.constexpr, PREFETCH: tl.constexpr, DOT_DTYPE: tl.constexpr,
@@ -309,15 +298,15 @@ def _indexer_tiled_kernel(
         table_row = block_table_ptr + seq * block_table_stride
         if PREFETCH:
             ra, rb, rc, rd, re = _load_block(key_ptr, key_words_ptr, table_row, tl.program_id(1), end_max, block_size,
-                                             ROW_BYTES, D, BLOCK_N, RUN, MXFP4, MX_GROUP_DOTS, PREFETCH)
+                                             VALUE_WORDS, D, BLOCK_N, RUN, MXFP4, MX_GROUP_DOTS, PREFETCH)
         for blk in range(tl.program_id(1), tl.cdiv(limit, BLOCK_N), tl.num_programs(1)):
             if PREFETCH:  # the next block's loads go out before this block's dots, so their latency overlaps
                 na, nb, nc, nd, ne = _load_block(key_ptr, key_words_ptr, table_row, blk + tl.num_programs(1),
-                                                 end_max, block_size, ROW_BYTES, D, BLOCK_N, RUN, MXFP4,
+                                                 end_max, block_size, VALUE_WORDS, D, BLOCK_N, RUN, MXFP4,
                                                  MX_GROUP_DOTS, PREFETCH)
             else:
                 ra, rb, rc, rd, re = _load_block(key_ptr, key_words_ptr, table_row, blk, end_max, block_size,
-                                                 ROW_BYTES, D, BLOCK_N, RUN, MXFP4, MX_GROUP_DOTS, PREFETCH)
+                                                 VALUE_WORDS, D, BLOCK_N, RUN, MXFP4, MX_GROUP_DOTS, PREFETCH)
             cols = blk * BLOCK_N + tl.arange(0, BLOCK_N)
             if MXFP4 and MX_GROUP_DOTS:
                 scores = _mxfp4_group_dots(ra, rb, rc, rd, re, q0, q1, q2, q3, D, FP8_DOT, DOT_DTYPE)
@@ -424,10 +413,10 @@ def indexer_logits_tiled(q_fp8, weights, rows, key_dtype, block_table, seq_ids, 
     tiles = triton.cdiv(t, cfg.block_m)
     grid = (tiles, row_programs(tiles, triton.cdiv(n_cols, cfg.block_n), q_fp8.device, cfg.programs_per_sm_at(tiles)))
     _indexer_tiled_kernel[grid](
-        q_fp8, weights, rows, rows.view(torch.int32) if rows.shape[1] % 4 == 0 else rows, out,
+        q_fp8, weights, rows, rows.view(torch.int32), out,
         block_table, seq_ids, end,
         t, n_cols, block_table.stride(0), block_size,
-        ROW_BYTES=rows.shape[1], H=h, D=d, BLOCK_H=max(16, triton.next_power_of_2(h)),
+        VALUE_WORDS=indexer_value_bytes(d, key_dtype) // 4, H=h, D=d, BLOCK_H=max(16, triton.next_power_of_2(h)),
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, RUN=math.gcd(cfg.block_n, block_size & -block_size),
         MXFP4=key_dtype == "mxfp4", MX_GROUP_DOTS=cfg.mx_scoring == "group_dots",
         FP8_DOT=use_fp8, MASK_TAIL=mask_tail,

@@ -1,4 +1,5 @@
-"""Quantisation formats and cache row layouts: fp8 e4m3, MXFP4, the fp8_ds_mla KV row, cache writers.
+"""Quantisation formats and cache layouts: fp8 e4m3, MXFP4, the fp8_ds_mla KV row, the indexer key
+cache's blocks, cache writers.
 
 Decoding works on the raw uint8 bits with integer arithmetic, so the same numbers come out on
 CUDA, on ROCm (whose native fp8 is the fnuz variant) and in the Triton interpreter.
@@ -48,14 +49,24 @@ def kv_row_width(d_c: int, d_r: int, kv_dtype: str) -> int:
     return d_c + d_r if kv_dtype == "bf16" else kv_row_bytes(d_c, d_r, kv_dtype)
 
 
-def indexer_row_bytes(d_i: int, key_dtype: str) -> int:
-    """Bytes of one indexer key row: d_I e4m3 + fp32 scale, or e2m1 nibbles + ue8m0 scales."""
+INDEXER_SCALE_BYTES = 4  # one 32-bit scale word per indexer key
+
+
+def indexer_value_bytes(d_i: int, key_dtype: str) -> int:
+    """Bytes of one indexer key's values: d_I e4m3, or d_I/2 of e2m1 nibbles (at most four 32-value
+    groups, whose ue8m0 scale bytes fill the key's scale word)."""
     _check_choice(key_dtype, KEY_DTYPES, "key_dtype")
     if key_dtype == "fp8":
-        return d_i + 4
-    if d_i % MX_BLOCK:
-        raise ValueError(f"d_i={d_i}: mxfp4 needs a multiple of {MX_BLOCK}")
-    return d_i // 2 + d_i // MX_BLOCK
+        return d_i
+    if d_i % MX_BLOCK or d_i > INDEXER_SCALE_BYTES * MX_BLOCK:
+        raise ValueError(f"d_i={d_i}: mxfp4 keys need a multiple of {MX_BLOCK} up to {INDEXER_SCALE_BYTES * MX_BLOCK}")
+    return d_i // 2
+
+
+def indexer_row_bytes(d_i: int, key_dtype: str) -> int:
+    """Bytes one indexer key takes: its values (indexer_value_bytes) and its scale word (fp8: the fp32
+    scale; MXFP4: group g's ue8m0 byte at byte g, zero past the key's groups)."""
+    return indexer_value_bytes(d_i, key_dtype) + INDEXER_SCALE_BYTES
 
 
 # ---------------------------------------------------------------- fp8 e4m3
@@ -158,9 +169,9 @@ def decode_ue8m0(b: torch.Tensor) -> torch.Tensor:
 
 def mxfp4_dequantize(packed: torch.Tensor, d: int) -> torch.Tensor:
     """uint8[..., D/2 + D/32] -> fp32[..., D]."""
-    if packed.dtype != torch.uint8 or packed.shape[-1] != indexer_row_bytes(d, "mxfp4"):
+    if packed.dtype != torch.uint8 or d % MX_BLOCK or packed.shape[-1] != d // 2 + d // MX_BLOCK:
         raise ValueError(
-            f"mxfp4_dequantize: expected uint8[..., {indexer_row_bytes(d, 'mxfp4')}] for d={d}, "
+            f"mxfp4_dequantize: expected uint8[..., {d // 2 + d // MX_BLOCK}] for d={d} (a multiple of {MX_BLOCK}), "
             f"got {packed.dtype}{list(packed.shape)}"
         )
     nibbles = packed[..., : d // 2].to(torch.int32)
@@ -238,22 +249,63 @@ def read_kv_rows(kv_cache: torch.Tensor, slots: torch.Tensor, d_c: int, d_r: int
     return torch.cat([fp8_e4m3_dequantize(q, scale).reshape(*lead, d_c), rope], dim=-1)
 
 
+# ---------------------------------------------------------------- indexer key cache
+#
+# One uint8 tensor per layer, [num_blocks, block_size * row bytes]: a cache block holds its
+# block_size keys' values (block_size x indexer_value_bytes, key by key), then their block_size
+# scale words. Slots are block * block_size + offset as in the KV cache. Values of consecutive keys
+# of a block are one contiguous [block_size, value bytes] array, which a kernel loads as one block
+# (a tensor descriptor: kernels/indexer_decode.py). A cache of block_size 1 is keys as rows, each
+# [values ; scale word] (encode_indexer_keys' layout, the ragged keys of indexer_logits_ragged).
+
+
 def encode_indexer_keys(keys: torch.Tensor, key_dtype: str) -> torch.Tensor:
-    """keys [N, d_I] -> N indexer cache rows in key_dtype's layout."""
+    """keys [N, d_I] -> N indexer key rows uint8[N, indexer_row_bytes]: values, then the scale word."""
     _check_choice(key_dtype, KEY_DTYPES, "key_dtype")
     if key_dtype == "mxfp4":
-        return mxfp4_quantize(keys)
+        packed = mxfp4_quantize(keys)
+        value_bytes = indexer_value_bytes(keys.shape[-1], key_dtype)
+        return torch.nn.functional.pad(packed, (0, value_bytes + INDEXER_SCALE_BYTES - packed.shape[-1]))
     q, scale = fp8_e4m3_quantize(keys)
     return torch.cat([q, scale.contiguous().view(torch.uint8).reshape(-1, 4)], dim=-1)
+
+
+def indexer_cache_block_size(idx_cache: torch.Tensor, d_i: int, key_dtype: str, name: str) -> int:
+    """Keys per block of an indexer key cache uint8[num_blocks, block_size * indexer_row_bytes]."""
+    row = indexer_row_bytes(d_i, key_dtype)
+    if (idx_cache.dtype != torch.uint8 or idx_cache.dim() != 2 or not idx_cache.shape[1]
+            or idx_cache.shape[1] % row or not idx_cache.is_contiguous()):
+        raise ValueError(f"{name}: expected a contiguous uint8[num_blocks, block_size * {row}] for d_I={d_i} "
+                         f"{key_dtype} keys, got {idx_cache.dtype}{list(idx_cache.shape)}")
+    return idx_cache.shape[1] // row
+
+
+def _key_byte_addresses(slots: torch.Tensor, block_size: int, d_i: int, key_dtype: str) -> torch.Tensor:
+    """int64[..., row bytes]: where in the flattened cache each byte of each slot's row lies."""
+    value_bytes = indexer_value_bytes(d_i, key_dtype)
+    slots = slots.long()
+    block, offset = slots // block_size, slots % block_size
+    base = block * (block_size * (value_bytes + INDEXER_SCALE_BYTES))
+    values = base + offset * value_bytes
+    scale = base + block_size * value_bytes + offset * INDEXER_SCALE_BYTES
+    col = torch.arange(value_bytes + INDEXER_SCALE_BYTES, device=slots.device)
+    return torch.where(col < value_bytes, values[..., None] + col, scale[..., None] + (col - value_bytes))
 
 
 def write_indexer_cache(idx_cache: torch.Tensor, slots: torch.Tensor, keys: torch.Tensor, key_dtype: str) -> None:
     """Quantise and write N indexer keys [N, d_I] at the given global slots."""
     if keys.dim() != 2:
         raise ValueError(f"write_indexer_cache: keys must be [N, d_I], got {list(keys.shape)}")
-    _check_cache(idx_cache, torch.uint8, indexer_row_bytes(keys.shape[1], key_dtype), "write_indexer_cache: idx_cache")
-    idx = _check_slots(slots, keys.shape[0], idx_cache.shape[0], "write_indexer_cache")
-    idx_cache[idx] = encode_indexer_keys(keys, key_dtype).to(idx_cache.device)
+    block_size = indexer_cache_block_size(idx_cache, keys.shape[1], key_dtype, "write_indexer_cache: idx_cache")
+    idx = _check_slots(slots, keys.shape[0], idx_cache.shape[0] * block_size, "write_indexer_cache")
+    addresses = _key_byte_addresses(idx.to(idx_cache.device), block_size, keys.shape[1], key_dtype)
+    idx_cache.view(-1)[addresses] = encode_indexer_keys(keys, key_dtype).to(idx_cache.device)
+
+
+def gather_indexer_rows(idx_cache: torch.Tensor, slots: torch.Tensor, d_i: int, key_dtype: str) -> torch.Tensor:
+    """The keys at slots (any shape) as rows uint8[..., indexer_row_bytes] (encode_indexer_keys' layout)."""
+    block_size = indexer_cache_block_size(idx_cache, d_i, key_dtype, "gather_indexer_rows: idx_cache")
+    return idx_cache.view(-1)[_key_byte_addresses(slots, block_size, d_i, key_dtype)]
 
 
 def read_indexer_keys(rows: torch.Tensor, d_i: int, key_dtype: str) -> tuple[torch.Tensor, torch.Tensor]:
@@ -268,5 +320,6 @@ def read_indexer_keys(rows: torch.Tensor, d_i: int, key_dtype: str) -> tuple[tor
             f"{key_dtype}, got {rows.dtype}{list(rows.shape)}"
         )
     if key_dtype == "mxfp4":
-        return mxfp4_dequantize(rows, d_i), torch.ones(rows.shape[:-1], device=rows.device)
+        packed = rows[..., : d_i // 2 + d_i // MX_BLOCK]
+        return mxfp4_dequantize(packed, d_i), torch.ones(rows.shape[:-1], device=rows.device)
     return decode_e4m3(rows[..., :d_i]), rows[..., d_i:].contiguous().view(torch.float32).squeeze(-1)

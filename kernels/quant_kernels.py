@@ -131,22 +131,23 @@ def _mxfp4_quantize_kernel(x_ptr, out_ptr, n_groups, D: tl.constexpr, BLOCK_G: t
     odd = tl.load(src + 1, mask=ok[:, None], other=0.0).to(tl.float32)
     row_bytes: tl.constexpr = D // 2 + D // 32
     row = groups // (D // 32)
-    store_mxfp4_groups(out_ptr + row.to(tl.int64) * row_bytes, groups % (D // 32), even, odd, ok, D)
+    row_ptr = out_ptr + row.to(tl.int64) * row_bytes
+    store_mxfp4_groups(row_ptr, row_ptr + D // 2, groups % (D // 32), even, odd, ok)
 
 
 @triton.jit
-def store_mxfp4_groups(row_ptr, g, even, odd, ok, D: tl.constexpr):
+def store_mxfp4_groups(values_ptr, scales_ptr, g, even, odd, ok):
     """Encode groups of 32 values, given as their even and odd elements [G, 16] (fp32), and store
-    them as group g [G] of the cache rows starting at row_ptr [G]: 16 bytes of nibbles at 16 g, the
-    ue8m0 scale byte at D/2 + g."""
+    them as group g [G] of the keys whose nibbles start at values_ptr [G] and scale bytes at
+    scales_ptr [G]: 16 bytes of nibbles at values_ptr + 16 g, the ue8m0 scale byte at scales_ptr + g."""
     amax = tl.maximum(tl.max(tl.abs(even), axis=1), tl.max(tl.abs(odd), axis=1))
     # frexp's exponent of amax is its biased fp32 exponent - 126; the shared exponent is that - 3
     shared = tl.minimum(tl.maximum(((amax.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 129, -126), 127)
     inv = ((127 - shared) << 23).to(tl.float32, bitcast=True)[:, None]  # 2^-shared, exact
     packed = _mx_nibbles(even, inv) | (_mx_nibbles(odd, inv) << 4)
     pair = tl.arange(0, 16)
-    tl.store(row_ptr[:, None] + 16 * g[:, None] + pair[None, :], packed.to(tl.uint8), mask=ok[:, None])
-    tl.store(row_ptr + D // 2 + g, (shared + 127).to(tl.uint8), mask=ok)
+    tl.store(values_ptr[:, None] + 16 * g[:, None] + pair[None, :], packed.to(tl.uint8), mask=ok[:, None])
+    tl.store(scales_ptr + g, (shared + 127).to(tl.uint8), mask=ok)
 
 
 def mxfp4_quantize_triton(x: torch.Tensor) -> torch.Tensor:

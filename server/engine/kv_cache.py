@@ -1,8 +1,9 @@
 """The paged KV cache: the cache tensors, and the block manager that hands their blocks out.
 
 Per layer there are two tensors addressed by global slot = block_id * block_size + offset:
-the latent KV rows `[c ; k_pe]` (bf16, or the fp8_ds_mla byte layout) and the indexer key rows
-(fp8 + scale, or MXFP4). A block is `block_size` consecutive slots in every layer at once.
+the latent KV rows `[c ; k_pe]` (bf16, or the fp8_ds_mla byte layout) and the indexer keys (fp8 +
+scale, or MXFP4), one row of bytes per block: the block's keys' values, then their scale words
+(kernels/quant.py). A block is `block_size` consecutive slots in every layer at once.
 
 The block manager keeps each block's reference count. Full blocks whose KV has been computed get
 a chained hash (hash of the parent block's hash and the block's tokens), so a later request with
@@ -37,7 +38,7 @@ def cache_bytes_per_token(model: ModelConfig, cache: CacheConfig) -> int:
 
 @dataclass
 class KVCacheTensors:
-    """Per layer: KV rows [num_slots, kv_row] and indexer key rows [num_slots, idx_row]."""
+    """Per layer: KV rows [num_slots, kv_row] and indexer key blocks [num_blocks, block_size * idx_row]."""
 
     kv: list[torch.Tensor]
     indexer: list[torch.Tensor]
@@ -52,7 +53,7 @@ class KVCacheTensors:
         width = kv_row_width(model.kv_lora_rank, model.qk_rope_dim, kernel_kv_dtype(cache))
         kv = [torch.zeros(slots, width, dtype=kv_dtype, device=device) for _ in range(model.num_layers)]
         idx_width = indexer_row_bytes(model.index_head_dim, cache.indexer_key_dtype)
-        indexer = [torch.zeros(slots, idx_width, dtype=torch.uint8, device=device)
+        indexer = [torch.zeros(num_blocks, cache.block_size * idx_width, dtype=torch.uint8, device=device)
                    for _ in range(model.num_layers)]
         return cls(kv=kv, indexer=indexer, num_blocks=num_blocks, block_size=cache.block_size)
 

@@ -9,6 +9,7 @@ import torch
 from kernels.attention_prep import indexer_prepare, mla_prepare_
 from kernels.quant import (
     decode_e4m3,
+    gather_indexer_rows,
     indexer_row_bytes,
     kv_row_width,
     read_indexer_keys,
@@ -16,6 +17,7 @@ from kernels.quant import (
 )
 
 T, HEADS, SLOTS = 3, 20, 9  # 20 heads: the query spans two programs' head blocks, the second partly masked
+INDEXER_BLOCK = 3  # keys per indexer cache block: the slots lie in blocks 2, 0 and 1
 SLOT_IDS = torch.tensor([7, 0, 4])
 
 
@@ -81,19 +83,34 @@ def test_indexer_prepare_matches_separate_ops(gen, key_dtype):
         norm.weight.copy_(1 + 0.1 * torch.randn(d, generator=gen))
         norm.bias.copy_(0.1 * torch.randn(d, generator=gen))
     cos, sin = angles(gen, rope_dim // 2)
-    before = poisoned_cache(indexer_row_bytes(d, key_dtype), torch.uint8)
+    row = indexer_row_bytes(d, key_dtype)
+    # the cache's layout: blocks of INDEXER_BLOCK keys, each block's values then its scale words
+    before = poisoned_cache(row, torch.uint8).reshape(SLOTS // INDEXER_BLOCK, INDEXER_BLOCK * row)
+    written = torch.zeros(before.numel(), dtype=torch.bool)
+    written[indexer_byte_addresses(SLOT_IDS, d, key_dtype)] = True
     results = {}
     for backend in ("triton", "torch"):
         cache = before.clone()
         q8, weights = indexer_prepare(q, key, head_weights, norm.weight, norm.bias, norm.eps, cos, sin, rope_dim,
                                       cache, SLOT_IDS, key_dtype, 0.125, backend=backend)
-        assert_other_rows_kept(cache, before)
-        values, scale = read_indexer_keys(cache[SLOT_IDS], d, key_dtype)
+        assert torch.equal(cache.view(-1)[~written], before.view(-1)[~written]), "other keys' bytes must stay"
+        values, scale = read_indexer_keys(gather_indexer_rows(cache, SLOT_IDS, d, key_dtype), d, key_dtype)
         # what enters a logit: each head's e4m3 query times its weight, each key times its scale
         results[backend] = decode_e4m3(q8) * weights[..., None], values * scale[:, None]
     (q_got, k_got), (q_ref, k_ref) = results["triton"], results["torch"]
     assert_close_values(q_got, q_ref, rel=0.07)
     assert_close_values(k_got, k_ref, rel=0.07 if key_dtype == "fp8" else 0.2)
+
+
+def indexer_byte_addresses(slots: torch.Tensor, d: int, key_dtype: str) -> torch.Tensor:
+    """The bytes a key at each slot owns in a cache of INDEXER_BLOCK-key blocks, worked out here from
+    the layout (values, then scale words, per block), not by the package's gather."""
+    value_bytes = d if key_dtype == "fp8" else d // 2
+    block, offset = slots // INDEXER_BLOCK, slots % INDEXER_BLOCK
+    base = block * INDEXER_BLOCK * (value_bytes + 4)
+    values = base[:, None] + offset[:, None] * value_bytes + torch.arange(value_bytes)
+    scale = (base + INDEXER_BLOCK * value_bytes + 4 * offset)[:, None] + torch.arange(4)
+    return torch.cat([values, scale], dim=1).reshape(-1)
 
 
 def test_bad_shapes_are_named(gen):
@@ -104,7 +121,7 @@ def test_bad_shapes_are_named(gen):
     with pytest.raises(ValueError, match="head_weights"):
         indexer_prepare(q, q[:, 0], q[:, :3, 0], norm.weight, norm.bias, norm.eps, cos, sin, 32, cache, SLOT_IDS,
                         "fp8", 1.0, backend="triton")
-    with pytest.raises(ValueError, match="idx_cache must be"):
+    with pytest.raises(ValueError, match=r"idx_cache: expected a contiguous uint8\[num_blocks, block_size \* 68\]"):
         indexer_prepare(q, q[:, 0], q[..., 0].contiguous(), norm.weight, norm.bias, norm.eps, cos, sin, 32,
                         cache[:, 1:], SLOT_IDS, "fp8", 1.0, backend="triton")
     kv = torch.zeros(SLOTS, kv_row_width(128, 16, "bf16"), dtype=torch.bfloat16)

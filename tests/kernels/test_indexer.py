@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from kernels import indexer_logits_paged, indexer_logits_ragged, indexer_row_bytes, write_indexer_cache
-from kernels.quant import fp8_e4m3_quantize
+from kernels.quant import fp8_e4m3_quantize, gather_indexer_rows
 from tests.kernels.checks import assert_logits_match
 
 E2M1 = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0]
@@ -20,7 +20,7 @@ def independent_keys(rows: torch.Tensor, d_i: int, key_dtype: str) -> torch.Tens
     table = torch.tensor(E2M1 + [-v for v in E2M1], dtype=torch.float64)
     packed = rows[:, : d_i // 2].long()
     codes = torch.stack([packed % 16, packed // 16], dim=-1).reshape(len(rows), d_i)
-    scale = torch.pow(2.0, rows[:, d_i // 2 :].double() - 127)
+    scale = torch.pow(2.0, rows[:, d_i // 2 : d_i // 2 + d_i // 32].double() - 127)
     return table[codes] * scale.repeat_interleave(32, dim=1)
 
 
@@ -41,8 +41,11 @@ def make_inputs(gen, n_tokens: int, heads: int, d_i: int):
     return q8, weights
 
 
-def make_cache(gen, num_slots: int, d_i: int, key_dtype: str) -> torch.Tensor:
-    cache = torch.zeros(num_slots, indexer_row_bytes(d_i, key_dtype), dtype=torch.uint8)
+def make_cache(gen, num_slots: int, d_i: int, key_dtype: str, block_size: int = 1) -> torch.Tensor:
+    """An indexer key cache of blocks of block_size keys (1: key rows, the ragged layout) holding at
+    least num_slots random keys (whole blocks)."""
+    num_slots = -(-num_slots // block_size) * block_size
+    cache = torch.zeros(num_slots // block_size, block_size * indexer_row_bytes(d_i, key_dtype), dtype=torch.uint8)
     keys = torch.randn(num_slots, d_i, generator=gen) * torch.rand(num_slots, 1, generator=gen) * 4
     write_indexer_cache(cache, torch.arange(num_slots), keys, key_dtype)
     return cache
@@ -53,7 +56,7 @@ def make_cache(gen, num_slots: int, d_i: int, key_dtype: str) -> torch.Tensor:
 def test_paged_matches_reference_and_independent(gen, key_dtype, block_size):
     d_i, heads, max_blocks = 64, 4, 3
     n_req = 3
-    cache = make_cache(gen, n_req * max_blocks * block_size + 5, d_i, key_dtype)
+    cache = make_cache(gen, n_req * max_blocks * block_size + 5, d_i, key_dtype, block_size)
     # each request gets its own shuffled blocks
     block_table = torch.randperm(n_req * max_blocks, generator=gen).int().reshape(n_req, max_blocks)
     cap = max_blocks * block_size
@@ -73,14 +76,14 @@ def test_paged_matches_reference_and_independent(gen, key_dtype, block_size):
     blocks = block_table[seq_ids.long()][:, (pos // block_size).clamp(max=max_blocks - 1)].long()
     slots = blocks * block_size + pos % block_size
     for t in range(len(seq_ids)):
-        keys = independent_keys(cache[slots[t]], d_i, key_dtype)
+        keys = independent_keys(gather_indexer_rows(cache, slots[t], d_i, key_dtype), d_i, key_dtype)
         indep = independent_logits(q8[t : t + 1], w[t : t + 1], keys, [range(int(context_lens[t]))])
         assert_logits_match(got[t : t + 1].double(), indep)
 
 
 def test_paged_larger_dims_and_heads(gen):
     d_i, heads, block_size = 128, 16, 64
-    cache = make_cache(gen, 256, d_i, "fp8")
+    cache = make_cache(gen, 256, d_i, "fp8", block_size)
     block_table = torch.tensor([[3, 1], [0, 2]], dtype=torch.int32)
     seq_ids = torch.tensor([1, 0], dtype=torch.int32)
     context_lens = torch.tensor([128, 77], dtype=torch.int32)
@@ -120,9 +123,12 @@ def test_zero_tokens_and_errors(gen):
         indexer_logits_ragged(q8, w, cache, "mxfp4", one * 0, one, backend="triton")
     with pytest.raises(ValueError, match="weights"):
         indexer_logits_ragged(q8, w[:, :2], cache, "fp8", one * 0, one, backend="triton")
+    paged = make_cache(gen, 8, 64, "fp8", 4)
     with pytest.raises(ValueError, match="exceeds"):
-        indexer_logits_paged(q8, w, cache, "fp8", torch.zeros(1, 1, dtype=torch.int32), 4, one * 0, one * 5, 8,
+        indexer_logits_paged(q8, w, paged, "fp8", torch.zeros(1, 1, dtype=torch.int32), 4, one * 0, one * 5, 8,
                              backend="torch")
+    with pytest.raises(ValueError, match=r"key cache must be uint8\[num_blocks, 544\].*block_size 8"):
+        indexer_logits_paged(q8, w, paged, "fp8", torch.zeros(1, 1, dtype=torch.int32), 8, one * 0, one, 8)
 
 
 @pytest.mark.parametrize("key_dtype", ["fp8", "mxfp4"])
@@ -130,7 +136,7 @@ def test_paged_unmasked_tail_scores_only_the_context(gen, key_dtype):
     """mask_tail=False (the engine's call): columns below context_lens match the reference; the
     kernel does no work past them, so they are left as they were (poisoned here)."""
     d_i, heads, block_size, max_blocks = 64, 4, 16, 6
-    cache = make_cache(gen, 2 * max_blocks * block_size, d_i, key_dtype)
+    cache = make_cache(gen, 2 * max_blocks * block_size, d_i, key_dtype, block_size)
     block_table = torch.randperm(2 * max_blocks, generator=gen).int().reshape(2, max_blocks)
     seq_ids = torch.tensor([0, 1, 1], dtype=torch.int32)
     context_lens = torch.tensor([5, 40, 90], dtype=torch.int32)

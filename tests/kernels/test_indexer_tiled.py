@@ -11,7 +11,7 @@ import triton.language as tl
 
 from kernels.indexer import TILED_MIN_TOKENS_PER_REQUEST, indexer_logits_paged
 from kernels.indexer_tiled import TiledConfig, indexer_logits_tiled
-from kernels.quant import decode_e2m1, decode_e4m3, write_indexer_cache
+from kernels.quant import decode_e2m1, decode_e4m3, indexer_row_bytes, write_indexer_cache
 from kernels.triton_utils import e2m1_words_to_raw_e4m3, word_bytes
 from tests.kernels.checks import assert_logits_match
 from tests.kernels.test_indexer import make_cache, make_inputs
@@ -21,7 +21,7 @@ def paged_batch(gen, key_dtype: str, block_size: int, d_i: int = 64):
     """Three requests back to back: a 9-token prefill chunk at a 40-token offset, one decode token
     and a 6-token chunk from position 0, so tiles of 4 tokens both stay inside and straddle requests."""
     max_blocks = 4
-    cache = make_cache(gen, 3 * max_blocks * block_size + 3, d_i, key_dtype)
+    cache = make_cache(gen, 3 * max_blocks * block_size + 3, d_i, key_dtype, block_size)
     block_table = torch.randperm(3 * max_blocks, generator=gen).int().reshape(3, max_blocks)
     lens = [list(range(41, 50)), [27], list(range(1, 7))]
     seq_ids = torch.tensor([s for s, chunk in enumerate(lens) for _ in chunk], dtype=torch.int32)
@@ -66,7 +66,7 @@ def spread_scale_batch(gen, spread: float, small_group_only: bool = False):
     keys[:, 32:] *= spread
     if small_group_only:
         keys[::2, :32] = 0.0
-    cache = torch.zeros(20, d_i // 2 + d_i // 32, dtype=torch.uint8)
+    cache = torch.zeros(20, indexer_row_bytes(d_i, "mxfp4"), dtype=torch.uint8)  # blocks of one key
     write_indexer_cache(cache, torch.arange(20), keys, "mxfp4")
     q8, w = make_inputs(gen, 3, 4, d_i)
     table = torch.arange(20, dtype=torch.int32)[None]
@@ -95,7 +95,7 @@ def test_paged_call_takes_tiled_kernel_for_prefill_chunks(gen, monkeypatch):
 
     monkeypatch.setattr(indexer, "indexer_logits_tiled", counted)
     n = TILED_MIN_TOKENS_PER_REQUEST
-    cache = make_cache(gen, 64, 64, "fp8")
+    cache = make_cache(gen, 64, 64, "fp8", 16)
     q8, w = make_inputs(gen, n, 4, 64)
     seq_ids = torch.zeros(n, dtype=torch.int32)
     lens = torch.arange(30, 30 + n, dtype=torch.int32)
@@ -114,8 +114,7 @@ MXFP4_DECODE_CASES = [(fp8_dot, block_m, d_i) for fp8_dot in (False, True) for b
 def test_mxfp4_group_dots_match_reference(gen, fp8_dot, block_m, d_i):
     """MXFP4 keys scored one dot per 32-value group, each scaled by its group's scale (one-token
     tiles at d_I 128 prefetched): one-token tiles (decode) and wider tiles straddling requests,
-    both dot paths, one to four groups (d_I 128: rows of whole words, loaded as words; smaller: as
-    bytes)."""
+    both dot paths, one to four groups."""
     q8, w, cache, block_table, seq_ids, lens = paged_batch(gen, "mxfp4", 16, d_i)
     ref = indexer_logits_paged(q8, w, cache, "mxfp4", block_table, 16, seq_ids, lens, 55, backend="torch")
     cfg = TiledConfig(block_m, 16, 4, mx_scoring="group_dots", prefetch=block_m == 1 and d_i == 128)
@@ -130,11 +129,18 @@ def wide_spread_batch(gen, spread: int):
     keys = torch.rand(64, 64, generator=gen) * 12 - 6
     keys[:, 0], keys[:, 32] = 6.0, -6.0
     keys[:, 32:] *= 2.0**-spread
-    cache = torch.zeros(64, 64 // 2 + 64 // 32, dtype=torch.uint8)
+    cache = torch.zeros(1, 64 * indexer_row_bytes(64, "mxfp4"), dtype=torch.uint8)
     write_indexer_cache(cache, torch.arange(64), keys, "mxfp4")
-    assert torch.equal(cache[:, 32].int() - cache[:, 33].int(), torch.full((64,), spread, dtype=torch.int32))
+    scales = scale_words(cache)
+    assert torch.equal(scales[:, 0].int() - scales[:, 1].int(), torch.full((64,), spread, dtype=torch.int32))
     q8, w = make_inputs(gen, 3, 4, 64)
     return q8, w, cache, torch.arange(64, dtype=torch.int32)[None], torch.zeros(3, dtype=torch.int32)
+
+
+def scale_words(cache: torch.Tensor) -> torch.Tensor:
+    """The 64 scale words of a one-block MXFP4 d_I = 64 cache as bytes [64, 4] (a view: writable):
+    they follow the block's 64 x 32 value bytes."""
+    return cache[0, 64 * 32 :].view(64, 4)
 
 
 @pytest.mark.parametrize("spread", [11, 12, 40, "zero group"])
@@ -144,7 +150,7 @@ def test_group_dots_exact_at_any_spread_of_group_scales(gen, spread):
     all match the reference, through the fp8 dot and the fp16 one, prefetched or not."""
     q8, w, cache, table, seq_ids = wide_spread_batch(gen, 11 if spread == "zero group" else spread)
     if spread == "zero group":
-        cache[:, 32:] = torch.tensor([11, 0], dtype=torch.uint8)
+        scale_words(cache)[:, :2] = torch.tensor([11, 0], dtype=torch.uint8)
     lens = torch.tensor([62, 63, 64], dtype=torch.int32)
     ref = indexer_logits_paged(q8, w, cache, "mxfp4", table, 64, seq_ids, lens, 64, backend="torch")
     for fp8_dot, prefetch in [(True, True), (False, False)]:
@@ -220,7 +226,7 @@ def test_decode_takes_one_token_tiles_where_fp8_dots_exist(gen, monkeypatch, key
         return indexer_logits_tiled(*a, **k)
 
     monkeypatch.setattr(indexer, "indexer_logits_tiled", counted)
-    cache = make_cache(gen, 4 * 64, 64, key_dtype)
+    cache = make_cache(gen, 4 * 64, 64, key_dtype, 16)
     q8, w = make_inputs(gen, 3, 4, 64)
     table = torch.randperm(12, generator=gen).int().reshape(3, 4)
     args = (q8, w, cache, key_dtype, table, 16, torch.arange(3, dtype=torch.int32),

@@ -11,8 +11,10 @@ from kernels.quant import (
     decode_e2m1,
     decode_e4m3,
     decode_ue8m0,
+    encode_indexer_keys,
     fp8_e4m3_dequantize,
     fp8_e4m3_quantize,
+    gather_indexer_rows,
     indexer_row_bytes,
     kv_row_bytes,
     mxfp4_dequantize,
@@ -125,8 +127,11 @@ def test_row_sizes_at_v32_shapes():
         kv_row_bytes(512, 64, "fp4")
     with pytest.raises(ValueError, match="multiple of 128"):
         kv_row_bytes(96, 64, "fp8_ds_mla")
+    assert indexer_row_bytes(64, "mxfp4") == 36, "a whole scale word per key, two of its bytes used"
     with pytest.raises(ValueError, match="multiple of 32"):
         indexer_row_bytes(48, "mxfp4")
+    with pytest.raises(ValueError, match="up to 128"):
+        indexer_row_bytes(256, "mxfp4")
 
 
 @pytest.mark.parametrize("kv_dtype", ["bf16", "fp8_ds_mla"])
@@ -165,13 +170,14 @@ def test_kv_cache_writer_errors():
 
 
 @pytest.mark.parametrize("key_dtype", ["fp8", "mxfp4"])
-def test_indexer_cache_write_read(gen, key_dtype):
+@pytest.mark.parametrize("block_size", [1, 4])
+def test_indexer_cache_write_read(gen, key_dtype, block_size):
     d_i, n = 64, 12
-    cache = torch.zeros(20, indexer_row_bytes(d_i, key_dtype), dtype=torch.uint8)
+    cache = torch.zeros(20 // block_size, block_size * indexer_row_bytes(d_i, key_dtype), dtype=torch.uint8)
     slots = torch.randperm(20, generator=gen)[:n]
     keys = torch.randn(n, d_i, generator=gen)
     write_indexer_cache(cache, slots, keys, key_dtype)
-    values, scale = read_indexer_keys(cache[slots], d_i, key_dtype)
+    values, scale = read_indexer_keys(gather_indexer_rows(cache, slots, d_i, key_dtype), d_i, key_dtype)
     if key_dtype == "fp8":
         q, s = fp8_e4m3_quantize(keys)
         assert torch.equal(values, decode_e4m3(q)) and torch.equal(scale, s)
@@ -182,3 +188,32 @@ def test_indexer_cache_write_read(gen, key_dtype):
     assert math.isfinite(float(rel))
     with pytest.raises(ValueError, match="idx_cache"):
         write_indexer_cache(cache[:, :-1], slots, keys, key_dtype)
+    with pytest.raises(ValueError, match="out of range"):
+        write_indexer_cache(cache, torch.tensor([20]), keys[:1], key_dtype)
+
+
+@pytest.mark.parametrize(("key_dtype", "d_i"), [("fp8", 128), ("fp8", 64), ("mxfp4", 128), ("mxfp4", 64)])
+def test_indexer_cache_block_layout(gen, key_dtype, d_i):
+    """The bytes where the writer puts a key are the layout's, worked out here: in block b of
+    block_size keys (a row of the cache), key o's values at o * value_bytes, its scale word at
+    block_size * value_bytes + 4 o; the gather reads them back as encode_indexer_keys' rows."""
+    block_size, num_blocks = 8, 3
+    value_bytes = d_i if key_dtype == "fp8" else d_i // 2
+    cache = torch.full((num_blocks, block_size * (value_bytes + 4)), 0xA5, dtype=torch.uint8)
+    slots = torch.tensor([9, 0, 23, 15])
+    keys = torch.randn(len(slots), d_i, generator=gen)
+    write_indexer_cache(cache, slots, keys, key_dtype)
+    rows = encode_indexer_keys(keys, key_dtype)
+    assert rows.shape == (len(slots), value_bytes + 4)
+    for row, slot in zip(rows, slots.tolist()):
+        block, offset = divmod(slot, block_size)
+        values = cache[block, offset * value_bytes : (offset + 1) * value_bytes]
+        scale = cache[block, block_size * value_bytes + 4 * offset : block_size * value_bytes + 4 * offset + 4]
+        assert torch.equal(values, row[:value_bytes]) and torch.equal(scale, row[value_bytes:])
+    assert torch.equal(gather_indexer_rows(cache, slots, d_i, key_dtype), rows)
+    assert (cache[1, : value_bytes] == 0xA5).all(), "slot 8 was not written"
+    if key_dtype == "fp8":
+        assert torch.equal(rows[:, d_i:].contiguous().view(torch.float32).squeeze(1), fp8_e4m3_quantize(keys)[1])
+    else:
+        packed = mxfp4_quantize(keys)
+        assert torch.equal(rows[:, : d_i // 2 + d_i // 32], packed) and (rows[:, d_i // 2 + d_i // 32 :] == 0).all()
