@@ -50,16 +50,22 @@ BLOCK = 16384
 NUM_WARPS = 16
 
 
-def argmax_rows(logits: torch.Tensor, backend: str | None = None) -> torch.Tensor:
-    """int64 [T]: the column of each row's largest value in fp32 logits [T, V] (torch.argmax(dim=-1))."""
+def argmax_rows(logits: torch.Tensor, backend: str | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
+    """int64 [T]: the column of each row's largest value in fp32 logits [T, V] (torch.argmax(dim=-1)),
+    written into `out` (int64 [T], contiguous) when given: a decode graph writes its tokens straight
+    into the buffer the next step reads them from."""
     if logits.dim() != 2 or logits.dtype != torch.float32:
         raise ValueError(f"argmax_rows: logits must be fp32 [T, V], got {logits.dtype}{list(logits.shape)}")
-    if resolve_backend(backend, logits.device) == "torch" or logits.shape[1] == 0:
-        return logits.argmax(dim=-1)
+    rows, n = logits.shape
+    if out is None:
+        out = new_output((rows,), torch.int64, logits.device)
+    elif out.shape != (rows,) or out.dtype != torch.int64 or not out.is_contiguous() or out.device != logits.device:
+        raise ValueError(f"argmax_rows: out must be contiguous int64 [{rows}] on {logits.device}, "
+                         f"got {out.dtype}{list(out.shape)} on {out.device}")
+    if resolve_backend(backend, logits.device) == "torch" or n == 0:
+        return torch.argmax(logits, dim=-1, out=out)
     if logits.stride(1) != 1:
         logits = logits.contiguous()
-    rows, n = logits.shape
-    out = new_output((rows,), torch.int64, logits.device)
     if rows:
         _argmax_kernel[(rows,)](logits, out, n, logits.stride(0), BLOCK=min(BLOCK, triton.next_power_of_2(n)),
                                 num_warps=NUM_WARPS if logits.is_cuda else 4)

@@ -154,7 +154,7 @@ class Engine:
         sampling = [s for s, k in zip(batch.seqs, num_logits) if k]
         pending = None if self._in_flight is None else self._in_flight.sampled
         logits = self.runner.execute(batch, num_logits, pending)
-        sampled = self.sampler(logits, sampling) if sampling else None
+        sampled = self.sampler(logits, sampling, argmax=self.runner.graph_argmax(logits)) if sampling else None
         return LaunchedStep(batch, self.scheduler.launch(batch, num_logits), sampled, self._token_copies)
 
     def _resolve(self, launched: LaunchedStep) -> list[list[int]]:

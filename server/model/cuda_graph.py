@@ -6,11 +6,16 @@ for each bucket size (by default 1, 2, 4, 8, 16, 24, ... up to --max-num-seqs), 
 in one shared memory pool.
 
 A graph replays fixed addresses and fixed launch grids, so:
-- inputs live in persistent device buffers: per token [ids, positions, block-table row, slot]
-  and the block table, filled by two asynchronous copies per step, and with overlapped
-  scheduling the previous step's sampled tokens, copied on the device; the graph itself puts
-  them in place of the placeholder ids (a no-op without placeholders), which spares the host
-  the five tensor ops of doing it before each replay;
+- inputs live in one persistent device buffer: per token [ids, positions, block-table row, slot]
+  and then the block table (as many columns as the graph's context bucket needs), laid out per
+  graph so that one asynchronous copy of a pinned staging buffer's prefix fills them each step;
+- with overlapped scheduling the previous step's sampled tokens stand for placeholder ids: the
+  graph puts them in place (a no-op without placeholders) from a persistent device buffer,
+  `pending`, which spares the host the five tensor ops of doing it before each replay. A decode
+  graph ends with the greedy argmax of its logits written into `pending` itself, so a greedy
+  step after a greedy decode step reads its tokens where they are, with no copy and no argmax
+  launched outside the graph; tokens sampled otherwise (temperature, min_tokens, an eager
+  step) are copied in on the device;
 - a batch of B requests runs in the smallest bucket >= B; the padding requests decode token 0
   at positions 0..q-1 of their own block-table row, which points at a dummy cache block that no
   request owns (the runner allocates it past the block manager's blocks), so they read and
@@ -38,10 +43,12 @@ from __future__ import annotations
 
 import sys
 import time
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 
+from kernels.argmax import argmax_rows
 from kernels.topk import SINGLE_PASS_MAX_COLS
 from server.engine.pending import fill_placeholders
 from server.model.attention import AttentionMetadata, CacheSettings
@@ -76,11 +83,34 @@ def context_buckets(max_model_len: int) -> tuple[int, ...]:
     return tuple(sorted({min(SINGLE_PASS_MAX_COLS, max_model_len), max_model_len}))
 
 
+@dataclass(frozen=True)
+class StagedInputs:
+    """One graph's inputs in a byte buffer (the device one, or a pinned staging one): its first
+    `nbytes` hold per token [ids, positions, block-table row, slot] (int64 [rows, 4]) and then the
+    block table (int32 [requests, blocks]), so one copy of that prefix moves a step's inputs."""
+
+    nbytes: int
+    tokens: torch.Tensor
+    table: torch.Tensor
+
+
+def staged_inputs(buffer: torch.Tensor, rows: int, requests: int, blocks: int) -> StagedInputs:
+    """Views of uint8 `buffer` laid out for a graph of `rows` tokens, `requests` requests and
+    `blocks` block-table columns."""
+    token_bytes = rows * 4 * 8
+    nbytes = token_bytes + requests * blocks * 4
+    tokens = buffer[:token_bytes].view(torch.int64).view(rows, 4)
+    table = buffer[token_bytes:nbytes].view(torch.int32).view(requests, blocks)
+    return StagedInputs(nbytes, tokens, table)
+
+
 class DecodeGraphs:
     """The captured decode graphs of one model and cache, and their persistent inputs.
 
     A graph is keyed by (requests, query tokens per request, context bucket): 1 query token for
     decode, k + 1 for speculative verification (each request's last token and its k drafts).
+    A decode graph (1 query token) ends with the greedy argmax of its logits, written into
+    `pending`, where the next step's placeholders are read from.
     """
 
     def __init__(self, model: SparseMLAModel, kv: list[torch.Tensor], indexer: list[torch.Tensor],
@@ -94,27 +124,32 @@ class DecodeGraphs:
         # padding rows decode positions 0..q-1 of the dummy block, so q must fit in one block
         self.query_lens = tuple(sorted({q for q in query_lens if 1 <= q <= block_size}))
         device = next(model.parameters()).device
-        max_rows = self.max_size * self.query_lens[-1]
-        max_blocks = -(-max_model_len // block_size)
-        self.tokens = torch.zeros(max_rows, 4, dtype=torch.long, device=device)  # ids, positions, table row, slot
-        self.block_table = torch.full((self.max_size, max_blocks), dummy_block, dtype=torch.int32, device=device)
-        # The last step's sampled tokens: one per request that sampled, in any step, graphed or not.
-        self.pending = torch.zeros(max_num_seqs, dtype=torch.long, device=device)
+        largest = staged_inputs(torch.empty(0, dtype=torch.uint8), self.max_size * self.query_lens[-1],
+                                self.max_size, self.table_blocks(self.widths[-1])).nbytes
+        self.inputs = torch.zeros(largest, dtype=torch.uint8, device=device)
+        # The last step's sampled tokens: one per request that sampled, in any step, graphed or not;
+        # decode graphs write theirs here (padding requests' too).
+        self.pending = torch.zeros(max(max_num_seqs, self.max_size), dtype=torch.long, device=device)
         # Two pinned staging buffers, alternated, so a step never overwrites one that a copy may still read.
-        self._host_tokens = [torch.zeros(max_rows, 4, dtype=torch.long).pin_memory() for _ in range(2)]
-        self._host_table = [torch.zeros(self.max_size * max_blocks, dtype=torch.int32).pin_memory() for _ in range(2)]
-        # numpy views of the same memory: a step fills them with numpy, whose slice assignment costs
-        # the host about a tenth of a torch op's dispatch
-        self._host_tokens_np = [t.numpy() for t in self._host_tokens]
-        self._host_table_np = [t.numpy() for t in self._host_table]
+        self._staging = [torch.zeros(largest, dtype=torch.uint8).pin_memory() for _ in range(2)]
+        # numpy views of the staging memory per (buffer, graph): a step fills them with numpy, whose
+        # slice assignment costs the host about a tenth of a torch op's dispatch
+        self._staged: dict[tuple[int, int, int, int], tuple[torch.Tensor, np.ndarray, np.ndarray]] = {}
         self._flip = 0
         self.graphs: dict[tuple[int, int, int], torch.cuda.CUDAGraph] = {}
-        self.outputs: dict[tuple[int, int, int], tuple[torch.Tensor, torch.Tensor]] = {}
+        self.outputs: dict[tuple[int, int, int], tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]] = {}
+        # The last replay's logits and their argmax (the views handed out), for `argmax_of`.
+        self._last: tuple[torch.Tensor, torch.Tensor | None] | None = None
         self.capture_seconds = 0.0
 
     @property
     def max_size(self) -> int:
         return self.sizes[-1]
+
+    def table_blocks(self, width: int) -> int:
+        """Block-table columns of the graphs for contexts up to `width`: a graph's kernels read no
+        block past its longest context."""
+        return -(-width // self.block_size)
 
     def bucket(self, batch: int) -> int | None:
         """The smallest captured size >= batch, or None when the batch is larger than all."""
@@ -127,18 +162,24 @@ class DecodeGraphs:
     def fits(self, batch: int, query_len: int) -> bool:
         return batch <= self.max_size and query_len in self.query_lens
 
-    def _forward(self, size: int, q: int, width: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def _device_inputs(self, size: int, q: int, width: int) -> StagedInputs:
+        return staged_inputs(self.inputs, size * q, size, self.table_blocks(width))
+
+    def _forward(self, size: int, q: int, width: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """The step over the first size x q token rows of the persistent inputs, with logits
-        `width` wide: (logits, hidden)."""
-        tok = self.tokens[: size * q]
+        `width` wide: (logits, hidden, the logits' argmax in `pending` for decode, else None)."""
+        inputs = self._device_inputs(size, q, width)
+        tok = inputs.tokens
         positions = tok[:, 1]
         meta = AttentionMetadata(
             positions=positions, slot_mapping=tok[:, 3], seq_ids=tok[:, 2].int(),
-            context_lens=(positions + 1).int(), block_table=self.block_table[:size],
+            context_lens=(positions + 1).int(), block_table=inputs.table,
             block_size=self.block_size, max_context=width,
         )
         hidden = self.model(fill_placeholders(tok[:, 0], self.pending), meta, self.kv, self.indexer, self.settings)
-        return self.model.parallel_logits(hidden, self.settings.backend), hidden
+        logits = self.model.parallel_logits(hidden, self.settings.backend)
+        argmax = argmax_rows(logits, self.settings.backend, out=self.pending[:size]) if q == 1 else None
+        return logits, hidden, argmax
 
     @torch.inference_mode()
     def capture(self) -> None:
@@ -153,7 +194,8 @@ class DecodeGraphs:
                 for size in reversed(self.sizes)]
         for i, key in enumerate(keys):
             size, q, width = key
-            pad_requests(self.tokens, self.block_table, 0, size, q, self.dummy_block, self.block_size)
+            inputs = self._device_inputs(*key)
+            pad_requests(inputs.tokens, inputs.table, 0, size, q, self.dummy_block, self.block_size)
             self._forward(*key)  # compiles the Triton kernels for this shape outside the capture
             torch.cuda.synchronize()
             graph = torch.cuda.CUDAGraph()
@@ -172,31 +214,54 @@ class DecodeGraphs:
               f"contexts up to {','.join(map(str, self.widths))}) in {self.capture_seconds:.1f} s",
               file=sys.stderr, flush=True)
 
+    def _staging_views(self, key: tuple[int, int, int]) -> tuple[torch.Tensor, np.ndarray, np.ndarray]:
+        """This step's staging buffer laid out for graph `key`: (the bytes to copy, the tokens and
+        the table as numpy views)."""
+        views = self._staged.get((self._flip, *key))
+        if views is None:
+            size, q, width = key
+            host = self._staging[self._flip]
+            staged = staged_inputs(host, size * q, size, self.table_blocks(width))
+            views = host[: staged.nbytes], staged.tokens.numpy(), staged.table.numpy()
+            self._staged[(self._flip, *key)] = views
+        return views
+
     def replay(self, token_ids: torch.Tensor, positions: torch.Tensor, seq_ids: torch.Tensor, slots: torch.Tensor,
                block_table: torch.Tensor, max_context: int,
                pending: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Run one step of B requests with q tokens each (host tensors, request-major as the runner
         builds them) whose longest context is max_context: (logits fp32 [B x q, vocab], hidden
         [B x q, hidden]), views valid until the next replay. pending: the sampled tokens (device)
-        that placeholder token ids stand for."""
-        batch, width = block_table.shape
+        that placeholder token ids stand for.
+        The step's inputs reach the device in one copy; when `pending` is the last replay's argmax
+        (`argmax_of`), the graph reads it where it wrote it, with no copy."""
+        batch, blocks = block_table.shape
         q = token_ids.shape[0] // batch
         size = self.bucket(batch)
-        host, host_np = self._host_tokens[self._flip], self._host_tokens_np[self._flip]
+        assert size is not None, f"DecodeGraphs.replay: batch {batch} is larger than every captured size"
+        key = size, q, self.width(max_context)
+        host, tokens_np, table_np = self._staging_views(key)
+        self._flip ^= 1
         n = batch * q
         for column, values in enumerate((token_ids, positions, seq_ids, slots)):
-            host_np[:n, column] = values.numpy()
-        table = self._host_table[self._flip][: size * width].view(size, width)
-        table_np = self._host_table_np[self._flip][: size * width].reshape(size, width)
-        table_np[:batch] = block_table.numpy()
+            tokens_np[:n, column] = values.numpy()
+        # A request may hold blocks past the bucket's longest context: no kernel reads them.
+        blocks = min(blocks, table_np.shape[1])
+        table_np[:batch, :blocks] = block_table.numpy()[:, :blocks]
         if batch < size:
-            pad_requests(host_np, table_np, batch, size, q, self.dummy_block, self.block_size)
-        self._flip ^= 1
-        self.tokens[: size * q].copy_(host[: size * q], non_blocking=True)
-        self.block_table[:size, :width].copy_(table, non_blocking=True)
-        if pending is not None:
+            pad_requests(tokens_np, table_np, batch, size, q, self.dummy_block, self.block_size)
+        self.inputs[: host.shape[0]].copy_(host, non_blocking=True)
+        if pending is not None and (self._last is None or pending is not self._last[1]):
             self.pending[: pending.shape[0]].copy_(pending)
-        key = size, q, self.width(max_context)
         self.graphs[key].replay()
-        logits, hidden = self.outputs[key]
-        return logits[:n], hidden[:n]
+        logits, hidden, argmax = self.outputs[key]
+        self._last = logits[:n], None if argmax is None else argmax[:n]
+        return self._last[0], hidden[:n]
+
+    def argmax_of(self, logits: torch.Tensor) -> torch.Tensor | None:
+        """The argmax of each row of `logits` (int64, on the device) when they are the last replay's
+        and its graph computed it (decode), else None. The tensor is a view of `pending`: the next
+        replay reads it there without a copy, and overwrites it."""
+        if self._last is None or logits is not self._last[0]:
+            return None
+        return self._last[1]

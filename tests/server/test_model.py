@@ -291,6 +291,23 @@ def test_graph_padding_rows_alike_in_numpy_and_torch(batch, size, q):
     assert (table_n[batch:, 0] == dummy).all() and (table_n[:batch] == -7).all() and (table_n[:, 1:] == -7).all()
 
 
+def test_a_graphs_inputs_are_one_byte_prefix():
+    """A step's token rows and then its block table fill the front of one byte buffer, so a single
+    copy of `nbytes` moves them; the views share the buffer's memory."""
+    from server.model.cuda_graph import staged_inputs
+
+    buffer = torch.zeros(1000, dtype=torch.uint8)
+    staged = staged_inputs(buffer, rows=6, requests=3, blocks=5)
+    assert staged.nbytes == 6 * 4 * 8 + 3 * 5 * 4
+    assert staged.tokens.shape == (6, 4) and staged.tokens.dtype == torch.int64
+    assert staged.table.shape == (3, 5) and staged.table.dtype == torch.int32 and staged.table.is_contiguous()
+    staged.tokens[5, 3] = -2
+    staged.table[2, 4] = 7
+    assert buffer[6 * 4 * 8 - 8:6 * 4 * 8].view(torch.int64).item() == -2
+    assert buffer[staged.nbytes - 4:staged.nbytes].view(torch.int32).item() == 7
+    assert (buffer[staged.nbytes:] == 0).all()
+
+
 def test_context_buckets_split_at_the_topk_single_launch_width():
     """Decode graphs are captured for logits as wide as the top-k's one-launch kernel takes, and
     for max_model_len; a model no longer than that width has one bucket."""
