@@ -253,9 +253,10 @@ def count_kernels(engine: Engine, work: Callable[[], object] | None = None) -> i
 
 
 def check_graph_tokens(args: argparse.Namespace) -> None:
-    """Greedy tokens of a graph engine against an eager one over ragged requests (batches shrink
-    as requests finish, so several buckets and their padding run; one request's context passes
-    the short context bucket, and it finishes first, so both context buckets run), without and with speculative
+    """Tokens of a graph engine against an eager one over ragged requests (greedy but for one
+    seeded sampled request and one with min_tokens; batches shrink as requests finish, so several
+    buckets and their padding run; one request's context passes the short context bucket, and it
+    finishes first, so both context buckets run), without and with speculative
     decoding (standard verification of 3 drafts: the verify steps replay their own graphs);
     prints the verdicts, the graph replays per (batch, query tokens, context bucket), and the largest logit
     difference of a graph replay against the same padded step run eagerly."""
@@ -264,6 +265,9 @@ def check_graph_tokens(args: argparse.Namespace) -> None:
     gen = torch.Generator().manual_seed(2)
     prompts = [tuple(torch.randint(0, 256, (n,), generator=gen).tolist()) for n in lengths]
     blocks = sum(-(-(n + m) // 64) + 1 for n, m in zip(lengths, outputs)) + 8
+    # r1 samples at a temperature (seeded: the same draws in every engine) and r5 holds EOS back
+    # for its first tokens, so steps mix the decode graph's greedy tokens with the sampler's own.
+    sampling: dict[int, dict] = {1: {"temperature": 0.8, "top_p": 0.9, "seed": 11}, 5: {"min_tokens": 3}}
     for spec in (None, SpeculativeConfig(method="mtp", num_speculative_tokens=3)):
         results, replays = {}, Counter()
         # Reference: eager, one step at a time; overlapped scheduling is off with speculative decoding.
@@ -287,7 +291,8 @@ def check_graph_tokens(args: argparse.Namespace) -> None:
 
                 graphs.replay = counted
             for i, (p, m) in enumerate(zip(prompts, outputs)):
-                engine.add_request(AddRequest(f"r{i}", p, SamplingParams(max_tokens=m, temperature=0.0, ignore_eos=True), 0.0))
+                params = {"max_tokens": m, "temperature": 0.0, "ignore_eos": True, **sampling.get(i, {})}
+                engine.add_request(AddRequest(f"r{i}", p, SamplingParams(**params), 0.0))
             tokens: dict[str, list[int]] = {}
             while engine.has_unfinished():
                 for out in engine.step().outputs:
@@ -381,8 +386,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--count-kernels", action="store_true",
                    help="print the GPU kernels of one eager decode step, and of one more prefill run")
     p.add_argument("--check-graphs", action="store_true",
-                   help="first check on the GPU that graph and eager engines emit the same greedy tokens "
-                        "(and two eager runs the same; a flip prints its top-2 logit margin)")
+                   help="first check on the GPU that graph and eager engines emit the same tokens (greedy, "
+                        "one seeded sampled request, one with min_tokens), and two eager runs the same; a "
+                        "flip prints its top-2 logit margin")
     p.add_argument("--batches", default="1,8,32,128", help="decode batch sizes (empty: no decode)")
     p.add_argument("--context", type=int, default=4096, help="tokens per request during decode")
     p.add_argument("--steps", type=int, default=20, help="measured decode steps")

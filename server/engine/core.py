@@ -155,7 +155,8 @@ class Engine:
         pending = None if self._in_flight is None else self._in_flight.sampled
         logits = self.runner.execute(batch, num_logits, pending)
         sampled = self.sampler(logits, sampling, argmax=self.runner.graph_argmax(logits)) if sampling else None
-        return LaunchedStep(batch, self.scheduler.launch(batch, num_logits), sampled, self._token_copies)
+        on_host = None if sampled is None else self.runner.graph_tokens_on_host(sampled)
+        return LaunchedStep(batch, self.scheduler.launch(batch, num_logits), sampled, self._token_copies, on_host)
 
     def _resolve(self, launched: LaunchedStep) -> list[list[int]]:
         """Read a launched step's tokens (the step's one host sync) and account them."""

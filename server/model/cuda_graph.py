@@ -15,7 +15,9 @@ A graph replays fixed addresses and fixed launch grids, so:
   graph ends with the greedy argmax of its logits written into `pending` itself, so a greedy
   step after a greedy decode step reads its tokens where they are, with no copy and no argmax
   launched outside the graph; tokens sampled otherwise (temperature, min_tokens, an eager
-  step) are copied in on the device;
+  step) are copied in on the device. The argmax kernel also writes the tokens to pinned host
+  memory, into the row of `host_tokens` that the step's inputs name (the staging buffer's
+  number, alternated), so a greedy step's tokens reach the host without a copy of their own;
 - a batch of B requests runs in the smallest bucket >= B; the padding requests decode token 0
   at positions 0..q-1 of their own block-table row, which points at a dummy cache block that no
   request owns (the runner allocates it past the block manager's blocks), so they read and
@@ -86,10 +88,12 @@ def context_buckets(max_model_len: int) -> tuple[int, ...]:
 @dataclass(frozen=True)
 class StagedInputs:
     """One graph's inputs in a byte buffer (the device one, or a pinned staging one): its first
-    `nbytes` hold per token [ids, positions, block-table row, slot] (int64 [rows, 4]) and then the
-    block table (int32 [requests, blocks]), so one copy of that prefix moves a step's inputs."""
+    `nbytes` hold the host row its sampled tokens go to (int64 [1]), per token [ids, positions,
+    block-table row, slot] (int64 [rows, 4]) and then the block table (int32 [requests, blocks]),
+    so one copy of that prefix moves a step's inputs."""
 
     nbytes: int
+    host_row: torch.Tensor
     tokens: torch.Tensor
     table: torch.Tensor
 
@@ -97,11 +101,11 @@ class StagedInputs:
 def staged_inputs(buffer: torch.Tensor, rows: int, requests: int, blocks: int) -> StagedInputs:
     """Views of uint8 `buffer` laid out for a graph of `rows` tokens, `requests` requests and
     `blocks` block-table columns."""
-    token_bytes = rows * 4 * 8
-    nbytes = token_bytes + requests * blocks * 4
-    tokens = buffer[:token_bytes].view(torch.int64).view(rows, 4)
-    table = buffer[token_bytes:nbytes].view(torch.int32).view(requests, blocks)
-    return StagedInputs(nbytes, tokens, table)
+    table_at = 8 + rows * 4 * 8
+    nbytes = table_at + requests * blocks * 4
+    tokens = buffer[8:table_at].view(torch.int64).view(rows, 4)
+    table = buffer[table_at:nbytes].view(torch.int32).view(requests, blocks)
+    return StagedInputs(nbytes, buffer[:8].view(torch.int64), tokens, table)
 
 
 class DecodeGraphs:
@@ -130,16 +134,20 @@ class DecodeGraphs:
         # The last step's sampled tokens: one per request that sampled, in any step, graphed or not;
         # decode graphs write theirs here (padding requests' too).
         self.pending = torch.zeros(max(max_num_seqs, self.max_size), dtype=torch.long, device=device)
-        # Two pinned staging buffers, alternated, so a step never overwrites one that a copy may still read.
+        # Two pinned staging buffers, alternated, so a step never overwrites one that a copy may still read;
+        # the graph writes its greedy tokens to the host row of the same number (`host_tokens`), which
+        # the engine reads before the step after next writes that row again.
         self._staging = [torch.zeros(largest, dtype=torch.uint8).pin_memory() for _ in range(2)]
+        self.host_tokens = torch.zeros(2, self.pending.shape[0], dtype=torch.long).pin_memory()
         # numpy views of the staging memory per (buffer, graph): a step fills them with numpy, whose
         # slice assignment costs the host about a tenth of a torch op's dispatch
         self._staged: dict[tuple[int, int, int, int], tuple[torch.Tensor, np.ndarray, np.ndarray]] = {}
         self._flip = 0
         self.graphs: dict[tuple[int, int, int], torch.cuda.CUDAGraph] = {}
         self.outputs: dict[tuple[int, int, int], tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]] = {}
-        # The last replay's logits and their argmax (the views handed out), for `argmax_of`.
-        self._last: tuple[torch.Tensor, torch.Tensor | None] | None = None
+        # The last replay's logits, their argmax on the device and on the host (the views handed
+        # out), for `argmax_of` and `argmax_on_host`.
+        self._last: tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None] | None = None
         self.capture_seconds = 0.0
 
     @property
@@ -178,7 +186,8 @@ class DecodeGraphs:
         )
         hidden = self.model(fill_placeholders(tok[:, 0], self.pending), meta, self.kv, self.indexer, self.settings)
         logits = self.model.parallel_logits(hidden, self.settings.backend)
-        argmax = argmax_rows(logits, self.settings.backend, out=self.pending[:size]) if q == 1 else None
+        argmax = None if q != 1 else argmax_rows(logits, self.settings.backend, out=self.pending[:size],
+                                                 mirror=(self.host_tokens, inputs.host_row))
         return logits, hidden, argmax
 
     @torch.inference_mode()
@@ -216,12 +225,13 @@ class DecodeGraphs:
 
     def _staging_views(self, key: tuple[int, int, int]) -> tuple[torch.Tensor, np.ndarray, np.ndarray]:
         """This step's staging buffer laid out for graph `key`: (the bytes to copy, the tokens and
-        the table as numpy views)."""
+        the table as numpy views), with the host row for the step's tokens filled in."""
         views = self._staged.get((self._flip, *key))
         if views is None:
             size, q, width = key
             host = self._staging[self._flip]
             staged = staged_inputs(host, size * q, size, self.table_blocks(width))
+            staged.host_row.fill_(self._flip)
             views = host[: staged.nbytes], staged.tokens.numpy(), staged.table.numpy()
             self._staged[(self._flip, *key)] = views
         return views
@@ -241,6 +251,7 @@ class DecodeGraphs:
         assert size is not None, f"DecodeGraphs.replay: batch {batch} is larger than every captured size"
         key = size, q, self.width(max_context)
         host, tokens_np, table_np = self._staging_views(key)
+        host_tokens = self.host_tokens[self._flip]
         self._flip ^= 1
         n = batch * q
         for column, values in enumerate((token_ids, positions, seq_ids, slots)):
@@ -255,7 +266,7 @@ class DecodeGraphs:
             self.pending[: pending.shape[0]].copy_(pending)
         self.graphs[key].replay()
         logits, hidden, argmax = self.outputs[key]
-        self._last = logits[:n], None if argmax is None else argmax[:n]
+        self._last = (logits[:n], None, None) if argmax is None else (logits[:n], argmax[:n], host_tokens[:n])
         return self._last[0], hidden[:n]
 
     def argmax_of(self, logits: torch.Tensor) -> torch.Tensor | None:
@@ -265,3 +276,11 @@ class DecodeGraphs:
         if self._last is None or logits is not self._last[0]:
             return None
         return self._last[1]
+
+    def argmax_on_host(self, tokens: torch.Tensor) -> torch.Tensor | None:
+        """The host copy of `tokens` when they are the last replay's argmax (`argmax_of`): the graph
+        wrote it to pinned memory itself, readable once the replay is done, until the replay after
+        next. None otherwise."""
+        if self._last is None or self._last[1] is None or tokens is not self._last[1]:
+            return None
+        return self._last[2]

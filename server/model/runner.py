@@ -179,6 +179,11 @@ class ModelRunner:
         computed it with them (int64, on the device), else None (server/model/cuda_graph.py)."""
         return None if self.graphs is None else self.graphs.argmax_of(logits)
 
+    def graph_tokens_on_host(self, tokens: torch.Tensor) -> torch.Tensor | None:
+        """The host copy of `tokens` that the decode graph made when they are its argmax
+        (`graph_argmax`), valid once the step is done; None otherwise."""
+        return None if self.graphs is None else self.graphs.argmax_on_host(tokens)
+
     @torch.inference_mode()
     def execute_with_hidden(self, batch: ScheduledBatch, num_logits: list[int],
                             pending: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:

@@ -292,18 +292,22 @@ def test_graph_padding_rows_alike_in_numpy_and_torch(batch, size, q):
 
 
 def test_a_graphs_inputs_are_one_byte_prefix():
-    """A step's token rows and then its block table fill the front of one byte buffer, so a single
-    copy of `nbytes` moves them; the views share the buffer's memory."""
+    """A step's host row for its tokens, its token rows and then its block table fill the front of
+    one byte buffer, so a single copy of `nbytes` moves them; the views share the buffer's memory."""
     from server.model.cuda_graph import staged_inputs
 
     buffer = torch.zeros(1000, dtype=torch.uint8)
     staged = staged_inputs(buffer, rows=6, requests=3, blocks=5)
-    assert staged.nbytes == 6 * 4 * 8 + 3 * 5 * 4
+    table_at = 8 + 6 * 4 * 8
+    assert staged.nbytes == table_at + 3 * 5 * 4
+    assert staged.host_row.shape == (1,) and staged.host_row.dtype == torch.int64
     assert staged.tokens.shape == (6, 4) and staged.tokens.dtype == torch.int64
     assert staged.table.shape == (3, 5) and staged.table.dtype == torch.int32 and staged.table.is_contiguous()
+    staged.host_row.fill_(1)
     staged.tokens[5, 3] = -2
     staged.table[2, 4] = 7
-    assert buffer[6 * 4 * 8 - 8:6 * 4 * 8].view(torch.int64).item() == -2
+    assert buffer[:8].view(torch.int64).item() == 1
+    assert buffer[table_at - 8:table_at].view(torch.int64).item() == -2
     assert buffer[staged.nbytes - 4:staged.nbytes].view(torch.int32).item() == 7
     assert (buffer[staged.nbytes:] == 0).all()
 
