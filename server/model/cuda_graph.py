@@ -6,18 +6,20 @@ for each bucket size (by default 1, 2, 4, 8, 16, 24, ... up to --max-num-seqs), 
 in one shared memory pool.
 
 A graph replays fixed addresses and fixed launch grids, so:
-- inputs live in one persistent device buffer: per token [ids, positions, block-table row, slot]
-  and then the block table (as many columns as the graph's context bucket needs), laid out per
-  graph so that one asynchronous copy of a pinned staging buffer's prefix fills them each step;
+- inputs live in one persistent device buffer, laid out per graph (`staged_inputs`): the pending
+  tokens, then per token the id, where to read it from, position, cache slot, block-table row and
+  context length (the last two as the kernels take them, int32, so the graph converts nothing),
+  then the block table (as many columns as the graph's context bucket needs). One asynchronous
+  copy of a pinned staging buffer's span fills all but the pending tokens each step;
 - with overlapped scheduling the previous step's sampled tokens stand for placeholder ids: the
-  graph puts them in place (a no-op without placeholders) from a persistent device buffer,
-  `pending`, which spares the host the five tensor ops of doing it before each replay. A decode
-  graph ends with the greedy argmax of its logits written into `pending` itself, so a greedy
-  step after a greedy decode step reads its tokens where they are, with no copy and no argmax
-  launched outside the graph; tokens sampled otherwise (temperature, min_tokens, an eager
-  step) are copied in on the device. The argmax kernel also writes the tokens to pinned host
-  memory, into the row of `host_tokens` that the step's inputs name (the staging buffer's
-  number, alternated), so a greedy step's tokens reach the host without a copy of their own;
+  graph gathers every id from [pending, ids] in one index op, a placeholder's from its row of
+  `pending`, which spares the host the tensor ops of doing it before each replay. A decode graph
+  ends with the greedy argmax of its logits written into `pending` itself, so a greedy step after
+  a greedy decode step reads its tokens where they are, with no copy and no argmax launched
+  outside the graph; tokens sampled otherwise (temperature, min_tokens, an eager step) are copied
+  in on the device. The argmax kernel also writes the tokens to pinned host memory, into the row
+  of `host_tokens` that the step's inputs name (the staging buffer's number, alternated), so a
+  greedy step's tokens reach the host without a copy of their own;
 - a batch of B requests runs in the smallest bucket >= B; the padding requests decode token 0
   at positions 0..q-1 of their own block-table row, which points at a dummy cache block that no
   request owns (the runner allocates it past the block manager's blocks), so they read and
@@ -45,14 +47,14 @@ from __future__ import annotations
 
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
+from typing import Generic, TypeVar
 
 import numpy as np
 import torch
 
 from kernels.argmax import argmax_rows
 from kernels.topk import SINGLE_PASS_MAX_COLS
-from server.engine.pending import fill_placeholders
 from server.model.attention import AttentionMetadata, CacheSettings
 from server.model.model import SparseMLAModel
 
@@ -65,47 +67,85 @@ def default_capture_sizes(max_num_seqs: int) -> tuple[int, ...]:
     return tuple(s for i, s in enumerate(sizes) if i == 0 or sizes[i - 1] < max_num_seqs)
 
 
-def pad_requests(tokens: torch.Tensor | np.ndarray, table: torch.Tensor | np.ndarray, batch: int, size: int, q: int,
-                 dummy_block: int, block_size: int) -> None:
-    """Requests batch..size-1 of a graph's inputs (its device buffers at capture; numpy views of the
+Array = TypeVar("Array", torch.Tensor, np.ndarray)
+
+
+@dataclass(frozen=True)
+class GraphInputs(Generic[Array]):
+    """A graph's per-step inputs, as views of a byte buffer: torch views of the device buffer, which
+    the graph reads, or numpy views of a pinned staging buffer, which the host fills."""
+
+    host_row: Array  # int64 [1]: the row of `host_tokens` the step's sampled tokens go to
+    ids: Array  # int64 [T]: token ids, placeholders (< 0) included
+    source: Array  # int64 [T]: where each token's id is read in [pending, ids] (a placeholder's: its pending row)
+    positions: Array  # int64 [T]
+    slots: Array  # int64 [T], global cache slot of each token
+    seq_ids: Array  # int32 [T], row of the block table
+    context_lens: Array  # int32 [T], positions + 1
+    table: Array  # int32 [B, blocks]
+
+    def numpy(self: GraphInputs[torch.Tensor]) -> GraphInputs[np.ndarray]:
+        return GraphInputs(*(getattr(self, f.name).numpy() for f in fields(self)))
+
+
+@dataclass(frozen=True)
+class StagedInputs:
+    """A graph's inputs in a byte buffer and the bytes [start, end) that hold them, which one copy
+    moves. The buffer begins with the pending tokens (int64 [pending_len], written on the device
+    only) and then the token ids, so that [pending, ids] is one int64 array the graph gathers the
+    step's ids from, placeholders resolved, in one index op."""
+
+    start: int
+    end: int
+    views: GraphInputs[torch.Tensor]
+
+
+def _fields_after_pending(rows: int, requests: int, blocks: int) -> list[tuple[torch.dtype, int]]:
+    """(dtype, elements) of ids, host_row, source, positions, slots, seq_ids, context_lens, table."""
+    i64, i32 = torch.int64, torch.int32
+    return [(i64, rows), (i64, 1), (i64, rows), (i64, rows), (i64, rows), (i32, rows), (i32, rows),
+            (i32, requests * blocks)]
+
+
+def inputs_bytes(pending_len: int, rows: int, requests: int, blocks: int) -> int:
+    """The byte size of a graph's inputs laid out as `staged_inputs` lays them out."""
+    return pending_len * 8 + sum(d.itemsize * n for d, n in _fields_after_pending(rows, requests, blocks))
+
+
+def staged_inputs(buffer: torch.Tensor, pending_len: int, rows: int, requests: int, blocks: int) -> StagedInputs:
+    """Views of uint8 `buffer` laid out for a graph of `rows` tokens, `requests` requests and
+    `blocks` block-table columns, after `pending_len` pending tokens."""
+    at = pending_len * 8
+    views = []
+    for dtype, count in _fields_after_pending(rows, requests, blocks):
+        views.append(buffer[at:at + count * dtype.itemsize].view(dtype))
+        at += count * dtype.itemsize
+    ids, host_row, source, positions, slots, seq_ids, context_lens, table = views
+    return StagedInputs(pending_len * 8, at, GraphInputs(host_row, ids, source, positions, slots, seq_ids,
+                                                         context_lens, table.view(requests, blocks)))
+
+
+def pad_requests(inputs: GraphInputs, batch: int, size: int, q: int, dummy_block: int, block_size: int,
+                 pending_len: int) -> None:
+    """Requests batch..size-1 of a graph's inputs (its device buffer at capture; numpy views of the
     pinned staging buffers at replay, where numpy costs the host a fraction of a torch op): token 0
     at positions 0..q-1 of their own table row, whose first block is the dummy."""
     lo, hi = batch * q, size * q
-    rows = np.arange(lo, hi) if isinstance(tokens, np.ndarray) else torch.arange(lo, hi, device=tokens.device)
-    tokens[lo:hi, 0] = PAD_TOKEN
-    tokens[lo:hi, 1] = rows % q
-    tokens[lo:hi, 2] = rows // q
-    tokens[lo:hi, 3] = dummy_block * block_size + rows % q
-    table[batch:size, 0] = dummy_block
+    ids = inputs.ids
+    rows = np.arange(lo, hi) if isinstance(ids, np.ndarray) else torch.arange(lo, hi, device=ids.device)
+    ids[lo:hi] = PAD_TOKEN
+    inputs.source[lo:hi] = pending_len + rows
+    inputs.positions[lo:hi] = rows % q
+    inputs.context_lens[lo:hi] = rows % q + 1
+    inputs.seq_ids[lo:hi] = rows // q
+    inputs.slots[lo:hi] = dummy_block * block_size + rows % q
+    inputs.table[batch:size, 0] = dummy_block
 
 
 def context_buckets(max_model_len: int) -> tuple[int, ...]:
     """The logits widths that decode graphs are captured for: the top-k's one-launch width, and
     max_model_len."""
     return tuple(sorted({min(SINGLE_PASS_MAX_COLS, max_model_len), max_model_len}))
-
-
-@dataclass(frozen=True)
-class StagedInputs:
-    """One graph's inputs in a byte buffer (the device one, or a pinned staging one): its first
-    `nbytes` hold the host row its sampled tokens go to (int64 [1]), per token [ids, positions,
-    block-table row, slot] (int64 [rows, 4]) and then the block table (int32 [requests, blocks]),
-    so one copy of that prefix moves a step's inputs."""
-
-    nbytes: int
-    host_row: torch.Tensor
-    tokens: torch.Tensor
-    table: torch.Tensor
-
-
-def staged_inputs(buffer: torch.Tensor, rows: int, requests: int, blocks: int) -> StagedInputs:
-    """Views of uint8 `buffer` laid out for a graph of `rows` tokens, `requests` requests and
-    `blocks` block-table columns."""
-    table_at = 8 + rows * 4 * 8
-    nbytes = table_at + requests * blocks * 4
-    tokens = buffer[8:table_at].view(torch.int64).view(rows, 4)
-    table = buffer[table_at:nbytes].view(torch.int32).view(requests, blocks)
-    return StagedInputs(nbytes, buffer[:8].view(torch.int64), tokens, table)
 
 
 class DecodeGraphs:
@@ -128,20 +168,21 @@ class DecodeGraphs:
         # padding rows decode positions 0..q-1 of the dummy block, so q must fit in one block
         self.query_lens = tuple(sorted({q for q in query_lens if 1 <= q <= block_size}))
         device = next(model.parameters()).device
-        largest = staged_inputs(torch.empty(0, dtype=torch.uint8), self.max_size * self.query_lens[-1],
-                                self.max_size, self.table_blocks(self.widths[-1])).nbytes
+        self.pending_len = max(max_num_seqs, self.max_size)
+        largest = inputs_bytes(self.pending_len, self.max_size * self.query_lens[-1], self.max_size,
+                               self.table_blocks(self.widths[-1]))
         self.inputs = torch.zeros(largest, dtype=torch.uint8, device=device)
         # The last step's sampled tokens: one per request that sampled, in any step, graphed or not;
         # decode graphs write theirs here (padding requests' too).
-        self.pending = torch.zeros(max(max_num_seqs, self.max_size), dtype=torch.long, device=device)
+        self.pending = self.inputs[: self.pending_len * 8].view(torch.int64)
         # Two pinned staging buffers, alternated, so a step never overwrites one that a copy may still read;
         # the graph writes its greedy tokens to the host row of the same number (`host_tokens`), which
         # the engine reads before the step after next writes that row again.
         self._staging = [torch.zeros(largest, dtype=torch.uint8).pin_memory() for _ in range(2)]
-        self.host_tokens = torch.zeros(2, self.pending.shape[0], dtype=torch.long).pin_memory()
+        self.host_tokens = torch.zeros(2, self.pending_len, dtype=torch.long).pin_memory()
         # numpy views of the staging memory per (buffer, graph): a step fills them with numpy, whose
         # slice assignment costs the host about a tenth of a torch op's dispatch
-        self._staged: dict[tuple[int, int, int, int], tuple[torch.Tensor, np.ndarray, np.ndarray]] = {}
+        self._staging_cache: dict[tuple[int, int, int, int], tuple[slice, GraphInputs[np.ndarray]]] = {}
         self._flip = 0
         self.graphs: dict[tuple[int, int, int], torch.cuda.CUDAGraph] = {}
         self.outputs: dict[tuple[int, int, int], tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]] = {}
@@ -170,21 +211,22 @@ class DecodeGraphs:
     def fits(self, batch: int, query_len: int) -> bool:
         return batch <= self.max_size and query_len in self.query_lens
 
-    def _device_inputs(self, size: int, q: int, width: int) -> StagedInputs:
-        return staged_inputs(self.inputs, size * q, size, self.table_blocks(width))
+    def _staged(self, buffer: torch.Tensor, key: tuple[int, int, int]) -> StagedInputs:
+        size, q, width = key
+        return staged_inputs(buffer, self.pending_len, size * q, size, self.table_blocks(width))
 
     def _forward(self, size: int, q: int, width: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """The step over the first size x q token rows of the persistent inputs, with logits
         `width` wide: (logits, hidden, the logits' argmax in `pending` for decode, else None)."""
-        inputs = self._device_inputs(size, q, width)
-        tok = inputs.tokens
-        positions = tok[:, 1]
+        inputs = self._staged(self.inputs, (size, q, width)).views
         meta = AttentionMetadata(
-            positions=positions, slot_mapping=tok[:, 3], seq_ids=tok[:, 2].int(),
-            context_lens=(positions + 1).int(), block_table=inputs.table,
-            block_size=self.block_size, max_context=width,
+            positions=inputs.positions, slot_mapping=inputs.slots, seq_ids=inputs.seq_ids,
+            context_lens=inputs.context_lens, block_table=inputs.table, block_size=self.block_size, max_context=width,
         )
-        hidden = self.model(fill_placeholders(tok[:, 0], self.pending), meta, self.kv, self.indexer, self.settings)
+        # one gather from [pending, ids] puts the previous step's tokens in place of the placeholders
+        pending_and_ids = self.inputs[: (self.pending_len + size * q) * 8].view(torch.int64)
+        input_ids = torch.index_select(pending_and_ids, 0, inputs.source)
+        hidden = self.model(input_ids, meta, self.kv, self.indexer, self.settings)
         logits = self.model.parallel_logits(hidden, self.settings.backend)
         argmax = None if q != 1 else argmax_rows(logits, self.settings.backend, out=self.pending[:size],
                                                  mirror=(self.host_tokens, inputs.host_row))
@@ -203,8 +245,8 @@ class DecodeGraphs:
                 for size in reversed(self.sizes)]
         for i, key in enumerate(keys):
             size, q, width = key
-            inputs = self._device_inputs(*key)
-            pad_requests(inputs.tokens, inputs.table, 0, size, q, self.dummy_block, self.block_size)
+            pad_requests(self._staged(self.inputs, key).views, 0, size, q, self.dummy_block, self.block_size,
+                         self.pending_len)
             self._forward(*key)  # compiles the Triton kernels for this shape outside the capture
             torch.cuda.synchronize()
             graph = torch.cuda.CUDAGraph()
@@ -223,17 +265,13 @@ class DecodeGraphs:
               f"contexts up to {','.join(map(str, self.widths))}) in {self.capture_seconds:.1f} s",
               file=sys.stderr, flush=True)
 
-    def _staging_views(self, key: tuple[int, int, int]) -> tuple[torch.Tensor, np.ndarray, np.ndarray]:
-        """This step's staging buffer laid out for graph `key`: (the bytes to copy, the tokens and
-        the table as numpy views), with the host row for the step's tokens filled in."""
-        views = self._staged.get((self._flip, *key))
+    def _staging_views(self, flip: int, key: tuple[int, int, int]) -> tuple[slice, GraphInputs[np.ndarray]]:
+        """Staging buffer `flip` laid out for graph `key`: (the bytes to copy, numpy views of the inputs)."""
+        views = self._staging_cache.get((flip, *key))
         if views is None:
-            size, q, width = key
-            host = self._staging[self._flip]
-            staged = staged_inputs(host, size * q, size, self.table_blocks(width))
-            staged.host_row.fill_(self._flip)
-            views = host[: staged.nbytes], staged.tokens.numpy(), staged.table.numpy()
-            self._staged[(self._flip, *key)] = views
+            staged = self._staged(self._staging[flip], key)
+            views = slice(staged.start, staged.end), staged.views.numpy()
+            self._staging_cache[(flip, *key)] = views
         return views
 
     def replay(self, token_ids: torch.Tensor, positions: torch.Tensor, seq_ids: torch.Tensor, slots: torch.Tensor,
@@ -250,23 +288,29 @@ class DecodeGraphs:
         size = self.bucket(batch)
         assert size is not None, f"DecodeGraphs.replay: batch {batch} is larger than every captured size"
         key = size, q, self.width(max_context)
-        host, tokens_np, table_np = self._staging_views(key)
-        host_tokens = self.host_tokens[self._flip]
-        self._flip ^= 1
+        flip, self._flip = self._flip, self._flip ^ 1
+        span, host = self._staging_views(flip, key)
         n = batch * q
-        for column, values in enumerate((token_ids, positions, seq_ids, slots)):
-            tokens_np[:n, column] = values.numpy()
+        host.host_row[0] = flip
+        ids, pos = token_ids.numpy(), positions.numpy()
+        host.ids[:n] = ids
+        host.source[:n] = np.where(ids < 0, -1 - ids, self.pending_len + np.arange(n))
+        host.positions[:n] = pos
+        host.context_lens[:n] = pos + 1
+        host.seq_ids[:n] = seq_ids.numpy()
+        host.slots[:n] = slots.numpy()
         # A request may hold blocks past the bucket's longest context: no kernel reads them.
-        blocks = min(blocks, table_np.shape[1])
-        table_np[:batch, :blocks] = block_table.numpy()[:, :blocks]
+        blocks = min(blocks, host.table.shape[1])
+        host.table[:batch, :blocks] = block_table.numpy()[:, :blocks]
         if batch < size:
-            pad_requests(tokens_np, table_np, batch, size, q, self.dummy_block, self.block_size)
-        self.inputs[: host.shape[0]].copy_(host, non_blocking=True)
+            pad_requests(host, batch, size, q, self.dummy_block, self.block_size, self.pending_len)
+        self.inputs[span].copy_(self._staging[flip][span], non_blocking=True)
         if pending is not None and (self._last is None or pending is not self._last[1]):
             self.pending[: pending.shape[0]].copy_(pending)
         self.graphs[key].replay()
         logits, hidden, argmax = self.outputs[key]
-        self._last = (logits[:n], None, None) if argmax is None else (logits[:n], argmax[:n], host_tokens[:n])
+        on_host = self.host_tokens[flip, :n]
+        self._last = (logits[:n], None, None) if argmax is None else (logits[:n], argmax[:n], on_host)
         return self._last[0], hidden[:n]
 
     def argmax_of(self, logits: torch.Tensor) -> torch.Tensor | None:
