@@ -19,7 +19,7 @@ from kernels.triton_utils import new_output
 
 
 @triton.jit
-def _argmax_kernel(x_ptr, out_ptr, n_cols, row_stride, mirror_ptr, mirror_index_ptr, mirror_stride,
+def _argmax_kernel(x_ptr, out_ptr, n_cols, row_stride, mirror_ptr, mirror_index_ptr, mirror_rows, mirror_stride,
                    BLOCK: tl.constexpr, MIRROR: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     row_ptr = x_ptr + row * row_stride
@@ -43,7 +43,9 @@ def _argmax_kernel(x_ptr, out_ptr, n_cols, row_stride, mirror_ptr, mirror_index_
     token = tl.min(tl.where(best == top, best_col, n_cols), axis=0).to(tl.int64)
     tl.store(out_ptr + row, token)
     if MIRROR:
-        tl.store(mirror_ptr + tl.load(mirror_index_ptr) * mirror_stride + row, token)
+        # clamped: an index left over from other inputs writes a wrong row, never past the buffers
+        index = tl.minimum(tl.maximum(tl.load(mirror_index_ptr), 0), mirror_rows - 1)
+        tl.store(mirror_ptr + index * mirror_stride + row, token)
 
 
 # Columns a program reads per step, and its warps (32 a thread): fastest or tied at every decode
@@ -61,8 +63,8 @@ def argmax_rows(logits: torch.Tensor, backend: str | None = None, out: torch.Ten
     into the buffer the next step reads them from.
     mirror (Triton only): (buffers int64 [R, >= T] with unit column stride that the device can write,
     e.g. pinned host memory; index int64 [1] on the device): the tokens are also written to
-    buffers[index], so a graph's tokens reach the host without a copy of their own, into the row
-    the step's inputs name."""
+    buffers[index] (index clamped to the rows), so a graph's tokens reach the host without a copy
+    of their own, into the row the step's inputs name."""
     if logits.dim() != 2 or logits.dtype != torch.float32:
         raise ValueError(f"argmax_rows: logits must be fp32 [T, V], got {logits.dtype}{list(logits.shape)}")
     rows, n = logits.shape
@@ -85,7 +87,7 @@ def argmax_rows(logits: torch.Tensor, backend: str | None = None, out: torch.Ten
         logits = logits.contiguous()
     if rows:
         buffers, index = mirror if mirror is not None else (out, out)
-        _argmax_kernel[(rows,)](logits, out, n, logits.stride(0), buffers, index, buffers.stride(0),
+        _argmax_kernel[(rows,)](logits, out, n, logits.stride(0), buffers, index, buffers.shape[0], buffers.stride(0),
                                 BLOCK=min(BLOCK, triton.next_power_of_2(n)), MIRROR=mirror is not None,
                                 num_warps=NUM_WARPS if logits.is_cuda else 4)
     return out

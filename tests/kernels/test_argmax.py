@@ -64,6 +64,10 @@ def test_mirrored_into_the_buffer_row_the_index_names(gen):
     out = argmax_rows(logits, backend="triton", mirror=(buffers, torch.tensor([1])))
     assert buffers.tolist() == [[-1] * 5, out.tolist() + [-1, -1]]
     assert out.tolist() == logits.argmax(dim=-1).tolist()
+    for index, row in ((7, 1), (-3, 0)):  # a stale index stays inside the buffers
+        buffers.fill_(-1)
+        argmax_rows(logits, backend="triton", mirror=(buffers, torch.tensor([index])))
+        assert buffers[row, :3].tolist() == out.tolist() and (buffers[1 - row] == -1).all()
 
 
 def test_bad_input_is_refused():
