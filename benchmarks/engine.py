@@ -275,21 +275,27 @@ def check_engine(args: argparse.Namespace, backend: str, kv: str, mode: str,
                        overlap=overlap)
 
 
-def add_check_requests(engine: Engine, max_prompt: int | None = None) -> None:
-    """Queue check_requests(max_prompt) as r0, r1, ...: greedy, each to its full output length."""
+def add_check_requests(engine: Engine, max_prompt: int | None = None,
+                       sampling: dict[int, dict] | None = None) -> None:
+    """Queue check_requests(max_prompt) as r0, r1, ...: greedy, each to its full output length, but
+    for the sampling parameters `sampling` gives request i."""
     for i, (prompt, outputs) in enumerate(check_requests(max_prompt)):
-        engine.add_request(AddRequest(f"r{i}", prompt, SamplingParams(max_tokens=outputs, temperature=0.0,
-                                                                      ignore_eos=True), 0.0))
+        params = {"max_tokens": outputs, "temperature": 0.0, "ignore_eos": True, **(sampling or {}).get(i, {})}
+        engine.add_request(AddRequest(f"r{i}", prompt, SamplingParams(**params), 0.0))
 
 
 def check_graph_tokens(args: argparse.Namespace) -> None:
-    """Greedy tokens of a graph engine against an eager one over ragged requests (batches shrink
-    as requests finish, so several buckets and their padding run; one request's context passes
-    the short context bucket, and it finishes first, so both context buckets run), without and with speculative
+    """Tokens of a graph engine against an eager one over ragged requests (greedy but for one
+    seeded sampled request and one with min_tokens; batches shrink as requests finish, so several
+    buckets and their padding run; one request's context passes the short context bucket, and it
+    finishes first, so both context buckets run), without and with speculative
     decoding (standard verification of 3 drafts: the verify steps replay their own graphs);
     prints the verdicts, the graph replays per (batch, query tokens, context bucket), and the largest logit
     difference of a graph replay against the same padded step run eagerly."""
     num_requests = len(check_requests())
+    # r1 samples at a temperature (seeded: the same draws in every engine) and r5 holds EOS back
+    # for its first tokens, so steps mix the decode graph's greedy tokens with the sampler's own.
+    sampling: dict[int, dict] = {1: {"temperature": 0.8, "top_p": 0.9, "seed": 11}, 5: {"min_tokens": 3}}
     for spec in (None, SpeculativeConfig(method="mtp", num_speculative_tokens=3)):
         results, replays = {}, Counter()
         # Reference: eager, one step at a time; overlapped scheduling is off with speculative decoding.
@@ -297,6 +303,7 @@ def check_graph_tokens(args: argparse.Namespace) -> None:
         variants = [("eager", False), ("eager again", False), ("graph", False)] + (
             [("eager", True), ("graph", True)] if spec is None else [])
         margins: dict[tuple[str, bool], dict[str, list[float]]] = {}
+        last_replayed: list[tuple[int, int, int]] = []
         for mode, overlap in variants:
             engine = check_engine(args, "triton", args.kv_dtypes.split(",")[0], mode.split()[0], spec, overlap)
             if spec is None:
@@ -305,20 +312,23 @@ def check_graph_tokens(args: argparse.Namespace) -> None:
             if graphs is not None:
                 replay = graphs.replay
 
-                def counted(*a, _replay=replay, _graphs=graphs, _replays=replays):
+                def counted(*a, _replay=replay, _graphs=graphs, _replays=replays, _last=last_replayed):
                     batch = a[4].shape[0]  # the block table
-                    _replays[_graphs.bucket(batch), a[0].shape[0] // batch, _graphs.width(a[5])] += 1
+                    key = _graphs.bucket(batch), a[0].shape[0] // batch, _graphs.width(a[5])
+                    _replays[key] += 1
+                    _last[:] = [key]
                     return _replay(*a)
 
                 graphs.replay = counted
-            add_check_requests(engine)
+            add_check_requests(engine, sampling=sampling)
             tokens: dict[str, list[int]] = {}
             while engine.has_unfinished():
                 for out in engine.step().outputs:
                     tokens.setdefault(out.request_id, []).extend(out.new_token_ids)
             results[mode, overlap] = tokens
             if mode == "graph" and spec is None and not overlap:
-                key = graphs.bucket(3), 1, graphs.widths[-1]
+                # the last replay's graph: its inputs (laid out per graph) are still in place
+                key = last_replayed[0]
                 with torch.inference_mode():
                     eager_a = graphs._forward(*key)[0].clone()
                     eager_b = graphs._forward(*key)[0].clone()
@@ -405,8 +415,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--count-kernels", action="store_true",
                    help="print the GPU kernels of one eager decode step, and of one more prefill run")
     p.add_argument("--check-graphs", action="store_true",
-                   help="first check on the GPU that graph and eager engines emit the same greedy tokens "
-                        "(and two eager runs the same; a flip prints its top-2 logit margin)")
+                   help="first check on the GPU that graph and eager engines emit the same tokens (greedy, "
+                        "one seeded sampled request, one with min_tokens), and two eager runs the same; a "
+                        "flip prints its top-2 logit margin")
     p.add_argument("--batches", default="1,8,32,128", help="decode batch sizes (empty: no decode)")
     p.add_argument("--context", type=int, default=4096, help="tokens per request during decode")
     p.add_argument("--steps", type=int, default=20, help="measured decode steps")

@@ -19,7 +19,8 @@ from kernels.triton_utils import new_output
 
 
 @triton.jit
-def _argmax_kernel(x_ptr, out_ptr, n_cols, row_stride, BLOCK: tl.constexpr):
+def _argmax_kernel(x_ptr, out_ptr, n_cols, row_stride, mirror_ptr, mirror_index_ptr, mirror_rows, mirror_stride,
+                   BLOCK: tl.constexpr, MIRROR: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     row_ptr = x_ptr + row * row_stride
     lanes = tl.arange(0, BLOCK)
@@ -39,7 +40,12 @@ def _argmax_kernel(x_ptr, out_ptr, n_cols, row_stride, BLOCK: tl.constexpr):
         best = tl.where(take, key, best)
         best_col = tl.where(take, col, best_col)
     top = tl.max(best, axis=0)
-    tl.store(out_ptr + row, tl.min(tl.where(best == top, best_col, n_cols), axis=0).to(tl.int64))
+    token = tl.min(tl.where(best == top, best_col, n_cols), axis=0).to(tl.int64)
+    tl.store(out_ptr + row, token)
+    if MIRROR:
+        # clamped: an index left over from other inputs writes a wrong row, never past the buffers
+        index = tl.minimum(tl.maximum(tl.load(mirror_index_ptr), 0), mirror_rows - 1)
+        tl.store(mirror_ptr + index * mirror_stride + row, token)
 
 
 # Columns a program reads per step, and its warps (32 a thread): fastest or tied at every decode
@@ -50,17 +56,38 @@ BLOCK = 16384
 NUM_WARPS = 16
 
 
-def argmax_rows(logits: torch.Tensor, backend: str | None = None) -> torch.Tensor:
-    """int64 [T]: the column of each row's largest value in fp32 logits [T, V] (torch.argmax(dim=-1))."""
+def argmax_rows(logits: torch.Tensor, backend: str | None = None, out: torch.Tensor | None = None,
+                mirror: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+    """int64 [T]: the column of each row's largest value in fp32 logits [T, V] (torch.argmax(dim=-1)),
+    written into `out` (int64 [T], contiguous) when given: a decode graph writes its tokens straight
+    into the buffer the next step reads them from.
+    mirror (Triton only): (buffers int64 [R, >= T] with unit column stride that the device can write,
+    e.g. pinned host memory; index int64 [1] on the device): the tokens are also written to
+    buffers[index] (index clamped to the rows), so a graph's tokens reach the host without a copy
+    of their own, into the row the step's inputs name."""
     if logits.dim() != 2 or logits.dtype != torch.float32:
         raise ValueError(f"argmax_rows: logits must be fp32 [T, V], got {logits.dtype}{list(logits.shape)}")
-    if resolve_backend(backend, logits.device) == "torch" or logits.shape[1] == 0:
-        return logits.argmax(dim=-1)
+    rows, n = logits.shape
+    if out is None:
+        out = new_output((rows,), torch.int64, logits.device)
+    elif out.shape != (rows,) or out.dtype != torch.int64 or not out.is_contiguous() or out.device != logits.device:
+        raise ValueError(f"argmax_rows: out must be contiguous int64 [{rows}] on {logits.device}, "
+                         f"got {out.dtype}{list(out.shape)} on {out.device}")
+    torch_backend = resolve_backend(backend, logits.device) == "torch"
+    if mirror is not None:
+        buffers, index = mirror
+        if torch_backend or buffers.dim() != 2 or buffers.shape[1] < rows or buffers.stride(1) != 1 \
+                or buffers.dtype != torch.int64 or index.shape != (1,) or index.dtype != torch.int64:
+            raise ValueError(f"argmax_rows: mirror must be int64 buffers [R, >= {rows}] and an int64 [1] index, "
+                             f"on the triton backend; got {buffers.dtype}{list(buffers.shape)}, "
+                             f"{index.dtype}{list(index.shape)}, backend {backend}")
+    if torch_backend or n == 0:
+        return torch.argmax(logits, dim=-1, out=out)
     if logits.stride(1) != 1:
         logits = logits.contiguous()
-    rows, n = logits.shape
-    out = new_output((rows,), torch.int64, logits.device)
     if rows:
-        _argmax_kernel[(rows,)](logits, out, n, logits.stride(0), BLOCK=min(BLOCK, triton.next_power_of_2(n)),
+        buffers, index = mirror if mirror is not None else (out, out)
+        _argmax_kernel[(rows,)](logits, out, n, logits.stride(0), buffers, index, buffers.shape[0], buffers.stride(0),
+                                BLOCK=min(BLOCK, triton.next_power_of_2(n)), MIRROR=mirror is not None,
                                 num_warps=NUM_WARPS if logits.is_cuda else 4)
     return out

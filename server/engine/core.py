@@ -2,10 +2,11 @@
 
 Pure synchronous code with no threads; the API process (or the in-process benchmark transport)
 owns the loop around it. One step = schedule, build the batch, launch the model and the sampler
-on the device, then a single host copy of the sampled tokens. With overlapped scheduling (the
-default; server/engine/pending.py) a step launches the next batch before it reads the previous
-batch's tokens, so the host's scheduling and input building run while the device computes, and
-each request's tokens are reported one step later. It falls back to one batch at a time with
+on the device, then a single host copy of the sampled tokens (none for a decode graph's greedy
+tokens, which the graph writes to the host itself). With overlapped scheduling (the default;
+server/engine/pending.py) a step launches the next batch before it reads the previous batch's
+tokens, so the host's scheduling and input building run while the device computes, and each
+request's tokens are reported one step later. It falls back to one batch at a time with
 speculative decoding (proposing drafts needs the verified tokens on the host) and under tensor
 parallelism (the other ranks embed the token ids themselves, and each step already waits for
 every rank's device). With speculative decoding
@@ -154,8 +155,9 @@ class Engine:
         sampling = [s for s, k in zip(batch.seqs, num_logits) if k]
         pending = None if self._in_flight is None else self._in_flight.sampled
         logits = self.runner.execute(batch, num_logits, pending)
-        sampled = self.sampler(logits, sampling) if sampling else None
-        return LaunchedStep(batch, self.scheduler.launch(batch, num_logits), sampled, self._token_copies)
+        sampled = self.sampler(logits, sampling, argmax=self.runner.graph_argmax(logits)) if sampling else None
+        on_host = None if sampled is None else self.runner.graph_tokens_on_host(sampled)
+        return LaunchedStep(batch, self.scheduler.launch(batch, num_logits), sampled, self._token_copies, on_host)
 
     def _resolve(self, launched: LaunchedStep) -> list[list[int]]:
         """Read a launched step's tokens (the step's one host sync) and account them."""

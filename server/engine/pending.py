@@ -5,9 +5,10 @@ tokens, so the host's work for N+1 runs while the device computes N. A request t
 step N gets a placeholder in its `token_ids` until the token is back: -1 - row, where row is
 the token's row in step N's sampled-token tensor (`placeholder` in server/engine/sequence.py).
 Step N+1 embeds the real token by gathering it from that tensor on the device
-(`fill_placeholders`), so the token never makes a round trip through the host before it is
-used. Placeholders only ever refer to the step launched just before: a step's tokens are
-resolved before the step after next is scheduled.
+(`fill_placeholders`; a decode graph gathers its ids in one op, server/model/cuda_graph.py), so
+the token never makes a round trip through the host before it is used. Placeholders only ever
+refer to the step launched just before: a step's tokens are resolved before the step after next
+is scheduled.
 """
 
 from __future__ import annotations
@@ -54,28 +55,38 @@ class TokenCopies:
         self._events[i].record(self._stream)
         return host, self._events[i]
 
+    def written(self, host: torch.Tensor) -> tuple[torch.Tensor, torch.cuda.Event]:
+        """Tokens that the work launched so far writes to host memory itself (a decode graph):
+        (`host`, an event recorded after that work)."""
+        i, self._next = self._next, self._next ^ 1
+        self._events[i].record(self._stream)
+        return host, self._events[i]
+
 
 @dataclass
 class LaunchedStep:
     """A step on the device: its batch, where each request's placeholder sits in its token_ids
     (-1: the request samples nothing this step), and the sampled tokens (device tensor, None when
     nothing samples), copied to the host asynchronously as soon as they are launched (through
-    `copies`, for tokens on a GPU)."""
+    `copies`, for tokens on a GPU), unless the device writes them to the host itself (`on_host`:
+    a decode graph's greedy tokens)."""
 
     batch: ScheduledBatch
     placeholder_at: list[int]
     sampled: torch.Tensor | None
     copies: InitVar[TokenCopies | None] = None
+    on_host: InitVar[torch.Tensor | None] = None
     _host: torch.Tensor | None = field(default=None, init=False)
     _ready: torch.cuda.Event | None = field(default=None, init=False)
 
-    def __post_init__(self, copies: TokenCopies | None) -> None:
+    def __post_init__(self, copies: TokenCopies | None, on_host: torch.Tensor | None) -> None:
         if self.sampled is None or self.sampled.device.type == "cpu":
             self._host = self.sampled
             return
         if copies is None:
             raise ValueError("LaunchedStep: tokens sampled on a GPU need the engine's TokenCopies")
-        self._host, self._ready = copies.start(self.sampled)  # the step's one device-to-host copy
+        # the step's one device-to-host copy, or none
+        self._host, self._ready = copies.start(self.sampled) if on_host is None else copies.written(on_host)
 
     def tokens(self) -> list[int]:
         """The sampled tokens in batch order of the requests that sample; waits for the copy only."""

@@ -39,12 +39,16 @@ class Sampler:
         return g
 
     @torch.inference_mode()
-    def __call__(self, logits: torch.Tensor, seqs: list[Sequence], offsets: list[int] | None = None) -> torch.Tensor:
+    def __call__(self, logits: torch.Tensor, seqs: list[Sequence], offsets: list[int] | None = None,
+                 argmax: torch.Tensor | None = None) -> torch.Tensor:
         """logits fp32 [S, V], one row per sequence -> token ids int64 [S] on the device.
         A sequence may own several rows (speculative verification); `offsets[i]` is how many of
-        its tokens come before row i's in this step, for the min_tokens rule."""
-        self.suppress_eos(logits, seqs, offsets)
-        greedy = self.greedy(logits)
+        its tokens come before row i's in this step, for the min_tokens rule. argmax: the rows'
+        argmax computed already (a decode graph's), taken for the greedy rows unless a row's EOS
+        is suppressed (which changes the logits); an all-greedy batch returns it as it is."""
+        if self.suppress_eos(logits, seqs, offsets):
+            argmax = None
+        greedy = self.greedy(logits) if argmax is None else argmax
         temps = [s.params.temperature for s in seqs]
         if all(t == 0.0 for t in temps):
             return greedy
@@ -56,12 +60,13 @@ class Sampler:
         """The argmax of each row of fp32 logits [S, V]: int64 [S]."""
         return argmax_rows(logits, self.backend)
 
-    def suppress_eos(self, logits: torch.Tensor, seqs: list[Sequence], offsets: list[int] | None = None) -> None:
-        """Requests still below `min_tokens` outputs cannot draw EOS (in place)."""
+    def suppress_eos(self, logits: torch.Tensor, seqs: list[Sequence], offsets: list[int] | None = None) -> bool:
+        """Requests still below `min_tokens` outputs cannot draw EOS (in place); True if any row changed."""
         offsets = offsets or [0] * len(seqs)
         suppress = [i for i, (s, o) in enumerate(zip(seqs, offsets)) if s.num_output_tokens + o < s.params.min_tokens]
         if suppress:
             logits[self._tensor(suppress), self.eos_token_id] = float("-inf")
+        return bool(suppress)
 
     def probs(self, logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
         """Sampling distribution per row: softmax at the request's temperature, cut to its top_p

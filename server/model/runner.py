@@ -1,9 +1,10 @@
 """Runs one scheduled batch through the model: sizes and owns the KV cache, builds batch inputs.
 
 Batch metadata is built with a handful of tensor operations over the whole batch (no per-token
-Python), on the host, and moved to the device in three asynchronous copies. A request may contribute any number
-of query tokens in a step (a prefill chunk, one decode token, or k+1 tokens to verify drafts);
-`num_logits` says for how many of its last tokens the caller wants logits.
+Python), on the host, and moved to the device in three asynchronous copies (one, for a step that
+a CUDA graph replays). A request may contribute any number of query tokens in a step (a prefill
+chunk, one decode token, or k+1 tokens to verify drafts); `num_logits` says for how many of its
+last tokens the caller wants logits.
 
 Under tensor parallelism (`--tp N`) the engine core's runner is rank 0: it starts the other ranks,
 broadcasts each step's host inputs to them, and alone gets the logits; a worker rank's runner
@@ -172,6 +173,16 @@ class ModelRunner:
         """Logits fp32 [sum(num_logits), vocab] on the device, in batch order. pending: the sampled
         tokens (device) of the step in flight, which the batch's placeholders stand for."""
         return self.execute_with_hidden(batch, num_logits, pending)[0]
+
+    def graph_argmax(self, logits: torch.Tensor) -> torch.Tensor | None:
+        """Each row's argmax of `logits` returned by the last `execute` when a decode graph
+        computed it with them (int64, on the device), else None (server/model/cuda_graph.py)."""
+        return None if self.graphs is None else self.graphs.argmax_of(logits)
+
+    def graph_tokens_on_host(self, tokens: torch.Tensor) -> torch.Tensor | None:
+        """The host copy of `tokens` that the decode graph made when they are its argmax
+        (`graph_argmax`), valid once the step is done; None otherwise."""
+        return None if self.graphs is None else self.graphs.argmax_on_host(tokens)
 
     @torch.inference_mode()
     def execute_with_hidden(self, batch: ScheduledBatch, num_logits: list[int],

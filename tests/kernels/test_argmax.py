@@ -47,8 +47,40 @@ def test_strided_rows_and_empty_batch(gen):
     assert argmax_rows(torch.empty(0, 10), backend="triton").shape == (0,)
 
 
+def test_written_into_a_given_buffer(gen):
+    """A decode graph writes its tokens into the front of the buffer the next step reads."""
+    logits = torch.randn(3, 1000, generator=gen)
+    buffer = torch.full((5,), -1, dtype=torch.long)
+    assert argmax_rows(logits, backend="triton", out=buffer[:3]).data_ptr() == buffer.data_ptr()
+    assert buffer.tolist() == logits.argmax(dim=-1).tolist() + [-1, -1]
+    argmax_rows(logits.flip(1), backend="torch", out=buffer[2:])
+    assert buffer[2:].tolist() == logits.flip(1).argmax(dim=-1).tolist()
+
+
+def test_mirrored_into_the_buffer_row_the_index_names(gen):
+    """A decode graph's tokens also land in the host buffer that the step's inputs name."""
+    logits = torch.randn(3, 1000, generator=gen)
+    buffers = torch.full((2, 5), -1, dtype=torch.long)
+    out = argmax_rows(logits, backend="triton", mirror=(buffers, torch.tensor([1])))
+    assert buffers.tolist() == [[-1] * 5, out.tolist() + [-1, -1]]
+    assert out.tolist() == logits.argmax(dim=-1).tolist()
+    for index, row in ((7, 1), (-3, 0)):  # a stale index stays inside the buffers
+        buffers.fill_(-1)
+        argmax_rows(logits, backend="triton", mirror=(buffers, torch.tensor([index])))
+        assert buffers[row, :3].tolist() == out.tolist() and (buffers[1 - row] == -1).all()
+
+
 def test_bad_input_is_refused():
     with pytest.raises(ValueError, match="fp32"):
         argmax_rows(torch.zeros(2, 3, dtype=torch.bfloat16), backend="triton")
     with pytest.raises(ValueError, match=r"\[T, V\]"):
         argmax_rows(torch.zeros(3), backend="triton")
+    with pytest.raises(ValueError, match=r"out must be contiguous int64 \[2\]"):
+        argmax_rows(torch.zeros(2, 3), backend="triton", out=torch.zeros(3, dtype=torch.long))
+    with pytest.raises(ValueError, match="out must be"):
+        argmax_rows(torch.zeros(2, 3), backend="triton", out=torch.zeros(2, dtype=torch.int32))
+    index = torch.zeros(1, dtype=torch.long)
+    with pytest.raises(ValueError, match=r"mirror must be int64 buffers \[R, >= 2\]"):
+        argmax_rows(torch.zeros(2, 3), backend="triton", mirror=(torch.zeros(2, 1, dtype=torch.long), index))
+    with pytest.raises(ValueError, match="on the triton backend"):
+        argmax_rows(torch.zeros(2, 3), backend="torch", mirror=(torch.zeros(2, 2, dtype=torch.long), index))

@@ -110,3 +110,20 @@ def test_max_tokens_exact():
     out = run(Engine(tiny_config()), {f"m{n}": (prompt(n, 9), greedy(n)) for n in (1, 2, 7)})
     assert {rid: len(r["tokens"]) for rid, r in out.items()} == {"m1": 1, "m2": 2, "m7": 7}
     assert all(r["finish_reason"] == "length" for r in out.values())
+
+
+def test_a_precomputed_argmax_serves_greedy_rows_unless_eos_is_suppressed():
+    """A decode graph hands the sampler its logits' argmax: an all-greedy batch returns that very
+    tensor (the next graph reads it in place), greedy rows of a mixed batch take it, and a row
+    whose EOS is suppressed (the logits change) makes the sampler take its own argmax again."""
+    sampler = Sampler(torch.device("cpu"), EOS, seed=0)
+    logits = torch.zeros(3, 300)
+    logits[:, 7] = 5.0
+    logits[:, EOS] = 10.0
+    planted = torch.tensor([11, 12, 13])  # not the logits' argmax: shows where each token came from
+    assert sampler(logits.clone(), seqs(3, temperature=0.0), argmax=planted) is planted
+    mixed = seqs(3, temperature=0.0)
+    mixed[1] = seqs(1, temperature=1e-4, seed=4)[0]
+    assert sampler(logits.clone(), mixed, argmax=planted).tolist() == [11, EOS, 13]
+    held = seqs(3, temperature=0.0, min_tokens=1)
+    assert sampler(logits.clone(), held, argmax=planted).tolist() == [7, 7, 7]

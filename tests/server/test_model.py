@@ -274,21 +274,48 @@ def test_block_table_grows_with_the_batch_without_doubling_and_lets_finished_req
 
 @pytest.mark.parametrize("batch, size, q", [(1, 4, 1), (3, 8, 4), (0, 2, 1)])
 def test_graph_padding_rows_alike_in_numpy_and_torch(batch, size, q):
-    """A graph's padding requests are written by torch into the device buffers at capture and by
+    """A graph's padding requests are written by torch into the device buffer at capture and by
     numpy into the pinned staging buffers at replay: both give token 0 at positions 0..q-1 of the
     request's own table row, whose first block is the dummy, and leave the real requests alone."""
-    from server.model.cuda_graph import PAD_TOKEN, pad_requests
+    from server.model.cuda_graph import PAD_TOKEN, inputs_bytes, pad_requests, staged_inputs
 
-    dummy, block_size, width = 9, 16, 3
-    tokens_t = torch.full((size * q, 4), -7, dtype=torch.long)
-    table_t = torch.full((size, width), -7, dtype=torch.int32)
-    tokens_n, table_n = tokens_t.numpy().copy(), table_t.numpy().copy()
-    pad_requests(tokens_t, table_t, batch, size, q, dummy, block_size)
-    pad_requests(tokens_n, table_n, batch, size, q, dummy, block_size)
-    assert (tokens_t.numpy() == tokens_n).all() and (table_t.numpy() == table_n).all()
-    rows = [[PAD_TOKEN, i % q, i // q, dummy * block_size + i % q] for i in range(batch * q, size * q)]
-    assert tokens_n[batch * q:].tolist() == rows and (tokens_n[:batch * q] == -7).all()
-    assert (table_n[batch:, 0] == dummy).all() and (table_n[:batch] == -7).all() and (table_n[:, 1:] == -7).all()
+    dummy, block_size, blocks, pending_len = 9, 16, 3, 5
+    layout = pending_len, size * q, size, blocks
+    buffers = [torch.full((inputs_bytes(*layout),), 0x7F, dtype=torch.uint8) for _ in range(2)]
+    torch_views, numpy_views = (staged_inputs(b, *layout).views for b in buffers)
+    pad_requests(torch_views, batch, size, q, dummy, block_size, pending_len)
+    pad_requests(numpy_views.numpy(), batch, size, q, dummy, block_size, pending_len)
+    assert torch.equal(buffers[0], buffers[1])
+    t = torch_views
+    rows = range(batch * q, size * q)
+    padded = [[t.ids[i], t.source[i], t.positions[i], t.context_lens[i], t.seq_ids[i], t.slots[i]] for i in rows]
+    assert [[int(v) for v in row] for row in padded] == [
+        [PAD_TOKEN, pending_len + i, i % q, i % q + 1, i // q, dummy * block_size + i % q] for i in rows]
+    untouched = 0x7F7F7F7F7F7F7F7F
+    assert all(int(v) == untouched for v in t.ids[:batch * q]) and all(int(v) == untouched for v in t.slots[:batch * q])
+    assert (t.table[batch:, 0] == dummy).all() and (t.table[:batch] == 0x7F7F7F7F).all()
+    assert (t.table[:, 1:] == 0x7F7F7F7F).all()
+
+
+def test_a_graphs_inputs_are_one_span_after_the_pending_tokens():
+    """After the pending tokens come the token ids (so [pending, ids] is one int64 array to gather
+    from), then the rest of a step's inputs, the block table last: one copy of [start, end) moves
+    them; the views share the buffer's memory."""
+    from server.model.cuda_graph import inputs_bytes, staged_inputs
+
+    buffer = torch.zeros(1000, dtype=torch.uint8)
+    staged = staged_inputs(buffer, pending_len=4, rows=6, requests=3, blocks=5)
+    v = staged.views
+    assert staged.start == 4 * 8
+    assert staged.end == inputs_bytes(4, 6, 3, 5) == 4 * 8 + 8 + 6 * (4 * 8 + 2 * 4) + 3 * 5 * 4
+    assert [x.dtype for x in (v.ids, v.host_row, v.source, v.positions, v.slots)] == [torch.int64] * 5
+    assert [x.dtype for x in (v.seq_ids, v.context_lens, v.table)] == [torch.int32] * 3
+    assert v.table.shape == (3, 5) and v.table.is_contiguous() and v.host_row.shape == (1,)
+    v.ids[0] = -3
+    v.table[2, 4] = 7
+    assert buffer[:(4 + 6) * 8].view(torch.int64)[4].item() == -3
+    assert buffer[staged.end - 4:staged.end].view(torch.int32).item() == 7
+    assert (buffer[staged.end:] == 0).all()
 
 
 def test_context_buckets_split_at_the_topk_single_launch_width():
