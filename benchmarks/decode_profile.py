@@ -11,6 +11,7 @@ and time can be read off by position.
 
 from __future__ import annotations
 
+import argparse
 import sys
 from pathlib import Path
 
@@ -25,7 +26,8 @@ from server.config import model_preset  # noqa: E402
 REPLAYS = 10
 
 
-def profile_batch(args, batch: int) -> None:  # type: ignore[no-untyped-def]  # engine.py's Namespace
+def profile_batch(args: argparse.Namespace, batch: int) -> None:
+    """Profile one decode batch size's graph (args: benchmarks/engine.py's flags)."""
     bs = args.block_size or model_preset(args.model).default_block_size
     steps = args.warmup + 2
     max_len = args.context + steps + 2

@@ -31,6 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import torch  # noqa: E402
 
 from benchmarks.engine import add_check_requests, check_engine  # noqa: E402
+from kernels.quant import gather_indexer_rows  # noqa: E402
 from server.engine.core import Engine  # noqa: E402
 from server.model import attention, layers  # noqa: E402
 
@@ -44,8 +45,15 @@ def _indexer_outputs(args: tuple, out: torch.Tensor) -> list[torch.Tensor]:
     return [torch.where(cols[None, :] < args[7][:, None].long(), out, 0.0)]
 
 
-def _cache_rows(cache: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+def _kv_rows(cache: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+    """The KV cache rows at slots (the KV cache is one row per slot)."""
     return cache[slots.long()]
+
+
+def _indexer_keys(args: tuple) -> torch.Tensor:
+    """The indexer keys indexer_prepare wrote (key [T, d_I], the cache, slots and key dtype: its
+    2nd, 10th, 11th and 12th arguments), as rows; the cache is laid out per block (kernels/quant.py)."""
+    return gather_indexer_rows(args[9], args[10], args[1].shape[-1], args[11])
 
 
 # What each wrapped call's recorded outputs are, from its arguments and its result.
@@ -55,8 +63,8 @@ OUTPUTS: dict[str, Callable[[tuple, object], list[torch.Tensor]]] = {
     "add_rms_norm": lambda a, out: list(out),
     "linear": lambda a, out: [out],
     "head_linear": lambda a, out: [out],
-    "mla_prepare_": lambda a, out: [a[0], _cache_rows(a[7], a[8])],  # q_pe rotated, the KV rows written
-    "indexer_prepare": lambda a, out: [*out, _cache_rows(a[9], a[10])],  # q8, weights, the key rows written
+    "mla_prepare_": lambda a, out: [a[0], _kv_rows(a[7], a[8])],  # q_pe rotated, the KV rows written
+    "indexer_prepare": lambda a, out: [*out, _indexer_keys(a)],  # q8, weights, the keys written
     "indexer_logits_paged": _indexer_outputs,
     "topk_slots": lambda a, out: [out, out.sort(dim=-1).values],  # as they come, and as a set
     "sparse_mla": lambda a, out: list(out),  # (latent output, lse)

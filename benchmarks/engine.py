@@ -352,7 +352,7 @@ def check_graph_tokens(args: argparse.Namespace) -> None:
             # between the two schedules, which says nothing about the graphs.
             ref = results["eager", overlap]
             diverged = [r for r in ref if ref[r] != got.get(r)]
-            print(f"graph check {label}: greedy tokens graph overlap {'on' if overlap else 'off'} vs eager on the same schedule: "
+            print(f"graph check {label}: tokens graph overlap {'on' if overlap else 'off'} vs eager on the same schedule: "
                   f"{'DIFFER in ' + ','.join(diverged) if diverged else 'IDENTICAL'} "
                   f"({sum(map(len, got.values()))} tokens, {num_requests} requests)", flush=True)
             for r in diverged if spec is None else ():

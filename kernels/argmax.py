@@ -73,14 +73,15 @@ def argmax_rows(logits: torch.Tensor, backend: str | None = None, out: torch.Ten
     elif out.shape != (rows,) or out.dtype != torch.int64 or not out.is_contiguous() or out.device != logits.device:
         raise ValueError(f"argmax_rows: out must be contiguous int64 [{rows}] on {logits.device}, "
                          f"got {out.dtype}{list(out.shape)} on {out.device}")
-    torch_backend = resolve_backend(backend, logits.device) == "torch"
+    resolved = resolve_backend(backend, logits.device)
+    torch_backend = resolved == "torch"
     if mirror is not None:
         buffers, index = mirror
         if torch_backend or buffers.dim() != 2 or buffers.shape[1] < rows or buffers.stride(1) != 1 \
                 or buffers.dtype != torch.int64 or index.shape != (1,) or index.dtype != torch.int64:
             raise ValueError(f"argmax_rows: mirror must be int64 buffers [R, >= {rows}] and an int64 [1] index, "
                              f"on the triton backend; got {buffers.dtype}{list(buffers.shape)}, "
-                             f"{index.dtype}{list(index.shape)}, backend {backend}")
+                             f"{index.dtype}{list(index.shape)}, backend {resolved}")
     if torch_backend or n == 0:
         return torch.argmax(logits, dim=-1, out=out)
     if logits.stride(1) != 1:

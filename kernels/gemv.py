@@ -9,17 +9,18 @@ in a fixed order: no split-K, no atomics, so a result depends only on the shape 
 chosen from it), never on timing, and a CUDA graph's replay gives the eager step's numbers.
 
 Two kernels: fp32 multiply-adds of each K step summed into per-column fp32 accumulators
-(one row), or tl.dot over a 16-row tile (padding rows masked), whose per-row sums do not
-depend on how many of the 16 rows are real. Which one, and its tiles, is chosen by rules fitted to
-a sweep in CUDA graphs over the small model's shapes (`default_config`): on an H200 the chosen
-configs beat cuBLAS at one row (batch-1 decode) by 0.4-2.9 us on five of its projections, tied
-within 0.4 us on gate/up and lost nothing elsewhere; the query projection stays on cuBLAS (with
-q_norm folded into its x-load, kernels/gemv_fused.py runs it at batch 1). At four
-rows cuBLAS won or tied on all but the two per-head products, so more rows than MAX_ROWS take
-F.linear (or einsum), except decode batches of BATCH_MIN_ROWS-BATCH_MAX_ROWS rows on the shapes
-the dot kernel with every row in one tile measured faster on (`BATCH_CONFIGS`: the LM head, whose
-fp32 logits it stores itself), as do weights larger or K longer than the sweep's largest (v32's 7,168-wide
-inputs), other dtypes, `linear`'s weights without a unit column stride, and the torch backend.
+(one row), or tl.dot over a 16-row tile (64 or 128 rows for the decode batches below; padding
+rows masked), whose per-row sums do not depend on how many of the tile's rows are real. Which
+one, and its tiles, is chosen by rules fitted to a sweep in CUDA graphs over the small model's
+shapes (`default_config`): on an H200 the chosen configs beat cuBLAS at one row (batch-1 decode)
+by 0.4-2.9 us on five of its projections, tied within 0.4 us on gate/up and lost nothing
+elsewhere; the query projection stays on cuBLAS (with q_norm folded into its x-load,
+kernels/gemv_fused.py runs it at batch 1). At four rows cuBLAS won or tied on all but the two
+per-head products, so more rows than MAX_ROWS take F.linear (or einsum), as do weights larger or
+K longer than the sweep's largest (v32's 7,168-wide inputs), other dtypes, `linear`'s weights
+without a unit column stride, and the torch backend; the exception is decode batches of
+BATCH_MIN_ROWS-BATCH_MAX_ROWS rows on the shapes the dot kernel with every row in one tile
+measured faster on (`BATCH_CONFIGS`: the LM head, whose fp32 logits it stores itself).
 Smaller shapes that were not swept (the tiny model's, tensor-parallel slices, v32's per-head
 W_UK / W_UV with 128 heads) follow the same rules unmeasured.
 
@@ -195,7 +196,8 @@ def _triton_config(x: torch.Tensor, weight: torch.Tensor, rows: int, backend: st
 def linear(x: torch.Tensor, weight: torch.Tensor, backend: str | None = None,
            out_dtype: torch.dtype | None = None) -> torch.Tensor:
     """F.linear(x, weight).to(out_dtype) without bias: x [..., K], weight [N, K] -> [..., N]; a Triton
-    GEMV for up to MAX_ROWS rows of x on the Triton backend, F.linear otherwise. A bf16 product
+    GEMV on the Triton backend where `default_config` has one (up to MAX_ROWS rows of x, and the
+    BATCH_CONFIGS shapes at BATCH_MIN_ROWS-BATCH_MAX_ROWS rows), F.linear otherwise. A bf16 product
     wanted in fp32 (the LM head's logits) is stored so by the GEMV itself: one kernel less."""
     if x.shape[-1] != weight.shape[-1]:
         raise ValueError(f"linear: x {tuple(x.shape)} and weight {tuple(weight.shape)} differ in K")

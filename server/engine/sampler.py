@@ -4,7 +4,8 @@ Rows with temperature 0 take the argmax. Other rows scale by 1/temperature, keep
 set of tokens whose probability reaches top_p, and sample by the exponential-race trick
 (argmax of p / E with E ~ Exp(1)), drawing E from the request's own torch.Generator when it has
 a seed, so a seeded request gets the same tokens whatever else is in the batch. Requests below
-`min_tokens` outputs cannot draw EOS. The caller does one host copy of the returned tokens;
+`min_tokens` outputs cannot draw EOS. The caller does one host copy of the returned tokens
+(none when they are a decode graph's argmax, which the graph wrote to the host itself);
 per-request values reach the device by asynchronous copies from pinned memory, so sampling never
 makes the host wait for the device (which would undo overlapped scheduling).
 """

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+import kernels.backend
 from kernels.argmax import BLOCK, argmax_rows
 
 
@@ -70,7 +71,7 @@ def test_mirrored_into_the_buffer_row_the_index_names(gen):
         assert buffers[row, :3].tolist() == out.tolist() and (buffers[1 - row] == -1).all()
 
 
-def test_bad_input_is_refused():
+def test_bad_input_is_refused(monkeypatch):
     with pytest.raises(ValueError, match="fp32"):
         argmax_rows(torch.zeros(2, 3, dtype=torch.bfloat16), backend="triton")
     with pytest.raises(ValueError, match=r"\[T, V\]"):
@@ -82,5 +83,8 @@ def test_bad_input_is_refused():
     index = torch.zeros(1, dtype=torch.long)
     with pytest.raises(ValueError, match=r"mirror must be int64 buffers \[R, >= 2\]"):
         argmax_rows(torch.zeros(2, 3), backend="triton", mirror=(torch.zeros(2, 1, dtype=torch.long), index))
-    with pytest.raises(ValueError, match="on the triton backend"):
+    with pytest.raises(ValueError, match="on the triton backend;.* backend torch$"):
         argmax_rows(torch.zeros(2, 3), backend="torch", mirror=(torch.zeros(2, 2, dtype=torch.long), index))
+    monkeypatch.setattr(kernels.backend, "_default", "torch")  # the process default, as set_backend sets it
+    with pytest.raises(ValueError, match="backend torch$"):  # the backend it resolved to, not None
+        argmax_rows(torch.zeros(2, 3), mirror=(torch.zeros(2, 2, dtype=torch.long), index))

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 
-from benchmarks.determinism import Recorder, differing, first_steps, repeat_alone, rows_owner
+from benchmarks.determinism import OUTPUTS, Recorder, differing, first_steps, main, repeat_alone, rows_owner
+from kernels.quant import encode_indexer_keys, indexer_row_bytes, write_indexer_cache
 
 
 def test_differing_compares_bits_and_names_rows():
@@ -44,3 +47,27 @@ def test_recorder_reports_the_first_differing_call():
     other.start_step([("r0", 1), ("r1", 1)])
     with pytest.raises(RuntimeError, match="schedules differ"):
         other.record("linear", (logits, logits), {}, logits)
+
+
+@pytest.mark.parametrize("key_dtype", ["fp8", "mxfp4"])
+def test_indexer_prepare_records_the_keys_written_to_the_block_laid_cache(key_dtype):
+    """The indexer key cache is laid out per block (kernels/quant.py), so the keys indexer_prepare
+    wrote are read back at their slots through the layout, not as rows of the cache tensor."""
+    d_i, block_size, num_blocks = 64, 16, 3
+    cache = torch.zeros(num_blocks, block_size * indexer_row_bytes(d_i, key_dtype), dtype=torch.uint8)
+    slots = torch.tensor([40, 3, 17])  # past num_blocks: not rows of the tensor
+    keys = torch.randn(3, d_i, generator=torch.Generator().manual_seed(0))
+    write_indexer_cache(cache, slots, keys, key_dtype)
+    args = (None, keys, None, None, None, 1e-6, None, None, 0, cache, slots, key_dtype, 1.0)
+    q8, weights = torch.zeros(3, 1, d_i, dtype=torch.uint8), torch.zeros(3, 1)
+    recorded = OUTPUTS["indexer_prepare"](args, (q8, weights))
+    assert recorded[0] is q8 and recorded[1] is weights
+    assert torch.equal(recorded[2], encode_indexer_keys(keys, key_dtype))
+
+
+def test_smoke_runs_end_to_end(capsys):
+    """The script's CPU smoke (tiny model, torch kernels): two runs recorded and compared call by call."""
+    assert main(["--smoke"]) == 0
+    out = capsys.readouterr().out
+    assert re.search(r"^run 1: [1-9]\d* kernel calls recorded over [1-9]\d* steps$", out, re.MULTILINE), out
+    assert "run 2: greedy tokens IDENTICAL to run 1; 0 recorded outputs differ bitwise" in out
