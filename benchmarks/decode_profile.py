@@ -37,10 +37,9 @@ def profile_batch(args: argparse.Namespace, batch: int) -> None:
     place_prefilled(engine, batch, args.context, steps + 2)
     for _ in range(steps):
         engine.step()
-    context = args.context + steps
-    seconds = min(replay_seconds(engine, batch, context, reps=50) for _ in range(3))
+    seconds = min(replay_seconds(engine, reps=50) for _ in range(3))
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        replay_seconds(engine, batch, context, reps=REPLAYS - 1)
+        replay_seconds(engine, reps=REPLAYS - 1)
     kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
     per_replay = len(kernels) // REPLAYS
     by_name: dict[str, list[float]] = {}

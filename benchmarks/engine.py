@@ -177,7 +177,7 @@ def bench_decode(args: argparse.Namespace, backend: str, kv: str, batch: int, mo
                 host.append(times[-1] - sum(waits[waited:]))
     if mode == "graph" and engine.runner.graphs is None:
         raise RuntimeError("--modes graph: the engine captured no CUDA graphs (CPU, torch backend or --tp > 1)")
-    device_s = replay_seconds(engine, batch, args.context + steps) if mode == "graph" else None
+    device_s = replay_seconds(engine) if mode == "graph" else None
     if args.count_kernels and mode == "eager" and engine.runner.device.type == "cuda":
         print(f"{args.model} {kv} B={batch}: {count_kernels(engine)} GPU kernels per eager decode step", flush=True)
     m = engine.config.model
@@ -189,11 +189,14 @@ def bench_decode(args: argparse.Namespace, backend: str, kv: str, batch: int, mo
                limit, device_s, statistics.median(host))
 
 
-def replay_seconds(engine: Engine, batch: int, context: int, reps: int = 20) -> float:
-    """Device time of the decode graph alone: back-to-back replays timed with CUDA events. The
-    step's wall time minus this is the host time the step does not hide."""
+def replay_seconds(engine: Engine, reps: int = 20) -> float:
+    """Device time of the decode graph the engine's last step replayed, alone: back-to-back replays
+    timed with CUDA events (that graph's inputs are still in place; the inputs are laid out per
+    graph, so another graph would read stale ones). The step's wall time minus this is the host
+    time the step does not hide."""
     graphs = engine.runner.graphs
-    graph = graphs.graphs[graphs.bucket(batch), 1, graphs.width(context)]
+    assert graphs is not None and graphs.last_key is not None, "replay_seconds: no graph was replayed"
+    graph = graphs.graphs[graphs.last_key]
     graph.replay()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
@@ -303,7 +306,6 @@ def check_graph_tokens(args: argparse.Namespace) -> None:
         variants = [("eager", False), ("eager again", False), ("graph", False)] + (
             [("eager", True), ("graph", True)] if spec is None else [])
         margins: dict[tuple[str, bool], dict[str, list[float]]] = {}
-        last_replayed: list[tuple[int, int, int]] = []
         for mode, overlap in variants:
             engine = check_engine(args, "triton", args.kv_dtypes.split(",")[0], mode.split()[0], spec, overlap)
             if spec is None:
@@ -312,11 +314,10 @@ def check_graph_tokens(args: argparse.Namespace) -> None:
             if graphs is not None:
                 replay = graphs.replay
 
-                def counted(*a, _replay=replay, _graphs=graphs, _replays=replays, _last=last_replayed):
+                def counted(*a, _replay=replay, _graphs=graphs, _replays=replays):
                     batch = a[4].shape[0]  # the block table
                     key = _graphs.bucket(batch), a[0].shape[0] // batch, _graphs.width(a[5])
                     _replays[key] += 1
-                    _last[:] = [key]
                     return _replay(*a)
 
                 graphs.replay = counted
@@ -328,7 +329,8 @@ def check_graph_tokens(args: argparse.Namespace) -> None:
             results[mode, overlap] = tokens
             if mode == "graph" and spec is None and not overlap:
                 # the last replay's graph: its inputs (laid out per graph) are still in place
-                key = last_replayed[0]
+                key = graphs.last_key
+                assert key is not None
                 with torch.inference_mode():
                     eager_a = graphs._forward(*key)[0].clone()
                     eager_b = graphs._forward(*key)[0].clone()

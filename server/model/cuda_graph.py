@@ -184,6 +184,8 @@ class DecodeGraphs:
         # slice assignment costs the host about a tenth of a torch op's dispatch
         self._staging_cache: dict[tuple[int, int, int, int], tuple[slice, GraphInputs[np.ndarray]]] = {}
         self._flip = 0
+        # The graph the last replay ran: its inputs are in place, so it alone can be replayed again as is.
+        self.last_key: tuple[int, int, int] | None = None
         self.graphs: dict[tuple[int, int, int], torch.cuda.CUDAGraph] = {}
         self.outputs: dict[tuple[int, int, int], tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]] = {}
         # The last replay's logits, their argmax on the device and on the host (the views handed
@@ -288,6 +290,7 @@ class DecodeGraphs:
         size = self.bucket(batch)
         assert size is not None, f"DecodeGraphs.replay: batch {batch} is larger than every captured size"
         key = size, q, self.width(max_context)
+        self.last_key = key
         flip, self._flip = self._flip, self._flip ^ 1
         span, host = self._staging_views(flip, key)
         n = batch * q
