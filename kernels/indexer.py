@@ -134,6 +134,9 @@ def _store_logits(scores, w, visible, cols, out_ptr, t, n_cols):
     tl.store(out_ptr + t.to(tl.int64) * n_cols + cols, logits, mask=cols < n_cols)
 
 
+# block_size stays unspecialised, as it had to be for the earlier 132-byte rows (a multiple-of-16
+# hint let the compiler load 4-byte-aligned rows as 16-byte vectors); the per-block layout's
+# rows may now allow it, but that was neither checked on a GPU nor timed.
 @triton.jit(do_not_specialize=["block_size"])
 def _indexer_logits_kernel(
     q_ptr, w_ptr, key_ptr, key_words_ptr, out_ptr,
