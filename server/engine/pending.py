@@ -49,18 +49,16 @@ class TokenCopies:
     def start(self, sampled: torch.Tensor) -> tuple[torch.Tensor, torch.cuda.Event]:
         """Copy `sampled` (int64, device) to the host without waiting: (its host buffer, an event
         recorded after the copy)."""
-        i, self._next = self._next, self._next ^ 1
-        host = self._buffers[i][: sampled.shape[0]]
+        host = self._buffers[self._next][: sampled.shape[0]]
         host.copy_(sampled, non_blocking=True)
-        self._events[i].record(self._stream)
-        return host, self._events[i]
+        return host, self.recorded()
 
-    def written(self, host: torch.Tensor) -> tuple[torch.Tensor, torch.cuda.Event]:
-        """Tokens that the work launched so far writes to host memory itself (a decode graph):
-        (`host`, an event recorded after that work)."""
+    def recorded(self) -> torch.cuda.Event:
+        """An event recorded after the work launched so far, taken in turn with the buffers; alone,
+        for tokens that the device writes to host memory itself (a decode graph's)."""
         i, self._next = self._next, self._next ^ 1
         self._events[i].record(self._stream)
-        return host, self._events[i]
+        return self._events[i]
 
 
 @dataclass
@@ -86,7 +84,7 @@ class LaunchedStep:
         if copies is None:
             raise ValueError("LaunchedStep: tokens sampled on a GPU need the engine's TokenCopies")
         # the step's one device-to-host copy, or none
-        self._host, self._ready = copies.start(self.sampled) if on_host is None else copies.written(on_host)
+        self._host, self._ready = copies.start(self.sampled) if on_host is None else (on_host, copies.recorded())
 
     def tokens(self) -> list[int]:
         """The sampled tokens in batch order of the requests that sample; waits for the copy only."""
