@@ -272,7 +272,8 @@ def check_engine(args: argparse.Namespace, backend: str, kv: str, mode: str,
     """An engine for check_requests(max_prompt): 8 sequences, 4,096 tokens a step, room for every
     request's blocks four times over, a context twice the shortest bucket (or the model's)."""
     requests = check_requests(max_prompt)
-    blocks = sum(-(-(len(p) + m) // 64) + 1 for p, m in requests) + 8
+    bs = args.block_size or model_preset(args.model).default_block_size
+    blocks = sum(-(-(len(p) + m) // bs) + 1 for p, m in requests) + 8
     max_len = min(2 * context_buckets(1 << 20)[0], model_preset(args.model).max_position)
     return make_engine(args, backend, kv, blocks * 4, max_len, 8, 4096, mode, speculative=speculative,
                        overlap=overlap)
@@ -315,10 +316,9 @@ def check_graph_tokens(args: argparse.Namespace) -> None:
                 replay = graphs.replay
 
                 def counted(*a, _replay=replay, _graphs=graphs, _replays=replays):
-                    batch = a[4].shape[0]  # the block table
-                    key = _graphs.bucket(batch), a[0].shape[0] // batch, _graphs.width(a[5])
-                    _replays[key] += 1
-                    return _replay(*a)
+                    out = _replay(*a)
+                    _replays[_graphs.last_key] += 1
+                    return out
 
                 graphs.replay = counted
             add_check_requests(engine, sampling=sampling)
