@@ -758,9 +758,13 @@ def print_table(rows: list[Row]) -> None:
         )
 
 
+# The script's parts: all of them run unless --only names some.
+PARTS = ("mla", "indexer", "topk", "topk_slots", "quant", "prefill", "gemv", "argmax", "gemv_fused", "gemv_batch")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--only", choices=["mla", "indexer", "topk", "topk_slots", "quant", "prefill", "gemv", "argmax", "gemv_fused", "gemv_batch"], action="append", help="run only these parts (repeatable)")
+    parser.add_argument("--only", choices=PARTS, action="append", help="run only these parts (repeatable)")
     parser.add_argument("--kv-slots", type=int, default=1 << 20, help="KV cache rows the sparse MLA indices draw from")
     parser.add_argument("--smoke", action="store_true", help="tiny shapes on CPU (set TRITON_INTERPRET=1) to test the script")
     args = parser.parse_args(argv)
@@ -770,8 +774,7 @@ def main(argv: list[str] | None = None) -> int:
     elif not torch.cuda.is_available():
         print("benchmarks/kernels.py needs a CUDA GPU (or --smoke)", file=sys.stderr)
         return 2
-    parts = args.only or ["mla", "indexer", "topk", "topk_slots", "quant", "prefill", "gemv", "argmax", "gemv_fused",
-                          "gemv_batch"]
+    parts = args.only or PARTS
     name = "cpu (smoke)" if SMOKE else torch.cuda.get_device_name()
     print(f"device: {name}  torch {torch.__version__}  triton {triton.__version__}")
     copy, mm = measure_ceilings()

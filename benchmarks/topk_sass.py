@@ -36,19 +36,19 @@ _PTRS = {"logits_ptr": "*fp32", "lengths_ptr": "*i32", "out_ptr": "*i32", "hist_
 _SIGNATURES = {
     "_radix_pass_kernel": {**_PTRS, "count_ptr": "*i32", "n_cols": "i32", "k": "i32", "level": "i32"},
     "_split_kernel": {**_PTRS, "count_ptr": "*i32", "cand_ptr": "*i32", "n_cols": "i32", "k": "i32", "cap": "i32"},
-    "_finish_kernel": {**_PTRS, "cand_ptr": "*i32", "n_cols": "i32", "k": "i32", "cap": "i32"},
+    "_finish_kernel": {**_PTRS, "cand_ptr": "*i32", "bits_ptr": "*i32", "n_cols": "i32", "k": "i32", "cap": "i32"},
     "_topk_row_kernel": {k: v for k, v in _PTRS.items() if k != "hist_ptr"} | {"n_cols": "i32", "k": "i32"},
     "_topk_in_registers_kernel": {k: v for k, v in _PTRS.items() if k != "hist_ptr"} | {
         "n_cols": "i32", "k": "i32", "table_ptr": "*i32", "seq_ids_ptr": "*i32", "table_stride": "i32"},
 }
 # (kernel, constexprs, num_warps): the defaults' grids (histogram levels past 32k columns: 2,048-column
-# steps) and a 4096-column block
+# steps; the finish ordering v32's k of 2,048) and a 4096-column block
 CASES = (("_radix_pass_kernel", {"CHUNK": 2048, "BLOCK": 1024}, 4),
          ("_radix_pass_kernel", {"CHUNK": 2048, "BLOCK": 2048}, 4),
          ("_radix_pass_kernel", {"CHUNK": 4096, "BLOCK": 4096}, 4),
          ("_split_kernel", {"CHUNK": 2048, "BLOCK": 1024, "PER_COLUMN_ATOMICS": False}, 4),
          ("_split_kernel", {"CHUNK": 2048, "BLOCK": 1024, "PER_COLUMN_ATOMICS": True}, 4),
-         ("_finish_kernel", {"BLOCK": 512}, 4),
+         ("_finish_kernel", {"BLOCK": 512, "K_BLOCK": 2048, "W_BLOCK": topk.ORDER_WORDS_BLOCK}, 4),
          ("_topk_row_kernel", {"BLOCK": 4096}, 16),
          # the decode rows' kernel, writing cache slots (its loops: the search steps of the full and
          # the half block, each step's compares a column; and the short rows' store)

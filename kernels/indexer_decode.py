@@ -35,9 +35,7 @@ from kernels.indexer_tiled import fp8_dot_supported, key_words
 from kernels.triton_utils import new_output, row_programs
 
 
-# block_size stays unspecialised, as it had to be for the earlier 132-byte rows (a multiple-of-16
-# hint let the compiler load 4-byte-aligned rows as 16-byte vectors); the per-block layout's
-# rows may now allow it, but that was neither checked on a GPU nor timed.
+# block_size unspecialised as in kernels/indexer.py's kernel (why: there); the measured config ran so.
 @triton.jit(do_not_specialize=["block_size"])
 def _indexer_decode_kernel(
     q_ptr, w_ptr, values_desc, key_words_ptr, out_ptr,

@@ -167,11 +167,16 @@ def decode_ue8m0(b: torch.Tensor) -> torch.Tensor:
     return torch.where(bits == 0xFF, torch.full_like(value, float("nan")), value)
 
 
+def mxfp4_packed_bytes(d: int) -> int:
+    """Bytes of d values packed as MXFP4 (mxfp4_quantize): d/2 of e2m1 nibbles, then d/32 ue8m0 scales."""
+    return d // 2 + d // MX_BLOCK
+
+
 def mxfp4_dequantize(packed: torch.Tensor, d: int) -> torch.Tensor:
     """uint8[..., D/2 + D/32] -> fp32[..., D]."""
-    if packed.dtype != torch.uint8 or d % MX_BLOCK or packed.shape[-1] != d // 2 + d // MX_BLOCK:
+    if packed.dtype != torch.uint8 or d % MX_BLOCK or packed.shape[-1] != mxfp4_packed_bytes(d):
         raise ValueError(
-            f"mxfp4_dequantize: expected uint8[..., {d // 2 + d // MX_BLOCK}] for d={d} (a multiple of {MX_BLOCK}), "
+            f"mxfp4_dequantize: expected uint8[..., {mxfp4_packed_bytes(d)}] for d={d} (a multiple of {MX_BLOCK}), "
             f"got {packed.dtype}{list(packed.shape)}"
         )
     nibbles = packed[..., : d // 2].to(torch.int32)
@@ -264,8 +269,7 @@ def encode_indexer_keys(keys: torch.Tensor, key_dtype: str) -> torch.Tensor:
     _check_choice(key_dtype, KEY_DTYPES, "key_dtype")
     if key_dtype == "mxfp4":
         packed = mxfp4_quantize(keys)
-        value_bytes = indexer_value_bytes(keys.shape[-1], key_dtype)
-        return torch.nn.functional.pad(packed, (0, value_bytes + INDEXER_SCALE_BYTES - packed.shape[-1]))
+        return torch.nn.functional.pad(packed, (0, indexer_row_bytes(keys.shape[-1], key_dtype) - packed.shape[-1]))
     q, scale = fp8_e4m3_quantize(keys)
     return torch.cat([q, scale.contiguous().view(torch.uint8).reshape(-1, 4)], dim=-1)
 
@@ -320,6 +324,6 @@ def read_indexer_keys(rows: torch.Tensor, d_i: int, key_dtype: str) -> tuple[tor
             f"{key_dtype}, got {rows.dtype}{list(rows.shape)}"
         )
     if key_dtype == "mxfp4":
-        packed = rows[..., : d_i // 2 + d_i // MX_BLOCK]
-        return mxfp4_dequantize(packed, d_i), torch.ones(rows.shape[:-1], device=rows.device)
+        values = mxfp4_dequantize(rows[..., : mxfp4_packed_bytes(d_i)], d_i)
+        return values, torch.ones(rows.shape[:-1], device=rows.device)
     return decode_e4m3(rows[..., :d_i]), rows[..., d_i:].contiguous().view(torch.float32).squeeze(-1)

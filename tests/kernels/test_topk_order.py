@@ -8,20 +8,15 @@ order, as they may on a GPU."""
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import pytest
 import torch
 
-from kernels.topk import default_config, topk_triton
+from kernels.topk import topk_triton
+from tests.kernels.test_topk import CPU_CONFIG, PATHS
 
-CPU_CONFIG = default_config(torch.device("cpu"), 0, 1)
-COMPACTING = {"list": replace(CPU_CONFIG, single_pass_max_cols=0, candidates=1 << 12),
-              "list, per-column atomics": replace(CPU_CONFIG, single_pass_max_cols=0, candidates=1 << 12,
-                                                  per_column_atomics=True),
-              "list overflows": replace(CPU_CONFIG, single_pass_max_cols=0, candidates=1)}
-ONE_LAUNCH = {"in registers": replace(CPU_CONFIG, single_pass_max_cols=1 << 30),
-              "radix": replace(CPU_CONFIG, single_pass_max_cols=1 << 30, single_pass_registers=False)}
+# test_topk's paths that order their rows: the compacting ones, and the one-launch ones
+COMPACTING = {name: cfg for name, cfg in PATHS.items() if not cfg.single_pass_max_cols and cfg.candidates}
+ONE_LAUNCH = {name: cfg for name, cfg in PATHS.items() if name.startswith("one launch")}
 
 
 @pytest.mark.parametrize("path", COMPACTING)
