@@ -186,7 +186,9 @@ def launch(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor, config: Gem
 def _triton_config(x: torch.Tensor, weight: torch.Tensor, rows: int, backend: str | None) -> GemvConfig | None:
     """The config when this product runs in Triton, else None (torch backend, too many rows, dtypes,
     shapes where cuBLAS was as fast)."""
-    if rows == 0 or resolve_backend(backend, x.device) == "torch":
+    if rows == 0 or (rows > MAX_ROWS and not BATCH_MIN_ROWS <= rows <= BATCH_MAX_ROWS):
+        return None  # first: every prefill and most batches end here, before any other check
+    if resolve_backend(backend, x.device) == "torch":
         return None
     if x.dtype != weight.dtype or x.dtype not in (torch.bfloat16, torch.float16, torch.float32):
         return None
