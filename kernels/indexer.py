@@ -17,8 +17,9 @@ import triton.language as tl
 
 from kernels.backend import resolve_backend, values_checkable
 from kernels.indexer_decode import descriptor_decode_config, indexer_decode_descriptor
-from kernels.indexer_tiled import decode_tiled_config, indexer_logits_tiled, key_words
+from kernels.indexer_tiled import decode_tiled_config, indexer_logits_tiled
 from kernels.quant import decode_e4m3, gather_indexer_rows, indexer_row_bytes, indexer_value_bytes, read_indexer_keys
+from kernels.quant_kernels import key_words
 from kernels.triton_utils import (
     E2M1_RAW_SCALE,
     E4M3_RAW_SCALE,

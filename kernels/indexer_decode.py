@@ -31,7 +31,8 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from kernels.indexer_tiled import fp8_dot_supported, key_words
+from kernels.indexer_tiled import fp8_dot_supported
+from kernels.quant_kernels import key_words
 from kernels.triton_utils import new_output, row_programs
 
 

@@ -47,6 +47,7 @@ import triton
 import triton.language as tl
 
 from kernels.quant import indexer_value_bytes
+from kernels.quant_kernels import key_words
 from kernels.triton_utils import (
     E2M1_RAW_E4M3_SCALE,
     E2M1_RAW_SCALE,
@@ -60,15 +61,6 @@ from kernels.triton_utils import (
     ue8m0_to_f32,
     word_bytes,
 )
-
-
-@triton.jit
-def key_words(block, offset, block_size, VALUE_WORDS: tl.constexpr):
-    """(first value word, scale word) of the keys at offset [any shape] of cache blocks block (int64),
-    as int32-word indices of the indexer key cache: a block holds its block_size keys' values,
-    VALUE_WORDS words each, then their scale words (kernels/quant.py's layout)."""
-    base = block * block_size * (VALUE_WORDS + 1)
-    return base + offset * VALUE_WORDS, base + block_size * VALUE_WORDS + offset
 
 
 @triton.jit

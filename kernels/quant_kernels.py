@@ -162,3 +162,12 @@ def mxfp4_quantize_triton(x: torch.Tensor) -> torch.Tensor:
         _mxfp4_quantize_kernel[(triton.cdiv(n_groups, block_g),)](flat, out, n_groups, D=d, BLOCK_G=block_g,
                                                                   num_warps=4)
     return out.reshape(*lead, d // 2 + d // 32)
+
+
+@triton.jit
+def key_words(block, offset, block_size, VALUE_WORDS: tl.constexpr):
+    """(first value word, scale word) of the keys at offset [any shape] of cache blocks block (int64),
+    as int32-word indices of the indexer key cache: a block holds its block_size keys' values,
+    VALUE_WORDS words each, then their scale words (kernels/quant.py's layout)."""
+    base = block * block_size * (VALUE_WORDS + 1)
+    return base + offset * VALUE_WORDS, base + block_size * VALUE_WORDS + offset
