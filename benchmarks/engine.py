@@ -157,14 +157,22 @@ def timed_token_waits() -> Iterator[list[float]]:
         LaunchedStep.tokens = tokens  # type: ignore[method-assign]
 
 
-def bench_decode(args: argparse.Namespace, backend: str, kv: str, batch: int, mode: str, overlap: bool) -> Row:
+def decode_engine(args: argparse.Namespace, backend: str, kv: str, batch: int, mode: str, steps: int,
+                  overlap: bool = True) -> Engine:
+    """An engine holding `batch` requests prefilled to --context tokens, with room (blocks and
+    length) for `steps` decode steps and two more (for --count-kernels), and a graph of `batch`."""
     bs = args.block_size or model_preset(args.model).default_block_size
-    steps = args.warmup + args.steps
     max_len = args.context + steps + 2
     num_blocks = batch * -(-max_len // bs) + 1
     engine = make_engine(args, backend, kv, num_blocks, max_len, max(batch, 1), max(batch, args.max_num_batched_tokens),
                          mode, graph_sizes=(batch,), overlap=overlap)
-    place_prefilled(engine, batch, args.context, steps + 2)  # two more steps for --count-kernels
+    place_prefilled(engine, batch, args.context, steps + 2)
+    return engine
+
+
+def bench_decode(args: argparse.Namespace, backend: str, kv: str, batch: int, mode: str, overlap: bool) -> Row:
+    steps = args.warmup + args.steps
+    engine = decode_engine(args, backend, kv, batch, mode, steps, overlap)
     times, host = [], []
     sync(engine.runner.device)
     with timed_token_waits() as waits:
