@@ -69,9 +69,10 @@ OUTPUTS: dict[str, Callable[[tuple, object], list[torch.Tensor]]] = {
     "topk_slots": lambda a, out: [out, out.sort(dim=-1).values],  # as they come, and as a set
     "sparse_mla": lambda a, out: list(out),  # (latent output, lse)
 }
-MODULES = {"add_rms_norm_linear": layers, "silu_mul_linear": layers, "add_rms_norm": layers, "linear": layers,
-           "head_linear": attention, "mla_prepare_": attention, "indexer_prepare": attention,
-           "indexer_logits_paged": attention, "topk_slots": attention, "sparse_mla": attention}
+# The module whose global each call is (where the model looks it up): server.model.layers for
+# these, server.model.attention for the rest.
+LAYER_CALLS = ("add_rms_norm_linear", "silu_mul_linear", "add_rms_norm", "linear")
+MODULES = {name: layers if name in LAYER_CALLS else attention for name in OUTPUTS}
 
 
 @dataclass
