@@ -325,11 +325,13 @@ def main() -> None:
     if args.scaling and len(client_cpus) > 1 and hasattr(os, "sched_setaffinity"):
         scaling += (f"; busy loops on the client's CPUs at once run at {cpu_independence(client_cpus):.2f} "
                     "of each alone (1.0: separate cores)")
-    print(f"client pinned to CPU {client_cpus[0] if server_cpu is not None else '-'}, server to CPU {server_cpu} "
+    ending = "usage and [DONE] apart (--usage-apart)" if args.usage_apart else "usage and [DONE] in one write"
+    print(f"overhead rows' streams end with {ending}; "
+          f"client pinned to CPU {client_cpus[0] if server_cpu is not None else '-'}, server to CPU {server_cpu} "
           f"(scaling rows: {scaling}); {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; load average "
           f"before/after: {load_before:.2f} / {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs")
     if args.json:
-        Path(args.json).write_text(json.dumps({"rows": rows, "startup": start}, indent=2))
+        Path(args.json).write_text(json.dumps({"rows": rows, "startup": start, "usage_apart": args.usage_apart}, indent=2))
 
 
 def _fmt(value) -> str:

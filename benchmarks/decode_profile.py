@@ -20,21 +20,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import torch  # noqa: E402
 from torch.profiler import ProfilerActivity, profile  # noqa: E402
 
-from benchmarks.engine import make_engine, parse_args, place_prefilled, replay_seconds  # noqa: E402
-from server.config import model_preset  # noqa: E402
+from benchmarks.engine import decode_engine, parse_args, replay_seconds  # noqa: E402
 
 REPLAYS = 10
 
 
 def profile_batch(args: argparse.Namespace, batch: int) -> None:
     """Profile one decode batch size's graph (args: benchmarks/engine.py's flags)."""
-    bs = args.block_size or model_preset(args.model).default_block_size
     steps = args.warmup + 2
-    max_len = args.context + steps + 2
-    kv = args.kv_dtypes.split(",")[0]
-    engine = make_engine(args, "triton", kv, batch * -(-max_len // bs) + 1, max_len, batch,
-                         max(batch, args.max_num_batched_tokens), "graph", graph_sizes=(batch,))
-    place_prefilled(engine, batch, args.context, steps + 2)
+    engine = decode_engine(args, "triton", args.kv_dtypes.split(",")[0], batch, "graph", steps)
     for _ in range(steps):
         engine.step()
     seconds = min(replay_seconds(engine, reps=50) for _ in range(3))

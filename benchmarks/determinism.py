@@ -30,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch  # noqa: E402
 
-from benchmarks.engine import add_check_requests, check_engine  # noqa: E402
+from benchmarks.engine import add_check_requests, add_model_args, check_engine  # noqa: E402
 from kernels.quant import gather_indexer_rows  # noqa: E402
 from server.engine.core import Engine  # noqa: E402
 from server.model import attention, layers  # noqa: E402
@@ -69,9 +69,10 @@ OUTPUTS: dict[str, Callable[[tuple, object], list[torch.Tensor]]] = {
     "topk_slots": lambda a, out: [out, out.sort(dim=-1).values],  # as they come, and as a set
     "sparse_mla": lambda a, out: list(out),  # (latent output, lse)
 }
-MODULES = {"add_rms_norm_linear": layers, "silu_mul_linear": layers, "add_rms_norm": layers, "linear": layers,
-           "head_linear": attention, "mla_prepare_": attention, "indexer_prepare": attention,
-           "indexer_logits_paged": attention, "topk_slots": attention, "sparse_mla": attention}
+# The module whose global each call is (where the model looks it up): server.model.layers for
+# these, server.model.attention for the rest.
+LAYER_CALLS = ("add_rms_norm_linear", "silu_mul_linear", "add_rms_norm", "linear")
+MODULES = {name: layers if name in LAYER_CALLS else attention for name in OUTPUTS}
 
 
 @dataclass
@@ -262,13 +263,9 @@ def main(argv: list[str] | None = None) -> int:
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--model", default="small", choices=("tiny", "small", "v32"))
-    p.add_argument("--num-layers", type=int, default=None, help="override the preset's layer count")
+    add_model_args(p)
     p.add_argument("--backend", default="triton", choices=("triton", "torch"))
     p.add_argument("--kv-dtype", default="bf16", choices=("bf16", "fp8"))
-    p.add_argument("--indexer-key-dtype", default="fp8", choices=("fp8", "mxfp4"))
-    p.add_argument("--block-size", type=int, default=None)
-    p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
     p.add_argument("--runs", type=int, default=3, help="eager runs; each after the first is compared with it")
     p.add_argument("--repeats", type=int, default=20, help="runs of the first differing call alone")
     p.add_argument("--show", type=int, default=12, help="differing outputs printed per run, in call order")

@@ -157,14 +157,22 @@ def timed_token_waits() -> Iterator[list[float]]:
         LaunchedStep.tokens = tokens  # type: ignore[method-assign]
 
 
-def bench_decode(args: argparse.Namespace, backend: str, kv: str, batch: int, mode: str, overlap: bool) -> Row:
+def decode_engine(args: argparse.Namespace, backend: str, kv: str, batch: int, mode: str, steps: int,
+                  overlap: bool = True) -> Engine:
+    """An engine holding `batch` requests prefilled to --context tokens, with room (blocks and
+    length) for `steps` decode steps and two more (for --count-kernels), and a graph of `batch`."""
     bs = args.block_size or model_preset(args.model).default_block_size
-    steps = args.warmup + args.steps
     max_len = args.context + steps + 2
     num_blocks = batch * -(-max_len // bs) + 1
     engine = make_engine(args, backend, kv, num_blocks, max_len, max(batch, 1), max(batch, args.max_num_batched_tokens),
                          mode, graph_sizes=(batch,), overlap=overlap)
-    place_prefilled(engine, batch, args.context, steps + 2)  # two more steps for --count-kernels
+    place_prefilled(engine, batch, args.context, steps + 2)
+    return engine
+
+
+def bench_decode(args: argparse.Namespace, backend: str, kv: str, batch: int, mode: str, overlap: bool) -> Row:
+    steps = args.warmup + args.steps
+    engine = decode_engine(args, backend, kv, batch, mode, steps, overlap)
     times, host = [], []
     sync(engine.runner.device)
     with timed_token_waits() as waits:
@@ -401,14 +409,21 @@ def progress(message: str) -> None:
         print(message, file=sys.stderr, flush=True)
 
 
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def add_model_args(p: argparse.ArgumentParser) -> None:
+    """The flags make_engine reads besides the backend and KV dtype: the model, its cache's
+    indexer key dtype and block size, and the device (benchmarks/determinism.py takes them too)."""
     p.add_argument("--model", default="small", choices=("tiny", "small", "v32"))
     p.add_argument("--num-layers", type=int, default=None, help="override the preset's layer count")
-    p.add_argument("--backends", default="triton,torch", help="comma list of kernel backends")
-    p.add_argument("--kv-dtypes", default="bf16,fp8", help="comma list of --kv-cache-dtype values")
     p.add_argument("--indexer-key-dtype", default="fp8", choices=("fp8", "mxfp4"))
     p.add_argument("--block-size", type=int, default=None)
+    p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    add_model_args(p)
+    p.add_argument("--backends", default="triton,torch", help="comma list of kernel backends")
+    p.add_argument("--kv-dtypes", default="bf16,fp8", help="comma list of --kv-cache-dtype values")
     p.add_argument("--modes", default="graph,eager",
                    help="comma list of decode modes: graph (CUDA-graph replay) and/or eager (--enforce-eager); "
                         "graph needs CUDA and the triton backend")
@@ -427,7 +442,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--prefill-requests", type=int, default=4)
     p.add_argument("--prefill-len", type=int, default=4096)
     p.add_argument("--max-num-batched-tokens", type=int, default=8192)
-    p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
     p.add_argument("--smoke", action="store_true",
                    help="tiny model on CPU with the torch backend and small sizes (checks this script)")
     args = p.parse_args(argv)

@@ -162,7 +162,7 @@ class HttpTransport(Transport):
 class _SseStream:
     """Turns SSE lines into the Exchange's chunk times, token counts and usage."""
 
-    __slots__ = ("ex", "chat", "done", "error", "detail")
+    __slots__ = ("ex", "chat", "done", "error", "detail", "_count")
 
     def __init__(self, ex: Exchange, chat: bool) -> None:
         self.ex = ex
@@ -170,14 +170,14 @@ class _SseStream:
         self.done = False
         self.error: str | None = None
         self.detail: str | None = None
+        self._count = content_token_counter()  # looked up once a response, not once a read
 
     def take(self, pieces: list[bytes], stamps: list[int]) -> None:
         """A batch of body pieces (whole lines) and the arrival of each (wire.BodySink)."""
         if self.error is not None:
             return
-        count = content_token_counter()
-        if count is not None:  # compiled: each piece's count, 0 where the line rules read it
-            self._record(pieces, stamps, count(pieces))
+        if self._count is not None:  # compiled: each piece's count, 0 where the line rules read it
+            self._record(pieces, stamps, self._count(pieces))
             return
         whole = len(pieces)
         last = pieces[-1]
