@@ -72,6 +72,12 @@ def _indexer_decode_kernel(
         tl.store(out_ptr + tok.to(tl.int64) * n_cols + cols, logits, mask=cols < n_cols)
 
 
+# The fewest query heads that take this path: at 16 heads (the small model's indexer) the small
+# model's batch-128 decode graph ran 1.196 -> 1.164-1.168 ms in two alternated pairs
+# (benchmarks/RESULTS.md, "Verification of the mends on the GPU ..."); fewer heads were not measured.
+DESCRIPTOR_MIN_HEADS = 16
+
+
 @dataclass(frozen=True)
 class DescriptorDecodeConfig:
     """Keys per block (divides the cache block size), warps, programs per multiprocessor, and key
@@ -86,13 +92,12 @@ class DescriptorDecodeConfig:
 
 def descriptor_decode_config(key_dtype: str, heads: int, d_i: int, block_size: int,
                              device: torch.device) -> DescriptorDecodeConfig | None:
-    """The config for a decode step's fp8 keys where this path was measured (an H200: 64 heads,
-    tensor memory copies from sm_90) and the cache's blocks suit a descriptor (block strides of
-    16-byte multiples: block_size a multiple of 4 and of block_n); else None."""
+    """The config for a decode step's fp8 keys where this path was measured (an H200: 64 and 16
+    heads, tensor memory copies from sm_90) and the cache's blocks suit a descriptor (block strides
+    of 16-byte multiples: block_size a multiple of 4 and of block_n); else None."""
     cfg = DescriptorDecodeConfig()
-    if key_dtype != "fp8" or heads < 64 or d_i > 256 or block_size % cfg.block_n or not tensor_memory_copies(device):
-        return None
-    return cfg
+    fits = key_dtype == "fp8" and heads >= DESCRIPTOR_MIN_HEADS and d_i <= 256 and block_size % cfg.block_n == 0
+    return cfg if fits and tensor_memory_copies(device) else None
 
 
 @functools.cache  # asked at every decode step; the capability query is a driver call

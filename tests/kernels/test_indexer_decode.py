@@ -44,10 +44,11 @@ def test_descriptor_decode_matches_reference(gen, d_i, block_size, config):
     assert torch.isnan(unmasked[1, config.block_n :]).all(), "whole key blocks past the context are not touched"
 
 
-def test_paged_decode_takes_the_descriptor_path(gen, monkeypatch):
-    """A decode step of fp8 keys at 64 heads on a device with tensor memory copies (faked here:
-    the interpreter runs the descriptor loads) goes through the descriptor kernel, with the
-    reference's logits; MXFP4 keys do not."""
+@pytest.mark.parametrize("heads", [64, 16])
+def test_paged_decode_takes_the_descriptor_path(gen, monkeypatch, heads):
+    """A decode step of fp8 keys at 64 or 16 heads on a device with tensor memory copies (faked
+    here: the interpreter runs the descriptor loads) goes through the descriptor kernel, with the
+    reference's logits; MXFP4 keys and fewer heads do not."""
     calls = []
 
     def counted(*a, **k):
@@ -58,13 +59,14 @@ def test_paged_decode_takes_the_descriptor_path(gen, monkeypatch):
     import kernels.indexer as indexer
 
     monkeypatch.setattr(indexer, "indexer_decode_descriptor", counted)
-    q8, w, cache, table, seq_ids, lens = decode_batch(gen, 64, 64, heads=64, requests=2, max_blocks=2)
+    q8, w, cache, table, seq_ids, lens = decode_batch(gen, 64, 64, heads=heads, requests=2, max_blocks=2)
     args = (q8, w, cache, "fp8", table, 64, seq_ids, lens, 128)
     ref = indexer.indexer_logits_paged(*args, backend="torch")
     assert_logits_match(indexer.indexer_logits_paged(*args, backend="triton"), ref)
     assert calls == [DescriptorDecodeConfig()]
     assert indexer_decode.descriptor_decode_config("mxfp4", 64, 64, 64, q8.device) is None
     assert indexer_decode.descriptor_decode_config("fp8", 64, 64, 32, q8.device) is None  # block_n 64 > 32
+    assert indexer_decode.descriptor_decode_config("fp8", 8, 64, 64, q8.device) is None  # below 16 heads
 
 
 def test_descriptor_made_once_per_cache_and_dropped_with_it(gen):
