@@ -21,24 +21,39 @@ choice; a row's length and values only steer branches on the device):
   - or (`TopkConfig.single_pass_registers` off, or longer rows) the radix select, keeping each
     level's histogram in registers and re-reading the row (from L2) once per level;
 - longer rows, spread over (rows x programs, each looping over chunks of columns up to the row's
-  length) so that a few long rows still fill the GPU, the histograms meeting in a per-row table in
-  global memory and outputs placed by atomic counters; either
-  - the compacting path (`TopkConfig.candidates` > 0, `default_config`'s choice), four launches: two
-    histogram levels fix the top 16 bits of the k-th largest key; a split pass writes the columns
-    above that prefix to the output and those in its bin (the candidates, a small share of a row)
-    to a per-row list; then one program per row finishes the last two levels and the emit on its
-    list alone, then puts the row in ascending column order: the split's atomics place columns
-    in an order that varies from run to run, and the sparse attention's sums follow the order
-    it is given, so without it two runs of one step differed in their last bits (ties at the
-    k-th value go to the lowest columns, as in the one-launch kernels). A row whose candidates
-    overflow the list (values crowding into one prefix, or many ties) finishes over the row
-    itself: exact, slower; or
+  length) so that a few long rows still fill the GPU; either
+  - the sampled path (`TopkConfig.sample` > 0, `default_config`'s choice for batches of more than
+    SAMPLED_MIN_COLUMNS columns in all), three launches and one full-row pass: one program per
+    row draws a sample of up to SAMPLE_COLS columns and takes as threshold the key of a rank in
+    it that, by a binomial margin, at least k of the row's columns reach; a mark pass writes the
+    bitmap of the columns that reach it (a word per 32 columns, each by one program: no atomics
+    but one count per program); one program per row then lists the marked columns in ascending
+    order from the bitmap, gathers their keys into registers, finds the k-th largest with the
+    in-register search and writes the top k in column order (ties by lowest column). Exact and
+    run-to-run identical by construction; a row with fewer than k or more than
+    `TopkConfig.candidates` marked columns (a sample far off its row: about once in 10^9 rows
+    of continuous values; rows of many equal values) finishes over the row itself, slower. At
+    64 x 65,536, k 2,048 on an H200: 31.6 us against the compacting path's 77.0 and torch.topk's
+    143.6 (benchmarks/RESULTS.md, top-k from a sample); or
+  - the histograms meeting in a per-row table in global memory and outputs placed by atomic
+    counters, the compacting path (`TopkConfig.candidates` > 0 and no sample, `default_config`'s
+    choice for smaller batches), four launches: two histogram levels fix the top 16 bits of the
+    k-th largest key; a split pass writes the columns above that prefix to the output and those in
+    its bin (the candidates, a small share of a row) to a per-row list; then one program per row
+    finishes the last two levels and the emit on its list alone, then puts the row in ascending
+    column order: the split's atomics place columns in an order that varies from run to run, and
+    the sparse attention's sums follow the order it is given, so without it two runs of one step
+    differed in their last bits (ties at the k-th value go to the lowest columns, as in the
+    one-launch kernels). A row whose candidates overflow the list (values crowding into one
+    prefix, or many ties) finishes over the row itself: exact, slower; or
   - five launches: four histogram levels over the whole row, then the emit pass (whose atomics
     leave the order, and the choice among ties at the k-th value, to the run: no default takes it).
-Each full-row pass is bound by instruction issue, not memory (benchmarks/RESULTS.md, compacting
+Each histogram pass is bound by instruction issue, not memory (benchmarks/RESULTS.md, compacting
 top-k): so the compacting path's gain is the passes it leaves out, and the histogram levels step
 more columns at a time than the split (`TopkConfig.hist_block`), which spreads a histogram's
-per-step cost over more columns.
+per-step cost over more columns; the sampled path's one pass is a compare and a word per 32
+columns (0.65 warp instructions a column in the SASS of Triton 3.9, which gives a histogram level
+at 2,048-column steps 3.1: `benchmarks/topk_sass.py`).
 """
 
 from __future__ import annotations
@@ -69,14 +84,19 @@ SINGLE_PASS_MAX_COLS = 8192
 # Warps of that program: 8 beat 4 and 16 at every shape up to 8192 columns but 128 x 4096 with k=2048
 # (12.2 vs 11.6 at 4 warps).
 SINGLE_PASS_WARPS = 8
-# Longer rows take the compacting path: up to this many columns with 1,024-column chunks at 16
+# Longer rows take the sampled path when the batch holds more than this many columns in all (rows
+# x columns), else the compacting path. The sampled path's three launches each wait on a chain of
+# block-wide reductions in one program per row (~20 us in all for one row), so it wins once the
+# compacting path's full-row passes take longer: on an H200 (benchmarks/RESULTS.md, top-k from a
+# sample), positions replayed in a CUDA graph, compacting vs sampled, 18.2 vs 20.4 us at 1 x 16,384
+# and 17.7 vs 19.5 at 1 x 32,768 (length 4,096), k 512; 18.7 vs 19.1 at 8 x 8,320 (as cache
+# slots, what the engine asks for, 20.0 vs 19.1); 33.2 vs 25.8 at 16 x 65,536 and 77.0 vs 31.6 at
+# 64 x 65,536, k 2,048.
+SAMPLED_MIN_COLUMNS = 1 << 16
+# The compacting path takes rows up to this many columns with 1,024-column chunks at 16
 # programs/SM, longer rows with 2,048-column chunks at 8/SM (default_config; the measurements are
 # beside it).
 FINE_CHUNK_MAX_COLS = 32768
-# Rows past FINE_CHUNK_MAX_COLS from this many rows on place the split's hits by per-hit atomics
-# (the rest by a block scan): on an H200, with 2,048-column histogram steps, 69.3 vs 74.5 us at
-# 64 x 65,536 but 31.5 vs 29.1 at 16 x 65,536 (benchmarks/RESULTS.md, wider histogram steps).
-ATOMICS_MIN_ROWS = 64
 # Entries per row of the compacting path's candidate list. In the H200 runs the 16-bit prefix bin
 # held ~36 of 65,536 columns of ReLU'd normal logits; a row whose bin outgrows the list still
 # comes out exact, but one program then reads the row (0.36-0.41 ms at 64k), hence a generous list.
@@ -889,8 +909,9 @@ def default_config(device: torch.device, n_cols: int, n_rows: int) -> TopkConfig
     # (measured: 2 rows of 2600 columns, k=2048 take 20 s at 64-column chunks, 5.7 s at 256); 256
     # still splits the tests' rows of 700 columns into several chunks of several blocks each. The
     # paths are the GPU's, so that what runs by default in the interpreter is what a GPU runs.
+    sampled = n_rows * n_cols > SAMPLED_MIN_COLUMNS
     if device.type != "cuda":
-        return TopkConfig(256, 64, 4, candidates=CANDIDATES, finish_block=64, sample=SAMPLE_COLS)
+        return TopkConfig(256, 64, 4, candidates=CANDIDATES, finish_block=64, sample=SAMPLE_COLS if sampled else 0)
     # Fastest per shape replayed in a CUDA graph on an H200 (benchmarks/RESULTS.md, top-k launch
     # shapes, compacting top-k, top-k with the row in registers): one program per row holding the
     # row in registers up to 8k columns (SINGLE_PASS_MAX_COLS has the numbers; the block and chunk
@@ -900,11 +921,18 @@ def default_config(device: torch.device, n_cols: int, n_rows: int) -> TopkConfig
     # took 21.3 and 53.0), 2048-column chunks at 8/SM beyond (29.8 vs 45.6 us at 16 x 64k, 80.1 vs
     # 142.0 at 64 x 64k); the finish steps 512 candidates at a time (2 us less than 1024 there).
     # Beyond 32k the histogram levels step 2,048 columns (29.1 vs 29.9 us at 16 x 64k, 74.5 vs 80.1
-    # at 64 x 64k; at 32k columns and 4k context they lost, 17.2 vs 16.0 and 30.5 vs 29.1), and from
-    # ATOMICS_MIN_ROWS rows the split places by per-hit atomics.
+    # at 64 x 64k; at 32k columns and 4k context they lost, 17.2 vs 16.0 and 30.5 vs 29.1).
+    # Batches past SAMPLED_MIN_COLUMNS take the sampled path instead, its mark pass in 2,048-column
+    # chunks at 16 programs/SM (25.8 us at 16 x 64k, 31.6 at 64 x 64k; 1,024-column chunks 25.2-25.8
+    # and 31.5-31.6: the same within the runs' spread), its sample SAMPLE_COLS and list CANDIDATES
+    # (a sample of 4,096 and a list of 8,192: 27.9-28.1 and 32.0-32.4).
     if n_cols <= SINGLE_PASS_MAX_COLS:
         return TopkConfig(4096, 4096, SINGLE_PASS_WARPS)
-    return TopkConfig(2048, 1024, 4, 16, candidates=CANDIDATES, sample=SAMPLE_COLS)
+    if sampled:
+        return TopkConfig(2048, 1024, 4, 16, candidates=CANDIDATES, sample=SAMPLE_COLS)
+    if n_cols <= FINE_CHUNK_MAX_COLS:
+        return TopkConfig(1024, 1024, 4, 16, candidates=CANDIDATES)
+    return TopkConfig(2048, 1024, 4, 8, candidates=CANDIDATES, hist_block=2048)
 
 
 def _spread_grid(t: int, n: int, chunk: int, cfg: TopkConfig, device: torch.device) -> tuple[int, int]:
