@@ -69,6 +69,8 @@ class LaunchCounter:
                ("kernels.topk", "_topk_row_kernel"), ("kernels.topk", "_topk_in_registers_kernel"),
                ("kernels.topk", "_radix_pass_kernel"),
                ("kernels.topk", "_split_kernel"), ("kernels.topk", "_finish_kernel"),
+               ("kernels.topk", "_sample_kernel"), ("kernels.topk", "_mark_kernel"),
+               ("kernels.topk", "_sampled_finish_kernel"),
                ("kernels.topk", "_positions_to_slots_kernel"), ("kernels.sparse_mla", "_sparse_mla_kernel"),
                ("kernels.sparse_mla", "_combine_kernel"), ("kernels.fused", "_add_rms_norm_kernel"),
                ("kernels.fused", "_silu_mul_kernel"), ("kernels.attention_prep", "_mla_prepare_kernel"),

@@ -352,7 +352,8 @@ def indexer_prefill_cases(rows: list[Row], chunk: int, context: int) -> None:
 # The default config (None) and the variants worth timing at each row size. Past the in-register
 # kernel's limit (REGISTER_ROW_MAX_COLS) the defaults alone: their variants (compacting grids,
 # histogram steps, per-hit atomics, five launches) were timed in benchmarks/RESULTS.md ("Compacting
-# top-k", "Top-k: wider histogram steps"). Up to it, every launch shape: the compacting path at its
+# top-k", "Top-k: wider histogram steps"), the sampled path's beside the compacting path by
+# benchmarks/topk_determinism.py (its VARIANTS; "Top-k from a sample"). Up to it, every launch shape: the compacting path at its
 # grid up to 32k columns, the one-launch radix kernel that re-reads the row per level, and the
 # in-register kernel at 4, 8 or 16 warps (its 2- and 3-pivot steps: benchmarks/RESULTS.md, top-k
 # with the row in registers).
@@ -380,6 +381,8 @@ def topk_label(cfg: TopkConfig | None, n_rows: int, n_cols: int) -> str:
         grid += f" hist.block{cfg.hist_block}"
     if not cfg.candidates:
         return f"triton 5 launches {grid}"
+    if cfg.sample:
+        return f"triton sampled {grid} sample{cfg.sample} list{cfg.candidates}"
     return f"triton compacting {grid} finish{cfg.finish_block}{' atomics' if cfg.per_column_atomics else ''}"
 
 
@@ -431,7 +434,8 @@ def topk_cases(rows: list[Row], n_rows: int, n_cols: int, k: int | None = None, 
     smoke = (TopkConfig(512, 256, 4, single_pass_max_cols=MULTI_LAUNCH), TopkConfig(512, 256, 4, single_pass_max_cols=ONE),
              TopkConfig(512, 256, 4, single_pass_max_cols=ONE, single_pass_registers=False),
              TopkConfig(512, 256, 4, single_pass_max_cols=MULTI_LAUNCH, candidates=256),
-             TopkConfig(512, 256, 4, single_pass_max_cols=MULTI_LAUNCH, candidates=256, hist_block=1024))
+             TopkConfig(512, 256, 4, single_pass_max_cols=MULTI_LAUNCH, candidates=256, hist_block=1024),
+             TopkConfig(512, 256, 4, single_pass_max_cols=MULTI_LAUNCH, candidates=256, sample=128))
     sweep = TOPK_SWEEP[min(size for size in TOPK_SWEEP if size >= n_cols)]
     for cfg in smoke if SMOKE else sweep:
         label = topk_label(cfg, n_rows, n_cols)

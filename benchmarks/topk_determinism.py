@@ -1,15 +1,20 @@
-"""Top-k slots run to run (GPU, not run by CI): repeated calls on the same rows, and their time.
+"""Top-k run to run and against another tree (GPU, not run by CI): repeated calls on the same rows,
+checks against the torch reference, and their time beside torch.topk.
 
-For rows past the one-launch width (kernels/topk.py, SINGLE_PASS_MAX_COLS: the compacting path,
-whose split places columns through atomic counters) and one row set inside it, each case calls
-`topk_triton(..., slots=...)` (what the engine's topk_slots runs) `--calls` times on the same
-inputs and counts results that differ from the first bit for bit (order included: the sparse
-attention sums its rows in the order given), checks that every result selects the same set as
-the torch reference, and times one call replayed in a CUDA graph. With `--baseline PATH` another
-tree's kernels/topk.py is loaded beside this one (its imports resolve to this tree's helpers)
-and measured in the same process, in alternating order, twice each.
+For rows past the one-launch width (kernels/topk.py, SINGLE_PASS_MAX_COLS) and one row set inside
+it, each case calls `topk_triton(..., slots=...)` (what the engine's topk_slots runs) `--calls`
+times on the same inputs and counts results that differ from the first bit for bit (order
+included: the sparse attention sums its rows in the order given), checks that every result
+selects the same set as the torch reference, and times one call replayed in a CUDA graph, as
+slots and as positions (`topk_triton` alone), beside torch.topk over the same rows (eager and
+replayed). With `--baseline PATH` another tree's kernels/topk.py is loaded beside this one (its
+imports resolve to this tree's helpers) and measured in the same process, in alternating order,
+twice each; rows past 32k columns also time this tree's VARIANTS. Before any timing, `--check`
+compares every tree's positions with the reference on harder rows (ragged lengths, values crowded
+together, rows of one value, ReLU ties) and requires this tree's rows in ascending column order.
+`--profile` prints each kernel's device time per call (torch.profiler) at the wide cases.
 
-    PYTHONPATH=. python benchmarks/topk_determinism.py --baseline ../s1/kernels/topk.py
+    PYTHONPATH=. python benchmarks/topk_determinism.py --baseline ../s1/kernels/topk.py --check --profile
 """
 
 from __future__ import annotations
@@ -17,6 +22,8 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import sys
+from collections import defaultdict
+from dataclasses import replace
 from pathlib import Path
 from types import ModuleType
 
@@ -26,13 +33,26 @@ import torch  # noqa: E402
 import triton  # noqa: E402
 
 from kernels import topk as this_topk  # noqa: E402
+from kernels.triton_utils import poisoned_outputs  # noqa: E402
 
-# (rows, columns, row length, k): the small model's check at a context past 8,192 (8 requests),
-# long-context decode of the small model (k 512) and v32's (k 2,048), and the small model's 4k
-# decode rows (the one-launch kernel, for comparison)
-CASES = ((8, 8320, 8300, 512), (1, 16384, 16384, 512), (128, 16384, 16384, 512), (16, 65536, 65536, 2048),
-         (64, 65536, 65536, 2048), (32, 4150, 4096, 512))
+# (rows, columns, row length, k, ReLU'd logits): the small model's check at a context past 8,192
+# (8 requests), long-context decode of the small model (k 512) and v32's (k 2,048), rows of 32k
+# columns at 4k context, and the small model's 4k decode rows (the one-launch kernel, for comparison)
+CASES = ((8, 8320, 8300, 512, False), (1, 16384, 16384, 512, False), (128, 16384, 16384, 512, False),
+         (1, 32768, 4096, 512, False), (128, 32768, 4096, 512, False), (16, 65536, 65536, 2048, False),
+         (64, 65536, 65536, 2048, False), (64, 65536, 65536, 2048, True), (32, 4150, 4096, 512, False))
 BLOCK_SIZE = 64
+WIDE = 32768  # rows past this many columns also time VARIANTS and are profiled
+_GPU = torch.device("cuda")
+_SAMPLED = this_topk.default_config(_GPU, WIDE + 1, 64)
+# this tree's other configs for the wide rows: the sampled path's grids and sample sizes, and the
+# compacting path at its former defaults (2,048-column histogram steps; per-hit atomics from 64 rows)
+VARIANTS = {
+    "sampled chunk 1024": replace(_SAMPLED, chunk=1024),
+    "sampled, sample 4096, list 8192": replace(_SAMPLED, sample=4096, candidates=8192),
+    "compacting (former default)": this_topk.TopkConfig(2048, 1024, 4, 8, candidates=this_topk.CANDIDATES,
+                                                        hist_block=2048),
+}
 
 
 def load_baseline(path: str) -> ModuleType:
@@ -45,28 +65,34 @@ def load_baseline(path: str) -> ModuleType:
     return module
 
 
-def case_inputs(rows: int, cols: int, length: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Indexer-like logits (continuous, non-negative), lengths, a shuffled block table, seq ids."""
+def case_inputs(rows: int, cols: int, length: int, relu: bool) -> tuple[torch.Tensor, ...]:
+    """Indexer-like logits (continuous, non-negative; or ReLU'd, half of them 0), lengths, a
+    shuffled block table, seq ids."""
     gen = torch.Generator(device="cuda").manual_seed(rows * cols)
-    logits = torch.randn(rows, cols, device="cuda", generator=gen).abs()
+    logits = torch.randn(rows, cols, device="cuda", generator=gen)
+    logits = logits.clamp_min(0) if relu else logits.abs()
     lengths = torch.full((rows,), length, dtype=torch.int32, device="cuda")
     blocks = -(-cols // BLOCK_SIZE)
     table = torch.randperm(rows * blocks, device="cuda", generator=gen).int().reshape(rows, blocks)
     return logits, lengths, table, torch.arange(rows, dtype=torch.int32, device="cuda")
 
 
-def measure(module: ModuleType, inputs: tuple, k: int, calls: int) -> tuple[int, torch.Tensor, float]:
-    """(results that differ from the first, the first result, ms per call in a CUDA graph)."""
+def graph_ms(fn) -> float:
+    return triton.testing.do_bench_cudagraph(fn, rep=100, return_mode="median")
+
+
+def measure(module: ModuleType, cfg, inputs: tuple, k: int, calls: int) -> tuple[int, torch.Tensor, float, float]:
+    """(results that differ from the first, the first result, ms per call in a CUDA graph as
+    slots, and as positions)."""
     logits, lengths, table, seq_ids = inputs
     slots = module.SlotMap(table, seq_ids, BLOCK_SIZE)
 
     def call() -> torch.Tensor:
-        return module.topk_triton(logits, lengths, k, slots=slots)
+        return module.topk_triton(logits, lengths, k, cfg, slots=slots)
 
     results = [call() for _ in range(calls)]
     changed = sum(not torch.equal(r, results[0]) for r in results[1:])
-    ms = triton.testing.do_bench_cudagraph(call, rep=100)
-    return changed, results[0], ms
+    return changed, results[0], graph_ms(call), graph_ms(lambda: module.topk_triton(logits, lengths, k, cfg))
 
 
 def same_set(got: torch.Tensor, inputs: tuple, k: int) -> bool:
@@ -77,33 +103,104 @@ def same_set(got: torch.Tensor, inputs: tuple, k: int) -> bool:
     return torch.equal(got.sort(dim=1).values, ref.sort(dim=1).values)
 
 
+def check_rows(module: ModuleType, cfg, x: torch.Tensor, lengths: torch.Tensor, k: int, ordered: bool) -> bool:
+    """Selected values equal the reference's per row, -1 padding as the reference's, indices inside
+    the length, no index twice; with `ordered` each row's columns ascending."""
+    with poisoned_outputs():
+        got = module.topk_triton(x, lengths, k, cfg)
+    ref = this_topk.topk_indices_torch(x, lengths, k)
+    gv = torch.where(got >= 0, torch.gather(x, 1, got.long().clamp(min=0)), -1.0).sort(dim=1).values
+    rv = torch.where(ref >= 0, torch.gather(x, 1, ref.long().clamp(min=0)), -1.0).sort(dim=1).values
+    ok = torch.equal(gv, rv) and torch.equal(got < 0, ref < 0) and bool((got < lengths[:, None]).all())
+    # the -1 padding as distinct columns past the row, ascending
+    distinct = torch.where(got >= 0, got, x.shape[1] + torch.arange(k, device=x.device))
+    ok = ok and bool((distinct.sort(dim=1).values.diff(dim=1) != 0).all())
+    return ok and (not ordered or bool((distinct.diff(dim=1) > 0).all()))
+
+
+def check(impls: dict, rows: int, cols: int, k: int) -> None:
+    """Each tree's default (and this tree's variants past WIDE) on harder rows than the timed ones."""
+    gen = torch.Generator(device="cuda").manual_seed(1)
+    x = torch.randn(rows, cols, device="cuda", generator=gen)
+    ragged = torch.randint(0, cols + 1, (rows,), device="cuda", dtype=torch.int32, generator=gen)
+    ragged[:4] = torch.tensor([0, k - 1, k, k + 1], device="cuda")
+    full = torch.full((rows,), cols, device="cuda", dtype=torch.int32)
+    kinds = {"ragged": (x.abs(), ragged), "relu": (x.clamp_min(0), full),
+             "crowded 1+1e-4 N(0,1)": (1 + 1e-4 * x, full), "one value": (torch.ones_like(x), full),
+             "1+1e-6 N(0,1) (few keys)": (1 + 1e-6 * x, full)}
+    for name, (module, cfg) in impls.items():
+        # this tree's multi-launch paths put each row in ascending order
+        ordered = module is this_topk and cols > this_topk.SINGLE_PASS_MAX_COLS
+        verdict = {kind: check_rows(module, cfg, xs, ls, k, ordered) for kind, (xs, ls) in kinds.items()}
+        print(f"check {rows} x {cols}, k {k}, {name}: " + ", ".join(f"{kind} {'ok' if v else 'FAIL'}"
+                                                                   for kind, v in verdict.items()), flush=True)
+
+
+def profile(module: ModuleType, cfg, inputs: tuple, k: int, calls: int = 20) -> str:
+    """Device time per call of each kernel of one positions call (torch.profiler, eager)."""
+    logits, lengths = inputs[:2]
+    module.topk_triton(logits, lengths, k, cfg)
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            module.topk_triton(logits, lengths, k, cfg)
+        torch.cuda.synchronize()
+    per_kernel: dict[str, float] = defaultdict(float)
+    for evt in prof.key_averages():
+        us = getattr(evt, "device_time_total", 0.0) or getattr(evt, "cuda_time_total", 0.0)
+        if us:
+            per_kernel[evt.key] += us / calls
+    total = sum(per_kernel.values())
+    return f"{total:.1f} us: " + ", ".join(f"{name} {us:.1f}" for name, us in
+                                            sorted(per_kernel.items(), key=lambda kv: -kv[1]))
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--baseline", help="another tree's kernels/topk.py, measured beside this one")
     p.add_argument("--calls", type=int, default=20, help="calls per case whose results are compared")
+    p.add_argument("--check", action="store_true", help="check every tree on harder rows before timing")
+    p.add_argument("--profile", action="store_true", help="print each kernel's time at the wide cases")
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("topk_determinism: needs a CUDA GPU")
-    impls = {"this": this_topk}
+    impls = {"this": (this_topk, None)}
     if args.baseline:
-        impls = {"baseline": load_baseline(args.baseline), **impls}
-    print(f"# top-k slots run to run on {torch.cuda.get_device_name()}, torch {torch.__version__}, "
-          f"triton {triton.__version__}; {args.calls} calls per case")
-    print(f"{'rows x cols (len), k':28} {'tree':9} {'differ':>7} {'set ok':>6} {'ms, two runs':>16}")
-    for rows, cols, length, k in CASES:
-        inputs = case_inputs(rows, cols, length)
-        times: dict[str, list[float]] = {name: [] for name in impls}
+        impls = {"baseline": (load_baseline(args.baseline), None), **impls}
+    print(f"# top-k run to run on {torch.cuda.get_device_name()}, torch {torch.__version__}, "
+          f"triton {triton.__version__}; {args.calls} calls per case; us per call replayed in a CUDA graph")
+    if args.check:
+        wide = {**impls, **{name: (this_topk, cfg) for name, cfg in VARIANTS.items()}}
+        check(wide, 64, 65536, 2048)
+        check(impls, 8, 8320, 512)
+    print(f"{'rows x cols (len), k':30} {'tree':32} {'differ':>7} {'set ok':>6} {'slots, two runs':>16} "
+          f"{'positions, two runs':>20}")
+    for rows, cols, length, k, relu in CASES:
+        inputs = case_inputs(rows, cols, length, relu)
+        logits = inputs[0]
+        case = f"{rows} x {cols} ({length}), {k}{' relu' if relu else ''}"
+        trees = {**impls, **({name: (this_topk, cfg) for name, cfg in VARIANTS.items()} if cols > WIDE else {})}
+        times: dict[str, list[tuple[float, float]]] = {name: [] for name in trees}
         report: dict[str, tuple[int, bool]] = {}
-        for _ in range(2):  # alternating order: baseline, this, baseline, this
-            for name, module in impls.items():
-                changed, first, ms = measure(module, inputs, k, args.calls)
-                times[name].append(ms)
+        for _ in range(2):  # alternating order: baseline, this, variants, baseline, this, variants
+            for name, (module, cfg) in trees.items():
+                changed, first, ms_slots, ms_positions = measure(module, cfg, inputs, k, args.calls)
+                times[name].append((ms_slots, ms_positions))
                 previous = report.get(name, (0, True))
                 report[name] = (previous[0] + changed, previous[1] and same_set(first, inputs, k))
-        for name in impls:
+        for name in trees:
             changed, ok = report[name]
-            print(f"{f'{rows} x {cols} ({length}), {k}':28} {name:9} {f'{changed}/{2 * (args.calls - 1)}':>7} "
-                  f"{'yes' if ok else 'NO':>6} {times[name][0]:7.4f} {times[name][1]:7.4f}", flush=True)
+            (s1, p1), (s2, p2) = times[name]
+            print(f"{case:30} {name:32} {f'{changed}/{2 * (args.calls - 1)}':>7} {'yes' if ok else 'NO':>6} "
+                  f"{s1 * 1e3:7.1f} {s2 * 1e3:7.1f}  {p1 * 1e3:9.1f} {p2 * 1e3:9.1f}", flush=True)
+        visible = logits[:, :length]
+        eager = triton.testing.do_bench(lambda v=visible, k=k: torch.topk(v, k, dim=1), rep=100, return_mode="median")
+        graphed = graph_ms(lambda v=visible, k=k: torch.topk(v, k, dim=1))
+        print(f"{case:30} {'torch.topk eager / graph':32} {'':>7} {'':>6} {'':>16}  {eager * 1e3:9.1f} "
+              f"{graphed * 1e3:9.1f}", flush=True)
+        if args.profile and cols > WIDE:
+            for name, (module, cfg) in impls.items():
+                print(f"profile {case}, {name}: {profile(module, cfg, inputs, k)}", flush=True)
     return 0
 
 

@@ -37,6 +37,13 @@ _SIGNATURES = {
     "_radix_pass_kernel": {**_PTRS, "count_ptr": "*i32", "n_cols": "i32", "k": "i32", "level": "i32"},
     "_split_kernel": {**_PTRS, "count_ptr": "*i32", "cand_ptr": "*i32", "n_cols": "i32", "k": "i32", "cap": "i32"},
     "_finish_kernel": {**_PTRS, "cand_ptr": "*i32", "bits_ptr": "*i32", "n_cols": "i32", "k": "i32", "cap": "i32"},
+    "_sample_kernel": {"logits_ptr": "*fp32", "lengths_ptr": "*i32", "count_ptr": "*i32", "n_cols": "i32",
+                       "k": "i32"},
+    "_mark_kernel": {"logits_ptr": "*fp32", "lengths_ptr": "*i32", "count_ptr": "*i32", "bits_ptr": "*i32",
+                     "n_cols": "i32", "k": "i32", "words_stride": "i32"},
+    "_sampled_finish_kernel": {k: v for k, v in _PTRS.items() if k != "hist_ptr"} | {"count_ptr": "*i32", "bits_ptr": "*i32", "list_ptr": "*i32",
+                               "n_cols": "i32", "k": "i32", "words_stride": "i32", "table_ptr": "*i32",
+                               "seq_ids_ptr": "*i32", "table_stride": "i32"},
     "_topk_row_kernel": {k: v for k, v in _PTRS.items() if k != "hist_ptr"} | {"n_cols": "i32", "k": "i32"},
     "_topk_in_registers_kernel": {k: v for k, v in _PTRS.items() if k != "hist_ptr"} | {
         "n_cols": "i32", "k": "i32", "table_ptr": "*i32", "seq_ids_ptr": "*i32", "table_stride": "i32"},
@@ -49,6 +56,12 @@ CASES = (("_radix_pass_kernel", {"CHUNK": 2048, "BLOCK": 1024}, 4),
          ("_split_kernel", {"CHUNK": 2048, "BLOCK": 1024, "PER_COLUMN_ATOMICS": False}, 4),
          ("_split_kernel", {"CHUNK": 2048, "BLOCK": 1024, "PER_COLUMN_ATOMICS": True}, 4),
          ("_finish_kernel", {"BLOCK": 512, "K_BLOCK": 2048, "W_BLOCK": topk.ORDER_WORDS_BLOCK}, 4),
+         # the sampled path (its default past 8,192 columns): the sample's search (steps over 8,192
+         # keys), the mark pass, the finish (its loops: bitmap to list, the search, the fallback's)
+         ("_sample_kernel", {"SAMPLE": topk.SAMPLE_COLS}, 8),
+         ("_mark_kernel", {"CHUNK": 2048, "BLOCK": 1024}, 4),
+         ("_sampled_finish_kernel", {"BLOCK_SIZE": 64, "TO_SLOTS": True, "CAP": 4096,
+                                     "W_BLOCK": topk.LIST_WORDS_BLOCK, "BLOCK": 1024}, 8),
          ("_topk_row_kernel", {"BLOCK": 4096}, 16),
          # the decode rows' kernel, writing cache slots (its loops: the search steps of the full and
          # the half block, each step's compares a column; and the short rows' store)
@@ -90,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
           "columns one warp takes in it (a loop that is not per column, such as the replay, reads as small)")
     for name, constexprs, num_warps in CASES:
         sass = sass_of(name, constexprs, num_warps, args.arch)
-        per_warp = constexprs["BLOCK"] // num_warps  # columns one warp handles per loop step
+        per_warp = constexprs.get("BLOCK", constexprs.get("SAMPLE")) // num_warps  # columns a warp takes a step
         print(f"{name} {constexprs} w{num_warps}:")
         for body in loops(sass):
             mix = Counter(opcode(i) for i in body)

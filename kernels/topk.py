@@ -21,24 +21,39 @@ choice; a row's length and values only steer branches on the device):
   - or (`TopkConfig.single_pass_registers` off, or longer rows) the radix select, keeping each
     level's histogram in registers and re-reading the row (from L2) once per level;
 - longer rows, spread over (rows x programs, each looping over chunks of columns up to the row's
-  length) so that a few long rows still fill the GPU, the histograms meeting in a per-row table in
-  global memory and outputs placed by atomic counters; either
-  - the compacting path (`TopkConfig.candidates` > 0, `default_config`'s choice), four launches: two
-    histogram levels fix the top 16 bits of the k-th largest key; a split pass writes the columns
-    above that prefix to the output and those in its bin (the candidates, a small share of a row)
-    to a per-row list; then one program per row finishes the last two levels and the emit on its
-    list alone, then puts the row in ascending column order: the split's atomics place columns
-    in an order that varies from run to run, and the sparse attention's sums follow the order
-    it is given, so without it two runs of one step differed in their last bits (ties at the
-    k-th value go to the lowest columns, as in the one-launch kernels). A row whose candidates
-    overflow the list (values crowding into one prefix, or many ties) finishes over the row
-    itself: exact, slower; or
+  length) so that a few long rows still fill the GPU; either
+  - the sampled path (`TopkConfig.sample` > 0, `default_config`'s choice for batches of more than
+    SAMPLED_MIN_COLUMNS columns in all), three launches and one full-row pass: one program per
+    row draws a sample of up to SAMPLE_COLS columns and takes as threshold the key of a rank in
+    it that, by a binomial margin, at least k of the row's columns reach; a mark pass writes the
+    bitmap of the columns that reach it (a word per 32 columns, each by one program: no atomics
+    but one count per program); one program per row then lists the marked columns in ascending
+    order from the bitmap, gathers their keys into registers, finds the k-th largest with the
+    in-register search and writes the top k in column order (ties by lowest column). Exact and
+    run-to-run identical by construction; a row with fewer than k or more than
+    `TopkConfig.candidates` marked columns (a sample far off its row: about once in 10^9 rows
+    of continuous values; rows of many equal values) finishes over the row itself, slower. At
+    64 x 65,536, k 2,048 on an H200: 31.6 us against the compacting path's 77.0 and torch.topk's
+    143.6 (benchmarks/RESULTS.md, top-k from a sample); or
+  - the histograms meeting in a per-row table in global memory and outputs placed by atomic
+    counters, the compacting path (`TopkConfig.candidates` > 0 and no sample, `default_config`'s
+    choice for smaller batches), four launches: two histogram levels fix the top 16 bits of the
+    k-th largest key; a split pass writes the columns above that prefix to the output and those in
+    its bin (the candidates, a small share of a row) to a per-row list; then one program per row
+    finishes the last two levels and the emit on its list alone, then puts the row in ascending
+    column order: the split's atomics place columns in an order that varies from run to run, and
+    the sparse attention's sums follow the order it is given, so without it two runs of one step
+    differed in their last bits (ties at the k-th value go to the lowest columns, as in the
+    one-launch kernels). A row whose candidates overflow the list (values crowding into one
+    prefix, or many ties) finishes over the row itself: exact, slower; or
   - five launches: four histogram levels over the whole row, then the emit pass (whose atomics
     leave the order, and the choice among ties at the k-th value, to the run: no default takes it).
-Each full-row pass is bound by instruction issue, not memory (benchmarks/RESULTS.md, compacting
+Each histogram pass is bound by instruction issue, not memory (benchmarks/RESULTS.md, compacting
 top-k): so the compacting path's gain is the passes it leaves out, and the histogram levels step
 more columns at a time than the split (`TopkConfig.hist_block`), which spreads a histogram's
-per-step cost over more columns.
+per-step cost over more columns; the sampled path's one pass is a compare and a word per 32
+columns (0.65 warp instructions a column in the SASS of Triton 3.9, which gives a histogram level
+at 2,048-column steps 3.1: `benchmarks/topk_sass.py`).
 """
 
 from __future__ import annotations
@@ -69,14 +84,19 @@ SINGLE_PASS_MAX_COLS = 8192
 # Warps of that program: 8 beat 4 and 16 at every shape up to 8192 columns but 128 x 4096 with k=2048
 # (12.2 vs 11.6 at 4 warps).
 SINGLE_PASS_WARPS = 8
-# Longer rows take the compacting path: up to this many columns with 1,024-column chunks at 16
+# Longer rows take the sampled path when the batch holds more than this many columns in all (rows
+# x columns), else the compacting path. The sampled path's three launches each wait on a chain of
+# block-wide reductions in one program per row (~20 us in all for one row), so it wins once the
+# compacting path's full-row passes take longer: on an H200 (benchmarks/RESULTS.md, top-k from a
+# sample), positions replayed in a CUDA graph, compacting vs sampled, 18.2 vs 20.4 us at 1 x 16,384
+# and 17.7 vs 19.5 at 1 x 32,768 (length 4,096), k 512; 18.7 vs 19.1 at 8 x 8,320 (as cache
+# slots, what the engine asks for, 20.0 vs 19.1); 33.2 vs 25.8 at 16 x 65,536 and 77.0 vs 31.6 at
+# 64 x 65,536, k 2,048.
+SAMPLED_MIN_COLUMNS = 1 << 16
+# The compacting path takes rows up to this many columns with 1,024-column chunks at 16
 # programs/SM, longer rows with 2,048-column chunks at 8/SM (default_config; the measurements are
 # beside it).
 FINE_CHUNK_MAX_COLS = 32768
-# Rows past FINE_CHUNK_MAX_COLS from this many rows on place the split's hits by per-hit atomics
-# (the rest by a block scan): on an H200, with 2,048-column histogram steps, 69.3 vs 74.5 us at
-# 64 x 65,536 but 31.5 vs 29.1 at 16 x 65,536 (benchmarks/RESULTS.md, wider histogram steps).
-ATOMICS_MIN_ROWS = 64
 # Entries per row of the compacting path's candidate list. In the H200 runs the 16-bit prefix bin
 # held ~36 of 65,536 columns of ReLU'd normal logits; a row whose bin outgrows the list still
 # comes out exact, but one program then reads the row (0.36-0.41 ms at 64k), hence a generous list.
@@ -262,6 +282,27 @@ def _tie_cut(keys_ptr, cols_ptr, n, kth, wanted, BLOCK: tl.constexpr):
 
 
 @triton.jit
+def _radix_levels(keys_ptr, cols_ptr, n, prefix, prefix_mask, remaining, first_level, FROM_ROW: tl.constexpr,
+                  BLOCK: tl.constexpr):
+    """The radix select's levels from first_level on in one program over n entries (`_load_entries`)
+    whose keys match (prefix, prefix_mask), each level re-reading them with its histogram in
+    registers. Returns the k-th largest key, how many entries equal to it belong to the top k,
+    and how many entries equal it."""
+    n_equal = tl.full((), 0, tl.int32)
+    for level in range(first_level, RADIX_LEVELS):
+        shift = _digit_shift(level)
+        hist = tl.zeros((256,), tl.int32)
+        for start in range(0, n, BLOCK):
+            col, key, valid = _load_entries(keys_ptr, cols_ptr, start, n, FROM_ROW, BLOCK)
+            hist += _digit_histogram(key, valid & ((key & prefix_mask) == prefix), shift)
+        prefix, prefix_mask, remaining = _narrow_prefix(hist, level, prefix, prefix_mask, remaining)
+        # entries matching the prefix so far with its new digit: after the last level, those equal
+        # to the k-th largest key
+        n_equal = tl.sum(tl.where(tl.arange(0, 256) == ((prefix >> shift) & 0xFF).to(tl.int32), hist, 0), axis=0)
+    return prefix, remaining, n_equal
+
+
+@triton.jit
 def _select_in_program(keys_ptr, cols_ptr, n, out_row, k, prefix, prefix_mask, remaining, first_level,
                        FROM_ROW: tl.constexpr, BLOCK: tl.constexpr):
     """The radix select's levels from first_level on, and its emit, in one program over n entries.
@@ -275,17 +316,8 @@ def _select_in_program(keys_ptr, cols_ptr, n, out_row, k, prefix, prefix_mask, r
     `_tie_cut`, so the choice does not depend on that order.
     """
     start_prefix, start_mask, placed = prefix, prefix_mask, k - remaining
-    n_equal = tl.full((), 0, tl.int32)
-    for level in range(first_level, RADIX_LEVELS):
-        shift = _digit_shift(level)
-        hist = tl.zeros((256,), tl.int32)
-        for start in range(0, n, BLOCK):
-            col, key, valid = _load_entries(keys_ptr, cols_ptr, start, n, FROM_ROW, BLOCK)
-            hist += _digit_histogram(key, valid & ((key & prefix_mask) == prefix), shift)
-        prefix, prefix_mask, remaining = _narrow_prefix(hist, level, prefix, prefix_mask, remaining)
-        # entries matching the prefix so far with its new digit: after the last level, those equal
-        # to the k-th largest key
-        n_equal = tl.sum(tl.where(tl.arange(0, 256) == ((prefix >> shift) & 0xFF).to(tl.int32), hist, 0), axis=0)
+    prefix, remaining, n_equal = _radix_levels(keys_ptr, cols_ptr, n, prefix, prefix_mask, remaining, first_level,
+                                               FROM_ROW, BLOCK)
     n_above = k - remaining - placed  # prefix is now the k-th largest key
     cut = tl.full((), 0x7FFFFFFF, tl.int32)  # the highest column an equal entry may have
     if not FROM_ROW:
@@ -656,6 +688,170 @@ def _finish_kernel(logits_ptr, lengths_ptr, out_ptr, hist_ptr, cand_ptr, bits_pt
         _order_by_bitmap(out_row, k, length, bits_row, bits_row + words, K_BLOCK, W_BLOCK)
 
 
+# ---------------------------------------------------------------- the sampled path
+
+
+# The sampled path's sample: up to this many columns of a row, one drawn from each window of
+# cdiv(length, SAMPLE_COLS) columns. Its threshold's rank sits SAMPLE_SIGMAS binomial standard
+# deviations past the k-th largest's expected rank in the sample, so a row keeps fewer than k
+# columns at or above it about once in 10^9 rows (then the row finishes over itself, exact).
+SAMPLE_COLS = 8192
+SAMPLE_SIGMAS = tl.constexpr(6.0)
+# Bitmap words the sampled path's finish turns into a column list at a time (`_bitmap_to_list`).
+LIST_WORDS_BLOCK = 2048
+
+
+@triton.jit
+def _sample_columns(length, SAMPLE: tl.constexpr):
+    """(columns, which are drawn, how many) of a row's sample: one column in each window of
+    cdiv(length, SAMPLE) columns, at an offset hashed from the window's index (Fibonacci hashing)
+    so that a pattern repeating with the window's period does not decide what the sample sees."""
+    stride = tl.cdiv(length, SAMPLE)
+    drawn = tl.cdiv(length, stride)
+    i = tl.arange(0, SAMPLE)
+    start = i * stride
+    width = tl.maximum(tl.minimum(stride, length - start), 1).to(tl.uint32)
+    offset = (((i.to(tl.uint32) * 0x9E3779B1) >> 16) % width).to(tl.int32)
+    return start + offset, i < drawn, drawn
+
+
+@triton.jit
+def _sample_kernel(logits_ptr, lengths_ptr, count_ptr, n_cols, k, SAMPLE: tl.constexpr):
+    """The sampled path's first launch (grid: rows): a threshold key per row that at least k and,
+    almost always, at most about 1.4 k of the row's columns reach (counters[row, 1]), found as an
+    order statistic of the row's sample by the in-register search; counters[row, 0] (the split's
+    count of the columns that reach it) zeroed. A row no longer than SAMPLE is its own sample and
+    its threshold the k-th largest key (`_search_kth_key`'s low end)."""
+    row = tl.program_id(0)
+    length = tl.minimum(tl.load(lengths_ptr + row), n_cols)
+    counters = count_ptr + row * COUNTER_STRIDE
+    if length > k:
+        col, drawn, m = _sample_columns(length, SAMPLE)
+        key = tl.where(drawn, _ordered_key(tl.load(logits_ptr + row.to(tl.int64) * n_cols + col, mask=drawn,
+                                                   other=0.0)), 0)
+        # the sample's expected count of the row's top k, past it by SAMPLE_SIGMAS deviations
+        expected = m.to(tl.float32) * k / length
+        rank = tl.where(m == length, k, (expected + SAMPLE_SIGMAS * tl.sqrt(expected)).to(tl.int32) + 2)
+        threshold = tl.full((), 0, tl.uint32)  # a rank past the sample: every column
+        if rank < m:
+            threshold, top, c_hi = _search_kth_key(key, drawn, m, rank)
+        tl.store(counters + 1, threshold.to(tl.int32, bitcast=True))
+    tl.store(counters, 0)
+
+
+@triton.jit
+def _mark_kernel(logits_ptr, lengths_ptr, count_ptr, bits_ptr, n_cols, k, words_stride,
+                 CHUNK: tl.constexpr, BLOCK: tl.constexpr):
+    """The sampled path's split (grid: rows x programs per row, chunks as the radix passes): a
+    bitmap of the columns whose key reaches the row's threshold, written a word (32 columns) at a
+    time, each word by the one program whose chunk holds it (no atomics, no zeroing), and their
+    count added to counters[row, 0] once per program (a sum: the same whatever the order)."""
+    row = tl.program_id(0)
+    length = tl.minimum(tl.load(lengths_ptr + row), n_cols)
+    if length > k:
+        row_ptr = logits_ptr + row.to(tl.int64) * n_cols
+        bits_row = bits_ptr + row.to(tl.int64) * words_stride
+        counters = count_ptr + row * COUNTER_STRIDE
+        threshold = tl.load(counters + 1).to(tl.uint32, bitcast=True)
+        lane = tl.arange(0, 32)
+        word = tl.arange(0, BLOCK // 32)
+        hits = tl.zeros((BLOCK // 32, 32), tl.int32)
+        first, step = tl.program_id(1) * CHUNK, tl.num_programs(1) * CHUNK
+        for lo in range(first, length, step):
+            for start in range(lo, tl.minimum(lo + CHUNK, length), BLOCK):
+                col = start + word[:, None] * 32 + lane[None, :]
+                valid = col < length
+                hit = (valid & (_ordered_key(tl.load(row_ptr + col, mask=valid, other=0.0)) >= threshold)).to(tl.int32)
+                hits += hit
+                # distinct bits: their sum is their OR
+                tl.store(bits_row + start // 32 + word, tl.sum(hit << lane[None, :], axis=1),
+                         mask=start + word * 32 < length)
+        tl.atomic_add(counters, tl.sum(tl.sum(hits, axis=1), axis=0), sem="relaxed")
+
+
+@triton.jit
+def _bitmap_to_list(bits_row, n_words, list_row, W_BLOCK: tl.constexpr):
+    """Write the columns of a row's set bits, ascending, to list_row: a scan of the words' bit
+    counts places each word's columns, then every word gives up its lowest set bit per step, as
+    many steps as the most bits a word of the block holds (a few for a row's top few percent;
+    counted once, so that the steps wait on no block-wide reduction)."""
+    carried = tl.full((), 0, tl.int32)
+    for start in range(0, n_words, W_BLOCK):
+        w = start + tl.arange(0, W_BLOCK)
+        words = tl.load(bits_row + w, mask=w < n_words, other=0)
+        counts = _popcount(words)
+        place = carried + tl.cumsum(counts, axis=0) - counts
+        carried += tl.sum(counts, axis=0)
+        for _ in range(tl.max(counts, axis=0)):
+            live = words != 0
+            tl.store(list_row + place, w * 32 + _popcount((words & -words) - 1), mask=live)
+            place += live.to(tl.int32)
+            words = words & (words - 1)
+
+
+@triton.jit
+def _store_in_order(out_row, dest, is_above, is_band, need, taken, band_before):
+    """Write, in the order given, the entries above the k-th largest key and the first `need` of
+    the band (keys in the top k's lowest range, ties at the k-th value) counting band_before ones
+    already seen, after the `taken` entries already written. Returns both counts updated."""
+    band_rank = band_before + tl.cumsum(is_band.to(tl.int32), axis=0) - 1
+    chosen = is_above | (is_band & (band_rank < need))
+    tl.store(out_row + taken + tl.cumsum(chosen.to(tl.int32), axis=0) - 1, dest, mask=chosen)
+    return taken + tl.sum(chosen.to(tl.int32), axis=0), band_before + tl.sum(is_band.to(tl.int32), axis=0)
+
+
+@triton.jit
+def _select_row_in_order(row_ptr, out_row, length, k, table_row, BLOCK_SIZE: tl.constexpr, TO_SLOTS: tl.constexpr,
+                         BLOCK: tl.constexpr):
+    """The top k of a row in one program, in column order: the four radix levels over the row,
+    then one emit pass taking ties at the k-th largest key by lowest column."""
+    zero = tl.full((), 0, tl.uint32)
+    kth, remaining, _ = _radix_levels(row_ptr, row_ptr, length, zero, zero, k, 0, True, BLOCK)
+    taken = tl.full((), 0, tl.int32)
+    equal_before = tl.full((), 0, tl.int32)
+    for start in range(0, length, BLOCK):
+        col, key, valid = _load_keys(row_ptr, start, length, BLOCK)
+        taken, equal_before = _store_in_order(out_row, _slots_of(col, valid, table_row, BLOCK_SIZE, TO_SLOTS),
+                                              valid & (key > kth), valid & (key == kth), remaining, taken,
+                                              equal_before)
+
+
+@triton.jit
+def _sampled_finish_kernel(logits_ptr, lengths_ptr, out_ptr, count_ptr, bits_ptr, list_ptr, n_cols, k, words_stride,
+                           table_ptr, seq_ids_ptr, table_stride, BLOCK_SIZE: tl.constexpr, TO_SLOTS: tl.constexpr,
+                           CAP: tl.constexpr, W_BLOCK: tl.constexpr, BLOCK: tl.constexpr):
+    """The sampled path's last launch (grid: rows): the columns of the row's bitmap listed in
+    ascending order (list_ptr: CAP int32 per row), their keys gathered into registers, the k-th
+    largest found by the in-register search, and the top k written in column order (ties at the
+    k-th value by lowest column), as positions or, with TO_SLOTS, cache slots; short rows
+    0..len-1 then -1.
+
+    Exact whenever at least k columns reached the threshold (the top k then lie among them) and
+    at most CAP did; any other row (a sample far off its row, or a row of many equal values)
+    finishes over the row itself (`_select_row_in_order`): exact, slower."""
+    length, row_ptr, out_row = _row_of_program(logits_ptr, lengths_ptr, out_ptr, n_cols, k)
+    table_row = _table_row(table_ptr, seq_ids_ptr, table_stride, TO_SLOTS)
+    row = tl.program_id(0)
+    if length <= k:
+        _store_short_row_slots(out_row, length, k, table_row, BLOCK_SIZE, TO_SLOTS, BLOCK)
+    else:
+        n_list = tl.load(count_ptr + row * COUNTER_STRIDE)
+        if (n_list >= k) & (n_list <= CAP):
+            list_row = list_ptr + row.to(tl.int64) * CAP
+            _bitmap_to_list(bits_ptr + row.to(tl.int64) * words_stride, tl.cdiv(length, 32), list_row, W_BLOCK)
+            tl.debug_barrier()  # every thread's list entries stored before any thread reads one
+            i = tl.arange(0, CAP)
+            listed = i < n_list
+            col = tl.load(list_row + i, mask=listed, other=0)
+            key = tl.where(listed, _ordered_key(tl.load(row_ptr + col, mask=listed, other=0.0)), 0)
+            dest = _slots_of(col, listed, table_row, BLOCK_SIZE, TO_SLOTS)
+            lo, top, c_hi = _search_kth_key(key, listed, n_list, k)
+            zero = tl.full((), 0, tl.int32)
+            _store_in_order(out_row, dest, key > top, listed & (key >= lo) & (key <= top), k - c_hi, zero, zero)
+        else:
+            _select_row_in_order(row_ptr, out_row, length, k, table_row, BLOCK_SIZE, TO_SLOTS, BLOCK)
+
+
 @dataclass(frozen=True)
 class TopkConfig:
     """Columns per chunk, columns per loop step (block), warps and programs per multiprocessor
@@ -670,6 +866,11 @@ class TopkConfig:
     grow to it): a histogram's per-step cost (ballots, a barrier, a shared-memory merge) is shared
     by more columns, while the emit and split keep the smaller block. The compacting path's
     finish puts each row's columns in ascending order (`_order_by_bitmap`).
+
+    With `sample` > 0, rows past the single launch take the sampled path instead (a sample of up
+    to `sample` columns per row, a power of two), whose finish lists up to `candidates` columns
+    per row (a power of two: its register block) and which needs candidates >= 2 k (else the
+    compacting path); its mark pass steps `block` columns (a multiple of 32) in chunks of `chunk`.
     """
 
     chunk: int
@@ -682,6 +883,7 @@ class TopkConfig:
     per_column_atomics: bool = False
     finish_block: int = 512
     hist_block: int = 0
+    sample: int = 0
 
     def __post_init__(self) -> None:
         # the split's scan packs two per-block counts into one int32, the above-count in the high
@@ -692,6 +894,14 @@ class TopkConfig:
             raise ValueError(f"TopkConfig: hist_block={self.hist_block} must be >= 0")
         if self.candidates < 0:
             raise ValueError(f"TopkConfig: candidates={self.candidates} must be >= 0")
+        if self.sample:
+            for name in ("sample", "candidates"):
+                value = getattr(self, name)
+                if value <= 0 or value & (value - 1):
+                    raise ValueError(f"TopkConfig: {name}={value} must be a power of two on the sampled path")
+            if self.block % 32 or self.chunk % self.block:
+                raise ValueError(f"TopkConfig: the sampled path needs a block ({self.block}) of whole 32-column "
+                                 f"words and chunks ({self.chunk}) of whole blocks")
 
 
 def default_config(device: torch.device, n_cols: int, n_rows: int) -> TopkConfig:
@@ -699,8 +909,9 @@ def default_config(device: torch.device, n_cols: int, n_rows: int) -> TopkConfig
     # (measured: 2 rows of 2600 columns, k=2048 take 20 s at 64-column chunks, 5.7 s at 256); 256
     # still splits the tests' rows of 700 columns into several chunks of several blocks each. The
     # paths are the GPU's, so that what runs by default in the interpreter is what a GPU runs.
+    sampled = n_rows * n_cols > SAMPLED_MIN_COLUMNS
     if device.type != "cuda":
-        return TopkConfig(256, 64, 4, candidates=CANDIDATES, finish_block=64)
+        return TopkConfig(256, 64, 4, candidates=CANDIDATES, finish_block=64, sample=SAMPLE_COLS if sampled else 0)
     # Fastest per shape replayed in a CUDA graph on an H200 (benchmarks/RESULTS.md, top-k launch
     # shapes, compacting top-k, top-k with the row in registers): one program per row holding the
     # row in registers up to 8k columns (SINGLE_PASS_MAX_COLS has the numbers; the block and chunk
@@ -710,14 +921,18 @@ def default_config(device: torch.device, n_cols: int, n_rows: int) -> TopkConfig
     # took 21.3 and 53.0), 2048-column chunks at 8/SM beyond (29.8 vs 45.6 us at 16 x 64k, 80.1 vs
     # 142.0 at 64 x 64k); the finish steps 512 candidates at a time (2 us less than 1024 there).
     # Beyond 32k the histogram levels step 2,048 columns (29.1 vs 29.9 us at 16 x 64k, 74.5 vs 80.1
-    # at 64 x 64k; at 32k columns and 4k context they lost, 17.2 vs 16.0 and 30.5 vs 29.1), and from
-    # ATOMICS_MIN_ROWS rows the split places by per-hit atomics.
+    # at 64 x 64k; at 32k columns and 4k context they lost, 17.2 vs 16.0 and 30.5 vs 29.1).
+    # Batches past SAMPLED_MIN_COLUMNS take the sampled path instead, its mark pass in 2,048-column
+    # chunks at 16 programs/SM (25.8 us at 16 x 64k, 31.6 at 64 x 64k; 1,024-column chunks 25.2-25.8
+    # and 31.5-31.6: the same within the runs' spread), its sample SAMPLE_COLS and list CANDIDATES
+    # (a sample of 4,096 and a list of 8,192: 27.9-28.1 and 32.0-32.4).
     if n_cols <= SINGLE_PASS_MAX_COLS:
         return TopkConfig(4096, 4096, SINGLE_PASS_WARPS)
+    if sampled:
+        return TopkConfig(2048, 1024, 4, 16, candidates=CANDIDATES, sample=SAMPLE_COLS)
     if n_cols <= FINE_CHUNK_MAX_COLS:
         return TopkConfig(1024, 1024, 4, 16, candidates=CANDIDATES)
-    return TopkConfig(2048, 1024, 4, 8, candidates=CANDIDATES, hist_block=2048,
-                      per_column_atomics=n_rows >= ATOMICS_MIN_ROWS)
+    return TopkConfig(2048, 1024, 4, 8, candidates=CANDIDATES, hist_block=2048)
 
 
 def _spread_grid(t: int, n: int, chunk: int, cfg: TopkConfig, device: torch.device) -> tuple[int, int]:
@@ -760,6 +975,8 @@ def topk_triton(logits: torch.Tensor, lengths: torch.Tensor, k: int, config: Top
                                         BLOCK_SIZE=slots.block_size if slots else 1, TO_SLOTS=slots is not None,
                                         BLOCK=max(64, triton.next_power_of_2(n)), num_warps=cfg.num_warps)
         return out
+    if cfg.sample and 2 * k <= cfg.candidates and n > cfg.single_pass_max_cols:
+        return _topk_sampled(logits, lengths, out, k, cfg, slots)
     if slots:
         return positions_to_slots(topk_triton(logits, lengths, k, cfg), slots.block_table, slots.seq_ids,
                                   slots.block_size, backend="triton")
@@ -789,6 +1006,29 @@ def topk_triton(logits: torch.Tensor, lengths: torch.Tensor, k: int, config: Top
                             BLOCK=cfg.block, PER_COLUMN_ATOMICS=cfg.per_column_atomics, num_warps=cfg.num_warps)
         _finish_kernel[(t,)](logits, lengths, out, hist, cand, bits, n, k, cfg.candidates, BLOCK=cfg.finish_block,
                              K_BLOCK=triton.next_power_of_2(k), W_BLOCK=ORDER_WORDS_BLOCK, num_warps=cfg.num_warps)
+    return out
+
+
+def _topk_sampled(logits: torch.Tensor, lengths: torch.Tensor, out: torch.Tensor, k: int, cfg: TopkConfig,
+                  slots: SlotMap | None) -> torch.Tensor:
+    """The sampled path's three launches (a threshold from each row's sample, the bitmap of the
+    columns reaching it, the finish over their list), writing positions or cache slots to out."""
+    t, n = logits.shape
+    words = triton.cdiv(n, 32)
+    stride = COUNTER_STRIDE.value
+    # counters [t, stride], bitmap [t, words], list [t, candidates]: every entry a launch reads is
+    # written by an earlier one, so nothing is zeroed
+    scratch = torch.empty(t * (stride + words + cfg.candidates), dtype=torch.int32, device=logits.device)
+    counts, bits, listed = scratch.split((t * stride, t * words, t * cfg.candidates))
+    _sample_kernel[(t,)](logits, lengths, counts, n, k, SAMPLE=cfg.sample, num_warps=SINGLE_PASS_WARPS)
+    _mark_kernel[_spread_grid(t, n, cfg.chunk, cfg, logits.device)](
+        logits, lengths, counts, bits, n, k, words, CHUNK=cfg.chunk, BLOCK=cfg.block, num_warps=cfg.num_warps)
+    table = slots.block_table.int() if slots else out
+    seq_ids = slots.seq_ids.int().contiguous() if slots else lengths
+    _sampled_finish_kernel[(t,)](logits, lengths, out, counts, bits, listed, n, k, words, table, seq_ids,
+                                 table.stride(0), BLOCK_SIZE=slots.block_size if slots else 1,
+                                 TO_SLOTS=slots is not None, CAP=cfg.candidates, W_BLOCK=LIST_WORDS_BLOCK,
+                                 BLOCK=cfg.block, num_warps=SINGLE_PASS_WARPS)
     return out
 
 

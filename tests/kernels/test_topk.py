@@ -20,7 +20,8 @@ CPU_CONFIG = default_config(torch.device("cpu"), 0, 1)
 # Each Triton check runs every path, whatever the default picks at its size: the one-launch kernel
 # with the row in registers, the one-launch radix kernel, the compacting path with a candidate list
 # no row outgrows (split placing by scan and by atomics), and with one that every row with two
-# candidates overflows.
+# candidates overflows; the sampled path with a sample of a few columns per window (rows past 128
+# columns) and with rows their own sample.
 PATHS = {"one launch in registers": replace(CPU_CONFIG, single_pass_max_cols=1 << 30),
          "one launch radix": replace(CPU_CONFIG, single_pass_max_cols=1 << 30, single_pass_registers=False),
          "five launches": replace(CPU_CONFIG, single_pass_max_cols=0, candidates=0),
@@ -31,7 +32,10 @@ PATHS = {"one launch in registers": replace(CPU_CONFIG, single_pass_max_cols=1 <
          "five launches, wider histogram steps": replace(CPU_CONFIG, single_pass_max_cols=0, candidates=0,
                                                          hist_block=2 * CPU_CONFIG.block),
          "compacting, histogram chunks grown": replace(CPU_CONFIG, single_pass_max_cols=0, candidates=1 << 12,
-                                                       hist_block=2 * CPU_CONFIG.chunk)}
+                                                       hist_block=2 * CPU_CONFIG.chunk),
+         "sampled": replace(CPU_CONFIG, single_pass_max_cols=0, candidates=1 << 12, sample=128),
+         "sampled, rows their own sample": replace(CPU_CONFIG, single_pass_max_cols=0, candidates=1 << 12,
+                                                   sample=1 << 12)}
 
 
 def ordered_keys(x: torch.Tensor) -> torch.Tensor:
@@ -108,16 +112,19 @@ def test_topk_extreme_values_ragged_rows(gen, path):
     assert torch.equal(got[5:], ref[5:]), "short rows are exact"
 
 
-@pytest.mark.parametrize(("max_cols", "registers", "register_cols", "candidates", "expect"), [
-    (40, True, 40, 0, {"_topk_in_registers_kernel": 1}), (40, False, 40, 0, {"_topk_row_kernel": 1}),
-    (40, True, 39, 0, {"_topk_row_kernel": 1}),  # a row past the register limit: the radix launch
-    (39, True, 40, 0, {"_radix_pass_kernel": 5}),
-    (39, True, 40, 16, {"_radix_pass_kernel": 2, "_split_kernel": 1, "_finish_kernel": 1})])
-def test_topk_launches_by_column_count(gen, monkeypatch, max_cols, registers, register_cols, candidates, expect):
+@pytest.mark.parametrize(("max_cols", "registers", "register_cols", "candidates", "sample", "expect"), [
+    (40, True, 40, 0, 0, {"_topk_in_registers_kernel": 1}), (40, False, 40, 0, 0, {"_topk_row_kernel": 1}),
+    (40, True, 39, 0, 0, {"_topk_row_kernel": 1}),  # a row past the register limit: the radix launch
+    (39, True, 40, 0, 0, {"_radix_pass_kernel": 5}),
+    (39, True, 40, 16, 0, {"_radix_pass_kernel": 2, "_split_kernel": 1, "_finish_kernel": 1}),
+    (39, True, 40, 16, 16, {"_sample_kernel": 1, "_mark_kernel": 1, "_sampled_finish_kernel": 1}),
+    (39, True, 40, 8, 16, {"_radix_pass_kernel": 2, "_split_kernel": 1, "_finish_kernel": 1})])  # 2 k > list
+def test_topk_launches_by_column_count(gen, monkeypatch, max_cols, registers, register_cols, candidates, sample,
+                                       expect):
     monkeypatch.setattr(topk, "REGISTER_ROW_MAX_COLS", register_cols)
     launches: Counter[str] = Counter()
     for name in ("_topk_in_registers_kernel", "_topk_row_kernel", "_radix_pass_kernel", "_split_kernel",
-                 "_finish_kernel"):
+                 "_finish_kernel", "_sample_kernel", "_mark_kernel", "_sampled_finish_kernel"):
         kernel = getattr(topk, name)
 
         def counted(*args, _run=kernel.run, _name=name, **kw):
@@ -128,7 +135,7 @@ def test_topk_launches_by_column_count(gen, monkeypatch, max_cols, registers, re
     logits = torch.randn(2, 40, generator=gen)
     lengths = torch.tensor([40, 9], dtype=torch.int32)
     got = topk_triton(logits, lengths, 8, replace(CPU_CONFIG, single_pass_max_cols=max_cols, candidates=candidates,
-                                                   single_pass_registers=registers))
+                                                   single_pass_registers=registers, sample=sample))
     assert launches == expect
     check_row_set(logits, lengths, 8, got)
 
@@ -309,15 +316,21 @@ def test_positions_to_slots(gen, block_size, backend):
         positions_to_slots(idx * 0 + 4 * block_size, block_table, seq_ids, block_size, backend=backend)
 
 
-def test_topk_default_config_by_shape():
-    """Past FINE_CHUNK_MAX_COLS the histogram levels step wider than the split, whose hits take
-    per-hit atomics only from ATOMICS_MIN_ROWS rows; shorter rows keep the block for every pass."""
-    gpu = torch.device("cuda")
+@pytest.mark.parametrize("device", ["cuda", "cpu"])
+def test_topk_default_config_by_shape(device):
+    """Rows past the single launch take the sampled path in batches of more than
+    SAMPLED_MIN_COLUMNS columns, else the compacting path, whose histogram levels step wider than
+    its split past FINE_CHUNK_MAX_COLS."""
+    dev = torch.device(device)
     wide = topk.FINE_CHUNK_MAX_COLS + 1
-    few, many = (default_config(gpu, wide, rows) for rows in (topk.ATOMICS_MIN_ROWS - 1, topk.ATOMICS_MIN_ROWS))
-    assert few.hist_block > few.block and not few.per_column_atomics
-    assert many.per_column_atomics and replace(many, per_column_atomics=False) == few
-    assert default_config(gpu, topk.FINE_CHUNK_MAX_COLS, topk.ATOMICS_MIN_ROWS).hist_block == 0
+    limit = topk.SAMPLED_MIN_COLUMNS
+    assert default_config(dev, wide, limit // wide + 1).sample == topk.SAMPLE_COLS
+    assert default_config(dev, topk.SINGLE_PASS_MAX_COLS + 1, limit // (topk.SINGLE_PASS_MAX_COLS + 1) + 1).sample
+    few = default_config(dev, limit // 2, 2)  # exactly SAMPLED_MIN_COLUMNS columns
+    assert not few.sample and few.candidates
+    if device == "cuda":
+        assert default_config(dev, wide, 1).hist_block > default_config(dev, wide, 1).block
+        assert default_config(dev, topk.FINE_CHUNK_MAX_COLS, 1).hist_block == 0
 
 
 @pytest.mark.parametrize("path", ["reference", *PATHS])
@@ -417,3 +430,60 @@ def test_topk_slots_one_launch_in_registers(gen, monkeypatch):
     assert launches == {"_topk_in_registers_kernel": 1}
     topk_triton(logits, lengths, 40, PATHS["compacting"], slots=slots)
     assert launches == {"_topk_in_registers_kernel": 1, "_positions_to_slots_kernel": 1}
+    topk_triton(logits, lengths, 40, PATHS["sampled"], slots=slots)  # mapped in its finish
+    assert launches == {"_topk_in_registers_kernel": 1, "_positions_to_slots_kernel": 1}
+
+
+@triton.jit
+def _sample_columns_kernel(out_ptr, length, SAMPLE: tl.constexpr):
+    """The sampled path's sample columns of a row of `length` (-1 past the drawn ones)."""
+    col, drawn, m = topk._sample_columns(length, SAMPLE)
+    tl.store(out_ptr + tl.arange(0, SAMPLE), tl.where(drawn, col, -1))
+
+
+def sample_columns(length: int, sample: int) -> torch.Tensor:
+    out = torch.empty(sample, dtype=torch.int32)
+    _sample_columns_kernel[(1,)](out, length, SAMPLE=sample)
+    return out[out >= 0]
+
+
+@pytest.mark.parametrize(("length", "sample"), [(700, 128), (128, 128), (100, 128), (1000, 64), (8300, 128)])
+def test_sampled_path_draws_one_column_per_window(length, sample):
+    cols = sample_columns(length, sample)
+    stride = -(-length // sample)
+    assert len(cols) == -(-length // stride)
+    assert torch.equal(cols // stride, torch.arange(len(cols))), "one column in each window"
+    assert (cols < length).all()
+    if stride > 2:
+        assert len(set((cols % stride).tolist())) > 1, "the offsets in the windows vary"
+
+
+def marked_counts(logits: torch.Tensor, lengths: torch.Tensor, k: int, cfg: topk.TopkConfig) -> list[int]:
+    """Per row, the columns the sampled path's mark pass finds at or above its sample's threshold."""
+    t, n = logits.shape
+    words = -(-n // 32)
+    counts = torch.empty(t, 32, dtype=torch.int32)
+    bits = torch.empty(t, words, dtype=torch.int32)
+    topk._sample_kernel[(t,)](logits, lengths, counts, n, k, SAMPLE=cfg.sample)
+    topk._mark_kernel[(t, 2)](logits, lengths, counts, bits, n, k, words, CHUNK=cfg.chunk, BLOCK=cfg.block)
+    return counts[:, 0].tolist()
+
+
+def test_sampled_rows_off_their_sample_finish_exactly(gen):
+    """Rows with fewer marked columns than k (the sample holds the row's largest values and no
+    other column comes near them) or more than the list holds (ties), which finish over the row
+    itself, beside a row on the list: each row's top k in ascending column order, ties at the
+    k-th value by lowest column."""
+    n, k, sample = 700, 64, 128
+    cfg = replace(CPU_CONFIG, single_pass_max_cols=0, candidates=512, sample=sample)
+    logits = torch.rand(4, n, generator=gen)
+    logits[0, sample_columns(n, sample).long()] += 10
+    logits[1] = 1.0  # every column ties
+    logits[2, 50:650] = 2.0  # 600 ties above the rest
+    lengths = torch.full((4,), n, dtype=torch.int32)
+    marked = marked_counts(logits, lengths, k, cfg)
+    assert marked[0] < k and marked[1] == n and marked[2] == 600 and k <= marked[3] <= cfg.candidates, marked
+    got = topk_triton(logits, lengths, k, cfg)
+    # value descending, then column ascending: the first k, in column order
+    expect = torch.sort(-logits, dim=1, stable=True).indices[:, :k].sort(dim=1).values.int()
+    assert torch.equal(got, expect)
