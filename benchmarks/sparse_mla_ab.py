@@ -17,7 +17,6 @@ spread between two timings of one kernel.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import importlib
 import importlib.util
 import inspect
@@ -75,8 +74,6 @@ def check(mod: ModuleType, q, cache, idx, kv_dtype, splits, cfg, ref, ref_lse) -
 def launch_label(mod: ModuleType, tokens: int, heads: int, kv_dtype: str, topk: int, cache, cfg, splits) -> str:
     """The tiles and split count a side launches with (its own automatic choice when not given)."""
     cfg = cfg or mod.default_config(heads, kv_dtype, torch.device(bk.DEV))
-    if getattr(cfg, "persistent", False) and splits is None:
-        return f"{cfg}"
     if splits is None:
         ratio = heads * (bk.D_C + 1) * 4 / (topk * cache.shape[1] * cache.element_size())
         programs = tokens * triton.cdiv(heads, cfg.block_h)
@@ -113,18 +110,14 @@ def run_case(name: str, shape: tuple[int, int, str], sides: list[tuple[str, Modu
             times[label].append(ms)
             print(f"{name} {label}: {ms * 1e3:8.1f} us {flops / ms / 1e9:6.1f} TFLOP/s "
                   f"{100 * nbytes / ms / 1e9 / bk.COPY_TBPS:5.1f}% of copy", flush=True)
-    base = statistics.median(times["baseline"])
+    # the fastest timing beside the median: a slow state of the machine lasting a whole timing
+    # (RESULTS.md, "Sparse MLA tiles") can take half of a few repeats
+    base, base_min = statistics.median(times["baseline"]), min(times["baseline"])
     for label, *_ in sides[1:]:
-        other = statistics.median(times[label])
+        other, other_min = statistics.median(times[label]), min(times[label])
         print(f"{name}: median baseline {base * 1e3:.1f} us, {label} {other * 1e3:.1f} us, "
-              f"{label} / baseline {other / base:.3f}", flush=True)
-
-
-def parse_config(text: str):
-    """A SparseMlaConfig from its fields' values in order, comma-separated (bools as 0 / 1)."""
-    fields = dataclasses.fields(candidate.SparseMlaConfig)
-    values = [int(x) for x in text.split(",")]
-    return candidate.SparseMlaConfig(*(bool(v) if f.type in (bool, "bool") else v for f, v in zip(fields, values)))
+              f"{label} / baseline {other / base:.3f}; fastest {base_min * 1e3:.1f} and {other_min * 1e3:.1f} us, "
+              f"{other_min / base_min:.3f}", flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -133,8 +126,8 @@ def main(argv: list[str] | None = None) -> int:
                         "kernels._baseline_sparse_mla")
     parser.add_argument("--case", choices=sorted(CASES), action="append", help="run only these cases (repeatable)")
     parser.add_argument("--config", action="append", help="candidate tiles as SparseMlaConfig fields, "
-                        "comma-separated (block_h,block_n,num_warps,num_stages[,preload_tiles[,programs_per_sm"
-                        "[,persistent[,units_per_program]]]]); repeatable: one candidate each")
+                        "comma-separated (block_h,block_n,num_warps,num_stages[,preload_tiles[,programs_per_sm]]); "
+                        "repeatable: one candidate each")
     parser.add_argument("--aa", action="store_true", help="time the baseline twice, as two sides (A/A spread)")
     parser.add_argument("--splits", type=int, help="candidate split count (default: its automatic choice)")
     parser.add_argument("--repeats", type=int, default=2, help="timings per side, alternating")
@@ -148,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     baseline = importlib.import_module(args.baseline)
     sides = [("baseline", baseline, None, None)] + [("baseline-again", baseline, None, None)] * args.aa
-    configs = [parse_config(text) for text in args.config or []] or [None]
+    configs = [candidate.SparseMlaConfig(*(int(x) for x in text.split(","))) for text in args.config or []] or [None]
     for n, cfg in enumerate(configs):
         sides.append(("candidate" if len(configs) == 1 else f"candidate{n + 1}", candidate, cfg, args.splits))
     cases = SMOKE_CASES if args.smoke else {name: CASES[name] for name in args.case or CASES}

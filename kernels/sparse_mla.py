@@ -99,29 +99,6 @@ def _attend_block(
 
 
 @triton.jit
-def _softmax_start(BLOCK_H: tl.constexpr, D_C: tl.constexpr):
-    """The online softmax's state (m, l, acc) before any row."""
-    m = tl.full((BLOCK_H,), -1e30, tl.float32)
-    return m, tl.zeros((BLOCK_H,), tl.float32), tl.zeros((BLOCK_H, D_C), tl.float32)
-
-
-@triton.jit
-def _attend_range(
-    q_c, q_r, m, l, acc, lo, hi, idx_row_ptr, kv_ptr, kv_bytes_ptr, kv_words_ptr, sm_scale_log2,
-    KV_STRIDE: tl.constexpr, ROW_BYTES: tl.constexpr, ROPE_OFFSET: tl.constexpr, D_C: tl.constexpr,
-    D_R: tl.constexpr, BLOCK_N: tl.constexpr, FP8: tl.constexpr, DOT_DTYPE: tl.constexpr,
-):
-    """(m, l, acc) advanced over entries [lo, hi) of one token's index list, each block's indices
-    loaded in the loop."""
-    for start in range(lo, hi, BLOCK_N):
-        j = start + tl.arange(0, BLOCK_N)
-        slot = tl.load(idx_row_ptr + j, mask=j < hi, other=-1)
-        m, l, acc = _attend_block(q_c, q_r, m, l, acc, kv_ptr, kv_bytes_ptr, kv_words_ptr, slot, sm_scale_log2,
-                                  KV_STRIDE, ROW_BYTES, ROPE_OFFSET, D_C, D_R, BLOCK_N, FP8, DOT_DTYPE)
-    return m, l, acc
-
-
-@triton.jit
 def _split_range(n_idx, BLOCK_N: tl.constexpr):
     """This program's [lo, hi) of the index list: splits take whole blocks of BLOCK_N."""
     per_split = tl.cdiv(tl.cdiv(n_idx, BLOCK_N), tl.num_programs(1)) * BLOCK_N
@@ -130,19 +107,13 @@ def _split_range(n_idx, BLOCK_N: tl.constexpr):
 
 
 @triton.jit
-def _normalise(acc, m, l):
-    """The online softmax's (output, lse in log2); a row with no valid entry: (0, -inf)."""
-    has_any = l > 0
-    out = acc / tl.where(has_any, l, 1.0)[:, None]
-    return out, tl.where(has_any, m + tl.log2(tl.where(has_any, l, 1.0)), float("-inf"))
-
-
-@triton.jit
 def _store_result(acc, m, l, o_ptr, lse_ptr, t, heads, n_heads, D_C: tl.constexpr, SPLIT: tl.constexpr):
     """Normalise and store o [BLOCK_H, D_C] and lse, or the split's partials (o fp32, lse in log2)."""
     head_ok = heads < n_heads
     cols_c = tl.arange(0, D_C)
-    out, lse_log2 = _normalise(acc, m, l)
+    has_any = l > 0
+    out = acc / tl.where(has_any, l, 1.0)[:, None]
+    lse_log2 = tl.where(has_any, m + tl.log2(tl.where(has_any, l, 1.0)), float("-inf"))
     if SPLIT:  # partials: o fp32 [T, H, S, D_C], lse (log2) [T, H, S]
         part = (t * n_heads + heads) * tl.num_programs(1) + tl.program_id(1)
         tl.store(o_ptr + part[:, None] * D_C + cols_c[None, :], out, mask=head_ok[:, None])
@@ -176,7 +147,9 @@ def _sparse_mla_kernel(
     q_c = tl.load(q_c_row + tl.arange(0, D_C)[None, :], mask=head_ok[:, None], other=0.0).to(DOT_DTYPE)
     q_r = tl.load(q_r_row + tl.arange(0, D_R)[None, :], mask=head_ok[:, None], other=0.0).to(DOT_DTYPE)
     lo, hi = _split_range(n_idx, BLOCK_N)
-    m, l, acc = _softmax_start(BLOCK_H, D_C)
+    m = tl.full((BLOCK_H,), -1e30, tl.float32)
+    l = tl.zeros((BLOCK_H,), tl.float32)
+    acc = tl.zeros((BLOCK_H, D_C), tl.float32)
     if PRELOAD_TILES > 0:
         # the indices of PRELOAD_TILES blocks in registers before their loop: a row gather then
         # waits on no load of its own iteration, and the pipeliner issues it num_stages - 1 blocks
@@ -192,99 +165,12 @@ def _sparse_mla_kernel(
                                           sm_scale_log2, KV_STRIDE, ROW_BYTES, ROPE_OFFSET, D_C, D_R, BLOCK_N,
                                           FP8, DOT_DTYPE)
     else:
-        m, l, acc = _attend_range(q_c, q_r, m, l, acc, lo, hi, idx_ptr + t * n_idx, kv_ptr, kv_bytes_ptr,
-                                  kv_words_ptr, sm_scale_log2, KV_STRIDE, ROW_BYTES, ROPE_OFFSET, D_C, D_R, BLOCK_N,
-                                  FP8, DOT_DTYPE)
+        for start in range(lo, hi, BLOCK_N):
+            j = start + tl.arange(0, BLOCK_N)
+            slot = tl.load(idx_ptr + t * n_idx + j, mask=j < hi, other=-1)
+            m, l, acc = _attend_block(q_c, q_r, m, l, acc, kv_ptr, kv_bytes_ptr, kv_words_ptr, slot, sm_scale_log2,
+                                      KV_STRIDE, ROW_BYTES, ROPE_OFFSET, D_C, D_R, BLOCK_N, FP8, DOT_DTYPE)
     _store_result(acc, m, l, o_ptr, lse_ptr, t, heads, n_heads, D_C, SPLIT)
-
-
-@triton.jit
-def _combine_segments(part_o_ptr, part_lse_ptr, o_ptr, lse_ptr, slot_lo, slot_hi, out_row, head_ok,
-                      D_C: tl.constexpr, BLOCK_H: tl.constexpr):
-    """Merge one row's partials at slots [slot_lo, slot_hi) in slot order into o (bf16) and lse."""
-    # .cg: the partials were written by other SMs; read them from the L2, not this SM's L1
-    heads = tl.arange(0, BLOCK_H)
-    cols_c = tl.arange(0, D_C)
-    top = tl.full((BLOCK_H,), float("-inf"), tl.float32)
-    for slot in range(slot_lo, slot_hi):
-        top = tl.maximum(top, tl.load(part_lse_ptr + slot * BLOCK_H + heads, cache_modifier=".cg"))
-    safe_top = tl.where(top == float("-inf"), 0.0, top)
-    total = tl.zeros((BLOCK_H,), tl.float32)
-    acc = tl.zeros((BLOCK_H, D_C), tl.float32)
-    for slot in range(slot_lo, slot_hi):
-        part_lse = tl.load(part_lse_ptr + slot * BLOCK_H + heads, cache_modifier=".cg")
-        weight = tl.where(part_lse > float("-inf"), tl.exp2(part_lse - safe_top), 0.0)
-        part_o = tl.load(part_o_ptr + (slot * BLOCK_H + heads[:, None]) * D_C + cols_c[None, :], cache_modifier=".cg")
-        acc += part_o * weight[:, None]
-        total += weight
-    out = acc / tl.where(total > 0, total, 1.0)[:, None]
-    tl.store(o_ptr + out_row[:, None] * D_C + cols_c[None, :], f32_to_bf16(out), mask=head_ok[:, None])
-    lse = tl.where(total > 0, (safe_top + tl.log2(tl.where(total > 0, total, 1.0))) / LOG2E, float("-inf"))
-    tl.store(lse_ptr + out_row, lse, mask=head_ok)
-
-
-@triton.jit
-def _unit_of(block, total, n_units):
-    """The work unit holding flat block `block` (unit u: blocks [u * total // n_units, (u + 1) * total // n_units))."""
-    return ((block + 1) * n_units + total - 1) // total - 1
-
-
-@triton.jit
-def _sparse_mla_persistent_kernel(
-    q_c_ptr, q_r_ptr, kv_ptr, kv_bytes_ptr, kv_words_ptr, idx_ptr, o_ptr, lse_ptr, part_o_ptr, part_lse_ptr, sync_ptr,
-    q_c_stride_t, q_c_stride_h, q_r_stride_t, q_r_stride_h, sm_scale_log2, n_idx, n_heads, n_rows, n_units,
-    KV_STRIDE: tl.constexpr, ROW_BYTES: tl.constexpr, ROPE_OFFSET: tl.constexpr,
-    D_C: tl.constexpr, D_R: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
-    FP8: tl.constexpr, DOT_DTYPE: tl.constexpr,
-):
-    # The work is the flat list of (row, block) pairs, a row being a (token, head block) and its
-    # blocks BLOCK_N entries of the token's index list, cut into n_units equal units. Each
-    # program takes units from a counter until none is left (a slow SM takes fewer), so the grid
-    # can be about one wave with no tail of its own. A unit's piece of a row is a segment; a row
-    # in one segment is stored at once, else each segment stores a partial (o fp32, lse log2) at
-    # slot row + unit (distinct for every segment, consecutive for a row's segments) and takes a
-    # ticket: the row's last segment to finish combines the partials in slot order, so the
-    # result does not depend on which program finished last.
-    n_blocks = tl.cdiv(n_idx, BLOCK_N)
-    total = n_rows.to(tl.int64) * n_blocks
-    head_blocks = tl.cdiv(n_heads, BLOCK_H)
-    cols_c = tl.arange(0, D_C)
-    counter = sync_ptr + n_rows  # sync: a ticket per row, then the unit counter; zeroed by the launcher
-    unit = tl.atomic_add(counter, 1, sem="relaxed")
-    while unit < n_units:
-        b_lo = unit.to(tl.int64) * total // n_units
-        b_hi = (unit.to(tl.int64) + 1) * total // n_units
-        for row in range(b_lo // n_blocks, (b_hi - 1) // n_blocks + 1):
-            t = row // head_blocks
-            heads = (row % head_blocks) * BLOCK_H + tl.arange(0, BLOCK_H)
-            head_ok = heads < n_heads
-            q_c_row = q_c_ptr + t * q_c_stride_t + heads[:, None].to(tl.int64) * q_c_stride_h
-            q_r_row = q_r_ptr + t * q_r_stride_t + heads[:, None].to(tl.int64) * q_r_stride_h
-            q_c = tl.load(q_c_row + tl.arange(0, D_C)[None, :], mask=head_ok[:, None], other=0.0).to(DOT_DTYPE)
-            q_r = tl.load(q_r_row + tl.arange(0, D_R)[None, :], mask=head_ok[:, None], other=0.0).to(DOT_DTYPE)
-            first = row * n_blocks
-            lo = (tl.maximum(b_lo, first) - first).to(tl.int32) * BLOCK_N
-            hi = tl.minimum((tl.minimum(b_hi, first + n_blocks) - first).to(tl.int32) * BLOCK_N, n_idx)
-            m, l, acc = _softmax_start(BLOCK_H, D_C)
-            m, l, acc = _attend_range(q_c, q_r, m, l, acc, lo, hi, idx_ptr + t * n_idx, kv_ptr, kv_bytes_ptr,
-                                      kv_words_ptr, sm_scale_log2, KV_STRIDE, ROW_BYTES, ROPE_OFFSET, D_C, D_R,
-                                      BLOCK_N, FP8, DOT_DTYPE)
-            out, lse_log2 = _normalise(acc, m, l)
-            out_row = t * n_heads + heads
-            u_first = _unit_of(first, total, n_units)
-            u_last = _unit_of(first + n_blocks - 1, total, n_units)
-            if u_first == u_last:
-                tl.store(o_ptr + out_row[:, None] * D_C + cols_c[None, :], f32_to_bf16(out), mask=head_ok[:, None])
-                tl.store(lse_ptr + out_row, lse_log2 / LOG2E, mask=head_ok)
-            else:
-                part = (row + unit) * BLOCK_H + tl.arange(0, BLOCK_H)
-                tl.store(part_o_ptr + part[:, None] * D_C + cols_c[None, :], out)
-                tl.store(part_lse_ptr + part, lse_log2)
-                tl.debug_barrier()  # every thread's partial stored before the ticket releases them
-                if tl.atomic_add(sync_ptr + row, 1, sem="acq_rel") == u_last - u_first:
-                    _combine_segments(part_o_ptr, part_lse_ptr, o_ptr, lse_ptr, row + u_first, row + u_last + 1,
-                                      out_row, head_ok, D_C, BLOCK_H)
-        unit = tl.atomic_add(counter, 1, sem="relaxed")
 
 
 @triton.jit
@@ -317,16 +203,8 @@ class SparseMlaConfig:
     # blocks whose indices are loaded together ahead of their loop, so row gathers pipeline
     # num_stages - 1 blocks deep; 0: each block's indices load in the loop (one block in flight)
     preload_tiles: int = 0
-    # programs per SM the automatic split count aims for when tokens x head blocks leave SMs idle;
-    # with `persistent`, the persistent grid's programs per SM (the CPU counts as one SM)
+    # programs per SM the automatic split count aims for when tokens x head blocks leave SMs idle
     programs_per_sm: int = 4
-    # when tokens x head blocks are fewer than programs_per_sm x SMs: one grid of that many programs
-    # taking equal work units (pieces of the flat list of every row's blocks) from a counter, the
-    # rows cut between units combined in the same launch
-    persistent: bool = False
-    # work units per program of the persistent grid: more let fast SMs take more, each unit cut
-    # adds a partial and a pipeline start
-    units_per_program: int = 1
 
 
 def default_config(n_heads: int, kv_dtype: str, device: torch.device) -> SparseMlaConfig:
@@ -380,13 +258,6 @@ def sparse_mla_triton(q_c, q_r, kv_cache, indices, scale, kv_dtype, num_splits=N
     else:  # fp8_ds_mla: latent e4m3 bytes, fp32 scales as int32 words, rope as bf16
         kv, kv_bytes, kv_words = kv_cache.view(torch.bfloat16), kv_cache, kv_cache.view(torch.int32)
         rope_offset = (d_c + 4 * (d_c // DS_MLA_GROUP)) // 2
-    # the persistent grid where tokens x head blocks are fewer than its programs (decode batches;
-    # a prefill chunk's rows fill the GPU as they are)
-    programs = cfg.programs_per_sm * (sm_count(q_c.device) if q_c.device.type == "cuda" else 1)
-    if cfg.persistent and num_splits is None and n_idx > 0 and t * head_blocks < programs:
-        _launch_persistent(q_c, q_r, kv, kv_bytes, kv_words, kv_cache, indices, out, lse, scale, rope_offset, cfg,
-                           programs)
-        return out, lse
     per_program = triton.cdiv(triton.cdiv(n_idx, cfg.block_n), splits)  # blocks, as _split_range counts
     if splits > 1:
         part_o = new_output((t, h, splits, d_c), torch.float32, q_c.device)
@@ -407,30 +278,6 @@ def sparse_mla_triton(q_c, q_r, kv_cache, indices, scale, kv_dtype, num_splits=N
         _combine_kernel[(t * h,)](part_o, part_lse, out, lse, splits, D_C=d_c,
                                   BLOCK_S=max(2, triton.next_power_of_2(splits)))
     return out, lse
-
-
-def _launch_persistent(q_c, q_r, kv, kv_bytes, kv_words, kv_cache, indices, out, lse, scale, rope_offset,
-                       cfg: SparseMlaConfig, programs: int) -> None:
-    """The persistent kernel over every (token, head block) row: `programs` programs (no more than
-    there are blocks), cfg.units_per_program units each."""
-    t, h, d_c = q_c.shape
-    n_rows = t * triton.cdiv(h, cfg.block_h)
-    total = n_rows * triton.cdiv(indices.shape[1], cfg.block_n)
-    programs = min(total, programs)
-    units = min(total, programs * cfg.units_per_program)
-    # a partial slot per (row, unit) segment: row + unit < n_rows + units
-    part_o = new_output((n_rows + units, cfg.block_h, d_c), torch.float32, q_c.device)
-    part_lse = new_output((n_rows + units, cfg.block_h), torch.float32, q_c.device)
-    sync = torch.zeros(n_rows + 1, dtype=torch.int32, device=q_c.device)
-    _sparse_mla_persistent_kernel[(programs,)](
-        q_c, q_r, kv, kv_bytes, kv_words, indices, out, lse, part_o, part_lse, sync,
-        q_c.stride(0), q_c.stride(1), q_r.stride(0), q_r.stride(1), scale * LOG2E.value, indices.shape[1], h,
-        n_rows, units,
-        KV_STRIDE=kv.shape[1], ROW_BYTES=kv_cache.shape[1] * kv_cache.element_size(), ROPE_OFFSET=rope_offset,
-        D_C=d_c, D_R=q_r.shape[2], BLOCK_H=cfg.block_h, BLOCK_N=cfg.block_n,
-        FP8=kv_cache.dtype == torch.uint8, DOT_DTYPE=dot_dtype(q_c),
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-    )
 
 
 # ---------------------------------------------------------------- public API
