@@ -84,7 +84,7 @@ def launch_label(mod: ModuleType, tokens: int, heads: int, kv_dtype: str, topk: 
     return f"{cfg}, {splits} split(s)"
 
 
-def run_case(name: str, shape: tuple[int, int, str], sides: list[tuple[str, ModuleType, object, int | None]],
+def run_case(name: str, shape: tuple[int, int, str] | tuple[int, int, str, int], sides: list[tuple[str, ModuleType, object, int | None]],
              num_slots: int, repeats: int) -> None:
     tokens, heads, kv_dtype, topk = (*shape, bk.TOPK)[:4]
     cache = bk.make_kv_cache(num_slots, kv_dtype)
