@@ -322,17 +322,20 @@ static PyObject *partial_line(Reader *self)
     return PyBytes_FromStringAndSize(length ? self->line : "", length);
 }
 
-/* The body is complete: the connection ends the request. A chunked body's end (its last chunk
-   and trailer, kept in the head buffer) goes to the connection's llhttp parser, which takes the
-   trailer's fields into the headers as on the Python path. Returns as take_piece. */
+/* The body is complete: the connection ends the request. A chunked body's end with a trailer (its
+   last chunk and trailer, kept in the head buffer) goes to the connection's llhttp parser, which
+   takes the trailer's fields into the headers as on the Python path; the usual end, `0\r\n\r\n`,
+   has nothing for llhttp to take, and the body completes as one of other framing does (end b"").
+   Returns as take_piece. */
 static int body_complete(Reader *self, int chunked)
 {
     self->state = HEAD;
     PyObject *line = partial_line(self);
     PyObject *now = PyLong_FromLongLong(self->now);
-    PyObject *end = PyBytes_FromStringAndSize(NULL, chunked ? 3 + self->head_len : 0);
+    int trailer = chunked && self->head_len > 2;  /* more than the final CRLF */
+    PyObject *end = PyBytes_FromStringAndSize(NULL, trailer ? 3 + self->head_len : 0);
     self->head_len = 0;
-    if (end != NULL && chunked) {
+    if (end != NULL && trailer) {
         memcpy(PyBytes_AsString(end), "0\r\n", 3);
         memcpy(PyBytes_AsString(end) + 3, self->head, (size_t)(PyBytes_Size(end) - 3));
     }

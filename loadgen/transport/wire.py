@@ -266,8 +266,9 @@ class _Conn(asyncio.Protocol):
 
     def finish_body(self, line: bytes, now: int, end: bytes) -> None:
         """The body ended at `now`, with `line` its unterminated last line (b"" when none); a
-        chunked body's `end` (its last chunk and trailer) goes through llhttp, which completes
-        the message, and a body of other framing completes here."""
+        chunked body's `end` with a trailer (its last chunk and trailer) goes through llhttp,
+        which takes the trailer's fields and completes the message; a body of other framing, or
+        chunked without a trailer (`end` b""), completes here."""
         self._line = line
         if end:
             self.feed(end, now)
