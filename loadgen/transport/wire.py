@@ -116,9 +116,9 @@ class _Conn(asyncio.Protocol):
 
     # No instance dict: a read touches a few cache lines of its connection, not a dict's too
     # (hundreds of connections take turns, so each one's state is cold when its read comes).
-    __slots__ = ("transport", "closed", "_parser", "_deadline", "_timer", "_sink", "_count_events", "_pieces",
-                 "_stamps", "_done", "_response", "_headers_done", "_until_close", "_line", "_keep_alive", "_received",
-                 "_now", "reader")
+    __slots__ = ("transport", "closed", "_parser", "_deadline", "_timer", "_timer_at", "_sink", "_count_events",
+                 "_pieces", "_stamps", "_done", "_response", "_headers_done", "_until_close", "_line", "_keep_alive",
+                 "_received", "_now", "reader")
 
     def __init__(self) -> None:
         self.transport: asyncio.Transport | None = None
@@ -126,7 +126,8 @@ class _Conn(asyncio.Protocol):
         self.reader: Any = None  # the compiled reader (_readpath.Reader) that keeps the pieces, if any
         self._parser = httptools.HttpResponseParser(self)
         self._deadline: float | None = None  # the current request's (loop.time()), None: no timeout
-        self._timer: asyncio.TimerHandle | None = None  # the connection's one timer, see `_arm`
+        self._timer: asyncio.Handle | None = None  # the connection's one timer, see `_arm`
+        self._timer_at = 0.0  # when it is armed for (loop.time())
         self._reset(None, None, False)
 
     def _reset(self, sink: BodySink | None, done: asyncio.Future | None, count_events: bool) -> None:
@@ -324,7 +325,7 @@ class _Conn(asyncio.Protocol):
         self._reset(sink, done, count_events)
         assert self.transport is not None, "start() on a connection that was never made"
         self._deadline = deadline
-        if deadline is not None and (self._timer is None or self._timer.when() > deadline):
+        if deadline is not None and (self._timer is None or self._timer_at > deadline):
             self._arm(deadline)
         self.transport.write(request)
 
@@ -335,11 +336,14 @@ class _Conn(asyncio.Protocol):
     def _arm(self, deadline: float) -> None:
         if self._timer is not None:
             self._timer.cancel()
+        # Kept here, not asked of the handle: uvloop answers a deadline less than a millisecond
+        # ahead (or past, as a late loop re-arms) with a plain Handle, which has no when().
+        self._timer_at = deadline
         self._timer = asyncio.get_running_loop().call_at(deadline, self._on_timer)
 
     def _on_timer(self) -> None:
         assert self._timer is not None  # only the armed handle calls this: _arm and connection_lost cancel
-        fired_at = self._timer.when()
+        fired_at = self._timer_at
         self._timer = None
         done, deadline = self._done, self._deadline
         if done is None or done.done() or deadline is None or self.closed:

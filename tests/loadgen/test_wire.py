@@ -204,6 +204,27 @@ def test_each_request_on_a_kept_alive_connection_expires_at_its_own_deadline(rea
     asyncio.run(main())
 
 
+def test_a_late_loop_still_times_out_a_request_whose_deadline_passed_meanwhile():
+    """The timer fires late, for an earlier request's deadline, when the current request's has
+    passed too: it re-arms at a deadline in the past, which uvloop answers with a plain handle
+    (no when()), and the request still times out."""
+    import uvloop
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        conn = wire._Conn()
+        conn.connection_made(_Transport(conn))
+        first, second = loop.create_future(), loop.create_future()
+        conn.start(b"", None, first, loop.time() + 0.02)
+        first.set_result(None)  # answered: the timer stays armed at its deadline
+        conn.start(b"", None, second, loop.time() + 0.03)
+        time.sleep(0.06)  # the loop is late past both deadlines
+        await asyncio.wait({second}, timeout=1)
+        assert second.done() and isinstance(second.exception(), asyncio.TimeoutError)
+
+    uvloop.run(main())
+
+
 def test_connection_slots_admit_in_order_and_a_cancelled_waiter_takes_none():
     async def main():
         slots = wire._Slots(1)
