@@ -489,6 +489,7 @@ def test_the_reader_counts_as_it_reads_what_the_batch_counter_would(count, chat)
     rng = random.Random(11)
     responses = STREAMS + [PLAIN + [USAGE + DONE], [ROLE, *PLAIN, USAGE, DONE], [PLAIN[0], ERROR, PLAIN[1], DONE]]
     responses += [[*PLAIN[:2], mutated, PLAIN[2], DONE] for mutated in itertools.islice(_mutations(PLAIN[0], rng), 40)]
+    responses.append([*(PLAIN * (wire.BATCH_PIECES // len(PLAIN) + 2)), USAGE, DONE])  # a batch goes out mid-body
     for pieces in responses:
         size = len(b"".join(pieces)) + 200
         for reads in ([size], [1] * size, *([k, size] for k in range(1, size, max(1, size // 25)))):
