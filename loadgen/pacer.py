@@ -5,9 +5,12 @@ to hundreds of microseconds. When many lanes finish at once (a closed loop in lo
 a server with uniform timing), all of them would prepare their next request in one loop turn,
 and no socket is read meanwhile: the events that queue in that time are coalesced by the kernel
 and all get the newest arrival stamp (loadgen/transport/wire.py), which smears TTFT and ITL.
-With the pacer at most `per_turn` requests are prepared per turn, and the loop polls the
-sockets between turns. A closed-loop request's latency starts when it reaches the wire, so the
-pacing never counts as server time; in the open loop it shows as `queue_delay`.
+With the pacer at most `per_turn` requests are prepared between two runs of its callback (one a
+loop turn), and the loop polls the sockets between turns. A request that finds room and no one
+waiting goes on at once (`take`: no future, no task switch, the usual case when lanes finish
+apart); the others wait their turn, first come, first served. A closed-loop request's latency
+starts when it reaches the wire, so the pacing never counts as server time; in the open loop it
+shows as `queue_delay`.
 """
 
 from __future__ import annotations
@@ -22,25 +25,39 @@ class Pacer:
     def __init__(self, per_turn: int = PER_TURN) -> None:
         self.per_turn = per_turn
         self._waiting: deque[asyncio.Future] = deque()
-        self._scheduled = False
+        self._scheduled = False  # a _release is due in the next loop turn
+        self._gone = 0  # requests gone on since the last _release (or released by it, going on next)
+
+    def take(self) -> bool:
+        """Go on now (True) when this turn has room and no one waits; else `await turn()`."""
+        if self._gone >= self.per_turn or self._waiting:
+            return False
+        self._gone += 1
+        self._schedule()
+        return True
 
     async def turn(self) -> None:
-        """Return in a later loop turn, with at most `per_turn` others released in the same one."""
-        loop = asyncio.get_running_loop()
-        future = loop.create_future()
+        """Return in a later loop turn, with at most `per_turn` others going on in the same one."""
+        future = asyncio.get_running_loop().create_future()
         self._waiting.append(future)
+        self._schedule()
+        await future
+
+    def _schedule(self) -> None:
         if not self._scheduled:
             self._scheduled = True
-            loop.call_soon(self._release)
-        await future
+            asyncio.get_running_loop().call_soon(self._release)
 
     def _release(self) -> None:
         waiting = self._waiting
-        for _ in range(min(self.per_turn, len(waiting))):
+        released = 0
+        while waiting and released < self.per_turn:
             future = waiting.popleft()
             if not future.done():  # a cancelled waiter (its level stopped) takes no slot
                 future.set_result(None)
-        if waiting:
+                released += 1
+        self._gone = released  # they go on in the next turn: room left there for `take`
+        if released:
             asyncio.get_running_loop().call_soon(self._release)
         else:
             self._scheduled = False

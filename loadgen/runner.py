@@ -37,7 +37,7 @@ from typing import Any
 
 from loadgen import closed_loop, open_loop
 from loadgen.level import LevelLoad, LevelRun, RequestMeta, RunConfig, Share
-from loadgen.loop_lag import monitor_loop_lag
+from loadgen.loop_lag import LoopLagMonitor
 from loadgen.pacer import Pacer
 from loadgen.plan import SALT_BITS, TimingConfig
 from loadgen.spec import SpecCounters, SpecExpectation
@@ -133,7 +133,7 @@ class Runner:
             if level.in_window(time.perf_counter_ns()):
                 level.recorder.record_loop_lag(us)
 
-        lag = asyncio.create_task(monitor_loop_lag(record_lag))
+        lag = LoopLagMonitor(record_lag)
         scrape = asyncio.create_task(self._scrape_at_window_start(level)) if self.share.index == 0 else None
         watchdog = asyncio.create_task(self._warmup_watchdog(level))
         try:
@@ -177,7 +177,8 @@ class Runner:
 
     async def send(self, level: LevelRun, meta: RequestMeta, salt: int, warm: bool = False,
                    due_ns: int | None = None) -> None:
-        await self._pacer.turn()
+        if not self._pacer.take():  # no room in this loop turn: wait for one
+            await self._pacer.turn()
         origin = due_ns if due_ns is not None else time.perf_counter_ns()
         if not warm and level.window_closed(origin):
             return  # a lane woken late by a busy loop: no request starts after the window

@@ -4,12 +4,20 @@
    read runs no Python frame: recvmsg with SO_TIMESTAMPNS, the kernel stamp converted to
    perf_counter_ns, the HTTP/1.1 body framing undone (chunked, Content-Length, read until
    close), and the body split into pieces of complete lines with the read's stamp, exactly as
-   wire._Conn.on_body does. It calls into Python (the connection, a wire._Conn) only when a
-   response head is complete (take_head: httptools parses it, as on the Python path), every
-   batch of pieces (deliver), at the message's end (finish_body; a chunked body's last chunk and
-   trailer go through its llhttp parser there), for the body of a response that
-   does not stream (on_body), on malformed framing (malformed_body) and on EOF or a socket error
-   (the transport's lost). Everything else about a connection stays in wire.py.
+   wire._Conn.on_body does. The pieces wait in the Reader, their stamps in a C array, until the
+   connection takes them as a batch (take_batch, from wire._Conn.deliver): no Python object is
+   made per piece but the piece's bytes, and none for a piece the Reader counts (below). It calls
+   into Python (the connection, a wire._Conn) only when a response head is complete (take_head:
+   httptools parses it, as on the Python path), when a batch is full (deliver), at the message's
+   end (finish_body; a chunked body's last chunk and trailer go through its llhttp parser there),
+   for the body of a response that does not stream (on_body), on malformed framing
+   (malformed_body) and on EOF or a socket error (the transport's lost). Everything else about a
+   connection stays in wire.py.
+
+   When the connection asks for it (take_head's mode COUNTED), each piece that is one SSE content
+   event of the plain shape count_content_tokens takes is counted as it is read, while its bytes
+   are still in the cache, and kept as its count alone: the batch hands it over as None with its
+   count, and every other piece as its bytes with the count 0, for the line rules.
 
    It also counts the token ids of a batch of SSE content events (count_content_tokens, for
    loadgen/transport/http.py) without building their objects: each piece that holds one event of
@@ -32,13 +40,19 @@
 #include <sys/socket.h>
 #include <time.h>
 
-/* wire.READ_PATH_VERSION must match: 3 = the counter answers piece by piece (0: orjson's). */
-#define READ_PATH_VERSION 3
+/* wire.READ_PATH_VERSION must match: 3 = the counter answers piece by piece (0: orjson's);
+   4 = the Reader keeps a batch's pieces itself (take_batch) and counts them as it reads (COUNTED). */
+#define READ_PATH_VERSION 4
 
 /* Body framings besides a length, as wire._Conn.take_head returns them (wire.py's constants;
    its NO_BODY, -1, needs no test here: a head without a body leaves the reader at the next head). */
 #define BODY_CHUNKED (-2)
 #define BODY_UNTIL_CLOSE (-3)
+
+/* How a body reaches the connection, as wire._Conn.take_head returns it (wire.py's constants). */
+#define WHOLE 0    /* not streamed: on_body gets the bytes */
+#define PIECES 1   /* pieces of whole lines, in batches */
+#define COUNTED 2  /* the same, plain SSE content events counted here and handed over as their counts */
 
 /* A response head, or a chunked body's trailer, larger than this is malformed: the buffer that
    holds it while it arrives stays bounded whatever the server sends. */
@@ -96,7 +110,7 @@ static char *read_buffer;
 static int read_buffer_busy;
 
 /* Attribute and method names, interned once. */
-static PyObject *s_pieces, *s_stamps, *s_received, *s_closed, *s_line, *s_deliver, *s_take_head,
+static PyObject *s_received, *s_closed, *s_line, *s_deliver, *s_take_head,
     *s_finish_body, *s_on_body, *s_malformed_body, *s_fail_unexpected;
 
 typedef struct {
@@ -106,7 +120,7 @@ typedef struct {
     PyObject *lost;  /* the transport's _lost(exc or None): closes the socket, fails or ends the request */
     enum state state;
     int closed;         /* the connection closed: nothing more is read */
-    int streamed;       /* the body goes to the connection's sink as pieces of lines */
+    int mode;           /* how the body goes to the connection: WHOLE, PIECES or COUNTED */
     int size_digits;
     long long remaining;  /* bytes left of the chunk, or of a Content-Length body; a chunk's size while read */
     long long now;        /* the current read's stamp */
@@ -114,7 +128,15 @@ typedef struct {
     Py_ssize_t head_len, head_cap, head_scanned;
     char *line;           /* the partial body line (no LF in it) */
     Py_ssize_t line_len, line_cap;
+    /* The pieces not yet taken (take_batch): each one's stamp and count (0: its bytes are the
+       next item of `kept`), in order. */
+    long long *stamps;
+    Py_ssize_t *counts;
+    Py_ssize_t pending, pending_cap;
+    PyObject *kept;       /* list of the pending pieces' bytes that were not counted, or NULL */
 } Reader;
+
+static Py_ssize_t event_tokens(const char *data, Py_ssize_t size);
 
 static long long monotonic_ns(void)
 {
@@ -192,30 +214,33 @@ static PyObject *call_conn(Reader *self, PyObject *name, PyObject *arg1, PyObjec
     return PyObject_CallMethodObjArgs(self->conn, name, arg1, arg2, NULL);
 }
 
-static int append_to(Reader *self, PyObject *name, PyObject *item)
-{
-    PyObject *list = PyObject_GetAttr(self->conn, name);
-    if (list == NULL)
-        return -1;
-    int result = PyList_Append(list, item);
-    Py_ssize_t length = PyList_Size(list);
-    Py_DECREF(list);
-    return result < 0 ? -1 : (int)(length >= batch_pieces);
-}
-
-/* One piece of whole lines that arrived at the read's stamp; a full batch goes to the sink.
+/* One piece of whole lines that arrived at the read's stamp: its bytes (`piece`, or NULL when it
+   was counted) or its count. A full batch goes to the connection (deliver), which takes it.
    Returns 1 when the connection closed meanwhile, -1 on error. */
-static int take_piece(Reader *self, PyObject *piece)
+static int take_piece(Reader *self, PyObject *piece, Py_ssize_t count)
 {
-    PyObject *stamp = PyLong_FromLongLong(self->now);
-    if (stamp == NULL)
-        return -1;
-    int full = append_to(self, s_pieces, piece);
-    int stamps_full = full < 0 ? -1 : append_to(self, s_stamps, stamp);
-    Py_DECREF(stamp);
-    if (full < 0 || stamps_full < 0)
-        return -1;
-    if (!full)
+    if (self->pending == self->pending_cap) {
+        Py_ssize_t size = self->pending_cap ? 2 * self->pending_cap : 128;
+        long long *stamps = realloc(self->stamps, (size_t)size * sizeof *stamps);
+        if (stamps != NULL)
+            self->stamps = stamps;
+        Py_ssize_t *counts = stamps == NULL ? NULL : realloc(self->counts, (size_t)size * sizeof *counts);
+        if (counts == NULL) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        self->counts = counts;
+        self->pending_cap = size;
+    }
+    if (piece != NULL) {
+        if (self->kept == NULL && (self->kept = PyList_New(0)) == NULL)
+            return -1;
+        if (PyList_Append(self->kept, piece) < 0)
+            return -1;
+    }
+    self->stamps[self->pending] = self->now;
+    self->counts[self->pending] = count;
+    if (++self->pending < batch_pieces)
         return 0;
     PyObject *result = call_conn(self, s_deliver, NULL, NULL);
     if (result == NULL)
@@ -229,7 +254,7 @@ static int body_span(Reader *self, const char *data, Py_ssize_t size)
 {
     if (size == 0)
         return 0;
-    if (!self->streamed) {
+    if (self->mode == WHOLE) {
         PyObject *bytes = PyBytes_FromStringAndSize(data, size);
         if (bytes == NULL)
             return -1;
@@ -241,8 +266,11 @@ static int body_span(Reader *self, const char *data, Py_ssize_t size)
         return 0;
     }
     PyObject *piece;
-    if (self->line_len == 0 && data[size - 1] == '\n') {
-        piece = PyBytes_FromStringAndSize(data, size);  /* the usual piece: whole lines */
+    if (self->line_len == 0 && data[size - 1] == '\n') {  /* the usual piece: whole lines */
+        Py_ssize_t count = self->mode == COUNTED ? event_tokens(data, size) : 0;
+        if (count > 0)
+            return take_piece(self, NULL, count);
+        piece = PyBytes_FromStringAndSize(data, size);
     } else {
         const char *last = memrchr(data, '\n', (size_t)size);
         if (last == NULL) {
@@ -271,7 +299,17 @@ static int body_span(Reader *self, const char *data, Py_ssize_t size)
     }
     if (piece == NULL)
         return -1;
-    int result = take_piece(self, piece);
+    Py_ssize_t count = 0;
+    if (self->mode == COUNTED) {
+        char *text;
+        Py_ssize_t length;
+        if (PyBytes_AsStringAndSize(piece, &text, &length) < 0) {
+            Py_DECREF(piece);
+            return -1;
+        }
+        count = event_tokens(text, length);
+    }
+    int result = take_piece(self, count > 0 ? NULL : piece, count);
     Py_DECREF(piece);
     return result;
 }
@@ -279,22 +317,25 @@ static int body_span(Reader *self, const char *data, Py_ssize_t size)
 /* The partial line the body ends with, as bytes (empty when none or not streamed). */
 static PyObject *partial_line(Reader *self)
 {
-    Py_ssize_t length = self->streamed ? self->line_len : 0;
+    Py_ssize_t length = self->mode != WHOLE ? self->line_len : 0;
     self->line_len = 0;
     return PyBytes_FromStringAndSize(length ? self->line : "", length);
 }
 
-/* The body is complete: the connection ends the request. A chunked body's end (its last chunk
-   and trailer, kept in the head buffer) goes to the connection's llhttp parser, which takes the
-   trailer's fields into the headers as on the Python path. Returns as take_piece. */
+/* The body is complete: the connection ends the request. A chunked body's end with a trailer (its
+   last chunk and trailer, kept in the head buffer) goes to the connection's llhttp parser, which
+   takes the trailer's fields into the headers as on the Python path; the usual end, `0\r\n\r\n`,
+   has nothing for llhttp to take, and the body completes as one of other framing does (end b"").
+   Returns as take_piece. */
 static int body_complete(Reader *self, int chunked)
 {
     self->state = HEAD;
     PyObject *line = partial_line(self);
     PyObject *now = PyLong_FromLongLong(self->now);
-    PyObject *end = PyBytes_FromStringAndSize(NULL, chunked ? 3 + self->head_len : 0);
+    int trailer = chunked && self->head_len > 2;  /* more than the final CRLF */
+    PyObject *end = PyBytes_FromStringAndSize(NULL, trailer ? 3 + self->head_len : 0);
     self->head_len = 0;
-    if (end != NULL && chunked) {
+    if (end != NULL && trailer) {
         memcpy(PyBytes_AsString(end), "0\r\n", 3);
         memcpy(PyBytes_AsString(end) + 3, self->head, (size_t)(PyBytes_Size(end) - 3));
     }
@@ -384,16 +425,21 @@ static int head_bytes(Reader *self, const char *data, Py_ssize_t size, Py_ssize_
     if (framing == NULL)
         return -1;
     long long length;
-    int streamed;
-    if (!PyArg_ParseTuple(framing, "Lp", &length, &streamed)) {
+    int mode;
+    if (!PyArg_ParseTuple(framing, "Li", &length, &mode)) {
         Py_DECREF(framing);
+        return -1;
+    }
+    if (mode != WHOLE && mode != PIECES && mode != COUNTED) {
+        Py_DECREF(framing);
+        PyErr_SetString(PyExc_ValueError, "take_head: the body's mode is not WHOLE, PIECES or COUNTED");
         return -1;
     }
     Py_DECREF(framing);
     int closed = stopped(self);
     if (closed != 0)
         return closed;
-    self->streamed = streamed;
+    self->mode = mode;
     self->line_len = 0;
     if (length == BODY_CHUNKED) {
         self->state = CHUNK_SIZE;
@@ -663,7 +709,7 @@ static int read_into(Reader *self, char *buffer, Py_ssize_t size)
         return got < 0 ? socket_error(self) : end_of_stream(self);
     }
     int result = read_stamp(&message, &self->now);
-    if (result == 0)
+    if (result == 0 && self->state == HEAD)  /* a body's reads come after its head's, which told it */
         result = PyObject_SetAttr(self->conn, s_received, Py_True);
     if (result == 0)
         result = feed(self, buffer, got);
@@ -695,6 +741,62 @@ static PyObject *Reader_readable(Reader *self, PyObject *Py_UNUSED(ignored))
     Py_RETURN_NONE;
 }
 
+/* The pending pieces as (pieces, stamps, counts) -- counts None unless COUNTED, a counted piece
+   None in pieces -- or None when there are none; the Reader keeps none of them after. */
+static PyObject *Reader_take_batch(Reader *self, PyObject *Py_UNUSED(ignored))
+{
+    Py_ssize_t pending = self->pending;
+    if (pending == 0)
+        Py_RETURN_NONE;
+    self->pending = 0;
+    PyObject *kept = self->kept, *pieces = NULL, *stamps = NULL, *counts = NULL, *batch = NULL;
+    self->kept = NULL;
+    stamps = PyList_New(pending);
+    if (stamps == NULL)
+        goto done;
+    for (Py_ssize_t i = 0; i < pending; i++) {
+        PyObject *stamp = PyLong_FromLongLong(self->stamps[i]);
+        if (stamp == NULL)
+            goto done;
+        PyList_SetItem(stamps, i, stamp);
+    }
+    if (self->mode != COUNTED) {  /* every piece kept */
+        pieces = kept;
+        kept = NULL;
+        counts = Py_None;
+        Py_INCREF(counts);
+    } else {
+        pieces = PyList_New(pending);
+        counts = PyList_New(pending);
+        if (pieces == NULL || counts == NULL)
+            goto done;
+        Py_ssize_t next_kept = 0;
+        for (Py_ssize_t i = 0; i < pending; i++) {
+            PyObject *count = PyLong_FromSsize_t(self->counts[i]);
+            if (count == NULL)
+                goto done;
+            PyList_SetItem(counts, i, count);
+            PyObject *piece = self->counts[i] ? Py_None : PyList_GetItem(kept, next_kept++);
+            if (piece == NULL)
+                goto done;
+            Py_INCREF(piece);
+            PyList_SetItem(pieces, i, piece);
+        }
+    }
+    batch = PyTuple_Pack(3, pieces, stamps, counts);
+done:
+    Py_XDECREF(kept);
+    Py_XDECREF(pieces);
+    Py_XDECREF(stamps);
+    Py_XDECREF(counts);
+    return batch;
+}
+
+static Py_ssize_t Reader_length(Reader *self)
+{
+    return self->pending;
+}
+
 static PyObject *Reader_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
 {
     static char *names[] = {"fd", "conn", "lost", NULL};
@@ -722,6 +824,7 @@ static int Reader_traverse(Reader *self, visitproc visit, void *arg)
 {
     Py_VISIT(self->conn);
     Py_VISIT(self->lost);
+    Py_VISIT(self->kept);
     Py_VISIT(Py_TYPE(self));
     return 0;
 }
@@ -730,6 +833,7 @@ static int Reader_clear(Reader *self)
 {
     Py_CLEAR(self->conn);
     Py_CLEAR(self->lost);
+    Py_CLEAR(self->kept);
     return 0;
 }
 
@@ -740,6 +844,8 @@ static void Reader_dealloc(Reader *self)
     Reader_clear(self);
     free(self->head);
     free(self->line);
+    free(self->stamps);
+    free(self->counts);
     freefunc free_slot = (freefunc)PyType_GetSlot(type, Py_tp_free);
     free_slot(self);
     Py_DECREF(type);
@@ -748,6 +854,9 @@ static void Reader_dealloc(Reader *self)
 static PyMethodDef Reader_methods[] = {
     {"readable", (PyCFunction)Reader_readable, METH_NOARGS,
      "Read what the socket holds and take it through the framing (the loop's reader callback)."},
+    {"take_batch", (PyCFunction)Reader_take_batch, METH_NOARGS,
+     "The pieces read and not yet taken, as (pieces, stamps, counts), or None: counts is None unless the "
+     "body is COUNTED, where a piece counted as it was read is None in pieces, with its count."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -758,6 +867,7 @@ static PyType_Slot Reader_slots[] = {
     {Py_tp_traverse, Reader_traverse},
     {Py_tp_clear, Reader_clear},
     {Py_tp_methods, Reader_methods},
+    {Py_sq_length, Reader_length},  /* the pieces not yet taken */
     {0, NULL},
 };
 
@@ -1206,7 +1316,7 @@ static PyMethodDef module_methods[] = {
 static int intern_names(void)
 {
     struct { PyObject **slot; const char *text; } names[] = {
-        {&s_pieces, "_pieces"}, {&s_stamps, "_stamps"}, {&s_received, "_received"},
+        {&s_received, "_received"},
         {&s_closed, "closed"}, {&s_line, "_line"}, {&s_deliver, "deliver"},
         {&s_take_head, "take_head"}, {&s_finish_body, "finish_body"}, {&s_on_body, "on_body"},
         {&s_malformed_body, "malformed_body"}, {&s_fail_unexpected, "_fail_unexpected"},

@@ -5,12 +5,14 @@ read is timestamped once with perf_counter_ns, and every SSE line it completes c
 arrival time; the request's coroutine wakes once, at the end of the response.
 
 The SSE events come in batches of reads (wire.BodySink). Where the compiled read path is
-built, its count_content_tokens validates and counts each piece that is one content chunk with
-`token_ids` without building objects, and leaves every other piece (usage, [DONE], a chat role
-chunk, errors, several lines per read, servers without token ids) to the line rules below, in
-its place. Without it, the usual batch, one `data:` event per read, is parsed as one JSON array
-in one call and its token counts read in one comprehension; any event of another shape, or any
-batch that is not one event per read, goes line by line through the same rules.
+built, it validates and counts each piece that is one content chunk with `token_ids` without
+building objects -- on a compiled connection as it reads the piece (the request asks for it
+with `count_events`), else over the batch (count_content_tokens) -- and leaves every other piece
+(usage, [DONE], a chat role chunk, errors, several lines per read, servers without token ids) to
+the line rules below, in its place. Without it, the usual batch, one `data:` event per read, is
+parsed as one JSON array in one call and its token counts read in one comprehension; any event
+of another shape, or any batch that is not one event per read, goes line by line through the
+same rules.
 
 Request body (completions): `prompt` = the token ids (exact input length), `max_tokens` =
 `min_tokens` = the trace's output length, `ignore_eos`, `stream`, `stream_options.include_usage`,
@@ -31,7 +33,8 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, cast
 
 import orjson
 
@@ -121,7 +124,7 @@ class HttpTransport(Transport):
         try:
             resp = await self._opened().request("POST", self._path, body, f"Content-Type: application/json\r\n"
                                                 f"X-Request-Id: {request.request_id}\r\n", stream.take,
-                                                self.timeout_s)
+                                                self.timeout_s, count_events=True)
             ex.end_ns = resp.end_ns  # the arrival of the response's last bytes, stamped like the chunks
             if resp.status != 200:
                 ex.error = f"http_{resp.status}"
@@ -172,19 +175,24 @@ class _SseStream:
         self.detail: str | None = None
         self._count = content_token_counter()  # looked up once a response, not once a read
 
-    def take(self, pieces: list[bytes], stamps: list[int]) -> None:
-        """A batch of body pieces (whole lines) and the arrival of each (wire.BodySink)."""
+    def take(self, pieces: Sequence[bytes | None], stamps: list[int], counts: list[int] | None = None) -> None:
+        """A batch of body pieces (whole lines) and the arrival of each, and each one's tokens when
+        the compiled reader counted them (wire.BodySink: a counted piece is None)."""
         if self.error is not None:
             return
-        if self._count is not None:  # compiled: each piece's count, 0 where the line rules read it
-            self._record(pieces, stamps, self._count(pieces))
+        if counts is not None:  # counted as they were read: 0 where the line rules read the piece
+            self._record(pieces, stamps, counts)
             return
-        whole = len(pieces)
-        last = pieces[-1]
+        read = cast("list[bytes]", pieces)  # not counted: each piece is its bytes
+        if self._count is not None:  # compiled: each piece's count, 0 where the line rules read it
+            self._record(read, stamps, self._count(read))
+            return
+        whole = len(read)
+        last = read[-1]
         if b"[DONE]" in last or last[-2:] != b"\n\n":
             whole -= 1  # the end of the stream, or a piece of several or partial lines
-        taken = self._content_chunks(pieces[:whole], stamps) if whole else 0
-        for piece, now in zip(pieces[taken:], stamps[taken:]):
+        taken = self._content_chunks(read[:whole], stamps) if whole else 0
+        for piece, now in zip(read[taken:], stamps[taken:]):
             self._lines(piece, now)
 
     def _content_chunks(self, pieces: list[bytes], stamps: list[int]) -> int:
@@ -219,7 +227,7 @@ class _SseStream:
         self._record(pieces, stamps, counts)
         return len(events)
 
-    def _record(self, pieces: list[bytes], stamps: list[int], counts: list[int]) -> None:
+    def _record(self, pieces: Sequence[bytes | None], stamps: list[int], counts: list[int]) -> None:
         """Records each piece's content chunk of counts[k] tokens; a piece counted 0 (an empty
         token_ids list, where the text decides; no ids; usage; [DONE]; an error; several or
         partial lines) goes through the line rules in its place, between the runs around it."""
@@ -229,7 +237,7 @@ class _SseStream:
             self.ex.chunk_ns += stamps[first:k]
             self.ex.chunk_tokens += counts[first:k]
             first = k + 1
-            self._lines(pieces[k], stamps[k])
+            self._lines(cast(bytes, pieces[k]), stamps[k])  # counted 0: its bytes
             if self.error is not None:
                 return  # nothing after an error counts, as on the line path
         self.ex.chunk_ns += stamps[first:len(counts)]

@@ -12,7 +12,9 @@ The body is not handed over line by line as it arrives: each read's complete lin
 with the read's stamp, and the sink gets them in batches (at the end of the response, every
 `BATCH_PIECES` pieces, or before a failure is raised), so the per-read work is one callback
 and two list appends, and the sink can parse a whole batch of SSE events in one call. Stamps
-are the same as if each line had been handed over when it was read.
+are the same as if each line had been handed over when it was read. A request may ask for its
+SSE content events to be counted by the compiled reader (`count_events`, below); on the Python
+path the sink's counts are None and it counts them itself.
 
 Timestamps: plain-http connections are read with recvmsg and SO_TIMESTAMPNS on Linux, so a
 read carries the kernel's arrival time, which a busy event loop cannot delay (see
@@ -31,7 +33,10 @@ below), for every batch of pieces, and at the message's end or a failure. The pi
 batches and errors are the same as on the Python path (the wire tests run both), but for a head
 or trailer over 64 KiB, malformed here only; https, other systems, a checkout built without a
 C compiler and one whose build is of an older source (its READ_PATH_VERSION is not this
-module's) take the Python path.
+module's) take the Python path. The reader keeps a batch's pieces and their stamps itself until
+the connection takes them (`deliver`); with `count_events` it also counts each piece that is one
+plain SSE content event as it reads it (while its bytes are in the cache, instead of once more
+at the batch) and hands it over as its count alone, the piece None (see _readpath.c).
 
 Scope: what an OpenAI-compatible server needs: one request per connection at a time, request
 bodies with Content-Length, responses with Content-Length, chunked, or read-until-close bodies,
@@ -49,7 +54,7 @@ import struct
 import sys
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -59,7 +64,7 @@ from loadgen.transport.base import ErrorKind
 
 log = logging.getLogger(__name__)
 
-READ_PATH_VERSION = 3  # _readpath.c's: a build of another source is not used
+READ_PATH_VERSION = 4  # _readpath.c's: a build of another source is not used
 
 
 def _current_build(module: Any) -> Any:
@@ -75,8 +80,10 @@ except ImportError:  # built without a C compiler: the Python path reads every c
 _readpath = _current_build(_built)
 
 # (body pieces, each one or more complete lines ending in b"\n" -- the last piece of a body may
-# lack it --, the arrival perf_counter_ns of each piece), in order
-BodySink = Callable[[list[bytes], list[int]], None]
+# lack it --, the arrival perf_counter_ns of each piece, and None, or with `count_events` on the
+# compiled path each piece's content tokens: > 0 for a piece counted as one plain SSE content
+# event, which is None in the pieces, 0 for the others), in order
+BodySink = Callable[[Sequence[bytes | None], list[int], list[int] | None], None]
 BATCH_PIECES = 256  # pieces kept before they go to the sink mid-response (bounds the memory)
 
 
@@ -109,19 +116,23 @@ class _Conn(asyncio.Protocol):
 
     # No instance dict: a read touches a few cache lines of its connection, not a dict's too
     # (hundreds of connections take turns, so each one's state is cold when its read comes).
-    __slots__ = ("transport", "closed", "_parser", "_deadline", "_timer", "_sink", "_pieces", "_stamps", "_done",
-                 "_response", "_headers_done", "_until_close", "_line", "_keep_alive", "_received", "_now")
+    __slots__ = ("transport", "closed", "_parser", "_deadline", "_timer", "_timer_at", "_sink", "_count_events",
+                 "_pieces", "_stamps", "_done", "_response", "_headers_done", "_until_close", "_line", "_keep_alive",
+                 "_received", "_now", "reader")
 
     def __init__(self) -> None:
         self.transport: asyncio.Transport | None = None
         self.closed = False
+        self.reader: Any = None  # the compiled reader (_readpath.Reader) that keeps the pieces, if any
         self._parser = httptools.HttpResponseParser(self)
         self._deadline: float | None = None  # the current request's (loop.time()), None: no timeout
-        self._timer: asyncio.TimerHandle | None = None  # the connection's one timer, see `_arm`
-        self._reset(None, None)
+        self._timer: asyncio.Handle | None = None  # the connection's one timer, see `_arm`
+        self._timer_at = 0.0  # when it is armed for (loop.time())
+        self._reset(None, None, False)
 
-    def _reset(self, sink: BodySink | None, done: asyncio.Future | None) -> None:
+    def _reset(self, sink: BodySink | None, done: asyncio.Future | None, count_events: bool) -> None:
         self._sink = sink
+        self._count_events = count_events
         self._pieces: list[bytes] = []  # complete body lines not yet handed to the sink, and
         self._stamps: list[int] = []  # the arrival of each piece
         self._done = done
@@ -229,32 +240,36 @@ class _Conn(asyncio.Protocol):
 
     # -- called by the compiled reader (_readpath.Reader) ------------------------------------
 
-    def take_head(self, head: bytes, now: int) -> tuple[int, bool]:
+    def take_head(self, head: bytes, now: int) -> tuple[int, int]:
         """A complete response head that arrived by `now`, parsed by a fresh llhttp parser (the
         compiled reader undoes the body's framing itself). Returns the body's framing -- its
         Content-Length, BODY_CHUNKED, BODY_UNTIL_CLOSE, or NO_BODY when the response is already
-        complete or failed -- and whether the body goes to the sink in pieces."""
+        complete or failed -- and how the body reaches the sink: WHOLE (it does not: on_body
+        keeps it), PIECES, or COUNTED (pieces, the plain SSE content events counted by the reader)."""
         if self._done is None or self._done.done():  # no request waits for it: not ours to parse
             self._fail("bytes after the response's end", ErrorKind.PROTOCOL)
-            return NO_BODY, False
+            return NO_BODY, WHOLE
         self._parser = httptools.HttpResponseParser(self)
         self.feed(head, now)
         if self.closed or self._done.done():
-            return NO_BODY, False
+            return NO_BODY, WHOLE
         if not self._headers_done:  # the reader hands over a head that is not a response's
             self._fail("malformed HTTP response: no status line", ErrorKind.RESET)
-            return NO_BODY, False
+            return NO_BODY, WHOLE
         chunked = _is_chunked(self._response.headers)
         if chunked is None:
             framing = BODY_UNTIL_CLOSE
         else:
             framing = BODY_CHUNKED if chunked else int(self._response.headers["content-length"])
-        return framing, self._sink is not None
+        if self._sink is None:
+            return framing, WHOLE
+        return framing, COUNTED if self._count_events else PIECES
 
     def finish_body(self, line: bytes, now: int, end: bytes) -> None:
         """The body ended at `now`, with `line` its unterminated last line (b"" when none); a
-        chunked body's `end` (its last chunk and trailer) goes through llhttp, which completes
-        the message, and a body of other framing completes here."""
+        chunked body's `end` with a trailer (its last chunk and trailer) goes through llhttp,
+        which takes the trailer's fields and completes the message; a body of other framing, or
+        chunked without a trailer (`end` b""), completes here."""
         self._line = line
         if end:
             self.feed(end, now)
@@ -269,11 +284,16 @@ class _Conn(asyncio.Protocol):
         self._fail(f"malformed HTTP response: {detail}", ErrorKind.PROTOCOL)
 
     def deliver(self) -> None:
-        """Hand the kept body lines to the sink (the sink may raise)."""
+        """Hand the kept body lines to the sink (the sink may raise): the compiled reader's first,
+        then the ones kept here (the Python path's, or a body's unterminated last line)."""
+        if self.reader is not None:
+            batch = self.reader.take_batch()
+            if batch is not None and self._sink is not None:
+                self._sink(*batch)
         if self._pieces and self._sink is not None:
             pieces, stamps = self._pieces, self._stamps
             self._pieces, self._stamps = [], []
-            self._sink(pieces, stamps)
+            self._sink(pieces, stamps, None)
 
     def deliver_before_failing(self) -> None:
         """What arrived before a failure still goes to the sink, as it would have line by line;
@@ -298,13 +318,14 @@ class _Conn(asyncio.Protocol):
     # -- used by the pool --------------------------------------------------------------------
 
     def start(self, request: bytes, sink: BodySink | None, done: asyncio.Future,
-              deadline: float | None = None) -> None:
+              deadline: float | None = None, count_events: bool = False) -> None:
         """Send `request`; `done` gets the response, or asyncio.TimeoutError at `deadline`
-        (loop.time()) when the response is not complete by then."""
-        self._reset(sink, done)
+        (loop.time()) when the response is not complete by then. `count_events`: the compiled
+        reader counts the body's plain SSE content events for the sink (BodySink)."""
+        self._reset(sink, done, count_events)
         assert self.transport is not None, "start() on a connection that was never made"
         self._deadline = deadline
-        if deadline is not None and (self._timer is None or self._timer.when() > deadline):
+        if deadline is not None and (self._timer is None or self._timer_at > deadline):
             self._arm(deadline)
         self.transport.write(request)
 
@@ -315,11 +336,14 @@ class _Conn(asyncio.Protocol):
     def _arm(self, deadline: float) -> None:
         if self._timer is not None:
             self._timer.cancel()
+        # Kept here, not asked of the handle: uvloop answers a deadline less than a millisecond
+        # ahead (or past, as a late loop re-arms) with a plain Handle, which has no when().
+        self._timer_at = deadline
         self._timer = asyncio.get_running_loop().call_at(deadline, self._on_timer)
 
     def _on_timer(self) -> None:
         assert self._timer is not None  # only the armed handle calls this: _arm and connection_lost cancel
-        fired_at = self._timer.when()
+        fired_at = self._timer_at
         self._timer = None
         done, deadline = self._done, self._deadline
         if done is None or done.done() or deadline is None or self.closed:
@@ -354,8 +378,9 @@ class _SocketTransport:
         self._feed = conn.feed
         _enable_rx_timestamps(sock)
         conn.connection_made(self)  # type: ignore[arg-type]
-        reader = _readpath.Reader(self._fd, conn, self._lost).readable if compiled else self._readable
-        self._loop.add_reader(self._fd, reader)
+        if compiled:
+            conn.reader = _readpath.Reader(self._fd, conn, self._lost)
+        self._loop.add_reader(self._fd, conn.reader.readable if compiled else self._readable)
 
     def write(self, data: bytes) -> None:
         if self._out is not None:
@@ -486,6 +511,7 @@ def _is_chunked(headers: dict[str, str]) -> bool | None:
 
 
 NO_BODY, BODY_CHUNKED, BODY_UNTIL_CLOSE = -1, -2, -3  # framings besides a length (_readpath.c's)
+WHOLE, PIECES, COUNTED = 0, 1, 2  # how a body reaches the connection (take_head; _readpath.c's)
 if _readpath is not None:
     _readpath.configure(_RealtimeToPerfCounter.offset, _RealtimeToPerfCounter.REFRESH_NS, READ_SIZE, BATCH_PIECES)
 
@@ -560,8 +586,10 @@ class HttpClient:
         self._open: set[_Conn] = set()
 
     async def request(self, method: str, path: str, body: bytes = b"", headers: str = "",
-                      sink: BodySink | None = None, timeout: float | None = None) -> Response:
-        """Send one request; body lines go to `sink` in batches (else into Response.body).
+                      sink: BodySink | None = None, timeout: float | None = None,
+                      count_events: bool = False) -> Response:
+        """Send one request; body lines go to `sink` in batches (else into Response.body), with
+        `count_events` the compiled reader's counts of its SSE content events (BodySink).
         Raises ResponseError (connect/reset) or asyncio.TimeoutError."""
         head = (f"{method} {self.prefix}{path} HTTP/1.1\r\n{self._fixed}{headers}"
                 f"Content-Length: {len(body)}\r\n\r\n").encode("latin-1")
@@ -577,7 +605,7 @@ class HttpClient:
                 if conn is None:
                     conn = await self._connect_by(deadline)
                 done = loop.create_future()
-                conn.start(head + body, sink, done, deadline)
+                conn.start(head + body, sink, done, deadline, count_events)
                 try:
                     response = await done
                 except ResponseError as exc:

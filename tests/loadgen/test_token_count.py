@@ -5,6 +5,7 @@ nor a different count, and the pieces it leaves cost a batch no more than their 
 
 from __future__ import annotations
 
+import itertools
 import os
 import random
 import subprocess
@@ -429,6 +430,82 @@ def test_only_the_pieces_the_counter_leaves_are_parsed(count, monkeypatch):
     assert tokens == [*plain[:3], plain[3], 1, *plain[4:6], 2]
 
 
+class _Transport:
+    """A connection's transport for reads driven by hand: closing it loses the connection."""
+
+    def __init__(self, conn: wire._Conn) -> None:
+        self.conn = conn
+
+    def write(self, data: bytes) -> None:
+        pass
+
+    def close(self) -> None:
+        if not self.conn.closed:
+            self.conn.connection_lost(None)
+
+
+def _read_through_the_reader(pieces: list[bytes], reads: list[int], count_events: bool, chat: bool):
+    """`pieces` as one chunked response (a chunk each) read by a compiled reader in reads of the
+    given sizes: the batches its sink got, and what an _SseStream took of them."""
+    import asyncio
+    import socket
+
+    body = b"".join(b"%x\r\n" % len(piece) + piece + b"\r\n" for piece in pieces) + b"0\r\n\r\n"
+    response = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n" + body
+    loop = asyncio.new_event_loop()
+    conn = wire._Conn()
+    conn.connection_made(_Transport(conn))
+    ours, theirs = socket.socketpair()
+    ours.setblocking(False)
+    conn.reader = wire._readpath.Reader(ours.fileno(), conn, conn.connection_lost)
+    stream = _SseStream(Exchange(), chat=chat)
+    batches: list = []
+
+    def sink(pieces, stamps, counts) -> None:
+        batches.append((list(pieces), list(stamps), counts))
+        stream.take(pieces, stamps, counts)
+
+    done = loop.create_future()
+    conn.start(b"", sink, done, None, count_events)
+    at = 0
+    for size in reads + [len(response)]:
+        if at < len(response) and not conn.closed:
+            theirs.sendall(response[at:at + size])
+            at += size
+            conn.reader.readable()
+    ours.close()
+    theirs.close()
+    loop.close()
+    assert done.done()
+    return batches, stream
+
+
+@pytest.mark.parametrize("chat", [False, True])
+def test_the_reader_counts_as_it_reads_what_the_batch_counter_would(count, chat):
+    """With count_events the compiled reader counts each piece as it reads it: a counted piece
+    comes as None with the batch counter's count, every other piece as its bytes with 0, and the
+    stream records the same as from the same pieces and stamps counted at the batch, every split
+    of the reads."""
+    rng = random.Random(11)
+    responses = STREAMS + [PLAIN + [USAGE + DONE], [ROLE, *PLAIN, USAGE, DONE], [PLAIN[0], ERROR, PLAIN[1], DONE]]
+    responses += [[*PLAIN[:2], mutated, PLAIN[2], DONE] for mutated in itertools.islice(_mutations(PLAIN[0], rng), 40)]
+    responses.append([*(PLAIN * (wire.BATCH_PIECES // len(PLAIN) + 2)), USAGE, DONE])  # a batch goes out mid-body
+    for pieces in responses:
+        size = len(b"".join(pieces)) + 200
+        for reads in ([size], [1] * size, *([k, size] for k in range(1, size, max(1, size // 25)))):
+            counted, by_reader = _read_through_the_reader(pieces, reads, True, chat)
+            whole, _ = _read_through_the_reader(pieces, reads, False, chat)
+            got = [piece for batch, _, _ in whole for piece in batch]
+            assert [counts is None for _, _, counts in whole] == [True] * len(whole)
+            assert [piece for batch, _, _ in counted for piece in batch] == [
+                None if tokens else piece for piece, tokens in zip(got, count(got))]
+            assert [n for _, _, counts in counted for n in counts] == count(got)
+            stamps = [stamp for _, batch_stamps, _ in counted for stamp in batch_stamps]
+            by_batch = _SseStream(Exchange(), chat=chat)
+            by_batch.take(got, stamps)  # the same pieces, counted at the batch
+            assert (by_reader.ex, by_reader.done, by_reader.error) == (by_batch.ex, by_batch.done, by_batch.error)
+
+
 # Run in a fresh interpreter: the build is vetted when wire.py is imported. The module's
 # READ_PATH_VERSION is set (or removed) first, as a build of an older source would have it.
 _STALE_BUILD = """
@@ -459,7 +536,7 @@ except pytest.skip.Exception:
 """
 
 
-@pytest.mark.parametrize("version", ["missing", "2", "0", "999"])
+@pytest.mark.parametrize("version", ["missing", "2", "3", "0", "999"])
 def test_a_build_of_another_source_counts_as_not_built(count, version):
     """A stale build: the Python paths read and count, one warning says to rebuild, and the tests
     of the compiled path fail where .ci/run requires it (skip elsewhere)."""

@@ -78,8 +78,8 @@ def _lines(sink_lines: list) -> list[bytes]:
 
 def _line_sink(got: list):
     """A body sink that records (line, arrival) for every line of every piece it is given."""
-    def sink(pieces: list[bytes], stamps: list[int]) -> None:
-        assert len(pieces) == len(stamps)
+    def sink(pieces: list[bytes], stamps: list[int], counts: None) -> None:
+        assert len(pieces) == len(stamps) and counts is None
         got.extend((line, now) for piece, now in zip(pieces, stamps) for line in piece.split(b"\n") if line)
     return sink
 
@@ -204,6 +204,27 @@ def test_each_request_on_a_kept_alive_connection_expires_at_its_own_deadline(rea
     asyncio.run(main())
 
 
+def test_a_late_loop_still_times_out_a_request_whose_deadline_passed_meanwhile():
+    """The timer fires late, for an earlier request's deadline, when the current request's has
+    passed too: it re-arms at a deadline in the past, which uvloop answers with a plain handle
+    (no when()), and the request still times out."""
+    import uvloop
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        conn = wire._Conn()
+        conn.connection_made(_Transport(conn))
+        first, second = loop.create_future(), loop.create_future()
+        conn.start(b"", None, first, loop.time() + 0.02)
+        first.set_result(None)  # answered: the timer stays armed at its deadline
+        conn.start(b"", None, second, loop.time() + 0.03)
+        time.sleep(0.06)  # the loop is late past both deadlines
+        await asyncio.wait({second}, timeout=1)
+        assert second.done() and isinstance(second.exception(), asyncio.TimeoutError)
+
+    uvloop.run(main())
+
+
 def test_connection_slots_admit_in_order_and_a_cancelled_waiter_takes_none():
     async def main():
         slots = wire._Slots(1)
@@ -306,7 +327,7 @@ class _SinkBroke(Exception):
 
 
 def _sink_raising_on(bad: bytes):
-    def sink(pieces: list[bytes], stamps: list[int]) -> None:
+    def sink(pieces: list[bytes], stamps: list[int], counts: None) -> None:
         for line in b"".join(pieces).split(b"\n"):
             if line == bad:
                 raise _SinkBroke(f"cannot take {line!r}")
@@ -428,11 +449,12 @@ def _socket_reader(conn: wire._Conn, lost):
     ours, theirs = socket.socketpair()
     ours.setblocking(False)
     wire._enable_rx_timestamps(ours)
-    return wire._readpath.Reader(ours.fileno(), conn, lost).readable, ours, theirs
+    conn.reader = wire._readpath.Reader(ours.fileno(), conn, lost)
+    return conn.reader.readable, ours, theirs
 
 
 def _sink_into(got: list, conn: wire._Conn):
-    return lambda pieces, stamps: got.extend(zip(pieces, stamps))
+    return lambda pieces, stamps, counts: got.extend(zip(pieces, stamps))
 
 
 def _exchange(reads: list[bytes | None], compiled: bool, starts: frozenset[int] = frozenset({0}),
@@ -466,7 +488,7 @@ def _exchange(reads: list[bytes | None], compiled: bool, starts: frozenset[int] 
         else:
             conn.feed(data, time.perf_counter_ns())
         windows.append((before, time.perf_counter_ns()))
-        made.append(sum(len(got) for got, _ in requests) + len(conn._pieces))
+        made.append(sum(len(got) for got, _ in requests) + len(conn._pieces) + len(conn.reader or ()))
     if compiled:
         ours.close()
     results, counted = [], 0
@@ -536,7 +558,7 @@ def test_a_stray_line_end_between_kept_alive_responses_is_skipped(reads):
 
 def _closing_sink(got: list, conn: wire._Conn):
     """A sink that closes its connection when the first batch comes."""
-    def sink(pieces: list[bytes], stamps: list[int]) -> None:
+    def sink(pieces: list[bytes], stamps: list[int], counts: None) -> None:
         got.extend(zip(pieces, stamps))
         conn.transport.close()
     return sink
@@ -572,7 +594,7 @@ def test_a_read_inside_another_reads_callback_keeps_its_own_bytes():
     refused: list = []
 
     class Outer(wire._Conn):
-        def take_head(self, head: bytes, now: int) -> tuple[int, bool]:
+        def take_head(self, head: bytes, now: int) -> tuple[int, int]:
             framing = super().take_head(head, now)
             inner_readable()
             try:
@@ -605,7 +627,7 @@ def test_a_read_whose_failure_cannot_be_reported_still_closes_the_connection():
     _require("compiled")
 
     class Broken(wire._Conn):
-        def take_head(self, head: bytes, now: int) -> tuple[int, bool]:
+        def take_head(self, head: bytes, now: int) -> tuple[int, int]:
             raise _SinkBroke("the head")
 
         def _fail_unexpected(self, exc: BaseException) -> None:
