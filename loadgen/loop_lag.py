@@ -4,8 +4,13 @@ A loaded client delays every timestamp it takes; a lag of milliseconds means the
 latencies include client time and the client, not the server, may be the bottleneck.
 
 The timer's callback measures and re-arms itself: no task, future or coroutine step per wake-up
-(the monitor wakes 200 times a second whatever the load, and a task's sleep costs several times
-a bare timer callback on a busy loop).
+(a task's sleep costs several times a bare timer callback on a busy loop).
+
+Every 20 ms, not faster: the wake-ups themselves are client CPU. On an H200 host's CPUs at conc
+256 (benchmarks/client_overhead.py) a 5 ms timer cost about 3 us per streamed token, ~20 % of
+the client's CPU, against a 20 ms one (benchmarks/RESULTS.md, "Integration of this session's
+merged main"); on the dev VM a timer that does nothing cost as much. A blocked loop still
+shows as the next wake-up's lateness; blocks shorter than the interval are sampled, not all seen.
 """
 
 from __future__ import annotations
@@ -14,7 +19,7 @@ import asyncio
 import time
 from collections.abc import Callable
 
-INTERVAL_S = 0.005
+INTERVAL_S = 0.02
 WARN_P99_US = 5_000  # above this the report warns that the client may be the bottleneck
 
 
