@@ -190,3 +190,18 @@ def sse_server_command(prelude: str, **config) -> str:
             f"runpy.run_path(sys.argv[0], run_name='__main__')")
     settings = json.dumps({"port": 0, **config}).replace('"port": 0', '"port": {port}')
     return f"{sys.executable} -c \"{code}\" --config '{settings}'"
+
+
+class HandTransport:
+    """A connection's transport for driving its reads by hand (test_wire, test_token_count):
+    writes go nowhere, closing it loses the connection."""
+
+    def __init__(self, conn) -> None:
+        self.conn = conn
+
+    def write(self, data: bytes) -> None:
+        pass
+
+    def close(self) -> None:
+        if not self.conn.closed:
+            self.conn.connection_lost(None)

@@ -17,7 +17,7 @@ import pytest
 from loadgen.transport import wire
 from loadgen.transport.base import Exchange
 from loadgen.transport.http import _SseStream
-from tests.loadgen.conftest import REQUIRE_READPATH, require_compiled_reads
+from tests.loadgen.conftest import REQUIRE_READPATH, HandTransport, require_compiled_reads
 
 
 @pytest.fixture
@@ -430,20 +430,6 @@ def test_only_the_pieces_the_counter_leaves_are_parsed(count, monkeypatch):
     assert tokens == [*plain[:3], plain[3], 1, *plain[4:6], 2]
 
 
-class _Transport:
-    """A connection's transport for reads driven by hand: closing it loses the connection."""
-
-    def __init__(self, conn: wire._Conn) -> None:
-        self.conn = conn
-
-    def write(self, data: bytes) -> None:
-        pass
-
-    def close(self) -> None:
-        if not self.conn.closed:
-            self.conn.connection_lost(None)
-
-
 def _read_through_the_reader(pieces: list[bytes], reads: list[int], count_events: bool, chat: bool):
     """`pieces` as one chunked response (a chunk each) read by a compiled reader in reads of the
     given sizes: the batches its sink got, and what an _SseStream took of them."""
@@ -454,7 +440,7 @@ def _read_through_the_reader(pieces: list[bytes], reads: list[int], count_events
     response = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n" + body
     loop = asyncio.new_event_loop()
     conn = wire._Conn()
-    conn.connection_made(_Transport(conn))
+    conn.connection_made(HandTransport(conn))
     ours, theirs = socket.socketpair()
     ours.setblocking(False)
     conn.reader = wire._readpath.Reader(ours.fileno(), conn, conn.connection_lost)

@@ -14,7 +14,7 @@ import pytest
 
 from loadgen.transport import wire
 from loadgen.transport.wire import HttpClient, ResponseError
-from tests.loadgen.conftest import REQUIRE_READPATH, require_compiled_reads
+from tests.loadgen.conftest import REQUIRE_READPATH, HandTransport, require_compiled_reads
 
 SSE = b"".join(b'data: {"n": %d}\n\n' % i for i in range(20)) + b"data: [DONE]\n\n"
 
@@ -213,7 +213,7 @@ def test_a_late_loop_still_times_out_a_request_whose_deadline_passed_meanwhile()
     async def main() -> None:
         loop = asyncio.get_running_loop()
         conn = wire._Conn()
-        conn.connection_made(_Transport(conn))
+        conn.connection_made(HandTransport(conn))
         first, second = loop.create_future(), loop.create_future()
         conn.start(b"", None, first, loop.time() + 0.02)
         first.set_result(None)  # answered: the timer stays armed at its deadline
@@ -405,20 +405,6 @@ def test_malformed_chunked_framing_is_a_protocol_error(read_path, framing):
     asyncio.run(main())
 
 
-class _Transport:
-    """A connection's transport for driving its reads by hand: closing it loses the connection."""
-
-    def __init__(self, conn) -> None:
-        self.conn = conn
-
-    def write(self, data: bytes) -> None:
-        pass
-
-    def close(self) -> None:
-        if not self.conn.closed:
-            self.conn.connection_lost(None)
-
-
 _HEAD_OK = b"HTTP/1.1 200 OK\r\n"
 _CHUNKED_HEAD = _HEAD_OK + b"Transfer-Encoding: chunked\r\n\r\n"
 
@@ -465,7 +451,7 @@ def _exchange(reads: list[bytes | None], compiled: bool, starts: frozenset[int] 
     how it ended."""
     loop = asyncio.new_event_loop()
     conn = wire._Conn()
-    conn.connection_made(_Transport(conn))
+    conn.connection_made(HandTransport(conn))
     requests: list[tuple[list, asyncio.Future]] = []
     windows, made = [], []  # per read: (perf_counter_ns before it is sent, after it is read); pieces so far
     if compiled:
@@ -587,7 +573,7 @@ def test_a_read_inside_another_reads_callback_keeps_its_own_bytes():
     _require("compiled")
     loop = asyncio.new_event_loop()
     inner = wire._Conn()
-    inner.connection_made(_Transport(inner))
+    inner.connection_made(HandTransport(inner))
     inner_got: list = []
     inner.start(b"", _sink_into(inner_got, inner), loop.create_future())
     inner_readable, inner_ours, inner_theirs = _socket_reader(inner, inner.connection_lost)
@@ -605,7 +591,7 @@ def test_a_read_inside_another_reads_callback_keeps_its_own_bytes():
             return framing
 
     outer = Outer()
-    outer.connection_made(_Transport(outer))
+    outer.connection_made(HandTransport(outer))
     outer_got: list = []
     done = loop.create_future()
     outer.start(b"", _sink_into(outer_got, outer), done)
