@@ -7,9 +7,9 @@ The timer's callback measures and re-arms itself: no task, future or coroutine s
 (a task's sleep costs several times a bare timer callback on a busy loop).
 
 Every 20 ms, not faster: the wake-ups themselves are client CPU. On an H200 host's CPUs at conc
-256 (benchmarks/client_overhead.py) a 5 ms timer cost about 3 us per streamed token, ~20 % of
-the client's CPU, against a 20 ms one (benchmarks/RESULTS.md, the integration of 2026-12-02 12:30 UTC,
-"client CPU per token"); on the dev VM a timer that does nothing cost as much. A blocked loop still
+256 (benchmarks/client_overhead.py) a 5 ms timer cost 1.5-3 us per streamed token, 10-20 % of
+the client's CPU, against a 20 ms one (benchmarks/RESULTS.md, the integration of 2026-12-02 12:30 UTC
+and its recheck at 12:48); on the dev VM a timer that does nothing cost as much. A blocked loop still
 shows as the next wake-up's lateness; blocks shorter than the interval are sampled, not all seen.
 """
 
