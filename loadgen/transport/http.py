@@ -200,15 +200,15 @@ class _SseStream:
         and record the content chunks with token ids; any other event (a role-only or text-only
         chunk, usage, an error) goes through the line rules in its place, so order is kept. How
         many pieces were taken: all, or 0 when the pieces are not one event each."""
-        text = b"".join(pieces)
-        if not text.startswith(b"data:"):
+        # One event per piece: each piece opens with `data:` and ends with the blank line (a
+        # separator counted across pieces would let a piece of two events and a piece cut after
+        # its first newline balance out, and give an event the next one's stamp), and no newline
+        # is left but the last piece's two (memchr finds the first: cheaper than counting them).
+        if not all(piece.startswith(b"data:") and piece.endswith(b"\n\n") for piece in pieces):
             return 0
+        text = b"".join(pieces)
         body = text.replace(b"\n\ndata:", b",")  # each of the 7-byte separators becomes 1 byte
-        # One event per piece: every piece after the first opens with `data:` right after the
-        # blank line that ends the one before, and no newline is left but the last piece's two.
-        # (memchr finds the first newline: cheaper than counting them all.)
-        if len(text) - len(body) != 6 * (len(pieces) - 1) or body.find(b"\n") != len(body) - 2 \
-                or body[-1:] != b"\n":
+        if len(text) - len(body) != 6 * (len(pieces) - 1) or body.find(b"\n") != len(body) - 2:
             return 0
         try:
             events = orjson.loads(b"[" + body[5:-2] + b"]")

@@ -395,6 +395,21 @@ def test_a_batch_records_the_same_with_and_without_the_counter(count, monkeypatc
         assert _take(batches, True, monkeypatch, chat) == _take(batches, False, monkeypatch, chat), cut
 
 
+def test_the_python_path_stamps_a_batch_as_piece_by_piece_at_every_cut(monkeypatch):
+    """Without the compiled reader, a batch cut at any of its newlines (pieces of two events,
+    events cut after their first newline) records what the same pieces taken one at a time do:
+    each event stamped by the piece that ends it. A piece of two events and an event cut in two
+    once balanced out in the batch's separator count and gave an event the next one's stamp."""
+    text = b"".join(PLAIN[:4])
+    newlines = [i + 1 for i, byte in enumerate(text[:-1]) if byte == ord("\n")]
+    for n in range(len(newlines) + 1):
+        for cuts in itertools.combinations(newlines, n):
+            bounds = [0, *cuts, len(text)]
+            pieces = [text[a:b] for a, b in zip(bounds, bounds[1:])]
+            one_by_one = _take([[piece] for piece in pieces], False, monkeypatch)
+            assert _take([pieces], False, monkeypatch) == one_by_one, cuts
+
+
 def _parsed_by_orjson(pieces: list[bytes], monkeypatch) -> tuple[list[bytes], list[int]]:
     """What orjson parses of one batch, and the tokens recorded."""
     from loadgen.transport import http
