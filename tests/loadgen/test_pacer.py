@@ -7,23 +7,29 @@ import asyncio
 from loadgen.pacer import Pacer
 
 
+class _Turns:
+    """Counts event-loop turns while `run` runs (a task that yields once a turn)."""
+
+    def __init__(self) -> None:
+        self.count = 0
+
+    async def run(self) -> None:
+        while True:
+            await asyncio.sleep(0)
+            self.count += 1
+
+
 def test_waiters_go_on_a_few_per_loop_turn():
     async def main() -> list[int]:
         pacer = Pacer(per_turn=3)
-        turn = 0
+        turns = _Turns()
         released: list[int] = []
-
-        async def count_turns() -> None:
-            nonlocal turn
-            while True:
-                await asyncio.sleep(0)
-                turn += 1
 
         async def waiter() -> None:
             await pacer.turn()
-            released.append(turn)
+            released.append(turns.count)
 
-        counter = asyncio.ensure_future(count_turns())
+        counter = asyncio.ensure_future(turns.run())
         waiters = [asyncio.ensure_future(waiter()) for _ in range(10)]
         waiters[1].cancel()
         await asyncio.gather(*waiters, return_exceptions=True)
@@ -42,15 +48,9 @@ def test_requests_with_room_in_their_turn_go_on_at_once_and_the_rest_wait():
     their turns, first come, first served, still at most `per_turn` a turn."""
     async def main() -> tuple[list[int], list[bool]]:
         pacer = Pacer(per_turn=3)
-        turn = 0
+        loop_turns = _Turns()
         went: list[int] = []
         at_once: list[bool] = []
-
-        async def count_turns() -> None:
-            nonlocal turn
-            while True:
-                await asyncio.sleep(0)
-                turn += 1
 
         async def request(number: int) -> None:
             taken = pacer.take()
@@ -59,12 +59,12 @@ def test_requests_with_room_in_their_turn_go_on_at_once_and_the_rest_wait():
             went.append(number)
             at_once.append(taken)
 
-        counter = asyncio.ensure_future(count_turns())
+        counter = asyncio.ensure_future(loop_turns.run())
         await asyncio.sleep(0)
         requests = [asyncio.ensure_future(request(n)) for n in range(10)]
         turns = []
         for task in requests:
-            task.add_done_callback(lambda _: turns.append(turn))
+            task.add_done_callback(lambda _: turns.append(loop_turns.count))
         await asyncio.gather(*requests)
         counter.cancel()
         assert went == list(range(10))  # first come, first served
