@@ -17,6 +17,7 @@ TTFT error, two views (both from perf_counter_ns = CLOCK_MONOTONIC, shared by th
 
     python benchmarks/client_overhead.py                 # the default grid, prints a table
     python benchmarks/client_overhead.py --conc 256 --first-ms 50 --itl-ms 10 --duration 10
+    python benchmarks/client_overhead.py --conc 256 --first-ms 50 --itl-ms 10 --duration 4 --repeats 5 --no-startup
 
 Placement: by default the client runs on the first core and the server on the last, and the
 `--scaling` rows (client workers against the cheap zero-delay server) share every core. With
@@ -285,8 +286,14 @@ def main() -> None:
                         "before (vLLM's usage chunk, read apart from [DONE]); default: both in the last write")
     parser.add_argument("--no-startup", action="store_true", help="skip the start-up timings")
     parser.add_argument("--startup-repeats", type=int, default=5, help="runs per start-up timing (default 5)")
+    parser.add_argument("--repeats", type=int, default=1,
+                        help="bare/loadgen pairs per overhead case, run alternately (default 1); with more than one, "
+                        "each pair's ratio and their median are printed: the floor moves between runs on a shared "
+                        "host, and a pair measured back to back shares most of that movement")
     parser.add_argument("--json", help="also write the rows to this JSON file")
     args = parser.parse_args()
+    if args.repeats < 1:
+        parser.error(f"--repeats: {args.repeats}: must be at least 1")
     cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
     client_cpus = sorted(parse_cpus(args.client_cpus, "--client-cpus")) if args.client_cpus else cpus
     server_cpus = sorted(parse_cpus(args.server_cpus, "--server-cpus")) if args.server_cpus else cpus[-1:]
@@ -296,14 +303,16 @@ def main() -> None:
     load_before = os.getloadavg()[0]
     delays = [(args.first_ms or 0.0, args.itl_ms or 0.0)] if args.first_ms is not None or args.itl_ms is not None \
         else [(0.0, 0.0), (50.0, 10.0)]
-    rows = []
+    rows, pair_ratios = [], {}
     for first, itl in delays:
         for conc in (int(c) for c in args.conc.split(",") if c):
-            bare = run_bare_case(conc, first, itl, args.osl, args.duration, server_cpu, args.usage_apart)
-            ours = run_case(conc, first, itl, args.osl, args.duration, server_cpu, usage_apart=args.usage_apart)
-            if bare["cpu_us_per_token"] and ours["cpu_us_per_token"]:
-                ours["cpu_vs_bare"] = ours["cpu_us_per_token"] / bare["cpu_us_per_token"]
-            rows += [bare, ours]
+            for _ in range(args.repeats):
+                bare = run_bare_case(conc, first, itl, args.osl, args.duration, server_cpu, args.usage_apart)
+                ours = run_case(conc, first, itl, args.osl, args.duration, server_cpu, usage_apart=args.usage_apart)
+                if bare["cpu_us_per_token"] and ours["cpu_us_per_token"]:
+                    ours["cpu_vs_bare"] = ours["cpu_us_per_token"] / bare["cpu_us_per_token"]
+                    pair_ratios.setdefault(f"conc {conc}, {first:g}+{itl:g} ms", []).append(ours["cpu_vs_bare"])
+                rows += [bare, ours]
     if args.scaling:
         placed = bool(args.client_cpus and args.server_cpus)
         if cpus:  # the workers inherit it; unplaced, they and the server share every core
@@ -316,6 +325,11 @@ def main() -> None:
     print("|" + "---|" * len(HEADER))
     for row in rows:
         print("| " + " | ".join(_fmt(row.get(k)) for k in HEADER) + " |")
+    if args.repeats > 1:
+        print()
+        for case, ratios in pair_ratios.items():
+            print(f"{case}: CPU per token x bare, {len(ratios)} alternated pairs: "
+                  f"{', '.join(f'{r:.3f}' for r in ratios)}; median {statistics.median(ratios):.3f}")
     if start:
         print(f"\nstart-up: `loadgen replay --help` {start['help_s'] * 1000:.0f} ms; client spawn -> first request "
               f"{start['first_request_s'] * 1000:.0f} ms (small traces), {start['first_request_bundled_s'] * 1000:.0f} ms "
@@ -331,7 +345,8 @@ def main() -> None:
           f"(scaling rows: {scaling}); {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; load average "
           f"before/after: {load_before:.2f} / {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs")
     if args.json:
-        Path(args.json).write_text(json.dumps({"rows": rows, "startup": start, "usage_apart": args.usage_apart}, indent=2))
+        Path(args.json).write_text(json.dumps({"rows": rows, "pair_ratios": pair_ratios, "startup": start,
+                                               "usage_apart": args.usage_apart}, indent=2))
 
 
 def _fmt(value) -> str:
