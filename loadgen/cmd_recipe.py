@@ -89,8 +89,10 @@ def run_command(args: argparse.Namespace) -> int:
     out = Path(args.out or f"results/recipe-{recipe.name}-{stamp}")
     # Servers and load commands run in their own process groups (out of reach of a terminal's
     # Ctrl-C and of a kill of this process), so SIGTERM takes the same way out as Ctrl-C: every
-    # group is stopped on the way.
-    signal.signal(signal.SIGTERM, _raise_interrupt)
+    # group is stopped on the way. SIGINT is set too: a recipe started in the background by a
+    # script inherits SIGINT ignored, which Python keeps, and `kill -INT` would do nothing.
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, _raise_interrupt)
     try:
         return RecipeRun(recipe, out, args.resume, args.quiet).run()
     except RecipeError as exc:

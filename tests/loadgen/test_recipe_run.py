@@ -71,8 +71,10 @@ def test_interrupted_recipe_keeps_finished_runs_and_resumes(tmp_path, sessions, 
     doc = _command_recipe(f"{sys.executable} {SSE_SERVER} --config '{config}'", str(folder), health_path="/v1/models")
     path, out = write_recipe(tmp_path, doc), tmp_path / "out"
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    # Started as a script's background job is: SIGINT ignored, inherited (the recipe must take it anyway).
     recipe = subprocess.Popen([sys.executable, "-m", "loadgen.cli", "recipe", "run", str(path), "--out", str(out)],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env, cwd=tmp_path)
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env, cwd=tmp_path,
+                              preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
     first = out / "runs" / "a-r1" / "result.json"
     deadline = time.monotonic() + 120
     while not (out / "runs" / "b-r1" / "command.txt").exists() and time.monotonic() < deadline:
