@@ -31,7 +31,6 @@ import kernels.gemv as gemv  # noqa: E402
 import kernels.gemv_fused as gemv_fused  # noqa: E402
 from kernels.fused import add_rms_norm, silu_mul  # noqa: E402
 from kernels.indexer import IndexerConfig, indexer_logits_paged_torch, indexer_logits_triton  # noqa: E402
-from kernels.indexer_prefill import PrefillDescriptorConfig, indexer_prefill_descriptor  # noqa: E402
 from kernels.indexer_tiled import TiledConfig, indexer_logits_tiled  # noqa: E402
 from kernels.quant import (  # noqa: E402
     fp8_e4m3_quantize,
@@ -305,9 +304,8 @@ def prefill_indexer_case(key_dtype: str, chunk: int, context: int):
     return cache, table, block_size, seq_ids, lens, [indexer_query(chunk) for _ in range(2)]
 
 
-def check_tiled(key_dtype: str, cfg: TiledConfig | PrefillDescriptorConfig, fp8_dot: bool) -> str:
-    """The tiled kernel (or with a PrefillDescriptorConfig the descriptor kernel) against the
-    reference on a small prefill batch with tiles straddling requests."""
+def check_tiled(key_dtype: str, cfg: TiledConfig, fp8_dot: bool) -> str:
+    """The tiled kernel against the reference on a small prefill batch with tiles straddling requests."""
     half, second = (128, 9) if SMOKE else (2048, 250)
     cache, table, bs, _, _, _ = prefill_indexer_case(key_dtype, 8, 2 * half)
     table = table.reshape(2, -1)  # two requests of `half` tokens
@@ -316,10 +314,7 @@ def check_tiled(key_dtype: str, cfg: TiledConfig | PrefillDescriptorConfig, fp8_
     q8, qs = fp8_e4m3_quantize(torch.randn(len(lens), H_I, D_I, device=DEV))
     w = (torch.randn(len(lens), H_I, device=DEV) * qs * (H_I * D_I) ** -0.5).contiguous()
     with poisoned_outputs():
-        if isinstance(cfg, PrefillDescriptorConfig):
-            got = indexer_prefill_descriptor(q8, w, cache, table, seq_ids, lens, bs, half, cfg)
-        else:
-            got = indexer_logits_tiled(q8, w, cache, key_dtype, table, seq_ids, lens, bs, half, cfg, fp8_dot=fp8_dot)
+        got = indexer_logits_tiled(q8, w, cache, key_dtype, table, seq_ids, lens, bs, half, cfg, fp8_dot=fp8_dot)
     ok, diff = logits_match(got, indexer_logits_paged_torch(q8, w, cache, key_dtype, table, bs, seq_ids, lens, half))
     return f"{'ok' if ok else 'FAIL'} (diff {diff:.1e})"
 
@@ -331,15 +326,6 @@ PREFILL_SWEEP = ((TiledConfig(4, 128, 4), True), (TiledConfig(2, 128, 4), True),
                  (TiledConfig(4, 128, 8), True), (TiledConfig(4, 128, 4, 2), True), (TiledConfig(4, 128, 4, 8), True),
                  (TiledConfig(4, 128, 4, num_stages=1), True), (TiledConfig(4, 128, 4), False),
                  (TiledConfig(2, 128, 4), False))
-
-
-# The descriptor kernel's configs: the default 4 x 64 with 4 warps at 3 stages, deeper pipelines,
-# 8 warps (each warp group half the heads), two- and eight-token tiles, other grids.
-PREFILL_DESCRIPTOR_SWEEP = (PrefillDescriptorConfig(), PrefillDescriptorConfig(num_stages=4),
-                            PrefillDescriptorConfig(num_stages=2), PrefillDescriptorConfig(num_warps=8),
-                            PrefillDescriptorConfig(block_m=2), PrefillDescriptorConfig(block_m=8, num_warps=8),
-                            PrefillDescriptorConfig(programs_per_sm=2), PrefillDescriptorConfig(programs_per_sm=8),
-                            PrefillDescriptorConfig(block_m=2, block_n=32, num_warps=4, num_stages=4))
 
 
 def indexer_prefill_cases(rows: list[Row], chunk: int, context: int, key_dtypes: tuple[str, ...] = ("fp8", "mxfp4"),
@@ -365,16 +351,6 @@ def indexer_prefill_cases(rows: list[Row], chunk: int, context: int, key_dtypes:
                     q, w, cache, key_dtype, table, seq_ids, lens, bs, context, cfg, False, f) for q, w in sets])
             if point is not None:
                 rows.append(Row(case, f"{label} [{point[0].split()[0]}]", point[1], flops, nbytes, base))
-        if key_dtype == "fp8":  # the keys through a tensor descriptor (bulk copies on Hopper)
-            for cfg in [PrefillDescriptorConfig(2, 16, 4)] if SMOKE else PREFILL_DESCRIPTOR_SWEEP:
-                label = (f"descriptor m{cfg.block_m} n{cfg.block_n} w{cfg.num_warps} p{cfg.programs_per_sm}/SM "
-                         f"s{cfg.num_stages} fp8 dot")
-                point = sweep_point(
-                    case, label, lambda cfg=cfg: check_tiled(key_dtype, cfg, True),
-                    [lambda q=q, w=w, cfg=cfg: indexer_prefill_descriptor(
-                        q, w, cache, table, seq_ids, lens, bs, context, cfg, False) for q, w in sets])
-                if point is not None:
-                    rows.append(Row(case, f"{label} [{point[0].split()[0]}]", point[1], flops, nbytes, base))
         del cache
         torch.cuda.empty_cache()
 

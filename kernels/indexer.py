@@ -17,7 +17,6 @@ import triton.language as tl
 
 from kernels.backend import resolve_backend, values_checkable
 from kernels.indexer_decode import descriptor_decode_config, indexer_decode_descriptor
-from kernels.indexer_prefill import indexer_prefill_descriptor, prefill_descriptor_config
 from kernels.indexer_tiled import decode_tiled_config, indexer_logits_tiled
 from kernels.quant import decode_e4m3, gather_indexer_rows, indexer_row_bytes, indexer_value_bytes, read_indexer_keys
 from kernels.quant_kernels import key_words
@@ -34,9 +33,8 @@ from kernels.triton_utils import (
 
 _REF_CHUNK = 1 << 24  # elements of the [tokens, heads, keys] score tensor the reference holds at once
 # From this many query tokens per request on average (a prefill chunk, not a decode or verify
-# step) the paged call uses tiles of several tokens, which load each key block once per tile (fp8
-# keys through a tensor descriptor where loads from one are bulk copies: kernels/indexer_prefill.py;
-# else the tiled kernel); decode and verify steps take fp8 keys through a tensor descriptor where that
+# step) the paged call uses the tiled kernel with tiles of several tokens, which load each key
+# block once per tile; decode and verify steps take fp8 keys through a tensor descriptor where that
 # was measured (kernels/indexer_decode.py), else one-token tiles where the GPU has fp8 dots
 # (decode_tiled_config), and the per-token kernel below elsewhere.
 TILED_MIN_TOKENS_PER_REQUEST = 16
@@ -296,10 +294,6 @@ def indexer_logits_paged(
     block_table, seq_ids = block_table.int().contiguous(), seq_ids.int().contiguous()
     ends = context_lens.int().contiguous()
     if t >= TILED_MIN_TOKENS_PER_REQUEST * block_table.shape[0]:
-        prefill = prefill_descriptor_config(key_dtype, q_fp8.shape[1], q_fp8.shape[2], block_size, q_fp8.device)
-        if prefill is not None:
-            return indexer_prefill_descriptor(q_fp8, weights, idx_cache, block_table, seq_ids, ends, block_size,
-                                              max_context, prefill, mask_tail)
         return indexer_logits_tiled(q_fp8, weights, idx_cache, key_dtype, block_table, seq_ids, ends, block_size,
                                     max_context, mask_tail=mask_tail)
     descriptor = descriptor_decode_config(key_dtype, q_fp8.shape[1], q_fp8.shape[2], block_size, q_fp8.device)

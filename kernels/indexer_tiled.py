@@ -245,36 +245,6 @@ def _load_block(key_ptr, key_words_ptr, table_row_ptr, blk, end, block_size, VAL
     return a, b, c, d, e
 
 
-@triton.jit
-def tile_requests(seq_ids_ptr, end_ptr, n_tokens, BLOCK_M: tl.constexpr):
-    """The token tile of program_id(0): (its tokens [BLOCK_M], which exist, their context ends,
-    their requests, whether they all belong to one request, how many passes over keys it makes:
-    one, or one per token where the tile straddles requests)."""
-    toks = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
-    tok_ok = toks < n_tokens
-    ends = tl.load(end_ptr + toks, mask=tok_ok, other=0)
-    seqs = tl.load(seq_ids_ptr + toks, mask=tok_ok, other=-1)
-    first_seq = tl.load(seq_ids_ptr + tl.program_id(0) * BLOCK_M)
-    one_request = tl.max(tl.where(tok_ok, seqs, first_seq), axis=0) == tl.min(tl.where(tok_ok, seqs, first_seq),
-                                                                                  axis=0)
-    passes = tl.where(one_request, 1, tl.minimum(BLOCK_M, n_tokens - tl.program_id(0) * BLOCK_M))
-    return toks, tok_ok, ends, seqs, one_request, passes
-
-
-@triton.jit
-def tile_pass(p, one_request, tok_ok, seqs, ends, w, BLOCK_M: tl.constexpr, BLOCK_H: tl.constexpr):
-    """Pass p over a tile's keys (tile_requests): every token of a one-request tile, else token p
-    alone: (the tokens it writes [BLOCK_M], their request, the head weights of the operand rows
-    [BLOCK_M * BLOCK_H] with the other tokens' zeroed, the largest context among them)."""
-    tok_idx = tl.arange(0, BLOCK_M)
-    mine = tl.where(one_request, tok_ok, tok_ok & (tok_idx == p))
-    seq = tl.sum(tl.where(tok_idx == p, seqs, 0), axis=0).to(tl.int64)
-    rows = tl.arange(0, BLOCK_M * BLOCK_H)
-    w_pass = tl.where(one_request, w, tl.where(rows // BLOCK_H == p, w, 0.0))
-    end_max = tl.max(tl.where(mine, ends, 0), axis=0)
-    return mine, seq, w_pass, end_max
-
-
 @triton.jit(do_not_specialize=["block_size"])
 def _indexer_tiled_kernel(
     q_ptr, w_ptr, key_ptr, key_words_ptr, out_ptr,
@@ -301,9 +271,21 @@ def _indexer_tiled_kernel(
             q = e4m3_to_raw_f16(q_raw.to(tl.int32)).to(DOT_DTYPE)
     w = tl.load(w_ptr + row_tok * H + row_head, mask=row_ok, other=0.0)
 
-    toks, tok_ok, ends, seqs, one_request, passes = tile_requests(seq_ids_ptr, end_ptr, n_tokens, BLOCK_M)
+    toks = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    tok_ok = toks < n_tokens
+    ends = tl.load(end_ptr + toks, mask=tok_ok, other=0)
+    seqs = tl.load(seq_ids_ptr + toks, mask=tok_ok, other=-1)
+    first_seq = tl.load(seq_ids_ptr + tl.program_id(0) * BLOCK_M)
+    one_request = tl.max(tl.where(tok_ok, seqs, first_seq), axis=0) == tl.min(tl.where(tok_ok, seqs, first_seq),
+                                                                                  axis=0)
+    passes = tl.where(one_request, 1, tl.minimum(BLOCK_M, n_tokens - tl.program_id(0) * BLOCK_M))
+    tok_idx = tl.arange(0, BLOCK_M)
     for p in range(0, passes):
-        mine, seq, w_pass, end_max = tile_pass(p, one_request, tok_ok, seqs, ends, w, BLOCK_M, BLOCK_H)
+        # pass p: every token of a one-request tile, else token p alone
+        mine = tl.where(one_request, tok_ok, tok_ok & (tok_idx == p))
+        seq = tl.sum(tl.where(tok_idx == p, seqs, 0), axis=0).to(tl.int64)
+        w_pass = tl.where(one_request, w, tl.where(rows // BLOCK_H == p, w, 0.0))
+        end_max = tl.max(tl.where(mine, ends, 0), axis=0)
         limit = n_cols if MASK_TAIL else tl.minimum(end_max, n_cols)
         table_row = block_table_ptr + seq * block_table_stride
         if PREFETCH:
@@ -380,12 +362,15 @@ def default_tiled_config(key_dtype: str, device: torch.device) -> TiledConfig:
     """Interpreter: small tiles that still span two tokens. GPU: measured best on an H200 for a
     2,048-token chunk at 64k (benchmarks/RESULTS.md, issue 12 prefill). MXFP4 keys are decoded
     per element (ALU work): with fp8 dots an 8-token tile shares that work best; with fp16 dots a
-    2-token tile did."""
+    2-token tile did. fp8 keys on fp8 dots without the loop's software pipelining (num_stages 1):
+    an 8,192-token chunk at 160k on an H200 in 36.0 ms against 40.4 at the compiler's default
+    depth, a 160k prefill 4.22 s against 4.37 (benchmarks/RESULTS.md, long-context prefill at
+    128k-160k; the same as the keys through a tensor descriptor, measured there too)."""
     if device.type != "cuda":
         return TiledConfig(2, 16, 4)
     if key_dtype == "mxfp4":
         return TiledConfig(8, 128, 4) if fp8_dot_supported(device) else TiledConfig(2, 128, 4)
-    return TiledConfig(4, 128, 4)
+    return TiledConfig(4, 128, 4, num_stages=1) if fp8_dot_supported(device) else TiledConfig(4, 128, 4)
 
 
 def decode_tiled_config(key_dtype: str, heads: int, device: torch.device) -> TiledConfig | None:
