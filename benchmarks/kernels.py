@@ -319,8 +319,9 @@ def check_tiled(key_dtype: str, cfg: TiledConfig, fp8_dot: bool) -> str:
     return f"{'ok' if ok else 'FAIL'} (diff {diff:.1e})"
 
 
-# The tiled kernel's prefill configs (and whether the dot is fp8): the default 4 x 128 with 4 warps, other
-# tiles, its next key block's loads prefetched, 8 warps, other grids and pipelining depths, the fp16 dot.
+# The tiled kernel's prefill configs (and whether the dot is fp8): 4 x 128 with 4 warps at the compiler's
+# pipelining depth, other tiles, its next key block's loads prefetched, 8 warps, other grids, one stage
+# (the fp8 default: default_tiled_config), the fp16 dot.
 PREFILL_SWEEP = ((TiledConfig(4, 128, 4), True), (TiledConfig(2, 128, 4), True), (TiledConfig(8, 128, 4), True),
                  (TiledConfig(4, 64, 4), True), (TiledConfig(4, 128, 4, prefetch=True), True),
                  (TiledConfig(4, 128, 8), True), (TiledConfig(4, 128, 4, 2), True), (TiledConfig(4, 128, 4, 8), True),
