@@ -319,13 +319,20 @@ def check_tiled(key_dtype: str, cfg: TiledConfig, fp8_dot: bool) -> str:
     return f"{'ok' if ok else 'FAIL'} (diff {diff:.1e})"
 
 
+# The tiled kernel's prefill configs (and whether the dot is fp8): 4 x 128 with 4 warps at the compiler's
+# pipelining depth, other tiles, its next key block's loads prefetched, 8 warps, other grids, one stage
+# (the fp8 default: default_tiled_config), the fp16 dot.
 PREFILL_SWEEP = ((TiledConfig(4, 128, 4), True), (TiledConfig(2, 128, 4), True), (TiledConfig(8, 128, 4), True),
-                 (TiledConfig(4, 64, 4), True), (TiledConfig(4, 128, 4), False), (TiledConfig(2, 128, 4), False))
+                 (TiledConfig(4, 64, 4), True), (TiledConfig(4, 128, 4, prefetch=True), True),
+                 (TiledConfig(4, 128, 8), True), (TiledConfig(4, 128, 4, 2), True), (TiledConfig(4, 128, 4, 8), True),
+                 (TiledConfig(4, 128, 4, num_stages=1), True), (TiledConfig(4, 128, 4), False),
+                 (TiledConfig(2, 128, 4), False))
 
 
-def indexer_prefill_cases(rows: list[Row], chunk: int, context: int) -> None:
+def indexer_prefill_cases(rows: list[Row], chunk: int, context: int, key_dtypes: tuple[str, ...] = ("fp8", "mxfp4"),
+                          fp8_dot_only: bool = False) -> None:
     """A prefill chunk's indexer: the per-token kernel against the tiled one (query tiles sharing keys)."""
-    for key_dtype in ("fp8", "mxfp4"):
+    for key_dtype in key_dtypes:
         cache, table, bs, seq_ids, lens, sets = prefill_indexer_case(key_dtype, chunk, context)
         case = f"indexer prefill {key_dtype} {chunk} tok at {context}"
         flops = 2.0 * float(lens.sum()) * H_I * D_I
@@ -334,8 +341,11 @@ def indexer_prefill_cases(rows: list[Row], chunk: int, context: int) -> None:
                                                              context, True, mask_tail=False) for q, w in sets])
         rows.append(Row(case, "per-token kernel", base, flops, nbytes))
         for cfg, fp8_dot in [(TiledConfig(2, 16, 4), False)] if SMOKE else PREFILL_SWEEP:
+            if fp8_dot_only and not fp8_dot:
+                continue
             label = (f"tiled m{cfg.block_m} n{cfg.block_n} w{cfg.num_warps} p{cfg.programs_per_sm}/SM "
-                     f"s{cfg.num_stages or '-'} {'fp8 dot' if fp8_dot else 'fp16 dot'}")
+                     f"s{cfg.num_stages or '-'}{' prefetch' if cfg.prefetch else ''} "
+                     f"{'fp8 dot' if fp8_dot else 'fp16 dot'}")
             point = sweep_point(
                 case, label, lambda cfg=cfg, f=fp8_dot: check_tiled(key_dtype, cfg, f),
                 [lambda q=q, w=w, cfg=cfg, f=fp8_dot: indexer_logits_tiled(
@@ -452,6 +462,46 @@ def topk_cases(rows: list[Row], n_rows: int, n_cols: int, k: int | None = None, 
         graphed = triton.testing.do_bench_cudagraph(lambda: topk_triton(crowded, lens, k), rep=200,
                                                     return_mode="median")
         rows.append(Row(case, f"{topk_label(None, n_rows, n_cols)}, crowded rows [graph]", graphed, 0, nbytes, plain))
+
+
+def prefill_topk_cases(rows: list[Row], chunk: int, context: int, k: int | None = None) -> None:
+    """A prefill chunk's top-k as the engine asks for it (cache slots, `topk_slots`): the chunk's
+    last token sees `context` columns, each earlier one a column less. The torch path behind its
+    length mask, then the slots mapped (what prefill chunks ran up to this change), against the
+    Triton default (the sampled path past 8,192 columns, which writes the slots itself); both
+    checked against the reference first (plain and ReLU'd rows; rows of one value, which the
+    sampled path finishes over the row), timed eager as prefill runs, rotating two input sets."""
+    k = k or TOPK
+    lens = torch.arange(context - chunk + 1, context + 1, device=DEV, dtype=torch.int32)
+    bs = 16 if SMOKE else 64
+    table = torch.randperm(triton.cdiv(context, bs), device=DEV).int()[None]
+    slots = SlotMap(table, torch.zeros(chunk, device=DEV, dtype=torch.int32), bs)
+    case = f"topk prefill {k} of {chunk}x{context}, ragged"
+    nbytes = 4.0 * float(lens.sum()) + chunk * k * 4
+
+    def torch_path(x: torch.Tensor) -> torch.Tensor:
+        return positions_to_slots(topk_indices_torch(x, lens, k), table, slots.seq_ids, bs, backend="triton")
+
+    def triton_path(x: torch.Tensor) -> torch.Tensor:
+        return topk_triton(x, lens, k, slots=slots)
+
+    x = torch.randn(chunk, context, device=DEV)
+    ok = check_topk([(x, lens), (x.clamp_min(0), lens)], k, None) == "ok"
+    ok = ok and torch.equal(triton_path(x).sort(dim=1).values, torch_path(x).sort(dim=1).values)
+    tied = x.clone()
+    tied[::97] = 1.0  # a few rows of one value: the sampled path's fallback
+    ok = ok and check_topk([(tied, lens)], k, None) == "ok"
+    verdict = "ok" if ok else "FAIL"
+    del x, tied
+    sets = [torch.randn(chunk, context, device=DEV) for _ in range(2)]
+    base = bench([lambda x=x: torch_path(x) for x in sets])
+    rows.append(Row(case, "torch.topk masked + positions_to_slots (main)", base, 0, nbytes))
+    ms = bench([lambda x=x: triton_path(x) for x in sets])
+    label = topk_label(None, chunk, context).removeprefix("triton default (").removesuffix(")")
+    rows.append(Row(case, f"triton default with slots: {label} [{verdict}]", ms, 0, nbytes, base))
+    print(f"{case}: check {verdict}, torch path {base * 1e3:.0f} us, triton {ms * 1e3:.0f} us", flush=True)
+    del sets
+    torch.cuda.empty_cache()
 
 
 def topk_slots_cases(rows: list[Row], n_rows: int, n_cols: int, k: int, length: int, block_size: int = 64) -> None:
@@ -770,6 +820,13 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--only", choices=PARTS, action="append", help="run only these parts (repeatable)")
     parser.add_argument("--kv-slots", type=int, default=1 << 20, help="KV cache rows the sparse MLA indices draw from")
+    parser.add_argument("--prefill-chunk", type=int, default=2048, help="prefill part: tokens in the chunk")
+    parser.add_argument("--prefill-context", type=lambda v: [int(c) for c in v.split(",")], default=[65536],
+                        help="prefill part: the indexer's contexts (comma list; the chunk's last token's)")
+    parser.add_argument("--prefill-topk-context", type=lambda v: [int(c) for c in v.split(",")], default=[65536],
+                        help="prefill part: the top-k's contexts (comma list)")
+    parser.add_argument("--prefill-key-dtypes", default="fp8,mxfp4", help="prefill part: indexer key dtypes")
+    parser.add_argument("--fp8-dot-only", action="store_true", help="prefill part: skip the fp16-dot variants")
     parser.add_argument("--smoke", action="store_true", help="tiny shapes on CPU (set TRITON_INTERPRET=1) to test the script")
     args = parser.parse_args(argv)
     global DEV, SMOKE, TOPK
@@ -798,6 +855,8 @@ def main(argv: list[str] | None = None) -> int:
                 # (context + steps + 2; any width in 4,097-8,192 takes the same kernels); rows up to the
                 # in-register kernel's limit (REGISTER_ROW_MAX_COLS), where the launch shapes meet
                 topk_cases(rows, 16, 65536)
+                for n_cols in (131072, 163840):  # v32 decode at 128k and 160k context: the sampled path
+                    topk_cases(rows, 16, n_cols)
                 for n_rows in (1, 128):
                     topk_cases(rows, n_rows, 4096 + 54, k=512, length=4096)
                 topk_cases(rows, 128, 4096)
@@ -811,10 +870,13 @@ def main(argv: list[str] | None = None) -> int:
                 topk_slots_cases(rows, n_rows, n_cols, 64 if SMOKE else 512, length, 16 if SMOKE else 64)
         if "quant" in parts:
             quant_cases(rows, 2 if SMOKE else 16)
-        if "prefill" in parts:  # a 64k prompt's last chunk: indexer and top-k (sparse attention: under mla)
-            indexer_prefill_cases(rows, *((8, 256) if SMOKE else (2048, 65536)))
-            if not SMOKE:
-                topk_cases(rows, 2048, 65536)
+        if "prefill" in parts:  # a prompt's last chunk: indexer and top-k (sparse attention: under mla)
+            chunk = 8 if SMOKE else args.prefill_chunk
+            for context in (300,) if SMOKE else args.prefill_topk_context:
+                prefill_topk_cases(rows, 64 if SMOKE else chunk, context)
+            for context in (256,) if SMOKE else args.prefill_context:
+                indexer_prefill_cases(rows, chunk, context, tuple(args.prefill_key_dtypes.split(",")),
+                                      args.fp8_dot_only)
         if "gemv" in parts:  # the decode steps' projections: small at batch 1, speculative 1 x 4, up to 16 rows
             gemv_cases(rows, "small", (1, 2) if SMOKE else (1, 2, 4, 16), sweep=not SMOKE)
             if not SMOKE:

@@ -362,12 +362,15 @@ def default_tiled_config(key_dtype: str, device: torch.device) -> TiledConfig:
     """Interpreter: small tiles that still span two tokens. GPU: measured best on an H200 for a
     2,048-token chunk at 64k (benchmarks/RESULTS.md, issue 12 prefill). MXFP4 keys are decoded
     per element (ALU work): with fp8 dots an 8-token tile shares that work best; with fp16 dots a
-    2-token tile did."""
+    2-token tile did. fp8 keys on fp8 dots without the loop's software pipelining (num_stages 1):
+    an 8,192-token chunk at 160k on an H200 in 36.0 ms against 40.4 at the compiler's default
+    depth, a 160k prefill 4.22 s against 4.37 (benchmarks/RESULTS.md, long-context prefill at
+    128k-160k; the same as the keys through a tensor descriptor, measured there too)."""
     if device.type != "cuda":
         return TiledConfig(2, 16, 4)
     if key_dtype == "mxfp4":
         return TiledConfig(8, 128, 4) if fp8_dot_supported(device) else TiledConfig(2, 128, 4)
-    return TiledConfig(4, 128, 4)
+    return TiledConfig(4, 128, 4, num_stages=1) if fp8_dot_supported(device) else TiledConfig(4, 128, 4)
 
 
 def decode_tiled_config(key_dtype: str, heads: int, device: torch.device) -> TiledConfig | None:

@@ -67,11 +67,6 @@ import triton.language as tl
 from kernels.backend import resolve_backend, values_checkable
 from kernels.triton_utils import new_output, row_programs
 
-# From this many rows (a prefill chunk; no decode step's graph has as many) the GPU takes
-# torch.topk: with the length mask it beat the radix passes 2.7 vs 4.8 ms at 2048 x 65,536 on an
-# H200 (benchmarks/RESULTS.md, issue 12 prefill), where the five passes run far below bandwidth.
-TORCH_TOPK_MIN_ROWS = 1024
-
 # Rows up to this many columns take the single launch with the row in registers, one program per
 # row, which beats the multi-launch paths until a row is long enough for the (rows x programs)
 # spread to pay: in a CUDA graph on an H200 (benchmarks/RESULTS.md, top-k with the row in
@@ -112,7 +107,7 @@ def topk_indices_torch(logits: torch.Tensor, lengths: torch.Tensor, k: int) -> t
     so a row with fewer than k finite values still selects only columns inside its length (the one
     order this changes, an -inf tied with -3.4e38, never reaches the engine: its indexer logits are
     finite). One elementwise pass more than masking alone: an exact integer key took four, ~4 % of
-    a 64k prefill on an H200 (benchmarks/RESULTS.md), where this path serves the long rows."""
+    a 64k prefill on an H200 when this path served prefill chunks (benchmarks/RESULTS.md)."""
     t, n = logits.shape
     lengths = lengths.long()
     out = torch.full((t, k), -1, dtype=torch.int32, device=logits.device)
@@ -1039,8 +1034,7 @@ def topk_indices(logits: torch.Tensor, lengths: torch.Tensor, k: int, backend: s
     """int32[T, k]: exact top-k column indices among each row's first lengths[t] columns, in an
     order that depends on the row's values alone (ascending on the compacting path).
 
-    Rows with lengths[t] <= k emit 0..len-1 then -1. On a GPU, batches of TORCH_TOPK_MIN_ROWS rows
-    or more use the torch path whatever the backend.
+    Rows with lengths[t] <= k emit 0..len-1 then -1.
     """
     _check_topk_inputs("topk_indices", logits, lengths, k)
     if _takes_torch(logits, backend):
@@ -1079,9 +1073,13 @@ def _check_topk_inputs(op: str, logits: torch.Tensor, lengths: torch.Tensor, k: 
 
 
 def _takes_torch(logits: torch.Tensor, backend: str | None) -> bool:
-    """Whether the top-k of these rows runs the torch path (the backend, or a prefill's many rows)."""
-    return resolve_backend(backend, logits.device) == "torch" or (
-        logits.device.type == "cuda" and logits.shape[0] >= TORCH_TOPK_MIN_ROWS)
+    """Whether the top-k of these rows runs the torch path: the backend alone. Prefill chunks take
+    the Triton paths too (the sampled path past SINGLE_PASS_MAX_COLS), which torch.topk behind its
+    length mask took until measured on an H200 at a chunk of 8,192 ragged rows as cache slots:
+    3.9 against 27.0 ms at 160k columns, 1.6 against 11.4 at 64k, 0.46 against 2.2 at 8k (the
+    in-register kernel); a v32 prefill of 160k tokens 5.30-5.33 -> 4.34-4.38 s (benchmarks/RESULTS.md,
+    long-context prefill at 128k-160k)."""
+    return resolve_backend(backend, logits.device) == "torch"
 
 
 @triton.jit
