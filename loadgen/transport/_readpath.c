@@ -1,8 +1,7 @@
 /* The compiled read path of loadgen's plain-http connections (loadgen/transport/wire.py).
 
-   A Reader reads one socket, which the event loop's Poller (below) watches with the others and
-   reads when it has bytes -- or, on its own, the Reader's `readable` as the socket's reader
-   callback -- so a read runs no Python frame: recvmsg with SO_TIMESTAMPNS, the kernel stamp converted to
+   A Reader's `readable` is registered as the event loop's reader callback of one socket, so a
+   read runs no Python frame: recvmsg with SO_TIMESTAMPNS, the kernel stamp converted to
    perf_counter_ns, the HTTP/1.1 body framing undone (chunked, Content-Length, read until
    close), and the body split into pieces of complete lines with the read's stamp, exactly as
    wire._Conn.on_body does. The pieces wait in the Reader, their stamps in a C array, until the
