@@ -37,15 +37,12 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/epoll.h>
 #include <sys/socket.h>
 #include <time.h>
-#include <unistd.h>
 
 /* wire.READ_PATH_VERSION must match: 3 = the counter answers piece by piece (0: orjson's);
-   4 = the Reader keeps a batch's pieces itself (take_batch) and counts them as it reads (COUNTED);
-   5 = a Poller reads every ready socket in one loop callback. */
-#define READ_PATH_VERSION 5
+   4 = the Reader keeps a batch's pieces itself (take_batch) and counts them as it reads (COUNTED). */
+#define READ_PATH_VERSION 4
 
 /* Body framings besides a length, as wire._Conn.take_head returns them (wire.py's constants;
    its NO_BODY, -1, needs no test here: a head without a body leaves the reader at the next head). */
@@ -721,12 +718,10 @@ static int read_into(Reader *self, char *buffer, Py_ssize_t size)
     return result;
 }
 
-/* One read of the socket, as the loop's reader callback or a Poller's: 0, or -1 with the error
-   set that the connection could not take (for the loop's handler). */
-static int reader_read(Reader *self)
+static PyObject *Reader_readable(Reader *self, PyObject *Py_UNUSED(ignored))
 {
     if (self->closed)
-        return 0;
+        Py_RETURN_NONE;
     Py_INCREF(self);  /* the loop's handle may go while the connection closes in a call below */
     int result;
     if (!read_buffer_busy) {
@@ -738,16 +733,11 @@ static int reader_read(Reader *self)
         result = own == NULL ? (PyErr_NoMemory(), -1) : read_into(self, own, read_size);
         free(own);
     }
-    if (result < 0)
-        result = fail_read(self);
-    Py_DECREF(self);
-    return result;
-}
-
-static PyObject *Reader_readable(Reader *self, PyObject *Py_UNUSED(ignored))
-{
-    if (reader_read(self) < 0)
+    if (result < 0 && fail_read(self) < 0) {
+        Py_DECREF(self);
         return NULL;
+    }
+    Py_DECREF(self);
     Py_RETURN_NONE;
 }
 
@@ -884,200 +874,6 @@ static PyType_Slot Reader_slots[] = {
 static PyType_Spec Reader_spec = {
     "loadgen.transport._readpath.Reader", sizeof(Reader), 0,
     Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC, Reader_slots,
-};
-
-/* -- Every ready socket's read in one loop callback (Poller) ------------------------------
-
-   A Poller is an epoll instance watching the connections' sockets; the event loop watches only
-   its descriptor (wire.py: loop.add_reader(poller.fileno(), poller.ready)). When that is
-   readable, `ready` asks which sockets are and reads each one once, as its Reader's `readable`
-   would: one loop callback for all the sockets that have bytes, where one each costs the loop's
-   handle, its context switch and its event's dispatch per read. Level-triggered, like the loop's
-   own poll: a socket with bytes left after its read, or past POLL_EVENTS, is reported again.
-   The Poller holds a reference to each Reader it watches (its `readers` set), so an event never
-   names a freed one; `remove` marks the Reader closed, so a read it had in the same batch does
-   not happen (its socket may already be closed, its number another connection's). */
-
-#define POLL_EVENTS 256
-
-static PyTypeObject *reader_type;  /* the Reader type, for add()'s check */
-
-typedef struct {
-    PyObject_HEAD
-    int epfd;
-    PyObject *readers;  /* set of the watched Readers */
-} Poller;
-
-static PyObject *Poller_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
-{
-    static char *names[] = {NULL};
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, ":Poller", names))
-        return NULL;
-    if (read_buffer == NULL) {
-        PyErr_SetString(PyExc_RuntimeError, "_readpath.configure() first");
-        return NULL;
-    }
-    Poller *self = (Poller *)PyType_GenericAlloc(type, 0);
-    if (self == NULL)
-        return NULL;
-    self->epfd = -1;
-    self->readers = PySet_New(NULL);
-    if (self->readers == NULL) {
-        Py_DECREF(self);
-        return NULL;
-    }
-    self->epfd = epoll_create1(EPOLL_CLOEXEC);
-    if (self->epfd < 0) {
-        PyErr_SetFromErrno(PyExc_OSError);
-        Py_DECREF(self);
-        return NULL;
-    }
-    return (PyObject *)self;
-}
-
-static int poller_open(Poller *self)
-{
-    if (self->epfd >= 0)
-        return 0;
-    PyErr_SetString(PyExc_ValueError, "the Poller is closed");
-    return -1;
-}
-
-static PyObject *Poller_add(Poller *self, PyObject *reader)
-{
-    if (!PyObject_TypeCheck(reader, reader_type)) {
-        PyErr_SetString(PyExc_TypeError, "Poller.add: expected a Reader");
-        return NULL;
-    }
-    if (poller_open(self) < 0)
-        return NULL;
-    struct epoll_event event = {0};
-    event.events = EPOLLIN;
-    event.data.ptr = reader;
-    if (epoll_ctl(self->epfd, EPOLL_CTL_ADD, ((Reader *)reader)->fd, &event) < 0)
-        return PyErr_SetFromErrno(PyExc_OSError);
-    if (PySet_Add(self->readers, reader) < 0) {
-        epoll_ctl(self->epfd, EPOLL_CTL_DEL, ((Reader *)reader)->fd, NULL);
-        return NULL;
-    }
-    Py_RETURN_NONE;
-}
-
-static PyObject *Poller_remove(Poller *self, PyObject *reader)
-{
-    int watched = PySet_Contains(self->readers, reader);
-    if (watched < 0)
-        return NULL;
-    if (!watched)
-        Py_RETURN_NONE;
-    Reader *r = (Reader *)reader;
-    r->closed = 1;
-    if (self->epfd >= 0)  /* an already closed socket left the epoll set with it */
-        epoll_ctl(self->epfd, EPOLL_CTL_DEL, r->fd, NULL);
-    if (PySet_Discard(self->readers, reader) < 0)
-        return NULL;
-    Py_RETURN_NONE;
-}
-
-static PyObject *Poller_ready(Poller *self, PyObject *Py_UNUSED(ignored))
-{
-    if (self->epfd < 0)
-        Py_RETURN_NONE;
-    struct epoll_event events[POLL_EVENTS];
-    int ready = epoll_wait(self->epfd, events, POLL_EVENTS, 0);
-    if (ready < 0) {
-        if (errno == EINTR)
-            Py_RETURN_NONE;
-        return PyErr_SetFromErrno(PyExc_OSError);
-    }
-    /* Every Reader named is watched now; held until its read is done, whatever a call into
-       Python removes meanwhile. */
-    for (int i = 0; i < ready; i++)
-        Py_INCREF((PyObject *)events[i].data.ptr);
-    int failed = 0;
-    for (int i = 0; i < ready; i++) {
-        Reader *reader = events[i].data.ptr;
-        if (!failed && reader_read(reader) < 0)
-            failed = 1;  /* to the loop's handler; the rest are reported again on the next poll */
-        Py_DECREF(reader);
-    }
-    if (failed)
-        return NULL;
-    Py_RETURN_NONE;
-}
-
-static PyObject *Poller_fileno(Poller *self, PyObject *Py_UNUSED(ignored))
-{
-    if (poller_open(self) < 0)
-        return NULL;
-    return PyLong_FromLong(self->epfd);
-}
-
-static PyObject *Poller_close(Poller *self, PyObject *Py_UNUSED(ignored))
-{
-    if (self->epfd >= 0) {
-        close(self->epfd);
-        self->epfd = -1;
-    }
-    if (self->readers != NULL && PySet_Clear(self->readers) < 0)
-        return NULL;
-    Py_RETURN_NONE;
-}
-
-static Py_ssize_t Poller_length(Poller *self)
-{
-    return PySet_Size(self->readers);
-}
-
-static int Poller_traverse(Poller *self, visitproc visit, void *arg)
-{
-    Py_VISIT(self->readers);
-    Py_VISIT(Py_TYPE(self));
-    return 0;
-}
-
-static int Poller_clear(Poller *self)
-{
-    Py_CLEAR(self->readers);
-    return 0;
-}
-
-static void Poller_dealloc(Poller *self)
-{
-    PyTypeObject *type = Py_TYPE(self);
-    PyObject_GC_UnTrack(self);
-    if (self->epfd >= 0)
-        close(self->epfd);
-    Poller_clear(self);
-    freefunc free_slot = (freefunc)PyType_GetSlot(type, Py_tp_free);
-    free_slot(self);
-    Py_DECREF(type);
-}
-
-static PyMethodDef Poller_methods[] = {
-    {"add", (PyCFunction)Poller_add, METH_O, "Watch a Reader's socket: its reads are ready()'s from now on."},
-    {"remove", (PyCFunction)Poller_remove, METH_O,
-     "Stop watching a Reader's socket (before it is closed); the Reader reads no more."},
-    {"ready", (PyCFunction)Poller_ready, METH_NOARGS,
-     "Read every watched socket that has bytes, once each (the loop's reader callback of fileno())."},
-    {"fileno", (PyCFunction)Poller_fileno, METH_NOARGS, "The epoll descriptor the event loop watches."},
-    {"close", (PyCFunction)Poller_close, METH_NOARGS, "Close the epoll descriptor and let go of every Reader."},
-    {NULL, NULL, 0, NULL},
-};
-
-static PyType_Slot Poller_slots[] = {
-    {Py_tp_new, Poller_new},
-    {Py_tp_dealloc, Poller_dealloc},
-    {Py_tp_traverse, Poller_traverse},
-    {Py_tp_clear, Poller_clear},
-    {Py_tp_methods, Poller_methods},
-    {Py_sq_length, Poller_length},
-    {Py_tp_doc, "Poller(): an epoll set of Readers' sockets, read together in one loop callback."},
-    {0, NULL},
-};
-
-static PyType_Spec Poller_spec = {
-    "loadgen.transport._readpath.Poller", sizeof(Poller), 0, Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC, Poller_slots,
 };
 
 static PyObject *configure(PyObject *Py_UNUSED(module), PyObject *args)
@@ -1551,20 +1347,8 @@ PyMODINIT_FUNC PyInit__readpath(void)
         return NULL;
     }
     PyObject *type = PyType_FromSpec(&Reader_spec);
-    if (type == NULL) {
-        Py_DECREF(module);
-        return NULL;
-    }
-    reader_type = (PyTypeObject *)type;
-    Py_INCREF(type);  /* reader_type's own reference, for the module's life in the process */
-    if (PyModule_AddObject(module, "Reader", type) < 0) {
-        Py_DECREF(type);
-        Py_DECREF(module);
-        return NULL;
-    }
-    PyObject *poller = PyType_FromSpec(&Poller_spec);
-    if (poller == NULL || PyModule_AddObject(module, "Poller", poller) < 0) {
-        Py_XDECREF(poller);
+    if (type == NULL || PyModule_AddObject(module, "Reader", type) < 0) {
+        Py_XDECREF(type);
         Py_DECREF(module);
         return NULL;
     }

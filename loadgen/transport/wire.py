@@ -25,20 +25,18 @@ a stream that wait together all get the last one's time. Kernel stamps make a la
 harmless only up to one event interval; beyond that the client must keep up (--workers).
 
 The compiled read path: where the extension module `_readpath` (loadgen/transport/_readpath.c)
-is built, a plain-http connection on Linux is read by its `Reader`, a C object whose socket its
-event loop's one `Poller` watches (an epoll set the loop watches as one descriptor: every socket
-with bytes is read in one loop callback, not one each): the recvmsg, the stamp, the body framing
-(chunked, Content-Length, read-until-close) and the split into pieces of lines run in one
-compiled call per read, no Python frame; it calls back here when a response head is complete
-(httptools parses it, as below), for every batch of pieces, and at the message's end or a
-failure. The pieces, stamps, batches and errors are the same as on the Python path (the wire
-tests run both), but for a head or trailer over 64 KiB, malformed here only; https, other
-systems, a checkout built without a C compiler and one whose build is of an older source (its
-READ_PATH_VERSION is not this module's) take the Python path. The reader keeps a batch's pieces
-and their stamps itself until the connection takes them (`deliver`); with `count_events` it also
-counts each piece that is one plain SSE content event as it reads it (while its bytes are in the
-cache, instead of once more at the batch) and hands it over as its count alone, the piece None
-(see _readpath.c).
+is built, a plain-http connection on Linux is read by its `Reader`, a C callable registered as
+the loop's reader callback: the recvmsg, the stamp, the body framing (chunked, Content-Length,
+read-until-close) and the split into pieces of lines run in one compiled call per read, no
+Python frame; it calls back here when a response head is complete (httptools parses it, as
+below), for every batch of pieces, and at the message's end or a failure. The pieces, stamps,
+batches and errors are the same as on the Python path (the wire tests run both), but for a head
+or trailer over 64 KiB, malformed here only; https, other systems, a checkout built without a
+C compiler and one whose build is of an older source (its READ_PATH_VERSION is not this
+module's) take the Python path. The reader keeps a batch's pieces and their stamps itself until
+the connection takes them (`deliver`); with `count_events` it also counts each piece that is one
+plain SSE content event as it reads it (while its bytes are in the cache, instead of once more
+at the batch) and hands it over as its count alone, the piece None (see _readpath.c).
 
 Scope: what an OpenAI-compatible server needs: one request per connection at a time, request
 bodies with Content-Length, responses with Content-Length, chunked, or read-until-close bodies,
@@ -55,7 +53,6 @@ import ssl
 import struct
 import sys
 import time
-import weakref
 from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -67,7 +64,7 @@ from loadgen.transport.base import ErrorKind
 
 log = logging.getLogger(__name__)
 
-READ_PATH_VERSION = 5  # _readpath.c's: a build of another source is not used
+READ_PATH_VERSION = 4  # _readpath.c's: a build of another source is not used
 
 
 def _current_build(module: Any) -> Any:
@@ -383,9 +380,7 @@ class _SocketTransport:
         conn.connection_made(self)  # type: ignore[arg-type]
         if compiled:
             conn.reader = _readpath.Reader(self._fd, conn, self._lost)
-            _poller(self._loop).add(conn.reader)
-        else:
-            self._loop.add_reader(self._fd, self._readable)
+        self._loop.add_reader(self._fd, conn.reader.readable if compiled else self._readable)
 
     def write(self, data: bytes) -> None:
         if self._out is not None:
@@ -438,10 +433,7 @@ class _SocketTransport:
         if not self._open:
             return
         self._open = False
-        if self._conn.reader is not None:
-            _POLLERS[self._loop].remove(self._conn.reader)
-        else:
-            self._loop.remove_reader(self._fd)
+        self._loop.remove_reader(self._fd)
         if self._out is not None:
             self._loop.remove_writer(self._fd)
         self._sock.close()
@@ -495,19 +487,6 @@ class _RealtimeToPerfCounter:
 
 
 _stamp = _RealtimeToPerfCounter().stamp
-
-
-_POLLERS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Any] = weakref.WeakKeyDictionary()
-
-
-def _poller(loop: asyncio.AbstractEventLoop) -> Any:
-    """The loop's one _readpath.Poller, watched by the loop from its first use on. A closed loop
-    has dropped its watch; the Poller goes with the loop."""
-    poller = _POLLERS.get(loop)
-    if poller is None:
-        poller = _POLLERS[loop] = _readpath.Poller()
-        loop.add_reader(poller.fileno(), poller.ready)
-    return poller
 
 
 def compiled_reads_available() -> bool:

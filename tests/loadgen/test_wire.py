@@ -667,63 +667,6 @@ def test_a_head_larger_than_64_kib_is_malformed_on_the_compiled_path():
     assert _read_by_hand(big, [len(big)], False)[0][1][0] == 200
 
 
-def _polled_connections(poller, count: int):
-    """`count` connections, each with a compiled reader on a socket pair watched by `poller`, a
-    request started whose sink keeps what it gets: [(connection, got, the server's end)]."""
-    loop = asyncio.new_event_loop()
-    made = []
-    for _ in range(count):
-        conn, got = wire._Conn(), []
-        conn.connection_made(HandTransport(conn))
-        _, ours, theirs = _socket_reader(conn, conn.connection_lost)
-        conn.start(b"", _sink_into(got, conn), loop.create_future())
-        poller.add(conn.reader)
-        made.append((conn, got, ours, theirs))
-    return made
-
-
-_ONE_EVENT = _HEAD_OK + b"Content-Length: 8\r\n\r\ndata: a\n"
-
-
-def test_a_poller_reads_every_socket_that_has_bytes_in_one_call():
-    _require("compiled")
-    poller = wire._readpath.Poller()
-    made = _polled_connections(poller, 3)
-    assert len(poller) == 3
-    for _, _, _, theirs in made[:2]:
-        theirs.sendall(_ONE_EVENT)
-    poller.ready()
-    assert [[piece for piece, _ in got] for _, got, _, _ in made] == [[b"data: a\n"], [b"data: a\n"], []]
-    conn, got, ours, theirs = made[2]
-    poller.remove(conn.reader)
-    assert len(poller) == 2
-    theirs.sendall(_ONE_EVENT)
-    poller.ready()
-    assert got == [] and ours.recv(100) == _ONE_EVENT  # not read: the socket still holds it
-    poller.close()
-    with pytest.raises(ValueError, match="closed"):
-        poller.fileno()
-    poller.ready()  # a closed Poller has nothing to read
-    with pytest.raises(TypeError, match="Reader"):
-        wire._readpath.Poller().add(object())
-
-
-def test_a_reader_removed_during_a_poll_does_not_read_in_it():
-    """A connection closed by another's callback in the same poll (its reader removed) reads no
-    more, though the poll had already listed its socket."""
-    _require("compiled")
-    poller = wire._readpath.Poller()
-    (a, got_a, ours_a, theirs_a), (b, got_b, ours_b, theirs_b) = _polled_connections(poller, 2)
-    a._sink = lambda pieces, stamps, counts: (got_a.extend(pieces), poller.remove(b.reader))
-    b._sink = lambda pieces, stamps, counts: (got_b.extend(pieces), poller.remove(a.reader))
-    theirs_a.sendall(_ONE_EVENT)
-    theirs_b.sendall(_ONE_EVENT)
-    poller.ready()
-    assert sorted([got_a, got_b]) == [[], [b"data: a\n"]]  # the first read removed the other
-    unread = ours_a if not got_a else ours_b
-    assert unread.recv(100) == _ONE_EVENT and len(poller) == 1
-
-
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the compiled read path is built on Linux only")
 def test_a_missing_build_fails_its_tests_where_ci_requires_it(monkeypatch):
     monkeypatch.setattr(wire, "_readpath", None)
