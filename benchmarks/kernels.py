@@ -495,7 +495,7 @@ def prefill_topk_cases(rows: list[Row], chunk: int, context: int, k: int | None 
     del x, tied
     sets = [torch.randn(chunk, context, device=DEV) for _ in range(2)]
     base = bench([lambda x=x: torch_path(x) for x in sets])
-    rows.append(Row(case, "torch.topk masked + positions_to_slots (main)", base, 0, nbytes))
+    rows.append(Row(case, "torch.topk masked + positions_to_slots (prefill before)", base, 0, nbytes))
     ms = bench([lambda x=x: triton_path(x) for x in sets])
     label = topk_label(None, chunk, context).removeprefix("triton default (").removesuffix(")")
     rows.append(Row(case, f"triton default with slots: {label} [{verdict}]", ms, 0, nbytes, base))
