@@ -143,6 +143,7 @@ class LevelRun:
     cached_input_tokens: int = 0  # input tokens of the requests that reported cached tokens
     session_input_tokens: Counter = field(default_factory=Counter)  # measured input per session
     inflight_since: dict[int, int] = field(default_factory=dict)  # request number -> start, oldest first
+    inflight_ns: int = 0  # time requests were in flight inside the window, summed over requests
     max_inflight: int = 0
     active_trees: int = 0
     max_active_trees: int = 0
@@ -179,6 +180,20 @@ class LevelRun:
     def inflight(self) -> int:
         return len(self.inflight_since)
 
+    def request_started(self, number: int, start_ns: int) -> None:
+        self.inflight_since[number] = start_ns
+        self.max_inflight = max(self.max_inflight, len(self.inflight_since))
+
+    def request_ended(self, number: int, end_ns: int) -> None:
+        """The request is no longer in flight; its time inside the window adds to inflight_ns."""
+        self.inflight_ns += self._window_overlap(self.inflight_since.pop(number), end_ns)
+
+    def _window_overlap(self, start_ns: int, end_ns: int) -> int:
+        if self.window_start_ns is None:
+            return 0
+        stop = end_ns if self.window_end_ns is None else min(end_ns, self.window_end_ns)
+        return max(0, stop - max(start_ns, self.window_start_ns))
+
     def window_closed(self, t_ns: int) -> bool:
         return self.window_end_ns is not None and t_ns >= self.window_end_ns
 
@@ -205,6 +220,10 @@ class LevelRun:
         now = time.perf_counter_ns()
         if self.window_end_ns is None or self.window_end_ns > now:
             self.window_end_ns = now
+        # requests still running (cancelled by a stop) count up to here, and nothing after
+        for number, start in self.inflight_since.items():
+            self.inflight_ns += self._window_overlap(start, now)
+            self.inflight_since[number] = now
 
     # -- merging the shares of several workers ---------------------------------------------
 
@@ -215,6 +234,7 @@ class LevelRun:
             **{name: getattr(self, name) for name in _COUNTERS},
             **{name: dict(getattr(self, name)) for name in _TALLIES},
             "max_inflight": self.max_inflight, "max_active_trees": self.max_active_trees,
+            "inflight_ns": self.inflight_ns,
             "window_s": self.window_s if self.window_start_ns is not None else None,
             "cpu_s": self.cpu_s, "sys_s": self.sys_s, "preempted": self.preempted, "columns": self.columns,
             "hdr": hists, "spec": self.spec_tally,
@@ -229,6 +249,7 @@ class LevelRun:
             getattr(self, name).update(part[name])
         self.max_inflight += part["max_inflight"]  # shares peak at about the same time: an upper bound
         self.max_active_trees += part["max_active_trees"]
+        self.inflight_ns += part["inflight_ns"]
         if part["window_s"] is not None:
             start = self.window_start_ns if self.window_start_ns is not None else 0
             self.window_start_ns = start

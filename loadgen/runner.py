@@ -193,8 +193,7 @@ class Runner:
             acceptance_length=al if self.spec is not None and self.spec.send else None,
         )
         counted = not warm and level.in_window(origin)
-        level.inflight_since[number] = origin
-        level.max_inflight = max(level.max_inflight, level.inflight)
+        level.request_started(number, origin)
         try:
             exchange = await self.transport.send(wire)
         except asyncio.CancelledError:
@@ -206,7 +205,7 @@ class Runner:
                 self.on_request(request_record(level, meta, wire.request_id, cancelled, origin, counted, al))
             raise
         finally:
-            del level.inflight_since[number]
+            level.request_ended(number, time.perf_counter_ns())
         if due_ns is None and exchange.start_ns:
             # Closed loop: latency starts when the request reached the wire, so the client's own
             # prompt synthesis and body encoding never count as server time.

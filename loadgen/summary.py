@@ -96,6 +96,9 @@ def level_summary(level: LevelRun, config: RunConfig, theoretical_hit_rate: floa
             "output_tokens_counted": level.counted_tokens,
             "usage_mismatch_requests": level.usage_mismatches,
             "max_inflight_requests": level.max_inflight,
+            # requests in flight, averaged over the window: against a closed loop's concurrency it
+            # says how much of the lanes' time waited on the server rather than on think time
+            "mean_inflight_requests": round(level.inflight_ns / 1e9 / window_s, 4) if window_s > 0 else None,
             "max_active_trees": level.max_active_trees,
         },
         "throughput": {

@@ -29,6 +29,8 @@ def format_level(level: dict[str, Any]) -> str:
         f"({tput['output_tokens_per_s_per_gpu']:.1f}/GPU, {tput['gpus']} GPU) | input "
         f"{tput['input_tokens_per_s']:.1f} tok/s | total {tput['total_tokens_per_s']:.1f} tok/s",
     ]
+    if (line := _inflight_line(level)) is not None:
+        lines.append(line)
     header = f"   {'metric':<26}{'unit':>7}" + "".join(f"{c:>10}" for c in COLUMNS)
     lines.append(header)
     for name, label, divisor, unit in ROWS:
@@ -55,6 +57,18 @@ def format_level(level: dict[str, Any]) -> str:
     if level["failed"]:
         lines.append(f"   FAILED: {'; '.join(level['fail_reasons'])}")
     return "\n".join(lines)
+
+
+def _inflight_line(level: dict[str, Any]) -> str | None:
+    """Requests in flight on average over the window; for a closed loop, as a share of its lanes
+    (the rest of their time was think time or the client between requests)."""
+    mean = level["counts"].get("mean_inflight_requests")  # absent in results of earlier versions
+    if mean is None:
+        return None
+    line = f"   in flight: {mean:.2f} requests on average over the window"
+    if level["mode"] == "closed" and level["concurrency"]:
+        line += f" ({mean / level['concurrency']:.1%} of the {level['concurrency']} lanes' time; the rest: think time)"
+    return line
 
 
 def _spec_line(spec: dict[str, Any]) -> str:

@@ -7,6 +7,8 @@ from collections import defaultdict
 
 import pytest
 
+from loadgen.table import format_level
+
 
 def _by_play(records: list[dict]) -> dict[int, list[dict]]:
     plays = defaultdict(list)
@@ -53,6 +55,28 @@ def test_think_time_is_respected_and_subagents_overlap_their_parent(start_server
     assert sub[0]["start_ns"] >= parent[1]["end_ns"]
     # the parent keeps going while the subagent's chain runs
     assert any(sub[0]["start_ns"] < p["start_ns"] < sub[-1]["end_ns"] for p in parent)
+
+
+@pytest.mark.parametrize("think", [0.0, 0.2])
+def test_mean_inflight_is_the_lanes_busy_share(start_server, sessions, replay, think):
+    """Requests in flight averaged over the window: with a request taking ~110 ms (50 ms to the
+    first token, 6 more 10 ms apart) and `think` s between requests, each of 2 lanes has one in
+    flight 0.11 / (0.11 + think) of the time; without think time, all of it."""
+    server = start_server(first_ms=50, itl_ms=10)
+    folder = sessions(*({"n_requests": 40, "think": think, "n_out": 7} for _ in range(2)))
+    code, doc, records = replay(server.url, "--traces", str(folder), "--conc", "2", "--duration", "2.5",
+                                "--start-offset", "0:0", "--warmup", "1req")
+    assert code == 0
+    level = doc["levels"][0]
+    e2el = sorted(level["requests"]["e2el_us"])
+    latency = e2el[len(e2el) // 2] / 1e6  # the server's known delays plus the loopback's
+    expected = 2 * latency / (latency + think)
+    assert 0.11 <= latency < 0.2
+    mean = level["counts"]["mean_inflight_requests"]
+    assert mean == pytest.approx(expected, rel=0.04)
+    assert mean <= 2  # never more than the lanes: time outside the window is not counted
+    assert f"in flight: {mean:.2f} requests on average over the window ({mean / 2:.1%} of the 2 lanes' time" in (
+        format_level(level))
 
 
 def test_recycled_sessions_get_a_new_salt(start_server, sessions, replay):

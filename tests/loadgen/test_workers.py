@@ -30,6 +30,7 @@ def test_two_workers_merge_into_one_exact_level(start_server, sessions, replay):
     assert len(counted) == level["counts"]["requests_ok"] == level["metrics"]["ttft"]["stats"]["count"] > 0
     assert level["counts"]["warmup_requests_ok"] == len(records) - len(counted) >= 8  # 2 per lane, at least
     assert level["counts"]["max_active_trees"] == 4 and 0.9 <= level["window_s"] <= 1.1
+    assert 0.8 < level["counts"]["mean_inflight_requests"] <= 4  # both shares' time in flight, summed
     assert {r["id"].rsplit("-", 1)[1].split(".")[0] for r in records} == {"0", "1"}  # both workers sent
     # the merged histogram holds exactly the requests of both workers
     ttft = HdrHistogram(1, SPEC_BY_NAME["ttft"].highest, SIGNIFICANT_DIGITS)
