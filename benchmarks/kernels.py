@@ -321,11 +321,12 @@ def check_tiled(key_dtype: str, cfg: TiledConfig, fp8_dot: bool) -> str:
 
 # The tiled kernel's prefill configs (and whether the dot is fp8): 4 x 128 with 4 warps at the compiler's
 # pipelining depth, other tiles, its next key block's loads prefetched, 8 warps, other grids, one stage
-# (the fp8 default: default_tiled_config), the fp16 dot.
+# (the fp8 default: default_tiled_config; and at the MXFP4 default's 8 x 128), the fp16 dot.
 PREFILL_SWEEP = ((TiledConfig(4, 128, 4), True), (TiledConfig(2, 128, 4), True), (TiledConfig(8, 128, 4), True),
                  (TiledConfig(4, 64, 4), True), (TiledConfig(4, 128, 4, prefetch=True), True),
                  (TiledConfig(4, 128, 8), True), (TiledConfig(4, 128, 4, 2), True), (TiledConfig(4, 128, 4, 8), True),
-                 (TiledConfig(4, 128, 4, num_stages=1), True), (TiledConfig(4, 128, 4), False),
+                 (TiledConfig(4, 128, 4, num_stages=1), True), (TiledConfig(8, 128, 4, num_stages=1), True),
+                 (TiledConfig(4, 128, 4), False),
                  (TiledConfig(2, 128, 4), False))
 
 

@@ -18,7 +18,9 @@ from kernels.topk import _ordered_key
 from kernels.triton_utils import new_output
 
 
-@triton.jit
+# mirror_rows unspecialised: without a mirror it is the batch's row count, and a specialisation
+# for each class of it (1, divisible by 16, other) compiled anew while serving (server/engine/warmup.py).
+@triton.jit(do_not_specialize=["mirror_rows"])
 def _argmax_kernel(x_ptr, out_ptr, n_cols, row_stride, mirror_ptr, mirror_index_ptr, mirror_rows, mirror_stride,
                    BLOCK: tl.constexpr, MIRROR: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)

@@ -245,7 +245,10 @@ def _load_block(key_ptr, key_words_ptr, table_row_ptr, blk, end, block_size, VAL
     return a, b, c, d, e
 
 
-@triton.jit(do_not_specialize=["block_size"])
+# n_tokens unspecialised: a prefill chunk may hold any number of tokens, and a specialisation for
+# each class of it (1, divisible by 16, other) compiled anew mid-run (server/engine/warmup.py); it
+# only bounds masks, so the kernel's code does not depend on it. block_size as in kernels/indexer.py.
+@triton.jit(do_not_specialize=["n_tokens", "block_size"])
 def _indexer_tiled_kernel(
     q_ptr, w_ptr, key_ptr, key_words_ptr, out_ptr,
     block_table_ptr, seq_ids_ptr, end_ptr,

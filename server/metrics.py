@@ -36,6 +36,8 @@ _ENGINE_COUNTERS = (
     ("vllm:spec_decode_num_drafts_total", "spec_num_drafts", "Speculative verify steps."),
     ("vllm:spec_decode_num_draft_tokens_total", "spec_num_draft_tokens", "Draft tokens proposed."),
     ("vllm:spec_decode_num_accepted_tokens_total", "spec_num_accepted_tokens", "Draft tokens accepted."),
+    ("agentload:kernel_compiles_total", "kernel_compiles",
+     "Triton kernels compiled while serving, after the start-up warm-up: each stalled the requests of its step."),
 )
 
 

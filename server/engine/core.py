@@ -20,12 +20,13 @@ import time
 
 from server.config import EngineConfig, resolve_overlap
 from server.engine.kv_cache import BlockManager
-from server.engine.messages import AddRequest, EngineStats, RequestOutput, StepOutputs
+from server.engine.messages import AddRequest, EngineStats, RequestOutput, SamplingParams, StepOutputs
 from server.engine.pending import LaunchedStep, TokenCopies
 from server.engine.sampler import Sampler
 from server.engine.scheduler import ScheduledBatch, Scheduler
 from server.engine.sequence import Sequence
 from server.engine.spec_decode import SpeculativeDecoder
+from server.engine.warmup import DECODE_TOKENS, log_compile_while_serving, prompt_ids, warmup_waves, watch_compiles
 from server.model.runner import ModelRunner
 
 
@@ -39,20 +40,53 @@ class Engine:
         self.max_model_len = config.scheduler.max_model_len
         self.runner = ModelRunner(config)
         self.num_gpus = self.runner.num_gpus
-        self.blocks = BlockManager(self.runner.num_blocks, config.cache.block_size, config.cache.enable_prefix_caching)
-        self.scheduler = Scheduler(config.scheduler, self.blocks, model.eos_token_id)
-        self.sampler = Sampler(self.runner.device, model.eos_token_id, config.seed, self.runner.settings.backend)
-        self.spec = None if config.speculative is None else SpeculativeDecoder(
-            config.speculative, self.runner, self.sampler, config.seed, self.max_model_len)
         self.overlap = resolve_overlap(config)
-        self._in_flight: LaunchedStep | None = None  # overlapped scheduling: launched, tokens not yet read
         self._token_copies = (TokenCopies(self.runner.device, config.scheduler.max_num_seqs)
                               if self.runner.device.type == "cuda" else None)
+        self.compiles_while_serving = 0
+        self._reset()
+        self.warmup_seconds = 0.0
+        if self.runner.compiles_kernels:
+            self.warm_up()
+            watch_compiles(self._compiled_while_serving)
+
+    def _reset(self) -> None:
+        """No request, an empty cache (no prefix cached), counters at zero, the samplers' seeds."""
+        c = self.config
+        self.blocks = BlockManager(self.runner.num_blocks, c.cache.block_size, c.cache.enable_prefix_caching)
+        self.scheduler = Scheduler(c.scheduler, self.blocks, self.eos_token_id)
+        self.sampler = Sampler(self.runner.device, self.eos_token_id, c.seed, self.runner.settings.backend)
+        self.spec = None if c.speculative is None else SpeculativeDecoder(
+            c.speculative, self.runner, self.sampler, c.seed, self.max_model_len)
+        self._in_flight: LaunchedStep | None = None  # overlapped scheduling: launched, tokens not yet read
         self.seqs: dict[str, Sequence] = {}
         self._aborted: list[RequestOutput] = []
         self._prompt_tokens = 0
         self._generation_tokens = 0
         self._step_time = 0.0
+
+    def warm_up(self) -> None:
+        """Run the requests of `warmup_waves` one at a time, each alone in its batch (greedy and
+        sampled in turn), then reset the engine: the Triton kernels of every kind of step are
+        compiled before the first real request (server/engine/warmup.py)."""
+        start = time.perf_counter()
+        sched = self.config.scheduler
+        lengths = [n for n in warmup_waves(self.max_model_len, sched.max_num_batched_tokens)
+                   if self.blocks.blocks_needed(n + DECODE_TOKENS) <= self.blocks.num_blocks]
+        for i, n in enumerate(lengths):
+            params = SamplingParams(max_tokens=DECODE_TOKENS, temperature=1.0 if i % 2 else 0.0, top_p=0.9,
+                                    ignore_eos=True)
+            self.add_request(AddRequest(f"warmup-{i}", prompt_ids(n, self.vocab_size, i), params, 0.0))
+            while self.has_unfinished():
+                self.step()
+        self._reset()
+        self.warmup_seconds = time.perf_counter() - start
+        print(f"engine: warmed up {len(lengths)} kinds of prefill step (prompts of {','.join(map(str, lengths))} "
+              f"tokens) in {self.warmup_seconds:.1f} s", flush=True)
+
+    def _compiled_while_serving(self, kernel: str) -> None:
+        self.compiles_while_serving += 1
+        log_compile_while_serving(kernel)
 
     # ---- requests ------------------------------------------------------------------------
     def add_request(self, req: AddRequest) -> None:
@@ -182,7 +216,8 @@ class Engine:
             num_running=len(s.running), num_waiting=len(s.waiting), kv_cache_usage=self.blocks.usage,
             prefix_cache_queries=s.prefix_queries, prefix_cache_hits=s.prefix_hits,
             num_preemptions=s.num_preemptions, prompt_tokens=self._prompt_tokens,
-            generation_tokens=self._generation_tokens, step_time_s=self._step_time, **self._spec_stats(),
+            generation_tokens=self._generation_tokens, step_time_s=self._step_time,
+            kernel_compiles=self.compiles_while_serving, **self._spec_stats(),
         )
 
     def _spec_stats(self) -> dict:

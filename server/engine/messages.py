@@ -75,6 +75,7 @@ class EngineStats:
     spec_num_draft_tokens: int = 0
     spec_num_accepted_tokens: int = 0
     spec_accepted_per_position: tuple[int, ...] = ()
+    kernel_compiles: int = 0  # Triton kernels compiled while serving (server/engine/warmup.py)
     step_time_s: float = 0.0
 
 

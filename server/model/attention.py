@@ -46,7 +46,18 @@ class AttentionMetadata:
     context_lens: torch.Tensor  # int32 [T], positions + 1
     block_table: torch.Tensor  # int32 [B, max_blocks]
     block_size: int
-    max_context: int  # max(context_lens), known on the host
+    logits_width: int  # the indexer logits' columns: logits_width(max(context_lens)), known on the host
+
+
+# The indexer logits' width is a kernel argument (their row stride) of the indexer and the top-k:
+# rounded up so that it and the top-k's bitmap words (width / 32) stay multiples of 16, it keeps
+# one Triton specialisation across steps (server/engine/warmup.py says why that matters).
+LOGITS_WIDTH_MULTIPLE = 512
+
+
+def logits_width(max_context: int) -> int:
+    """The logits' columns for a batch whose longest context is max_context."""
+    return -(-max_context // LOGITS_WIDTH_MULTIPLE) * LOGITS_WIDTH_MULTIPLE
 
 
 @dataclass(frozen=True)
@@ -90,7 +101,7 @@ class Indexer(nn.Module):
             s.key_dtype, self.weight_scale, backend=s.backend)
         partial = indexer_logits_paged(
             q8, weights, idx_cache, s.key_dtype, meta.block_table, meta.block_size, meta.seq_ids,
-            meta.context_lens, meta.max_context, backend=s.backend, mask_tail=False)
+            meta.context_lens, meta.logits_width, backend=s.backend, mask_tail=False)
         # Columns past a token's context stay unwritten (mask_tail=False): top-k reads a row only up
         # to its context length. A logit is a sum over heads: summing the ranks' partial sums gives every rank the same
         # logits, hence the same top-k (-inf + -inf stays -inf where keys are masked).

@@ -2,13 +2,15 @@
 that changed.
 
 Row i of a step's table lists the cache blocks of the batch's i-th request, zero-padded to the
-longest. A decode step's batch is mostly the previous step's requests in the same order, each
-holding the same blocks (a new block every `block_size` tokens), so the table of the last step is
-kept with the (request, block epoch, block count) that each row holds, and only rows where these
-differ are written. A request's block ids are kept too, as an int32 array that stays valid while
-its block epoch holds (its block list only grows at the end until the epoch changes), so even a
-rewritten row copies an array instead of converting every block id from Python ints (at 64k
-tokens a request has ~1,000 blocks).
+longest, and the width to a multiple of TABLE_WIDTH_MULTIPLE: the table's row stride is a kernel
+argument, and Triton compiles a kernel anew for an integer argument that changes between divisible
+by 16 and not (server/engine/warmup.py). A decode step's batch is mostly the previous step's
+requests in the same order, each holding the same blocks (a new block every `block_size`
+tokens), so the table of the last step is kept with the (request, block epoch, block count) that
+each row holds, and only rows where these differ are written. A request's block ids are kept too,
+as an int32 array that stays valid while its block epoch holds (its block list only grows at the
+end until the epoch changes), so even a rewritten row copies an array instead of converting every
+block id from Python ints (at 64k tokens a request has ~1,000 blocks).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from server.engine.sequence import Sequence
 
 RowKey = tuple[Sequence, int, int]  # the request, its block epoch, its block count
 HeldKey = tuple[Sequence | None, int, int]  # a row's last key; None: its request left the batch
+TABLE_WIDTH_MULTIPLE = 16
 
 
 class _RequestBlocks:
@@ -52,9 +55,10 @@ class BlockTable:
         self._rows_used = 0  # the last batch's size
 
     def build(self, seqs: tuple[Sequence, ...]) -> np.ndarray:
-        """int32 [B, max blocks] of the batch, zero-padded; a new array the caller may keep."""
+        """int32 [B, max blocks rounded up to TABLE_WIDTH_MULTIPLE] of the batch, zero-padded; a new
+        array the caller may keep."""
         keys: list[RowKey] = [(s, s.block_epoch, len(s.block_ids)) for s in seqs]
-        width = max(n for _, _, n in keys)
+        width = -(-max(n for _, _, n in keys) // TABLE_WIDTH_MULTIPLE) * TABLE_WIDTH_MULTIPLE
         rows, cols = self._table.shape
         if len(keys) > rows or width > cols:
             # each dimension grows only when it is short; the width by doubling, as rows gain blocks

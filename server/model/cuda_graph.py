@@ -223,7 +223,7 @@ class DecodeGraphs:
         inputs = self._staged(self.inputs, (size, q, width)).views
         meta = AttentionMetadata(
             positions=inputs.positions, slot_mapping=inputs.slots, seq_ids=inputs.seq_ids,
-            context_lens=inputs.context_lens, block_table=inputs.table, block_size=self.block_size, max_context=width,
+            context_lens=inputs.context_lens, block_table=inputs.table, block_size=self.block_size, logits_width=width,
         )
         # one gather from [pending, ids] puts the previous step's tokens in place of the placeholders
         pending_and_ids = self.inputs[: (self.pending_len + size * q) * 8].view(torch.int64)

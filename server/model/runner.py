@@ -23,7 +23,7 @@ from server.config import EngineConfig, resolve_backend, resolve_device
 from server.engine.kv_cache import KVCacheTensors, cache_bytes_per_token, kernel_kv_dtype
 from server.engine.pending import fill_placeholders, to_device_async
 from server.engine.scheduler import ScheduledBatch
-from server.model.attention import AttentionMetadata, CacheSettings
+from server.model.attention import AttentionMetadata, CacheSettings, logits_width
 from server.model.block_table import BlockTable
 from server.model.cuda_graph import DecodeGraphs, default_capture_sizes
 from server.model.model import build_model
@@ -95,6 +95,11 @@ class ModelRunner:
                 query_lens=(1,) if config.speculative is None else (1, config.speculative.num_speculative_tokens + 1))
             self.graphs.capture()
 
+    @property
+    def compiles_kernels(self) -> bool:
+        """Whether steps run Triton kernels that compile on first use (CUDA with the Triton backend)."""
+        return self.device.type == "cuda" and self.settings.backend == "triton"
+
     def _use_graphs(self) -> bool:
         """CUDA graphs for decode steps: on CUDA with the Triton kernels at --tp 1, unless --enforce-eager."""
         return (not self.config.enforce_eager and self.device.type == "cuda" and self.settings.backend == "triton"
@@ -159,7 +164,7 @@ class ModelRunner:
         meta = AttentionMetadata(
             positions=dev[1], slot_mapping=dev[3], seq_ids=dev[2].int(), context_lens=(dev[1] + 1).int(),
             block_table=self._to_device(inputs.block_table), block_size=self.block_size,
-            max_context=inputs.max_context,
+            logits_width=logits_width(inputs.max_context),
         )
         input_ids = dev[0] if pending is None else fill_placeholders(dev[0], pending)
         return input_ids, meta, self._to_device(inputs.wanted)

@@ -23,6 +23,7 @@ from server.engine.kv_cache import BlockManager
 from server.engine.messages import SamplingParams
 from server.engine.scheduler import ScheduledBatch
 from server.engine.sequence import Sequence
+from server.model.block_table import TABLE_WIDTH_MULTIPLE
 from server.model.model import save_weights
 from server.model.runner import ModelRunner
 from tests.server.engine_fixtures import prompt, tiny_config
@@ -264,8 +265,8 @@ def test_block_table_grows_with_the_batch_without_doubling_and_lets_finished_req
     for i in range(40):
         seqs.append(Sequence(f"r{i}", list(range(8)), SamplingParams(max_tokens=4), 0.0))
         blocks.append(seqs[-1], 8)
-        assert bt.build(tuple(seqs)).shape == (i + 1, 2)
-    assert bt._table.shape[1] <= 4
+        assert bt.build(tuple(seqs)).shape == (i + 1, TABLE_WIDTH_MULTIPLE)  # 2 blocks, padded
+    assert bt._table.shape[1] <= 2 * TABLE_WIDTH_MULTIPLE
     gone = weakref.ref(seqs.pop())
     bt.build(tuple(seqs))
     gc.collect()
@@ -339,6 +340,11 @@ def test_cpu_runner_runs_eagerly_without_graphs():
     assert runner.cache.kv[0].shape[0] == 8 * runner.block_size
 
 
+def padded_width(seqs) -> int:
+    """The block table's width: the longest block list rounded up to TABLE_WIDTH_MULTIPLE."""
+    return -(-max(len(s.block_ids) for s in seqs) // TABLE_WIDTH_MULTIPLE) * TABLE_WIDTH_MULTIPLE
+
+
 def test_block_table_rows_follow_appends_releases_and_frees():
     """The runner keeps each request's block-table row between steps; after blocks are released
     (rejected drafts) or freed (preemption) and others appended, the table is the block list again."""
@@ -349,7 +355,7 @@ def test_block_table_rows_follow_appends_releases_and_frees():
 
     def table() -> list[list[int]]:
         seqs = (a, b)
-        width = max(len(s.block_ids) for s in seqs)
+        width = padded_width(seqs)
         expected = [s.block_ids + [0] * (width - len(s.block_ids)) for s in seqs]
         got = runner.block_table.build(seqs).tolist()
         assert got == expected
@@ -384,7 +390,7 @@ def test_block_table_rewrites_rows_whose_request_moved_and_zero_pads():
         blocks.append(s, len(s))
 
     def check(*seqs: Sequence) -> np.ndarray:
-        width = max(len(s.block_ids) for s in seqs)
+        width = padded_width(seqs)
         got = bt.build(seqs)
         assert got.tolist() == [s.block_ids + [0] * (width - len(s.block_ids)) for s in seqs]
         return got
