@@ -13,10 +13,12 @@ one class (the indexer logits' width and the block table's width are rounded up:
 `server.model.attention.logits_width` and `server.model.block_table`; token counts that only bound
 masks are unspecialised). And the requests of `warmup_waves` run before the server is ready: one
 prefill step of each kind the top-k chooses between (kernels/topk.py: the row in registers up to
-SINGLE_PASS_MAX_COLS, the sampled pass over many rows, the compacting pass over few rows, with
-fine and coarse chunks) and steps of 1, 5 and 16 tokens, each request alone in its batch. Each
-then decodes a few tokens, greedy and sampled. What still compiles while serving is logged and
-counted (`watch_compiles`), so a run that met one can be told apart.
+SINGLE_PASS_MAX_COLS, at each of its register widths, the sampled pass over many rows, the
+compacting pass over few rows, with fine and coarse chunks) and steps of 1, 5 and 16 tokens, each
+request alone in its batch. Each then decodes a few tokens, greedy and sampled. What still
+compiles while serving is logged and counted (`watch_compiles`), so a run that met one can be told
+apart. Eager decode and verification steps (`--enforce-eager`, `--tp N > 1`, ragged speculative
+verification) are covered only as far as the prefill steps share their kernels.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import random
 from collections.abc import Callable
 
 from kernels.topk import FINE_CHUNK_MAX_COLS, SINGLE_PASS_MAX_COLS
+from server.model.attention import LOGITS_WIDTH_MULTIPLE
 
 log = logging.getLogger(__name__)
 
@@ -36,13 +39,20 @@ DECODE_TOKENS = 3
 def warmup_waves(max_model_len: int, chunk: int) -> list[int]:
     """Prompt lengths, one request per wave, for a model of `max_model_len` tokens whose prefill
     runs in chunks of `chunk` tokens (max_num_batched_tokens): the short prompts, then
+    - ones whose last chunk's logits are each power-of-two width past LOGITS_WIDTH_MULTIPLE up to
+      SINGLE_PASS_MAX_COLS wide: the top-k with the row in registers, whose register block is the
+      width's power of two (a compile-time constant);
     - one whose last chunks, past SINGLE_PASS_MAX_COLS columns, hold `chunk` rows and then 17: the
       sampled top-k;
     - ones ending in a one-token chunk past SINGLE_PASS_MAX_COLS and past FINE_CHUNK_MAX_COLS
       columns: the compacting top-k over one row, with fine and with coarse chunks.
     Lengths that do not fit the model are left out."""
+    in_registers, width = [], 2 * LOGITS_WIDTH_MULTIPLE
+    while width <= SINGLE_PASS_MAX_COLS:
+        in_registers.append(width // 2 + 1)
+        width *= 2
     one_row = [-(-cols // chunk) * chunk + 1 for cols in (SINGLE_PASS_MAX_COLS + 1, FINE_CHUNK_MAX_COLS + 1)]
-    lengths = [*SHORT_PROMPTS, SINGLE_PASS_MAX_COLS + chunk + 17, *one_row]
+    lengths = [*SHORT_PROMPTS, *in_registers, SINGLE_PASS_MAX_COLS + chunk + 17, *one_row]
     return [n for n in lengths if n + DECODE_TOKENS <= max_model_len]
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import triton
+
 from kernels.topk import FINE_CHUNK_MAX_COLS, SINGLE_PASS_MAX_COLS
 from server.engine.core import Engine
 from server.engine.messages import EngineStats, SamplingParams
@@ -11,18 +13,22 @@ from tests.server.engine_fixtures import greedy, prompt, run, tiny_config
 
 
 def test_waves_reach_every_top_k_path_that_fits():
-    """At v32's 163,840 tokens in chunks of 2,048: the short prompts, a prompt whose last chunks
-    hold 2,048 and 17 rows past the one-launch width, and prompts ending in a one-token chunk past
-    the one-launch width and past the fine-chunk width (with the logits' width rounded up, as the
-    runner does). A small model keeps what fits."""
+    """At v32's 163,840 tokens in chunks of 2,048: the short prompts, prompts whose logits take each
+    register width of the one-launch top-k, a prompt whose last chunks hold 2,048 and 17 rows past
+    the one-launch width, and prompts ending in a one-token chunk past the one-launch width and
+    past the fine-chunk width (with the logits' width rounded up, as the runner does). A small
+    model keeps what fits."""
     waves = warmup_waves(163_840, 2048)
     assert waves[:3] == list(SHORT_PROMPTS)
-    sampled, fine, coarse = waves[3:]
+    # the in-register top-k's block: the width's power of two, from the rounded width up to 8,192
+    blocks = {triton.next_power_of_2(logits_width(n)) for n in waves[:7]}
+    assert blocks == {512, 1024, 2048, 4096, 8192} and max(logits_width(n) for n in waves[:7]) <= SINGLE_PASS_MAX_COLS
+    sampled, fine, coarse = waves[7:]
     assert sampled % 2048 == 17 and logits_width(sampled - 17) > SINGLE_PASS_MAX_COLS
     for one_row, lo, hi in ((fine, SINGLE_PASS_MAX_COLS, FINE_CHUNK_MAX_COLS), (coarse, FINE_CHUNK_MAX_COLS, None)):
         assert one_row % 2048 == 1  # its last chunk: one token
         assert logits_width(one_row) > lo and (hi is None or logits_width(one_row) <= hi)
-    assert warmup_waves(1024, 512) == list(SHORT_PROMPTS)
+    assert warmup_waves(1024, 512) == [*SHORT_PROMPTS, 513]
     assert warmup_waves(16, 512) == [1, 5]  # 16 + DECODE_TOKENS tokens do not fit
     assert all(n + DECODE_TOKENS <= 40_000 for n in warmup_waves(40_000, 2048))
 
