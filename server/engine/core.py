@@ -16,6 +16,7 @@ several tokens per request, and ends with the draft head proposing the next draf
 
 from __future__ import annotations
 
+import sys
 import time
 
 from server.config import EngineConfig, resolve_overlap
@@ -38,6 +39,7 @@ class Engine:
         self.vocab_size = model.vocab_size
         self.eos_token_id = model.eos_token_id
         self.max_model_len = config.scheduler.max_model_len
+        watch_compiles(None)  # an earlier engine's watch in this process: this one's start-up is no stall
         self.runner = ModelRunner(config)
         self.num_gpus = self.runner.num_gpus
         self.overlap = resolve_overlap(config)
@@ -68,12 +70,17 @@ class Engine:
     def warm_up(self) -> None:
         """Run the requests of `warmup_waves` one at a time, each alone in its batch (greedy and
         sampled in turn), then reset the engine: the Triton kernels of every kind of step are
-        compiled before the first real request (server/engine/warmup.py)."""
+        compiled before the first real request (server/engine/warmup.py). Progress goes to stderr
+        on a terminal, the summary line always, as the graph capture's."""
         start = time.perf_counter()
+        live = sys.stderr.isatty()
         sched = self.config.scheduler
         lengths = [n for n in warmup_waves(self.max_model_len, sched.max_num_batched_tokens)
                    if self.blocks.blocks_needed(n + DECODE_TOKENS) <= self.blocks.num_blocks]
         for i, n in enumerate(lengths):
+            if live:
+                print(f"\rengine: warming up kernels {i + 1}/{len(lengths)} (a prompt of {n} tokens)", end="",
+                      file=sys.stderr, flush=True)
             params = SamplingParams(max_tokens=DECODE_TOKENS, temperature=1.0 if i % 2 else 0.0, top_p=0.9,
                                     ignore_eos=True)
             self.add_request(AddRequest(f"warmup-{i}", prompt_ids(n, self.vocab_size, i), params, 0.0))
@@ -81,8 +88,10 @@ class Engine:
                 self.step()
         self._reset()
         self.warmup_seconds = time.perf_counter() - start
+        if live:
+            print(file=sys.stderr)
         print(f"engine: warmed up {len(lengths)} kinds of prefill step (prompts of {','.join(map(str, lengths))} "
-              f"tokens) in {self.warmup_seconds:.1f} s", flush=True)
+              f"tokens) in {self.warmup_seconds:.1f} s", file=sys.stderr, flush=True)
 
     def _compiled_while_serving(self, kernel: str) -> None:
         self.compiles_while_serving += 1

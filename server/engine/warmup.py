@@ -56,18 +56,20 @@ def warmup_waves(max_model_len: int, chunk: int) -> list[int]:
     return [n for n in lengths if n + DECODE_TOKENS <= max_model_len]
 
 
-def watch_compiles(on_compile: Callable[[str], None]) -> bool:
+def watch_compiles(on_compile: Callable[[str], None] | None) -> bool:
     """Call on_compile(kernel name) whenever this process is about to compile (or load from the
-    disk cache) a Triton kernel; False where Triton has no such hook."""
+    disk cache) a Triton kernel, in place of any earlier watch; None: no watch (a new engine's
+    capture and warm-up are not compiles while serving). False where Triton has no such hook."""
     knobs = getattr(__import__("triton"), "knobs", None)
     if knobs is None or not hasattr(knobs.runtime, "jit_cache_hook"):
         return False
 
     def hook(*, fn, **_) -> bool:
+        assert on_compile is not None
         on_compile(f"{fn.module}.{fn.name}")
         return False  # True would skip the compile
 
-    knobs.runtime.jit_cache_hook = hook
+    knobs.runtime.jit_cache_hook = None if on_compile is None else hook
     return True
 
 

@@ -52,3 +52,24 @@ def test_warm_up_leaves_the_engine_as_new():
     got, want = run(warm, requests), run(fresh, requests)
     assert got == want
     assert got["again"]["cached"] == 0
+
+
+def test_compile_watch_reports_and_is_replaced():
+    """The watch calls back with the kernel's module and name and never skips a compile; a later
+    watch replaces it and None removes it."""
+    from triton import knobs
+
+    from server.engine.warmup import watch_compiles
+
+    class Fn:
+        module, name = "kernels.topk", "_mark_kernel"
+
+    seen: list[str] = []
+    try:
+        assert watch_compiles(seen.append)
+        assert knobs.runtime.jit_cache_hook(fn=Fn(), key=None, repr="", compile={}, is_manual_warmup=False,
+                                            already_compiled=False) is False
+        assert seen == ["kernels.topk._mark_kernel"]
+        assert watch_compiles(None) and knobs.runtime.jit_cache_hook is None
+    finally:
+        knobs.runtime.jit_cache_hook = None
