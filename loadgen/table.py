@@ -67,7 +67,8 @@ def _inflight_line(level: dict[str, Any]) -> str | None:
         return None
     line = f"   in flight: {mean:.2f} requests on average over the window"
     if level["mode"] == "closed" and level["concurrency"]:
-        line += f" ({mean / level['concurrency']:.1%} of the {level['concurrency']} lanes' time; the rest: think time)"
+        conc = level["concurrency"]
+        line += f" ({mean / conc:.1%} of the lanes' time at conc {conc}; the rest: think time)"
     return line
 
 
