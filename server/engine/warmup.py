@@ -27,6 +27,8 @@ import logging
 import random
 from collections.abc import Callable
 
+import triton
+
 from kernels.topk import FINE_CHUNK_MAX_COLS, SINGLE_PASS_MAX_COLS
 from server.model.attention import LOGITS_WIDTH_MULTIPLE
 
@@ -60,16 +62,19 @@ def watch_compiles(on_compile: Callable[[str], None] | None) -> bool:
     """Call on_compile(kernel name) whenever this process is about to compile (or load from the
     disk cache) a Triton kernel, in place of any earlier watch; None: no watch (a new engine's
     capture and warm-up are not compiles while serving). False where Triton has no such hook."""
-    knobs = getattr(__import__("triton"), "knobs", None)
+    knobs = getattr(triton, "knobs", None)
     if knobs is None or not hasattr(knobs.runtime, "jit_cache_hook"):
         return False
+    if on_compile is None:
+        knobs.runtime.jit_cache_hook = None
+        return True
+    report = on_compile
 
     def hook(*, fn, **_) -> bool:
-        assert on_compile is not None
-        on_compile(f"{fn.module}.{fn.name}")
+        report(f"{fn.module}.{fn.name}")
         return False  # True would skip the compile
 
-    knobs.runtime.jit_cache_hook = None if on_compile is None else hook
+    knobs.runtime.jit_cache_hook = hook
     return True
 
 
