@@ -18,6 +18,7 @@ from typing import Any
 
 from loadgen.metrics import LevelRecorder, decode_histogram
 from loadgen.plan import TimingConfig
+from loadgen.server_metrics import ServerCounters
 from loadgen.spec import SpecTally
 from traces import Request
 
@@ -160,6 +161,7 @@ class LevelRun:
     lanes_ready: asyncio.Future = field(default_factory=lambda: asyncio.get_running_loop().create_future())
     warmup_prompt_tokens: int = 0  # planned: the resent contexts and warm-up requests' inputs
     spec_tally: SpecTally = field(default_factory=SpecTally)
+    kernel_compiles: list[int | None] = field(default_factory=list)  # the server's, at window start, after the drain
     workers: int = 1
 
     @property
@@ -179,6 +181,17 @@ class LevelRun:
     @property
     def inflight(self) -> int:
         return len(self.inflight_since)
+
+    def scraped(self, counters: ServerCounters | None) -> None:
+        """One scrape of the server's counters (at window start, after the drain)."""
+        self.spec_tally.scraped.append(None if counters is None else counters.spec)
+        self.kernel_compiles.append(None if counters is None else counters.kernel_compiles)
+
+    @property
+    def window_kernel_compiles(self) -> int | None:
+        """Kernels the server compiled from window start to after the drain, where it says."""
+        start, end = self.kernel_compiles if len(self.kernel_compiles) == 2 else (None, None)
+        return None if start is None or end is None else end - start
 
     def request_started(self, number: int, start_ns: int) -> None:
         self.inflight_since[number] = start_ns
@@ -234,7 +247,7 @@ class LevelRun:
             **{name: getattr(self, name) for name in _COUNTERS},
             **{name: dict(getattr(self, name)) for name in _TALLIES},
             "max_inflight": self.max_inflight, "max_active_trees": self.max_active_trees,
-            "inflight_ns": self.inflight_ns,
+            "inflight_ns": self.inflight_ns, "kernel_compiles": self.kernel_compiles,
             "window_s": self.window_s if self.window_start_ns is not None else None,
             "cpu_s": self.cpu_s, "sys_s": self.sys_s, "preempted": self.preempted, "columns": self.columns,
             "hdr": hists, "spec": self.spec_tally,
@@ -250,6 +263,8 @@ class LevelRun:
         self.max_inflight += part["max_inflight"]  # shares peak at about the same time: an upper bound
         self.max_active_trees += part["max_active_trees"]
         self.inflight_ns += part["inflight_ns"]
+        if part["kernel_compiles"]:  # one share scrapes the server for all
+            self.kernel_compiles = list(part["kernel_compiles"])
         if part["window_s"] is not None:
             start = self.window_start_ns if self.window_start_ns is not None else 0
             self.window_start_ns = start

@@ -142,7 +142,7 @@ class Runner:
             else:
                 await open_loop.run(self, level, index)
             if scrape is not None and await scrape:  # after the drain: the window's requests are all in the delta
-                level.spec_tally.scraped.append(await self._spec_counters())
+                level.scraped(await self.transport.server_counters())
         finally:
             for task in (scrape, lag, watchdog):
                 if task is not None:
@@ -161,17 +161,13 @@ class Runner:
                            "--warmup or the sessions (--token-scale)")
 
     async def _scrape_at_window_start(self, level: LevelRun) -> bool:
-        """Server-wide speculative counters when the window opens (the AL fallback when usage
-        has none); False when the level ended before its window opened."""
+        """Server-wide counters when the window opens (the AL fallback when usage has none, our
+        server's kernel compiles); False when the level ended before its window opened."""
         await level.window_opened_or_stopped()
         if level.window_start_ns is None:
             return False
-        level.spec_tally.scraped.append(await self._spec_counters())
+        level.scraped(await self.transport.server_counters())
         return True
-
-    async def _spec_counters(self) -> SpecCounters | None:
-        counts = await self.transport.spec_counters()
-        return None if counts is None else SpecCounters(*counts)
 
     # -- one request -------------------------------------------------------------------------
 

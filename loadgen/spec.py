@@ -31,18 +31,8 @@ from dataclasses import dataclass, field, fields
 from typing import Any, TextIO
 
 from golden_al import Curve, CurveError, load_curve
+from loadgen.server_metrics import METRIC_ACCEPTED, METRIC_DRAFTS, SpecCounters, metric_totals, spec_counters_of
 from traces import Request
-
-METRIC_DRAFTS = "vllm:spec_decode_num_drafts_total"
-METRIC_ACCEPTED = "vllm:spec_decode_num_accepted_tokens_total"
-
-
-@dataclass(frozen=True, slots=True)
-class SpecCounters:
-    """Cumulative counts: per request from usage, or server-wide from /metrics."""
-
-    num_drafts: int
-    num_accepted_tokens: int
 
 
 class SpecExpectation:
@@ -202,17 +192,5 @@ class SpecTally:
 
 def parse_spec_counters(text: str) -> SpecCounters | None:
     """The two counters out of Prometheus text (summed over label sets); None if either is absent."""
-    totals: dict[str, float] = {}
-    for line in text.splitlines():
-        if not line or line[0] == "#":
-            continue
-        name = line.split("{", 1)[0].split(" ", 1)[0]
-        if name in (METRIC_DRAFTS, METRIC_ACCEPTED):
-            rest = line[line.rindex("}") + 1:] if "{" in line else line[len(name):]
-            try:
-                totals[name] = totals.get(name, 0.0) + float(rest.split()[0])  # a timestamp may follow
-            except (ValueError, IndexError):
-                return None
-    if len(totals) < 2:
-        return None
-    return SpecCounters(int(totals[METRIC_DRAFTS]), int(totals[METRIC_ACCEPTED]))
+    totals = metric_totals(text, (METRIC_DRAFTS, METRIC_ACCEPTED))
+    return None if totals is None else spec_counters_of(totals)

@@ -99,6 +99,8 @@ def level_summary(level: LevelRun, config: RunConfig, theoretical_hit_rate: floa
             # requests in flight, averaged over the window: against a closed loop's concurrency it
             # says how much of the lanes' time waited on the server rather than on think time
             "mean_inflight_requests": round(level.inflight_ns / 1e9 / window_s, 4) if window_s > 0 else None,
+            # our server's Triton kernels compiled from window start to after the drain (None: not reported)
+            "server_kernel_compiles": level.window_kernel_compiles,
             "max_active_trees": level.max_active_trees,
         },
         "throughput": {

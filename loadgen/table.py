@@ -54,6 +54,10 @@ def format_level(level: dict[str, Any]) -> str:
                      f"{counts['output_tokens_counted']} tokens)")
     for warning in level["client"]["warnings"]:
         lines.append(f"   WARNING: {warning}")
+    if compiles := counts.get("server_kernel_compiles"):  # absent in results of earlier versions
+        lines.append(f"   WARNING: the server compiled {compiles} Triton kernel(s) during the window "
+                     "(agentload:kernel_compiles_total): the requests of those steps waited, and the latency "
+                     "tails include it")
     if level["failed"]:
         lines.append(f"   FAILED: {'; '.join(level['fail_reasons'])}")
     return "\n".join(lines)

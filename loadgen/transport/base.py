@@ -14,6 +14,8 @@ from typing import Any
 
 import numpy as np
 
+from loadgen.server_metrics import ServerCounters
+
 
 class ErrorKind(str, Enum):
     """Why one request failed. The value is what results files and the per-request file record
@@ -101,9 +103,9 @@ class Transport(ABC):
     @abstractmethod
     async def close(self) -> None: ...
 
-    async def spec_counters(self) -> tuple[int, int] | None:
-        """Server-wide cumulative (speculative verify steps, accepted draft tokens), or None when
-        the server does not report them; a failure to ask is None too, never an error."""
+    async def server_counters(self) -> ServerCounters | None:
+        """Server-wide cumulative counters (loadgen/server_metrics.py), or None when the server
+        has no /metrics; a failure to ask is None too, never an error."""
         return None
 
 

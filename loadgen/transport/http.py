@@ -26,7 +26,8 @@ and our server's extension), else 1.
 
 Speculative decoding: `acceptance_length` goes into the body only when the request carries one
 (the replay sets it only for our server); `usage.spec_decode` is read when present, and
-`spec_counters` scrapes /metrics for servers that do not report it per request.
+`server_counters` scrapes /metrics (for servers that do not report it per request, and for our
+server's count of kernel compiles).
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ from typing import Any, cast
 
 import orjson
 
-from loadgen.spec import parse_spec_counters
+from loadgen.server_metrics import ServerCounters, parse_server_counters
 from loadgen.transport.base import (
     ErrorKind,
     Exchange,
@@ -106,15 +107,14 @@ class HttpTransport(Transport):
         self.model = info.model
         return info
 
-    async def spec_counters(self) -> tuple[int, int] | None:
+    async def server_counters(self) -> ServerCounters | None:
         try:
             resp = await self._opened().request("GET", "/metrics", timeout=self.timeout_s)
         except (ResponseError, asyncio.TimeoutError):
             return None
         if resp.status != 200:
             return None
-        counters = parse_spec_counters(resp.body.decode("utf-8", "replace"))
-        return None if counters is None else (counters.num_drafts, counters.num_accepted_tokens)
+        return parse_server_counters(resp.body.decode("utf-8", "replace"))
 
     async def send(self, request: WireRequest) -> Exchange:
         body = self._body(request)

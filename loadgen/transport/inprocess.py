@@ -31,6 +31,7 @@ import traceback
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
+from loadgen.server_metrics import ServerCounters
 from loadgen.transport.base import (
     ErrorKind,
     Exchange,
@@ -198,6 +199,11 @@ class InProcessTransport(Transport):
             self._abort(rid)
             raise
         return ex
+
+    async def server_counters(self) -> ServerCounters | None:
+        """The engine's count of kernels compiled while serving (its speculative counts come with
+        each request's output)."""
+        return None if self.engine is None else ServerCounters(None, self.engine.compiles_while_serving)
 
     def _abort(self, request_id: str) -> None:
         if self._pending.pop(request_id, None) is not None and self.dead_reason is None:

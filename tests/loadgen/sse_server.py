@@ -14,7 +14,8 @@ write, `written_ns`: just after).
 Speculative decoding as vLLM reports it: with `spec_metrics` = [drafts, accepted] per request,
 GET /metrics serves `vllm:spec_decode_num_drafts_total` and `..._num_accepted_tokens_total`
 grown by that much per finished request (no per-request usage). Each record says whether the
-body carried our extension field `acceptance_length`.
+body carried our extension field `acceptance_length`. With `kernel_compiles` = n, /metrics also
+serves our server's `agentload:kernel_compiles_total`, grown by n per finished request.
 
 Faults (`fault`: {"kind", "every"}): on every `every`-th request, "reset" closes the connection
 after two chunks, "500" answers HTTP 500, "stall" stops after one chunk and never finishes,
@@ -35,7 +36,7 @@ from aiohttp import web
 DEFAULTS = {"first_ms": 0.0, "itl_ms": 0.0, "tokens_per_chunk": 1, "send_token_ids": True,
             "model": "test-model", "owned_by": "test", "max_model_len": None, "num_gpus": None,
             "vocab_size": None, "fault": None, "keep_prompts": False, "cached_tokens": 0, "serial": False,
-            "spec_metrics": None, "usage_apart": False}
+            "spec_metrics": None, "usage_apart": False, "kernel_compiles": None}
 
 
 class State:
@@ -161,12 +162,16 @@ async def _sleep_until(deadline_ns: int) -> None:
 
 async def metrics(request: web.Request) -> web.Response:
     st = request.app["state"]
-    if st.cfg["spec_metrics"] is None:
+    if st.cfg["spec_metrics"] is None and st.cfg["kernel_compiles"] is None:
         raise web.HTTPNotFound()
-    drafts, accepted = st.cfg["spec_metrics"]
-    text = (f"# TYPE vllm:spec_decode_num_drafts_total counter\n"
-            f'vllm:spec_decode_num_drafts_total{{model_name="m"}} {float(drafts * st.finished)}\n'
-            f'vllm:spec_decode_num_accepted_tokens_total{{model_name="m"}} {float(accepted * st.finished)}\n')
+    text = ""
+    if st.cfg["spec_metrics"] is not None:
+        drafts, accepted = st.cfg["spec_metrics"]
+        text += (f"# TYPE vllm:spec_decode_num_drafts_total counter\n"
+                 f'vllm:spec_decode_num_drafts_total{{model_name="m"}} {float(drafts * st.finished)}\n'
+                 f'vllm:spec_decode_num_accepted_tokens_total{{model_name="m"}} {float(accepted * st.finished)}\n')
+    if st.cfg["kernel_compiles"] is not None:
+        text += f'agentload:kernel_compiles_total{{model_name="m"}} {st.cfg["kernel_compiles"] * st.finished}\n'
     return web.Response(text=text)
 
 

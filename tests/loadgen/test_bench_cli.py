@@ -95,6 +95,7 @@ def test_inprocess_and_http_agree_on_counts(sessions, http_server, replay, tmp_p
     for key in ("requests_ok", "input_tokens", "output_tokens", "output_tokens_counted", "errors_total"):
         assert a["counts"][key] == b["counts"][key], key
     assert a["counts"]["requests_ok"] >= 8 and a["counts"]["errors_total"] == 0
+    assert a["counts"]["server_kernel_compiles"] == b["counts"]["server_kernel_compiles"] == 0  # CPU: no JIT
     for metric in ("ttft", "e2el"):
         ratio = a["metrics"][metric]["stats"]["p50"] / b["metrics"][metric]["stats"]["p50"]
         assert 0.1 < ratio < 10, (metric, ratio)  # the same order; the overhead is measured in benchmarks/

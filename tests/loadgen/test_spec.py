@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from loadgen.metrics import decode_histogram
+from loadgen.server_metrics import ServerCounters, parse_server_counters
 from loadgen.spec import SpecCounters, parse_spec_counters
 from tests.loadgen.conftest import request_item
 
@@ -154,3 +155,15 @@ def test_parse_spec_counters():
     assert parse_spec_counters("vllm:spec_decode_num_drafts_total 3\n") is None
     bad_value = "vllm:spec_decode_num_drafts_total x\nvllm:spec_decode_num_accepted_tokens_total 1\n"
     assert parse_spec_counters(bad_value) is None
+
+
+def test_parse_server_counters():
+    """One scrape gives the speculative counters and our server's kernel compiles, each None when
+    absent; a value that does not parse spoils the scrape."""
+    text = ('vllm:spec_decode_num_drafts_total{model_name="a"} 4\n'
+            'vllm:spec_decode_num_accepted_tokens_total{model_name="a"} 6\n'
+            'agentload:kernel_compiles_total{model_name="a"} 3\n')
+    assert parse_server_counters(text) == ServerCounters(SpecCounters(4, 6), 3)
+    assert parse_server_counters("agentload:kernel_compiles_total 0\n") == ServerCounters(None, 0)
+    assert parse_server_counters("# nothing\n") == ServerCounters(None, None)
+    assert parse_server_counters("agentload:kernel_compiles_total x\n") is None

@@ -18,7 +18,7 @@ def _plan(records: list[dict]) -> dict[int, tuple]:
 
 
 def test_two_workers_merge_into_one_exact_level(start_server, sessions, replay):
-    server = start_server(first_ms=3, itl_ms=1)
+    server = start_server(first_ms=3, itl_ms=1, kernel_compiles=1)
     folder = sessions(*({"n_requests": 8, "think": 0.01, "n_out": 4} for _ in range(5)))
     code, doc, records = replay(server.url, "--traces", str(folder), "--conc", "4", "--duration", "1",
                                 "--warmup", "2req", "--workers", "2")
@@ -31,6 +31,8 @@ def test_two_workers_merge_into_one_exact_level(start_server, sessions, replay):
     assert level["counts"]["warmup_requests_ok"] == len(records) - len(counted) >= 8  # 2 per lane, at least
     assert level["counts"]["max_active_trees"] == 4 and 0.9 <= level["window_s"] <= 1.1
     assert 0.8 < level["counts"]["mean_inflight_requests"] <= 4  # both shares' time in flight, summed
+    # one worker scrapes the server for both: at least every counted request finished between its scrapes
+    assert level["counts"]["server_kernel_compiles"] >= level["counts"]["requests_ok"]
     assert {r["id"].rsplit("-", 1)[1].split(".")[0] for r in records} == {"0", "1"}  # both workers sent
     # the merged histogram holds exactly the requests of both workers
     ttft = HdrHistogram(1, SPEC_BY_NAME["ttft"].highest, SIGNIFICANT_DIGITS)
