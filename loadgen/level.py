@@ -182,7 +182,7 @@ class LevelRun:
     def inflight(self) -> int:
         return len(self.inflight_since)
 
-    def scraped(self, counters: ServerCounters | None) -> None:
+    def record_scrape(self, counters: ServerCounters | None) -> None:
         """One scrape of the server's counters (at window start, after the drain)."""
         self.spec_tally.scraped.append(None if counters is None else counters.spec)
         self.kernel_compiles.append(None if counters is None else counters.kernel_compiles)

@@ -142,7 +142,7 @@ class Runner:
             else:
                 await open_loop.run(self, level, index)
             if scrape is not None and await scrape:  # after the drain: the window's requests are all in the delta
-                level.scraped(await self.transport.server_counters())
+                level.record_scrape(await self.transport.server_counters())
         finally:
             for task in (scrape, lag, watchdog):
                 if task is not None:
@@ -166,7 +166,7 @@ class Runner:
         await level.window_opened_or_stopped()
         if level.window_start_ns is None:
             return False
-        level.scraped(await self.transport.server_counters())
+        level.record_scrape(await self.transport.server_counters())
         return True
 
     # -- one request -------------------------------------------------------------------------

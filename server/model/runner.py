@@ -102,8 +102,7 @@ class ModelRunner:
 
     def _use_graphs(self) -> bool:
         """CUDA graphs for decode steps: on CUDA with the Triton kernels at --tp 1, unless --enforce-eager."""
-        return (not self.config.enforce_eager and self.device.type == "cuda" and self.settings.backend == "triton"
-                and self.tp.world_size == 1)
+        return not self.config.enforce_eager and self.compiles_kernels and self.tp.world_size == 1
 
     def _num_blocks(self, use_graphs: bool) -> int:
         cache, sched = self.config.cache, self.config.scheduler

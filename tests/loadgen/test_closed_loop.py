@@ -91,15 +91,16 @@ def test_server_kernel_compiles_in_the_window_are_reported(start_server, session
     reports the growth from window start to after the drain (2 per counted request: the one lane's
     warm-up request had finished when the window opened) and the table warns."""
     server = start_server(first_ms=5, kernel_compiles=2)
-    folder = sessions({"n_requests": 30, "think": 0.1, "n_out": 3})
-    code, doc, _ = replay(server.url, "--traces", str(folder), "--conc", "1", "--duration", "0.8",
+    # think time 0.3 s: the window-start scrape lands before the first counted request is even sent
+    folder = sessions({"n_requests": 30, "think": 0.3, "n_out": 3})
+    code, doc, _ = replay(server.url, "--traces", str(folder), "--conc", "1", "--duration", "1.5",
                           "--start-offset", "0:0", "--warmup", "1req")
     assert code == 0
     level = doc["levels"][0]
     assert level["counts"]["server_kernel_compiles"] == 2 * level["counts"]["requests_ok"] > 0
     assert f"WARNING: the server compiled {2 * level['counts']['requests_ok']} Triton kernel(s)" in format_level(level)
     quiet = start_server(first_ms=5)  # no such counter: nothing said
-    code, doc, _ = replay(quiet.url, "--traces", str(folder), "--conc", "1", "--duration", "0.3")
+    code, doc, _ = replay(quiet.url, "--traces", str(folder), "--conc", "1", "--duration", "1")
     assert code == 0 and doc["levels"][0]["counts"]["server_kernel_compiles"] is None
     assert "compiled" not in format_level(doc["levels"][0])
 
