@@ -88,9 +88,21 @@ class WorkerError(Exception):
     """A worker process or actor failed or went away."""
 
 
+CLOCK_PAIR_TRIES = 5
+
+
 def mono_from_wall(wall_ns: int) -> int:
-    """A wall-clock instant on this host's perf_counter_ns timeline."""
-    return time.perf_counter_ns() + (wall_ns - time.time_ns())
+    """A wall-clock instant on this host's perf_counter_ns timeline.
+
+    The two clocks are read as wall, perf, wall, and the pair with the tightest wall reads of a few
+    tries is used: a preemption between single reads (milliseconds on a loaded host) would shift
+    this worker's whole plan against the other workers' by that much."""
+    best_spread, best_offset = None, 0
+    for _ in range(CLOCK_PAIR_TRIES):
+        before, perf, after = time.time_ns(), time.perf_counter_ns(), time.time_ns()
+        if best_spread is None or after - before < best_spread:
+            best_spread, best_offset = after - before, perf - (before + after) // 2
+    return wall_ns + best_offset
 
 
 class Worker:

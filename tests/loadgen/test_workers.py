@@ -6,6 +6,7 @@ from hdrh.histogram import HdrHistogram
 
 from loadgen.level import LevelLoad
 from loadgen.metrics import SIGNIFICANT_DIGITS, SPEC_BY_NAME
+from loadgen import workers
 from loadgen.workers import TOKENS_PER_S_PER_CORE, auto_workers
 
 
@@ -71,10 +72,20 @@ def test_open_loop_arrivals_do_not_depend_on_the_worker_count(start_server, sess
         records.sort(key=lambda r: r["due_ns"])
         t0 = records[0]["due_ns"]
         runs.append([(r["session"], r["turn"], r["play"], (r["due_ns"] - t0) / 1e6) for r in records][:25])
-    assert [r[:3] for r in runs[0]] == [r[:3] for r in runs[1]]
+    assert [r[:3] for r in runs[0]] == [r[:3] for r in runs[1]], runs
     # the same arrival times: each worker maps the common start from wall to its own monotonic
     # clock, which may differ by a fraction of a millisecond
     assert all(abs(a[3] - b[3]) < 1.0 for a, b in zip(*runs)), runs
+
+
+def test_the_wall_to_monotonic_map_skips_a_clock_pair_split_by_a_stall(monkeypatch):
+    # wall reads around each perf read: the first pair straddles a 5 ms stall, the second is tight
+    walls = iter([1_000_000, 6_000_000, 10_000_000, 10_000_400] + [20_000_000, 20_100_000] * 3)
+    perfs = iter([500_000, 9_000_200] + [19_000_000] * 3)
+    monkeypatch.setattr(workers.time, "time_ns", lambda: next(walls))
+    monkeypatch.setattr(workers.time, "perf_counter_ns", lambda: next(perfs))
+    # the tight pair: perf 9,000,200 at wall 10,000,200, so wall 12,000,000 is perf 11,000,000
+    assert workers.mono_from_wall(12_000_000) == 11_000_000
 
 
 def test_auto_workers_follow_the_load():
