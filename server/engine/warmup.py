@@ -23,9 +23,10 @@ verification) are covered only as far as the prefill steps share their kernels.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import triton
 
@@ -76,6 +77,21 @@ def watch_compiles(on_compile: Callable[[str], None] | None) -> bool:
 
     knobs.runtime.jit_cache_hook = hook
     return True
+
+
+@contextlib.contextmanager
+def compiles_unwatched() -> Iterator[None]:
+    """Compiles inside are not serving's (a benchmark filling the cache behind the engine's back):
+    the watch is paused and put back after."""
+    knobs = getattr(triton, "knobs", None)
+    if knobs is None or not hasattr(knobs.runtime, "jit_cache_hook"):
+        yield
+        return
+    saved, knobs.runtime.jit_cache_hook = knobs.runtime.jit_cache_hook, None
+    try:
+        yield
+    finally:
+        knobs.runtime.jit_cache_hook = saved
 
 
 def prompt_ids(length: int, vocab_size: int, seed: int) -> tuple[int, ...]:

@@ -55,11 +55,11 @@ def test_warm_up_leaves_the_engine_as_new():
 
 
 def test_compile_watch_reports_and_is_replaced():
-    """The watch calls back with the kernel's module and name and never skips a compile; a later
-    watch replaces it and None removes it."""
+    """The watch calls back with the kernel's module and name and never skips a compile; a pause
+    puts it back after; a later watch replaces it and None removes it."""
     from triton import knobs
 
-    from server.engine.warmup import watch_compiles
+    from server.engine.warmup import compiles_unwatched, watch_compiles
 
     class Fn:
         module, name = "kernels.topk", "_mark_kernel"
@@ -70,6 +70,10 @@ def test_compile_watch_reports_and_is_replaced():
         assert knobs.runtime.jit_cache_hook(fn=Fn(), key=None, repr="", compile={}, is_manual_warmup=False,
                                             already_compiled=False) is False
         assert seen == ["kernels.topk._mark_kernel"]
+        hook = knobs.runtime.jit_cache_hook
+        with compiles_unwatched():  # a benchmark's own cache fill: no report, the watch back after
+            assert knobs.runtime.jit_cache_hook is None
+        assert knobs.runtime.jit_cache_hook is hook
         assert watch_compiles(None) and knobs.runtime.jit_cache_hook is None
     finally:
         knobs.runtime.jit_cache_hook = None
