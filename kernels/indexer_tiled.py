@@ -322,7 +322,7 @@ def _indexer_tiled_kernel(
 
 
 MX_SCORINGS = ("rows", "group_dots")
-FEW_TILES = 32  # below this many token tiles a launch takes TiledConfig.few_tiles_programs_per_sm
+FEW_TILES = 32  # below this many token tiles a launch takes TiledConfig.few_tiles
 
 
 @dataclass(frozen=True)
@@ -346,19 +346,22 @@ class TiledConfig:
     # Load the next key block before scoring this one (the loads are carried in registers across
     # the loop): the global-load latency overlaps the dots instead of stalling each block.
     prefetch: bool = False
-    # Programs per multiprocessor instead of programs_per_sm where a launch has fewer than FEW_TILES
-    # token tiles (a decode batch of few requests: each row's keys split over more programs).
-    few_tiles_programs_per_sm: int | None = None
+    # programs_per_sm is how many programs an SM holds at once (its registers): the grid is rounded
+    # down to one wave (triton_utils.row_programs).
+    one_wave: bool = False
+    # The config a launch of fewer than FEW_TILES token tiles takes instead (a decode batch of few
+    # requests, whose rows' keys are split over many programs); same block_m.
+    few_tiles: TiledConfig | None = None
 
     def __post_init__(self) -> None:
         if self.mx_scoring not in MX_SCORINGS:
             raise ValueError(f"TiledConfig.mx_scoring={self.mx_scoring!r}: expected one of {MX_SCORINGS}")
+        if self.few_tiles is not None and self.few_tiles.block_m != self.block_m:
+            raise ValueError(f"TiledConfig.few_tiles.block_m={self.few_tiles.block_m}: expected block_m={self.block_m}")
 
-    def programs_per_sm_at(self, tiles: int) -> int:
-        """Programs per multiprocessor for a launch of `tiles` token tiles."""
-        if self.few_tiles_programs_per_sm is not None and tiles < FEW_TILES:
-            return self.few_tiles_programs_per_sm
-        return self.programs_per_sm
+    def at(self, tiles: int) -> TiledConfig:
+        """The config for a launch of `tiles` token tiles."""
+        return self.few_tiles if self.few_tiles is not None and tiles < FEW_TILES else self
 
 
 def default_tiled_config(key_dtype: str, device: torch.device) -> TiledConfig:
@@ -387,7 +390,8 @@ def decode_tiled_config(key_dtype: str, heads: int, device: torch.device) -> Til
     if not fp8_dot_supported(device):
         return None
     if key_dtype == "mxfp4" and heads >= 64:
-        return TiledConfig(1, 64, 4, 8, 1, mx_scoring="group_dots", prefetch=True, few_tiles_programs_per_sm=4)
+        few = TiledConfig(1, 64, 4, 3, 1, mx_scoring="group_dots", prefetch=True, one_wave=True)
+        return TiledConfig(1, 64, 4, 8, 1, mx_scoring="group_dots", prefetch=True, few_tiles=few)
     if key_dtype == "mxfp4":
         return TiledConfig(1, 64, 4, 8, 1, mx_scoring="group_dots")
     return TiledConfig(1, 64, 4, 16, 1, prefetch=True) if heads >= 64 else TiledConfig(1, 128, 4, 8, 1)
@@ -409,7 +413,9 @@ def indexer_logits_tiled(q_fp8, weights, rows, key_dtype, block_table, seq_ids, 
     cfg = config or default_tiled_config(key_dtype, q_fp8.device)
     use_fp8 = fp8_dot_supported(q_fp8.device) if fp8_dot is None else fp8_dot
     tiles = triton.cdiv(t, cfg.block_m)
-    grid = (tiles, row_programs(tiles, triton.cdiv(n_cols, cfg.block_n), q_fp8.device, cfg.programs_per_sm_at(tiles)))
+    cfg = cfg.at(tiles)
+    grid = (tiles, row_programs(tiles, triton.cdiv(n_cols, cfg.block_n), q_fp8.device, cfg.programs_per_sm,
+                                cfg.one_wave))
     _indexer_tiled_kernel[grid](
         q_fp8, weights, rows, rows.view(torch.int32), out,
         block_table, seq_ids, end,

@@ -99,15 +99,25 @@ def sm_count(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
-def row_programs(rows: int, blocks: int, device: torch.device, per_sm: int = 4) -> int:
+def row_programs(rows: int, blocks: int, device: torch.device, per_sm: int = 4, one_wave: bool = False) -> int:
     """Programs per row for kernels that loop over a row's blocks (grid rows x programs).
 
     Enough programs to give every multiprocessor about `per_sm`, never more than the row has blocks.
+    With `one_wave` (per_sm being how many of the kernel's programs an SM holds at once) never more
+    than per_sm x SMs in all: rounding up would leave a few programs to run after all the others.
     The count depends only on the shapes, so a captured CUDA graph keeps a fixed grid while each
     program's loop bound (a row's length, read on the device) varies from replay to replay. In
     the interpreter two programs per row exercise the loop at little cost.
     """
-    target = 2 if device.type != "cuda" else max(1, -(-per_sm * sm_count(device) // max(1, rows)))
+    if device.type != "cuda":
+        return max(1, min(blocks, 2))
+    return programs_per_row(rows, blocks, per_sm * sm_count(device), one_wave)
+
+
+def programs_per_row(rows: int, blocks: int, slots: int, one_wave: bool = False) -> int:
+    """row_programs for a device of `slots` programs (per_sm x SMs)."""
+    rows = max(1, rows)
+    target = slots // rows if one_wave else -(-slots // rows)
     return max(1, min(blocks, target))
 
 

@@ -239,14 +239,35 @@ def test_decode_takes_one_token_tiles_where_fp8_dots_exist(gen, monkeypatch, key
     assert [(c.block_m, c.mx_scoring) for c in configs] == [(1, "group_dots" if key_dtype == "mxfp4" else "rows")]
 
 
-def test_mxfp4_decode_grid_by_row_count(monkeypatch):
-    """MXFP4 decode at 64 heads: 8 programs per SM from FEW_TILES one-token tiles up, 4 below
-    (16 requests: more programs per request's keys); other configs keep their programs_per_sm."""
+def test_mxfp4_decode_config_by_row_count(monkeypatch):
+    """MXFP4 decode at 64 heads: below FEW_TILES one-token tiles, one wave of the 3 programs an SM
+    holds (few requests: a second, partial wave would double the time); from there 8 per SM. Other
+    configs are the same at every count."""
     import kernels.indexer_tiled as tiled
 
     monkeypatch.setattr(tiled, "fp8_dot_supported", lambda device: True)
     cfg = tiled.decode_tiled_config("mxfp4", 64, torch.device("cpu"))
     assert cfg is not None
-    assert [cfg.programs_per_sm_at(t) for t in (1, 16, tiled.FEW_TILES - 1, tiled.FEW_TILES, 64)] == [4, 4, 4, 8, 8]
+    counts = (1, 16, tiled.FEW_TILES - 1, tiled.FEW_TILES, 64)
+    assert [(cfg.at(t).programs_per_sm, cfg.at(t).one_wave) for t in counts] == [(3, True)] * 3 + [(8, False)] * 2
     fp8 = tiled.decode_tiled_config("fp8", 64, torch.device("cpu"))
-    assert fp8 is not None and fp8.programs_per_sm_at(16) == fp8.programs_per_sm
+    assert fp8 is not None and fp8.at(16) is fp8
+
+
+def test_few_tiles_config_keeps_the_token_tile():
+    """A few-tiles config with another block_m would change the launch's tile count: refused."""
+    from kernels.indexer_tiled import TiledConfig
+
+    with pytest.raises(ValueError, match="few_tiles.block_m=2"):
+        TiledConfig(1, 64, 4, few_tiles=TiledConfig(2, 64, 4))
+
+
+def test_one_wave_grid_rounds_down():
+    """16 rows on 396 slots (132 SMs x 3): rounding up gives 25 programs a row, 400 in all, and the
+    last 4 would run after the others; one wave takes 24. Never more than a row's blocks, never 0."""
+    from kernels.triton_utils import programs_per_row
+
+    assert programs_per_row(16, 1024, 396) == 25
+    assert programs_per_row(16, 1024, 396, one_wave=True) == 24
+    assert programs_per_row(1, 10, 396, one_wave=True) == 10
+    assert programs_per_row(500, 1024, 396, one_wave=True) == 1
