@@ -383,10 +383,12 @@ def decode_tiled_config(key_dtype: str, heads: int, device: torch.device) -> Til
     """One-token tiles for decode and verify steps on GPUs with fp8 dots, else None (the per-token
     kernel). Measured on an H200 (benchmarks/RESULTS.md, "Indexer decode tiles (issue 12)" and
     "MXFP4 indexer decode: folded group scales"): with 64 heads the next block's loads prefetched
-    (fp8 keys 64 x 64k 229 -> 208 us; MXFP4 keys as group dots in 64-key blocks 434 -> 306, and
-    at 16 requests 4 programs per SM, 118 -> 111 us, where 64 requests want 8: 308 against 351),
-    with 16 heads unprefetched blocks (fp8 128 x 4k 32 us against 32-36 prefetched; MXFP4 58-73 ->
-    28). MXFP4's folded group scales measured slower than the group dots (382-450 against 308 us)."""
+    (fp8 keys 64 x 64k 229 -> 208 us; MXFP4 keys as group dots in 64-key blocks 434 -> 306, 8
+    programs per SM from 32 requests), with 16 heads unprefetched blocks (fp8 128 x 4k 32 us against
+    32-36 prefetched; MXFP4 58-73 -> 28). MXFP4's folded group scales measured slower than the
+    group dots (382-450 against 308 us). Below 32 requests MXFP4 runs one wave of the 3 programs an
+    SM holds at its 167 registers: 16 x 64k 108 -> 78 us, 31 x 64k 187 -> 137, where a grid rounded
+    up left a partial second wave ("MXFP4 indexer decode in one wave")."""
     if not fp8_dot_supported(device):
         return None
     if key_dtype == "mxfp4" and heads >= 64:
