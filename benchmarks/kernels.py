@@ -226,8 +226,8 @@ def indexer_query(tokens: int, heads: int = H_I) -> tuple[torch.Tensor, torch.Te
 INDEXER_DECODE_TILED = {
     "fp8": (TiledConfig(1, 64, 4, 16, 1, prefetch=True), TiledConfig(1, 64, 4, 16, 1),
             TiledConfig(1, 128, 4, 8, 1, prefetch=True), TiledConfig(1, 128, 4, 8, 1)),
-    "mxfp4": (TiledConfig(1, 64, 4, 8, 1, mx_scoring="group_dots", prefetch=True,
-                          few_tiles=TiledConfig(1, 64, 4, 3, 1, mx_scoring="group_dots", prefetch=True, one_wave=True)),
+    "mxfp4": (TiledConfig(1, 64, 4, 3, 1, mx_scoring="group_dots", prefetch=True, one_wave=True),
+              TiledConfig(1, 64, 4, 8, 1, mx_scoring="group_dots", prefetch=True),
               TiledConfig(1, 64, 4, 8, 1, mx_scoring="group_dots"),
               TiledConfig(1, 128, 4, 8)),
 }
@@ -278,10 +278,9 @@ def indexer_cases(rows: list[Row], requests: int, context: int, heads: int = H_I
         for tcfg in smoke_tiled if SMOKE else INDEXER_DECODE_TILED[key_dtype]:
             group = f" {tcfg.mx_scoring}" if key_dtype == "mxfp4" else ""
             prefetch = " prefetch" if tcfg.prefetch else ""
-            few = tcfg.at(requests)
-            fewer = f" (p{few.programs_per_sm}/SM{' one wave' if few.one_wave else ''} here)" if few is not tcfg else ""
+            wave = " one wave" if tcfg.one_wave else ""
             variants.append((f"tiled m1 n{tcfg.block_n} w{tcfg.num_warps} p{tcfg.programs_per_sm}/SM "
-                             f"s{tcfg.num_stages or '-'}{group}{prefetch}{fewer}",
+                             f"s{tcfg.num_stages or '-'}{group}{prefetch}{wave}",
                              lambda q, w, n, cfg=tcfg: indexer_logits_tiled(q, w, cache, key_dtype, block_table, seq_ids, n,
                                                                             block_size, context, cfg)))
         for label, launch in variants:

@@ -322,7 +322,6 @@ def _indexer_tiled_kernel(
 
 
 MX_SCORINGS = ("rows", "group_dots")
-FEW_TILES = 32  # below this many token tiles a launch takes TiledConfig.few_tiles
 
 
 @dataclass(frozen=True)
@@ -349,19 +348,10 @@ class TiledConfig:
     # programs_per_sm is how many programs an SM holds at once (its registers): the grid is rounded
     # down to one wave (triton_utils.row_programs).
     one_wave: bool = False
-    # The config a launch of fewer than FEW_TILES token tiles takes instead (a decode batch of few
-    # requests, whose rows' keys are split over many programs); same block_m.
-    few_tiles: TiledConfig | None = None
 
     def __post_init__(self) -> None:
         if self.mx_scoring not in MX_SCORINGS:
             raise ValueError(f"TiledConfig.mx_scoring={self.mx_scoring!r}: expected one of {MX_SCORINGS}")
-        if self.few_tiles is not None and self.few_tiles.block_m != self.block_m:
-            raise ValueError(f"TiledConfig.few_tiles.block_m={self.few_tiles.block_m}: expected block_m={self.block_m}")
-
-    def at(self, tiles: int) -> TiledConfig:
-        """The config for a launch of `tiles` token tiles."""
-        return self.few_tiles if self.few_tiles is not None and tiles < FEW_TILES else self
 
 
 def default_tiled_config(key_dtype: str, device: torch.device) -> TiledConfig:
@@ -383,17 +373,16 @@ def decode_tiled_config(key_dtype: str, heads: int, device: torch.device) -> Til
     """One-token tiles for decode and verify steps on GPUs with fp8 dots, else None (the per-token
     kernel). Measured on an H200 (benchmarks/RESULTS.md, "Indexer decode tiles (issue 12)" and
     "MXFP4 indexer decode: folded group scales"): with 64 heads the next block's loads prefetched
-    (fp8 keys 64 x 64k 229 -> 208 us; MXFP4 keys as group dots in 64-key blocks 434 -> 306, 8
-    programs per SM from 32 requests), with 16 heads unprefetched blocks (fp8 128 x 4k 32 us against
-    32-36 prefetched; MXFP4 58-73 -> 28). MXFP4's folded group scales measured slower than the
-    group dots (382-450 against 308 us). Below 32 requests MXFP4 runs one wave of the 3 programs an
-    SM holds at its 167 registers: 16 x 64k 108 -> 78 us, 31 x 64k 187 -> 137, where a grid rounded
-    up left a partial second wave ("MXFP4 indexer decode in one wave")."""
+    (fp8 keys 64 x 64k 229 -> 208 us; MXFP4 keys as group dots in 64-key blocks 434 -> 306), with
+    16 heads unprefetched blocks (fp8 128 x 4k 32 us against 32-36 prefetched; MXFP4 58-73 -> 28).
+    MXFP4's folded group scales measured slower than the group dots (382-450 against 308 us). MXFP4
+    at 64 heads runs one wave of the 3 programs an SM holds at its 167 registers, where grids of 4
+    or 8 per SM rounded up left partial waves: 16 x 64k 108 -> 78 us, 64 x 64k 297 -> 249
+    ("MXFP4 indexer decode in one wave")."""
     if not fp8_dot_supported(device):
         return None
     if key_dtype == "mxfp4" and heads >= 64:
-        few = TiledConfig(1, 64, 4, 3, 1, mx_scoring="group_dots", prefetch=True, one_wave=True)
-        return TiledConfig(1, 64, 4, 8, 1, mx_scoring="group_dots", prefetch=True, few_tiles=few)
+        return TiledConfig(1, 64, 4, 3, 1, mx_scoring="group_dots", prefetch=True, one_wave=True)
     if key_dtype == "mxfp4":
         return TiledConfig(1, 64, 4, 8, 1, mx_scoring="group_dots")
     return TiledConfig(1, 64, 4, 16, 1, prefetch=True) if heads >= 64 else TiledConfig(1, 128, 4, 8, 1)
@@ -415,7 +404,6 @@ def indexer_logits_tiled(q_fp8, weights, rows, key_dtype, block_table, seq_ids, 
     cfg = config or default_tiled_config(key_dtype, q_fp8.device)
     use_fp8 = fp8_dot_supported(q_fp8.device) if fp8_dot is None else fp8_dot
     tiles = triton.cdiv(t, cfg.block_m)
-    cfg = cfg.at(tiles)
     grid = (tiles, row_programs(tiles, triton.cdiv(n_cols, cfg.block_n), q_fp8.device, cfg.programs_per_sm,
                                 cfg.one_wave))
     _indexer_tiled_kernel[grid](

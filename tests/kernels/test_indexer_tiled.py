@@ -239,27 +239,19 @@ def test_decode_takes_one_token_tiles_where_fp8_dots_exist(gen, monkeypatch, key
     assert [(c.block_m, c.mx_scoring) for c in configs] == [(1, "group_dots" if key_dtype == "mxfp4" else "rows")]
 
 
-def test_mxfp4_decode_config_by_row_count(monkeypatch):
-    """MXFP4 decode at 64 heads: below FEW_TILES one-token tiles, one wave of the 3 programs an SM
-    holds (few requests: a second, partial wave would double the time); from there 8 per SM. Other
-    configs are the same at every count."""
+def test_one_wave_config_reaches_the_grid(gen, monkeypatch):
+    """A config's one_wave is how its launch's grid is rounded (MXFP4 decode at 64 heads asks for it)."""
     import kernels.indexer_tiled as tiled
 
     monkeypatch.setattr(tiled, "fp8_dot_supported", lambda device: True)
     cfg = tiled.decode_tiled_config("mxfp4", 64, torch.device("cpu"))
-    assert cfg is not None
-    counts = (1, 16, tiled.FEW_TILES - 1, tiled.FEW_TILES, 64)
-    assert [(cfg.at(t).programs_per_sm, cfg.at(t).one_wave) for t in counts] == [(3, True)] * 3 + [(8, False)] * 2
-    fp8 = tiled.decode_tiled_config("fp8", 64, torch.device("cpu"))
-    assert fp8 is not None and fp8.at(16) is fp8
-
-
-def test_few_tiles_config_keeps_the_token_tile():
-    """A few-tiles config with another block_m would change the launch's tile count: refused."""
-    from kernels.indexer_tiled import TiledConfig
-
-    with pytest.raises(ValueError, match="few_tiles.block_m=2"):
-        TiledConfig(1, 64, 4, few_tiles=TiledConfig(2, 64, 4))
+    assert cfg is not None and cfg.one_wave
+    asked = []
+    monkeypatch.setattr(tiled, "row_programs", lambda *args: asked.append(args[4:]) or 2)
+    q8, w, cache, block_table, seq_ids, lens = paged_batch(gen, "mxfp4", 16)
+    for config in (cfg, TiledConfig(1, 16, 4, mx_scoring="group_dots")):
+        indexer_logits_tiled(q8, w, cache, "mxfp4", block_table, seq_ids, lens, 16, 55, config, fp8_dot=False)
+    assert asked == [(True,), (False,)]
 
 
 def test_one_wave_grid_rounds_down():
