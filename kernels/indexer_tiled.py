@@ -377,8 +377,8 @@ def decode_tiled_config(key_dtype: str, heads: int, device: torch.device) -> Til
     16 heads unprefetched blocks (fp8 128 x 4k 32 us against 32-36 prefetched; MXFP4 58-73 -> 28).
     MXFP4's folded group scales measured slower than the group dots (382-450 against 308 us). MXFP4
     at 64 heads runs one wave of the 3 programs an SM holds at its 168 registers, where grids of 4
-    or 8 per SM rounded up left partial waves: 16 x 64k 108 -> 78 us, 64 x 64k 297 -> 249
-    ("MXFP4 indexer decode in one wave")."""
+    or 8 per SM rounded up left partial waves: 16 x 64k 108 -> 78 us, 64 x 64k 297 -> 249; capping
+    its registers to fit 4 or 5 spilled and lost ("MXFP4 indexer decode in one wave")."""
     if not fp8_dot_supported(device):
         return None
     if key_dtype == "mxfp4" and heads >= 64:
