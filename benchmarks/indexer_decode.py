@@ -37,8 +37,9 @@ PREFILL_CHUNK, PREFILL_CONTEXT = 2048, 65536
 
 
 def sweep_configs(key_dtype: str) -> tuple[TiledConfig, ...]:
-    """One-token tiled configs (MXFP4: group dots); made only with --sweep,
-    so the file runs against checkouts whose TiledConfig lacks `prefetch` or `mx_scoring`."""
+    """One-token tiled configs (MXFP4: group dots, grids of one and two waves and rounded up); made
+    only with --sweep, so the file runs against checkouts whose TiledConfig lacks `prefetch`,
+    `mx_scoring` or `one_wave`."""
     if key_dtype == "fp8":
         return (TiledConfig(1, 64, 4, 16, 1), TiledConfig(1, 64, 4, 16, 1, prefetch=True),
                 TiledConfig(1, 64, 4, 8, 1, prefetch=True), TiledConfig(1, 128, 8, 8, 1, prefetch=True),
@@ -46,7 +47,9 @@ def sweep_configs(key_dtype: str) -> tuple[TiledConfig, ...]:
                 TiledConfig(1, 64, 4, 12, 1, prefetch=True), TiledConfig(1, 64, 4, 24, 1, prefetch=True),
                 TiledConfig(1, 32, 4, 16, 1, prefetch=True), TiledConfig(1, 32, 2, 32, 1, prefetch=True),
                 TiledConfig(1, 64, 2, 32, 1, prefetch=True))
-    return (TiledConfig(1, 64, 4, 8, 1, mx_scoring="group_dots", prefetch=True),
+    return (TiledConfig(1, 64, 4, 3, 1, mx_scoring="group_dots", prefetch=True, one_wave=True),
+            TiledConfig(1, 64, 4, 6, 1, mx_scoring="group_dots", prefetch=True, one_wave=True),
+            TiledConfig(1, 64, 4, 8, 1, mx_scoring="group_dots", prefetch=True),
             TiledConfig(1, 64, 4, 8, 1, mx_scoring="group_dots"),
             TiledConfig(1, 64, 4, 4, 1, mx_scoring="group_dots", prefetch=True),
             TiledConfig(1, 64, 4, 6, 1, mx_scoring="group_dots", prefetch=True),
@@ -75,7 +78,8 @@ def decode_case(label: str, key_dtype: str, requests: int, context: int, heads: 
         for c in sweep_configs(key_dtype):
             prefetch = " prefetch" if c.prefetch else ""
             scoring = f" {c.mx_scoring}" if key_dtype == "mxfp4" else ""
-            launches.append((f"n{c.block_n} w{c.num_warps} p{c.programs_per_sm} s{c.num_stages}{scoring}{prefetch}",
+            wave = " one wave" if c.one_wave else ""
+            launches.append((f"n{c.block_n} w{c.num_warps} p{c.programs_per_sm} s{c.num_stages}{scoring}{prefetch}{wave}",
                              lambda q, w, n, c=c: indexer_logits_tiled(q, w, cache, key_dtype, table, seq_ids, n,
                                                                        block_size, context, c)))
     if wide_scales:  # the previous default, which has no fallback to take
