@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from hdrh.histogram import HdrHistogram
 
+from loadgen import workers
 from loadgen.level import LevelLoad
 from loadgen.metrics import SIGNIFICANT_DIGITS, SPEC_BY_NAME
-from loadgen import workers
 from loadgen.workers import TOKENS_PER_S_PER_CORE, auto_workers
 
 
