@@ -50,9 +50,9 @@ def test_same_seed_same_plan_whatever_the_worker_count(start_server, sessions, r
     server = start_server(keep_prompts=True)
     folder = sessions(*({"n_requests": 10, "think": 0.0, "n_out": 2} for _ in range(5)))
     plans, prompts = [], []
-    for workers in ("1", "3"):
+    for count in ("1", "3"):
         _, _, records = replay(server.url, "--traces", str(folder), "--conc", "3", "--duration", "0.4",
-                               "--seed", "7", "--workers", workers, "--vocab-size", "50000")
+                               "--seed", "7", "--workers", count, "--vocab-size", "50000")
         plans.append(_plan(records))
         seen = {r["id"]: r["prompt"][:64] for r in server.records()["records"]}
         prompts.append({r["play"]: seen[r["id"]] for r in records})
@@ -66,9 +66,9 @@ def test_open_loop_arrivals_do_not_depend_on_the_worker_count(start_server, sess
     server = start_server()
     folder = sessions(*({"n_requests": 40, "think": 0.0, "n_out": 1} for _ in range(2)))
     runs = []
-    for workers in ("1", "2"):
+    for count in ("1", "2"):
         _, _, records = replay(server.url, "--traces", str(folder), "--rate", "60", "--duration", "0.6",
-                               "--seed", "3", "--workers", workers)
+                               "--seed", "3", "--workers", count)
         records.sort(key=lambda r: r["due_ns"])
         t0 = records[0]["due_ns"]
         runs.append([(r["session"], r["turn"], r["play"], (r["due_ns"] - t0) / 1e6) for r in records][:25])
