@@ -7,6 +7,9 @@ For each model preset, kernel backend and KV dtype it measures
   for the sampled tokens' copy, i.e. the host's own work per step, hidden when it overlaps. The requests are placed in the cache directly (blocks allocated, rows filled
   with valid random values) instead of being prefilled, so large batches are quick to set up;
   every decode step still runs the full model, indexer, top-k and sparse attention.
+  With `--speculative K` each step is a speculative one instead: every request verifies its K
+  drafts (K + 1 query tokens) and the draft head proposes the next ones; acceptance is synthetic at
+  `--acceptance-length`, and tok/s counts the tokens the steps emitted.
 - prefill: prompt tokens/s for `--prefill-requests` prompts of `--prefill-len` tokens, chunked
   under --max-num-batched-tokens, prefix caching off.
 
@@ -69,7 +72,7 @@ class Row:
     batch: int
     context: int
     seconds: float  # per decode step, or for the whole prefill
-    tokens: int  # tokens produced (decode) or prompt tokens (prefill) in `seconds`
+    tokens: float  # tokens emitted per decode step (mean), or prompt tokens (prefill) in `seconds`
     roofline_s: float
     device_s: float | None = None  # graph mode: one replay of the step's graph alone (device time)
     host_work_s: float | None = None  # decode: step time minus the wait for the sampled tokens
@@ -136,7 +139,8 @@ def make_engine(args: argparse.Namespace, backend: str, kv: str, num_blocks: int
                           num_blocks=num_blocks),
         scheduler=SchedulerConfig(max_num_seqs=max_seqs, max_num_batched_tokens=budget, max_model_len=max_len),
         device=args.device, attention_backend=backend, seed=0, enforce_eager=mode == "eager",
-        cuda_graph_sizes=graph_sizes, speculative=speculative, overlap_schedule="on" if overlap else "off",
+        cuda_graph_sizes=graph_sizes, speculative=speculative,
+        overlap_schedule="on" if overlap and speculative is None else "off",  # the engine's rule
     ))
 
 
@@ -159,16 +163,27 @@ def timed_token_waits() -> Iterator[list[float]]:
         LaunchedStep.tokens = tokens  # type: ignore[method-assign]
 
 
+def speculative_config(args: argparse.Namespace) -> SpeculativeConfig | None:
+    """--speculative K: MTP drafts verified with synthetic acceptance at --acceptance-length."""
+    if not args.speculative:
+        return None
+    return SpeculativeConfig(method="mtp", num_speculative_tokens=args.speculative, rejection_sample_method="synthetic",
+                             synthetic_acceptance_length=args.acceptance_length)
+
+
 def decode_engine(args: argparse.Namespace, backend: str, kv: str, batch: int, mode: str, steps: int,
                   overlap: bool = True) -> Engine:
     """An engine holding `batch` requests prefilled to --context tokens, with room (blocks and
-    length) for `steps` decode steps and two more (for --count-kernels), and a graph of `batch`."""
+    length) for `steps` decode steps and two more (for --count-kernels), and a graph of `batch`;
+    with --speculative K each of those steps may emit K + 1 tokens."""
     bs = args.block_size or model_preset(args.model).default_block_size
-    max_len = args.context + steps + 2
+    tokens = (steps + 2) * (args.speculative + 1)
+    max_len = args.context + tokens
     num_blocks = batch * -(-max_len // bs) + 1
-    engine = make_engine(args, backend, kv, num_blocks, max_len, max(batch, 1), max(batch, args.max_num_batched_tokens),
-                         mode, graph_sizes=(batch,), overlap=overlap)
-    place_prefilled(engine, batch, args.context, steps + 2)
+    engine = make_engine(args, backend, kv, num_blocks, max_len, max(batch, 1),
+                         max(batch * (args.speculative + 1), args.max_num_batched_tokens), mode, graph_sizes=(batch,),
+                         speculative=speculative_config(args), overlap=overlap)
+    place_prefilled(engine, batch, args.context, tokens)
     return engine
 
 
@@ -179,12 +194,15 @@ def bench_decode(args: argparse.Namespace, backend: str, kv: str, batch: int, mo
     sync(engine.runner.device)
     with timed_token_waits() as waits:
         for i in range(steps):
+            if i == args.warmup:
+                emitted = engine.stats().generation_tokens
             waited = len(waits)
             start = time.perf_counter()
             engine.step()  # ends in one step's sampled tokens' host copy (with overlap: the previous step's)
             if i >= args.warmup:
                 times.append(time.perf_counter() - start)
                 host.append(times[-1] - sum(waits[waited:]))
+    per_step = (engine.stats().generation_tokens - emitted) / args.steps  # batch, or more with drafts accepted
     if mode == "graph" and engine.runner.graphs is None:
         raise RuntimeError("--modes graph: the engine captured no CUDA graphs (CPU, torch backend or --tp > 1)")
     device_s = replay_seconds(engine) if mode == "graph" else None
@@ -194,9 +212,11 @@ def bench_decode(args: argparse.Namespace, backend: str, kv: str, batch: int, mo
     att_bytes, att_flops = attention_cost(m, kernel_kv_dtype(engine.config.cache), args.indexer_key_dtype, args.context)
     w = weight_bytes(engine.runner.model)
     w_params = w / engine.runner.model.lm_head.weight.element_size()
-    limit = roofline(w + batch * att_bytes, 2 * w_params * batch + batch * att_flops)
-    return Row(args.model, backend, mode, overlap, kv, "decode", batch, args.context, statistics.median(times), batch,
-               limit, device_s, statistics.median(host))
+    q = args.speculative + 1  # query tokens per request; a request's keys are read once
+    limit = roofline(w + batch * att_bytes, 2 * w_params * batch * q + batch * q * att_flops)
+    phase = f"verify{args.speculative}" if args.speculative else "decode"
+    return Row(args.model, backend, mode, overlap, kv, phase, batch, args.context, statistics.median(times),
+               per_step, limit, device_s, statistics.median(host))
 
 
 def replay_seconds(engine: Engine, reps: int = 20) -> float:
@@ -440,6 +460,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--batches", default="1,8,32,128", help="decode batch sizes (empty: no decode)")
     p.add_argument("--context", type=int, default=4096, help="tokens per request during decode")
     p.add_argument("--steps", type=int, default=20, help="measured decode steps")
+    p.add_argument("--speculative", type=int, default=0, metavar="K",
+                   help="decode steps verify K drafts per request (MTP, synthetic acceptance; overlapped scheduling "
+                        "off, as the engine requires); 0: plain decode")
+    p.add_argument("--acceptance-length", type=float, default=2.5,
+                   help="with --speculative: the synthetic mean acceptance length")
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--prefill-requests", type=int, default=4)
     p.add_argument("--prefill-len", type=int, default=4096)
@@ -449,6 +474,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if not set(args.overlap.split(",")) <= {"on", "off"}:
         p.error(f"--overlap: a comma list of on and off, got {args.overlap!r}")
+    if args.speculative < 0:
+        p.error(f"--speculative: a number of drafts >= 0, got {args.speculative}")
+    if args.speculative:
+        args.overlap = "off"
     if args.smoke:
         args.model, args.device, args.backends, args.batches, args.modes = "tiny", "cpu", "torch", "1,8", "eager"
         args.context, args.steps, args.warmup = 256, 3, 1

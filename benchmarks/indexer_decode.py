@@ -8,9 +8,12 @@ against the torch reference with poisoned outputs (decode: at full and staggered
 timed (do_bench median, inputs rotating) and reported as % of the copy bandwidth that
 benchmarks/kernels.py uses. It uses only the public entry point, so the same file run against an
 older checkout (PYTHONPATH and the file copied there) measures that checkout's defaults; --sweep
-adds one-token tiled configs at every shape.
+adds one-token tiled configs at every shape. With --verify K the decode shapes become speculative
+verify steps: each request's K + 1 query tokens (its last token and K drafts, contexts ending one
+apart), and --sweep adds tiles of K + 1 tokens, which read a request's keys once for all of them.
 
     PYTHONPATH=. python3 benchmarks/indexer_decode.py [--sweep] [--wide-scales] [--key-dtypes mxfp4] [--label NAME]
+    PYTHONPATH=. python3 benchmarks/indexer_decode.py --verify 3 --sweep --no-prefill
 """
 
 from __future__ import annotations
@@ -57,6 +60,17 @@ def sweep_configs(key_dtype: str) -> tuple[TiledConfig, ...]:
             TiledConfig(1, 64, 4, 4, 1, mx_scoring="group_dots"))
 
 
+def verify_configs(key_dtype: str, tokens: int) -> tuple[TiledConfig, ...]:
+    """Tiles of a verify step's `tokens` query tokens (one request's), fp8 and MXFP4 scorings."""
+    if key_dtype == "fp8":
+        return tuple(TiledConfig(tokens, n, w, p, 1, prefetch=f) for n, w, p, f in
+                     ((64, 4, 8, True), (64, 4, 8, False), (64, 8, 4, True), (128, 8, 4, True), (64, 8, 8, False),
+                      (32, 4, 16, True)))
+    return tuple(TiledConfig(tokens, n, w, p, 1, mx_scoring=m, prefetch=f) for n, w, p, m, f in
+                 ((64, 4, 4, "rows", False), (64, 8, 4, "rows", False), (128, 8, 4, "rows", False),
+                  (64, 4, 4, "group_dots", True), (64, 8, 4, "group_dots", True), (32, 4, 8, "rows", False)))
+
+
 def report(label: str, case: str, verdict: str, ms: float, nbytes: float) -> None:
     gbps = nbytes / ms / 1e6
     print(f"{label:<8} {case:<34} {verdict:<18} {ms * 1e3:8.1f} us {gbps:6.0f} GB/s {100 * gbps / (kb.COPY_TBPS * 1e3):4.0f}% copy",
@@ -64,17 +78,27 @@ def report(label: str, case: str, verdict: str, ms: float, nbytes: float) -> Non
 
 
 def decode_case(label: str, key_dtype: str, requests: int, context: int, heads: int, sweep: bool,
-                wide_scales: bool = False) -> None:
+                wide_scales: bool = False, verify: int = 0) -> None:
+    """A decode step (verify = 0) or a verify step of `verify` drafts: requests x (verify + 1)
+    query tokens, a request's tokens seeing context - verify, ..., context keys."""
     block_size = 64
+    tokens = verify + 1
     cache = kb.make_indexer_cache(requests * context, key_dtype, block_size, wide_scales)
     table = torch.randperm(requests * context // block_size, device="cuda").int().reshape(requests, -1)
-    seq_ids = torch.arange(requests, device="cuda", dtype=torch.int32)
-    lens = torch.full((requests,), context, device="cuda", dtype=torch.int32)
-    sets = [kb.indexer_query(requests, heads) for _ in range(3)]
-    nbytes = requests * context * (indexer_row_bytes(kb.D_I, key_dtype) + 4) + requests * heads * (kb.D_I + 4)
+    seq_ids = torch.arange(requests, device="cuda", dtype=torch.int32).repeat_interleave(tokens)
+    lens = (context - verify + torch.arange(tokens, device="cuda", dtype=torch.int32)).repeat(requests)
+    sets = [kb.indexer_query(requests * tokens, heads) for _ in range(3)]
+    nbytes = requests * context * (indexer_row_bytes(kb.D_I, key_dtype) + 4) + requests * tokens * heads * (kb.D_I + 4)
     launches = [("default", lambda q, w, n: indexer_logits_paged(q, w, cache, key_dtype, table, block_size, seq_ids,
                                                                   n, context))]
-    if sweep:
+    if sweep and verify:
+        for c in verify_configs(key_dtype, tokens):
+            scoring = f" {c.mx_scoring}" if key_dtype == "mxfp4" else ""
+            launches.append((f"m{c.block_m} n{c.block_n} w{c.num_warps} p{c.programs_per_sm}{scoring}"
+                             f"{' prefetch' if c.prefetch else ''}",
+                             lambda q, w, n, c=c: indexer_logits_tiled(q, w, cache, key_dtype, table, seq_ids, n,
+                                                                       block_size, context, c)))
+    elif sweep:
         for c in sweep_configs(key_dtype):
             prefetch = " prefetch" if c.prefetch else ""
             scoring = f" {c.mx_scoring}" if key_dtype == "mxfp4" else ""
@@ -91,7 +115,8 @@ def decode_case(label: str, key_dtype: str, requests: int, context: int, heads: 
         verdict = kb.check_decode_indexer(launch, q, w, cache, key_dtype, table, block_size, seq_ids, lens, context)
         ms = kb.bench([lambda q=q, w=w, launch=launch: launch(q, w, lens) for q, w in sets])
         wide = " wide scales" if wide_scales else ""
-        report(label, f"decode {key_dtype}{wide} {requests}x{context} H{heads} {name}", verdict, ms, nbytes)
+        step = f"verify{verify}" if verify else "decode"
+        report(label, f"{step} {key_dtype}{wide} {requests}x{context} H{heads} {name}", verdict, ms, nbytes)
 
 
 def prefill_case(label: str, key_dtype: str) -> None:
@@ -111,6 +136,8 @@ def prefill_case(label: str, key_dtype: str) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sweep", action="store_true", help="also time one-token tiled configs at 64 x 64k and 128 x 4k")
+    parser.add_argument("--verify", type=int, default=0, metavar="K",
+                        help="decode shapes as verify steps of K drafts (K + 1 query tokens a request)")
     parser.add_argument("--label", default="this", help="first column of every line (which checkout)")
     parser.add_argument("--no-prefill", action="store_true", help="skip the prefill chunk")
     parser.add_argument("--key-dtypes", default="fp8,mxfp4", help="comma list of key formats to time")
@@ -123,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.manual_seed(0)
     for key_dtype in args.key_dtypes.split(","):
         for requests, context, heads in DECODE_SHAPES:
-            decode_case(args.label, key_dtype, requests, context, heads, args.sweep)
+            decode_case(args.label, key_dtype, requests, context, heads, args.sweep, verify=args.verify)
         if key_dtype == "mxfp4" and args.wide_scales:
             for requests, context, heads in DECODE_SHAPES[:2]:
                 decode_case(args.label, key_dtype, requests, context, heads, False, wide_scales=True)
