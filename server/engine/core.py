@@ -185,9 +185,9 @@ class Engine:
         """Verify the batch's drafts, commit the results, propose the next drafts; the tokens each
         request gained."""
         assert self.spec is not None
-        verdicts, hidden = self.spec.execute(batch)
+        verdicts = self.spec.execute(batch)
         new_tokens = self.scheduler.commit(batch, [v.emitted for v in verdicts], [v.num_rejected for v in verdicts])
-        self.spec.propose(batch.seqs, verdicts, hidden)
+        self.spec.propose(batch.seqs, verdicts)
         return new_tokens
 
     def _launch(self, batch: ScheduledBatch) -> LaunchedStep:

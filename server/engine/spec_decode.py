@@ -19,9 +19,12 @@ Verification:
   use rejection sampling (accept draft x with probability min(1, p(x)/q(x)), on rejection draw
   from normalised max(p - q, 0)), which leaves the output distribution exactly the target's.
 
-After the step the draft head proposes the next drafts from the target's hidden state at the
-last emitted position (`propose`); near max_tokens or the context limit fewer are proposed so
-no request ever emits past its end.
+Right after verification, still on the device, the draft head proposes the next drafts from the
+target's hidden state at the last emitted position: the accepted counts and emitted tokens never
+visit the host in between, so a step waits for the device once (for its verdicts and drafts
+together) and the host queues the proposal's launches while the target's pass runs. Near
+max_tokens or the context limit fewer drafts are handed out (`propose`), so no request ever emits
+past its end.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ import torch
 from golden_al import AcceptanceSampler, min_variance_rates
 from server.config import SpeculativeConfig
 from server.engine.messages import SamplingParams
+from server.engine.pending import to_device_async
 from server.engine.sampler import Sampler
 from server.engine.scheduler import ScheduledBatch
 from server.engine.sequence import Sequence
@@ -44,12 +48,10 @@ from server.model.runner import ModelRunner
 
 @dataclass(frozen=True, slots=True)
 class Verdict:
-    """One request's result of a step: tokens to emit, rejected drafts, and the row (in the
-    step's logits/hidden states) of the position whose token was emitted last (-1: none)."""
+    """One request's result of a step: tokens to emit and rejected drafts."""
 
     emitted: list[int]
     num_rejected: int
-    hidden_row: int
 
 
 class SpeculativeDecoder:
@@ -68,6 +70,7 @@ class SpeculativeDecoder:
         self.accepted_per_position = [0] * self.k
         self._acceptance: dict[str, AcceptanceSampler] = {}
         self._draft_probs: dict[str, torch.Tensor] = {}  # standard mode, sampled requests: q of the drafts
+        self._proposed: dict[str, list[int]] = {}  # the step's drafts per request, until `propose`
 
     # ---- requests ------------------------------------------------------------------------
     def check(self, params: SamplingParams) -> None:
@@ -83,15 +86,11 @@ class SpeculativeDecoder:
         self._acceptance.pop(request_id, None)
         self._draft_probs.pop(request_id, None)
 
-    def num_drafts_allowed(self, seq: Sequence) -> int:
-        """Drafts to propose so that even a fully accepted step stays within max_tokens and the context."""
-        left = min(seq.params.max_tokens - seq.num_output_tokens, self.max_model_len - len(seq))
-        return max(0, min(self.k, left - 1))
-
     # ---- the verify step -----------------------------------------------------------------
-    def execute(self, batch: ScheduledBatch) -> tuple[list[Verdict], torch.Tensor]:
-        """Run the batch with each request's drafts appended and verify them. Returns a verdict
-        per request and the hidden states of every position that has logits."""
+    def execute(self, batch: ScheduledBatch) -> list[Verdict]:
+        """Run the batch with each request's drafts appended, verify them and launch the next
+        drafts' proposal, then wait for the device once. Returns a verdict per request; `propose`
+        hands the drafts out after the scheduler has committed the verdicts."""
         drafts = []
         for seq, n in zip(batch.seqs, batch.num_new_tokens):
             # A tight token budget may have scheduled fewer positions than there are drafts.
@@ -106,49 +105,81 @@ class SpeculativeDecoder:
         finally:
             for seq, d in zip(batch.seqs, drafts):
                 del seq.token_ids[len(seq) - len(d):]
-        return self._verify(batch.seqs, drafts, num_logits, logits), hidden
+        return self._verify(batch.seqs, drafts, num_logits, logits, hidden)
 
     @torch.inference_mode()
     def _verify(self, seqs: tuple[Sequence, ...], drafts: list[list[int]], num_logits: list[int],
-                logits: torch.Tensor) -> list[Verdict]:
-        rows = [(s, j) for s, n in zip(seqs, num_logits) for j in range(n)]
-        if not rows:
-            return [Verdict([], 0, -1) for _ in seqs]
-        # The target's token at every verified position, with min_tokens counted per position.
-        targets = self.sampler(logits.clone(), [s for s, _ in rows], [j for _, j in rows])
+                logits: torch.Tensor, hidden: torch.Tensor) -> list[Verdict]:
+        """Each request's accepted drafts and emitted token on the device, the next drafts launched
+        from them (`_launch_proposal`), and one host copy of all of it: the device runs the
+        proposal's launches back to back while the host waits once, not twice."""
+        self._proposed = {}
+        verifying = [i for i, n in enumerate(num_logits) if n]
+        if not verifying:
+            return [Verdict([], 0) for _ in seqs]
         starts = [sum(num_logits[:i]) for i in range(len(seqs))]
-        probabilistic = [i for i, (s, d) in enumerate(zip(seqs, drafts))
-                         if d and not self.config.synthetic and s.params.temperature > 0]
-        decided = [self._rejection_sample(seqs[i], drafts[i], logits[starts[i]:starts[i] + num_logits[i]])
-                   for i in probabilistic]
-        host = torch.cat([targets] + [torch.stack(d) for d in decided]).tolist()  # the step's host sync
-        target_tokens, decided_host = host[:len(rows)], host[len(rows):]
-        overrides = {i: (decided_host[2 * j], decided_host[2 * j + 1]) for j, i in enumerate(probabilistic)}
-        verdicts = []
-        for i, (seq, d, n) in enumerate(zip(seqs, drafts, num_logits)):
-            if n == 0:
-                verdicts.append(Verdict([], 0, -1))
-                continue
-            own = target_tokens[starts[i]:starts[i] + n]
-            if i in overrides:
-                accepted, token = overrides[i]
-            else:
-                accepted = self._accepted(seq, d, own)
-                token = own[accepted]
+        row_seqs = [seqs[i] for i in verifying for _ in range(num_logits[i])]
+        offsets = [j for i in verifying for j in range(num_logits[i])]
+        # The target's token at every verified position, with min_tokens counted per position.
+        targets = self.sampler(logits.clone(), row_seqs, offsets)
+        accepted, tokens = self._decide(seqs, drafts, starts, verifying, logits, targets)
+        rows = self._tensor([starts[i] for i in verifying]) + accepted
+        proposal = self._launch_proposal([seqs[i] for i in verifying], accepted, tokens, hidden[rows])
+        n = len(verifying)
+        host = torch.cat((accepted, tokens) + ((proposal.flatten(),) if proposal is not None else ())).tolist()
+        accepted_host, tokens_host = host[:n], host[n:2 * n]
+        width = 0 if proposal is None else proposal.shape[1]
+        verdicts = [Verdict([], 0) for _ in seqs]
+        for j, i in enumerate(verifying):
+            a, d = accepted_host[j], drafts[i]
             if d:
-                self._record(seq, len(d), accepted)
-            verdicts.append(Verdict(d[:accepted] + [token], len(d) - accepted, starts[i] + accepted))
+                self._record(seqs[i], len(d), a)
+            verdicts[i] = Verdict(d[:a] + [tokens_host[j]], len(d) - a)
+            if width:
+                self._proposed[seqs[i].request_id] = host[2 * n + j * width:2 * n + (j + 1) * width]
         return verdicts
 
-    def _accepted(self, seq: Sequence, drafts: list[int], targets: list[int]) -> int:
-        if not drafts:
-            return 0
-        if self.config.synthetic:
-            return min(self._acceptance_sampler(seq).sample(), len(drafts))
-        accepted = 0
-        while accepted < len(drafts) and drafts[accepted] == targets[accepted]:
-            accepted += 1
-        return accepted
+    def _decide(self, seqs: tuple[Sequence, ...], drafts: list[list[int]], starts: list[int], verifying: list[int],
+                logits: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(accepted drafts, emitted token) of each verifying request, int64 on the device: synthetic
+        counts drawn on the host, greedy ones by comparing the drafts with the targets on the
+        device, sampled ones by rejection sampling; the token is the target's at the first
+        position not accepted, or the rejection sampler's."""
+        count = [0] * len(verifying)
+        greedy: list[int] = []  # positions in `verifying` whose count the device finds
+        for j, i in enumerate(verifying):
+            if not drafts[i]:
+                continue
+            if self.config.synthetic:
+                count[j] = min(self._acceptance_sampler(seqs[i]).sample(), len(drafts[i]))
+            elif seqs[i].params.temperature == 0:
+                greedy.append(j)
+        accepted = self._tensor(count)
+        if greedy:
+            accepted[self._tensor(greedy)] = self._greedy_accepted(
+                [drafts[verifying[j]] for j in greedy], [starts[verifying[j]] for j in greedy], targets)
+        tokens = targets[self._tensor([starts[i] for i in verifying]) + accepted]
+        sampled = [j for j, i in enumerate(verifying)
+                   if drafts[i] and not self.config.synthetic and seqs[i].params.temperature > 0]
+        if sampled:
+            decided = torch.stack([torch.stack(self._rejection_sample(
+                seqs[verifying[j]], drafts[verifying[j]],
+                logits[starts[verifying[j]]:starts[verifying[j]] + len(drafts[verifying[j]]) + 1]))
+                for j in sampled])
+            where = self._tensor(sampled)
+            accepted[where], tokens[where] = decided[:, 0], decided[:, 1]
+        return accepted, tokens
+
+    def _greedy_accepted(self, drafts: list[list[int]], starts: list[int], targets: torch.Tensor) -> torch.Tensor:
+        """How many leading drafts equal the targets at their positions, per request (device)."""
+        width = max(map(len, drafts))
+        padded = self._tensor([d + [-1] * (width - len(d)) for d in drafts])  # -1 matches no token
+        positions = self._tensor(starts)[:, None] + torch.arange(width, device=targets.device)
+        matches = targets[positions.clamp_(max=targets.shape[0] - 1)] == padded
+        return torch.cumprod(matches.long(), dim=1).sum(dim=1)
+
+    def _tensor(self, values: list) -> torch.Tensor:
+        return to_device_async(torch.tensor(values, dtype=torch.long), self.runner.device)
 
     def _acceptance_sampler(self, seq: Sequence) -> AcceptanceSampler:
         sampler = self._acceptance.get(seq.request_id)
@@ -190,38 +221,52 @@ class SpeculativeDecoder:
         seq.num_accepted_tokens += accepted
 
     # ---- the next drafts -----------------------------------------------------------------
-    @torch.inference_mode()
-    def propose(self, seqs: tuple[Sequence, ...], verdicts: list[Verdict], hidden: torch.Tensor) -> None:
-        """Drafts for every request that emitted this step and goes on, from the target's hidden
-        state at its last emitted position and that token."""
-        chosen = [(s, v.hidden_row, self.num_drafts_allowed(s)) for s, v in zip(seqs, verdicts)
-                  if v.emitted and not s.is_finished]
-        chosen = [c for c in chosen if c[2] > 0]
-        if not chosen:
-            return
-        draft_seqs = [s for s, _, _ in chosen]
-        device = hidden.device
-        rows = torch.tensor([r for _, r, _ in chosen], device=device)
-        last = torch.tensor([s.token_ids[-1] for s in draft_seqs], device=device)
-        sampled = [i for i, s in enumerate(draft_seqs) if not self.config.synthetic and s.params.temperature > 0]
+    def _launch_proposal(self, seqs: list[Sequence], accepted: torch.Tensor, tokens: torch.Tensor,
+                         hidden: torch.Tensor) -> torch.Tensor | None:
+        """Launch the draft head's passes for every verifying request that may still get drafts
+        (int64 [requests, passes] on the device, not waited for), from the target's hidden state at
+        its last emitted position and that token; None when no request may. The host does not know
+        yet how many tokens each request keeps, so it proposes as many drafts as one emitted token
+        would allow (`propose` cuts them to what the committed request allows) and EOS is kept out
+        of draft i by the device's count: below min_tokens when outputs + accepted + 1 + i are."""
+        limits = [self._drafts_allowed(s, emitted=1) for s in seqs]
+        passes = max(limits)
+        if passes == 0:
+            return None
+        outputs_left = [s.params.min_tokens - s.num_output_tokens - 1 for s in seqs]
+        below_min = self._tensor(outputs_left) if max(outputs_left) > 0 else None
+        sampled = [i for i, s in enumerate(seqs) if not self.config.synthetic and s.params.temperature > 0]
         probs: list[torch.Tensor] = []
 
         def choose(logits: torch.Tensor, i: int) -> torch.Tensor:
-            self.sampler.suppress_eos(logits, draft_seqs, [i] * len(draft_seqs))
-            tokens = self.sampler.greedy(logits)
+            if below_min is not None:
+                logits[:, self.sampler.eos_token_id].masked_fill_(accepted < below_min - i, float("-inf"))
+            drafted = self.sampler.greedy(logits)
             if sampled:
-                sampled_seqs = [draft_seqs[j] for j in sampled]
+                sampled_seqs = [seqs[j] for j in sampled]
                 q = self.sampler.probs(logits[sampled], sampled_seqs)
-                tokens[sampled] = self.sampler.race(q, sampled_seqs)
+                drafted[sampled] = self.sampler.race(q, sampled_seqs)
                 probs.append(q)
-            return tokens
+            return drafted
 
-        k = max(n for _, _, n in chosen)
-        drafts = self.draft.propose(hidden[rows], last, self.runner.model, k, choose,
-                                    self.runner.settings.backend).tolist()
-        for (seq, _, n), d in zip(chosen, drafts):
-            seq.draft_token_ids = d[:n]
+        proposal = self.draft.propose(hidden, tokens, self.runner.model, passes, choose, self.runner.settings.backend)
         if sampled:
-            q_all = torch.stack(probs, dim=1)  # [sampled, k, V]
+            q_all = torch.stack(probs, dim=1)  # [sampled, passes, V]
             for j, i in enumerate(sampled):
-                self._draft_probs[draft_seqs[i].request_id] = q_all[j]
+                self._draft_probs[seqs[i].request_id] = q_all[j]
+        return proposal
+
+    def propose(self, seqs: tuple[Sequence, ...], verdicts: list[Verdict]) -> None:
+        """After the scheduler committed the step's verdicts: each request that emitted and goes on
+        takes the drafts `execute` proposed for it, as many as it may now have."""
+        for seq, verdict in zip(seqs, verdicts):
+            proposed = self._proposed.get(seq.request_id)
+            if verdict.emitted and not seq.is_finished and proposed:
+                seq.draft_token_ids = proposed[:self._drafts_allowed(seq)]
+        self._proposed = {}
+
+    def _drafts_allowed(self, seq: Sequence, emitted: int = 0) -> int:
+        """Drafts a request may have after `emitted` more tokens, so that even a fully accepted step
+        stays within max_tokens and the context."""
+        left = min(seq.params.max_tokens - seq.num_output_tokens, self.max_model_len - len(seq)) - emitted
+        return max(0, min(self.k, left - 1))

@@ -123,8 +123,8 @@ def oracle_drafts(engine: Engine, reference: dict[str, list[int]], wrong: float,
     propose = engine.spec.propose
     rng = random.Random(seed)
 
-    def oracle(seqs, verdicts, hidden):
-        propose(seqs, verdicts, hidden)
+    def oracle(seqs, verdicts):
+        propose(seqs, verdicts)
         for seq in seqs:
             if seq.draft_token_ids:
                 truth = reference[seq.request_id][seq.num_output_tokens:][:len(seq.draft_token_ids)]
@@ -200,8 +200,8 @@ def test_max_model_len_exact_with_speculation():
 def eos_drafts(engine: Engine) -> None:
     propose = engine.spec.propose
 
-    def with_eos(seqs, verdicts, hidden):
-        propose(seqs, verdicts, hidden)
+    def with_eos(seqs, verdicts):
+        propose(seqs, verdicts)
         for seq in seqs:
             seq.draft_token_ids = [EOS] * len(seq.draft_token_ids)
 
@@ -220,6 +220,24 @@ def test_eos_inside_accepted_drafts(params, length, reason):
     assert (len(out["tokens"]), out["finish_reason"]) == (length, reason)
     if reason == "stop":  # below min_tokens an accepted EOS draft is just a token
         assert out["tokens"][-1] == EOS
+
+
+def test_drafts_keep_eos_out_below_min_tokens():
+    # A draft head that always prefers EOS: drafts are proposed on the device before the step's
+    # verdicts reach the host, so the device's accepted counts decide which drafts may be EOS.
+    engine = spec_engine(synthetic(3, al=4.0))  # every draft accepted
+    forward = engine.spec.draft.forward
+
+    def eos_first(hidden, token_ids, target, backend=None):
+        hidden, logits = forward(hidden, token_ids, target, backend)
+        logits[:, EOS] = logits.max() + 1.0
+        return hidden, logits
+
+    engine.spec.draft.forward = eos_first
+    out = run(engine, {"r": (prompt(5, 12), SamplingParams(max_tokens=20, temperature=0.0, min_tokens=6))})["r"]
+    # outputs 1 (target), 2-4 (drafts), 5 (target), 6 (a draft still below min_tokens), 7 (EOS: a draft)
+    assert EOS not in out["tokens"][:6]
+    assert (out["tokens"][6:], out["finish_reason"]) == ([EOS], "stop")
 
 
 def test_abort_mid_speculation_frees_every_block():
