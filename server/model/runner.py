@@ -141,16 +141,17 @@ class ModelRunner:
         ids: list[int] = []
         for s, start, n in zip(seqs, starts, counts):
             ids.extend(s.token_ids[start:start + n])
-        counts_t = torch.tensor(counts)
-        num_tokens = len(ids)
-        seq_ids = torch.repeat_interleave(torch.arange(len(seqs)), counts_t, output_size=num_tokens)
-        first = torch.cumsum(counts_t, 0) - counts_t
-        positions = torch.tensor(starts)[seq_ids] + torch.arange(num_tokens) - first[seq_ids]
-        ends = (first + counts_t).tolist()
-        wanted = [i for end, k in zip(ends, num_logits) for i in range(end - k, end)]
-        return StepInputs(torch.tensor(ids, dtype=torch.long), positions, seq_ids,
-                          self._slots(table, seq_ids.numpy(), positions.numpy()), torch.from_numpy(table),
-                          torch.tensor(wanted, dtype=torch.long), max(start + n for start, n in zip(starts, counts)), q)
+        # numpy, as for decode: a verify step or prefill chunk takes a few array operations
+        counts_np, wants = np.array(counts), np.array(num_logits)
+        seq_ids = np.repeat(np.arange(len(seqs)), counts_np)
+        first = np.cumsum(counts_np) - counts_np
+        positions = np.array(starts)[seq_ids] + np.arange(len(ids)) - first[seq_ids]
+        # each request's last num_logits[i] tokens, in batch order
+        wanted_first = np.cumsum(wants) - wants  # a request's first row among the wanted
+        wanted = np.repeat(first + counts_np - wants - wanted_first, wants) + np.arange(wants.sum())
+        return StepInputs(torch.tensor(ids, dtype=torch.long), torch.from_numpy(positions), torch.from_numpy(seq_ids),
+                          self._slots(table, seq_ids, positions), torch.from_numpy(table), torch.from_numpy(wanted),
+                          max(start + n for start, n in zip(starts, counts)), q)
 
     def _slots(self, table: np.ndarray, rows: np.ndarray, positions: np.ndarray) -> torch.Tensor:
         """int64 global cache slot of each token: its request's block at the position, and the offset."""
