@@ -166,6 +166,16 @@ def test_standard_greedy_after_preemption_equals_plain(reference):
     assert engine.stats().num_preemptions > 0
 
 
+def test_greedy_and_sampled_requests_verified_in_one_batch(reference):
+    # Greedy acceptance (on the device) and rejection sampling share each step's batch.
+    engine = spec_engine(STANDARD, prefix_caching=False, **DENSE)
+    sampled = SamplingParams(max_tokens=20, temperature=0.8, seed=11)
+    out = run(engine, {**batch_requests(), **{f"s{i}": (prompt(9 + i, 25), sampled) for i in range(2)}})
+    assert {rid: r["tokens"] for rid, r in out.items() if rid.startswith("r")} == reference
+    assert all(len(out[f"s{i}"]["tokens"]) == 20 or out[f"s{i}"]["finish_reason"] == "stop" for i in range(2))
+    assert engine.stats().spec_num_drafts > 0
+
+
 def test_rejected_blocks_are_freed():
     # Every draft rejected (random draft head): after each step no request holds a block
     # beyond its committed tokens.
