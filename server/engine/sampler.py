@@ -54,7 +54,7 @@ class Sampler:
         if all(t == 0.0 for t in temps):
             return greedy
         sampled = self.race(self.probs(logits, seqs), seqs)
-        is_greedy = self._tensor([t == 0.0 for t in temps])
+        is_greedy = self.to_device([t == 0.0 for t in temps])
         return torch.where(is_greedy, greedy, sampled)
 
     def greedy(self, logits: torch.Tensor) -> torch.Tensor:
@@ -66,18 +66,18 @@ class Sampler:
         offsets = offsets or [0] * len(seqs)
         suppress = [i for i, (s, o) in enumerate(zip(seqs, offsets)) if s.num_output_tokens + o < s.params.min_tokens]
         if suppress:
-            logits[self._tensor(suppress), self.eos_token_id] = float("-inf")
+            logits[self.to_device(suppress), self.eos_token_id] = float("-inf")
         return bool(suppress)
 
     def probs(self, logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
         """Sampling distribution per row: softmax at the request's temperature, cut to its top_p
         (temperature-0 rows are treated as temperature 1; callers take their argmax instead)."""
         temps = [s.params.temperature for s in seqs]
-        temp_t = self._tensor([t if t > 0 else 1.0 for t in temps])
+        temp_t = self.to_device([t if t > 0 else 1.0 for t in temps])
         probs = torch.softmax(logits / temp_t[:, None], dim=-1)
         top_ps = [s.params.top_p for s in seqs]
         if any(p < 1.0 for p in top_ps):
-            probs = _top_p(probs, self._tensor(top_ps))
+            probs = _top_p(probs, self.to_device(top_ps))
         return probs
 
     def race(self, probs: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
@@ -90,13 +90,14 @@ class Sampler:
         unseeded = [i for i, s in enumerate(seqs) if s.params.seed is None]
         if unseeded:
             drawn = torch.empty((len(unseeded),) + tuple(shape[1:]), device=self.device)
-            noise[self._tensor(unseeded)] = drawn.exponential_(generator=self.generator)
+            noise[self.to_device(unseeded)] = drawn.exponential_(generator=self.generator)
         for i, s in enumerate(seqs):
             if s.params.seed is not None:
                 noise[i].exponential_(generator=self._generator(s))
         return noise
 
-    def _tensor(self, values: list) -> torch.Tensor:
+    def to_device(self, values: list) -> torch.Tensor:
+        """A list of per-row values as a tensor on the device, without waiting for it."""
         return to_device_async(torch.tensor(values), self.device)
 
 

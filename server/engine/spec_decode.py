@@ -38,7 +38,6 @@ import torch
 from golden_al import AcceptanceSampler, min_variance_rates
 from server.config import SpeculativeConfig
 from server.engine.messages import SamplingParams
-from server.engine.pending import to_device_async
 from server.engine.sampler import Sampler
 from server.engine.scheduler import ScheduledBatch
 from server.engine.sequence import Sequence
@@ -122,9 +121,9 @@ class SpeculativeDecoder:
         offsets = [j for i in verifying for j in range(num_logits[i])]
         # The target's token at every verified position, with min_tokens counted per position.
         targets = self.sampler(logits.clone(), row_seqs, offsets)
-        accepted, tokens = self._decide(seqs, drafts, starts, verifying, logits, targets)
-        rows = self._tensor([starts[i] for i in verifying]) + accepted
-        proposal = self._launch_proposal([seqs[i] for i in verifying], accepted, tokens, hidden[rows])
+        first_rows = self.sampler.to_device([starts[i] for i in verifying])
+        accepted, tokens = self._decide(seqs, drafts, starts, verifying, first_rows, logits, targets)
+        proposal = self._launch_proposal([seqs[i] for i in verifying], accepted, tokens, hidden[first_rows + accepted])
         n = len(verifying)
         host = torch.cat((accepted, tokens) + ((proposal.flatten(),) if proposal is not None else ())).tolist()
         accepted_host, tokens_host = host[:n], host[n:2 * n]
@@ -140,8 +139,10 @@ class SpeculativeDecoder:
         return verdicts
 
     def _decide(self, seqs: tuple[Sequence, ...], drafts: list[list[int]], starts: list[int], verifying: list[int],
-                logits: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(accepted drafts, emitted token) of each verifying request, int64 on the device: synthetic
+                first_rows: torch.Tensor, logits: torch.Tensor,
+                targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(accepted drafts, emitted token) of each verifying request (its logits' first row in
+        first_rows), int64 on the device: synthetic
         counts drawn on the host, greedy ones by comparing the drafts with the targets on the
         device, sampled ones by rejection sampling; the token is the target's at the first
         position not accepted, or the rejection sampler's."""
@@ -154,11 +155,11 @@ class SpeculativeDecoder:
                 count[j] = min(self._acceptance_sampler(seqs[i]).sample(), len(drafts[i]))
             elif seqs[i].params.temperature == 0:
                 greedy.append(j)
-        accepted = self._tensor(count)
+        accepted = self.sampler.to_device(count)
         if greedy:
-            accepted[self._tensor(greedy)] = self._greedy_accepted(
+            accepted[self.sampler.to_device(greedy)] = self._greedy_accepted(
                 [drafts[verifying[j]] for j in greedy], [starts[verifying[j]] for j in greedy], targets)
-        tokens = targets[self._tensor([starts[i] for i in verifying]) + accepted]
+        tokens = targets[first_rows + accepted]
         sampled = [j for j, i in enumerate(verifying)
                    if drafts[i] and not self.config.synthetic and seqs[i].params.temperature > 0]
         if sampled:
@@ -166,20 +167,17 @@ class SpeculativeDecoder:
                 seqs[verifying[j]], drafts[verifying[j]],
                 logits[starts[verifying[j]]:starts[verifying[j]] + len(drafts[verifying[j]]) + 1]))
                 for j in sampled])
-            where = self._tensor(sampled)
+            where = self.sampler.to_device(sampled)
             accepted[where], tokens[where] = decided[:, 0], decided[:, 1]
         return accepted, tokens
 
     def _greedy_accepted(self, drafts: list[list[int]], starts: list[int], targets: torch.Tensor) -> torch.Tensor:
         """How many leading drafts equal the targets at their positions, per request (device)."""
         width = max(map(len, drafts))
-        padded = self._tensor([d + [-1] * (width - len(d)) for d in drafts])  # -1 matches no token
-        positions = self._tensor(starts)[:, None] + torch.arange(width, device=targets.device)
+        padded = self.sampler.to_device([d + [-1] * (width - len(d)) for d in drafts])  # -1 matches no token
+        positions = self.sampler.to_device(starts)[:, None] + torch.arange(width, device=targets.device)
         matches = targets[positions.clamp_(max=targets.shape[0] - 1)] == padded
         return torch.cumprod(matches.long(), dim=1).sum(dim=1)
-
-    def _tensor(self, values: list) -> torch.Tensor:
-        return to_device_async(torch.tensor(values, dtype=torch.long), self.runner.device)
 
     def _acceptance_sampler(self, seq: Sequence) -> AcceptanceSampler:
         sampler = self._acceptance.get(seq.request_id)
@@ -234,7 +232,7 @@ class SpeculativeDecoder:
         if passes == 0:
             return None
         outputs_left = [s.params.min_tokens - s.num_output_tokens - 1 for s in seqs]
-        below_min = self._tensor(outputs_left) if max(outputs_left) > 0 else None
+        below_min = self.sampler.to_device(outputs_left) if max(outputs_left) > 0 else None
         sampled = [i for i, s in enumerate(seqs) if not self.config.synthetic and s.params.temperature > 0]
         probs: list[torch.Tensor] = []
 
