@@ -56,6 +56,7 @@ from kernels.triton_utils import (
     e2m1_to_raw_f16,
     e2m1_words_to_raw_e4m3,
     e4m3_to_raw_f16,
+    kernel_residency,
     new_output,
     row_programs,
     ue8m0_to_f32,
@@ -345,8 +346,9 @@ class TiledConfig:
     # Load the next key block before scoring this one (the loads are carried in registers across
     # the loop): the global-load latency overlaps the dots instead of stalling each block.
     prefetch: bool = False
-    # programs_per_sm is how many programs an SM holds at once (its registers): the grid is rounded
-    # down to one wave (triton_utils.row_programs).
+    # The grid is one wave (triton_utils.row_programs rounds down) of the programs an SM holds at
+    # once: programs_per_sm at the first launch, then what the compiled kernel's registers and shared
+    # memory allow (triton_utils.kernel_residency), so another GPU or compiler gets its own count.
     one_wave: bool = False
 
     def __post_init__(self) -> None:
@@ -376,8 +378,9 @@ def decode_tiled_config(key_dtype: str, heads: int, device: torch.device) -> Til
     (fp8 keys 64 x 64k 229 -> 208 us; MXFP4 keys as group dots in 64-key blocks 434 -> 306), with
     16 heads unprefetched blocks (fp8 128 x 4k 32 us against 32-36 prefetched; MXFP4 58-73 -> 28).
     MXFP4's folded group scales measured slower than the group dots (382-450 against 308 us). MXFP4
-    at 64 heads runs one wave of the 3 programs an SM holds at its 168 registers, where grids of 4
-    or 8 per SM rounded up left partial waves: 16 x 64k 108 -> 78 us, 64 x 64k 297 -> 249; capping
+    at 64 heads runs one wave of the programs an SM holds (3 at the 168 registers it compiles to
+    there, read from the compiled kernel after its first launch), where grids of 4 or 8 per SM
+    rounded up left partial waves: 16 x 64k 108 -> 78 us, 64 x 64k 297 -> 249; capping
     its registers to fit 4 or 5 spilled and lost ("MXFP4 indexer decode in one wave")."""
     if not fp8_dot_supported(device):
         return None
@@ -404,9 +407,11 @@ def indexer_logits_tiled(q_fp8, weights, rows, key_dtype, block_table, seq_ids, 
     cfg = config or default_tiled_config(key_dtype, q_fp8.device)
     use_fp8 = fp8_dot_supported(q_fp8.device) if fp8_dot is None else fp8_dot
     tiles = triton.cdiv(t, cfg.block_m)
-    grid = (tiles, row_programs(tiles, triton.cdiv(n_cols, cfg.block_n), q_fp8.device, cfg.programs_per_sm,
-                                cfg.one_wave))
-    _indexer_tiled_kernel[grid](
+    # one wave: as many programs as the compiled kernel leaves resident (known from its first launch)
+    variant = (q_fp8.device, h, d, key_dtype, cfg, use_fp8, mask_tail, block_size & -block_size)
+    per_sm = _RESIDENT.get(variant, cfg.programs_per_sm) if cfg.one_wave else cfg.programs_per_sm
+    grid = (tiles, row_programs(tiles, triton.cdiv(n_cols, cfg.block_n), q_fp8.device, per_sm, cfg.one_wave))
+    compiled = _indexer_tiled_kernel[grid](
         q_fp8, weights, rows, rows.view(torch.int32), out,
         block_table, seq_ids, end,
         t, n_cols, block_table.stride(0), block_size,
@@ -418,4 +423,11 @@ def indexer_logits_tiled(q_fp8, weights, rows, key_dtype, block_table, seq_ids, 
         DOT_DTYPE=dot_dtype(q_fp8, tl.float16),
         num_warps=cfg.num_warps, **({} if cfg.num_stages is None else {"num_stages": cfg.num_stages}),
     )
+    if cfg.one_wave and variant not in _RESIDENT:
+        _RESIDENT[variant] = kernel_residency(compiled, q_fp8.device) or cfg.programs_per_sm
     return out
+
+
+# programs an SM holds of each one-wave kernel variant, read from its first launch (kernel_residency):
+# TiledConfig.programs_per_sm is the count measured on an H200 with triton 3.6 and stands until then
+_RESIDENT: dict[tuple, int] = {}

@@ -121,6 +121,40 @@ def programs_per_row(rows: int, blocks: int, slots: int, one_wave: bool = False)
     return max(1, min(blocks, target))
 
 
+def programs_resident(n_regs: int, shared_bytes: int, num_warps: int, regs_per_sm: int, shared_per_sm: int,
+                      threads_per_sm: int) -> int:
+    """How many programs of a compiled kernel (n_regs registers a thread, shared_bytes of shared
+    memory a program) one NVIDIA multiprocessor holds at once: registers go to warps in units of
+    256, and the runtime reserves 1 KB of shared memory per program beside the kernel's own."""
+    by_threads = threads_per_sm // (32 * num_warps)
+    warp_regs = -(-n_regs * 32 // 256) * 256
+    by_regs = regs_per_sm // warp_regs // num_warps if warp_regs else by_threads
+    return max(1, min(by_regs, shared_per_sm // (shared_bytes + 1024), by_threads))
+
+
+@functools.cache
+def sm_resources(device: torch.device) -> tuple[int, int, int] | None:
+    """(registers, shared memory bytes, threads) of one multiprocessor of an NVIDIA device, or
+    None where the count above does not apply (ROCm's compute units allocate otherwise) or torch
+    does not report them."""
+    props = torch.cuda.get_device_properties(device)
+    fields = ("regs_per_multiprocessor", "shared_memory_per_multiprocessor", "max_threads_per_multi_processor")
+    if torch.version.hip is not None or not all(hasattr(props, f) for f in fields):
+        return None
+    return tuple(getattr(props, f) for f in fields)  # type: ignore[return-value]
+
+
+def kernel_residency(compiled: object, device: torch.device) -> int | None:
+    """programs_resident of a kernel as compiled (what a launch returns: its registers and shared
+    memory are known once it is loaded), or None where that cannot be read."""
+    sm = sm_resources(device) if device.type == "cuda" else None
+    n_regs = getattr(compiled, "n_regs", None)
+    metadata = getattr(compiled, "metadata", None)
+    if sm is None or not n_regs or metadata is None:
+        return None
+    return programs_resident(n_regs, metadata.shared, metadata.num_warps, *sm)
+
+
 _poison = False
 
 

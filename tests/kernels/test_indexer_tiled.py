@@ -247,11 +247,41 @@ def test_one_wave_config_reaches_the_grid(gen, monkeypatch):
     cfg = tiled.decode_tiled_config("mxfp4", 64, torch.device("cpu"))
     assert cfg is not None and cfg.one_wave
     asked = []
-    monkeypatch.setattr(tiled, "row_programs", lambda *args: asked.append(args[4:]) or 2)
+    monkeypatch.setattr(tiled, "row_programs", lambda *args: asked.append(args[3:]) or 2)
+    residency = {}
+    monkeypatch.setattr(tiled, "_RESIDENT", residency)
+    # what a launch on a GPU would read from the compiled kernel (here: the interpreter's, which has none)
+    monkeypatch.setattr(tiled, "kernel_residency", lambda compiled, device: 5)
     q8, w, cache, block_table, seq_ids, lens = paged_batch(gen, "mxfp4", 16)
-    for config in (cfg, TiledConfig(1, 16, 4, mx_scoring="group_dots")):
+    for config in (cfg, cfg, TiledConfig(1, 16, 4, mx_scoring="group_dots")):
         indexer_logits_tiled(q8, w, cache, "mxfp4", block_table, seq_ids, lens, 16, 55, config, fp8_dot=False)
-    assert asked == [(True,), (False,)]
+    # the first launch takes the config's programs per SM, later ones the compiled kernel's residency
+    assert asked == [(cfg.programs_per_sm, True), (5, True), (4, False)]
+    assert list(residency.values()) == [5]
+
+
+def test_residency_of_a_compiled_kernel(monkeypatch):
+    """Programs an H200 SM (65,536 registers, 228 KB shared, 2,048 threads) holds: the MXFP4 decode
+    kernel at 168 registers and 4 warps 3 (12 warps of 5,376 registers); 128 registers 4; 80
+    registers 6 (rounded to 2,560 a warp: 25 warps); shared memory or threads bound others."""
+    import kernels.triton_utils as tu
+
+    h200 = (65536, 233472, 2048)
+    assert tu.programs_resident(168, 0, 4, *h200) == 3
+    assert tu.programs_resident(128, 0, 4, *h200) == 4
+    assert tu.programs_resident(80, 34_000, 4, *h200) == 6
+    assert tu.programs_resident(80, 60_000, 4, *h200) == 3  # 61 KB a program with the reserved 1 KB
+    assert tu.programs_resident(32, 0, 4, *h200) == 16  # threads: 2,048 / 128
+    assert tu.programs_resident(255, 200_000, 8, *h200) == 1
+
+    class Compiled:
+        n_regs, metadata = 168, type("Metadata", (), {"shared": 1024, "num_warps": 4})
+
+    monkeypatch.setattr(tu, "sm_resources", lambda device: h200)
+    assert tu.kernel_residency(Compiled(), torch.device("cuda")) == 3
+    assert tu.kernel_residency(Compiled(), torch.device("cpu")) is None  # the interpreter: no registers
+    monkeypatch.setattr(tu, "sm_resources", lambda device: None)  # ROCm
+    assert tu.kernel_residency(Compiled(), torch.device("cuda")) is None
 
 
 def test_one_wave_grid_rounds_down():
