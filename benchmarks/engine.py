@@ -140,7 +140,7 @@ def make_engine(args: argparse.Namespace, backend: str, kv: str, num_blocks: int
         scheduler=SchedulerConfig(max_num_seqs=max_seqs, max_num_batched_tokens=budget, max_model_len=max_len),
         device=args.device, attention_backend=backend, seed=0, enforce_eager=mode == "eager",
         cuda_graph_sizes=graph_sizes, speculative=speculative,
-        overlap_schedule="on" if overlap and speculative is None else "off",  # the engine's rule
+        overlap_schedule="on" if overlap else "off",
     ))
 
 
@@ -323,19 +323,22 @@ def check_graph_tokens(args: argparse.Namespace) -> None:
     seeded sampled request and one with min_tokens; batches shrink as requests finish, so several
     buckets and their padding run; one request's context passes the short context bucket, and it
     finishes first, so both context buckets run), without and with speculative
-    decoding (standard verification of 3 drafts: the verify steps replay their own graphs);
+    decoding (3 drafts verified by standard verification, one step at a time, and with synthetic
+    acceptance, whose steps overlap too: the verify steps replay their own graphs);
     prints the verdicts, the graph replays per (batch, query tokens, context bucket), and the largest logit
     difference of a graph replay against the same padded step run eagerly."""
     num_requests = len(check_requests())
     # r1 samples at a temperature (seeded: the same draws in every engine) and r5 holds EOS back
     # for its first tokens, so steps mix the decode graph's greedy tokens with the sampler's own.
     sampling: dict[int, dict] = {1: {"temperature": 0.8, "top_p": 0.9, "seed": 11}, 5: {"min_tokens": 3}}
-    for spec in (None, SpeculativeConfig(method="mtp", num_speculative_tokens=3)):
+    synthetic = SpeculativeConfig(method="mtp", num_speculative_tokens=3, rejection_sample_method="synthetic",
+                                  synthetic_acceptance_length=2.5)
+    for spec in (None, SpeculativeConfig(method="mtp", num_speculative_tokens=3), synthetic):
         results, replays = {}, Counter()
-        # Reference: eager, one step at a time; overlapped scheduling is off with speculative decoding.
+        # Reference: eager, one step at a time (standard verification does not overlap).
         # "eager again" repeats the reference: two runs of one tree on one schedule must agree.
         variants = [("eager", False), ("eager again", False), ("graph", False)] + (
-            [("eager", True), ("graph", True)] if spec is None else [])
+            [("eager", True), ("graph", True)] if spec is None or spec.synthetic else [])
         margins: dict[tuple[str, bool], dict[str, list[float]]] = {}
         for mode, overlap in variants:
             engine = check_engine(args, "triton", args.kv_dtypes.split(",")[0], mode.split()[0], spec, overlap)
@@ -369,7 +372,7 @@ def check_graph_tokens(args: argparse.Namespace) -> None:
                 print(f"graph check: batch {key[0]} replay vs the same step eager: max |dlogit| "
                       f"{float((replayed - eager_a).abs().max()):.3e} (eager twice: {float((eager_b - eager_a).abs().max()):.3e}); "
                       f"capture of {len(graphs.graphs)} graphs took {graphs.capture_seconds:.2f} s", flush=True)
-        label = "decode" if spec is None else "speculative (k=3, standard)"
+        label = "decode" if spec is None else f"speculative (k=3, {spec.rejection_sample_method})"
         again = results.pop(("eager again", False))
         same = [r for r in again if again[r] != results["eager", False].get(r)]
         print(f"graph check {label}: eager twice, overlap off: {'DIFFER in ' + ','.join(same) if same else 'IDENTICAL'}",
@@ -461,8 +464,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--context", type=int, default=4096, help="tokens per request during decode")
     p.add_argument("--steps", type=int, default=20, help="measured decode steps")
     p.add_argument("--speculative", type=int, default=0, metavar="K",
-                   help="decode steps verify K drafts per request (MTP, synthetic acceptance; overlapped scheduling "
-                        "off, as the engine requires); 0: plain decode")
+                   help="decode steps verify K drafts per request (MTP, synthetic acceptance, overlapped as "
+                        "--overlap says); 0: plain decode")
     p.add_argument("--acceptance-length", type=float, default=2.5,
                    help="with --speculative: the synthetic mean acceptance length")
     p.add_argument("--warmup", type=int, default=3)
@@ -476,11 +479,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         p.error(f"--overlap: a comma list of on and off, got {args.overlap!r}")
     if args.speculative < 0:
         p.error(f"--speculative: a number of drafts >= 0, got {args.speculative}")
-    if args.speculative:
-        args.overlap = "off"
     if args.smoke:
         args.model, args.device, args.backends, args.batches, args.modes = "tiny", "cpu", "torch", "1,8", "eager"
-        args.context, args.steps, args.warmup = 256, 3, 1
+        # two warm-up steps: with overlap a step reports the step before's tokens, the first step's
+        # (the placed prompts' last token, one a request) at the second
+        args.context, args.steps, args.warmup = 256, 3, 2
         args.prefill_requests, args.prefill_len, args.max_num_batched_tokens = 2, 512, 512
     return args
 

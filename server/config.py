@@ -361,8 +361,8 @@ class EngineConfig:
         help="on: the host prepares the next step while the device runs this one; off: each step is "
              "scheduled only after the previous step's tokens are back; auto: on for CUDA, off on CPU "
              "(the CPU runs a step as it is launched, so there is nothing to hide, and the tokens would "
-             "only reach the client a step late). Not built for speculative decoding or --tp > 1: auto is off "
-             "there and on is refused"))
+             "only reach the client a step late). Not built for standard speculative verification or --tp > 1: "
+             "auto is off there and on is refused (synthetic acceptance overlaps)"))
     cuda_graph_sizes: tuple[int, ...] = field(default=(), metadata=cli(
         "--cuda-graph-sizes", metavar="N,N,...", parse=lambda text: _int_list(text, "--cuda-graph-sizes"),
         default_text="1, 2, 4, 8, 16, 24, ... up to --max-num-seqs",
@@ -391,11 +391,12 @@ def resolve_device(device: str) -> str:
 def resolve_overlap(c: EngineConfig) -> bool:
     """Whether the engine overlaps scheduling with the device. 'auto' overlaps on CUDA only (a CPU
     runs each step as it is launched, so there is nothing to hide and the tokens would reach the
-    client a step late), and not with speculative decoding or TP, where it is not built (there
-    validate_engine_config refuses 'on')."""
+    client a step late), and not with standard speculative verification or TP, where it is not
+    built (there validate_engine_config refuses 'on')."""
     if c.overlap_schedule != "auto":
         return c.overlap_schedule == "on"
-    return resolve_device(c.device) == "cuda" and c.speculative is None and c.parallel.tensor_parallel_size == 1
+    return (resolve_device(c.device) == "cuda" and (c.speculative is None or c.speculative.synthetic)
+            and c.parallel.tensor_parallel_size == 1)
 
 
 def resolve_backend(backend: str, device: str) -> str:
@@ -431,9 +432,10 @@ def validate_engine_config(c: EngineConfig) -> None:
     _require(c.overlap_schedule in OVERLAP_MODES,
              f"--overlap-schedule: must be one of {', '.join(OVERLAP_MODES)}, got {c.overlap_schedule!r}")
     # 'auto' quietly stays off where overlap is not built; an explicit 'on' that cannot happen is refused
-    _require(c.overlap_schedule != "on" or c.speculative is None,
-             "--overlap-schedule on: not available with --speculative-config (the verify step reads "
-             "its accepted tokens before the next step is scheduled); use auto or off")
+    _require(c.overlap_schedule != "on" or c.speculative is None or c.speculative.synthetic,
+             "--overlap-schedule on: not available with standard speculative verification (the verify "
+             "step decides its accepted tokens on the device, and the next step is scheduled from them); "
+             "use auto or off, or synthetic acceptance")
     _require(c.overlap_schedule != "on" or c.parallel.tensor_parallel_size == 1,
              f"--overlap-schedule on: not available with --tp {c.parallel.tensor_parallel_size} (ranks "
              "follow the driver one step at a time); use auto or off")

@@ -6,12 +6,13 @@ on the device, then a single host copy of the sampled tokens (none for a decode 
 tokens, which the graph writes to the host itself). With overlapped scheduling (the default;
 server/engine/pending.py) a step launches the next batch before it reads the previous batch's
 tokens, so the host's scheduling and input building run while the device computes, and each
-request's tokens are reported one step later. It falls back to one batch at a time with
-speculative decoding (proposing drafts needs the verified tokens on the host) and under tensor
-parallelism (the other ranks embed the token ids themselves, and each step already waits for
-every rank's device). With speculative decoding
+request's tokens are reported one step later. It falls back to one batch at a time under
+tensor parallelism (the other ranks embed the token ids themselves, and each step already waits
+for every rank's device) and with standard speculative verification (the accepted counts are
+decided on the device, and scheduling the next step needs them). With speculative decoding
 (`server/engine/spec_decode.py`) the step verifies each request's drafts in the same pass, may emit
-several tokens per request, and ends with the draft head proposing the next drafts.
+several tokens per request, and ends with the draft head proposing the next drafts; with
+synthetic acceptance those steps overlap too.
 """
 
 from __future__ import annotations
@@ -43,7 +44,9 @@ class Engine:
         self.runner = ModelRunner(config)
         self.num_gpus = self.runner.num_gpus
         self.overlap = resolve_overlap(config)
-        self._token_copies = (TokenCopies(self.runner.device, config.scheduler.max_num_seqs)
+        # a step hands on a token per request, and with speculative decoding its drafts
+        spec_k = 0 if config.speculative is None else config.speculative.num_speculative_tokens
+        self._token_copies = (TokenCopies(self.runner.device, config.scheduler.max_num_seqs * (1 + spec_k))
                               if self.runner.device.type == "cuda" else None)
         self.compiles_while_serving = 0
         self._reset()
@@ -148,7 +151,7 @@ class Engine:
         start = time.perf_counter()
         outputs, self._aborted = self._aborted, []
         batch = self.scheduler.schedule()
-        if self.spec is not None:
+        if self.spec is not None and not self.overlap:
             if batch:
                 new_tokens = self._run_speculative(batch)
                 self._planted_delay()
@@ -173,8 +176,9 @@ class Engine:
         for seq, new in zip(seqs, new_tokens):
             if not new:
                 continue
-            if seq.num_output_tokens - seq.num_pending_tokens == len(new):
+            if not seq.num_reported_tokens:
                 self._prompt_tokens += seq.num_prompt_tokens
+            seq.num_reported_tokens += len(new)
             self._generation_tokens += len(new)
             outputs.append(self._output(seq, tuple(new)))
             if seq.is_finished:
@@ -193,10 +197,12 @@ class Engine:
     def _launch(self, batch: ScheduledBatch) -> LaunchedStep:
         """Run the model and the sampler on the batch without waiting for either. Tokens still
         pending from the step in flight are taken from its sampled tensor on the device."""
+        pending = None if self._in_flight is None else self._in_flight.sampled
+        if self.spec is not None:
+            return self.spec.launch(batch, self.scheduler, pending, self._token_copies)
         num_logits = [1 if s.num_computed_tokens + n == len(s) else 0
                       for s, n in zip(batch.seqs, batch.num_new_tokens)]
         sampling = [s for s, k in zip(batch.seqs, num_logits) if k]
-        pending = None if self._in_flight is None else self._in_flight.sampled
         logits = self.runner.execute(batch, num_logits, pending)
         sampled = self.sampler(logits, sampling, argmax=self.runner.graph_argmax(logits)) if sampling else None
         on_host = None if sampled is None else self.runner.graph_tokens_on_host(sampled)
@@ -204,6 +210,9 @@ class Engine:
 
     def _resolve(self, launched: LaunchedStep) -> list[list[int]]:
         """Read a launched step's tokens (the step's one host sync) and account them."""
+        if launched.verify is not None:
+            assert self.spec is not None
+            return self.spec.resolve(launched, self.scheduler)
         return self.scheduler.resolve(launched.batch, launched.placeholder_at, launched.tokens())
 
     def _forget(self, request_id: str) -> None:

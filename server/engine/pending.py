@@ -8,7 +8,9 @@ Step N+1 embeds the real token by gathering it from that tensor on the device
 (`fill_placeholders`; a decode graph gathers its ids in one op, server/model/cuda_graph.py), so
 the token never makes a round trip through the host before it is used. Placeholders only ever
 refer to the step launched just before: a step's tokens are resolved before the step after next
-is scheduled.
+is scheduled. A speculative step's tokens are its requests' emitted tokens and then their next
+drafts (server/engine/spec_decode.py); there placeholders of the step before may still wait in
+a request's accepted drafts, so each step numbers its rows in its own bank (`placeholder`).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from dataclasses import InitVar, dataclass, field
 import torch
 
 from server.engine.scheduler import ScheduledBatch
+from server.engine.sequence import PLACEHOLDER_BANK
 
 
 def to_device_async(host: torch.Tensor, device: torch.device) -> torch.Tensor:
@@ -30,8 +33,9 @@ def to_device_async(host: torch.Tensor, device: torch.device) -> torch.Tensor:
 
 def fill_placeholders(token_ids: torch.Tensor, sampled: torch.Tensor) -> torch.Tensor:
     """token_ids (device) with every placeholder replaced by its row of `sampled`; no host sync."""
-    rows = (-1 - token_ids).clamp_(min=0)
-    return torch.where(token_ids < 0, sampled[rows], token_ids)
+    is_placeholder = token_ids < 0
+    rows = torch.where(is_placeholder, (-1 - token_ids) % PLACEHOLDER_BANK, 0)
+    return torch.where(is_placeholder, sampled[rows], token_ids)
 
 
 class TokenCopies:
@@ -61,19 +65,33 @@ class TokenCopies:
         return self._events[i]
 
 
+@dataclass(frozen=True, slots=True)
+class VerifyPlan:
+    """What the host decided as it launched a speculative step with synthetic acceptance (before
+    the device ran it): per request in batch order, how many drafts it verified and how many of
+    them it accepts, and the bank of the step's placeholders. The step's sampled tensor holds the
+    verifying requests' emitted tokens, then as many next drafts each."""
+
+    num_drafts: list[int]
+    accepted: list[int]
+    bank: int
+
+
 @dataclass
 class LaunchedStep:
     """A step on the device: its batch, where each request's placeholder sits in its token_ids
     (-1: the request samples nothing this step), and the sampled tokens (device tensor, None when
     nothing samples), copied to the host asynchronously as soon as they are launched (through
     `copies`, for tokens on a GPU), unless the device writes them to the host itself (`on_host`:
-    a decode graph's greedy tokens)."""
+    a decode graph's greedy tokens). A speculative step carries its `verify` plan; its
+    placeholder_at is where each request's first new token sits."""
 
     batch: ScheduledBatch
     placeholder_at: list[int]
     sampled: torch.Tensor | None
     copies: InitVar[TokenCopies | None] = None
     on_host: InitVar[torch.Tensor | None] = None
+    verify: VerifyPlan | None = None
     _host: torch.Tensor | None = field(default=None, init=False)
     _ready: torch.cuda.Event | None = field(default=None, init=False)
 

@@ -17,6 +17,8 @@ decoding) or in two halves: `launch` when it goes to the device (its tokens coun
 placeholders stand for the tokens it samples) and `resolve` when the tokens are back. Between
 the two the next step may be scheduled (overlapped scheduling, server/engine/pending.py); a
 request that is certain to finish by length once its pending token lands is not scheduled again.
+A speculative step with synthetic acceptance, whose accepted counts the host draws before the
+device runs it, is accounted the same way (`launch_verify`, `resolve_verify`).
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from dataclasses import dataclass
 
 from server.config import SchedulerConfig
 from server.engine.kv_cache import BlockManager
-from server.engine.sequence import Sequence, SequenceStatus, placeholder
+from server.engine.sequence import Sequence, SequenceStatus, placeholder, placeholder_bank, placeholder_row
 
 
 @dataclass(frozen=True, slots=True)
@@ -184,6 +186,61 @@ class Scheduler:
             kept_all.append([token])
         return kept_all
 
+    def launch_verify(self, batch: ScheduledBatch, num_logits: list[int], drafts: list[list[int]],
+                      accepted: list[int], bank: int) -> list[int]:
+        """Account a speculative step as it goes to the device, its acceptance decided on the host:
+        per request, its scheduled tokens less the rejected drafts count as computed, the accepted
+        drafts (`drafts`, values or the step before's placeholders) and a placeholder for the
+        target's token join token_ids (the i-th verifying request's is row i of the step's `bank`),
+        and blocks that only held rejected positions are freed. Returns the index of each request's
+        first new token in its token_ids (-1: it samples nothing)."""
+        at: list[int] = []
+        row = 0
+        for seq, n, k, d, a in zip(batch.seqs, batch.num_new_tokens, num_logits, drafts, accepted):
+            seq.num_computed_tokens += n - (len(d) - a)
+            if k:
+                at.append(len(seq))
+                seq.token_ids.extend(d[:a])
+                seq.token_ids.append(placeholder(row, bank))
+                row += 1
+                if a < len(d):
+                    self.blocks.release_tail(seq)
+            else:
+                at.append(-1)
+            self.blocks.commit_full_blocks(seq)
+        return at
+
+    def resolve_verify(self, batch: ScheduledBatch, first_at: list[int], accepted: list[int], bank: int,
+                       sampled: list[int]) -> list[list[int]]:
+        """Account a launched speculative step's tokens: each placeholder of its `bank`, wherever it
+        went since (the request's emitted token, the next step's accepted drafts, drafts still to
+        verify), takes its value; then the emitted tokens are checked for a stop as `commit` does.
+        A request finished meanwhile gets nothing. Returns the tokens each request gained."""
+        kept_all: list[list[int]] = []
+        for seq, at, a in zip(batch.seqs, first_at, accepted):
+            if seq.is_finished or at < 0:
+                if not seq.is_finished:
+                    self.blocks.commit_full_blocks(seq)
+                kept_all.append([])
+                continue
+            _fill_bank(seq.token_ids, at, bank, sampled)
+            _fill_bank(seq.draft_token_ids, 0, bank, sampled)
+            kept: list[int] = []
+            reason = None
+            for i in range(at, at + a + 1):
+                kept.append(seq.token_ids[i])
+                reason = self._stop_reason(seq, seq.token_ids[i], i + 1)
+                if reason is not None:
+                    break
+            if reason is not None:
+                del seq.token_ids[at + len(kept):]
+                seq.num_computed_tokens = min(seq.num_computed_tokens, len(seq))
+                self.finish(seq, reason)
+            else:
+                self.blocks.commit_full_blocks(seq)
+            kept_all.append(kept)
+        return kept_all
+
     def _stop_reason(self, seq: Sequence, token: int, length: int) -> str | None:
         """Why seq stops at `token`, its length-th token (None: it goes on)."""
         p = seq.params
@@ -213,3 +270,11 @@ class Scheduler:
         self.blocks.free(seq)
         seq.status = SequenceStatus.FINISHED
         seq.finish_reason = reason
+
+
+def _fill_bank(tokens: list[int], start: int, bank: int, sampled: list[int]) -> None:
+    """Replace the placeholders of `bank` in tokens[start:] by their rows of `sampled`."""
+    for i in range(start, len(tokens)):
+        t = tokens[i]
+        if t < 0 and placeholder_bank(t) == bank:
+            tokens[i] = sampled[placeholder_row(t)]

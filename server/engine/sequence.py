@@ -10,7 +10,9 @@ join `token_ids` only while that step runs the model, so everything else only ev
 committed tokens.
 
 With overlapped scheduling (server/engine/pending.py) the last of `token_ids` may be a
-placeholder (< 0) for a token the device has sampled but the host has not read yet.
+placeholder (< 0) for a token the device has sampled but the host has not read yet; with
+speculative decoding several may be (the step's accepted drafts and its token), and the drafts
+themselves may be placeholders for the draft head's tokens.
 """
 
 from __future__ import annotations
@@ -20,9 +22,25 @@ import enum
 from server.engine.messages import SamplingParams
 
 
-def placeholder(row: int) -> int:
-    """The stand-in token id of row `row` of the previous step's sampled tokens (always < 0)."""
-    return -1 - row
+# Placeholders of two launched steps can sit in one request at once (speculative steps: the step
+# in flight's token after the accepted drafts of the step before); alternate steps number their
+# rows from two banks so that resolving one step never touches the other's.
+PLACEHOLDER_BANK = 1 << 24
+
+
+def placeholder(row: int, bank: int = 0) -> int:
+    """The stand-in token id of row `row` of a launched step's sampled tokens (always < 0); the
+    step's `bank` (0 or 1) tells it apart from the step launched before or after it."""
+    return -1 - row - bank * PLACEHOLDER_BANK
+
+
+def placeholder_row(token: int) -> int:
+    """The row of a launched step's sampled tokens that placeholder `token` stands for."""
+    return (-1 - token) % PLACEHOLDER_BANK
+
+
+def placeholder_bank(token: int) -> int:
+    return (-1 - token) // PLACEHOLDER_BANK
 
 
 class SequenceStatus(enum.Enum):
@@ -53,6 +71,7 @@ class Sequence:
         self.num_drafts = 0  # verify steps that checked drafts (cumulative, for usage)
         self.num_draft_tokens = 0  # drafts verified so far
         self.num_accepted_tokens = 0  # of which accepted
+        self.num_reported_tokens = 0  # output tokens handed to the caller so far
 
     def __len__(self) -> int:
         return len(self.token_ids)
@@ -63,8 +82,9 @@ class Sequence:
 
     @property
     def num_pending_tokens(self) -> int:
-        """Placeholders at the end of token_ids, for tokens not back from the device: at most two
-        (a step's, and while the next step is being launched, that step's)."""
+        """Placeholders at the end of token_ids, for tokens not back from the device: a step's, and
+        while the next step is being launched, that step's (with speculative decoding, its accepted
+        drafts too)."""
         n = 0
         while n < len(self.token_ids) and self.token_ids[-1 - n] < 0:
             n += 1

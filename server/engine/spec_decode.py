@@ -25,6 +25,12 @@ visit the host in between, so a step waits for the device once (for its verdicts
 together) and the host queues the proposal's launches while the target's pass runs. Near
 max_tokens or the context limit fewer drafts are handed out (`propose`), so no request ever emits
 past its end.
+
+With synthetic acceptance the host knows each request's accepted count before the device runs
+the step, so the step can be accounted as it is launched and the next one scheduled while the
+device computes (overlapped scheduling, `launch` and `resolve`): the emitted tokens and the next
+drafts are placeholders (server/engine/pending.py) into the step's one output tensor until they
+are read, one step later. Standard verification decides on the device and runs a step at a time.
 """
 
 from __future__ import annotations
@@ -38,9 +44,10 @@ import torch
 from golden_al import AcceptanceSampler, min_variance_rates
 from server.config import SpeculativeConfig
 from server.engine.messages import SamplingParams
+from server.engine.pending import LaunchedStep, TokenCopies, VerifyPlan
 from server.engine.sampler import Sampler
-from server.engine.scheduler import ScheduledBatch
-from server.engine.sequence import Sequence
+from server.engine.scheduler import ScheduledBatch, Scheduler
+from server.engine.sequence import Sequence, placeholder
 from server.model.draft import build_draft_head
 from server.model.runner import ModelRunner
 
@@ -70,6 +77,7 @@ class SpeculativeDecoder:
         self._acceptance: dict[str, AcceptanceSampler] = {}
         self._draft_probs: dict[str, torch.Tensor] = {}  # standard mode, sampled requests: q of the drafts
         self._proposed: dict[str, list[int]] = {}  # the step's drafts per request, until `propose`
+        self._bank = 0  # the placeholder bank of the next launched step (overlapped scheduling)
 
     # ---- requests ------------------------------------------------------------------------
     def check(self, params: SamplingParams) -> None:
@@ -90,6 +98,49 @@ class SpeculativeDecoder:
         """Run the batch with each request's drafts appended, verify them and launch the next
         drafts' proposal, then wait for the device once. Returns a verdict per request; `propose`
         hands the drafts out after the scheduler has committed the verdicts."""
+        return self._verify(batch.seqs, *self._run_target(batch))
+
+    def launch(self, batch: ScheduledBatch, scheduler: Scheduler, pending: torch.Tensor | None,
+               copies: TokenCopies | None) -> LaunchedStep:
+        """Overlapped scheduling (synthetic acceptance): run and verify the batch and launch the next
+        drafts as `execute` does, without waiting for the device. The scheduler accounts the step
+        at once from the accepted counts drawn on the host; each verifying request's emitted token
+        and next drafts are placeholders into the step's output ([tokens; drafts]) until `resolve`.
+        pending: the output of the step in flight, which the batch's placeholders stand for."""
+        bank, self._bank = self._bank, self._bank ^ 1
+        drafts, num_logits, logits, hidden = self._run_target(batch, pending)
+        accepted = [0] * len(batch.seqs)
+        verifying: list[int] = []
+        output, width = None, 0
+        decided = self._on_device(batch.seqs, drafts, num_logits, logits, hidden)
+        if decided is not None:
+            verifying, _, tokens, proposal, counts = decided
+            for i, a in zip(verifying, counts):
+                accepted[i] = a
+            width = 0 if proposal is None else proposal.shape[1]
+            output = tokens if proposal is None else torch.cat((tokens, proposal.flatten()))
+        at = scheduler.launch_verify(batch, num_logits, drafts, accepted, bank)
+        for j, i in enumerate(verifying):
+            seq = batch.seqs[i]
+            first = len(verifying) + j * width
+            seq.draft_token_ids = [placeholder(first + p, bank) for p in range(min(width, self._drafts_allowed(seq)))]
+        return LaunchedStep(batch, at, output, copies, verify=VerifyPlan([len(d) for d in drafts], accepted, bank))
+
+    def resolve(self, launched: LaunchedStep, scheduler: Scheduler) -> list[list[int]]:
+        """Read a launched step's output (its one wait for the device) and account it: the tokens
+        each request gained. A request finished since the launch takes no part."""
+        plan = launched.verify
+        assert plan is not None
+        for seq, proposed, a in zip(launched.batch.seqs, plan.num_drafts, plan.accepted):
+            if proposed and not seq.is_finished:
+                self._record(seq, proposed, a)
+        return scheduler.resolve_verify(launched.batch, launched.placeholder_at, plan.accepted, plan.bank,
+                                        launched.tokens())
+
+    def _run_target(self, batch: ScheduledBatch, pending: torch.Tensor | None = None
+                    ) -> tuple[list[list[int]], list[int], torch.Tensor, torch.Tensor]:
+        """The target's pass over the batch with each request's drafts appended: (the drafts
+        verified per request, logits rows per request, logits, hidden states)."""
         drafts = []
         for seq, n in zip(batch.seqs, batch.num_new_tokens):
             # A tight token budget may have scheduled fewer positions than there are drafts.
@@ -100,30 +151,42 @@ class SpeculativeDecoder:
         num_logits = [len(d) + 1 if s.num_computed_tokens + n == len(s) else 0
                       for s, n, d in zip(batch.seqs, batch.num_new_tokens, drafts)]
         try:
-            logits, hidden = self.runner.execute_with_hidden(batch, num_logits)
+            logits, hidden = self.runner.execute_with_hidden(batch, num_logits, pending)
         finally:
             for seq, d in zip(batch.seqs, drafts):
                 del seq.token_ids[len(seq) - len(d):]
-        return self._verify(batch.seqs, drafts, num_logits, logits, hidden)
+        return drafts, num_logits, logits, hidden
 
     @torch.inference_mode()
-    def _verify(self, seqs: tuple[Sequence, ...], drafts: list[list[int]], num_logits: list[int],
-                logits: torch.Tensor, hidden: torch.Tensor) -> list[Verdict]:
-        """Each request's accepted drafts and emitted token on the device, the next drafts launched
-        from them (`_launch_proposal`), and one host copy of all of it: the device runs the
-        proposal's launches back to back while the host waits once, not twice."""
-        self._proposed = {}
+    def _on_device(self, seqs: tuple[Sequence, ...], drafts: list[list[int]], num_logits: list[int],
+                   logits: torch.Tensor, hidden: torch.Tensor
+                   ) -> tuple[list[int], torch.Tensor, torch.Tensor, torch.Tensor | None, list[int]] | None:
+        """Each verifying request's accepted drafts and emitted token on the device and the next
+        drafts launched from them (`_launch_proposal`), none of it waited for: (the verifying
+        requests' batch positions, accepted, tokens, proposal, the accepted counts drawn on the
+        host, synthetic only); None when no request verifies."""
         verifying = [i for i, n in enumerate(num_logits) if n]
         if not verifying:
-            return [Verdict([], 0) for _ in seqs]
+            return None
         starts = [sum(num_logits[:i]) for i in range(len(seqs))]
         row_seqs = [seqs[i] for i in verifying for _ in range(num_logits[i])]
         offsets = [j for i in verifying for j in range(num_logits[i])]
         # The target's token at every verified position, with min_tokens counted per position.
         targets = self.sampler(logits.clone(), row_seqs, offsets)
         first_rows = self.sampler.to_device([starts[i] for i in verifying])
-        accepted, tokens = self._decide(seqs, drafts, starts, verifying, first_rows, logits, targets)
+        accepted, tokens, counts = self._decide(seqs, drafts, starts, verifying, first_rows, logits, targets)
         proposal = self._launch_proposal([seqs[i] for i in verifying], accepted, tokens, hidden[first_rows + accepted])
+        return verifying, accepted, tokens, proposal, counts
+
+    def _verify(self, seqs: tuple[Sequence, ...], drafts: list[list[int]], num_logits: list[int],
+                logits: torch.Tensor, hidden: torch.Tensor) -> list[Verdict]:
+        """The step's verdicts and next drafts in one host copy: the device runs the proposal's
+        launches back to back while the host waits once, not twice."""
+        self._proposed = {}
+        decided = self._on_device(seqs, drafts, num_logits, logits, hidden)
+        if decided is None:
+            return [Verdict([], 0) for _ in seqs]
+        verifying, accepted, tokens, proposal, _ = decided
         n = len(verifying)
         host = torch.cat((accepted, tokens) + ((proposal.flatten(),) if proposal is not None else ())).tolist()
         accepted_host, tokens_host = host[:n], host[n:2 * n]
@@ -140,12 +203,12 @@ class SpeculativeDecoder:
 
     def _decide(self, seqs: tuple[Sequence, ...], drafts: list[list[int]], starts: list[int], verifying: list[int],
                 first_rows: torch.Tensor, logits: torch.Tensor,
-                targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+                targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
         """(accepted drafts, emitted token) of each verifying request (its logits' first row in
-        first_rows), int64 on the device: synthetic
-        counts drawn on the host, greedy ones by comparing the drafts with the targets on the
-        device, sampled ones by rejection sampling; the token is the target's at the first
-        position not accepted, or the rejection sampler's."""
+        first_rows), int64 on the device, and the counts the host knows (synthetic; 0 where the
+        device decides): synthetic counts drawn on the host, greedy ones by comparing the drafts
+        with the targets on the device, sampled ones by rejection sampling; the token is the
+        target's at the first position not accepted, or the rejection sampler's."""
         count = [0] * len(verifying)
         greedy: list[int] = []  # positions in `verifying` whose count the device finds
         for j, i in enumerate(verifying):
@@ -169,7 +232,7 @@ class SpeculativeDecoder:
                 for j in sampled])
             where = self.sampler.to_device(sampled)
             accepted[where], tokens[where] = decided[:, 0], decided[:, 1]
-        return accepted, tokens
+        return accepted, tokens, count
 
     def _greedy_accepted(self, drafts: list[list[int]], starts: list[int], targets: torch.Tensor) -> torch.Tensor:
         """How many leading drafts equal the targets at their positions, per request (device)."""

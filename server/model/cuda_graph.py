@@ -55,6 +55,7 @@ import torch
 
 from kernels.argmax import argmax_rows
 from kernels.topk import SINGLE_PASS_MAX_COLS
+from server.engine.sequence import PLACEHOLDER_BANK
 from server.model.attention import AttentionMetadata, CacheSettings
 from server.model.model import SparseMLAModel
 
@@ -159,7 +160,9 @@ class DecodeGraphs:
 
     def __init__(self, model: SparseMLAModel, kv: list[torch.Tensor], indexer: list[torch.Tensor],
                  settings: CacheSettings, block_size: int, max_model_len: int, dummy_block: int,
-                 sizes: tuple[int, ...], max_num_seqs: int, query_lens: tuple[int, ...] = (1,)) -> None:
+                 sizes: tuple[int, ...], max_pending: int, query_lens: tuple[int, ...] = (1,)) -> None:
+        """max_pending: the most tokens a step hands on to the next as placeholders (one per
+        request; with speculative decoding also each request's drafts)."""
         self.model, self.kv, self.indexer, self.settings = model, kv, indexer, settings
         self.block_size, self.max_model_len = block_size, max_model_len
         self.dummy_block = dummy_block
@@ -168,12 +171,12 @@ class DecodeGraphs:
         # padding rows decode positions 0..q-1 of the dummy block, so q must fit in one block
         self.query_lens = tuple(sorted({q for q in query_lens if 1 <= q <= block_size}))
         device = next(model.parameters()).device
-        self.pending_len = max(max_num_seqs, self.max_size)
+        self.pending_len = max(max_pending, self.max_size)
         largest = inputs_bytes(self.pending_len, self.max_size * self.query_lens[-1], self.max_size,
                                self.table_blocks(self.widths[-1]))
         self.inputs = torch.zeros(largest, dtype=torch.uint8, device=device)
-        # The last step's sampled tokens: one per request that sampled, in any step, graphed or not;
-        # decode graphs write theirs here (padding requests' too).
+        # The last step's sampled tokens (and drafts): one per request that sampled, in any step,
+        # graphed or not; decode graphs write theirs here (padding requests' too).
         self.pending = self.inputs[: self.pending_len * 8].view(torch.int64)
         # Two pinned staging buffers, alternated, so a step never overwrites one that a copy may still read;
         # the graph writes its greedy tokens to the host row of the same number (`host_tokens`), which
@@ -297,7 +300,7 @@ class DecodeGraphs:
         host.host_row[0] = flip
         ids, pos = token_ids.numpy(), positions.numpy()
         host.ids[:n] = ids
-        host.source[:n] = np.where(ids < 0, -1 - ids, self.pending_len + np.arange(n))
+        host.source[:n] = np.where(ids < 0, (-1 - ids) % PLACEHOLDER_BANK, self.pending_len + np.arange(n))
         host.positions[:n] = pos
         host.context_lens[:n] = pos + 1
         host.seq_ids[:n] = seq_ids.numpy()

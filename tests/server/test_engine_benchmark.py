@@ -30,11 +30,13 @@ def test_engine_benchmark_smoke(capsys, monkeypatch):
 
 
 def test_engine_benchmark_speculative_steps(capsys, monkeypatch):
-    # Verify steps of 3 drafts at a synthetic AL of 4 (every draft accepted): 4 tokens a request a step.
+    # Verify steps of 3 drafts at a synthetic AL of 4 (every draft accepted): 4 tokens a request a
+    # step, overlapped or not.
     module = load_script(monkeypatch)
     assert module.main(["--smoke", "--kv-dtypes", "bf16", "--no-prefill", "--speculative", "3",
-                        "--acceptance-length", "4"]) == 0
+                        "--acceptance-length", "4", "--overlap", "on,off"]) == 0
     rows = [line.split() for line in capsys.readouterr().out.splitlines() if line.startswith("tiny ")]
-    assert [(r[3], r[4], r[11]) for r in rows] == [("verify3", "1", "off"), ("verify3", "8", "off")]
+    assert sorted((r[3], r[4], r[11]) for r in rows) == [
+        ("verify3", "1", "off"), ("verify3", "1", "on"), ("verify3", "8", "off"), ("verify3", "8", "on")]
     for r in rows:  # tok/s x step time = tokens a step
         assert float(r[7]) * float(r[6]) / 1e3 == pytest.approx(int(r[4]) * 4, rel=1e-3)
