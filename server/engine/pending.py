@@ -20,7 +20,7 @@ from dataclasses import InitVar, dataclass, field
 import torch
 
 from server.engine.scheduler import ScheduledBatch
-from server.engine.sequence import PLACEHOLDER_BANK
+from server.engine.sequence import placeholder_row
 
 
 def to_device_async(host: torch.Tensor, device: torch.device) -> torch.Tensor:
@@ -34,7 +34,7 @@ def to_device_async(host: torch.Tensor, device: torch.device) -> torch.Tensor:
 def fill_placeholders(token_ids: torch.Tensor, sampled: torch.Tensor) -> torch.Tensor:
     """token_ids (device) with every placeholder replaced by its row of `sampled`; no host sync."""
     is_placeholder = token_ids < 0
-    rows = torch.where(is_placeholder, (-1 - token_ids) % PLACEHOLDER_BANK, 0)
+    rows = torch.where(is_placeholder, placeholder_row(token_ids), 0)
     return torch.where(is_placeholder, sampled[rows], token_ids)
 
 

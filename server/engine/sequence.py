@@ -18,14 +18,15 @@ themselves may be placeholders for the draft head's tokens.
 from __future__ import annotations
 
 import enum
+from typing import TypeVar
 
 from server.engine.messages import SamplingParams
-
 
 # Placeholders of two launched steps can sit in one request at once (speculative steps: the step
 # in flight's token after the accepted drafts of the step before); alternate steps number their
 # rows from two banks so that resolving one step never touches the other's.
 PLACEHOLDER_BANK = 1 << 24
+T = TypeVar("T")
 
 
 def placeholder(row: int, bank: int = 0) -> int:
@@ -34,12 +35,14 @@ def placeholder(row: int, bank: int = 0) -> int:
     return -1 - row - bank * PLACEHOLDER_BANK
 
 
-def placeholder_row(token: int) -> int:
-    """The row of a launched step's sampled tokens that placeholder `token` stands for."""
+def placeholder_row(token: T) -> T:
+    """The row of a launched step's sampled tokens that placeholder `token` stands for (a token id,
+    or a numpy or torch array of them: the same arithmetic on each)."""
     return (-1 - token) % PLACEHOLDER_BANK
 
 
 def placeholder_bank(token: int) -> int:
+    """The bank (0 or 1) of the launched step that placeholder `token` belongs to."""
     return (-1 - token) // PLACEHOLDER_BANK
 
 

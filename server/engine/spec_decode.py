@@ -7,7 +7,7 @@ how many drafts `a` are accepted; the request emits drafts 1..a and then the tar
 position a (the correction, or the bonus when all drafts pass) in one output. The KV rows of
 the k' - a rejected positions stay in the cache but are not counted as computed, so the next
 step overwrites them and the context lengths keep every reader away from them; blocks that
-only held them are freed (`Scheduler.commit`).
+only held them are freed (`Scheduler.commit`, or `Scheduler.launch_verify` when overlapped).
 
 Verification:
 - synthetic: `a` is drawn per request per step from the schedule's conditional rates
@@ -288,8 +288,9 @@ class SpeculativeDecoder:
         (int64 [requests, passes] on the device, not waited for), from the target's hidden state at
         its last emitted position and that token; None when no request may. The host does not know
         yet how many tokens each request keeps, so it proposes as many drafts as one emitted token
-        would allow (`propose` cuts them to what the committed request allows) and EOS is kept out
-        of draft i by the device's count: below min_tokens when outputs + accepted + 1 + i are."""
+        would allow (`propose`, or `launch` when overlapped, cuts them to what the request then
+        allows) and EOS is kept out of draft i by the device's count: below min_tokens when outputs
+        + accepted + 1 + i are."""
         limits = [self._drafts_allowed(s, emitted=1) for s in seqs]
         passes = max(limits)
         if passes == 0:

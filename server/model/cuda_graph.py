@@ -55,7 +55,7 @@ import torch
 
 from kernels.argmax import argmax_rows
 from kernels.topk import SINGLE_PASS_MAX_COLS
-from server.engine.sequence import PLACEHOLDER_BANK
+from server.engine.sequence import placeholder_row
 from server.model.attention import AttentionMetadata, CacheSettings
 from server.model.model import SparseMLAModel
 
@@ -300,7 +300,7 @@ class DecodeGraphs:
         host.host_row[0] = flip
         ids, pos = token_ids.numpy(), positions.numpy()
         host.ids[:n] = ids
-        host.source[:n] = np.where(ids < 0, (-1 - ids) % PLACEHOLDER_BANK, self.pending_len + np.arange(n))
+        host.source[:n] = np.where(ids < 0, placeholder_row(ids), self.pending_len + np.arange(n))
         host.positions[:n] = pos
         host.context_lens[:n] = pos + 1
         host.seq_ids[:n] = seq_ids.numpy()

@@ -71,7 +71,8 @@ def test_overlap_on_is_refused_where_it_is_not_built():
         parse("--device", "cpu", "--speculative-config", spec, "--overlap-schedule", "on")
     synthetic = ('{"method": "mtp", "num_speculative_tokens": 3, "rejection_sample_method": "synthetic", '
                  '"synthetic_acceptance_length": 2.5}')
-    assert parse("--device", "cpu", "--speculative-config", synthetic, "--overlap-schedule", "on").overlap_schedule == "on"
+    overlapped = parse("--device", "cpu", "--speculative-config", synthetic, "--overlap-schedule", "on")
+    assert overlapped.overlap_schedule == "on"
     with pytest.raises(ValueError, match="--overlap-schedule on: not available with --tp 2"):
         parse("--device", "cpu", "--tp", "2", "--overlap-schedule", "on")
 

@@ -1,6 +1,8 @@
 """Overlapped scheduling of speculative steps (synthetic acceptance): the same tokens, finish
-reasons and acceptance statistics as running one step at a time, with the step's emitted tokens
-and next drafts as placeholders until they are read one step later."""
+reasons and acceptance statistics as running one step at a time while the budget leaves every
+request its drafts (a request stopped by EOS holds its place one step longer, so under a tight
+budget or cache another request may verify, and accept, fewer drafts), with the step's emitted
+tokens and next drafts as placeholders until they are read one step later."""
 
 from __future__ import annotations
 
