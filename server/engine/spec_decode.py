@@ -38,6 +38,7 @@ from __future__ import annotations
 import math
 import zlib
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 
@@ -50,6 +51,27 @@ from server.engine.scheduler import ScheduledBatch, Scheduler
 from server.engine.sequence import Sequence, placeholder
 from server.model.draft import build_draft_head
 from server.model.runner import ModelRunner
+
+
+class Decided(NamedTuple):
+    """A verify step's decisions, on the device and not waited for: the verifying requests' batch
+    positions, their accepted drafts and emitted tokens (int64), the next drafts (int64 [verifying,
+    width], None when no request may have any) and the accepted counts the host knows (synthetic)."""
+
+    verifying: list[int]
+    accepted: torch.Tensor
+    tokens: torch.Tensor
+    proposal: torch.Tensor | None
+    counts: list[int]
+
+    @property
+    def width(self) -> int:
+        """Drafts proposed per verifying request."""
+        return 0 if self.proposal is None else self.proposal.shape[1]
+
+    def flat_proposal(self) -> tuple[torch.Tensor, ...]:
+        """The next drafts as one flat tensor, request by request, or nothing: for a concatenation."""
+        return () if self.proposal is None else (self.proposal.flatten(),)
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,11 +136,10 @@ class SpeculativeDecoder:
         output, width = None, 0
         decided = self._on_device(batch.seqs, drafts, num_logits, logits, hidden)
         if decided is not None:
-            verifying, _, tokens, proposal, counts = decided
-            for i, a in zip(verifying, counts):
+            verifying, width = decided.verifying, decided.width
+            for i, a in zip(verifying, decided.counts):
                 accepted[i] = a
-            width = 0 if proposal is None else proposal.shape[1]
-            output = tokens if proposal is None else torch.cat((tokens, proposal.flatten()))
+            output = torch.cat((decided.tokens, *decided.flat_proposal()))
         at = scheduler.launch_verify(batch, num_logits, drafts, accepted, bank)
         for j, i in enumerate(verifying):
             seq = batch.seqs[i]
@@ -159,12 +180,10 @@ class SpeculativeDecoder:
 
     @torch.inference_mode()
     def _on_device(self, seqs: tuple[Sequence, ...], drafts: list[list[int]], num_logits: list[int],
-                   logits: torch.Tensor, hidden: torch.Tensor
-                   ) -> tuple[list[int], torch.Tensor, torch.Tensor, torch.Tensor | None, list[int]] | None:
+                   logits: torch.Tensor, hidden: torch.Tensor) -> Decided | None:
         """Each verifying request's accepted drafts and emitted token on the device and the next
-        drafts launched from them (`_launch_proposal`), none of it waited for: (the verifying
-        requests' batch positions, accepted, tokens, proposal, the accepted counts drawn on the
-        host, synthetic only); None when no request verifies."""
+        drafts launched from them (`_launch_proposal`), none of it waited for; None when no
+        request verifies."""
         verifying = [i for i, n in enumerate(num_logits) if n]
         if not verifying:
             return None
@@ -176,7 +195,7 @@ class SpeculativeDecoder:
         first_rows = self.sampler.to_device([starts[i] for i in verifying])
         accepted, tokens, counts = self._decide(seqs, drafts, starts, verifying, first_rows, logits, targets)
         proposal = self._launch_proposal([seqs[i] for i in verifying], accepted, tokens, hidden[first_rows + accepted])
-        return verifying, accepted, tokens, proposal, counts
+        return Decided(verifying, accepted, tokens, proposal, counts)
 
     def _verify(self, seqs: tuple[Sequence, ...], drafts: list[list[int]], num_logits: list[int],
                 logits: torch.Tensor, hidden: torch.Tensor) -> list[Verdict]:
@@ -186,11 +205,10 @@ class SpeculativeDecoder:
         decided = self._on_device(seqs, drafts, num_logits, logits, hidden)
         if decided is None:
             return [Verdict([], 0) for _ in seqs]
-        verifying, accepted, tokens, proposal, _ = decided
+        verifying, width = decided.verifying, decided.width
         n = len(verifying)
-        host = torch.cat((accepted, tokens) + ((proposal.flatten(),) if proposal is not None else ())).tolist()
+        host = torch.cat((decided.accepted, decided.tokens, *decided.flat_proposal())).tolist()  # the one host sync
         accepted_host, tokens_host = host[:n], host[n:2 * n]
-        width = 0 if proposal is None else proposal.shape[1]
         verdicts = [Verdict([], 0) for _ in seqs]
         for j, i in enumerate(verifying):
             a, d = accepted_host[j], drafts[i]

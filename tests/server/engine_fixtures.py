@@ -35,6 +35,29 @@ def greedy(max_tokens: int, **kw) -> SamplingParams:
     return SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True, **kw)
 
 
+def overlapped_and_serial(config: EngineConfig) -> tuple[Engine, Engine]:
+    """(overlapped, one step at a time) engines of the same config (auto is off on CPU)."""
+    overlapped = Engine(dataclasses.replace(config, overlap_schedule="on"))
+    serial = Engine(dataclasses.replace(config, overlap_schedule="off"))
+    assert overlapped.overlap and not serial.overlap
+    return overlapped, serial
+
+
+def mixed_requests() -> dict[str, tuple[tuple[int, ...], SamplingParams]]:
+    """Requests that take every path of a step at a budget of 64 tokens and 4 sequences: chunked
+    prefill, a prefix-cache hit, one- and two-token outputs, a seeded sampled request."""
+    shared = prompt(7, 40)
+    return {
+        "short": (prompt(1, 3), greedy(9)),
+        "long": (prompt(2, 150), greedy(23)),  # chunked over several steps at a budget of 64
+        "shared_a": (shared + prompt(3, 5), greedy(7)),
+        "shared_b": (shared + prompt(4, 9), greedy(11)),  # prefix-cache hit on shared_a's blocks
+        "one": (prompt(5, 20), greedy(1)),
+        "two": (prompt(8, 20), greedy(2)),
+        "seeded": (prompt(6, 30), SamplingParams(max_tokens=10, temperature=0.8, top_p=0.9, seed=3)),
+    }
+
+
 def run(engine: Engine, requests: dict[str, tuple[tuple[int, ...], SamplingParams]],
         max_steps: int = 10_000) -> dict[str, dict]:
     """Add every request, step until all finish; per request: tokens, finish reason, cached tokens.

@@ -10,28 +10,12 @@ from server.engine.core import Engine
 from server.engine.messages import AddRequest, SamplingParams
 from server.engine.pending import fill_placeholders
 from server.engine.sequence import placeholder
-from tests.server.engine_fixtures import greedy, prompt, run, tiny_config
+from tests.server.engine_fixtures import greedy, mixed_requests, overlapped_and_serial, prompt, run, tiny_config
 
 
 def engines(**kw) -> tuple[Engine, Engine]:
     """(overlapped, one step at a time) engines of the same config."""
-    config = tiny_config(**kw)
-    overlapped = Engine(dataclasses.replace(config, overlap_schedule="on"))  # auto is off on CPU
-    serial = Engine(dataclasses.replace(config, overlap_schedule="off"))
-    assert overlapped.overlap and not serial.overlap
-    return overlapped, serial
-
-
-def mixed_requests() -> dict[str, tuple[tuple[int, ...], SamplingParams]]:
-    shared = prompt(7, 40)
-    return {
-        "short": (prompt(1, 3), greedy(9)),
-        "long": (prompt(2, 150), greedy(12)),  # chunked over several steps at a budget of 64
-        "shared_a": (shared + prompt(3, 5), greedy(7)),
-        "shared_b": (shared + prompt(4, 9), greedy(11)),  # prefix-cache hit on shared_a's blocks
-        "one": (prompt(5, 20), greedy(1)),
-        "seeded": (prompt(6, 30), SamplingParams(max_tokens=10, temperature=0.8, top_p=0.9, seed=3)),
-    }
+    return overlapped_and_serial(tiny_config(**kw))
 
 
 def test_same_tokens_and_reasons_with_chunks_prefix_hits_and_sampling():

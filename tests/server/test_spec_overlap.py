@@ -15,38 +15,21 @@ from server.engine.core import Engine
 from server.engine.messages import AddRequest, SamplingParams
 from server.engine.pending import fill_placeholders
 from server.engine.sequence import placeholder, placeholder_bank, placeholder_row
-from tests.server.engine_fixtures import greedy, prompt, run, tiny_config
+from tests.server.engine_fixtures import greedy, mixed_requests, overlapped_and_serial, prompt, run, tiny_config
 
 EOS = 257
 
 
 def engines(k: int = 3, al: float = 2.5, **kw) -> tuple[Engine, Engine]:
     """(overlapped, one step at a time) engines with synthetic acceptance at (k, al)."""
-    config = dataclasses.replace(tiny_config(**kw), speculative=SpeculativeConfig(
-        "mtp", k, "synthetic", synthetic_acceptance_length=al))
-    overlapped = Engine(dataclasses.replace(config, overlap_schedule="on"))
-    serial = Engine(dataclasses.replace(config, overlap_schedule="off"))
-    assert overlapped.overlap and not serial.overlap
-    return overlapped, serial
+    return overlapped_and_serial(dataclasses.replace(tiny_config(**kw), speculative=SpeculativeConfig(
+        "mtp", k, "synthetic", synthetic_acceptance_length=al)))
 
 
 def spec_stats(engine: Engine) -> tuple:
     s = engine.stats()
     return (s.prompt_tokens, s.generation_tokens, s.spec_num_drafts, s.spec_num_draft_tokens,
             s.spec_num_accepted_tokens, s.spec_accepted_per_position)
-
-
-def mixed_requests() -> dict[str, tuple[tuple[int, ...], SamplingParams]]:
-    shared = prompt(7, 40)
-    return {
-        "short": (prompt(1, 3), greedy(9)),
-        "long": (prompt(2, 150), greedy(23)),  # chunked over several steps at a budget of 64
-        "shared_a": (shared + prompt(3, 5), greedy(7)),
-        "shared_b": (shared + prompt(4, 9), greedy(11)),  # prefix-cache hit on shared_a's blocks
-        "one": (prompt(5, 20), greedy(1)),
-        "two": (prompt(8, 20), greedy(2)),
-        "seeded": (prompt(6, 30), SamplingParams(max_tokens=10, temperature=0.8, top_p=0.9, seed=3)),
-    }
 
 
 def test_same_tokens_reasons_and_acceptance_with_chunks_and_prefix_hits():
