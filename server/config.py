@@ -378,6 +378,17 @@ class EngineConfig:
                 self.scheduler, max_model_len=self.model.max_position))
         validate_engine_config(self)
 
+    @property
+    def num_speculative_tokens(self) -> int:
+        """Drafts a request verifies per step: k, or 0 without speculative decoding."""
+        return 0 if self.speculative is None else self.speculative.num_speculative_tokens
+
+    @property
+    def max_step_outputs(self) -> int:
+        """The most tokens one step hands on to the next (overlapped scheduling's placeholders): a
+        token per request and, with speculative decoding, its drafts."""
+        return self.scheduler.max_num_seqs * (1 + self.num_speculative_tokens)
+
 
 def resolve_device(device: str) -> str:
     """'auto' becomes 'cuda' when a GPU is visible, else 'cpu'."""

@@ -44,9 +44,7 @@ class Engine:
         self.runner = ModelRunner(config)
         self.num_gpus = self.runner.num_gpus
         self.overlap = resolve_overlap(config)
-        # a step hands on a token per request, and with speculative decoding its drafts
-        spec_k = 0 if config.speculative is None else config.speculative.num_speculative_tokens
-        self._token_copies = (TokenCopies(self.runner.device, config.scheduler.max_num_seqs * (1 + spec_k))
+        self._token_copies = (TokenCopies(self.runner.device, config.max_step_outputs)
                               if self.runner.device.type == "cuda" else None)
         self.compiles_while_serving = 0
         self._reset()

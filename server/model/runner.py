@@ -87,13 +87,12 @@ class ModelRunner:
         self.graphs: DecodeGraphs | None = None
         if use_graphs:
             sched = config.scheduler
-            spec_k = 0 if config.speculative is None else config.speculative.num_speculative_tokens
             self.graphs = DecodeGraphs(
                 self.model, self.cache.kv, self.cache.indexer, self.settings, self.block_size, sched.max_model_len,
                 dummy_block=self.num_blocks,
                 sizes=config.cuda_graph_sizes or default_capture_sizes(sched.max_num_seqs),
-                max_pending=sched.max_num_seqs * (1 + spec_k),
-                query_lens=(1,) if config.speculative is None else (1, spec_k + 1))
+                max_pending=config.max_step_outputs,
+                query_lens=(1,) if config.speculative is None else (1, config.num_speculative_tokens + 1))
             self.graphs.capture()
 
     @property

@@ -8,7 +8,7 @@ import dataclasses
 import pytest
 
 from server.args import add_engine_args, engine_config_from_args
-from server.config import CacheConfig, EngineConfig, SchedulerConfig, model_preset
+from server.config import CacheConfig, EngineConfig, SchedulerConfig, SpeculativeConfig, model_preset
 
 
 def parse(*argv: str) -> EngineConfig:
@@ -120,3 +120,12 @@ def test_fp8_kv_needs_latent_dim_multiple_of_128():
 def test_unknown_preset():
     with pytest.raises(ValueError, match="--model"):
         model_preset("huge")
+
+
+def test_a_step_hands_on_a_token_per_request_and_its_drafts():
+    from tests.server.engine_fixtures import tiny_config
+
+    plain = tiny_config(max_num_seqs=4)
+    speculative = dataclasses.replace(plain, speculative=SpeculativeConfig("mtp", 3, "standard"))
+    assert (plain.num_speculative_tokens, plain.max_step_outputs) == (0, 4)
+    assert (speculative.num_speculative_tokens, speculative.max_step_outputs) == (3, 16)
