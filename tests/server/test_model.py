@@ -3,6 +3,7 @@ of docs/sparse_mla.md written here; KV/indexer dtypes; safetensors save/load."""
 
 from __future__ import annotations
 
+import logging
 import math
 
 import numpy as np
@@ -25,7 +26,7 @@ from server.engine.scheduler import ScheduledBatch
 from server.engine.sequence import Sequence
 from server.model.block_table import TABLE_WIDTH_MULTIPLE
 from server.model.model import save_weights
-from server.model.runner import ModelRunner
+from server.model.runner import MXFP4_NOTE, ModelRunner
 from tests.server.engine_fixtures import prompt, tiny_config
 
 # Two requests fed in ragged steps: a prefill chunk, a multi-token chunk, then single tokens.
@@ -176,6 +177,13 @@ def test_attention_layers_match_dense_reference(kv_cache_dtype, key_dtype):
         for rid, (h, out) in captured.items():
             ref = dense_attention(layer.attn, h, kv_dtype, key_dtype)
             assert rel_err(out, ref) < 1e-2, (rid, rel_err(out, ref))
+
+
+def test_mxfp4_keys_say_what_an_ab_against_fp8_measures(caplog):
+    with caplog.at_level(logging.WARNING, logger="server.model.runner"):
+        ModelRunner(tiny_config(indexer_key_dtype="mxfp4", num_blocks=16))
+        ModelRunner(tiny_config(num_blocks=16))
+    assert [r.getMessage() for r in caplog.records] == [MXFP4_NOTE]
 
 
 def test_model_logits_match_dense_reference():
