@@ -5,6 +5,7 @@ Nothing is started; the error names the recipe key."""
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 from typing import NoReturn
 
 from loadgen.recipe.schema import FlagValue, Recipe, RecipeError
@@ -37,6 +38,7 @@ def _check(recipe: Recipe) -> None:
             load_run_noise(recipe.compare.run_noise)
         except CompareError as exc:
             raise RecipeError(f"compare.run_noise: {str(exc).removeprefix('--run-noise: ')}") from None
+    _check_cwds(recipe)
     kind = recipe.server.kind
     if kind == "inprocess":
         for name in HTTP_ONLY_WORKLOAD:
@@ -53,6 +55,19 @@ def _check(recipe: Recipe) -> None:
     for where, flags in places:
         for key, value in flags:
             _check_flag(parser, kind, f"{where}.{key}", key, value)
+
+
+def _check_cwds(recipe: Recipe) -> None:
+    places = [("server.cwd", recipe.server.cwd)]
+    places += [(f"variants[{i}].cwd", v.cwd) for i, v in enumerate(recipe.variants)]
+    for where, cwd in places:
+        if cwd is None:
+            continue
+        if not Path(cwd).is_dir():
+            raise RecipeError(f"{where}: {cwd} is not a directory")
+        if recipe.server.kind == "ours" and not (Path(cwd) / "server" / "cli.py").is_file():
+            raise RecipeError(f"{where}: {cwd} holds no server/cli.py (kind ours runs `python -m server.cli` "
+                              f"there, so it must be a tree of this repository)")
 
 
 def _engine_parser() -> _Parser:

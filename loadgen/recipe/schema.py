@@ -53,6 +53,9 @@ class ServerSpec:
     env: Flags = ()  # extra environment for the server process
     gpus: int | None = None  # GPUs behind the server, for throughput per GPU (default: server's own)
     cpus: str | None = None  # CPUs the server's processes run on, e.g. "1" or "2-7" (Linux; default: any)
+    # the server process's working directory (kinds ours and command; default: loadgen's). For ours, a
+    # folder holding another tree of this repository serves that tree's engine, driven by this loadgen.
+    cwd: str | None = None
 
     def cpu_set(self) -> frozenset[int] | None:
         """`cpus` as a set (None: anywhere); CpuListError names the key."""
@@ -104,12 +107,14 @@ class Sweep:
 
 @dataclass(frozen=True, slots=True)
 class Variant:
-    """A named set of overrides of the server's flags and environment. `control: true` marks a
-    deliberate copy of the baseline (an A/A check); any other variant must override something."""
+    """A named set of overrides of the server's flags, environment and working directory.
+    `control: true` marks a deliberate copy of the baseline (an A/A check); any other variant must
+    override something."""
 
     name: str
     flags: Flags = ()
     env: Flags = ()
+    cwd: str | None = None
     control: bool = False
 
 
@@ -148,6 +153,14 @@ class Recipe:
     def server_env(self, variant: Variant) -> dict[str, str]:
         return {key: str(value) for key, value in (*self.server.env, *variant.env)}
 
+    def server_cwd(self, variant: Variant) -> str | None:
+        """The working directory of the variant's server process (None: loadgen's)."""
+        return variant.cwd or self.server.cwd
+
+    def server_of(self, variant: Variant) -> tuple:
+        """What makes the variant's server: its flags, environment and working directory."""
+        return self.server_flags(variant), self.server_env(variant), self.server_cwd(variant)
+
 
 # -- validation of the whole ---------------------------------------------------------------
 
@@ -172,8 +185,9 @@ def validate_recipe(r: Recipe) -> None:
     _require(s.startup_timeout_s > 0, f"server.startup_timeout_s: must be positive, got {s.startup_timeout_s:g}")
     _require(s.health_path.startswith("/"), f"server.health_path: must start with /, got {s.health_path!r}")
     _require(s.gpus is None or s.gpus >= 1, f"server.gpus: must be >= 1, got {s.gpus}")
-    _require(s.cpus is None or s.kind in ("ours", "command"),
-             f"server.cpus: only for a server the recipe starts (kind ours or command), not kind {s.kind}")
+    for key in ("cpus", "cwd"):
+        _require(getattr(s, key) is None or s.kind in ("ours", "command"),
+                 f"server.{key}: only for a server the recipe starts (kind ours or command), not kind {s.kind}")
     try:
         s.cpu_set(), r.sweep.client_cpu_set()
     except CpuListError as exc:
@@ -207,15 +221,18 @@ def validate_recipe(r: Recipe) -> None:
         _require(v.name not in names[:i], f"variants[{i}].name: {v.name!r} is used twice")
         if s.kind == "url":
             _require(not v.flags and not v.env, f"{where}.flags: a server at a URL cannot be given flags")
+        _require(v.cwd is None or s.kind in ("ours", "command"),
+                 f"{where}.cwd: only for a server the recipe starts (kind ours or command), not kind {s.kind}")
         if i == 0:
             _require(not v.control, f"{where}.control: the first variant is the baseline itself")
             continue
-        same = r.server_flags(v) == r.server_flags(r.variants[0]) and r.server_env(v) == r.server_env(r.variants[0])
         if v.control:
-            _require(not v.flags and not v.env, f"{where}.control: a control copies the baseline; drop its flags/env")
+            _require(not v.flags and not v.env and v.cwd is None,
+                     f"{where}.control: a control copies the baseline; drop its flags/env/cwd")
         else:
-            _require(not same, f"{where}.flags: overrides nothing (same server flags and env as the baseline); "
-                               f"give a flag that differs, or `control: true` for a deliberate A/A copy")
+            _require(r.server_of(v) != r.server_of(r.variants[0]),
+                     f"{where}.flags: overrides nothing (same server flags, env and cwd as the baseline); "
+                     f"give a flag that differs, or `control: true` for a deliberate A/A copy")
 
 
 def _require(ok: Any, message: str) -> None:

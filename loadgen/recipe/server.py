@@ -75,13 +75,15 @@ class RunningServer:
         port = free_port() if spec.kind == "command" else None
         self.command = server_command(self.recipe, self.variant, port)
         if self.command:
-            log.info("starting the server of %s: %s", self.variant.name, shlex.join(self.command))
+            cwd = self.recipe.server_cwd(self.variant)
+            log.info("starting the server of %s: %s%s", self.variant.name, shlex.join(self.command),
+                     f" (in {cwd})" if cwd else "")
             env = {**os.environ, **self.recipe.server_env(self.variant)}
             with open(self.log_path, "wb") as sink:
                 try:
                     with placed_on(spec.cpu_set()):
                         self.process = subprocess.Popen(self.command, stdout=sink, stderr=subprocess.STDOUT,
-                                                        env=env, start_new_session=True)
+                                                        env=env, cwd=cwd, start_new_session=True)
                 except OSError as exc:
                     raise ServerStartError(f"server.command: cannot start {shlex.join(self.command)}: "
                                            f"{exc.strerror or exc}") from None

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -140,3 +141,27 @@ def test_a_kept_server_that_died_stops_the_recipe_naming_it(tmp_path):
     server.process.wait()
     with pytest.raises(RecipeRunError, match="variant a: its kept server exited with code 3; see .*a.log"):
         RecipeRun(recipe, tmp_path / "out", resume=False, quiet=True)._one(PlannedRun(1, recipe.baseline), server)
+
+
+def test_a_variant_with_a_cwd_is_served_by_that_tree(tmp_path, sessions):
+    """`cwd` runs another tree of the repository's server (an older revision, say) under this
+    loadgen: the copy's server notes its start, the baseline's (this tree's) does not."""
+    other = tmp_path / "other"
+    for package in ("server", "kernels", "golden_al"):
+        shutil.copytree(ROOT / package, other / package, ignore=shutil.ignore_patterns("__pycache__"))
+    starts = tmp_path / "starts.txt"
+    with (other / "server" / "__init__.py").open("a") as init:
+        init.write(f"\nopen({str(starts)!r}, 'a').write(__file__ + chr(10))\n")
+    folder = sessions(*({"n_requests": 2, "think": 0.0, "n_out": 4} for _ in range(2)))
+    marker = f"tiny-{uuid.uuid4().hex}"
+    doc = {"name": "trees", "server": {"kind": "ours", "startup_timeout_s": 300,
+                                       "flags": {"model": "tiny", "device": "cpu", "served_model_name": marker}},
+           "workload": {"traces": str(folder)}, "sweep": {"conc": [1], "duration_s": 1.0, "repeats": 1},
+           "variants": [{"name": "this"}, {"name": "other", "cwd": str(other)}]}
+    out = tmp_path / "out"
+    assert main(["recipe", "run", str(write_recipe(tmp_path, doc)), "--out", str(out), "--quiet"]) == 0
+    # the copy's package was imported by its server's processes (server and engine), this tree's never
+    assert {Path(line) for line in starts.read_text().split()} == {other / "server" / "__init__.py"}
+    for variant in ("this", "other"):
+        assert json.loads((out / "runs" / f"{variant}-r1" / "result.json").read_text())["status"] == "complete"
+    assert processes_with(marker) == []

@@ -95,6 +95,12 @@ def test_the_seed_recipe_is_the_issue_experiment():
     (_with(sweep={"conc": [1], "servers": "pooled"}), "sweep.servers: must be one of fresh, kept"),
     (_with(server={"kind": "inprocess"}, sweep={"conc": [1], "servers": "kept"}),
      "sweep.servers: kept needs servers the recipe starts (server.kind ours or command), not inprocess"),
+    (_with(variants=[{"name": "a"}, {"name": "b", "cwd": "/x"}], server={"kind": "inprocess"}),
+     "variants[1] (b).cwd: only for a server the recipe starts (kind ours or command), not kind inprocess"),
+    (_with(variants=[{"name": "a"}, {"name": "b", "control": True, "cwd": "/x"}]),
+     "variants[1] (b).control: a control copies the baseline; drop its flags/env/cwd"),
+    (_with(server={"kind": "ours", "cwd": "/x"}, variants=[{"name": "a"}, {"name": "b", "cwd": "/x"}]),
+     "variants[1] (b).flags: overrides nothing (same server flags, env and cwd as the baseline)"),
 ])
 def test_bad_recipes_name_the_key(doc, message):
     with pytest.raises(RecipeError) as info:
@@ -110,6 +116,10 @@ def test_bad_recipes_name_the_key(doc, message):
     ({"server": {"kind": "ours", "flags": {"port": 9000}}}, "server.flags.port: set by the recipe"),
     ({"server": {"kind": "ours", "flags": {"max_num_seqs": "many"}}}, "server.flags.max_num_seqs: argument"),
     ({"server": {"kind": "inprocess"}, "workload": {"golden_al": "dsv4_mtp"}}, "workload.golden_al: the in-process"),
+    ({"variants": [{"name": "a"}, {"name": "old", "cwd": "/nonexistent/tree"}]},
+     "variants[1].cwd: /nonexistent/tree is not a directory"),
+    ({"server": {"kind": "ours", "cwd": str(RECIPES)}},
+     f"server.cwd: {RECIPES} holds no server/cli.py (kind ours runs `python -m server.cli` there"),
 ])
 def test_check_names_the_flag_and_exits_2(tmp_path, capsys, change, message):
     path = tmp_path / "bad.yaml"
