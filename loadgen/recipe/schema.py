@@ -203,8 +203,9 @@ def validate_recipe(r: Recipe) -> None:
     _require(sw.servers == "fresh" or s.kind in ("ours", "command"),
              f"sweep.servers: kept needs servers the recipe starts (server.kind ours or command), not {s.kind}")
     w = r.workload
-    for name in ("token_scale", "think_time_scale"):
-        _require(getattr(w, name) > 0, f"workload.{name}: must be positive, got {getattr(w, name):g}")
+    _require(w.token_scale > 0, f"workload.token_scale: must be positive, got {w.token_scale:g}")
+    # as `loadgen replay`: 0 takes the recorded think time out (the server's capacity on the sessions)
+    _require(w.think_time_scale >= 0, f"workload.think_time_scale: must be >= 0, got {w.think_time_scale:g}")
     _require(w.thinking is None or w.golden_al is not None,
              "workload.thinking: only meaningful with workload.golden_al")
     _require(0 < r.compare.fdr < 1, f"compare.fdr: must be in (0, 1), got {r.compare.fdr:g}")

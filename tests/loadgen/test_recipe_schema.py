@@ -77,6 +77,11 @@ def test_the_seed_recipe_is_the_issue_experiment():
     assert recipe.workload.thinking == "auto"
 
 
+def test_think_time_scale_zero_runs_the_sessions_back_to_back():
+    """As `loadgen replay --think-time-scale 0`: the server's capacity on the sessions."""
+    assert recipe_from_dict(_with(workload={"think_time_scale": 0})).workload.think_time_scale == 0
+
+
 @pytest.mark.parametrize("doc, message", [
     (_with(sweeps={}), "sweeps: unknown key"),
     (_with(sweep={"conc": [1], "duration_s": "long"}), "sweep.duration_s: expected a number, got a string 'long'"),
@@ -91,6 +96,8 @@ def test_the_seed_recipe_is_the_issue_experiment():
     (_with(variants=[{"name": "a", "flags": {"block_size": [1, {"x": None}]}}, {"name": "b", "extra": 1}]),
      "variants[1].extra: unknown key"),
     (_with(workload={"thinking": "auto"}), "workload.thinking: only meaningful with workload.golden_al"),
+    (_with(workload={"token_scale": 0}), "workload.token_scale: must be positive, got 0"),
+    (_with(workload={"think_time_scale": -1}), "workload.think_time_scale: must be >= 0, got -1"),
     (_with(compare={"metrics": ["speed"]}), "compare.metrics[0]: unknown metric 'speed'"),
     (_with(sweep={"conc": [1], "servers": "pooled"}), "sweep.servers: must be one of fresh, kept"),
     (_with(server={"kind": "inprocess"}, sweep={"conc": [1], "servers": "kept"}),
