@@ -58,6 +58,7 @@ def _check(recipe: Recipe) -> None:
 
 
 def _check_cwds(recipe: Recipe) -> None:
+    """Every working directory given exists; for our server, it holds a tree of this repository."""
     places = [("server.cwd", recipe.server.cwd)]
     places += [(f"variants[{i}].cwd", v.cwd) for i, v in enumerate(recipe.variants)]
     for where, cwd in places:

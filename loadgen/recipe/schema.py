@@ -3,7 +3,8 @@
 A recipe names the server (ours started as `python -m server.cli start`, the in-process engine,
 an external command line such as `vllm serve`, or a URL), the workload (traces and their
 scaling, think time, golden AL and thinking mode), the sweep (concurrencies or rates, window,
-warm-up, repeats, seed) and the variants (flag overrides; the first is the baseline).
+warm-up, repeats, seed) and the variants (overrides of the server's flags, environment and
+working directory; the first is the baseline, a control copies it).
 
 Build one programmatically (`Recipe(...)`, or `recipe_from_dict`) and write it with `to_dict` /
 `to_yaml`; `recipe_from_dict(to_dict(r)) == r`. Every error is a RecipeError naming the key
@@ -14,6 +15,7 @@ flags later, by `loadgen recipe check`, not here.
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import MISSING, dataclass, field, fields, is_dataclass
 from typing import Any, Union, get_args, get_origin, get_type_hints
 
@@ -147,19 +149,24 @@ class Recipe:
         return self.variants[0]
 
     def server_flags(self, variant: Variant) -> dict[str, FlagValue]:
-        """The server flags of one variant: the server's, overridden by the variant's."""
-        return {**dict(self.server.flags), **dict(variant.flags)}
+        """The server flags of one variant: the server's, overridden by the variant's (a control's: the baseline's)."""
+        return {**dict(self.server.flags), **dict(self._as_run(variant).flags)}
 
     def server_env(self, variant: Variant) -> dict[str, str]:
-        return {key: str(value) for key, value in (*self.server.env, *variant.env)}
+        return {key: str(value) for key, value in (*self.server.env, *self._as_run(variant).env)}
 
     def server_cwd(self, variant: Variant) -> str | None:
         """The working directory of the variant's server process (None: loadgen's)."""
-        return variant.cwd or self.server.cwd
+        return self._as_run(variant).cwd or self.server.cwd
 
-    def server_of(self, variant: Variant) -> tuple:
-        """What makes the variant's server: its flags, environment and working directory."""
-        return self.server_flags(variant), self.server_env(variant), self.server_cwd(variant)
+    def server_key(self, variant: Variant) -> tuple[dict[str, FlagValue], dict[str, str], str]:
+        """What makes the variant's server, comparable between variants: flags, environment and the
+        working directory as a real path (relative to loadgen's own)."""
+        return self.server_flags(variant), self.server_env(variant), os.path.realpath(self.server_cwd(variant) or ".")
+
+    def _as_run(self, variant: Variant) -> Variant:
+        """A control runs as a copy of the baseline; any other variant as itself."""
+        return self.baseline if variant.control else variant
 
 
 # -- validation of the whole ---------------------------------------------------------------
@@ -188,6 +195,7 @@ def validate_recipe(r: Recipe) -> None:
     for key in ("cpus", "cwd"):
         _require(getattr(s, key) is None or s.kind in ("ours", "command"),
                  f"server.{key}: only for a server the recipe starts (kind ours or command), not kind {s.kind}")
+    _require(s.cwd != "", "server.cwd: empty; leave it out for loadgen's own directory")
     try:
         s.cpu_set(), r.sweep.client_cpu_set()
     except CpuListError as exc:
@@ -224,6 +232,7 @@ def validate_recipe(r: Recipe) -> None:
             _require(not v.flags and not v.env, f"{where}.flags: a server at a URL cannot be given flags")
         _require(v.cwd is None or s.kind in ("ours", "command"),
                  f"{where}.cwd: only for a server the recipe starts (kind ours or command), not kind {s.kind}")
+        _require(v.cwd != "", f"{where}.cwd: empty; leave it out for the server's (server.cwd, or loadgen's)")
         if i == 0:
             _require(not v.control, f"{where}.control: the first variant is the baseline itself")
             continue
@@ -231,9 +240,9 @@ def validate_recipe(r: Recipe) -> None:
             _require(not v.flags and not v.env and v.cwd is None,
                      f"{where}.control: a control copies the baseline; drop its flags/env/cwd")
         else:
-            _require(r.server_of(v) != r.server_of(r.variants[0]),
-                     f"{where}.flags: overrides nothing (same server flags, env and cwd as the baseline); "
-                     f"give a flag that differs, or `control: true` for a deliberate A/A copy")
+            _require(r.server_key(v) != r.server_key(r.variants[0]),
+                     f"{where}: overrides nothing (same server flags, env and cwd as the baseline); give a "
+                     f"flag, env or cwd that differs, or `control: true` for a deliberate A/A copy")
 
 
 def _require(ok: Any, message: str) -> None:

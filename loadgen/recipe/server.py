@@ -1,6 +1,7 @@
 """A variant's server for one run: start it, wait (bounded) for its health check, stop it.
 
-`ours` is `python -m server.cli start --port 0 FLAGS` (its ready line names the URL); `command`
+`ours` is `python -m server.cli start --port 0 FLAGS` (its ready line names the URL; with a `cwd`,
+the server package of the tree in that folder); `command`
 is the recipe's command line with a free port in place of {port} and the variant's flags
 appended as `--key value`; `url` is a running server, only health-checked; `inprocess` has no
 server (the run itself is `loadgen bench`). Every process starts in its own process group, and
@@ -79,6 +80,11 @@ class RunningServer:
             log.info("starting the server of %s: %s%s", self.variant.name, shlex.join(self.command),
                      f" (in {cwd})" if cwd else "")
             env = {**os.environ, **self.recipe.server_env(self.variant)}
+            if cwd and spec.kind == "ours":
+                # that tree's packages first, ahead of any install of this one (-m alone relies on
+                # the working directory leading sys.path, which PYTHONSAFEPATH turns off)
+                env["PYTHONPATH"] = os.pathsep.join(filter(None, (os.path.abspath(cwd), env.get("PYTHONPATH"))))
+                env.pop("PYTHONSAFEPATH", None)
             with open(self.log_path, "wb") as sink:
                 try:
                     with placed_on(spec.cpu_set()):

@@ -143,25 +143,28 @@ def test_a_kept_server_that_died_stops_the_recipe_naming_it(tmp_path):
         RecipeRun(recipe, tmp_path / "out", resume=False, quiet=True)._one(PlannedRun(1, recipe.baseline), server)
 
 
-def test_a_variant_with_a_cwd_is_served_by_that_tree(tmp_path, sessions):
+def test_each_variant_is_served_by_the_tree_in_its_cwd(tmp_path, sessions):
     """`cwd` runs another tree of the repository's server (an older revision, say) under this
-    loadgen: the copy's server notes its start, the baseline's (this tree's) does not."""
-    other = tmp_path / "other"
-    for package in ("server", "kernels", "golden_al"):
-        shutil.copytree(ROOT / package, other / package, ignore=shutil.ignore_patterns("__pycache__"))
+    loadgen: server.cwd for the baseline, a variant's own for the variant; each tree's processes
+    (the server and its engine) note their pid as they import its server package."""
     starts = tmp_path / "starts.txt"
-    with (other / "server" / "__init__.py").open("a") as init:
-        init.write(f"\nopen({str(starts)!r}, 'a').write(__file__ + chr(10))\n")
+    trees = {name: tmp_path / name for name in ("base", "other")}
+    for name, tree in trees.items():
+        for package in ("server", "kernels", "golden_al"):
+            shutil.copytree(ROOT / package, tree / package, ignore=shutil.ignore_patterns("__pycache__"))
+        with (tree / "server" / "__init__.py").open("a") as init:
+            init.write(f"\nimport os as _os\nopen({str(starts)!r}, 'a').write(f'{name} {{_os.getpid()}}\\n')\n")
     folder = sessions(*({"n_requests": 2, "think": 0.0, "n_out": 4} for _ in range(2)))
     marker = f"tiny-{uuid.uuid4().hex}"
-    doc = {"name": "trees", "server": {"kind": "ours", "startup_timeout_s": 300,
+    doc = {"name": "trees", "server": {"kind": "ours", "startup_timeout_s": 300, "cwd": str(trees["base"]),
                                        "flags": {"model": "tiny", "device": "cpu", "served_model_name": marker}},
            "workload": {"traces": str(folder)}, "sweep": {"conc": [1], "duration_s": 1.0, "repeats": 1},
-           "variants": [{"name": "this"}, {"name": "other", "cwd": str(other)}]}
+           "variants": [{"name": "base"}, {"name": "other", "cwd": str(trees["other"])}]}
     out = tmp_path / "out"
     assert main(["recipe", "run", str(write_recipe(tmp_path, doc)), "--out", str(out), "--quiet"]) == 0
-    # the copy's package was imported by its server's processes (server and engine), this tree's never
-    assert {Path(line) for line in starts.read_text().split()} == {other / "server" / "__init__.py"}
-    for variant in ("this", "other"):
+    noted = [line.split() for line in starts.read_text().splitlines()]
+    pids = {name: {pid for tree, pid in noted if tree == name} for name in trees}
+    assert len(noted) == 4 and all(len(p) == 2 for p in pids.values()), noted  # server + engine, once each
+    for variant in ("base", "other"):
         assert json.loads((out / "runs" / f"{variant}-r1" / "result.json").read_text())["status"] == "complete"
     assert processes_with(marker) == []

@@ -77,6 +77,15 @@ def test_the_seed_recipe_is_the_issue_experiment():
     assert recipe.workload.thinking == "auto"
 
 
+def test_a_control_copies_the_baseline_not_the_server_section(tmp_path):
+    """The baseline's own flags and cwd (an older tree, say) are what its A/A copy runs."""
+    recipe = recipe_from_dict(_with(variants=[{"name": "old", "cwd": str(tmp_path), "flags": {"block_size": 32}},
+                                              {"name": "new"}, {"name": "old2", "control": True}]))
+    old, new, control = recipe.variants
+    assert recipe.server_key(control) == recipe.server_key(old) != recipe.server_key(new)
+    assert recipe.server_cwd(control) == str(tmp_path) and recipe.server_flags(control)["block_size"] == 32
+
+
 def test_think_time_scale_zero_runs_the_sessions_back_to_back():
     """As `loadgen replay --think-time-scale 0`: the server's capacity on the sessions."""
     assert recipe_from_dict(_with(workload={"think_time_scale": 0})).workload.think_time_scale == 0
@@ -91,7 +100,7 @@ def test_think_time_scale_zero_runs_the_sessions_back_to_back():
     (_with(server={"kind": "docker"}), "server.kind: must be one of ours, inprocess, command, url"),
     (_with(server={"kind": "command", "command": "vllm serve m"}), "server.command: must contain {port}"),
     (_with(variants=[{"name": "a"}, {"name": "b", "flags": {"model": "tiny"}}]),
-     "variants[1] (b).flags: overrides nothing"),
+     "variants[1] (b): overrides nothing"),
     (_with(variants=[{"name": "a"}, {"name": "a", "control": True}]), "variants[1].name: 'a' is used twice"),
     (_with(variants=[{"name": "a", "flags": {"block_size": [1, {"x": None}]}}, {"name": "b", "extra": 1}]),
      "variants[1].extra: unknown key"),
@@ -107,7 +116,10 @@ def test_think_time_scale_zero_runs_the_sessions_back_to_back():
     (_with(variants=[{"name": "a"}, {"name": "b", "control": True, "cwd": "/x"}]),
      "variants[1] (b).control: a control copies the baseline; drop its flags/env/cwd"),
     (_with(server={"kind": "ours", "cwd": "/x"}, variants=[{"name": "a"}, {"name": "b", "cwd": "/x"}]),
-     "variants[1] (b).flags: overrides nothing (same server flags, env and cwd as the baseline)"),
+     "variants[1] (b): overrides nothing (same server flags, env and cwd as the baseline)"),
+    (_with(variants=[{"name": "a"}, {"name": "b", "cwd": "."}]),
+     "variants[1] (b): overrides nothing"),  # "." is loadgen's own directory, where the baseline runs
+    (_with(variants=[{"name": "a"}, {"name": "b", "cwd": ""}]), "variants[1] (b).cwd: empty"),
 ])
 def test_bad_recipes_name_the_key(doc, message):
     with pytest.raises(RecipeError) as info:

@@ -23,8 +23,6 @@ pytestmark = pytest.mark.slow  # tens of seconds: scheduled first (tests/conftes
 
 SPEC = '{"method": "mtp", "num_speculative_tokens": 3}'
 AL_ON, AL_OFF = 2.49, 2.97  # dsv4_mtp at k=3
-# Windows are counted in completed requests: they are sized so that a 2-core CI machine shared with other
-# test workers (requests up to ~3x slower than alone) still completes several in each.
 
 
 @pytest.fixture(scope="module")
@@ -67,6 +65,8 @@ def _al(records: list[dict]) -> float:
 
 def test_thinking_and_plain_requests_reach_their_own_golden_al(spec_server, tmp_path):
     traces = _long_sessions(tmp_path / "traces", n_out=200)
+    # Every replay window here (seconds) is sized so that a 2-core CI machine shared with other test
+    # workers (requests up to ~3x slower than alone) still completes several requests in it.
     code, doc, records = _replay(tmp_path, spec_server.url, "--traces", str(traces), "--conc", "2",
                                  "--duration", "12", "--warmup", "0s", "--token-scale", "1", "--quiet",
                                  "--golden-al", "dsv4_mtp", "--spec-k", "3", "--thinking", "auto")
