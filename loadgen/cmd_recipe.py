@@ -68,8 +68,10 @@ def check_command(args: argparse.Namespace) -> int:
 
     recipe = _load(args.file)
     runs = plan(recipe)
-    print(f"{args.file}: ok: {len(recipe.variants)} variants ({', '.join(v.name for v in recipe.variants)}), "
-          f"{recipe.sweep.repeats} rounds, {len(runs)} runs on a {recipe.server.kind} server")
+    rounds, variants = recipe.sweep.repeats, recipe.variants
+    print(f"{args.file}: ok: {len(variants)} variant{'s' * (len(variants) != 1)} "
+          f"({', '.join(v.name for v in variants)}), {rounds} round{'s' * (rounds != 1)}, "
+          f"{len(runs)} run{'s' * (len(runs) != 1)} (server.kind {recipe.server.kind})")
     print(verdict_design(recipe))
     return 0
 
