@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from loadgen.recipe.schema import FlagValue, Recipe, RecipeError
 from loadgen.recipe.server import flag_args
@@ -50,18 +50,14 @@ def _check(recipe: Recipe) -> None:
     if kind not in ("ours", "inprocess"):
         return
     parser = _engine_parser()
-    places = [("server.flags", recipe.server.flags)] + [(f"variants[{i}].flags", v.flags)
-                                                        for i, v in enumerate(recipe.variants)]
-    for where, flags in places:
+    for where, flags in _places(recipe, "flags"):
         for key, value in flags:
             _check_flag(parser, kind, f"{where}.{key}", key, value)
 
 
 def _check_cwds(recipe: Recipe) -> None:
     """Every working directory given exists; for our server, it holds a tree of this repository."""
-    places = [("server.cwd", recipe.server.cwd)]
-    places += [(f"variants[{i}].cwd", v.cwd) for i, v in enumerate(recipe.variants)]
-    for where, cwd in places:
+    for where, cwd in _places(recipe, "cwd"):
         if cwd is None:
             continue
         if not Path(cwd).is_dir():
@@ -69,6 +65,12 @@ def _check_cwds(recipe: Recipe) -> None:
         if recipe.server.kind == "ours" and not (Path(cwd) / "server" / "cli.py").is_file():
             raise RecipeError(f"{where}: {cwd} holds no server/cli.py (kind ours runs `python -m server.cli` "
                               f"there, so it must be a tree of this repository)")
+
+
+def _places(recipe: Recipe, key: str) -> list[tuple[str, Any]]:
+    """(recipe key, value) of `key` in the server section and in each variant."""
+    return [(f"server.{key}", getattr(recipe.server, key))] + [
+        (f"variants[{i}].{key}", getattr(v, key)) for i, v in enumerate(recipe.variants)]
 
 
 def _engine_parser() -> _Parser:
