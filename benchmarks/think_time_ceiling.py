@@ -27,8 +27,8 @@ V32_CONTEXT = 163_840  # server/config.py's v32 max_model_len: replay against ou
 
 def replay(tree: Path, url: str, seed: int, args: argparse.Namespace, out: Path) -> subprocess.Popen:
     flags = ["--conc", str(args.conc), "--duration", str(args.duration), "--warmup", args.warmup,
-             "--token-scale", "1", "--think-time-scale", "1", "--max-context", str(V32_CONTEXT), "--gpus", "1",
-             "--seed", str(seed), "--quiet", "--out", str(out)]
+             "--token-scale", "1", "--think-time-scale", str(args.think_time_scale),
+             "--max-context", str(V32_CONTEXT), "--gpus", "1", "--seed", str(seed), "--quiet", "--out", str(out)]
     return subprocess.Popen([sys.executable, "-m", "loadgen.cli", "replay", "--url", url, *flags], cwd=tree,
                             env=dict(os.environ, PYTHONPATH=str(tree)))
 
@@ -48,6 +48,7 @@ def main() -> None:
     p.add_argument("--conc", type=int, default=16, help="lanes (default 16, the usage line's)")
     p.add_argument("--duration", type=float, default=60.0, help="window seconds (default 60)")
     p.add_argument("--warmup", default="1req", help="warm-up (default 1req)")
+    p.add_argument("--think-time-scale", type=float, default=1.0, help="think-time scale (default 1: as recorded)")
     args = p.parse_args()
     seeds = [int(s) for s in args.seeds.split(",")]
     server = FastServer()
@@ -61,7 +62,7 @@ def main() -> None:
     finally:
         server.stop()
     print(f"loadgen of {args.tree}: conc {args.conc}, window {args.duration:g} s, warm-up {args.warmup}, "
-          "recorded think times, sessions at full length, zero-latency server")
+          f"think-time scale {args.think_time_scale:g}, sessions at full length, zero-latency server")
     print(f"{'seed':>4} {'requests':>8} {'errors':>6} {'output tok':>10} {'tok/s/GPU':>9}")
     for seed, row in rows.items():
         print(f"{seed:>4} {row['requests']:>8} {row['errors']:>6} {row['output_tokens']:>10} {row['tok_s_gpu']:>9.1f}")
