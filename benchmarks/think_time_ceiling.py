@@ -22,7 +22,10 @@ from pathlib import Path
 
 from client_overhead import ROOT, FastServer
 
-V32_CONTEXT = 163_840  # server/config.py's v32 max_model_len: replay against ours drops requests beyond it
+from server.config import model_preset
+
+# what replay against our v32 server takes as the context cap (its max_model_len): requests beyond it drop
+V32_CONTEXT = model_preset("v32").max_position
 
 
 def replay(tree: Path, url: str, seed: int, args: argparse.Namespace, out: Path) -> subprocess.Popen:
@@ -50,13 +53,16 @@ def main() -> None:
     p.add_argument("--warmup", default="1req", help="warm-up (default 1req)")
     p.add_argument("--think-time-scale", type=float, default=1.0, help="think-time scale (default 1: as recorded)")
     args = p.parse_args()
-    seeds = [int(s) for s in args.seeds.split(",")]
+    seeds = list(dict.fromkeys(int(s) for s in args.seeds.split(",")))
+    print(f"think_time_ceiling: {len(seeds)} replays side by side, each a warm-up and a {args.duration:g} s window",
+          file=sys.stderr, flush=True)
     server = FastServer()
     try:
         with tempfile.TemporaryDirectory() as tmp:
             runs = {seed: replay(args.tree.resolve(), server.url, seed, args, Path(tmp) / f"s{seed}")
                     for seed in seeds}
-            if any(proc.wait() != 0 for proc in runs.values()):
+            codes = [proc.wait() for proc in runs.values()]  # all of them, before their folder goes
+            if any(codes):
                 sys.exit("think_time_ceiling: a replay failed (its error is above)")
             rows = {seed: level_row(Path(tmp) / f"s{seed}" / "result.json") for seed in seeds}
     finally:
