@@ -22,6 +22,7 @@ from pathlib import Path
 
 from client_overhead import ROOT, FastServer
 
+from loadgen.results import read_results
 from server.config import model_preset
 
 # what replay against our v32 server takes as the context cap (its max_model_len): requests beyond it drop
@@ -37,7 +38,7 @@ def replay(tree: Path, url: str, seed: int, args: argparse.Namespace, out: Path)
 
 
 def level_row(result: Path) -> dict:
-    level = json.loads(result.read_text())["levels"][0]
+    level = read_results(result)["levels"][0]  # validated: an older tree's file too, or an error naming it
     counts = level["counts"]
     return {"requests": counts["requests_ok"], "errors": counts["errors_total"],
             "output_tokens": counts["output_tokens"],
@@ -46,12 +47,12 @@ def level_row(result: Path) -> dict:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--seeds", default="0,1,2,3", help="replay seeds, one run each (default 0,1,2,3)")
-    p.add_argument("--tree", type=Path, default=ROOT, help="checkout whose loadgen runs (default this one)")
-    p.add_argument("--conc", type=int, default=16, help="lanes (default 16, the usage line's)")
-    p.add_argument("--duration", type=float, default=60.0, help="window seconds (default 60)")
-    p.add_argument("--warmup", default="1req", help="warm-up (default 1req)")
-    p.add_argument("--think-time-scale", type=float, default=1.0, help="think-time scale (default 1: as recorded)")
+    p.add_argument("--seeds", default="0,1,2,3", help="replay seeds, one run each (default %(default)s)")
+    p.add_argument("--tree", type=Path, default=ROOT, help="checkout whose loadgen runs (default: this one)")
+    p.add_argument("--conc", type=int, default=16, help="lanes (default %(default)s, the usage line's)")
+    p.add_argument("--duration", type=float, default=60.0, help="window seconds (default %(default)s)")
+    p.add_argument("--warmup", default="1req", help="warm-up (default %(default)s)")
+    p.add_argument("--think-time-scale", type=float, default=1.0, help="think-time scale (default %(default)s: as recorded)")
     args = p.parse_args()
     seeds = list(dict.fromkeys(int(s) for s in args.seeds.split(",")))
     print(f"think_time_ceiling: {len(seeds)} replays side by side, each a warm-up and a {args.duration:g} s window",
