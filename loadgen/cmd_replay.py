@@ -26,8 +26,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-def add_replay_flags(p: argparse.ArgumentParser, http: bool) -> None:
-    """The replay flags; `loadgen bench` (in-process, http=False) leaves out the ones naming an HTTP target."""
+def add_replay_flags(p: argparse.ArgumentParser, http: bool, levels: bool = True) -> None:
+    """The replay flags; `loadgen bench` (in-process, http=False) leaves out the ones naming an HTTP
+    target, `loadgen capacity` (levels=False) the ones listing the levels, which its search chooses."""
     target = p.add_argument_group("server")
     if http:
         target.add_argument("--url", default=DEFAULTS.url,
@@ -45,10 +46,11 @@ def add_replay_flags(p: argparse.ArgumentParser, http: bool) -> None:
                         help="GPUs behind the server, for throughput per GPU (default: the server's "
                         "num_gpus when it is ours, else 1)")
     load = p.add_argument_group("load")
-    load.add_argument("--conc", default="1", metavar="N[,N...]",
-                      help="closed loop: live session trees per level, levels run in order (default 1)")
-    load.add_argument("--rate", metavar="R[,R...]",
-                      help="open loop: Poisson arrivals per second over the trace's requests, one level per rate")
+    if levels:
+        load.add_argument("--conc", default="1", metavar="N[,N...]",
+                          help="closed loop: live session trees per level, levels run in order (default 1)")
+        load.add_argument("--rate", metavar="R[,R...]",
+                          help="open loop: Poisson arrivals per second over the trace's requests, one level per rate")
     load.add_argument("--time-scale", type=float, default=1.0, metavar="F",
                       help="Mooncake traces (always open loop): multiply recorded timestamps by F (default 1)")
     load.add_argument("--duration", type=float, default=DEFAULTS.duration_s, metavar="S",
@@ -63,12 +65,14 @@ def add_replay_flags(p: argparse.ArgumentParser, http: bool) -> None:
                       help="a lane's first session starts at a uniform fraction in [LO, HI] of its "
                       "requests, after re-sending that request's context as warm-up (default 0.25:0.75)")
     load.add_argument("--seed", type=int, default=0, help="seeds session order, offsets, salts, arrivals (default 0)")
-    load.add_argument("--repeat", type=int, default=1, metavar="N",
-                      help="run each level N times in a row (one results entry per repeat, same label), so "
-                      "`loadgen compare` can put a confidence interval on run-to-run noise; every repeat "
-                      "replays the same sessions and turns (fresh prompt salts) (default 1)")
+    if levels:
+        load.add_argument("--repeat", type=int, default=1, metavar="N",
+                          help="run each level N times in a row (one results entry per repeat, same label), so "
+                          "`loadgen compare` can put a confidence interval on run-to-run noise; every repeat "
+                          "replays the same sessions and turns (fresh prompt salts) (default 1)")
     load.add_argument("--max-error-rate", type=float, default=0.10, metavar="F",
                       help="a level with a larger share of failed requests is marked failed (default 0.10)")
+    add_slo_flags(p)
     tr = p.add_argument_group("traces")
     tr.add_argument("--traces", default=None, metavar="NAME|PATH",
                     help="bundled set name, trace file or directory (default: agentic-coding)")
@@ -123,6 +127,22 @@ def add_replay_flags(p: argparse.ArgumentParser, http: bool) -> None:
     out.add_argument("--quiet", action="store_true",
                      help="no tables or progress, only errors (progress: in place on a terminal, else a line "
                      f"every {DEFAULTS.piped_progress_interval_s:g} s)")
+
+
+def add_slo_flags(p: argparse.ArgumentParser) -> None:
+    """--slo and --attainment: what every level's attainment and goodput are reported against."""
+    from loadgen.slo import TIERS
+
+    tiers = "; ".join(f"{name}: {spec}" for name, spec in TIERS.items())
+    group = p.add_argument_group("service-level objectives")
+    group.add_argument("--slo", action="append", metavar="TIER|BOUNDS",
+                       help="an SLO every level reports attainment and goodput against (repeatable): a tier name "
+                       "or per-request bounds such as 'ttft<=2s,interactivity>=50' on ttft, tpot, e2el, norm_e2el "
+                       f"(<= with s, ms or us) and interactivity (>= tok/s/user). Tiers: {tiers} (default: "
+                       "every tier; `loadgen capacity` searches the first, default standard)")
+    group.add_argument("--attainment", type=float, default=DEFAULTS.attainment, metavar="F",
+                       help="the share of a level's requests that must be good for it to hold an SLO "
+                       f"(default {DEFAULTS.attainment:g})")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -31,7 +31,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="Report one or more results files (agentload.result/1): per-level tables, a "
         "sweep summary with the Pareto frontiers over all levels of all files, PNG plots "
         "(throughput per GPU vs interactivity, vs p90 E2EL and vs e2e interactivity; TTFT and "
-        "E2EL percentiles per level), a self-contained HTML report, CSV (one row per level per "
+        "E2EL percentiles per level; TTFT p50/p90 against context tokens where levels have per-context "
+        "rows), a self-contained HTML report, CSV (one row per level per "
         "file), and rows InferenceX ingests: --format infx (fixed-sequence) or agentx (agentic).",
     )
     p.add_argument("results", nargs="+", metavar="RESULTS", help="results file, or a folder holding result.json")

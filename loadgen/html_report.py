@@ -2,8 +2,9 @@
 
 Holds the runs (status, model, command), the sweep summary with Pareto marks, every plot of
 loadgen/plots.py as an embedded PNG (data:image/png;base64 URI), each level's statistics table
-(the rows of loadgen/table.py) and the metric definitions. All text from the results files is
-HTML-escaped.
+(the rows of loadgen/table.py), its SLO attainment, its latencies by context and by turn with
+the sessions line (loadgen/turns.py), where the level has them, and the metric definitions. All
+text from the results files is HTML-escaped.
 """
 
 from __future__ import annotations
@@ -16,7 +17,17 @@ from pathlib import Path
 from typing import Any
 
 from loadgen.report import SUMMARY_COLUMNS, Run, format_cell, summary_rows
-from loadgen.table import COLUMNS, ROWS
+from loadgen.table import (
+    BREAKDOWN,
+    COLUMNS,
+    ROWS,
+    attainment_text,
+    goodput_text,
+    sessions_text,
+    slo_spec,
+    slo_verdict,
+    worst_text,
+)
 
 STYLE = """
 body { font-family: system-ui, sans-serif; margin: 2em; color: #222; }
@@ -38,6 +49,18 @@ DEFINITIONS = (
     ("throughput per GPU", "tokens counted in the measurement window / window seconds / GPUs"),
     ("frontier", "I: throughput/GPU vs p50 interactivity, E: vs p90 E2EL, N: vs e2e interactivity; "
                  "a level shows on I or E only if it is on N (InferenceX's rule)"),
+    ("SLO", "bounds on a request's latencies (e.g. ttft<=5s, interactivity>=20); a request is good when it "
+            "completed and met every bound, a failed request never is"),
+    ("attainment", "the share of a level's requests that were good, and of its session plays whose every "
+                   "request was, with a 95 % interval; the target is met when the interval's lower end reaches "
+                   "it, not met when its upper end is below it, undecided otherwise"),
+    ("goodput", "good requests, and their output tokens, per second of the measurement window (tokens also "
+                "per GPU)"),
+    ("turn", "a request's index among its session's parent requests (a subagent's requests count within the "
+             "subagent); the by-turn rows hold parent requests only, in buckets 0-1, 2-3, 4-7, ... 128+"),
+    ("context bucket", "requests (parents and subagents) grouped by their input tokens, the context they were "
+                       "sent with, in doubling buckets (<1k, 1k-2k, ... >=256k; 1k = 1024 tokens); "
+                       "percentiles there are nearest-rank over the bucket's requests"),
 )
 
 
@@ -114,4 +137,28 @@ def _level_section(level: dict[str, Any]) -> str:
         if stats["count"]:
             rows.append([text, unit, *(format_cell(None if stats[c] is None else stats[c] / divisor) for c in COLUMNS)])
     lines.append(_table(("metric", "unit", *COLUMNS), rows))
+    if level.get("slo"):  # absent in results of earlier versions, as is `turns`
+        lines.append(_slo_table(level["slo"]))
+    if turns := level.get("turns"):
+        lines.append(_breakdown_table("by context", "context (tokens)", turns["by_context"]))
+        if turns["by_turn"] is not None:
+            lines.append(_breakdown_table("by turn (parent requests)", "turns", turns["by_turn"]))
+        lines.append(f"<p>{escape(sessions_text(turns['sessions']))}</p>")
     return "\n".join(lines)
+
+
+def _slo_table(entries: Sequence[dict[str, Any]]) -> str:
+    rows = [[entry["name"], slo_spec(entry), f"{attainment_text(entry['requests'])} ({slo_verdict(entry)})",
+             attainment_text(entry["sessions"]), goodput_text(entry["goodput"]), worst_text(entry)]
+            for entry in entries]
+    return "<h4>SLO</h4>" + _table(("SLO", "spec", "requests good", "sessions good", "goodput", "most violated"), rows)
+
+
+def _breakdown_table(title: str, bucket: str, rows: Sequence[dict[str, Any]]) -> str:
+    """Latency percentiles per bucket (loadgen/turns.py), with the mean context and the good share."""
+    header = (bucket, "requests", "mean context (tokens)", *(f"{label} ({unit})" for label, unit, _, _ in BREAKDOWN),
+              "good share")
+    cells = [[row["label"], str(row["requests"]), format_cell(row["isl_mean"]),
+              *(format_cell(row[key][stat]) for _, _, key, stat in BREAKDOWN),
+              "-" if row["good_share"] is None else f"{row['good_share']:.1%}"] for row in rows]
+    return f"<h4>{escape(title)}</h4>" + _table(header, cells)

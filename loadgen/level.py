@@ -16,9 +16,11 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
+from loadgen.attainment import ClusterSums, SloTally
 from loadgen.metrics import LevelRecorder, decode_histogram
 from loadgen.plan import TimingConfig
 from loadgen.server_metrics import ServerCounters
+from loadgen.slo import DEFAULT_TARGET, Slo
 from loadgen.spec import SpecTally
 from traces import Request
 
@@ -58,6 +60,11 @@ class LevelLoad:
     mode: str  # "closed" | "poisson" | "mooncake"
     concurrency: int | None = None
     rate: float | None = None
+    # closed loop: lanes that played in the previous level go on with their sessions where they
+    # stopped (the capacity search's probes; their prefixes are in the server's cache already)
+    carry: bool = False
+    # mooncake: the recorded timestamps multiplied by this (None: the run's --time-scale)
+    time_scale: float | None = None
 
     @property
     def lanes(self) -> int:
@@ -68,7 +75,9 @@ class LevelLoad:
     def label(self) -> str:
         if self.mode == "closed":
             return f"conc {self.concurrency}"
-        return f"rate {self.rate:g}/s" if self.mode == "poisson" else "mooncake"
+        if self.mode == "poisson":
+            return f"rate {self.rate:g}/s"
+        return "mooncake" if self.time_scale is None else f"mooncake x{1 / self.time_scale:.4g}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,6 +92,10 @@ class RunConfig:
     max_error_rate: float = 0.10
     gpus: int = 1
     warmup_timeout_s: float = 1800.0
+    slos: tuple[Slo, ...] = ()  # every level reports its attainment of each (loadgen/slo.py)
+    slo_target: float = DEFAULT_TARGET  # the share of good requests that holds an SLO
+    # the SLO a level tallies while it runs (the capacity search's early stop); None: no tally
+    live_slo: Slo | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,6 +129,7 @@ class RequestMeta:
 _COUNTERS = ("ok", "warmup_ok", "input_tokens", "output_tokens", "counted_tokens", "usage_mismatches",
              "cached_tokens", "cached_reported", "cached_input_tokens")
 _TALLIES = ("errors", "warmup_errors", "session_input_tokens")
+_LISTS = ("error_plays",)
 
 
 @dataclass
@@ -143,6 +157,8 @@ class LevelRun:
     cached_reported: int = 0
     cached_input_tokens: int = 0  # input tokens of the requests that reported cached tokens
     session_input_tokens: Counter = field(default_factory=Counter)  # measured input per session
+    error_plays: list[int] = field(default_factory=list)  # the play of each counted failed request
+    slo_tally: SloTally | None = None  # RunConfig.live_slo's running tally
     inflight_since: dict[int, int] = field(default_factory=dict)  # request number -> start, oldest first
     inflight_ns: int = 0  # time requests were in flight inside the window, summed over requests
     max_inflight: int = 0
@@ -181,6 +197,20 @@ class LevelRun:
     @property
     def inflight(self) -> int:
         return len(self.inflight_since)
+
+    def count_error(self, kind: str, play: int, counted: bool) -> None:
+        """A failed request: counted ones by kind and against their play (never good under an SLO)."""
+        if not counted:
+            self.warmup_errors[kind] += 1
+            return
+        self.errors[kind] += 1
+        self.error_plays.append(play)
+        if self.slo_tally is not None:
+            self.slo_tally.add_error(play)
+
+    def slo_sums(self) -> ClusterSums:
+        """The live SLO's tally so far (empty without one)."""
+        return ClusterSums() if self.slo_tally is None else self.slo_tally.sums()
 
     def record_scrape(self, counters: ServerCounters | None) -> None:
         """One scrape of the server's counters (at window start, after the drain)."""
@@ -246,6 +276,7 @@ class LevelRun:
         return {
             **{name: getattr(self, name) for name in _COUNTERS},
             **{name: dict(getattr(self, name)) for name in _TALLIES},
+            **{name: list(getattr(self, name)) for name in _LISTS},
             "max_inflight": self.max_inflight, "max_active_trees": self.max_active_trees,
             "inflight_ns": self.inflight_ns, "kernel_compiles": self.kernel_compiles,
             "window_s": self.window_s if self.window_start_ns is not None else None,
@@ -260,6 +291,8 @@ class LevelRun:
             setattr(self, name, getattr(self, name) + part[name])
         for name in _TALLIES:
             getattr(self, name).update(part[name])
+        for name in _LISTS:
+            getattr(self, name).extend(part[name])
         self.max_inflight += part["max_inflight"]  # shares peak at about the same time: an upper bound
         self.max_active_trees += part["max_active_trees"]
         self.inflight_ns += part["inflight_ns"]

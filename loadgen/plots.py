@@ -3,7 +3,10 @@
 - tput_vs_interactivity.png: output tokens/s per GPU against p50 interactivity (tok/s/user);
 - tput_vs_e2el.png: the same against p90 E2EL (s);
 - tput_vs_e2e_interactivity.png: the same against 1 / p90(E2EL/OSL) (tok/s/user);
-- ttft_percentiles.png, e2el_percentiles.png: p50 / p90 / p99 per level.
+- ttft_percentiles.png, e2el_percentiles.png: p50 / p90 / p99 per level;
+- ttft_vs_context.png: TTFT p50 and p90 against the context (input tokens) the requests were sent
+  with, one pair of lines per level: the "agentic curve", from each level's `turns.by_context`
+  rows (loadgen/turns.py); only when some non-failed level has them.
 
 Scatter plots show one point per non-failed level, labelled with its concurrency (or rate),
 one colour per results file, and the Pareto frontier over all files (loadgen/pareto.py, with
@@ -30,6 +33,7 @@ PERCENTILE_PLOTS = (
     ("e2el_percentiles.png", "e2el", "E2EL (s)", 1e-6),
 )
 PERCENTILE_STYLES = (("p50", "-"), ("p90", "--"), ("p99", ":"))
+CONTEXT_PLOT = "ttft_vs_context.png"
 
 
 def _pyplot():
@@ -54,6 +58,10 @@ def render_plots(runs: Sequence[Run], out: Path) -> list[tuple[Path, str]]:
     for name, metric, ylabel, scale in PERCENTILE_PLOTS:
         fig = _percentiles(plt, runs, metric, ylabel, scale, normalized)
         written.append((_save(plt, fig, out / name), fig.axes[0].get_title()))
+    curves = _context_curves(runs)
+    if curves:
+        fig = _ttft_vs_context(plt, curves)
+        written.append((_save(plt, fig, out / CONTEXT_PLOT), fig.axes[0].get_title()))
     return written
 
 
@@ -115,6 +123,42 @@ def _percentiles(plt, runs: Sequence[Run], metric: str, ylabel: str, scale: floa
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=8)
     return fig
+
+
+def _context_curves(runs: Sequence[Run]) -> list[tuple[str, list[dict[str, Any]]]]:
+    """(line label, by-context rows) of every non-failed level that has them; the run's name leads
+    the label when there are several runs."""
+    curves = []
+    for run in runs:
+        for index, level in enumerate(run.doc["levels"]):
+            rows = (level.get("turns") or {}).get("by_context")  # absent in results of earlier versions
+            if rows and not level["failed"]:
+                label = level.get("label") or f"level {index}"
+                curves.append((f"{run.name} {label}" if len(runs) > 1 else label, rows))
+    return curves
+
+
+def _ttft_vs_context(plt, curves: Sequence[tuple[str, list[dict[str, Any]]]]):
+    fig, ax = plt.subplots(figsize=(7.5, 5))
+    for number, (label, rows) in enumerate(curves):
+        xs = [_midpoint(row["context"]) for row in rows]
+        for stat, style in PERCENTILE_STYLES[:2]:
+            ax.plot(xs, [row["ttft_ms"][stat] for row in rows], style, marker="o", color=f"C{number}",
+                    label=f"{label} {stat}")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("context (input tokens, middle of each doubling bucket)")
+    ax.set_ylabel("TTFT (ms)")
+    ax.set_title("TTFT vs context tokens")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    return fig
+
+
+def _midpoint(bounds: Sequence[Any]) -> float:
+    """The middle of a context bucket [low, high); the open last one (high null) as if it doubled too."""
+    low, high = bounds
+    return (low + high) / 2 if high is not None else 1.5 * low
 
 
 def _stat(level: dict[str, Any] | None, metric: str, stat: str) -> float | None:

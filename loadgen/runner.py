@@ -36,10 +36,11 @@ from collections.abc import Callable
 from typing import Any
 
 from loadgen import closed_loop, open_loop
+from loadgen.attainment import SloTally
 from loadgen.level import LevelLoad, LevelRun, RequestMeta, RunConfig, Share
 from loadgen.loop_lag import LoopLagMonitor
 from loadgen.pacer import Pacer
-from loadgen.plan import SALT_BITS, TimingConfig
+from loadgen.plan import SALT_BITS, Play, TimingConfig
 from loadgen.spec import SpecCounters, SpecExpectation
 from loadgen.summary import request_record
 from loadgen.transport.base import ErrorKind, Exchange, Transport, WireRequest
@@ -81,6 +82,9 @@ class Runner:
         self._pacer = Pacer()
         self._runs_of_index: dict[int, int] = {}
         self._salt_shift = 0  # the current level's repeat, folded into every prompt's salt
+        # closed loop: per lane, the play it is in and its next unsent parent request (None: the
+        # play ended); a level that carries on (LevelLoad.carry) resumes the lanes from here
+        self.lane_resume: dict[int, tuple[Play, int] | None] = {}
 
     @property
     def timing(self) -> TimingConfig:
@@ -101,6 +105,17 @@ class Runner:
     @property
     def stopped(self) -> bool:
         return self.status != "complete"
+
+    def end_window(self) -> None:
+        """End the current level's window now (a decided capacity probe): the requests started
+        in it finish and count; no new one starts."""
+        level = self.current
+        if level is None or level.window_start_ns is None or level.stopping:
+            return
+        now = time.perf_counter_ns()
+        if level.window_end_ns is None or level.window_end_ns > now:
+            level.window_end_ns = now
+        level.stop.set_result(None)
 
     def open_window(self, start_ns: int | None = None) -> None:
         """The parent's signal (coordinated runs) that every share's lanes are warm."""
@@ -126,6 +141,8 @@ class Runner:
         self._runs_of_index[index] = repeat + 1
         self._salt_shift = (repeat * REPEAT_SALT_STEP) & ((1 << SALT_BITS) - 1)
         level = LevelRun(spec, time.perf_counter_ns() if started_ns is None else started_ns)
+        if self.config.live_slo is not None:
+            level.slo_tally = SloTally(self.config.live_slo)
         if spec.mode == "closed" and not self.share.lanes(spec.lanes):
             level.lanes_ready.set_result(None)  # more workers than lanes: this one has none to warm
         self.current = level
@@ -172,12 +189,13 @@ class Runner:
     # -- one request -------------------------------------------------------------------------
 
     async def send(self, level: LevelRun, meta: RequestMeta, salt: int, warm: bool = False,
-                   due_ns: int | None = None) -> None:
+                   due_ns: int | None = None) -> bool:
+        """Send one request and account for it; False when it was not sent (the window had closed)."""
         if not self._pacer.take():  # no room in this loop turn: wait for one
             await self._pacer.turn()
         origin = due_ns if due_ns is not None else time.perf_counter_ns()
         if not warm and level.window_closed(origin):
-            return  # a lane woken late by a busy loop: no request starts after the window
+            return False  # a lane woken late by a busy loop: no request starts after the window
         request = meta.request
         al = self.spec.al(request) if self.spec is not None else None
         number = next(self._request_numbers)
@@ -194,7 +212,7 @@ class Runner:
             exchange = await self.transport.send(wire)
         except asyncio.CancelledError:
             if counted:
-                level.errors[ErrorKind.CANCELLED] += 1
+                level.count_error(ErrorKind.CANCELLED, meta.play_id, True)
             if self.on_request is not None:  # the per-request file keeps every counted error
                 cancelled = Exchange(start_ns=origin, end_ns=time.perf_counter_ns(), error=ErrorKind.CANCELLED,
                                      error_detail="cancelled when the level stopped")
@@ -207,6 +225,7 @@ class Runner:
             # prompt synthesis and body encoding never count as server time.
             origin = exchange.start_ns
         self._account(level, meta, wire.request_id, exchange, origin, counted, due_ns is not None, al)
+        return True
 
     def _account(self, level: LevelRun, meta: RequestMeta, wire_id: str, ex: Exchange, origin: int, counted: bool,
                  open_loop: bool, al: float | None) -> None:
@@ -216,7 +235,7 @@ class Runner:
         else:
             self._watch_server(ex)
         if ex.error:
-            (level.errors if counted else level.warmup_errors)[ex.error] += 1
+            level.count_error(ex.error, meta.play_id, counted)
         elif not counted:
             level.warmup_ok += 1
         else:
@@ -241,6 +260,8 @@ class Runner:
         tpot_us = rec.record_latencies(ttft_us, e2el_us, osl, chunk_ns, ex.chunk_tokens)
         if open_loop:
             rec.record_queue_delay((ex.start_ns - origin) // 1000)
+        if level.slo_tally is not None:
+            level.slo_tally.add(meta.play_id, ttft_us, e2el_us, tpot_us, osl)
         level.ok += 1
         input_tokens = request.input_tokens
         level.input_tokens += input_tokens

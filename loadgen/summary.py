@@ -4,15 +4,17 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import orjson
 
+from loadgen.attainment import good_mask, level_attainment, request_columns
 from loadgen.level import LevelRun, RequestMeta, RunConfig
 from loadgen.loop_lag import WARN_P99_US
 from loadgen.spec import SpecExpectation
 from loadgen.transport.base import Exchange
+from loadgen.turns import turn_summary
 from traces import Session, TraceSet
 
 
@@ -45,10 +47,12 @@ WARN_PREEMPTED_PER_S = 20
 
 
 def level_summary(level: LevelRun, config: RunConfig, theoretical_hit_rate: float | None,
-                  spec: SpecExpectation | None = None, engine_in_process: bool = False) -> dict[str, Any]:
+                  spec: SpecExpectation | None = None, engine_in_process: bool = False,
+                  session_turns: Mapping[str, int] | None = None) -> dict[str, Any]:
     """The results-file entry of one level (see results.py). `engine_in_process` (`loadgen bench`):
     the engine runs in this process, so its CPU time is in the process's and says nothing of
-    the client alone."""
+    the client alone. `session_turns` (session id -> its parent requests) says which plays the
+    window saw whole."""
     window_s = level.window_s
     errors_total = sum(level.errors.values())
     attempted = level.ok + errors_total
@@ -128,7 +132,13 @@ def level_summary(level: LevelRun, config: RunConfig, theoretical_hit_rate: floa
                    "warnings": warnings},
         "spec_decode": level.spec_tally.summary(spec),
         "metrics": metrics,
+        "slo": [level_attainment(slo, level.columns, level.error_plays, window_s, gpus, config.slo_target)
+                for slo in config.slos],
+        # by turn, by context and per session play; the good shares against the first SLO
+        "turns": turn_summary(level.columns, good_mask(config.slos[0], request_columns(level.columns))[0]
+                              if config.slos else None, session_turns),
         "requests": level.columns,
+        "failed_plays": level.error_plays,  # the play of each counted failed request, for the SLOs
     }
 
 

@@ -1,4 +1,6 @@
-"""Terminal table of one level's results (the results-file entry, see results.py)."""
+"""Terminal table of one level's results (the results-file entry, see results.py): its statistics,
+its SLO lines, its latencies by context bucket and its sessions line; the SLO and sessions texts are
+shared with the HTML report."""
 
 from __future__ import annotations
 
@@ -17,6 +19,9 @@ ROWS = (
     ("loop_lag", "client loop lag", 1000, "ms"),
 )
 COLUMNS = ("mean", "p50", "p90", "p95", "p99", "p99.9", "max")
+# (label, unit, row key, statistic) of a by-context or by-turn row (loadgen/turns.py)
+BREAKDOWN = (("TTFT p50", "ms", "ttft_ms", "p50"), ("TTFT p90", "ms", "ttft_ms", "p90"),
+             ("TPOT p50", "ms", "tpot_ms", "p50"), ("E2EL p90", "s", "e2el_s", "p90"))
 
 
 def format_level(level: dict[str, Any]) -> str:
@@ -48,6 +53,9 @@ def format_level(level: dict[str, Any]) -> str:
                      f"{_pct(cache['trace_theoretical_hit_rate'])})")
     if level.get("spec_decode"):
         lines.append(_spec_line(level["spec_decode"]))
+    lines += [f"   {slo_text(entry)}" for entry in level.get("slo") or ()]  # absent in results of earlier versions
+    if turns := level.get("turns"):
+        lines += _turns_lines(turns)
     if counts["usage_mismatch_requests"]:
         lines.append(f"   note: {counts['usage_mismatch_requests']} requests reported a token count in usage "
                      f"that differs from the streamed chunks ({counts['output_tokens']} vs "
@@ -76,6 +84,65 @@ def _inflight_line(level: dict[str, Any]) -> str | None:
     return line
 
 
+def _turns_lines(turns: dict[str, Any]) -> list[str]:
+    """The by-context rows (the agentic curve: latency as the context grows) and the sessions line."""
+    heads = "".join(f"{f'{label} ({unit})':>15}" for label, unit, _, _ in BREAKDOWN)
+    lines = [f"   {'context (tokens)':<18}{'requests':>10}{heads}"]
+    for row in turns["by_context"]:
+        lines.append(f"   {row['label']:<18}{row['requests']:>10}"
+                     + "".join(_cell(row[key][stat], 1, 15) for _, _, key, stat in BREAKDOWN))
+    return [*lines, f"   {sessions_text(turns['sessions'])}"]
+
+
+def sessions_text(sessions: dict[str, Any]) -> str:
+    """'sessions: 12 plays measured, 3 whole; wall time p50 .. s, p90 .. s; good share mean .., p10 ..'."""
+    text = f"sessions: {sessions['count']} plays measured"
+    if sessions["whole_count"] is not None:
+        text += f", {sessions['whole_count']} whole"
+    if (wall := sessions["wall_s"]) and wall["p50"] is not None:
+        text += f"; wall time p50 {wall['p50']:.1f} s, p90 {wall['p90']:.1f} s"
+    if (share := sessions["good_share"]) and share["mean"] is not None:
+        text += f"; good share mean {_percent(share['mean'])}, p10 {_percent(share['p10'])}"
+    return text
+
+
+def slo_text(entry: dict[str, Any]) -> str:
+    """One SLO entry of a level on one line: request and session attainment with their intervals,
+    the verdict against the target, goodput and the bound broken most."""
+    return (f"SLO {entry['name']} ({slo_spec(entry)}): {attainment_text(entry['requests'], 'requests')} "
+            f"({slo_verdict(entry)}), {attainment_text(entry['sessions'], 'sessions')}; "
+            f"goodput {goodput_text(entry['goodput'])}; most violated: {worst_text(entry)}")
+
+
+def slo_spec(entry: dict[str, Any]) -> str:
+    return ", ".join(part.strip() for part in entry["spec"].split(","))
+
+
+def attainment_text(part: dict[str, Any], noun: str | None = None) -> str:
+    """'97.1 % of requests [95.0, 98.3]': the good share and its interval, in percent."""
+    share = "n/a" if part["attainment"] is None else _percent(part["attainment"])
+    text = share if noun is None else f"{share} of {noun}"
+    if interval := part["interval"]:
+        text += f" [{100 * interval[0]:.1f}, {100 * interval[1]:.1f}]"
+    return text
+
+
+def slo_verdict(entry: dict[str, Any]) -> str:
+    """The request attainment against the target: met (the interval's lower end reaches it), not
+    met (its upper end is below), or undecided (the interval straddles it)."""
+    met = entry["requests"]["met"]
+    return f"target {100 * entry['target']:g} %: " + ("undecided" if met is None else "met" if met else "not met")
+
+
+def goodput_text(goodput: dict[str, Any]) -> str:
+    return f"{goodput['requests_per_s']:.2f} req/s, {goodput['output_tokens_per_s_per_gpu']:.1f} output tok/s/GPU"
+
+
+def worst_text(entry: dict[str, Any]) -> str:
+    worst = entry["worst"]
+    return "none" if worst is None else f"{worst} ({entry['violations'][worst]})"
+
+
 def _spec_line(spec: dict[str, Any]) -> str:
     """Measured acceptance length beside the golden (expected) one."""
     measured = "n/a (no usage.spec_decode, no /metrics counters)" if spec["measured_al"] is None else (
@@ -87,12 +154,17 @@ def _spec_line(spec: dict[str, Any]) -> str:
     return f"   speculative decoding: acceptance length measured {measured} | golden {expected} ({where})"
 
 
-def _cell(value: float | int | None, divisor: float) -> str:
+def _cell(value: float | int | None, divisor: float, width: int = 10) -> str:
     if value is None:
-        return f"{'-':>10}"
+        return f"{'-':>{width}}"
     shown = value / divisor
-    return f"{shown:>10.3f}" if shown < 1000 else f"{shown:>10.0f}"
+    return f"{shown:>{width}.3f}" if shown < 1000 else f"{shown:>{width}.0f}"
 
 
 def _pct(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.1%}"
+
+
+def _percent(share: float) -> str:
+    """A share as the SLO lines write it: '97.1 %'."""
+    return f"{100 * share:.1f} %"

@@ -14,16 +14,19 @@ import pytest
 
 from loadgen.cli import main
 from loadgen.results import write_results
+from loadgen.turns import turn_summary
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 PLOTS = ("tput_vs_interactivity.png", "tput_vs_e2el.png", "tput_vs_e2e_interactivity.png", "ttft_percentiles.png",
-         "e2el_percentiles.png")
+         "e2el_percentiles.png", "ttft_vs_context.png")
+SESSION_TURNS = {f"s{i}": 2 for i in range(8)}  # the sweeps' sessions: 2 parent requests each
 _RUNS: dict[str, Path] = {}  # two sweeps shared by the tests of this module
 
 
 @pytest.fixture
 def runs(start_server, sessions, replay, tmp_path_factory) -> dict[str, Path]:
-    """fast and slow sweeps (`--conc 1,3`), and a copy of fast whose conc 3 level failed."""
+    """fast and slow sweeps (`--conc 1,3`), a copy of fast whose conc 3 level failed, and one as
+    results of earlier versions hold it (no `turns`, `slo`, nor `agent` and `start_ms` columns)."""
     if _RUNS:
         return _RUNS
     folder = sessions(*({"n_requests": 2, "think": 0.0, "n_out": 5 + i % 4} for i in range(8)))
@@ -33,11 +36,24 @@ def runs(start_server, sessions, replay, tmp_path_factory) -> dict[str, Path]:
         server = start_server(first_ms=20, itl_ms=itl_ms)
         code, doc, _ = replay(server.url, *flags)
         assert code == 0
+        for level in doc["levels"]:  # what replay writes once the level summary holds it
+            level.setdefault("turns", turn_summary(level["requests"], session_turns=SESSION_TURNS))
         _RUNS[name] = write_results(out / name / "result.json", doc)
         if name == "fast":
             doc["levels"][1].update(failed=True, fail_reasons=["error rate 50.0% > --max-error-rate 10.0%"])
             _RUNS["failed"] = write_results(out / "failed.json", doc)
+            _RUNS["old"] = write_results(out / "old.json", _older(doc))
     return _RUNS
+
+
+def _older(doc: dict) -> dict:
+    """`doc` as an earlier version wrote it: no `turns` or `slo`, no `agent` or `start_ms` column."""
+    doc = json.loads(json.dumps(doc))
+    for level in doc["levels"]:
+        level.pop("turns", None)
+        level.pop("slo", None)
+        del level["requests"]["agent"], level["requests"]["start_ms"]
+    return doc
 
 
 def _report(capsys, *args) -> tuple[int, str, str]:
@@ -177,3 +193,98 @@ def test_bad_input_exits_2_naming_the_file(runs, capsys, tmp_path):
         code, _, err = _report(capsys, *args)
         assert code == 2, (args, err)
         assert message in err, (args, err)
+
+
+def _slo_entry(name: str, spec: str, target: float, requests: tuple, sessions: tuple, goodput: tuple,
+               violations: dict, worst: str | None) -> dict:
+    """A level's `slo` entry (docs/results_schema.md): requests and sessions as (total, good,
+    attainment, interval, met), goodput as (req/s, output tok/s, output tok/s/GPU)."""
+    def part(total, good, attainment, interval):
+        return {"total": total, "good": good, "attainment": attainment, "interval": interval}
+
+    return {"name": name, "spec": spec, "target": target,
+            "requests": {**part(*requests[:4]), "met": requests[4]}, "sessions": part(*sessions[:4]),
+            "goodput": dict(zip(("requests_per_s", "output_tokens_per_s", "output_tokens_per_s_per_gpu"), goodput)),
+            "violations": violations, "worst": worst}
+
+
+SLOS = [
+    _slo_entry("standard", "ttft<=5s,interactivity>=20", 0.95, (1000, 971, 0.971, [0.95, 0.983], True),
+               (50, 44, 0.88, [0.701, 0.96], None), (1.23, 912.0, 456.7),
+               {"ttft<=5s": 12, "interactivity>=20": 3, "error": 0}, "ttft<=5s"),
+    _slo_entry("<tight>", "ttft<=100ms", 0.99, (200, 197, 0.985, [0.97, 0.995], None), (0, 0, None, None, None),
+               (0.5, 10.0, 10.0), {"ttft<=100ms": 0, "error": 0}, None),
+    _slo_entry("strict", "e2el<=1s", 0.9, (10, 5, 0.5, [0.2, 0.8], False), (2, 1, 0.5, [0.1, 0.9], None),
+               (0.25, 2.0, 1.0), {"e2el<=1s": 3, "error": 5}, "error"),
+]
+SLO_LINES = [
+    "   SLO standard (ttft<=5s, interactivity>=20): 97.1 % of requests [95.0, 98.3] (target 95 %: met), 88.0 % of "
+    "sessions [70.1, 96.0]; goodput 1.23 req/s, 456.7 output tok/s/GPU; most violated: ttft<=5s (12)",
+    "   SLO <tight> (ttft<=100ms): 98.5 % of requests [97.0, 99.5] (target 99 %: undecided), n/a of sessions; "
+    "goodput 0.50 req/s, 10.0 output tok/s/GPU; most violated: none",
+    "   SLO strict (e2el<=1s): 50.0 % of requests [20.0, 80.0] (target 90 %: not met), 50.0 % of sessions "
+    "[10.0, 90.0]; goodput 0.25 req/s, 1.0 output tok/s/GPU; most violated: error (5)",
+]
+
+
+def test_table_has_the_slo_lines_the_latencies_by_context_and_the_sessions(runs, capsys, tmp_path):
+    doc = json.loads(runs["fast"].read_text())
+    doc["levels"][0]["slo"] = SLOS
+    code, out, _ = _report(capsys, write_results(tmp_path / "slo.json", doc))
+    assert code == 0
+    first = out[out.index("== conc 1:"):out.index("== conc 3:")]
+    lines = first.splitlines()
+    assert [line for line in lines if line.startswith("   SLO ")] == SLO_LINES
+    level = doc["levels"][0]
+    columns = level["requests"]
+    header = lines.index("   context (tokens)    requests  TTFT p50 (ms)  TTFT p90 (ms)  TPOT p50 (ms)   E2EL p90 (s)")
+    # every prompt of the sweeps' sessions is under 1k tokens: one bucket holding every request
+    cells = lines[header + 1].split()
+    assert cells[:2] == ["<1k", str(level["counts"]["requests_ok"])]
+    ttft_p50 = np.percentile(columns["ttft_us"], 50, method="inverted_cdf") / 1000  # nearest rank
+    e2el_p90 = np.percentile(columns["e2el_us"], 90, method="inverted_cdf") / 1e6
+    assert (float(cells[2]), float(cells[5])) == (round(ttft_p50, 3), round(e2el_p90, 3))
+    # a play is whole when both of its session's requests were measured
+    plays = sorted(set(columns["play"]))
+    whole = sum(sorted(t for p, t in zip(columns["play"], columns["turn"]) if p == play) == [0, 1] for play in plays)
+    assert lines[header + 2].startswith(f"   sessions: {len(plays)} plays measured, {whole} whole; wall time p50 ")
+    assert "; good share mean " in lines[header + 2]  # against the first SLO (a replay's default: the tiers)
+
+
+def test_html_has_the_slo_table_the_breakdowns_and_their_definitions(runs, capsys, tmp_path):
+    doc = json.loads(runs["fast"].read_text())
+    doc["levels"][0]["slo"], doc["levels"][1]["slo"] = SLOS, []
+    code, _, _ = _report(capsys, write_results(tmp_path / "slo.json", doc), "--format", "html", "--out", tmp_path)
+    assert code == 0
+    html = (tmp_path / "report.html").read_text()
+    assert "<td>97.1 % [95.0, 98.3] (target 95 %: met)</td><td>88.0 % [70.1, 96.0]</td>" in html
+    assert "<td>&lt;tight&gt;</td><td>ttft&lt;=100ms</td>" in html and "<tight>" not in html
+    assert "<td>1.23 req/s, 456.7 output tok/s/GPU</td><td>ttft&lt;=5s (12)</td>" in html
+    assert html.count("<h4>SLO</h4>") == 1  # none for a level without SLOs
+    assert html.count("<h4>by context</h4>") == html.count("<h4>by turn (parent requests)</h4>") == 2
+    requests = [level["counts"]["requests_ok"] for level in doc["levels"]]
+    for ok in requests:  # every request under 1k tokens, every one a parent's turn 0 or 1
+        assert f"<td>&lt;1k</td><td>{ok}</td>" in html and f"<td>0-1</td><td>{ok}</td>" in html
+    assert html.count("<p>sessions: ") == 2
+    for name in ("SLO", "attainment", "goodput", "turn", "context bucket"):
+        assert f"<li><b>{name}</b>: " in html, name
+
+
+def test_results_of_earlier_versions_still_render(runs, capsys, tmp_path):
+    code, out, _ = _report(capsys, runs["old"], "--format", "table,png,html", "--out", tmp_path)
+    assert code == 0
+    assert "== conc 1:" in out and "context (tokens)" not in out and "   SLO " not in out
+    assert not (tmp_path / "ttft_vs_context.png").exists()  # no level has per-context rows
+    html = (tmp_path / "report.html").read_text()
+    assert "<h4>by context</h4>" not in html and "<h4>SLO</h4>" not in html
+    # turns computed from such columns: by context, no by turn (parents unknown), no wall times
+    doc = json.loads(runs["old"].read_text())
+    for level in doc["levels"]:
+        level["turns"] = turn_summary(level["requests"], session_turns=SESSION_TURNS)
+    code, out, _ = _report(capsys, write_results(tmp_path / "old_turns.json", doc), "--format", "table,html",
+                           "--out", tmp_path)
+    assert code == 0
+    plays = len(set(doc["levels"][0]["requests"]["play"]))
+    assert f"   sessions: {plays} plays measured\n" in out  # neither whole flags nor wall times
+    html = (tmp_path / "report.html").read_text()
+    assert html.count("<h4>by context</h4>") == 2 and "<h4>by turn" not in html
