@@ -21,6 +21,7 @@ COMMAND_MODULES = {
     "traces": "loadgen.cmd_traces",
     "golden-al": "loadgen.cmd_golden_al",
     "replay": "loadgen.cmd_replay",
+    "capacity": "loadgen.cmd_capacity",
     "report": "loadgen.cmd_report",
     "compare": "loadgen.cmd_compare",
     "recipe": "loadgen.cmd_recipe",

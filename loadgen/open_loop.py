@@ -31,7 +31,8 @@ def arrivals(
     source = PlaySource(traces.sessions, seed, config.start_offset, first_id=level_index << 32)
     if spec.mode == "poisson" and spec.rate is not None:
         return plan.poisson_arrivals(source, spec.rate, seed + int(spec.rate * 1000))
-    return plan.timestamp_arrivals(source.next_play(first_of_lane=False), config.time_scale)
+    time_scale = config.time_scale if spec.time_scale is None else spec.time_scale
+    return plan.timestamp_arrivals(source.next_play(first_of_lane=False), time_scale)
 
 
 def warmup_prompt_tokens(traces: TraceSet, config: RunConfig, spec: LevelLoad, level_index: int) -> int:

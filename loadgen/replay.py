@@ -27,6 +27,8 @@ from urllib.parse import urlsplit
 
 from loadgen import __version__, closed_loop, open_loop
 from loadgen.affinity import format_cpus
+from loadgen.capacity.config import DEFAULT_SLO, check_search_flags
+from loadgen.capacity.sweep import CapacitySweep, describe_capacity, search_config, unheld_slo
 from loadgen.errors import UsageError
 from loadgen.event_loop import run_event_loop
 from loadgen.level import LevelLoad, LevelRun, RunConfig, Share, Warmup
@@ -45,6 +47,7 @@ from loadgen.presets import TRACE_FIELDS, flag_text, preset_flags, preset_for
 from loadgen.progress import ProgressPrinter, describe
 from loadgen.results import SCHEMA, check_writable, save_results
 from loadgen.runner import Runner
+from loadgen.slo import DEFAULT_SLOS, Slo, SloError, check_target, parse_slos
 from loadgen.spec import (
     SpecExpectation,
     expectation_from_flags,
@@ -52,6 +55,7 @@ from loadgen.spec import (
     server_default,
 )
 from loadgen.summary import TraceHitRates, dumps_record, level_summary
+from loadgen.sweep import FixedSweep, Sweep
 from loadgen.table import format_level
 from loadgen.trace_cache import PackedTraces, load_traces_cached
 from loadgen.transport.base import ServerInfo, Transport, TransportError
@@ -113,8 +117,10 @@ def _check_flags(args: argparse.Namespace) -> dict[str, Any]:
         raise ValueError(f"--max-error-rate: must be within 0..1, got {args.max_error_rate:g}")
     if args.gpus is not None and args.gpus < 1:
         raise ValueError(f"--gpus: must be >= 1, got {args.gpus}")
-    if args.repeat < 1:
+    if getattr(args, "repeat", 1) < 1:
         raise ValueError(f"--repeat: must be >= 1, got {args.repeat}")
+    if getattr(args, "capacity", False):
+        check_search_flags(args)
     if args.vocab_size is not None and args.vocab_size < 2:
         raise ValueError(f"--vocab-size: must be >= 2, got {args.vocab_size}")
     if args.vocab_offset is not None and args.vocab_offset < 0:
@@ -125,12 +131,23 @@ def _check_flags(args: argparse.Namespace) -> dict[str, Any]:
         check_writable(Path(args.per_request).parent, "--per-request")
     return {
         "out_dir": out_dir,
-        "conc": parse_list(args.conc, "--conc", int),
-        "rates": parse_list(args.rate, "--rate", float) if args.rate else None,
+        "slos": _slos(args),
+        "conc": parse_list(getattr(args, "conc", "1"), "--conc", int),
+        "rates": parse_list(args.rate, "--rate", float) if getattr(args, "rate", None) else None,
         "warmup": Warmup.parse(args.warmup),
         "start_offset": parse_offset(args.start_offset),
         "workers": parse_workers(getattr(args, "workers", "1")),
     }
+
+
+def _slos(args: argparse.Namespace) -> tuple[Slo, ...]:
+    """--slo (default: every tier) and --attainment; ValueError naming the flag."""
+    default = (DEFAULT_SLO,) if getattr(args, "capacity", False) else DEFAULT_SLOS
+    try:
+        check_target(getattr(args, "attainment", DEFAULTS.attainment))
+        return parse_slos(getattr(args, "slo", None) or default)
+    except SloError as exc:
+        raise ValueError(str(exc) if str(exc).startswith("--") else f"--slo: {exc}") from None
 
 
 def _warmup_timeout(args: argparse.Namespace) -> float:
@@ -156,13 +173,15 @@ async def _replay(args: argparse.Namespace, options: dict[str, Any], transport: 
     for line in _fit_bundled_sessions(args, info):
         printer.say(line)
     traces, scale_report = _load_traces(args, info)
-    levels = _level_specs(args, options, traces)
+    sweep = _sweep(args, options, traces)
+    levels = sweep.sizing()
     config = RunConfig(
         duration_s=args.duration, warmup=options["warmup"],
         timing=TimingConfig(args.think_time_scale, args.think_time_cap),
         seed=args.seed, start_offset=options["start_offset"], time_scale=args.time_scale,
         timeout_s=args.timeout, max_error_rate=args.max_error_rate,
         gpus=args.gpus or info.num_gpus or 1, warmup_timeout_s=_warmup_timeout(args),
+        slos=options["slos"], slo_target=getattr(args, "attainment", DEFAULTS.attainment), live_slo=sweep.live_slo,
     )
     vocab_offset, vocab_size = _vocab(args, info)
     planned_path = results_path = options["out_dir"] / "result.json"
@@ -190,6 +209,7 @@ async def _replay(args: argparse.Namespace, options: dict[str, Any], transport: 
         on_request = None if write_records is None else (lambda rec: write_records(dumps_record(rec)))
         pool = LocalPool(Runner(transport, traces, synth, config, spec=expectation, on_request=on_request))
     hit_rates = TraceHitRates(traces, theoretical_hit_rate)
+    session_turns = {session.id: len(session.requests) for session in traces.sessions}
     loop = asyncio.get_running_loop()
     # The traces are many long-lived objects: keep the cyclic GC from walking them during the run.
     # No full collection first: it costs tens of milliseconds before the first request and
@@ -203,26 +223,28 @@ async def _replay(args: argparse.Namespace, options: dict[str, Any], transport: 
         else:
             await _start_workers(pool, printer)
         # a level's repeats share its index, so they replay the same plan (loadgen/runner.py)
-        for index, spec, repeat in ((i, spec, r) for i, spec in enumerate(levels) for r in range(args.repeat)):
-            if pool.stopped:
-                break
-            of = f" (repeat {repeat + 1} of {args.repeat})" if args.repeat > 1 else ""
-            printer.say(f"-- {spec.label}{of}: {_level_plan(spec, index, traces, config)}")
+        while not pool.stopped and (step := sweep.next_level()) is not None:
+            of = f" (repeat {step.repeat + 1} of {step.repeats})" if step.repeats > 1 else ""
+            printer.say(f"-- {step.spec.label}{of}: {_level_plan(step.spec, step.index, traces, config)}")
             try:
-                level = await _drive_level(pool, spec, index, config, printer)
+                level, early = await _drive_level(pool, step.spec, step.index, config, printer, sweep)
             except WorkerError as exc:
                 pool.status, pool.message = "failed", f"a client worker failed: {exc}"
                 break
             printer.clear()
             # without an HTTP target the transport is bench's engine, in this process
             summary = level_summary(level, config, hit_rates.of(level), expectation,
-                                    engine_in_process=http_target is None)
-            summary["repeat"] = repeat
+                                    engine_in_process=http_target is None, session_turns=session_turns)
+            summary["repeat"] = step.repeat
+            summary["stopped_early"] = early
             doc["levels"].append(summary)
+            if not pool.stopped:
+                sweep.observe(summary)
+                doc.update(sweep.results(config.gpus))
             results_path = _finish(doc, pool, results_path)
             printer.say(_level_report(summary, level, pool))
-            if pool.stopped:
-                break
+            if early:
+                printer.say(f"   window ended early: {early}")
     finally:
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.remove_signal_handler(sig)
@@ -232,6 +254,8 @@ async def _replay(args: argparse.Namespace, options: dict[str, Any], transport: 
         if per_request:
             per_request.close()
         results_path = _finish(doc, pool, results_path)
+    if "capacity" in doc:
+        printer.say(describe_capacity(doc["capacity"]))
     printer.say(f"results: {results_path}")
     return _exit_code(doc, pool, args.command) or int(results_path != planned_path)
 
@@ -249,20 +273,24 @@ async def _start_workers(pool: Pool, printer: ProgressPrinter) -> None:
         pool.status, pool.message = "failed", f"the client workers did not start: {exc}"
 
 
-async def _drive_level(pool: Pool, spec: LevelLoad, index: int, config: RunConfig,
-                       printer: ProgressPrinter) -> LevelRun:
+async def _drive_level(pool: Pool, spec: LevelLoad, index: int, config: RunConfig, printer: ProgressPrinter,
+                       sweep: Sweep) -> tuple[LevelRun, str | None]:
     """Run one level on the pool, showing its progress; with several workers and a warm-up that
-    counts requests, open the window once every worker's lanes are warm."""
+    counts requests, open the window once every worker's lanes are warm. The sweep may end the
+    window early (a decided capacity probe): returns the level and why it was ended early."""
     task = asyncio.ensure_future(pool.run_level(spec, index))
     started = time.monotonic()
     coordinate = pool.workers > 1 and spec.mode == "closed" and bool(config.warmup.requests)
     opener = asyncio.ensure_future(pool.open_window_when_warm()) if coordinate else None
+    early = None
     try:
         while True:
             done, _ = await asyncio.wait({task}, timeout=POLL_S)
             if done:
-                return task.result()
+                return task.result(), early
             snap = await pool.snapshot()
+            if early is None and (early := sweep.early_stop(snap, config.duration_s)) is not None:
+                await pool.end_window()
             printer.show(describe(spec.label, snap, time.monotonic() - started, config.duration_s,
                                   config.warmup_timeout_s, config.timeout_s))
     finally:
@@ -327,6 +355,9 @@ def _exit_code(doc: dict[str, Any], pool: Pool, command: str) -> int:
     failed = [level["label"] for level in doc["levels"] if level["failed"]]
     if failed:
         print(f"loadgen {command}: failed levels: {', '.join(failed)}", file=sys.stderr)
+        return 1
+    if (found := doc.get("capacity")) and found["below_range"]:
+        print(f"loadgen {command}: error: {unheld_slo(found, doc['levels'])}", file=sys.stderr)
         return 1
     return 0
 
@@ -408,6 +439,13 @@ def _load_traces(args: argparse.Namespace, info: ServerInfo) -> tuple[TraceSet, 
                          f"(e.g. --token-scale 0.01) or raise the limit") from exc
 
 
+def _sweep(args: argparse.Namespace, options: dict[str, Any], traces: TraceSet) -> Sweep:
+    """The levels to run: `loadgen capacity` (and `bench --capacity`) search them, else the flags list them."""
+    if getattr(args, "capacity", False):
+        return CapacitySweep(search_config(args, traces, options["slos"]))
+    return FixedSweep(_level_specs(args, options, traces), getattr(args, "repeat", 1))
+
+
 def _level_specs(args: argparse.Namespace, options: dict[str, Any], traces: TraceSet) -> list[LevelLoad]:
     if options["rates"]:
         return [LevelLoad("poisson", rate=rate) for rate in options["rates"]]
@@ -461,6 +499,7 @@ def _config(args, target: dict[str, Any], config: RunConfig, info: ServerInfo, t
         "duration_s": config.duration_s, "warmup": config.warmup.describe(),
         "start_offset": list(config.start_offset), "time_scale": config.time_scale,
         "seed": config.seed, "timeout_s": config.timeout_s, "max_error_rate": config.max_error_rate,
+        "slos": [{"name": slo.name, "spec": slo.spec} for slo in config.slos], "attainment_target": config.slo_target,
         "vocab": {"offset": vocab_offset, "size": vocab_size},
         "traces": {"source": args.traces or DEFAULT_SET, "name": traces.name, "format": traces.format,
                    "block_size": traces.block_size, "sessions": len(traces.sessions),

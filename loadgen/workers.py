@@ -144,6 +144,9 @@ class Worker:
     def open_window(self, wall_ns: int) -> None:
         self.runner.open_window(mono_from_wall(wall_ns))
 
+    def end_window(self) -> None:
+        self.runner.end_window()
+
     def interrupt(self, status: str, message: str | None) -> None:
         self.runner.interrupt(status, message)
 
@@ -188,6 +191,10 @@ class Pool:
     def interrupt(self, status: str = "interrupted", message: str | None = None) -> None:
         raise NotImplementedError
 
+    async def end_window(self) -> None:
+        """End the running level's window now, in every share (runner.end_window)."""
+        raise NotImplementedError
+
     async def close(self) -> None:
         """Close the connections and end the workers."""
 
@@ -210,6 +217,9 @@ class LocalPool(Pool):
     def interrupt(self, status: str = "interrupted", message: str | None = None) -> None:
         self.runner.interrupt(status, message)
         self.status, self.message = self.runner.status, self.runner.message
+
+    async def end_window(self) -> None:
+        self.runner.end_window()
 
 
 class RemotePool(Pool):
@@ -253,6 +263,9 @@ class RemotePool(Pool):
     async def open_window_when_warm(self) -> None:
         await self._all("wait_warm")
         await self._all("open_window", time.time_ns())
+
+    async def end_window(self) -> None:
+        await self._all("end_window")
 
     def interrupt(self, status: str = "interrupted", message: str | None = None) -> None:
         if not self.stopped:

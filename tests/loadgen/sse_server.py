@@ -20,6 +20,10 @@ serves our server's `agentload:kernel_compiles_total`, grown by n per finished r
 Faults (`fault`: {"kind", "every"}): on every `every`-th request, "reset" closes the connection
 after two chunks, "500" answers HTTP 500, "stall" stops after one chunk and never finishes,
 "short" ends the stream cleanly with one token too few.
+
+A server whose speed falls with its load in a known way (for the capacity search's tests): with
+`itl_per_user` the gap between chunks is `itl_ms` times the number of distinct users (session
+plays) with a request in flight at that moment, as a processor shared among its sessions.
 """
 
 from __future__ import annotations
@@ -36,7 +40,8 @@ from aiohttp import web
 DEFAULTS = {"first_ms": 0.0, "itl_ms": 0.0, "tokens_per_chunk": 1, "send_token_ids": True,
             "model": "test-model", "owned_by": "test", "max_model_len": None, "num_gpus": None,
             "vocab_size": None, "fault": None, "keep_prompts": False, "cached_tokens": 0, "serial": False,
-            "spec_metrics": None, "usage_apart": False, "kernel_compiles": None}
+            "spec_metrics": None, "usage_apart": False, "kernel_compiles": None,
+            "itl_per_user": False}
 
 
 class State:
@@ -139,7 +144,8 @@ async def _stream(request, cfg, body, prompt, rec, kind, chat) -> web.StreamResp
             return resp
         if kind == "stall":
             await asyncio.sleep(3600)
-        deadline = writes[-1] + int(cfg["itl_ms"] * 1e6)
+        sharing = len(request.app["state"].users) if cfg["itl_per_user"] else 1
+        deadline = writes[-1] + int(cfg["itl_ms"] * 1e6 * sharing)
     usage = {"prompt_tokens": len(prompt), "completion_tokens": sent, "total_tokens": len(prompt) + sent,
              "prompt_tokens_details": {"cached_tokens": cfg["cached_tokens"]}}
     final = b"data: " + orjson.dumps({"id": "c", "object": "text_completion", "choices": [], "usage": usage}) + b"\n\n"

@@ -1,0 +1,222 @@
+"""Capacity under an SLO: the largest load (concurrent agents, or open-loop request rate) at which
+a server holds an SLO at a stated attainment, found by a probe-then-bisect search, reported as an
+interval read off the measured attainment curve.
+
+Search. The first probe runs at `low`; while probes hold the SLO (the share of good requests, or
+of good session plays with `over: sessions`, at or above the target) the load doubles, up to
+`high`. The first probe that fails brackets the answer with the last that held, and probes
+bisect the bracket (closed loop: whole agents; open loop: geometric means of rates) until it is
+no wider than `resolution` of the load that held (and one agent). A bracket is only final when
+its ends are decisive - a probe whose interval lies wholly above the target below it, one wholly
+under above it - so a probe too close to call sends the search one step further out.
+
+Probes go on where the last ones stopped: a closed-loop probe's lanes that ran in the previous
+probe carry on with their sessions (their contexts are in the server's prefix cache already), so
+only the lanes a probe adds re-send a context to warm up. A probe stops early once its verdict
+is decided - the interval of its share so far, counting the requests still in flight as bad, is
+wholly above the target, or, counting them as good, wholly under it - after a minimum share of
+its window and a minimum number of requests (a saturated server's probe need not run a full
+window to fail).
+
+Interval. Each probe gives a share with a 95 % interval (loadgen/attainment.py). The three
+curves - shares, lower ends, upper ends - are made non-increasing in the load (attainment cannot
+improve with more load; pool-adjacent-violators, weighted by the probes' effective sizes), and
+each is read where it crosses the target, by linear interpolation between probes. The point
+estimate is where the shares cross; the interval runs from where the lower ends cross (the
+pessimistic curve) to where the upper ends cross (the optimistic one). Closed loop: whole agents,
+the largest concurrency at or below each crossing. Capacity per GPU divides by the GPUs.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from loadgen.attainment import ClusterSums, Share, wilson
+from loadgen.capacity.config import UNITS, SearchConfig
+
+Z_99 = 2.575829  # the early stop's level, two-sided 99 %
+
+
+@dataclass(frozen=True, slots=True)
+class Probe:
+    """One measured level of the search."""
+
+    load: float
+    share: Share  # of requests or of plays, as the search is over
+    label: str
+    window_s: float
+    stopped_early: str | None = None
+
+    def holds(self, target: float) -> bool:
+        value = self.share.value
+        return value is not None and value >= target
+
+
+@dataclass
+class CapacitySearch:
+    config: SearchConfig
+    probes: list[Probe] = field(default_factory=list)
+    _looked: int = 0  # the current probe's early-stop looks so far
+
+    # -- the probes ---------------------------------------------------------------------------
+
+    def next_load(self) -> float | None:
+        """The next probe's load, or None when the search is done."""
+        cfg = self.config
+        lightest, heaviest = cfg.bounds
+        if len(self.probes) >= cfg.max_probes:
+            return None
+        if not self.probes:
+            return self._clamp(lightest)
+        tried = {p.load for p in self.probes}
+        low, high = self._bracket()
+        if high is None:  # nothing failed yet: grow
+            top = max(tried)
+            return None if top >= heaviest else self._clamp(min(heaviest, top * 2))
+        if low is None:  # the lowest load failed: nothing lower to try
+            return None
+        if not self._narrow(low, high):
+            middle = self._middle(low, high)
+            if middle not in tried:
+                return middle
+        # the bracket is narrow: make its ends decisive, one step further out
+        if not any(p.load >= high and p.share.verdict(cfg.target) is False for p in self.probes):
+            step = self._step_out(max(p.load for p in self.probes if p.load >= high), up=True)
+            return step if step is not None and step not in tried else None
+        if not any(p.load <= low and p.share.verdict(cfg.target) is True for p in self.probes):
+            step = self._step_out(min(p.load for p in self.probes if p.load <= low), up=False)
+            return step if step is not None and step not in tried else None
+        return None
+
+    def observe(self, probe: Probe) -> None:
+        self.probes.append(probe)
+        self._looked = 0
+
+    def _bracket(self) -> tuple[float | None, float | None]:
+        """(largest load that held below the smallest that failed, that smallest failure)."""
+        target = self.config.target
+        failed = [p.load for p in self.probes if not p.holds(target)]
+        high = min(failed) if failed else None
+        held = [p.load for p in self.probes if p.holds(target) and (high is None or p.load < high)]
+        return (max(held) if held else None), high
+
+    def _narrow(self, low: float, high: float) -> bool:
+        cfg = self.config
+        if cfg.integer:
+            return high - low <= max(1, math.floor(cfg.resolution * low))
+        return high <= low * (1 + cfg.resolution)
+
+    def _middle(self, low: float, high: float) -> float:
+        return float((int(low) + int(high)) // 2) if self.config.integer else math.sqrt(low * high)
+
+    def _step_out(self, load: float, up: bool) -> float | None:
+        """One bracket-width step beyond `load`, within [low, high]."""
+        cfg = self.config
+        lightest, heaviest = cfg.bounds
+        if cfg.integer:
+            step = max(1, math.floor(cfg.resolution * load))
+            value = load + step if up else load - step
+        else:
+            value = load * (1 + cfg.resolution) if up else load / (1 + cfg.resolution)
+        return self._clamp(value) if lightest <= value <= heaviest else None
+
+    def _clamp(self, load: float) -> float:
+        return float(max(1, round(load))) if self.config.integer else load
+
+    # -- early stop -------------------------------------------------------------------------
+
+    def early_verdict(self, sums: ClusterSums, inflight: int, window_elapsed_s: float,
+                      duration_s: float) -> str | None:
+        """A reason to end the probe's window now, when its verdict is already decided. It is
+        looked at once per `min_window_share` of the window (at 25, 50 and 75 % by default), at
+        99 % each: a few looks at a strict level keep the early verdicts' error small, where a
+        look at every progress poll would sooner or later stop on a lucky stretch."""
+        cfg = self.config
+        if not cfg.early_stop or cfg.over != "requests" or not duration_s:
+            return None
+        look = math.floor(window_elapsed_s / duration_s / cfg.min_window_share)
+        if look <= self._looked or look * cfg.min_window_share >= 1:
+            return None
+        self._looked = look
+        if sums.n < cfg.min_requests:
+            return None
+        total = sums.n + inflight
+        effective = sums.share().effective * total / sums.n  # the in-flight ones at the same design effect
+        low, _ = wilson(sums.g / total * effective, effective, Z_99)  # in flight counted as bad
+        if low >= cfg.target:
+            return f"decided after {window_elapsed_s:.0f} s: attainment at least {low:.1%} counting the " \
+                   f"{inflight} in flight as bad"
+        _, high = wilson((sums.g + inflight) / total * effective, effective, Z_99)  # ... and as good
+        if high < cfg.target:
+            return f"decided after {window_elapsed_s:.0f} s: attainment at most {high:.1%} counting the " \
+                   f"{inflight} in flight as good"
+        return None
+
+    # -- the answer ---------------------------------------------------------------------------
+
+    def result(self, gpus: int = 1) -> dict[str, Any]:
+        """The capacity with its interval, per GPU, and the probes (results file's `capacity`)."""
+        cfg = self.config
+        probes = sorted(self.probes, key=lambda p: p.load)
+        found = capacity_from_curve(probes, cfg.target, cfg.integer)
+        per_gpu = {key: None if value is None else round(value / max(1, gpus), 4)
+                   for key, value in found.items() if key in ("capacity", "low", "high")}
+        return {
+            "slo": {"name": cfg.slo.name, "spec": cfg.slo.spec}, "target": cfg.target, "over": cfg.over,
+            "mode": cfg.mode, "unit": UNITS[cfg.mode], **found, "gpus": gpus, "per_gpu": per_gpu,
+            "probes": [{"load": p.load, "label": p.label, "window_s": round(p.window_s, 3),
+                        "stopped_early": p.stopped_early, "holds": p.holds(cfg.target),
+                        "verdict": p.share.verdict(cfg.target), **p.share.to_dict()} for p in self.probes],
+        }
+
+
+def capacity_from_curve(probes: Sequence[Probe], target: float, integer: bool) -> dict[str, Any]:
+    """Point and interval where the (monotone) attainment curve and its band cross `target`.
+
+    `capacity`/`low`/`high` are None where a curve does not cross inside the probes: `below`
+    says the lowest probe already failed that way, `above` that the highest still held."""
+    usable = [p for p in probes if p.share.value is not None and p.share.low is not None]
+    if not usable:
+        return {"capacity": None, "low": None, "high": None, "below_range": None, "above_range": None}
+    loads = np.array([p.load for p in usable], dtype=np.float64)
+    weights = np.array([max(p.share.effective, 1.0) for p in usable], dtype=np.float64)
+    curves = {name: _non_increasing(np.array(values, dtype=np.float64), weights)
+              for name, values in (("capacity", [p.share.value for p in usable]),
+                                   ("low", [p.share.low for p in usable]),
+                                   ("high", [p.share.high for p in usable]))}
+    out: dict[str, Any] = {}
+    for name, curve in curves.items():
+        crossing = _crossing(loads, curve, target)
+        out[name] = None if crossing is None else (math.floor(crossing + 1e-9) if integer else round(crossing, 4))
+    out["below_range"] = bool(curves["capacity"][0] < target)  # even the lightest probe failed
+    out["above_range"] = bool(curves["capacity"][-1] >= target)  # even the heaviest held
+    return out
+
+
+def _crossing(loads: np.ndarray, curve: np.ndarray, target: float) -> float | None:
+    """The load where a non-increasing curve falls through `target`, interpolated linearly; None
+    when it is under the target at the first load or still at or above it at the last."""
+    if curve[0] < target or curve[-1] >= target:
+        return None
+    i = int(np.flatnonzero(curve >= target)[-1])
+    x0, x1, y0, y1 = loads[i], loads[i + 1], curve[i], curve[i + 1]
+    return float(x0 + (y0 - target) / (y0 - y1) * (x1 - x0))
+
+
+def _non_increasing(values: np.ndarray, weights: np.ndarray) -> np.ndarray:
+    """The weighted least-squares non-increasing fit (pool adjacent violators)."""
+    blocks: list[list[float]] = []  # [mean, weight, count]
+    for value, weight in zip(values.tolist(), weights.tolist()):
+        blocks.append([value, weight, 1])
+        while len(blocks) > 1 and blocks[-2][0] < blocks[-1][0]:
+            mean, weight_, count = blocks.pop()
+            prev = blocks[-1]
+            total = prev[1] + weight_
+            prev[0] = (prev[0] * prev[1] + mean * weight_) / total
+            prev[1], prev[2] = total, prev[2] + count
+    return np.array([mean for mean, _, count in blocks for _ in range(int(count))], dtype=np.float64)

@@ -1,0 +1,166 @@
+"""The capacity search (loadgen/capacity/): probe-then-bisect on known attainment curves, the
+interval read off the curve, early stops, and `loadgen capacity` end to end against a real server
+whose speed falls with its load in a known way (tests/loadgen/sse_server.py `itl_per_user`)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from loadgen.attainment import ClusterSums, Share, wilson
+from loadgen.capacity.config import SearchConfig
+from loadgen.capacity.search import CapacitySearch, Probe, _non_increasing, capacity_from_curve
+from loadgen.capacity.sweep import describe_capacity
+from loadgen.slo import parse_slo
+
+SLO = parse_slo("standard")
+
+
+def probe(load: float, good: int, total: int) -> Probe:
+    low, high = wilson(good, total)
+    return Probe(load, Share(total, good, low, high, float(total)), f"conc {load:g}", 10.0)
+
+
+def run_search(curve, total: int = 400, **settings) -> CapacitySearch:
+    """The search against a server whose attainment at load c is curve(c), measured on `total` requests."""
+    search = CapacitySearch(SearchConfig(slo=SLO, **settings))
+    while (load := search.next_load()) is not None:
+        search.observe(probe(load, round(curve(load) * total), total))
+    return search
+
+
+def test_a_step_curve_is_found_exactly_in_few_probes():
+    search = run_search(lambda c: 1.0 if c <= 13 else 0.0)
+    assert [p.load for p in search.probes] == [1, 2, 4, 8, 16, 12, 14, 13]
+    found = search.result(gpus=2)
+    assert (found["capacity"], found["low"], found["high"]) == (13, 13, 13)
+    assert found["per_gpu"]["capacity"] == 6.5 and found["unit"] == "agents"
+    assert not found["below_range"] and not found["above_range"]
+
+
+def test_a_gradual_curve_puts_the_answer_inside_the_interval():
+    # attainment falls 1 % per agent: 95 % is reached at exactly 5 agents
+    search = run_search(lambda c: 1.0 - 0.01 * c, total=2000)
+    found = search.result()
+    assert found["low"] <= 5 <= found["high"] and found["capacity"] == 5
+    assert found["high"] - found["low"] <= 4
+    assert len(search.probes) <= search.config.max_probes
+
+
+def test_an_undecided_end_sends_the_search_one_step_out():
+    # at 8 the share is just under the target on few requests: not decisively failed, so the
+    # search tries 9 (decisively failed) before it stops
+    shares = {1: 1.0, 2: 1.0, 4: 1.0, 8: 0.94, 9: 0.5, 16: 0.0, 12: 0.0, 10: 0.0, 6: 1.0, 7: 1.0}
+    search = CapacitySearch(SearchConfig(slo=SLO))
+    while (load := search.next_load()) is not None:
+        total = 50 if load == 8 else 400
+        search.observe(probe(load, round(shares[int(load)] * total), total))
+    loads = [p.load for p in search.probes]
+    assert loads[:5] == [1, 2, 4, 8, 6] and 9 in loads
+    found = search.result()
+    assert found["low"] <= found["capacity"] <= found["high"]
+
+
+def test_failing_at_the_lightest_load_and_holding_at_the_heaviest():
+    below = run_search(lambda c: 0.2)
+    assert [p.load for p in below.probes] == [1]
+    found = below.result()
+    assert found["below_range"] and found["capacity"] is None
+    assert "below the lightest load probed (1 agents failed)" in describe_capacity(found)
+    above = run_search(lambda c: 1.0, high=32)
+    assert [p.load for p in above.probes] == [1, 2, 4, 8, 16, 32]
+    found = above.result()
+    assert found["above_range"] and found["capacity"] is None and found["high"] is None
+    assert "at least 32 agents" in describe_capacity(found)
+
+
+def test_open_loop_search_bisects_rates_geometrically():
+    search = run_search(lambda r: 1.0 if r <= 3.3 else 0.0, mode="poisson", low=0.5, high=100)
+    loads = [p.load for p in search.probes]
+    assert loads[:4] == [0.5, 1.0, 2.0, 4.0]
+    found = search.result()
+    assert found["unit"] == "requests/s"
+    assert found["low"] <= 3.3 <= found["high"] * 1.1 and loads[-1] / loads[-2] != 2
+
+
+def test_the_curve_is_made_non_increasing():
+    fitted = _non_increasing(np.array([1.0, 0.9, 0.95, 0.5]), np.array([1.0, 1.0, 1.0, 1.0]))
+    assert fitted.tolist() == pytest.approx([1.0, 0.925, 0.925, 0.5])
+    probes = [probe(1, 100, 100), probe(2, 90, 100), probe(3, 96, 100), probe(4, 10, 100)]
+    found = capacity_from_curve(probes, 0.95, integer=True)
+    assert found["capacity"] == 1  # the noisy 96 % at 3 pools with the 90 % at 2
+
+
+def test_early_stop_looks_three_times_and_only_when_decided():
+    search = CapacitySearch(SearchConfig(slo=SLO))
+    all_bad = ClusterSums.of(np.zeros(30), np.full(30, 2))
+    assert search.early_verdict(all_bad, 0, window_elapsed_s=2, duration_s=10) is None  # before 25 %
+    reason = search.early_verdict(all_bad, 4, window_elapsed_s=2.6, duration_s=10)
+    assert reason is not None and "at most" in reason and "4 in flight as good" in reason
+    assert search.early_verdict(all_bad, 4, window_elapsed_s=3, duration_s=10) is None  # one look per quarter
+    fresh = CapacitySearch(SearchConfig(slo=SLO))
+    few_good = ClusterSums.of(np.full(10, 2), np.full(10, 2))
+    assert fresh.early_verdict(few_good, 0, 2.6, 10) is None  # under min_requests
+    many_good = ClusterSums.of(np.full(200, 2), np.full(200, 2))
+    assert "at least" in fresh.early_verdict(many_good, 3, 5.1, 10)
+    off = CapacitySearch(SearchConfig(slo=SLO, early_stop=False))
+    assert off.early_verdict(all_bad, 0, 2.6, 10) is None
+
+
+# -- end to end ------------------------------------------------------------------------------
+
+
+def capacity_cli(tmp_path, url: str, *flags: str) -> tuple[int, dict]:
+    from loadgen.cli import main
+    from loadgen.results import read_results
+
+    out = tmp_path / "capacity"
+    code = main(["capacity", "--url", url, "--out", str(out), "--quiet", *flags])
+    return code, read_results(out / "result.json")
+
+
+@pytest.mark.slow
+def test_capacity_of_a_server_whose_speed_is_shared_by_its_sessions(start_server, sessions, tmp_path):
+    # Each chunk waits 10 ms per session in flight: at n agents (no think time) TPOT is 10 n ms.
+    # tpot <= 55 ms holds up to 5 agents and fails from 6: the capacity is 5.
+    server = start_server(first_ms=2, itl_ms=10, itl_per_user=True)
+    folder = sessions(*[{"n_requests": 80, "think": 0.0, "n_out": 4} for _ in range(10)])
+    code, doc = capacity_cli(tmp_path, server.url, "--traces", str(folder), "--slo", "tpot<=55ms",
+                             "--think-time-scale", "0", "--duration", "4", "--warmup", "1req", "--workers", "1")
+    assert code == 0
+    found = doc["capacity"]
+    assert found["low"] <= 5 <= found["high"], found
+    assert found["capacity"] == 5
+    loads = [p["load"] for p in found["probes"]]
+    assert loads[:4] == [1, 2, 4, 8] and 5 in loads and 6 in loads
+    assert [level["concurrency"] for level in doc["levels"]] == loads
+    assert any(p["stopped_early"] for p in found["probes"] if p["load"] >= 6)  # a saturated probe stops early
+    # warm lanes carry on: the second probe's lane 0 goes on with a play of the first probe's plan
+    # (play ids carry their level's index in the high bits)
+    assert any(play < 2**32 for play in doc["levels"][1]["requests"]["play"])
+
+
+@pytest.mark.parametrize(("flags", "message"), [
+    (["--low", "0"], "--low: must be > 0"),
+    (["--low", "8", "--high", "4"], "--high: 4 is below --low 8"),
+    (["--resolution", "1.5"], "--resolution: must be in (0, 1)"),
+    (["--max-probes", "1"], "--max-probes: need at least 2"),
+    (["--slo", "interactivity<=3"], "--slo: 'interactivity<=3': interactivity takes a lower bound"),
+])
+def test_bad_search_flags_name_the_flag(flags, message, capsys, tmp_path):
+    from loadgen.cli import main
+
+    assert main(["capacity", "--out", str(tmp_path / "o"), "--quiet", *flags]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_an_slo_no_load_can_hold_is_one_clear_error(start_server, sessions, tmp_path, capsys):
+    server = start_server(first_ms=30, itl_ms=1)
+    folder = sessions({"n_requests": 40, "think": 0.0})
+    code, doc = capacity_cli(tmp_path, server.url, "--traces", str(folder), "--slo", "ttft<=5ms,tpot<=1s",
+                             "--duration", "1", "--think-time-scale", "0", "--workers", "1")
+    assert code == 1
+    assert doc["capacity"]["below_range"] and len(doc["capacity"]["probes"]) == 1
+    err = capsys.readouterr().err
+    assert "is not held even at the lightest load (1 agents: 0.0% good, target 95%)" in err
+    assert "the bound broken most: ttft<=5ms" in err
