@@ -24,6 +24,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     add_replay_flags(p, http=True)
     p.set_defaults(func=run)
+    set_submission_defaults(p)
 
 
 def add_replay_flags(p: argparse.ArgumentParser, http: bool, levels: bool = True) -> None:
@@ -73,6 +74,16 @@ def add_replay_flags(p: argparse.ArgumentParser, http: bool, levels: bool = True
     load.add_argument("--max-error-rate", type=float, default=0.10, metavar="F",
                       help="a level with a larger share of failed requests is marked failed (default 0.10)")
     add_slo_flags(p)
+    if http:
+        from loadgen.presets import flag_text
+        from loadgen.validity import SUBMISSION, submission_flags
+
+        load.add_argument("--submission", action="store_true",
+                          help="InferenceX AgentX's submission rules: sets " + flag_text(submission_flags()) +
+                          " (each flag you give "
+                          "keeps your value) and the results' `validity` block names any rule the run breaks; "
+                          f"closed loop only (a window of at least {SUBMISSION.min_window_s:g} s, at most "
+                          f"{SUBMISSION.max_over_context_share:.0%} of requests over the context, ...)")
     tr = p.add_argument_group("traces")
     tr.add_argument("--traces", default=None, metavar="NAME|PATH",
                     help="bundled set name, trace file or directory (default: agentic-coding)")
@@ -127,6 +138,13 @@ def add_replay_flags(p: argparse.ArgumentParser, http: bool, levels: bool = True
     out.add_argument("--quiet", action="store_true",
                      help="no tables or progress, only errors (progress: in place on a terminal, else a line "
                      f"every {DEFAULTS.piped_progress_interval_s:g} s)")
+
+
+def set_submission_defaults(p: argparse.ArgumentParser) -> None:
+    """Keep the parser's defaults of the flags --submission sets: it sets only the ones left at them."""
+    from loadgen.validity import submission_flags
+
+    p.set_defaults(submission_defaults={dest: p.get_default(dest) for dest in submission_flags()})
 
 
 def add_slo_flags(p: argparse.ArgumentParser) -> None:

@@ -60,6 +60,7 @@ from loadgen.table import format_level
 from loadgen.trace_cache import PackedTraces, load_traces_cached
 from loadgen.transport.base import ServerInfo, Transport, TransportError
 from loadgen.transport.http import HttpTransport
+from loadgen.validity import apply_submission, check_validity, describe_validity
 from loadgen.workers import (
     HttpTarget,
     LocalPool,
@@ -95,6 +96,13 @@ def replay_with(args: argparse.Namespace, transport: Transport, target: dict[str
     """Replay through `transport`; `target` (what was driven, e.g. the URL) goes into the results
     config. With `http_target`, --workers/--ray may spread the load over worker processes, each
     with its own HTTP transport to that target."""
+    if getattr(args, "submission", False):
+        if getattr(args, "rate", None) or getattr(args, "capacity", False):
+            raise UsageError("--submission: AgentX runs are closed loop at fixed concurrencies (--conc); drop "
+                             "--rate (or use `loadgen replay`, not `capacity`)")
+        flags = apply_submission(args, args.submission_defaults)
+        if not args.quiet and flags:
+            print(f"{args.command}: --submission: {flags}", flush=True)
     try:
         options = _check_flags(args)
     except ValueError as exc:
@@ -256,6 +264,7 @@ async def _replay(args: argparse.Namespace, options: dict[str, Any], transport: 
         results_path = _finish(doc, pool, results_path)
     if "capacity" in doc:
         printer.say(describe_capacity(doc["capacity"]))
+    printer.say(describe_validity(doc["validity"]))
     printer.say(f"results: {results_path}")
     return _exit_code(doc, pool, args.command) or int(results_path != planned_path)
 
@@ -342,6 +351,8 @@ def _finish(doc: dict[str, Any], pool: Pool, path: Path) -> Path:
     """Write the results as they stand; returns where they went (a temporary file if `path` failed)."""
     doc["status"], doc["message"] = pool.status, pool.message
     doc["pareto"] = pareto(doc["levels"])
+    doc.pop("validity", None)
+    doc["validity"] = check_validity(doc)  # AgentX's submission rules (loadgen/validity.py)
     return save_results(path, doc)
 
 

@@ -54,6 +54,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from loadgen.presets import flag_text
+
 RULES_SOURCE = ("InferenceX AgentX (SemiAnalysisAI/InferenceX 843c6254f: its benchmark library and agentic result "
                 "validation) and aiperf's inferencex-agentx-mvp scenario (SemiAnalysisAI/aiperf 211ad67f)")
 UNSCALED = 1.0  # --token-scale / --think-time-scale that replay the trace as recorded
@@ -113,6 +115,25 @@ def submission_flags(rules: SubmissionRules = SUBMISSION) -> dict[str, str | flo
         "duration": rules.duration_s,
         "max_error_rate": rules.max_error_rate,
     }
+
+
+def describe_validity(validity: dict[str, Any]) -> str:
+    """One line: valid, or the rules broken with their details."""
+    if validity["valid"]:
+        return "AgentX validity: valid (every submission rule met)"
+    broken = [rule for rule in validity["rules"] if rule["ok"] is not True]
+    shown = "; ".join(f"{rule['rule']} ({rule['detail']})" for rule in broken[:3])
+    more = f"; and {len(broken) - 3} more" if len(broken) > 3 else ""
+    return f"AgentX validity: not a valid submission: {shown}{more} (`--submission` sets what a run can)"
+
+
+def apply_submission(args: Any, defaults: dict[str, Any]) -> str:
+    """Set the submission's flag values on `args` where the user left the flag at its default
+    (`defaults`); returns the flags set, as typed."""
+    chosen = {dest: value for dest, value in submission_flags().items() if getattr(args, dest) == defaults.get(dest)}
+    for dest, value in chosen.items():
+        setattr(args, dest, value)
+    return flag_text(chosen)
 
 
 def _judge(rule: _Rule, doc: dict[str, Any], rules: SubmissionRules) -> dict[str, Any]:

@@ -150,3 +150,24 @@ def test_the_module_imports_nothing_heavy():
     code = "import sys, loadgen.validity; print(sorted({'numpy', 'hdrh', 'loadgen.level'} & set(sys.modules)))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_every_result_carries_its_validity_and_submission_keeps_the_flags_given(start_server, sessions, replay,
+                                                                                capsys):
+    server = start_server(first_ms=2, itl_ms=1)
+    folder = sessions(*({"n_requests": 16, "think": 0.0, "n_out": 4} for _ in range(3)))
+    code, doc, _ = replay(server.url, "--traces", str(folder), "--conc", "2", "--duration", "0.5")
+    assert code == 0
+    assert doc["validity"] == check_validity(doc) and not doc["validity"]["valid"]
+    assert "cache_priming_warmup" in doc["validity"]["failed"]  # the replay's default warm-up is 0s
+    code, doc, _ = replay(server.url, "--traces", str(folder), "--conc", "2", "--submission", "--duration", "0.5")
+    assert code == 0
+    config = doc["config"]
+    assert config["warmup"] == "10req" and config["traces"]["scale"]["config"]["think_time_cap"] == 300.0
+    assert config["duration_s"] == 0.5  # given: kept, and the one rule the run breaks
+    assert doc["validity"]["failed"] == ["window_duration"]
+
+
+def test_submission_refuses_an_open_loop(replay_cli_error):
+    code, err = replay_cli_error("--submission", "--rate", "1")
+    assert code == 2 and "--submission: AgentX runs are closed loop" in err
