@@ -23,6 +23,7 @@ from loadgen.presets import BENCH_PRESETS, CPU_MODEL, GPU_MODEL, PRESET_FIELDS, 
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
+    from loadgen.capacity.config import add_search_flags
     from loadgen.cmd_replay import add_replay_flags
     from loadgen.transport.inprocess import add_engine_args
 
@@ -54,6 +55,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             action.help = ("seeds the load (session order, offsets, salts, arrivals) and the engine's random weights "
                            "(default 0)")
     p.add_argument("--no-report", action="store_true", help="skip the PNG plots and the HTML report")
+    p.add_argument("--capacity", action="store_true",
+                   help="search the engine's capacity under the SLO instead of running --conc's levels, as "
+                   "`loadgen capacity` does against a server (its flags below)")
+    add_search_flags(p)
     p.set_defaults(func=run)
 
 

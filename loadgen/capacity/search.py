@@ -18,13 +18,18 @@ wholly above the target, or, counting them as good, wholly under it - after a mi
 its window and a minimum number of requests (a saturated server's probe need not run a full
 window to fail).
 
-Interval. Each probe gives a share with a 95 % interval (loadgen/attainment.py). The three
-curves - shares, lower ends, upper ends - are made non-increasing in the load (attainment cannot
-improve with more load; pool-adjacent-violators, weighted by the probes' effective sizes), and
-each is read where it crosses the target, by linear interpolation between probes. The point
-estimate is where the shares cross; the interval runs from where the lower ends cross (the
-pessimistic curve) to where the upper ends cross (the optimistic one). Closed loop: whole agents,
-the largest concurrency at or below each crossing. Capacity per GPU divides by the GPUs.
+Interval. Each probe gives a share with a 95 % interval (loadgen/attainment.py), and attainment
+cannot improve with more load. So a probe whose interval lies above the target shows that every
+lighter load holds too, and one whose interval lies under it that every heavier load fails: the
+lower end of the capacity is the heaviest load that some probe at or above it shows held (the
+lower ends' running maximum from the heavy side), the upper end is the last load before the
+lightest one that some probe at or under it shows failed (the upper ends' running minimum from
+the light side). A probe with few requests, whose interval is wide, neither drags the band down
+nor pushes it up. The point estimate is where the shares, made non-increasing in the load
+(pool-adjacent-violators, weighted by the probes' effective sizes), cross the target, by linear
+interpolation between probes, kept inside the interval. Closed loop: whole agents, the largest
+concurrency at or below the crossing; the upper end is one agent under the failing load. Open
+loop: the upper end is the failing rate itself. Capacity per GPU divides by the GPUs.
 """
 
 from __future__ import annotations
@@ -176,26 +181,30 @@ class CapacitySearch:
 
 
 def capacity_from_curve(probes: Sequence[Probe], target: float, integer: bool) -> dict[str, Any]:
-    """Point and interval where the (monotone) attainment curve and its band cross `target`.
+    """Point and interval of the capacity from the probes' shares and intervals (module docstring).
 
-    `capacity`/`low`/`high` are None where a curve does not cross inside the probes: `below`
-    says the lowest probe already failed that way, `above` that the highest still held."""
-    usable = [p for p in probes if p.share.value is not None and p.share.low is not None]
+    `low` is None when no probe showed the SLO held, `high` when none showed it failed;
+    `below_range`: even the lightest probe's share failed; `above_range`: even the heaviest held."""
+    usable = sorted((p for p in probes if p.share.value is not None and p.share.low is not None),
+                    key=lambda p: p.load)
     if not usable:
         return {"capacity": None, "low": None, "high": None, "below_range": None, "above_range": None}
     loads = np.array([p.load for p in usable], dtype=np.float64)
+    shown_held = np.maximum.accumulate(np.array([p.share.low for p in usable])[::-1])[::-1] >= target
+    shown_failed = np.minimum.accumulate(np.array([p.share.high for p in usable])) < target
+    low = float(loads[shown_held][-1]) if shown_held.any() else None
+    high = None
+    if shown_failed.any():
+        failing = float(loads[shown_failed][0])
+        high = failing - 1 if integer else failing
     weights = np.array([max(p.share.effective, 1.0) for p in usable], dtype=np.float64)
-    curves = {name: _non_increasing(np.array(values, dtype=np.float64), weights)
-              for name, values in (("capacity", [p.share.value for p in usable]),
-                                   ("low", [p.share.low for p in usable]),
-                                   ("high", [p.share.high for p in usable]))}
-    out: dict[str, Any] = {}
-    for name, curve in curves.items():
-        crossing = _crossing(loads, curve, target)
-        out[name] = None if crossing is None else (math.floor(crossing + 1e-9) if integer else round(crossing, 4))
-    out["below_range"] = bool(curves["capacity"][0] < target)  # even the lightest probe failed
-    out["above_range"] = bool(curves["capacity"][-1] >= target)  # even the heaviest held
-    return out
+    curve = _non_increasing(np.array([p.share.value for p in usable], dtype=np.float64), weights)
+    point = _crossing(loads, curve, target)
+    if point is not None:
+        point = min(max(point, low if low is not None else point), high if high is not None else point)
+        point = math.floor(point + 1e-9) if integer else round(point, 4)
+    return {"capacity": point, "low": low, "high": high,
+            "below_range": bool(curve[0] < target), "above_range": bool(curve[-1] >= target)}
 
 
 def _crossing(loads: np.ndarray, curve: np.ndarray, target: float) -> float | None:

@@ -92,8 +92,14 @@ def describe_capacity(found: dict[str, Any]) -> str:
         return f"{what}: no probe was measured"
     if found["below_range"]:
         return f"{what}: below the lightest load probed ({_load(loads[0], unit)} failed)"
-    low = "<" + _load(loads[0], unit) if found["low"] is None else _load(found["low"], unit, bare=True)
-    high = ">" + _load(loads[-1], unit) if found["high"] is None else _load(found["high"], unit, bare=True)
+    low = "?" if found["low"] is None else _load(found["low"], unit, bare=True)
+    high = "?" if found["high"] is None else _load(found["high"], unit, bare=True)
+    notes = []
+    if found["low"] is None:
+        notes.append("no probe showed the SLO held with 95 % confidence (more requests per probe: a longer "
+                     "--duration)")
+    if found["high"] is None and not found["above_range"]:
+        notes.append("no probe showed it failed with 95 % confidence")
     if found["capacity"] is None:  # above_range: the heaviest probe still held
         point = f"at least {_load(loads[-1], unit)} (the heaviest load probed held)"
     else:
@@ -102,7 +108,8 @@ def describe_capacity(found: dict[str, Any]) -> str:
     per_gpu = found["per_gpu"]["capacity"]
     per = f", {per_gpu:g} per GPU ({gpus} GPUs)" if per_gpu is not None and gpus > 1 else ""
     early = sum(1 for p in probes if p["stopped_early"])
-    return f"{what}: {point} [{low}, {high}]{per}; {len(probes)} probes ({early} decided early)"
+    note = "".join(f"; {text}" for text in notes)
+    return f"{what}: {point} [{low}, {high}]{per}; {len(probes)} probes ({early} decided early){note}"
 
 
 def _load(value: float, unit: str, bare: bool = False) -> str:

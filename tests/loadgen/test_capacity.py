@@ -91,6 +91,14 @@ def test_the_curve_is_made_non_increasing():
     assert found["capacity"] == 1  # the noisy 96 % at 3 pools with the 90 % at 2
 
 
+def test_a_light_probe_with_few_requests_does_not_widen_the_interval():
+    # a CPU run of `loadgen bench --capacity`: the lightest probes measured few requests, so their
+    # intervals are wide; probes at 6 and 7 show the SLO held, 9 that it failed
+    measured = [(1, 10, 10), (2, 49, 49), (4, 60, 61), (6, 115, 115), (7, 101, 101), (8, 146, 154), (9, 84, 113)]
+    found = capacity_from_curve([probe(c, good, total) for c, good, total in measured], 0.95, integer=True)
+    assert (found["capacity"], found["low"], found["high"]) == (7, 7, 8)
+
+
 def test_early_stop_looks_three_times_and_only_when_decided():
     search = CapacitySearch(SearchConfig(slo=SLO))
     all_bad = ClusterSums.of(np.zeros(30), np.full(30, 2))
