@@ -154,10 +154,10 @@ def add_slo_flags(p: argparse.ArgumentParser) -> None:
     tiers = "; ".join(f"{name}: {spec}" for name, spec in TIERS.items())
     group = p.add_argument_group("service-level objectives")
     group.add_argument("--slo", action="append", metavar="TIER|BOUNDS",
-                       help="an SLO every level reports attainment and goodput against (repeatable): a tier name "
-                       "or per-request bounds such as 'ttft<=2s,interactivity>=50' on ttft, tpot, e2el, norm_e2el "
-                       f"(<= with s, ms or us) and interactivity (>= tok/s/user). Tiers: {tiers} (default: "
-                       "every tier; `loadgen capacity` searches the first, default standard)")
+                       help="an SLO every level reports attainment and goodput against (repeatable): a tier name, "
+                       "per-request bounds such as 'ttft<=2s,interactivity>=50' on ttft, tpot, e2el, norm_e2el "
+                       "(<= with s, ms or us) and interactivity (>= tok/s/user), or NAME=BOUNDS. "
+                       f"Tiers: {tiers} (default: every tier; `loadgen capacity` searches the first, default standard)")
     group.add_argument("--attainment", type=float, default=DEFAULTS.attainment, metavar="F",
                        help="the share of a level's requests that must be good for it to hold an SLO "
                        f"(default {DEFAULTS.attainment:g})")

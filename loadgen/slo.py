@@ -30,6 +30,7 @@ _METRICS: dict[str, tuple[str, bool]] = {
     "norm_e2el": ("norm_e2el_us", False),
     "interactivity": ("tpot_us", True),
 }
+_NAMED = re.compile(r"^([A-Za-z][A-Za-z0-9_.-]*)=(.+)$")  # "fast=ttft<=1s": "ttft<" is no name
 _BOUND = re.compile(r"^\s*([a-z_0-9]+)\s*(<=|>=|<|>|=)\s*([0-9.eE+-]+)\s*([a-z/]*)\s*$")
 
 
@@ -78,10 +79,12 @@ DEFAULT_SLOS = tuple(TIERS)  # every level reports these when no --slo is given
 
 
 def parse_slo(text: str, tiers: Mapping[str, str] | None = None, name: str | None = None) -> Slo:
-    """A tier name (`standard`; `tiers` adds a recipe's own) or a spec (`ttft<=2s,interactivity>=50`);
-    SloError naming the bound otherwise."""
+    """A tier name (`standard`; `tiers` adds a recipe's own), a spec (`ttft<=2s,interactivity>=50`)
+    or a named spec (`fast=ttft<=1s,interactivity>=80`); SloError naming the bound otherwise."""
     known = {**TIERS, **(tiers or {})}
     key = text.strip()
+    if name is None and (named := _NAMED.match(key)) is not None:
+        return parse_slo(named.group(2), name=named.group(1))
     if key in known:
         return parse_slo(known[key], name=key)
     if not key:

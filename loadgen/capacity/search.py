@@ -173,6 +173,7 @@ class CapacitySearch:
                    for key, value in found.items() if key in ("capacity", "low", "high")}
         return {
             "slo": {"name": cfg.slo.name, "spec": cfg.slo.spec}, "target": cfg.target, "over": cfg.over,
+            "resolution": cfg.resolution, "early_stop": cfg.early_stop,
             "mode": cfg.mode, "unit": UNITS[cfg.mode], **found, "gpus": gpus, "per_gpu": per_gpu,
             "probes": [{"load": p.load, "label": p.label, "window_s": round(p.window_s, 3),
                         "stopped_early": p.stopped_early, "holds": p.holds(cfg.target),
@@ -192,11 +193,13 @@ def capacity_from_curve(probes: Sequence[Probe], target: float, integer: bool) -
     loads = np.array([p.load for p in usable], dtype=np.float64)
     shown_held = np.maximum.accumulate(np.array([p.share.low for p in usable])[::-1])[::-1] >= target
     shown_failed = np.minimum.accumulate(np.array([p.share.high for p in usable])) < target
-    low = float(loads[shown_held][-1]) if shown_held.any() else None
-    high = None
+    low: float | None = float(loads[shown_held][-1]) if shown_held.any() else None
+    high: float | None = None
     if shown_failed.any():
         failing = float(loads[shown_failed][0])
         high = failing - 1 if integer else failing
+    if integer:
+        low, high = (None if end is None else int(end) for end in (low, high))
     weights = np.array([max(p.share.effective, 1.0) for p in usable], dtype=np.float64)
     curve = _non_increasing(np.array([p.share.value for p in usable], dtype=np.float64), weights)
     point = _crossing(loads, curve, target)

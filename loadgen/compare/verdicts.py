@@ -309,10 +309,10 @@ def welch_log_test(base: np.ndarray, new: np.ndarray) -> tuple[tuple[float, floa
     var_base, var_new = base.var(ddof=1) / len(base), new.var(ddof=1) / len(new)
     se = math.sqrt(var_base + var_new)
     if se == 0.0:
-        return _t_test(diff, se, 1.0)
+        return t_test(diff, se, 1.0)
     df = se ** 4 / ((var_base ** 2 / (len(base) - 1) if var_base else 0.0)
                     + (var_new ** 2 / (len(new) - 1) if var_new else 0.0))
-    return _t_test(diff, se, df)
+    return t_test(diff, se, df)
 
 
 def block_log_test(log_ratios: np.ndarray, other_log_ratios: Sequence[np.ndarray] = ()
@@ -322,18 +322,29 @@ def block_log_test(log_ratios: np.ndarray, other_log_ratios: Sequence[np.ndarray
     round and variant means, variance on (rounds - 1)(variants - 1) degrees of freedom. Rounds
     where any ratio is missing drop out. No other variants: the one-sample t on
     NEW's per-round log ratios (the paired t)."""
+    fit = block_log_fit(log_ratios, other_log_ratios)
+    if fit is None:
+        return None, None
+    diff, se, df, _ = fit
+    return t_test(diff, se, df)
+
+
+def block_log_fit(log_ratios: np.ndarray, other_log_ratios: Sequence[np.ndarray] = ()
+                  ) -> tuple[float, float, float, int] | None:
+    """block_log_test's (mean log ratio, its standard error, degrees of freedom, rounds used); None
+    with fewer than two complete rounds."""
     table = np.vstack([np.zeros_like(log_ratios), log_ratios, *other_log_ratios])  # (variants, rounds)
     table = table[:, np.isfinite(table).all(axis=0)]
     variants, n = table.shape
     if n < 2:
-        return None, None
+        return None
     residual = table - table.mean(axis=0) - table.mean(axis=1, keepdims=True) + table.mean()
     df = (n - 1) * (variants - 1)
     se = math.sqrt(2.0 * float((residual ** 2).sum()) / df / n)
-    return _t_test(float(table[1].mean()), se, df)
+    return float(table[1].mean()), se, df, n
 
 
-def _t_test(diff: float, se: float, df: float) -> tuple[tuple[float, float], float]:
+def t_test(diff: float, se: float, df: float) -> tuple[tuple[float, float], float]:
     """The interval of exp(diff) - 1 in % and the two-sided p of a log difference with standard
     error `se` on `df` degrees of freedom."""
     if se == 0.0:
@@ -358,7 +369,7 @@ def pooled_log_test(base: np.ndarray, new: np.ndarray, prior_sd_pct: float | Non
     squares = float(((base - base.mean()) ** 2).sum() + ((new - new.mean()) ** 2).sum())
     df = len(base) + len(new) - 2 + prior_df
     variance = (squares + prior_df * (prior_sd_pct / 100.0) ** 2) / df
-    return _t_test(diff, math.sqrt(variance * (1.0 / len(base) + 1.0 / len(new))), df)
+    return t_test(diff, math.sqrt(variance * (1.0 / len(base) + 1.0 / len(new))), df)
 
 
 def _bootstrap_test(base: float, new: float, boot_base: np.ndarray,

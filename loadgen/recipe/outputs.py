@@ -25,10 +25,13 @@ def write_outputs(recipe: Recipe, out: Path, runs: list[tuple[str, str]]) -> lis
 
     loaded = {name: _load(out / "runs" / name / "result.json", name) for _, name in runs}
     by_variant = {v.name: [loaded[name] for owner, name in runs if owner == v.name] for v in recipe.variants}
+    (out / "compare").mkdir(exist_ok=True)
+    if recipe.sweep.capacity is not None:
+        written, tables = _capacity_outputs(recipe, out, by_variant)
+        return written + _report(list(loaded.values()), out / "report", tables)
     metrics = [METRIC_BY_NAME[m] for m in recipe.compare.metrics] if recipe.compare.metrics else list(METRICS)
     noise = load_run_noise(recipe.compare.run_noise) if recipe.compare.run_noise else None
     written, tables = [], []
-    (out / "compare").mkdir(exist_ok=True)
     base = recipe.baseline.name
     for variant in recipe.variants[1:]:
         sides = [[(str(r.path), r.doc) for r in by_variant[name]] for name in (base, variant.name)]
@@ -46,6 +49,27 @@ def write_outputs(recipe: Recipe, out: Path, runs: list[tuple[str, str]]) -> lis
         tables.append((f"{variant.name} vs {base} (baseline)", text))
     written += _report(list(loaded.values()), out / "report", tables)
     return written
+
+
+def _capacity_outputs(recipe: Recipe, out: Path, by_variant: dict) -> tuple[list[Path], list[tuple[str, str]]]:
+    """compare/<variant>-vs-<baseline>.txt|.json of capacities round by round (loadgen/compare/capacity.py)."""
+    import orjson
+
+    from loadgen.compare.capacity import compare_capacities, format_capacity_comparison
+
+    base = recipe.baseline.name
+    docs = {name: [run.doc for run in runs] for name, runs in by_variant.items()}
+    written, tables = [], []
+    for variant in recipe.variants[1:]:
+        others = [docs[v.name] for v in recipe.variants[1:] if v is not variant] if recipe.compare.paired else []
+        result = compare_capacities(docs[base], docs[variant.name], others)
+        text = format_capacity_comparison(result, base, variant.name)
+        stem = out / "compare" / f"{variant.name}-vs-{base}"
+        stem.with_suffix(".json").write_bytes(orjson.dumps(result.to_dict(), option=orjson.OPT_INDENT_2))
+        stem.with_suffix(".txt").write_text(text + "\n")
+        written += [stem.with_suffix(".txt"), stem.with_suffix(".json")]
+        tables.append((f"{variant.name} vs {base} (baseline): capacity", text))
+    return written, tables
 
 
 def _load(path: Path, name: str):

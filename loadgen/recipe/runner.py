@@ -36,6 +36,7 @@ from pathlib import Path
 
 from loadgen.affinity import placed_on
 from loadgen.recipe.schema import (
+    CapacityMeasure,
     Recipe,
     RecipeError,
     Variant,
@@ -90,6 +91,12 @@ def verdict_design(recipe: Recipe) -> str:
     runs = f"{rounds} run{'s' if rounds > 1 else ''} per variant"
     if n < 2:
         return "verdicts: none (one variant: nothing to compare it with)"
+    if recipe.sweep.capacity is not None:
+        if rounds < 2:
+            return "verdicts: none on capacity from one round (repeats >= 3: each round's capacities are one pair)"
+        return (f"verdicts: capacity under {recipe.sweep.capacity.slo}, {rounds} rounds paired"
+                f"{' as blocks of ' + str(n) + ' variants' if n > 2 else ''}, t on {(rounds - 1) * (n - 1)} df "
+                "with the search's resolution as a noise floor")
     if compare.run_noise:
         return f"verdicts: {runs} against the A/A prior {compare.run_noise}"
     if rounds < 2:
@@ -112,11 +119,17 @@ def load_command(recipe: Recipe, variant: Variant, url: str | None, out: Path, q
     args = ["--duration", f"{sweep.duration_s:g}", "--warmup", sweep.warmup, "--seed", str(sweep.seed_of(round_)),
             "--token-scale", f"{work.token_scale:g}", "--think-time-scale", f"{work.think_time_scale:g}",
             "--out", str(out)]
-    if sweep.conc:
+    tiers = dict(recipe.slos)
+    if sweep.capacity is not None:
+        args += capacity_flags(sweep.capacity, tiers)
+    elif sweep.conc:
         args += ["--conc", ",".join(map(str, sweep.conc))]
     else:
-        assert sweep.rates is not None  # validate(): exactly one of sweep.conc and sweep.rates
+        assert sweep.rates is not None  # validate(): exactly one of sweep.conc, sweep.rates and sweep.capacity
         args += ["--rate", ",".join(f"{r:g}" for r in sweep.rates)]
+    if sweep.capacity is None:
+        for name, spec in recipe.slos:  # the recipe's own tiers beside the replay's
+            args += ["--slo", f"{name}={spec}"]
     optional = {"traces": work.traces, "think_time_cap": work.think_time_cap, "max_context": work.max_context,
                 "timeout": work.timeout_s, "gpus": recipe.server.gpus}
     if url is not None:
@@ -126,9 +139,20 @@ def load_command(recipe: Recipe, variant: Variant, url: str | None, out: Path, q
     if quiet:
         args.append("--quiet")
     if url is None:
+        capacity = ["--capacity"] if sweep.capacity is not None else []
         return [sys.executable, "-m", "loadgen.cli", "bench", *flag_args(recipe.server_flags(variant)), *args,
-                "--no-report"]
-    return [sys.executable, "-m", "loadgen.cli", "replay", *args]
+                *capacity, "--no-report"]
+    command = "capacity" if sweep.capacity is not None else "replay"
+    return [sys.executable, "-m", "loadgen.cli", command, *args]
+
+
+def capacity_flags(measure: CapacityMeasure, tiers: dict[str, str]) -> list[str]:
+    """The search's flags of `loadgen capacity` / `bench --capacity` for a recipe's sweep.capacity."""
+    slo = f"{measure.slo}={tiers[measure.slo]}" if measure.slo in tiers else measure.slo
+    args = ["--slo", slo, "--attainment", f"{measure.attainment:g}", "--over", measure.over,
+            "--resolution", f"{measure.resolution:g}", "--max-probes", str(measure.max_probes)]
+    bounds = {key: value for key, value in (("low", measure.low), ("high", measure.high)) if value is not None}
+    return args + flag_args({**bounds, "open_loop": measure.open_loop, "no_early_stop": not measure.early_stop})
 
 
 class RecipeRun:

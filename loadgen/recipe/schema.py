@@ -16,14 +16,18 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from dataclasses import MISSING, dataclass, field, fields, is_dataclass
 from typing import Any, Union, get_args, get_origin, get_type_hints
 
 from loadgen.affinity import CpuListError, parse_cpus
+from loadgen.capacity.config import DEFAULT_SLO, OVER, SEARCH
 from loadgen.compare.stats import METRIC_BY_NAME
 from loadgen.compare.verdicts import DEFAULT_FDR
+from loadgen.slo import SloError, check_target, parse_slo
 
 SCHEMA = "agentload.recipe/1"
+_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_.-]*$")
 SERVER_KINDS = ("ours", "inprocess", "command", "url")
 THINKING_MODES = ("auto", "on", "off")
 SERVER_LIFETIMES = ("fresh", "kept")
@@ -82,6 +86,24 @@ class Workload:
 
 
 @dataclass(frozen=True, slots=True)
+class CapacityMeasure:
+    """Each run measures the capacity under `slo` (`loadgen capacity`; `bench --capacity` in-process)
+    instead of fixed levels, and the variants' capacities are compared round by round. `slo`: a
+    tier, one of the recipe's own `slos`, or bounds; the other keys are the search's (README,
+    `loadgen capacity`), defaults as there."""
+
+    slo: str = DEFAULT_SLO
+    attainment: float = SEARCH.target
+    over: str = field(default=SEARCH.over, metadata={"choices": OVER})
+    open_loop: bool = False
+    low: float | None = None
+    high: float | None = None
+    resolution: float = SEARCH.resolution
+    max_probes: int = SEARCH.max_probes
+    early_stop: bool = SEARCH.early_stop
+
+
+@dataclass(frozen=True, slots=True)
 class Sweep:
     """Levels of one run and how often each variant runs: `repeats` rounds, each round running
     every variant once (A B, B A, A B, ...: orders balanced for position and predecessor). `servers: fresh` starts
@@ -91,6 +113,7 @@ class Sweep:
 
     conc: tuple[int, ...] | None = None
     rates: tuple[float, ...] | None = None
+    capacity: CapacityMeasure | None = None  # instead of conc/rates: the capacity under an SLO, searched
     duration_s: float = 60.0
     warmup: str = "0s"  # seconds ("30s") or requests per lane ("2req")
     repeats: int = 5
@@ -140,6 +163,8 @@ class Recipe:
     workload: Workload = field(default_factory=Workload)
     compare: CompareSpec = field(default_factory=CompareSpec)
     description: str = ""
+    # the recipe's own SLO tiers, {name: bounds}; every run reports them (and the replay's tiers)
+    slos: tuple[tuple[str, str], ...] = ()
 
     def __post_init__(self) -> None:
         validate_recipe(self)
@@ -201,10 +226,13 @@ def validate_recipe(r: Recipe) -> None:
     except CpuListError as exc:
         raise RecipeError(str(exc)) from None
     sw = r.sweep
-    _require((sw.conc is None) != (sw.rates is None), "sweep: give exactly one of sweep.conc and sweep.rates")
-    levels = sw.conc if sw.conc is not None else (sw.rates or ())
-    key = "sweep.conc" if sw.conc is not None else "sweep.rates"
-    _require(bool(levels) and all(v > 0 for v in levels), f"{key}: expected a non-empty list of positive numbers")
+    _require(sum(x is not None for x in (sw.conc, sw.rates, sw.capacity)) == 1,
+             "sweep: give exactly one of sweep.conc, sweep.rates and sweep.capacity")
+    if sw.capacity is None:
+        levels = sw.conc if sw.conc is not None else (sw.rates or ())
+        key = "sweep.conc" if sw.conc is not None else "sweep.rates"
+        _require(bool(levels) and all(v > 0 for v in levels), f"{key}: expected a non-empty list of positive numbers")
+    _validate_slos(r)
     _require(sw.duration_s > 0, f"sweep.duration_s: must be positive, got {sw.duration_s:g}")
     _require(sw.repeats >= 1, f"sweep.repeats: must be >= 1, got {sw.repeats}")
     _require(sw.warmup.endswith(("s", "req")), f"sweep.warmup: expected '30s' or '2req', got {sw.warmup!r}")
@@ -243,6 +271,32 @@ def validate_recipe(r: Recipe) -> None:
             _require(r.server_key(v) != r.server_key(r.variants[0]),
                      f"{where}: overrides nothing (same server flags, env and cwd as the baseline); give a "
                      f"flag, env or cwd that differs, or `control: true` for a deliberate A/A copy")
+
+
+def _validate_slos(r: Recipe) -> None:
+    """The recipe's own tiers and the capacity's SLO parse; the search's settings are in range."""
+    tiers = dict(r.slos)
+    for name, spec in r.slos:
+        _require(_NAME.match(name) is not None, f"slos.{name}: a tier's name is letters, digits, '_', '-' or '.'")
+        try:
+            parse_slo(spec, name=name)
+        except SloError as exc:
+            raise RecipeError(f"slos.{name}: {exc}") from None
+    cap = r.sweep.capacity
+    if cap is None:
+        return
+    try:
+        parse_slo(cap.slo, tiers)
+        check_target(cap.attainment, "sweep.capacity.attainment")
+    except SloError as exc:
+        raise RecipeError(f"sweep.capacity.slo: {exc}" if "attainment" not in str(exc) else str(exc)) from None
+    for key in ("low", "high"):
+        value = getattr(cap, key)
+        _require(value is None or value > 0, f"sweep.capacity.{key}: must be > 0, got {value}")
+    _require(cap.low is None or cap.high is None or cap.low <= cap.high,
+             f"sweep.capacity.high: {cap.high} is below sweep.capacity.low {cap.low}")
+    _require(0 < cap.resolution < 1, f"sweep.capacity.resolution: must be in (0, 1), got {cap.resolution:g}")
+    _require(cap.max_probes >= 2, f"sweep.capacity.max_probes: need at least 2, got {cap.max_probes}")
 
 
 def _require(ok: Any, message: str) -> None:
@@ -305,7 +359,7 @@ def _plain(obj: Any) -> Any:
 
 
 def _plain_field(name: str, value: Any) -> Any:
-    if name in ("flags", "env"):
+    if name in ("flags", "env", "slos"):
         return {key: val for key, val in value}
     if isinstance(value, tuple):
         return [_plain(v) for v in value]
@@ -338,6 +392,8 @@ def _build(cls: type, data: Any, path: str) -> Any:
 
 def _convert(hint: Any, value: Any, key: str, name: str) -> Any:
     origin, args = get_origin(hint), get_args(hint)
+    if name == "slos":
+        return _tiers(value, key)
     if hint is Flags or name in ("flags", "env"):
         return _flags(value, key)
     if origin is Union or (origin is not None and type(None) in args):
@@ -393,6 +449,17 @@ def _flags(value: Any, key: str) -> Flags:
             raise RecipeError(f"{key}.{name}: expected a string, number, true/false or mapping, got {_kind(item)}")
         out.append((normalized, item))
     return tuple(out)
+
+
+def _tiers(value: Any, key: str) -> tuple[tuple[str, str], ...]:
+    """`slos: {name: bounds}` as (name, bounds) pairs, names kept as written."""
+    if not isinstance(value, dict):
+        raise RecipeError(f"{key}: expected a mapping of tier name: bounds, got {_kind(value)}")
+    for name, spec in value.items():
+        if not isinstance(name, str) or not isinstance(spec, str):
+            raise RecipeError(f"{key}.{name}: expected bounds as text, like 'ttft<=2s,interactivity>=50', got "
+                              f"{_kind(spec)}")
+    return tuple(value.items())
 
 
 def _join(path: str, name: str) -> str:

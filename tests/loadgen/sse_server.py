@@ -24,6 +24,7 @@ after two chunks, "500" answers HTTP 500, "stall" stops after one chunk and neve
 A server whose speed falls with its load in a known way (for the capacity search's tests): with
 `itl_per_user` the gap between chunks is `itl_ms` times the number of distinct users (session
 plays) with a request in flight at that moment, as a processor shared among its sessions.
+The environment variable SSE_SERVER_CONFIG (a JSON object) overrides --config's keys.
 """
 
 from __future__ import annotations
@@ -205,7 +206,8 @@ def main() -> None:
     args = parser.parse_args()
     if args.cpu is not None and hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, {args.cpu})
-    config = orjson.loads(args.config)
+    # a recipe variant's env can change the config: SSE_SERVER_CONFIG overrides --config's keys
+    config = {**orjson.loads(args.config), **orjson.loads(os.environ.get("SSE_SERVER_CONFIG", "{}"))}
     try:
         import uvloop
         uvloop.run(serve(config))

@@ -4,6 +4,9 @@ whose speed falls with its load in a known way (tests/loadgen/sse_server.py `itl
 
 from __future__ import annotations
 
+import json
+import sys
+
 import numpy as np
 import pytest
 
@@ -172,3 +175,65 @@ def test_an_slo_no_load_can_hold_is_one_clear_error(start_server, sessions, tmp_
     err = capsys.readouterr().err
     assert "is not held even at the lightest load (1 agents: 0.0% good, target 95%)" in err
     assert "the bound broken most: ttft<=5ms" in err
+
+
+@pytest.mark.slow
+def test_a_recipe_compares_capacities_round_by_round(tmp_path, sessions):
+    # the baseline's capacity is 5 agents (tpot <= 55 ms at 10 ms per session), the control's too;
+    # the planted variant's chunks wait 15 ms per session: 3 agents, a 40 % loss
+    from loadgen.cli import main
+    from tests.loadgen.conftest import SERVER, write_recipe
+
+    folder = sessions(*[{"n_requests": 80, "think": 0.0, "n_out": 4} for _ in range(10)])
+    config = json.dumps({"port": 0, "first_ms": 2, "itl_ms": 10, "itl_per_user": True}).replace(
+        '"port": 0', '"port": {port}')
+    doc = {"name": "capacity", "server": {"kind": "command", "health_path": "/v1/models",
+                                          "command": f"{sys.executable} {SERVER} --config '{config}'"},
+           "workload": {"traces": str(folder), "think_time_scale": 0},
+           "slos": {"snappy": "tpot<=55ms"},
+           "sweep": {"capacity": {"slo": "snappy", "low": 2}, "duration_s": 2.0, "warmup": "1req", "repeats": 3},
+           "variants": [{"name": "base"}, {"name": "again", "control": True},
+                        {"name": "slower", "env": {"SSE_SERVER_CONFIG": '{"itl_ms": 15}'}}]}
+    out = tmp_path / "out"
+    assert main(["recipe", "run", str(write_recipe(tmp_path, doc)), "--out", str(out), "--quiet"]) == 0
+    run = json.loads((out / "runs" / "base-r1" / "result.json").read_text())
+    assert run["capacity"]["slo"] == {"name": "snappy", "spec": "tpot<=55ms"}
+    slower = json.loads((out / "compare" / "slower-vs-base.json").read_text())
+    assert slower["base"] == [5, 5, 5] and slower["new"] == [3, 3, 3]
+    assert slower["verdict"] == "worse" and slower["delta_pct"] == pytest.approx(-40.0)
+    again = json.loads((out / "compare" / "again-vs-base.json").read_text())
+    assert again["new"] == [5, 5, 5] and again["verdict"] == "within noise"
+    text = (out / "compare" / "slower-vs-base.txt").read_text()
+    assert "capacity under SLO snappy (agents), per round:" in text and "-40.0 %" in text and "worse" in text
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    ({"sweep": {"conc": [2], "capacity": {}}}, "sweep: give exactly one of sweep.conc, sweep.rates and sweep.capacity"),
+    ({"sweep": {"capacity": {"slo": "nosuch"}}}, "sweep.capacity.slo: 'nosuch': expected METRIC<=VALUE"),
+    ({"slos": {"fast": "ttft<=1"}}, "slos.fast: 'ttft<=1': give the unit of ttft"),
+    ({"slos": {"fast": 3}}, "slos.fast: expected bounds as text"),
+    ({"sweep": {"capacity": {"low": 8, "high": 4}}}, "sweep.capacity.high: 4.0 is below sweep.capacity.low 8.0"),
+    ({"sweep": {"capacity": {"attainment": 0}}}, "sweep.capacity.attainment: the target share"),
+    ({"sweep": {"capacity": {"over": "plays"}}}, "sweep.capacity.over: must be one of requests, sessions"),
+])
+def test_bad_capacity_recipes_name_the_key(change, message):
+    from loadgen.recipe.schema import RecipeError, recipe_from_dict
+
+    doc = {"name": "t", "server": {"kind": "url", "url": "http://127.0.0.1:9"}, "variants": [{"name": "a"}],
+           "sweep": {"conc": [1]}, **change}
+    with pytest.raises(RecipeError) as info:
+        recipe_from_dict(doc, "r.yaml")
+    assert message in str(info.value)
+
+
+def test_a_capacity_recipe_runs_loadgen_capacity_with_its_search_flags():
+    from loadgen.recipe.runner import load_command
+    from loadgen.recipe.schema import recipe_from_dict
+
+    recipe = recipe_from_dict({"name": "t", "server": {"kind": "url", "url": "http://127.0.0.1:9"},
+                               "slos": {"fast": "ttft<=1s"}, "variants": [{"name": "a"}],
+                               "sweep": {"capacity": {"slo": "fast", "high": 64, "early_stop": False}}})
+    argv = load_command(recipe, recipe.baseline, "http://127.0.0.1:9", __import__("pathlib").Path("o"), True)
+    assert argv[3] == "capacity" and "--conc" not in argv
+    assert argv[argv.index("--slo") + 1] == "fast=ttft<=1s" and argv[argv.index("--high") + 1] == "64.0"
+    assert "--no-early-stop" in argv and "--low" not in argv

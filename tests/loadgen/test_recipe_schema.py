@@ -95,7 +95,7 @@ def test_think_time_scale_zero_runs_the_sessions_back_to_back():
     (_with(sweeps={}), "sweeps: unknown key"),
     (_with(sweep={"conc": [1], "duration_s": "long"}), "sweep.duration_s: expected a number, got a string 'long'"),
     (_with(sweep={"conc": ["x"]}), "sweep.conc[0]: expected an integer"),
-    (_with(sweep={"conc": [1], "rates": [2.0]}), "give exactly one of sweep.conc and sweep.rates"),
+    (_with(sweep={"conc": [1], "rates": [2.0]}), "give exactly one of sweep.conc, sweep.rates and sweep.capacity"),
     ({k: v for k, v in GOOD.items() if k != "server"}, "server: missing (required)"),
     (_with(server={"kind": "docker"}), "server.kind: must be one of ours, inprocess, command, url"),
     (_with(server={"kind": "command", "command": "vllm serve m"}), "server.command: must contain {port}"),
