@@ -95,7 +95,9 @@ def run(args: argparse.Namespace) -> int:
     finally:
         transport.shutdown()
     if not args.no_report:
-        _write_report(Path(args.out), args.quiet)
+        from loadgen.html_report import write_report_folder
+
+        write_report_folder(Path(args.out), args.quiet)
     return code
 
 
@@ -134,24 +136,3 @@ def _apply_preset(args: argparse.Namespace) -> None:
     for name in PRESET_FIELDS:
         if getattr(args, name) is None:
             setattr(args, name, getattr(preset, name))
-
-
-def _write_report(out: Path, quiet: bool) -> None:
-    """PNG plots and the HTML report of the results file (what `loadgen report --format png,html` writes)."""
-    from loadgen.html_report import write_html
-    from loadgen.plots import render_plots
-    from loadgen.report import load_runs, resolve
-
-    path = resolve(out)
-    if not path.exists():
-        return
-    runs = load_runs([path])
-    if not runs[0].doc["levels"]:
-        return
-    folder = out / "report"
-    folder.mkdir(parents=True, exist_ok=True)
-    plots = render_plots(runs, folder)
-    written = [png for png, _ in plots] + [write_html(runs, folder / "report.html", plots)]
-    if not quiet:
-        for file in written:
-            print(f"wrote {file}")

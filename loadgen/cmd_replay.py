@@ -83,7 +83,7 @@ def add_replay_flags(p: argparse.ArgumentParser, http: bool, levels: bool = True
                           " (each flag you give "
                           "keeps your value) and the results' `validity` block names any rule the run breaks; "
                           f"closed loop only (a window of at least {SUBMISSION.min_window_s:g} s, at most "
-                          f"{SUBMISSION.max_over_context_share:.0%} of requests over the context, ...)")
+                          f"{SUBMISSION.max_over_context_share:.0%}% of requests over the context, ...)")
     tr = p.add_argument_group("traces")
     tr.add_argument("--traces", default=None, metavar="NAME|PATH",
                     help="bundled set name, trace file or directory (default: agentic-coding)")

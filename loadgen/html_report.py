@@ -79,11 +79,44 @@ def write_html(runs: Sequence[Run], path: Path, plots: Sequence[tuple[Path, str]
     return path
 
 
+def _capacity_section(runs: Sequence[Run]) -> list[str]:
+    """The capacity searches' answers (loadgen capacity), one line per run that has one."""
+    searched = [run for run in runs if run.doc.get("capacity")]
+    if not searched:
+        return []
+    from loadgen.capacity.sweep import describe_capacity
+
+    items = "".join(f"<li>{escape(run.name)}: {escape(describe_capacity(run.doc['capacity']))}</li>"
+                    for run in searched)
+    return ["<h2>Capacity</h2>", f"<ul>{items}</ul>"]
+
+
+def write_report_folder(out: Path, quiet: bool) -> None:
+    """PNG plots and the HTML report of the results file in `out` into `out`/report/ (what
+    `loadgen report --format png,html` writes); nothing when no level was measured."""
+    from loadgen.plots import render_plots
+    from loadgen.report import load_runs, resolve
+
+    path = resolve(out)
+    if not path.exists():
+        return
+    runs = load_runs([path])
+    if not runs[0].doc["levels"]:
+        return
+    folder = out / "report"
+    folder.mkdir(parents=True, exist_ok=True)
+    plots = render_plots(runs, folder)
+    written = [png for png, _ in plots] + [write_html(runs, folder / "report.html", plots)]
+    if not quiet:
+        for file in written:
+            print(f"wrote {file}")
+
+
 def render_html(runs: Sequence[Run], images: Sequence[tuple[str, bytes]],
                 sections: Sequence[tuple[str, str]] = ()) -> str:
     parts = ["<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
              "<title>agentload report</title>", f"<style>{STYLE}</style></head><body>",
-             "<h1>agentload report</h1>", _runs_table(runs), "<h2>Sweep summary</h2>",
+             "<h1>agentload report</h1>", _runs_table(runs), *_capacity_section(runs), "<h2>Sweep summary</h2>",
              _summary_table(summary_rows(runs)), "<h2>Plots</h2>"]
     for title, png in images:
         data = base64.b64encode(png).decode("ascii")

@@ -34,6 +34,7 @@ PERCENTILE_PLOTS = (
 )
 PERCENTILE_STYLES = (("p50", "-"), ("p90", "--"), ("p99", ":"))
 CONTEXT_PLOT = "ttft_vs_context.png"
+CAPACITY_PLOT = "capacity.png"
 
 
 def _pyplot():
@@ -62,6 +63,10 @@ def render_plots(runs: Sequence[Run], out: Path) -> list[tuple[Path, str]]:
     if curves:
         fig = _ttft_vs_context(plt, curves)
         written.append((_save(plt, fig, out / CONTEXT_PLOT), fig.axes[0].get_title()))
+    searched = [run for run in runs if run.doc.get("capacity")]
+    if searched:
+        fig = _capacity(plt, searched)
+        written.append((_save(plt, fig, out / CAPACITY_PLOT), fig.axes[0].get_title()))
     return written
 
 
@@ -150,6 +155,36 @@ def _ttft_vs_context(plt, curves: Sequence[tuple[str, list[dict[str, Any]]]]):
     ax.set_xlabel("context (input tokens, middle of each doubling bucket)")
     ax.set_ylabel("TTFT (ms)")
     ax.set_title("TTFT vs context tokens")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    return fig
+
+
+def _capacity(plt, runs: Sequence[Run]):
+    """Each search's probes: the share of good requests (or plays) with its 95 % interval against
+    the load, the target, and the capacity's interval shaded."""
+    fig, ax = plt.subplots(figsize=(7.5, 5))
+    for number, run in enumerate(runs):
+        found = run.doc["capacity"]
+        probes = sorted((p for p in found["probes"] if p["attainment"] is not None), key=lambda p: p["load"])
+        loads = [p["load"] for p in probes]
+        shares = [100 * p["attainment"] for p in probes]
+        below = [100 * (p["attainment"] - p["interval"][0]) for p in probes]
+        above = [100 * (p["interval"][1] - p["attainment"]) for p in probes]
+        ax.errorbar(loads, shares, yerr=[below, above], fmt="o-", color=f"C{number}", capsize=3,
+                    label=f"{run.name}: {found['slo']['name']}" if len(runs) > 1 else found["slo"]["name"])
+        if found["low"] is not None or found["high"] is not None:
+            low = found["low"] if found["low"] is not None else min(loads)
+            high = found["high"] if found["high"] is not None else max(loads)
+            ax.axvspan(low, high, color=f"C{number}", alpha=0.15)
+        if found["capacity"] is not None:
+            ax.axvline(found["capacity"], color=f"C{number}", linestyle=":", linewidth=1)
+    target = 100 * runs[0].doc["capacity"]["target"]
+    ax.axhline(target, color="k", linestyle="--", linewidth=1, label=f"target {target:g} %")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel(f"load ({runs[0].doc['capacity']['unit']})")
+    ax.set_ylabel(f"good {runs[0].doc['capacity']['over']} (%)")
+    ax.set_title("Capacity search: attainment against load (shaded: the capacity's interval)")
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)
     return fig

@@ -1,6 +1,7 @@
 """How the bundled agentic sessions are fitted to our engine's models: `loadgen bench` takes
-every field of a preset the user did not give, and `loadgen replay` against our own server takes
-the trace-shaping ones (token and think-time scale, think-time cap) for the model it serves.
+every field of a preset the user did not give, `loadgen replay` against our own server takes
+the trace-shaping ones (token and think-time scale, think-time cap) for the model it serves, and
+`loadgen capacity` those and the window and warm-up of its probes.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ GPU_MODEL, CPU_MODEL = "small", "tiny"
 
 PRESET_FIELDS = ("conc", "duration", "warmup", "token_scale", "think_time_scale", "think_time_cap")
 TRACE_FIELDS = ("token_scale", "think_time_scale", "think_time_cap")  # what replay takes for our server
+WINDOW_FIELDS = ("duration", "warmup")  # ... and what `loadgen capacity` takes too
 
 
 def preset_flags(preset: BenchPreset, names: tuple[str, ...]) -> dict[str, float | str]:

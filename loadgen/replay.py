@@ -43,7 +43,7 @@ from loadgen.options import (
 )
 from loadgen.pareto import pareto
 from loadgen.plan import TimingConfig, max_subagents
-from loadgen.presets import TRACE_FIELDS, flag_text, preset_flags, preset_for
+from loadgen.presets import TRACE_FIELDS, WINDOW_FIELDS, flag_text, preset_flags, preset_for
 from loadgen.progress import ProgressPrinter, describe
 from loadgen.results import SCHEMA, check_writable, save_results
 from loadgen.runner import Runner
@@ -117,7 +117,7 @@ def replay_with(args: argparse.Namespace, transport: Transport, target: dict[str
 
 
 def _check_flags(args: argparse.Namespace) -> dict[str, Any]:
-    for flag, value in (("--duration", args.duration), ("--timeout", args.timeout),
+    for flag, value in (("--duration", args.duration or DEFAULTS.duration_s), ("--timeout", args.timeout),
                         ("--warmup-timeout", _warmup_timeout(args))):
         if not value > 0:
             raise ValueError(f"{flag}: must be > 0, got {value:g}")
@@ -142,7 +142,7 @@ def _check_flags(args: argparse.Namespace) -> dict[str, Any]:
         "slos": _slos(args),
         "conc": parse_list(getattr(args, "conc", "1"), "--conc", int),
         "rates": parse_list(args.rate, "--rate", float) if getattr(args, "rate", None) else None,
-        "warmup": Warmup.parse(args.warmup),
+        "warmup": Warmup.parse(args.warmup or DEFAULTS.warmup),
         "start_offset": parse_offset(args.start_offset),
         "workers": parse_workers(getattr(args, "workers", "1")),
     }
@@ -180,6 +180,7 @@ async def _replay(args: argparse.Namespace, options: dict[str, Any], transport: 
     expectation = _spec_expectation(args, info)
     for line in _fit_bundled_sessions(args, info):
         printer.say(line)
+    options["warmup"] = Warmup.parse(args.warmup)  # the preset's, when the search took it
     traces, scale_report = _load_traces(args, info)
     sweep = _sweep(args, options, traces)
     levels = sweep.sizing()
@@ -382,12 +383,15 @@ def _fit_bundled_sessions(args: argparse.Namespace, info: ServerInfo) -> list[st
     if info.ours and bundled and hasattr(args, "workers"):  # `loadgen bench` applied its whole preset already
         model = info.raw.get("root") or info.model
         preset = preset_for(model)
-        chosen = {name: value for name, value in preset_flags(preset, TRACE_FIELDS).items()
-                  if getattr(args, name) is None}
+        # a capacity search's probes are levels too: their window and warm-up as bench's levels
+        fields = TRACE_FIELDS + (WINDOW_FIELDS if getattr(args, "capacity", False) else ())
+        chosen = {name: value for name, value in preset_flags(preset, fields).items() if getattr(args, name) is None}
         for name, value in chosen.items():
             setattr(args, name, value)
     args.token_scale = 1.0 if args.token_scale is None else args.token_scale
     args.think_time_scale = 1.0 if args.think_time_scale is None else args.think_time_scale
+    args.duration = DEFAULTS.duration_s if args.duration is None else args.duration
+    args.warmup = DEFAULTS.warmup if args.warmup is None else args.warmup
     if not chosen:
         return []
     flags = flag_text(chosen)

@@ -176,3 +176,19 @@ def test_a_dead_tensor_parallel_rank_ends_the_bench_with_partial_results(session
     assert doc["status"] == "server_dead"
     (level,) = doc["levels"]
     assert level["counts"]["requests_ok"] > 0
+
+
+def test_capacity_against_our_server_writes_the_search_and_its_report(http_server, tmp_path):
+    # the bundled sessions fitted to tiny as bench fits them; three short probes keep it brief
+    out = tmp_path / "capacity"
+    done = _loadgen("capacity", "--url", http_server, "--slo", "standard", "--duration", "4", "--max-probes", "3",
+                    "--out", str(out), "--quiet")
+    assert done.returncode in (0, 1), done.stderr  # 1: the SLO failed even at 1 agent on a busy machine
+    doc = orjson.loads((out / "result.json").read_bytes())
+    found = doc["capacity"]
+    assert found["slo"] == {"name": "standard", "spec": "ttft<=5s,interactivity>=20"} and found["unit"] == "agents"
+    assert 1 <= len(found["probes"]) <= 3 and [level["label"] for level in doc["levels"]] == [
+        p["label"] for p in found["probes"]]
+    assert doc["config"]["traces"]["scale"]["config"]["token_scale"] == 0.02  # tiny's preset
+    html = (out / "report" / "report.html").read_text()
+    assert (out / "report" / "capacity.png").stat().st_size > 0 and "<h2>Capacity</h2>" in html
