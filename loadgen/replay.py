@@ -117,7 +117,8 @@ def replay_with(args: argparse.Namespace, transport: Transport, target: dict[str
 
 
 def _check_flags(args: argparse.Namespace) -> dict[str, Any]:
-    for flag, value in (("--duration", args.duration or DEFAULTS.duration_s), ("--timeout", args.timeout),
+    duration = DEFAULTS.duration_s if args.duration is None else args.duration  # None: capacity's, chosen later
+    for flag, value in (("--duration", duration), ("--timeout", args.timeout),
                         ("--warmup-timeout", _warmup_timeout(args))):
         if not value > 0:
             raise ValueError(f"{flag}: must be > 0, got {value:g}")
@@ -390,8 +391,9 @@ def _fit_bundled_sessions(args: argparse.Namespace, info: ServerInfo) -> list[st
             setattr(args, name, value)
     args.token_scale = 1.0 if args.token_scale is None else args.token_scale
     args.think_time_scale = 1.0 if args.think_time_scale is None else args.think_time_scale
-    args.duration = DEFAULTS.duration_s if args.duration is None else args.duration
-    args.warmup = DEFAULTS.warmup if args.warmup is None else args.warmup
+    for name, default in (("duration", DEFAULTS.duration_s), ("warmup", DEFAULTS.warmup)):
+        if getattr(args, name, default) is None:  # `loadgen capacity` leaves them to the preset, else these
+            setattr(args, name, default)
     if not chosen:
         return []
     flags = flag_text(chosen)
