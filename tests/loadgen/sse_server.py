@@ -23,7 +23,8 @@ after two chunks, "500" answers HTTP 500, "stall" stops after one chunk and neve
 
 A server whose speed falls with its load in a known way (for the capacity search's tests): with
 `itl_per_user` the gap between chunks is `itl_ms` times the number of distinct users (session
-plays) with a request in flight at that moment, as a processor shared among its sessions.
+plays) with a request in flight at that moment, as a processor shared among its sessions; with
+`itl_per_request`, times the number of requests in flight (an open loop's arrivals share it).
 The environment variable SSE_SERVER_CONFIG (a JSON object) overrides --config's keys.
 """
 
@@ -42,7 +43,7 @@ DEFAULTS = {"first_ms": 0.0, "itl_ms": 0.0, "tokens_per_chunk": 1, "send_token_i
             "model": "test-model", "owned_by": "test", "max_model_len": None, "num_gpus": None,
             "vocab_size": None, "fault": None, "keep_prompts": False, "cached_tokens": 0, "serial": False,
             "spec_metrics": None, "usage_apart": False, "kernel_compiles": None,
-            "itl_per_user": False}
+            "itl_per_user": False, "itl_per_request": False}
 
 
 class State:
@@ -145,7 +146,8 @@ async def _stream(request, cfg, body, prompt, rec, kind, chat) -> web.StreamResp
             return resp
         if kind == "stall":
             await asyncio.sleep(3600)
-        sharing = len(request.app["state"].users) if cfg["itl_per_user"] else 1
+        state = request.app["state"]
+        sharing = len(state.users) if cfg["itl_per_user"] else state.inflight if cfg["itl_per_request"] else 1
         deadline = writes[-1] + int(cfg["itl_ms"] * 1e6 * sharing)
     usage = {"prompt_tokens": len(prompt), "completion_tokens": sent, "total_tokens": len(prompt) + sent,
              "prompt_tokens_details": {"cached_tokens": cfg["cached_tokens"]}}

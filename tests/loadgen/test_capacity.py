@@ -237,3 +237,37 @@ def test_a_capacity_recipe_runs_loadgen_capacity_with_its_search_flags():
     assert argv[3] == "capacity" and "--conc" not in argv
     assert argv[argv.index("--slo") + 1] == "fast=ttft<=1s" and argv[argv.index("--high") + 1] == "64.0"
     assert "--no-early-stop" in argv and "--low" not in argv
+
+
+@pytest.mark.slow
+def test_open_loop_capacity_of_a_timestamped_trace_is_a_multiple_of_its_rate(start_server, tmp_path):
+    # 10 requests/s recorded; each chunk waits 10 ms per request in flight: a few times the
+    # recorded rate saturates it, half of it never does
+    server = start_server(first_ms=2, itl_ms=10, itl_per_request=True)
+    trace = tmp_path / "mooncake.jsonl"
+    trace.write_text("".join(json.dumps({"timestamp": 100 * i, "input_length": 300, "output_length": 4,
+                                         "hash_ids": [i]}) + "\n" for i in range(400)))
+    code, doc = capacity_cli(tmp_path, server.url, "--traces", str(trace), "--slo", "tpot<=30ms", "--duration", "3",
+                             "--low", "0.5", "--high", "16", "--workers", "1")
+    assert code == 0
+    found = doc["capacity"]
+    assert found["mode"] == "mooncake" and found["unit"] == "x recorded rate"
+    loads = [p["load"] for p in found["probes"]]
+    assert loads[:3] == [0.5, 1.0, 2.0] and doc["levels"][1]["label"] == "mooncake x1"
+    held = {p["load"]: p["holds"] for p in found["probes"]}
+    assert held[0.5] and held[1.0] and not held[max(loads)]
+    assert found["low"] is not None and found["high"] is not None and found["low"] <= found["capacity"] <= found["high"]
+    assert 1.0 <= found["capacity"] < max(loads)
+
+
+@pytest.mark.slow
+def test_open_loop_capacity_of_sessions_is_a_poisson_rate(start_server, sessions, tmp_path):
+    server = start_server(first_ms=2, itl_ms=10, itl_per_request=True)
+    folder = sessions(*[{"n_requests": 40, "think": 0.0, "n_out": 4} for _ in range(6)])
+    code, doc = capacity_cli(tmp_path, server.url, "--traces", str(folder), "--open-loop", "--slo", "tpot<=30ms",
+                             "--duration", "3", "--low", "4", "--high", "64", "--workers", "1")
+    assert code == 0
+    found = doc["capacity"]
+    assert found["mode"] == "poisson" and found["unit"] == "requests/s"
+    assert [level["label"] for level in doc["levels"][:2]] == ["rate 4/s", "rate 8/s"]
+    assert found["capacity"] is not None and 4 <= found["capacity"] < 64
