@@ -48,6 +48,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import resource
 import socket
 import ssl
 import struct
@@ -559,6 +560,25 @@ class _Slots:
         self._free += 1
 
 
+FILES_BESIDES_POOL = 64  # descriptors a client process holds besides its pool's sockets (the loop, pipes, files)
+
+
+def _allow_open_files(connections: int) -> None:
+    """Raise this process's soft limit on open files to fit `connections` sockets and the rest,
+    up to the hard limit. The common soft limit is 1024: a larger pool's next connection would
+    fail with EMFILE, which is counted as a refused connection and, five in a row, ends the run
+    as a dead server."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    need = connections + FILES_BESIDES_POOL
+    if soft == resource.RLIM_INFINITY or soft >= need:
+        return
+    target = need if hard == resource.RLIM_INFINITY else min(need, hard)
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+    except (ValueError, OSError):
+        pass  # a system that caps it below the hard limit (macOS's OPEN_MAX): the soft limit stays
+
+
 class HttpClient:
     """Requests to one origin over a pool of keep-alive connections."""
 
@@ -583,6 +603,7 @@ class HttpClient:
         self._fixed = "".join(f"{k}: {v}\r\n" for k, v in fixed.items())
         self._idle: list[_Conn] = []
         self._slots = _Slots(max_connections)
+        _allow_open_files(max_connections)
         self._open: set[_Conn] = set()
 
     async def request(self, method: str, path: str, body: bytes = b"", headers: str = "",

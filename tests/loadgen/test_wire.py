@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import resource
 import socket
 import struct
 import sys
@@ -261,6 +262,23 @@ def test_connection_slots_admit_in_order_and_a_cancelled_waiter_takes_none():
 def test_bad_url_is_named():
     with pytest.raises(ValueError, match="--url"):
         HttpClient("ftp://x", {}, 1)
+
+
+def test_a_pool_larger_than_the_open_files_limit_raises_the_limit():
+    """Under the common soft limit of 1024 descriptors a pool of thousands of connections
+    (conc 4096 in one process) failed its 1025th connect with EMFILE, counted as refused, and the
+    run ended as `server_dead`: the client now raises its soft limit as far as the hard one allows."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 2000 + wire.FILES_BESIDES_POOL:
+        pytest.skip(f"the hard limit on open files here is {hard}")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (256, hard))
+    try:
+        HttpClient("http://127.0.0.1:1", {}, 100)
+        assert resource.getrlimit(resource.RLIMIT_NOFILE)[0] == 256  # enough already: left alone
+        HttpClient("http://127.0.0.1:1", {}, 2000)
+        assert resource.getrlimit(resource.RLIMIT_NOFILE)[0] == 2000 + wire.FILES_BESIDES_POOL
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
 
 
 @pytest.mark.parametrize("read_path", READ_PATHS)
