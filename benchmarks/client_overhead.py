@@ -39,14 +39,25 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests" / "loadgen"))
 
-from conftest import ServerProcess  # noqa: E402  (the test server's launcher)
-
 from loadgen.affinity import parse_cpus, placed_on  # noqa: E402
+
+if TYPE_CHECKING:
+    from conftest import ServerProcess
+
+
+def server_process(config: dict, cpu: int | None = None) -> ServerProcess:
+    """tests/loadgen/sse_server.py in its own process, through the tests' launcher. Imported here, not
+    at the top: tests/loadgen/conftest.py imports pytest, which a host that runs only the scripts that
+    import this file's helpers (many_sessions.py, think_time_ceiling.py) need not have."""
+    from conftest import ServerProcess
+
+    return ServerProcess(config, cpu=cpu)
 
 
 def write_traces(folder: Path, osl: int, sessions: int = 64, requests: int = 400) -> None:
@@ -96,7 +107,7 @@ def run_case(conc: int, first_ms: float, itl_ms: float, osl: int, duration: floa
              usage_apart: bool = False) -> dict:
     from loadgen.cli import main
 
-    server = FastServer(server_cpus) if fast_server else ServerProcess(
+    server = FastServer(server_cpus) if fast_server else server_process(
         server_config(first_ms, itl_ms, usage_apart), cpu=server_cpu)
     try:
         with tempfile.TemporaryDirectory() as tmp:
@@ -147,7 +158,7 @@ def run_bare_case(conc: int, first_ms: float, itl_ms: float, osl: int, duration:
     """The same load through benchmarks/bare_client.py: the floor."""
     from bare_client import run_bare
 
-    server = ServerProcess(server_config(first_ms, itl_ms, usage_apart), cpu=server_cpu)
+    server = server_process(server_config(first_ms, itl_ms, usage_apart), cpu=server_cpu)
     try:
         result = run_bare(server.url, conc, osl, 1.0, duration)
         seen = {r["id"]: r for r in server.records()["records"]}
@@ -250,7 +261,7 @@ def startup_times(repeats: int = 5) -> dict:
 def _first_request_s(flags: list[str], tmp: Path, repeats: int) -> float:
     times = []
     for _ in range(repeats):
-        server = ServerProcess({})
+        server = server_process({})
         try:
             t0 = time.perf_counter_ns()
             subprocess.run([sys.executable, "-m", "loadgen.cli", "replay", "--url", server.url, *flags,

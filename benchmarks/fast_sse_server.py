@@ -84,25 +84,29 @@ def listening_socket(port: int) -> socket.socket:
     return sock
 
 
+def serving_processes(processes: int) -> socket.socket:
+    """Forks `processes` - 1 more serving processes, each with a listening socket of its own on one
+    port; the first prints `PORT <n> PIDS <pid,...>`. Returns the calling process's socket."""
+    sock = listening_socket(0)
+    port = sock.getsockname()[1]
+    pids = [os.getpid()]
+    for _ in range(processes - 1):
+        pid = os.fork()
+        if pid == 0:
+            sock.close()
+            return listening_socket(port)
+        pids.append(pid)
+    print(f"PORT {port} PIDS {','.join(map(str, pids))}", flush=True)
+    return sock
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--processes", type=int, default=1, help="serving processes (default 1)")
     args = parser.parse_args()
     if args.processes < 1:
         parser.error(f"--processes must be at least 1, got {args.processes}")
-    sock = listening_socket(0)
-    port = sock.getsockname()[1]
-    pids = [os.getpid()]
-    for _ in range(args.processes - 1):
-        pid = os.fork()
-        if pid == 0:
-            sock.close()
-            pids, sock = [], listening_socket(port)
-            break
-        pids.append(pid)
-    if pids:
-        print(f"PORT {port} PIDS {','.join(map(str, pids))}", flush=True)
-    uvloop.run(serve(sock))
+    uvloop.run(serve(serving_processes(args.processes)))
 
 
 if __name__ == "__main__":
