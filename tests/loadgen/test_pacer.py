@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 
 from loadgen.pacer import Pacer
 
@@ -74,3 +75,29 @@ def test_requests_with_room_in_their_turn_go_on_at_once_and_the_rest_wait():
     assert at_once == [True] * 3 + [False] * 7
     per_turn = {t: turns.count(t) for t in set(turns)}
     assert max(per_turn.values()) <= 3 and len(per_turn) >= 4
+
+
+def test_costly_preparations_go_on_fewer_per_turn():
+    """Waiters whose preparation takes a while (a full-length prompt's synthesis and encoding)
+    go on fewer per turn, so the loop reads its sockets within the budget; cheap ones stay at the
+    most per turn."""
+    async def run(cost_s: float) -> tuple[int, int]:
+        pacer = Pacer(per_turn=8, budget_s=0.002)
+        turns = _Turns()
+        released: list[int] = []
+
+        async def waiter() -> None:
+            await pacer.turn()
+            released.append(turns.count)
+            time.sleep(cost_s)  # the preparation: synchronous work before the request's first await
+
+        counter = asyncio.ensure_future(turns.run())
+        await asyncio.gather(*(waiter() for _ in range(40)))
+        counter.cancel()
+        late = released[len(released) // 2:]  # once the cost is measured
+        return max(late.count(t) for t in set(late)), pacer.per_turn
+
+    busiest, per_turn = asyncio.run(run(0.001))
+    assert per_turn <= 2 and busiest <= 2
+    busiest, per_turn = asyncio.run(run(0.0))
+    assert per_turn == 8 and busiest == 8
