@@ -1,12 +1,14 @@
 """Server-wide counters read from a server's /metrics (Prometheus text) when a window opens and after
 its drain: the speculative-decoding counters (vLLM's names; the AL fallback, loadgen/spec.py) and our
 server's count of Triton kernels compiled while serving, whose difference says that the window's
-latencies include compile stalls (server/engine/warmup.py)."""
+latencies include compile stalls (server/engine/warmup.py). Read with loadgen/telemetry/prometheus.py."""
 
 from __future__ import annotations
 
 from collections.abc import Collection
 from dataclasses import dataclass
+
+from loadgen.telemetry.prometheus import ParseError, totals
 
 METRIC_DRAFTS = "vllm:spec_decode_num_drafts_total"
 METRIC_ACCEPTED = "vllm:spec_decode_num_accepted_tokens_total"
@@ -31,19 +33,11 @@ class ServerCounters:
 
 def metric_totals(text: str, names: Collection[str]) -> dict[str, float] | None:
     """The named metrics out of Prometheus text, each summed over its label sets (absent ones left
-    out); None when a named metric's value does not parse."""
-    totals: dict[str, float] = {}
-    for line in text.splitlines():
-        if not line or line[0] == "#":
-            continue
-        name = line.split("{", 1)[0].split(" ", 1)[0]
-        if name in names:
-            rest = line[line.rindex("}") + 1:] if "{" in line else line[len(name):]
-            try:
-                totals[name] = totals.get(name, 0.0) + float(rest.split()[0])  # a timestamp may follow
-            except (ValueError, IndexError):
-                return None
-    return totals
+    out); None when a line of a named metric does not parse (other lines are not read)."""
+    try:
+        return totals(text, names)
+    except ParseError:
+        return None
 
 
 def spec_counters_of(totals: dict[str, float]) -> SpecCounters | None:

@@ -1,0 +1,1 @@
+"""The package reads servers' metrics and GPUs' readings."""
