@@ -43,6 +43,11 @@ def add_replay_flags(p: argparse.ArgumentParser, http: bool, levels: bool = True
                             help="extra HTTP header (repeatable)")
     target.add_argument("--timeout", type=float, default=DEFAULTS.timeout_s, metavar="S",
                         help=f"per-request limit in seconds, also bounds the drain (default {DEFAULTS.timeout_s:g})")
+    target.add_argument("--server-metrics-interval", type=float, default=DEFAULTS.server_metrics_interval_s,
+                        metavar="S", help="scrape the server's /metrics every S seconds during each level into the "
+                        "results (running/waiting requests, KV-cache usage, prefix-cache hits, preemptions, ... under "
+                        "vLLM's, SGLang's or our names); a failed scrape is recorded, never fatal; 0: no scraping "
+                        f"(default {DEFAULTS.server_metrics_interval_s:g})")
     target.add_argument("--gpus", type=int, metavar="N",
                         help="GPUs behind the server, for throughput per GPU (default: the server's "
                         "num_gpus when it is ours, else 1)")

@@ -28,6 +28,7 @@ class ReplayDefaults:
     progress_interval_s: float = 1.0  # in place on a terminal
     piped_progress_interval_s: float = 5.0  # one line each when stdout is not a terminal
     attainment: float = 0.95  # the share of good requests at which a level holds an SLO
+    server_metrics_interval_s: float = 1.0  # /metrics scraped this often during a level (0: not at all)
 
 
 DEFAULTS = ReplayDefaults()

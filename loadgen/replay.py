@@ -57,6 +57,7 @@ from loadgen.spec import (
 from loadgen.summary import TraceHitRates, dumps_record, level_summary
 from loadgen.sweep import FixedSweep, Sweep
 from loadgen.table import format_level
+from loadgen.telemetry.series import ServerSeries
 from loadgen.trace_cache import PackedTraces, load_traces_cached
 from loadgen.transport.base import ServerInfo, Transport, TransportError
 from loadgen.transport.http import HttpTransport
@@ -122,6 +123,8 @@ def _check_flags(args: argparse.Namespace) -> dict[str, Any]:
                         ("--warmup-timeout", _warmup_timeout(args))):
         if not value > 0:
             raise ValueError(f"{flag}: must be > 0, got {value:g}")
+    if not getattr(args, "server_metrics_interval", 0) >= 0:
+        raise ValueError(f"--server-metrics-interval: must be >= 0 (0: off), got {args.server_metrics_interval:g}")
     if not 0 <= args.max_error_rate <= 1:
         raise ValueError(f"--max-error-rate: must be within 0..1, got {args.max_error_rate:g}")
     if args.gpus is not None and args.gpus < 1:
@@ -147,6 +150,11 @@ def _check_flags(args: argparse.Namespace) -> dict[str, Any]:
         "start_offset": parse_offset(args.start_offset),
         "workers": parse_workers(getattr(args, "workers", "1")),
     }
+
+
+def _scrape_interval(args: argparse.Namespace) -> float:
+    """--server-metrics-interval (recipes' and tests' own namespaces may lack it: the default)."""
+    return float(getattr(args, "server_metrics_interval", DEFAULTS.server_metrics_interval_s))
 
 
 def _slos(args: argparse.Namespace) -> tuple[Slo, ...]:
@@ -232,12 +240,15 @@ async def _replay(args: argparse.Namespace, options: dict[str, Any], transport: 
             await transport.open(max_connections=_pool_size(levels, traces, 1))
         else:
             await _start_workers(pool, printer)
+            await transport.open(max_connections=2)  # the parent's own: /metrics
         # a level's repeats share its index, so they replay the same plan (loadgen/runner.py)
         while not pool.stopped and (step := sweep.next_level()) is not None:
             of = f" (repeat {step.repeat + 1} of {step.repeats})" if step.repeats > 1 else ""
             printer.say(f"-- {step.spec.label}{of}: {_level_plan(step.spec, step.index, traces, config)}")
+            series = ServerSeries(transport.metrics_text, interval) if (interval := _scrape_interval(args)) else None
             try:
-                level, early = await _drive_level(pool, step.spec, step.index, config, printer, sweep)
+                level, early, window_start = await _drive_level(pool, step.spec, step.index, config, printer, sweep,
+                                                                series)
             except WorkerError as exc:
                 pool.status, pool.message = "failed", f"a client worker failed: {exc}"
                 break
@@ -247,6 +258,9 @@ async def _replay(args: argparse.Namespace, options: dict[str, Any], transport: 
                                     engine_in_process=http_target is None, session_turns=session_turns)
             summary["repeat"] = step.repeat
             summary["stopped_early"] = early
+            if series is not None:
+                summary["server_metrics"] = series.summary(window_start, summary["window_s"])
+                summary["cache"]["server_hit_rate"] = summary["server_metrics"]["window"]["prefix_cache_hit_rate"]
             doc["levels"].append(summary)
             if not pool.stopped:
                 sweep.observe(summary)
@@ -285,29 +299,40 @@ async def _start_workers(pool: Pool, printer: ProgressPrinter) -> None:
 
 
 async def _drive_level(pool: Pool, spec: LevelLoad, index: int, config: RunConfig, printer: ProgressPrinter,
-                       sweep: Sweep) -> tuple[LevelRun, str | None]:
+                       sweep: Sweep, series: ServerSeries | None
+                       ) -> tuple[LevelRun, str | None, int | None]:
     """Run one level on the pool, showing its progress; with several workers and a warm-up that
     counts requests, open the window once every worker's lanes are warm. The sweep may end the
-    window early (a decided capacity probe): returns the level and why it was ended early."""
+    window early (a decided capacity probe). `series` scrapes the server's /metrics meanwhile, and
+    once more after the drain. Returns the level, why it was ended early, and when (perf_counter
+    ns, from the progress snapshots: the workers keep their own clocks' stamps) its window opened."""
     task = asyncio.ensure_future(pool.run_level(spec, index))
+    scraper = asyncio.ensure_future(series.run()) if series is not None else None
     started = time.monotonic()
     coordinate = pool.workers > 1 and spec.mode == "closed" and bool(config.warmup.requests)
     opener = asyncio.ensure_future(pool.open_window_when_warm()) if coordinate else None
-    early = None
+    early, window_start = None, None
     try:
         while True:
             done, _ = await asyncio.wait({task}, timeout=POLL_S)
             if done:
-                return task.result(), early
+                if scraper is not None and series is not None:
+                    scraper.cancel()
+                    await asyncio.gather(scraper, return_exceptions=True)
+                    await series.scrape()  # after the drain: the window's requests are all counted
+                return task.result(), early, window_start
             snap = await pool.snapshot()
+            if window_start is None and snap.get("window_open"):
+                window_start = time.perf_counter_ns() - int(snap["window_elapsed_s"] * 1e9)
             if early is None and (early := sweep.early_stop(snap, config.duration_s)) is not None:
                 await pool.end_window()
             printer.show(describe(spec.label, snap, time.monotonic() - started, config.duration_s,
                                   config.warmup_timeout_s, config.timeout_s))
     finally:
-        if opener is not None:
-            opener.cancel()
-            await asyncio.gather(opener, return_exceptions=True)
+        for side in (opener, scraper):
+            if side is not None and not side.done():
+                side.cancel()
+                await asyncio.gather(side, return_exceptions=True)
         if not task.done():
             task.cancel()
 

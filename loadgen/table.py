@@ -51,6 +51,8 @@ def format_level(level: dict[str, Any]) -> str:
     elif cache["trace_theoretical_hit_rate"] is not None:
         lines.append(f"   cache: server reports no cached tokens (trace's theoretical hit rate "
                      f"{_pct(cache['trace_theoretical_hit_rate'])})")
+    if level.get("server_metrics"):  # absent in results of earlier versions and with scraping off
+        lines.append(server_text(level["server_metrics"]))
     if level.get("spec_decode"):
         lines.append(_spec_line(level["spec_decode"]))
     lines += [f"   {slo_text(entry)}" for entry in level.get("slo") or ()]  # absent in results of earlier versions
@@ -168,3 +170,23 @@ def _pct(value: float | None) -> str:
 def _percent(share: float) -> str:
     """A share as the SLO lines write it: '97.1 %'."""
     return f"{100 * share:.1f} %"
+
+
+def server_text(metrics: dict[str, Any]) -> str:
+    """The server's own view of the window, from its /metrics series (loadgen/telemetry/series.py)."""
+    window = metrics["window"]
+    parts = []
+    for name, label in (("running", "running"), ("waiting", "waiting"), ("kv_cache_usage", "KV cache")):
+        stats = window.get(name)
+        if stats:
+            scale, unit = (100, " %") if name == "kv_cache_usage" else (1, "")
+            parts.append(f"{label} {stats['mean'] * scale:.1f}{unit} mean, {stats['max'] * scale:.1f}{unit} max")
+    if window.get("prefix_cache_hit_rate") is not None:
+        parts.append(f"prefix-cache hits {window['prefix_cache_hit_rate']:.1%} of queried tokens")
+    if window.get("preemptions") is not None:
+        parts.append(f"{window['preemptions']:g} preemptions")
+    adapter = metrics["adapter"] or "unknown engine"
+    scrapes = f"{metrics['scrapes']} scrapes ({adapter})"
+    if metrics["failed_scrapes"]:
+        scrapes += f", {metrics['failed_scrapes']} failed: {metrics['errors'][0] if metrics['errors'] else ''}"
+    return f"   server: {'; '.join(parts) or 'no known quantity'} | {scrapes}"

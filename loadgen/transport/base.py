@@ -108,6 +108,10 @@ class Transport(ABC):
         has no /metrics; a failure to ask is None too, never an error."""
         return None
 
+    async def metrics_text(self) -> str:
+        """The server's /metrics exposition; TransportError when there is none or it cannot be read."""
+        raise TransportError("this transport has no /metrics")
+
 
 class TransportError(Exception):
     """The server as a whole is unusable (unreachable, no models): the run cannot start."""

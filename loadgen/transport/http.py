@@ -116,6 +116,15 @@ class HttpTransport(Transport):
             return None
         return parse_server_counters(resp.body.decode("utf-8", "replace"))
 
+    async def metrics_text(self) -> str:
+        try:
+            resp = await self._opened().request("GET", "/metrics", timeout=self.timeout_s)
+        except (ResponseError, asyncio.TimeoutError) as exc:
+            raise TransportError(f"GET /metrics: {exc or type(exc).__name__}") from exc
+        if resp.status != 200:
+            raise TransportError(f"GET /metrics returned HTTP {resp.status}")
+        return resp.body.decode("utf-8", "replace")
+
     async def send(self, request: WireRequest) -> Exchange:
         body = self._body(request)
         ex = Exchange()

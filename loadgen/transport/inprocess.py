@@ -45,6 +45,7 @@ from server.args import add_engine_args, engine_config_from_args
 from server.config import EngineConfig, resolve_device
 from server.engine.messages import AbortRequest, AddRequest, RequestOutput, SamplingParams, StepOutputs
 from server.engine_client import SHUTDOWN, leave_a_core_for_http, serve_engine
+from server.metrics import ServerMetrics
 from server.protocol import speculative_card
 
 if TYPE_CHECKING:
@@ -113,6 +114,7 @@ class InProcessTransport(Transport):
         self._inbox = _Inbox()
         self._thread: threading.Thread | None = None
         self._pending: dict[str, _Pending] = {}
+        self._metrics: ServerMetrics | None = None  # made at the first /metrics asked for
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -204,6 +206,14 @@ class InProcessTransport(Transport):
         """The engine's count of kernels compiled while serving (its speculative counts come with
         each request's output)."""
         return None if self.engine is None else ServerCounters(None, self.engine.compiles_while_serving)
+
+    async def metrics_text(self) -> str:
+        """The engine's counters and gauges as our server's /metrics renders them."""
+        if self.engine is None:
+            raise TransportError("the engine is not built")
+        if self._metrics is None:
+            self._metrics = ServerMetrics(self.config.model.name)
+        return self._metrics.render(self.engine.stats(), len(self._pending)).decode()
 
     def _abort(self, request_id: str) -> None:
         if self._pending.pop(request_id, None) is not None and self.dead_reason is None:

@@ -192,3 +192,16 @@ def test_capacity_against_our_server_writes_the_search_and_its_report(http_serve
     assert doc["config"]["traces"]["scale"]["config"]["token_scale"] == 0.02  # tiny's preset
     html = (out / "report" / "report.html").read_text()
     assert (out / "report" / "capacity.png").stat().st_size > 0 and "<h2>Capacity</h2>" in html
+
+
+def test_our_servers_metrics_are_scraped_into_every_level(http_server, replay, sessions):
+    traces = sessions({"n_requests": 6, "think": 0.0}, {"n_requests": 5, "think": 0.0})
+    code, doc, _ = replay(http_server, "--traces", str(traces), "--conc", "2", "--duration", "3",
+                          "--server-metrics-interval", "0.5", "--token-scale", "1", "--think-time-scale", "1")
+    assert code == 0
+    metrics = doc["levels"][0]["server_metrics"]
+    assert metrics["adapter"] == "ours" and metrics["failed_scrapes"] == 0 and metrics["scrapes"] >= 5
+    window = metrics["window"]
+    assert window["running"]["max"] >= 1 and window["prompt_tokens"] > 0 and window["generation_tokens"] > 0
+    assert window["preemptions"] == 0 and 0 <= window["kv_cache_usage"]["max"] <= 1
+    assert doc["levels"][0]["cache"]["server_hit_rate"] == window["prefix_cache_hit_rate"]
