@@ -35,6 +35,7 @@ from server import protocol
 from server.config import HttpConfig
 from server.engine.messages import AddRequest, RequestOutput
 from server.engine_client import EngineClient, EngineDeadError, EngineInfo, RequestCutError, RequestStream
+from server.gpu_metrics import GpuGauges
 from server.metrics import ServerMetrics
 from server.protocol import ApiError, ErrorCode, GenerationOptions, ResponseHeader
 from server.tokenizer import ByteTokenizer, StreamDecoder
@@ -114,6 +115,7 @@ class OpenAIServer:
         self.settings = settings
         self.tokenizer = tokenizer
         self.metrics = ServerMetrics(settings.served_model_name)
+        self.gpus = GpuGauges(info.num_gpus // client.config.parallel.nnodes)  # this node's GPUs
         self.closing = False  # set on SIGTERM/SIGINT: new requests get 503
         self.cut_requests = 0  # requests ended by the shutdown deadline
         self._running: set[RequestStream] = set()
@@ -225,7 +227,8 @@ class OpenAIServer:
         return web.json_response(body, status=status, dumps=_dumps)
 
     async def prometheus(self, request: web.Request) -> web.Response:
-        return web.Response(body=self.metrics.render(self.client.stats, self.in_flight),
+        gpus = await asyncio.to_thread(self.gpus.read) if self.gpus.enabled else None  # NVML calls block
+        return web.Response(body=self.metrics.render(self.client.stats, self.in_flight, gpus),
                             headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
 
     def _check_model(self, model: str | None) -> None:

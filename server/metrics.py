@@ -5,6 +5,8 @@ counters are cumulative, so exporting the latest snapshot is exact). Request lat
 measured in the API process when each step's output arrives from the engine: TTFT from the
 request's arrival, inter-token latency between consecutive outputs of one request (one engine
 step may carry several tokens with speculative decoding), end-to-end latency at the last output.
+The engine's GPUs' readings (agentload:gpu_*, labelled by NVML index and model) are read at scrape time,
+off the event loop (server/gpu_metrics.py).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import bisect
 from collections.abc import Sequence
 
 from server.engine.messages import EngineStats
+from server.gpu_metrics import GPU_METRICS, GpuSamples
 
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5,
                 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0)
@@ -86,7 +89,8 @@ class ServerMetrics:
     def observe_rejected(self, code: str) -> None:
         self.requests_rejected[code] = self.requests_rejected.get(code, 0) + 1
 
-    def render(self, stats: EngineStats, api_requests_in_flight: int) -> bytes:
+    def render(self, stats: EngineStats, api_requests_in_flight: int, gpus: GpuSamples | None = None) -> bytes:
+        """gpus: the engine's GPUs' readings (server/gpu_metrics.py), None where there are none."""
         lines: list[str] = []
         for name, field, help_text in _ENGINE_GAUGES:
             self._family(lines, name, "gauge", help_text)
@@ -113,6 +117,11 @@ class ServerMetrics:
         name = "agentload:api_requests_in_flight"
         self._family(lines, name, "gauge", "Requests accepted by the API and not yet finished.")
         lines.append(f"{name}{{{self._labels}}} {api_requests_in_flight}")
+        for name, kind, help_text in GPU_METRICS:
+            if gpus and gpus.get(name):
+                self._family(lines, name, kind, help_text)
+                lines.extend(f'{name}{{gpu="{index}",name="{_escape(gpu_name)}"}} {_number(value)}'
+                             for index, gpu_name, value in gpus[name])
         return ("\n".join(lines) + "\n").encode()
 
     def _labelled_counter(self, lines: list[str], name: str, label: str,

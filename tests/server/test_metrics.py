@@ -1,9 +1,14 @@
-"""Prometheus exposition: histogram buckets and a render that parses, with vLLM's names."""
+"""Prometheus exposition: histogram buckets and a render that parses, with vLLM's names; the GPUs' readings
+when NVML is there (a fake module), none without it."""
 
 from __future__ import annotations
 
+import sys
+
 from server.engine.messages import EngineStats
+from server.gpu_metrics import GpuGauges
 from server.metrics import Histogram, ServerMetrics
+from tests.fake_gpu import FakeGpu, FakePynvml
 
 
 def test_histogram_buckets_are_cumulative_with_inf(parse_prometheus):
@@ -49,3 +54,48 @@ def test_render_exports_engine_stats_and_request_latencies(parse_prometheus):
     assert samples[("agentload:api_requests_in_flight", label)] == 4
     assert "# TYPE vllm:time_to_first_token_seconds histogram" in text
     assert "# TYPE vllm:prompt_tokens_total counter" in text
+
+
+def _fake_nvml(count: int) -> FakePynvml:
+    return FakePynvml([FakeGpu("NVIDIA H100 80GB HBM3", power_w=650.5, energy_j=None if i == 1 else 2000.5,
+                               sm_clock_mhz=1980, memory_used_bytes=(60 + i) * 2**30, utilization_pct=90 + i,
+                               uuid=f"GPU-{i}") for i in range(count)])
+
+
+def test_render_exports_the_gpus_nvml_reads(parse_prometheus, monkeypatch):
+    monkeypatch.setitem(sys.modules, "pynvml", _fake_nvml(2))
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    text = ServerMetrics("m").render(EngineStats(), 0, GpuGauges(2).read()).decode()
+    samples = parse_prometheus(text)
+    gpu = [(("gpu", str(i)), ("name", "NVIDIA H100 80GB HBM3")) for i in range(2)]
+    assert samples[("agentload:gpu_power_watts", gpu[0])] == 650.5
+    assert samples[("agentload:gpu_energy_joules_total", gpu[0])] == 2000.5
+    assert ("agentload:gpu_energy_joules_total", gpu[1]) not in samples  # GPU 1 has no energy counter
+    assert samples[("agentload:gpu_sm_clock_mhz", gpu[1])] == 1980
+    assert samples[("agentload:gpu_memory_used_bytes", gpu[1])] == 61 * 2**30
+    assert samples[("agentload:gpu_utilization_ratio", gpu[1])] == 0.91
+    assert "# TYPE agentload:gpu_energy_joules_total counter" in text
+    assert "# TYPE agentload:gpu_power_watts gauge" in text
+
+
+def test_render_exports_only_the_engines_gpus(parse_prometheus, monkeypatch):
+    monkeypatch.setitem(sys.modules, "pynvml", _fake_nvml(4))
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,GPU-3")
+    samples = parse_prometheus(ServerMetrics("m").render(EngineStats(), 0, GpuGauges(1).read()).decode())
+    assert [labels for name, labels in samples if name == "agentload:gpu_power_watts"] == [
+        (("gpu", "2"), ("name", "NVIDIA H100 80GB HBM3"))]
+
+
+def test_render_lacks_gpu_metrics_without_nvml_or_on_cpu(monkeypatch):
+    monkeypatch.setitem(sys.modules, "pynvml", None)
+    without_module = GpuGauges(1)
+    assert without_module.read() == {} and not without_module.enabled
+    fake = _fake_nvml(1)
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    fake.driver = False
+    assert GpuGauges(1).read() == {}
+    fake.driver = True
+    on_cpu = GpuGauges(0)  # the engine runs on no GPU
+    assert on_cpu.read() == {} and fake.initialised == 0
+    for gpus in (None, {}):
+        assert b"agentload:gpu_" not in ServerMetrics("m").render(EngineStats(), 0, gpus)
