@@ -48,6 +48,14 @@ def add_replay_flags(p: argparse.ArgumentParser, http: bool, levels: bool = True
                         "results (running/waiting requests, KV-cache usage, prefix-cache hits, preemptions, ... under "
                         "vLLM's, SGLang's or our names); a failed scrape is recorded, never fatal; 0: no scraping "
                         f"(default {DEFAULTS.server_metrics_interval_s:g})")
+    target.add_argument("--gpu-telemetry", default=DEFAULTS.gpu_telemetry, metavar="SOURCE",
+                        help="GPU power, energy, SM clock, memory and utilisation per GPU, read every "
+                        f"{DEFAULTS.gpu_interval_s:g} s during the run, for joules per output token and per request, "
+                        "average watts and output tok/s per kW per level: auto (NVML on this host, else amdsmi, "
+                        + ("else the server's agentload:gpu_* metrics; " if http else "; ")
+                        + "missing telemetry is stated, never 0), nvml, amdsmi"
+                        + (", server, off or the URL of a DCGM exporter's /metrics " if http else " or off ")
+                        + f"(default {DEFAULTS.gpu_telemetry})")
     target.add_argument("--gpus", type=int, metavar="N",
                         help="GPUs behind the server, for throughput per GPU (default: the server's "
                         "num_gpus when it is ours, else 1)")

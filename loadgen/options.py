@@ -29,6 +29,8 @@ class ReplayDefaults:
     piped_progress_interval_s: float = 5.0  # one line each when stdout is not a terminal
     attainment: float = 0.95  # the share of good requests at which a level holds an SLO
     server_metrics_interval_s: float = 1.0  # /metrics scraped this often during a level (0: not at all)
+    gpu_telemetry: str = "auto"  # where GPU power and energy are read (loadgen/telemetry/gpu.py)
+    gpu_interval_s: float = 1.0  # GPU readings this often during a run
 
 
 DEFAULTS = ReplayDefaults()

@@ -57,6 +57,7 @@ from loadgen.spec import (
 from loadgen.summary import TraceHitRates, dumps_record, level_summary
 from loadgen.sweep import FixedSweep, Sweep
 from loadgen.table import format_level
+from loadgen.telemetry.gpu import GpuSampler, choose_source, gpu_block
 from loadgen.telemetry.series import ServerSeries
 from loadgen.trace_cache import PackedTraces, load_traces_cached
 from loadgen.transport.base import ServerInfo, Transport, TransportError
@@ -226,6 +227,11 @@ async def _replay(args: argparse.Namespace, options: dict[str, Any], transport: 
         synth = PromptSynth(traces.block_size, vocab_size=vocab_size, vocab_offset=vocab_offset)
         on_request = None if write_records is None else (lambda rec: write_records(dumps_record(rec)))
         pool = LocalPool(Runner(transport, traces, synth, config, spec=expectation, on_request=on_request))
+    # blocking: it loads NVML or amdsmi, or asks the server's /metrics
+    gpu = GpuSampler(await asyncio.to_thread(choose_source, getattr(args, "gpu_telemetry", DEFAULTS.gpu_telemetry),
+                                             getattr(args, "url", None)), DEFAULTS.gpu_interval_s)
+    printer.say(f"GPU telemetry: {gpu.source.describe()}")
+    doc["config"]["gpu_telemetry"] = gpu.source.describe()
     hit_rates = TraceHitRates(traces, theoretical_hit_rate)
     session_turns = {session.id: len(session.requests) for session in traces.sessions}
     loop = asyncio.get_running_loop()
@@ -241,11 +247,13 @@ async def _replay(args: argparse.Namespace, options: dict[str, Any], transport: 
         else:
             await _start_workers(pool, printer)
             await transport.open(max_connections=2)  # the parent's own: /metrics
+        gpu.start()
         # a level's repeats share its index, so they replay the same plan (loadgen/runner.py)
         while not pool.stopped and (step := sweep.next_level()) is not None:
             of = f" (repeat {step.repeat + 1} of {step.repeats})" if step.repeats > 1 else ""
             printer.say(f"-- {step.spec.label}{of}: {_level_plan(step.spec, step.index, traces, config)}")
             series = ServerSeries(transport.metrics_text, interval) if (interval := _scrape_interval(args)) else None
+            level_started = time.perf_counter_ns()
             try:
                 level, early, window_start = await _drive_level(pool, step.spec, step.index, config, printer, sweep,
                                                                 series)
@@ -258,6 +266,8 @@ async def _replay(args: argparse.Namespace, options: dict[str, Any], transport: 
                                     engine_in_process=http_target is None, session_turns=session_turns)
             summary["repeat"] = step.repeat
             summary["stopped_early"] = early
+            await asyncio.to_thread(gpu.sample)  # one reading after the drain: the window's end is covered
+            summary["gpu"] = gpu_block(gpu, level_started, window_start, summary)
             if series is not None:
                 summary["server_metrics"] = series.summary(window_start, summary["window_s"])
                 summary["cache"]["server_hit_rate"] = summary["server_metrics"]["window"]["prefix_cache_hit_rate"]
@@ -273,6 +283,7 @@ async def _replay(args: argparse.Namespace, options: dict[str, Any], transport: 
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.remove_signal_handler(sig)
         printer.clear()
+        await asyncio.to_thread(gpu.stop)
         await pool.close()
         await transport.close()
         if per_request:

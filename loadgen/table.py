@@ -53,6 +53,8 @@ def format_level(level: dict[str, Any]) -> str:
                      f"{_pct(cache['trace_theoretical_hit_rate'])})")
     if level.get("server_metrics"):  # absent in results of earlier versions and with scraping off
         lines.append(server_text(level["server_metrics"]))
+    if level.get("gpu"):  # absent in results of earlier versions
+        lines.append(gpu_text(level["gpu"]))
     if level.get("spec_decode"):
         lines.append(_spec_line(level["spec_decode"]))
     lines += [f"   {slo_text(entry)}" for entry in level.get("slo") or ()]  # absent in results of earlier versions
@@ -190,3 +192,17 @@ def server_text(metrics: dict[str, Any]) -> str:
     if metrics["failed_scrapes"]:
         scrapes += f", {metrics['failed_scrapes']} failed: {metrics['errors'][0] if metrics['errors'] else ''}"
     return f"   server: {'; '.join(parts) or 'no known quantity'} | {scrapes}"
+
+
+def gpu_text(gpu: dict[str, Any]) -> str:
+    """Energy over the window from the GPU telemetry (loadgen/telemetry/gpu.py), or why there is none."""
+    if gpu.get("energy_j") is None:
+        missing = gpu.get("missing") or ["no reading"]
+        return f"   GPU energy: not measured ({missing[0]})"
+    line = (f"   GPU energy: {gpu['energy_j']:.0f} J over the window, {gpu['avg_watts_per_gpu']:.0f} W per GPU "
+            f"({len(gpu['gpus'])} GPU{'s' if len(gpu['gpus']) != 1 else ''})")
+    for key, unit in (("joules_per_output_token", "J per output token"), ("joules_per_request", "J per request"),
+                      ("output_tokens_per_s_per_kw", "output tok/s per kW")):
+        if gpu.get(key) is not None:
+            line += f"; {gpu[key]:.4g} {unit}"
+    return line

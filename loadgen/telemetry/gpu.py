@@ -14,6 +14,7 @@ hardware.
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import http.client
 import importlib
 import itertools
@@ -583,3 +584,24 @@ def _energy(index: int, points: list[tuple[int, GpuReading]], span: list[GpuSamp
         return None, None, f"GPU {index}: neither an energy counter nor power in every sample around the window"
     at_start, at_end = np.interp([0.0, (end_ns - start_ns) / 1e9], t_s, cumulative)
     return float(at_end - at_start), energy_from, None
+
+
+def gpu_block(sampler: GpuSampler, level_started_ns: int, window_start_ns: int | None,
+              level: dict[str, Any]) -> dict[str, Any]:
+    """A level's `gpu` entry (docs/results_schema.md): the window's energy and its ratios, and each
+    GPU's power as a series over the level (seconds from the window's start)."""
+    counts = level["counts"]
+    start = window_start_ns if window_start_ns is not None else level_started_ns
+    out: dict[str, Any]
+    if level["window_s"] > 0:
+        out = dataclasses.asdict(sampler.window(start, start + int(level["window_s"] * 1e9), counts["output_tokens"],
+                                                counts["requests_ok"]))
+    else:
+        out = {"source": sampler.source.describe(), "missing": ["no measurement window"]}
+    samples = [s for s in sampler.samples if s.t_ns >= level_started_ns]
+    power: dict[str, list[float | None]] = {}
+    for number, sample in enumerate(samples):
+        for reading in sample.readings:
+            power.setdefault(str(reading.index), [None] * len(samples))[number] = reading.power_w
+    out["series"] = {"t_s": [round((s.t_ns - start) / 1e9, 3) for s in samples], "power_w": power}
+    return out

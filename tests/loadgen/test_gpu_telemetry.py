@@ -369,3 +369,38 @@ def test_sampler_thread_samples_until_stopped_and_closes_the_source():
     assert len(sampler.samples) >= 3 and source.closed
     assert [s.t_ns for s in sampler.samples] == sorted(s.t_ns for s in sampler.samples)
     assert sampler.window(start, end, output_tokens=1, requests=1).energy_j is not None
+
+
+def test_a_replay_reports_each_levels_energy_per_token(start_server, sessions, replay, monkeypatch):
+    # a GPU drawing a steady 300 W whose energy counter grows with the clock: the window's joules
+    # per output token are 300 W x the window over its output tokens
+    from tests.fake_gpu import FakeGpu, FakePynvml
+
+    began = time.monotonic()
+
+    class Steady(FakePynvml):
+        def nvmlDeviceGetTotalEnergyConsumption(self, gpu: FakeGpu) -> int:
+            return round((1000.0 + 300.0 * (time.monotonic() - began)) * 1000)
+
+    monkeypatch.setitem(sys.modules, "pynvml", Steady([FakeGpu("Fake H200", 300.0, 0.0, 1980, 2**30, 50)]))
+    server = start_server(first_ms=2, itl_ms=2)
+    code, doc, _ = replay(server.url, "--traces", str(sessions({"n_requests": 40, "think": 0.0})), "--duration", "3")
+    assert code == 0
+    level = doc["levels"][0]
+    gpu, tokens = level["gpu"], level["counts"]["output_tokens"]
+    assert doc["config"]["gpu_telemetry"].startswith("NVML (nvidia-ml-py): GPU 0 (Fake H200)")
+    assert gpu["energy_j"] == pytest.approx(300.0 * level["window_s"], rel=0.02)
+    assert gpu["avg_watts_per_gpu"] == pytest.approx(300.0, rel=0.02) and gpu["missing"] == []
+    assert gpu["joules_per_output_token"] == pytest.approx(gpu["energy_j"] / tokens)
+    assert gpu["joules_per_request"] == pytest.approx(gpu["energy_j"] / level["counts"]["requests_ok"])
+    assert gpu["output_tokens_per_s_per_kw"] == pytest.approx(tokens / level["window_s"] / 0.3, rel=0.02)
+    assert set(gpu["series"]["power_w"]) == {"0"} and len(gpu["series"]["t_s"]) >= 3
+
+
+def test_a_replay_without_gpu_telemetry_states_it(start_server, sessions, replay):
+    server = start_server(first_ms=2, itl_ms=2)
+    code, doc, _ = replay(server.url, "--traces", str(sessions({"n_requests": 6, "think": 0.0})), "--duration", "0.5",
+                          "--gpu-telemetry", "off")
+    assert code == 0
+    gpu = doc["levels"][0]["gpu"]
+    assert gpu["energy_j"] is None and gpu["missing"] == ["no GPU telemetry: --gpu-telemetry off"]
