@@ -33,8 +33,10 @@ InferenceX counts them, is also `num_requests_total`), and `request_metrics` wit
 - tokens.{input,output_actual}: per-request token counts (output_expected is left empty);
 - throughput.{input,output,total}.tokens_per_second over the window, duration_seconds, and
   per_gpu.{total,output,input}_tput_tps;
-- cache.theoretical_cache_hit_rate (the trace's); server_metrics.cache.gpu_cache_hit_rate is the
-  hit rate servers report through usage cached tokens.
+- cache.theoretical_cache_hit_rate (the trace's);
+and `server_metrics` (with `kv_cache_pool_tokens`) from the level's /metrics series, as
+loadgen/export/infx_server.py says; the hit rate servers report through usage cached tokens
+goes to our provenance (`agentload.usage_cache_hit_rate`).
 Floats are rounded to 5 decimals, integral ones >= 1 written as integers, as InferenceX does.
 
 Failed levels (InferenceX's validator would refuse their error rate) and open-loop levels (rows
@@ -53,6 +55,7 @@ import numpy as np
 import orjson
 
 from loadgen.export.infx_identity import AGENTIC_SCENARIO, ExportError, Identity, IdentityFlags, resolve_identity
+from loadgen.export.infx_server import server_metrics_block
 from loadgen.pareto import e2e_interactivity
 from loadgen.report import Run
 
@@ -169,8 +172,8 @@ def _histogram_seconds(stats: dict[str, Any]) -> dict[str, float]:
 def _agentic_row(run: Run, level: dict[str, Any], identity: Identity, flags: IdentityFlags) -> dict[str, Any]:
     columns, counts = level["requests"], level["counts"]
     per_gpu, totals = _per_gpu(level, identity.gpus), _per_gpu(level, 1)
-    measured_hit = level["cache"].get("measured_hit_rate")
     accounting = _accounting(counts)
+    server = server_metrics_block(level)
     row = {
         **_common(run, level, identity), "scenario_type": AGENTIC_SCENARIO,
         "kv_offloading": "none", "kv_offload_backend": None, "allocated_cpu_dram_gb": 0,
@@ -192,9 +195,9 @@ def _agentic_row(run: Run, level: dict[str, Any], identity: Identity, flags: Ide
             },
             "cache": {"theoretical_cache_hit_rate": level["cache"].get("trace_theoretical_hit_rate")},
         },
-        "server_metrics": {"cache": {"gpu_cache_hit_rate": measured_hit}, "kv_cache": {"gpu_total_tokens": None}},
-        "kv_cache_pool_tokens": None,
-        "agentload": _provenance(run, level),
+        "server_metrics": server,
+        "kv_cache_pool_tokens": server["kv_cache"]["gpu_total_tokens"],  # InferenceX copies it to the top
+        "agentload": {**_provenance(run, level), "usage_cache_hit_rate": level["cache"].get("measured_hit_rate")},
     }
     return _rounded(row)
 

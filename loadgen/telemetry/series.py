@@ -25,8 +25,9 @@ from typing import Any
 from loadgen.telemetry.engines import EngineMetrics, normalise
 
 ERRORS_KEPT = 5  # failed scrapes whose reason is kept (all are counted)
-GAUGES = ("running", "waiting", "kv_cache_usage", "kv_offload_usage", "api_requests_in_flight", "gpu_power_watts",
-          "gpu_sm_clock_mhz", "gpu_memory_used_bytes", "gpu_utilization", "spec_accept_length", "spec_accept_rate")
+GAUGES = ("running", "waiting", "kv_cache_usage", "kv_offload_usage", "kv_offload_used_tokens",
+          "kv_offload_capacity_tokens", "api_requests_in_flight", "gpu_power_watts", "gpu_sm_clock_mhz",
+          "gpu_memory_used_bytes", "gpu_utilization", "spec_accept_length", "spec_accept_rate")
 
 
 class ServerSeries:

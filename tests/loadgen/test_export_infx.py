@@ -221,3 +221,115 @@ def test_completions_within_one_second_give_inferencex_fallback_qps(result, caps
     ends = np.asarray(columns["start_ms"]) / 1e3 + np.asarray(columns["e2el_us"]) / 1e6
     assert qps["samples"] == 0 and qps["window_seconds"] == 1
     assert qps["mean"] == pytest.approx(len(ends) / (ends.max() - ends.min()), rel=1e-4)
+
+
+# ---- server_metrics: InferenceX's block, from the level's /metrics series -------------------------------------------
+
+
+def _absent(counts: dict) -> dict:
+    """InferenceX's block when nothing was scraped: every value null, the token totals from the requests."""
+    return {
+        "present": False, "adapter": "none", "metric_count": 0,
+        "cache": {**dict.fromkeys(("gpu_cache_hit_rate", "cpu_cache_hit_rate", "external_cache_hit_rate",
+                                   "overall_cache_hit_rate", "prefix_cache_hits", "prefix_cache_queries",
+                                   "external_prefix_cache_hits", "external_prefix_cache_queries")),
+                  "cached_tokens_by_source": {},
+                  **dict.fromkeys(("frontend_cache_hit_rate", "router_kv_hit_rate", "router_shared_cache_hit_rate",
+                                   "frontend_cached_tokens", "frontend_input_tokens"))},
+        "kv_cache": dict.fromkeys(("gpu_usage_pct", "gpu_total_tokens", "cpu_usage_pct", "cpu_used_tokens",
+                                   "cpu_total_tokens")),
+        "kv_offload": dict.fromkeys(("bytes_gpu_to_cpu", "bytes_cpu_to_gpu", "time_gpu_to_cpu", "time_cpu_to_gpu",
+                                     "bandwidth_gpu_to_cpu_bytes_per_second",
+                                     "bandwidth_cpu_to_gpu_bytes_per_second")),
+        "tokens": {"prompt_total": counts["input_tokens"], "generation_total": counts["output_tokens"],
+                   "requests_completed": counts["requests_ok"],
+                   "prompt_by_source": {"gpu_cache_hit": None, "cpu_or_external_cache_hit": None, "computed": None,
+                                        "raw": {}}},
+        "sources": [],
+    }
+
+
+def _with(block: dict, **parts: dict) -> dict:
+    """The block with some of its parts' keys replaced."""
+    return {**block, **{key: {**block[key], **part} if isinstance(block[key], dict) else part
+                        for key, part in parts.items()}}
+
+
+def test_agentx_server_metrics_from_a_real_scrape(start_server, sessions, replay, capsys, tmp_path):
+    """Our server's names (spec decoding, kernel compiles) read through vLLM's adapter: present, and
+    what it lacks (prefix cache, KV cache, token counters) null or taken from the requests."""
+    folder = sessions(*({"n_requests": 3, "think": 0.0, "n_out": 6} for _ in range(6)))
+    server = start_server(first_ms=15, itl_ms=4.0, kernel_compiles=1, spec_metrics=[3, 4])
+    code, doc, _ = replay(server.url, "--traces", str(folder), "--conc", "1,3", "--duration", "1.2",
+                          "--server-metrics-interval", "0.2")
+    assert code == 0
+    rows = _rows(capsys, tmp_path, write_results(tmp_path / "scraped.json", doc), "agentx")
+    _check_rows(rows, "agentx")
+    for row, level in zip(rows, doc["levels"]):
+        assert level["server_metrics"]["scrapes"] and level["server_metrics"]["adapter"] == "ours"
+        assert row["server_metrics"] == _with(_absent(level["counts"]), present=True, adapter="vllm", metric_count=3)
+        assert row["kv_cache_pool_tokens"] is None
+
+
+def test_agentx_server_metrics_carry_the_window(result, capsys, tmp_path):
+    doc = json.loads(result.read_text())
+    vllm, sglang = doc["levels"]
+    window_s = sglang["window_s"]
+    vllm["server_metrics"] = {
+        "interval_s": 1.0, "adapter": "vllm", "metric_count": 42, "scrapes": 3, "failed_scrapes": 0, "errors": [],
+        "series": {"t_s": [-0.5, 0.5, window_s + 0.2], "kv_cache_usage": [0.1, 0.625, 0.2]},
+        "window": {"kv_cache_usage": {"mean": 0.625, "max": 0.625}, "kv_offload_usage": {"mean": 0.2, "max": 0.25},
+                   "prefix_cache_queries": 8000.0, "prefix_cache_hits": 6000.0, "kv_offload_queries": 2000.0,
+                   "kv_offload_hits": 500.0, "kv_offload_store_bytes": 4e9, "kv_offload_load_bytes": 1e9,
+                   "kv_offload_store_seconds": 2.0, "kv_offload_load_seconds": 0.5, "prompt_tokens": 8000.0,
+                   "generation_tokens": 190.0, "prefix_cache_hit_rate": 0.75},
+        # vLLM's pool in tokens is in its log, not its metrics (blocks x block size misses hybrid models)
+        "raw_first": {'vllm:cache_config_info{block_size="16",num_gpu_blocks="75086"}': 1.0}, "raw_last": None,
+    }
+    pool = 'sglang:max_total_num_tokens{dp_rank="%d"}'
+    sglang["server_metrics"] = {
+        "interval_s": 0.5, "adapter": "sglang", "metric_count": 60, "scrapes": 4, "failed_scrapes": 0, "errors": [],
+        # HiCache's host pool: a gauge, read over the window's scrapes (not the warm-up's, not the drain's)
+        "series": {"t_s": [-0.4, 0.5, window_s, window_s + 0.3],
+                   "kv_offload_used_tokens": [100.0, 3000.0, 5000.0, 9000.0],
+                   "kv_offload_capacity_tokens": [65536.0] * 4},
+        "window": {"kv_cache_usage": {"mean": 0.3, "max": 0.5}, "prefix_cache_queries": 9000.0,
+                   "prefix_cache_hits": 3000.0, "kv_offload_store_tokens": 4096.0, "kv_offload_load_tokens": 1024.0,
+                   "kv_offload_used_tokens": 8900.0, "kv_offload_capacity_tokens": 0.0, "prompt_tokens": 9000.0,
+                   "generation_tokens": 200.0, "prefix_cache_hit_rate": 0.333333},
+        "raw_first": {pool % 0: 367360.0, pool % 1: 367360.0},
+        "raw_last": {pool % 0: 367360.0, pool % 1: 367360.0, "sglang:is_cuda_graph{}": 1.0},
+    }
+    rows = _rows(capsys, tmp_path, write_results(tmp_path / "windows.json", doc), "agentx")
+    _check_rows(rows, "agentx")
+    assert rows[0]["server_metrics"] == _with(
+        _absent(vllm["counts"]), present=True, adapter="vllm", metric_count=42,
+        cache={"gpu_cache_hit_rate": 0.75, "cpu_cache_hit_rate": 0.25, "external_cache_hit_rate": 0.25,
+               "overall_cache_hit_rate": 0.75, "prefix_cache_hits": 6000, "prefix_cache_queries": 8000,
+               "external_prefix_cache_hits": 500, "external_prefix_cache_queries": 2000},
+        kv_cache={"gpu_usage_pct": 0.625, "cpu_usage_pct": 0.25},
+        kv_offload={"bytes_gpu_to_cpu": 4_000_000_000, "bytes_cpu_to_gpu": 1_000_000_000, "time_gpu_to_cpu": 2,
+                    "time_cpu_to_gpu": 0.5, "bandwidth_gpu_to_cpu_bytes_per_second": 2_000_000_000,
+                    "bandwidth_cpu_to_gpu_bytes_per_second": 2_000_000_000},
+        tokens={"prompt_total": 8000, "generation_total": 190})
+    assert rows[0]["kv_cache_pool_tokens"] is None
+    assert rows[1]["server_metrics"] == _with(
+        _absent(sglang["counts"]), present=True, adapter="sglang", metric_count=60,
+        cache={"gpu_cache_hit_rate": 0.33333, "overall_cache_hit_rate": 0.33333, "prefix_cache_hits": 3000,
+               "prefix_cache_queries": 9000},
+        kv_cache={"gpu_usage_pct": 0.5, "gpu_total_tokens": 734720, "cpu_usage_pct": round(5000 / 65536, 5),
+                  "cpu_used_tokens": 5000, "cpu_total_tokens": 65536},
+        tokens={"prompt_total": 9000, "generation_total": 200})
+    assert rows[1]["kv_cache_pool_tokens"] == 734720  # InferenceX copies the pool to the top level
+
+
+def test_agentx_without_server_metrics_exports_the_absent_form(result, capsys, tmp_path):
+    """The sweep's server has no /metrics (every scrape failed); an older results file has no block."""
+    doc = json.loads(result.read_text())
+    assert doc["levels"][1]["server_metrics"]["scrapes"] == 0
+    del doc["levels"][0]["server_metrics"]
+    rows = _rows(capsys, tmp_path, write_results(tmp_path / "absent.json", doc), "agentx")
+    _check_rows(rows, "agentx")
+    for row, level in zip(rows, doc["levels"]):
+        assert row["server_metrics"] == _absent(level["counts"]) and row["kv_cache_pool_tokens"] is None
+        assert row["agentload"]["usage_cache_hit_rate"] == level["cache"]["measured_hit_rate"]
