@@ -57,7 +57,7 @@ from loadgen.spec import (
 from loadgen.summary import TraceHitRates, dumps_record, level_summary
 from loadgen.sweep import FixedSweep, Sweep
 from loadgen.table import format_level
-from loadgen.telemetry.gpu import GpuSampler, choose_source, gpu_block
+from loadgen.telemetry.gpu import GpuSampler, NoGpuSource, choose_source, gpu_block
 from loadgen.telemetry.series import ServerSeries
 from loadgen.trace_cache import PackedTraces, load_traces_cached
 from loadgen.transport.base import ServerInfo, Transport, TransportError
@@ -230,7 +230,8 @@ async def _replay(args: argparse.Namespace, options: dict[str, Any], transport: 
     # blocking: it loads NVML or amdsmi, or asks the server's /metrics
     gpu = GpuSampler(await asyncio.to_thread(choose_source, getattr(args, "gpu_telemetry", DEFAULTS.gpu_telemetry),
                                              getattr(args, "url", None)), DEFAULTS.gpu_interval_s)
-    printer.say(f"GPU telemetry: {gpu.source.describe()}")
+    if not isinstance(gpu.source, NoGpuSource):  # none: each level's table line says so, and why
+        printer.say(f"GPU telemetry: {gpu.source.describe()}")
     doc["config"]["gpu_telemetry"] = gpu.source.describe()
     hit_rates = TraceHitRates(traces, theoretical_hit_rate)
     session_turns = {session.id: len(session.requests) for session in traces.sessions}
@@ -275,7 +276,7 @@ async def _replay(args: argparse.Namespace, options: dict[str, Any], transport: 
             if not pool.stopped:
                 sweep.observe(summary)
                 doc.update(sweep.results(config.gpus))
-            results_path = _finish(doc, pool, results_path)
+            results_path = _finish(doc, pool, results_path, running=True)
             printer.say(_level_report(summary, level, pool))
             if early:
                 printer.say(f"   window ended early: {early}")
@@ -385,9 +386,14 @@ def default_out_dir() -> Path:
     return Path("results") / datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
 
 
-def _finish(doc: dict[str, Any], pool: Pool, path: Path) -> Path:
-    """Write the results as they stand; returns where they went (a temporary file if `path` failed)."""
+def _finish(doc: dict[str, Any], pool: Pool, path: Path, running: bool = False) -> Path:
+    """Write the results as they stand; returns where they went (a temporary file if `path` failed).
+    While the run goes on (`running`) the file says it was interrupted: a process killed before its
+    last write (kill -9, out of memory) must not leave a file that a reader (`recipe run --resume`)
+    takes for a whole run."""
     doc["status"], doc["message"] = pool.status, pool.message
+    if running and pool.status == "complete":
+        doc["status"], doc["message"] = "interrupted", "the run was still going when this was written"
     doc["pareto"] = pareto(doc["levels"])
     doc.pop("validity", None)
     doc["validity"] = check_validity(doc)  # AgentX's submission rules (loadgen/validity.py)

@@ -197,8 +197,8 @@ def server_text(metrics: dict[str, Any]) -> str:
 def gpu_text(gpu: dict[str, Any]) -> str:
     """Energy over the window from the GPU telemetry (loadgen/telemetry/gpu.py), or why there is none."""
     if gpu.get("energy_j") is None:
-        missing = gpu.get("missing") or ["no reading"]
-        return f"   GPU energy: not measured ({missing[0]})"
+        why = (gpu.get("missing") or ["no reading"])[0]
+        return f"   GPU energy: not measured ({why if len(why) <= 100 else why[:99] + '…'})"
     line = (f"   GPU energy: {gpu['energy_j']:.0f} J over the window, {gpu['avg_watts_per_gpu']:.0f} W per GPU "
             f"({len(gpu['gpus'])} GPU{'s' if len(gpu['gpus']) != 1 else ''})")
     for key, unit in (("joules_per_output_token", "J per output token"), ("joules_per_request", "J per request"),

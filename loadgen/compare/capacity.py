@@ -11,7 +11,8 @@ log(1 + step)^2 / 12 each, where step is the larger of the resolution and one ag
 capacity. That sum over the pair is the floor under the rounds' own variance: identical rounds
 can never make a verdict out of a difference smaller than the search can see. A round whose
 search found no capacity in its range (the SLO held at the heaviest load, or failed at the
-lightest) gives no ratio and drops out; the result says so.
+lightest) gives no ratio and drops out; the result says so. Another variant whose search found
+none in a round this pair has leaves the blocks rather than take that round from the pair.
 
 Verdict: "better" when the 95 % interval of NEW / BASE - 1 lies above 0 (more agents), "worse"
 when it lies below, else "within noise"; "n/a" with fewer than two usable rounds.
@@ -60,7 +61,10 @@ def compare_capacities(base: Sequence[dict[str, Any]], new: Sequence[dict[str, A
     """Round k of each side (and of each other variant) measured together; results documents."""
     found = next(doc["capacity"] for doc in (*base, *new) if doc.get("capacity"))
     ratios = _log_ratios(base, new)
-    blocks = [_log_ratios(base, other) for other in others if len(other) == len(base)]
+    # another variant joins the blocks only where it has every round this pair has: a round it
+    # lacks would otherwise drop out of this pair's own comparison
+    blocks = [block for other in others if len(other) == len(base)
+              if np.isfinite((block := _log_ratios(base, other))[np.isfinite(ratios)]).all()]
     fit = block_log_fit(ratios, blocks)
     caps = [c for c in (*map(capacity_of, base), *map(capacity_of, new)) if c]
     floor = _floor_variance(caps, found.get("resolution", 0.1), found["unit"] == "agents")

@@ -90,6 +90,26 @@ def test_interrupt_writes_what_was_measured(start_server, sessions, tmp_path):
     assert doc["levels"][0]["counts"]["requests_ok"] > 0
 
 
+def test_a_run_killed_between_levels_is_not_left_complete(start_server, sessions, tmp_path):
+    """After each level the results are written, saying the run was still going: a process killed
+    before its last write (kill -9) never leaves a file that `recipe run --resume` takes as done."""
+    server = start_server(first_ms=5, itl_ms=2)
+    folder = sessions({"n_requests": 50, "think": 0.01, "n_out": 8})
+    out = tmp_path / "out"
+    proc = subprocess.Popen([sys.executable, "-m", "loadgen.cli", "replay", "--url", server.url, "--traces",
+                             str(folder), "--conc", "1,1", "--duration", "1", "--out", str(out)], cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                            env={**os.environ, "PYTHONPATH": str(ROOT)})
+    lines = iter(proc.stdout.readline, "")
+    assert any(line.startswith("-- conc 1 (") or line.startswith("-- conc 1:") for line in lines)
+    assert any(line.startswith("-- conc 1") for line in lines)  # the second level began: the first is written
+    proc.kill()
+    proc.wait(timeout=30)
+    doc = read_results(out / "result.json")
+    assert doc["status"] == "interrupted" and doc["message"] == "the run was still going when this was written"
+    assert len(doc["levels"]) == 1
+
+
 def test_an_unreachable_server_is_a_clear_error(replay_cli_error):
     code, err = replay_cli_error("--url", "http://127.0.0.1:9")
     assert code == 1 and "cannot reach the server at http://127.0.0.1:9" in err
