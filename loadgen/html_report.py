@@ -3,8 +3,10 @@
 Holds the runs (status, model, command), the sweep summary with Pareto marks, every plot of
 loadgen/plots.py as an embedded PNG (data:image/png;base64 URI), each level's statistics table
 (the rows of loadgen/table.py), its SLO attainment, its latencies by context and by turn with
-the sessions line (loadgen/turns.py), where the level has them, and the metric definitions. All
-text from the results files is HTML-escaped.
+the sessions line (loadgen/turns.py), where the level has them, each level's timeline (swim lanes
+of its session plays over the server's series, loadgen/timeline.py: inlined scripts that draw
+when the page opens), and the metric definitions. All text from the results files is HTML-escaped
+or embedded as escaped JSON.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from html import escape
 from pathlib import Path
 from typing import Any
 
+from loadgen import timeline
 from loadgen.report import SUMMARY_COLUMNS, Run, format_cell, summary_rows
 from loadgen.table import (
     BREAKDOWN,
@@ -114,20 +117,26 @@ def write_report_folder(out: Path, quiet: bool) -> None:
 
 def render_html(runs: Sequence[Run], images: Sequence[tuple[str, bytes]],
                 sections: Sequence[tuple[str, str]] = ()) -> str:
+    timelines = any(timeline.has_timeline(level) for run in runs for level in run.doc["levels"])
+    style = STYLE + timeline.head_style() if timelines else STYLE
     parts = ["<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
-             "<title>agentload report</title>", f"<style>{STYLE}</style></head><body>",
+             "<title>agentload report</title>", f"<style>{style}</style></head><body>",
              "<h1>agentload report</h1>", _runs_table(runs), *_capacity_section(runs), "<h2>Sweep summary</h2>",
              _summary_table(summary_rows(runs)), "<h2>Plots</h2>"]
     for title, png in images:
         data = base64.b64encode(png).decode("ascii")
         parts.append(f'<h3>{escape(title)}</h3><img alt="{escape(title)}" src="data:image/png;base64,{data}">')
-    for run in runs:
+    for r, run in enumerate(runs):
         parts.append(f"<h2>Levels of {escape(run.name)}</h2>")
-        parts += [_level_section(level) for level in run.doc["levels"]] or ["<p>No levels measured.</p>"]
+        parts += ([_level_section(level, f"timeline-{r}-{i}") for i, level in enumerate(run.doc["levels"])]
+                  or ["<p>No levels measured.</p>"])
     parts += [f"<h2>{escape(title)}</h2><pre>{escape(text)}</pre>" for title, text in sections]
     parts.append("<h2>Definitions</h2><ul>")
     parts += [f"<li><b>{escape(name)}</b>: {escape(text)}</li>" for name, text in DEFINITIONS]
-    parts.append("</ul></body></html>")
+    parts.append("</ul>")
+    if timelines:  # last: the levels' elements and data are in the page when the scripts run
+        parts.append(timeline.scripts())
+    parts.append("</body></html>")
     return "\n".join(parts)
 
 
@@ -152,7 +161,7 @@ def _summary_table(rows: Sequence[dict[str, Any]]) -> str:
     return _table(header, [[format_cell(row[key]) for key, _, _ in SUMMARY_COLUMNS] for row in rows])
 
 
-def _level_section(level: dict[str, Any]) -> str:
+def _level_section(level: dict[str, Any], key: str) -> str:
     counts, tput = level["counts"], level["throughput"]
     label = escape(level.get("label") or "level")
     lines = [f"<h3>{label}</h3>",
@@ -177,6 +186,7 @@ def _level_section(level: dict[str, Any]) -> str:
         if turns["by_turn"] is not None:
             lines.append(_breakdown_table("by turn (parent requests)", "turns", turns["by_turn"]))
         lines.append(f"<p>{escape(sessions_text(turns['sessions']))}</p>")
+    lines.append(timeline.level_timeline(level, key))
     return "\n".join(lines)
 
 

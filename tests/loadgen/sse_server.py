@@ -15,7 +15,11 @@ Speculative decoding as vLLM reports it: with `spec_metrics` = [drafts, accepted
 GET /metrics serves `vllm:spec_decode_num_drafts_total` and `..._num_accepted_tokens_total`
 grown by that much per finished request (no per-request usage). Each record says whether the
 body carried our extension field `acceptance_length`. With `kernel_compiles` = n, /metrics also
-serves our server's `agentload:kernel_compiles_total`, grown by n per finished request.
+serves our server's `agentload:kernel_compiles_total`, grown by n per finished request. With
+`gauges` = a KV-cache size in tokens, /metrics serves the gauges of a busy server (the report's
+timeline draws them): vLLM's requests running (streaming) and waiting (before their first chunk),
+KV-cache usage (the in-flight requests' prompt and sent tokens over that size), and our server's
+`agentload:gpu_power_watts` of two made-up GPUs, 100 W and 90 W plus 20 W per running request.
 
 Faults (`fault`: {"kind", "every"}): on every `every`-th request, "reset" closes the connection
 after two chunks, "500" answers HTTP 500, "stall" stops after one chunk and never finishes,
@@ -43,7 +47,7 @@ DEFAULTS = {"first_ms": 0.0, "itl_ms": 0.0, "tokens_per_chunk": 1, "send_token_i
             "model": "test-model", "owned_by": "test", "max_model_len": None, "num_gpus": None,
             "vocab_size": None, "fault": None, "keep_prompts": False, "cached_tokens": 0, "serial": False,
             "spec_metrics": None, "usage_apart": False, "kernel_compiles": None,
-            "itl_per_user": False, "itl_per_request": False}
+            "gauges": None, "itl_per_user": False, "itl_per_request": False}
 
 
 class State:
@@ -57,6 +61,7 @@ class State:
         self.max_users = 0
         self.lock = asyncio.Lock()  # "serial": one request at a time, the rest queue
         self.finished = 0
+        self.flight: dict[int, dict] = {}  # the in-flight requests' records, by id()
 
 
 async def models(request: web.Request) -> web.Response:
@@ -101,6 +106,7 @@ async def complete(request: web.Request) -> web.StreamResponse:
     if kind == "500":
         return web.json_response({"error": {"message": "injected failure", "code": 500}}, status=500)
     st.inflight += 1
+    st.flight[id(rec)] = rec
     st.users[user] = st.users.get(user, 0) + 1
     st.max_inflight = max(st.max_inflight, st.inflight)
     st.max_users = max(st.max_users, len(st.users))
@@ -112,6 +118,7 @@ async def complete(request: web.Request) -> web.StreamResponse:
     finally:
         st.finished += 1
         st.inflight -= 1
+        del st.flight[id(rec)]
         st.users[user] -= 1
         if not st.users[user]:
             del st.users[user]
@@ -171,7 +178,7 @@ async def _sleep_until(deadline_ns: int) -> None:
 
 async def metrics(request: web.Request) -> web.Response:
     st = request.app["state"]
-    if st.cfg["spec_metrics"] is None and st.cfg["kernel_compiles"] is None:
+    if st.cfg["spec_metrics"] is None and st.cfg["kernel_compiles"] is None and st.cfg["gauges"] is None:
         raise web.HTTPNotFound()
     text = ""
     if st.cfg["spec_metrics"] is not None:
@@ -181,7 +188,19 @@ async def metrics(request: web.Request) -> web.Response:
                  f'vllm:spec_decode_num_accepted_tokens_total{{model_name="m"}} {float(accepted * st.finished)}\n')
     if st.cfg["kernel_compiles"] is not None:
         text += f'agentload:kernel_compiles_total{{model_name="m"}} {st.cfg["kernel_compiles"] * st.finished}\n'
+    if st.cfg["gauges"] is not None:
+        text += _gauges(st)
     return web.Response(text=text)
+
+
+def _gauges(st: State) -> str:
+    running = sum(1 for rec in st.flight.values() if rec["writes_ns"])
+    tokens = sum(rec["n_prompt"] + len(rec["writes_ns"]) * st.cfg["tokens_per_chunk"] for rec in st.flight.values())
+    power = "".join(f'agentload:gpu_power_watts{{gpu="{gpu}"}} {watts + 20.0 * running}\n'
+                    for gpu, watts in ((0, 100.0), (1, 90.0)))
+    return (f'vllm:num_requests_running{{model_name="m"}} {running}\n'
+            f'vllm:num_requests_waiting{{model_name="m"}} {len(st.flight) - running}\n'
+            f'vllm:kv_cache_usage_perc{{model_name="m"}} {min(1.0, tokens / st.cfg["gauges"])}\n{power}')
 
 
 async def serve(config: dict) -> None:

@@ -1,5 +1,6 @@
 """`loadgen report` on results of the real replay pipeline: terminal table, CSV, InferenceX keys,
-PNG plots, self-contained HTML, several files at once, failed levels, bad input."""
+PNG plots, self-contained HTML with its timelines' data (test_report_browser.py draws them), several files at
+once, failed levels, bad input."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from loadgen import timeline
 from loadgen.cli import main
 from loadgen.results import write_results
 from loadgen.turns import turn_summary
@@ -154,8 +156,15 @@ def test_html_is_self_contained_with_embedded_images(runs, capsys, tmp_path):
     assert len(images) == len(PLOTS)
     assert all(base64.b64decode(image).startswith(PNG_SIGNATURE) for image in images)
     assert html.count('src="') == len(PLOTS)  # nothing else is loaded
-    for external in ("href=", "<script", "<link", "url(", "@import"):
+    for external in ("href=", "<link", "url(", "@import", "fetch(", "XMLHttpRequest"):
         assert external not in html, external
+    # the scripts are inline: uPlot and the timeline code, then one data block per level
+    scripts = re.findall(r"<script[^>]*>", html)
+    assert scripts == ['<script type="application/json" class="tl-data" data-target="timeline-0-0">',
+                       '<script type="application/json" class="tl-data" data-target="timeline-0-1">',
+                       '<script type="application/json" class="tl-data" data-target="timeline-1-0">',
+                       '<script type="application/json" class="tl-data" data-target="timeline-1-1">',
+                       "<script>", "<script>"]
     assert "Sweep summary" in html and html.count("<h3>conc 1</h3>") == 2
     assert "TTFT" in html and "interactivity (slow tail)" in html and "slow-tail intvty p90 (tok/s)" in html
     assert sorted(p.name for p in tmp_path.iterdir()) == ["report.html"]  # plots only embedded
@@ -277,6 +286,7 @@ def test_results_of_earlier_versions_still_render(runs, capsys, tmp_path):
     assert not (tmp_path / "ttft_vs_context.png").exists()  # no level has per-context rows
     html = (tmp_path / "report.html").read_text()
     assert "<h4>by context</h4>" not in html and "<h4>SLO</h4>" not in html
+    assert html.count("No timeline: the requests have no start times") == 2 and "<script" not in html
     # turns computed from such columns: by context, no by turn (parents unknown), no wall times
     doc = json.loads(runs["old"].read_text())
     for level in doc["levels"]:
@@ -288,3 +298,72 @@ def test_results_of_earlier_versions_still_render(runs, capsys, tmp_path):
     assert f"   sessions: {plays} plays measured\n" in out  # neither whole flags nor wall times
     html = (tmp_path / "report.html").read_text()
     assert html.count("<h4>by context</h4>") == 2 and "<h4>by turn" not in html
+
+
+EVIL = "s</script><script>alert(1)</script>"
+TL_DATA = re.compile(r'<script type="application/json" class="tl-data" data-target="[^"]+">(.*?)</script>')
+
+
+def test_html_embeds_each_levels_timeline_safely(runs, capsys, tmp_path):
+    doc = json.loads(runs["fast"].read_text())
+    level = doc["levels"][0]
+    level["requests"]["session"][0] = EVIL
+    level["gpu"] = {"series": {"t_s": [-0.5, 0.5, 1.5], "power_w": {"0": [300.0, 410.5, None], "1": [290.0, 400.0,
+                                                                                                    405.0]}}}
+    code, _, _ = _report(capsys, write_results(tmp_path / "evil.json", doc), "--format", "html", "--out", tmp_path)
+    assert code == 0
+    html = (tmp_path / "report.html").read_text()
+    assert "alert(1)</script>" not in html  # escaped inside the data block, so it cannot end it
+    first, second = [json.loads(block) for block in TL_DATA.findall(html)]
+    assert EVIL in {lane["session"] for lane in first["lanes"]}  # JSON.parse reads the escapes back
+    # every request of these small levels is drawn, on a lane of its play's session, times in ms
+    columns = level["requests"]
+    bars = first["bars"]
+    assert len(bars["lane"]) == len(columns["play"]) == level["counts"]["requests_ok"]
+    assert sorted(bars["e2el"]) == sorted(round(e / 1e3, 1) for e in columns["e2el_us"])
+    lanes = [first["lanes"][lane] for lane in bars["lane"]]
+    assert sorted((lane["play"], lane["session"]) for lane in lanes) == sorted(zip(columns["play"], columns["session"]))
+    # the test server has no /metrics: only the GPUs' power, one line per GPU, on the x range it widens
+    assert [chart["title"] for chart in first["charts"]] == ["GPU power"]
+    assert first["charts"][0]["lines"] == [{"label": "GPU 0", "values": [300.0, 410.5, None]},
+                                           {"label": "GPU 1", "values": [290.0, 400.0, 405.0]}]
+    assert first["x"][0] == -0.5 and first["x"][1] >= level["window_s"]
+    assert second["charts"] == []
+    assert html.count("No server series: no scrape of /metrics succeeded (") == 2
+    assert f"Lanes: {len(set(columns['play']))} of {len(set(columns['play']))} session plays" in html
+
+
+def _columns(plays: int, per_play: int) -> dict[str, list]:
+    """A level's request columns: `plays` plays one after another, each `per_play` parent requests."""
+    n = plays * per_play
+    return {"play": [i // per_play for i in range(n)], "session": [f"s{i // per_play}" for i in range(n)],
+            "agent": [""] * n, "turn": [i % per_play for i in range(n)], "isl": [100] * n, "osl": [10] * n,
+            "ttft_us": [1000] * n, "e2el_us": [5000] * n, "tpot_us": [444] * n,
+            "start_ms": [float(i) for i in range(n)]}
+
+
+@pytest.mark.parametrize(("plays", "per_play", "shown_plays", "shown_requests"), [
+    (20_000, 2, timeline.MAX_LANES, 2 * timeline.MAX_LANES),  # many short plays: the lanes are capped
+    (10, 1000, timeline.MAX_BARS // 1000, timeline.MAX_BARS),  # a few long ones: the requests are
+    (1, 10_000, 1, timeline.MAX_BARS),  # one play longer than the cap: its first requests
+])
+def test_a_large_level_shows_its_first_plays_within_the_caps(plays, per_play, shown_plays, shown_requests):
+    level = {"window_s": 60.0, "requests": _columns(plays, per_play)}
+    data, shown = timeline.timeline_data(level, range(plays * per_play))
+    assert shown == {"plays": shown_plays, "plays_total": plays, "requests": shown_requests,
+                     "requests_total": plays * per_play}
+    assert len(data["lanes"]) == shown_plays and len(data["bars"]["start"]) == shown_requests
+    assert [lane["play"] for lane in data["lanes"]] == list(range(shown_plays))  # the first by start
+    assert len(timeline.embed_json(data)) < 60 * shown_requests + 20_000  # bytes of the page it adds
+
+
+def test_a_long_series_is_thinned():
+    n = 3 * timeline.MAX_POINTS + 1
+    series = {"t_s": [i / 10 for i in range(n)], "running": [float(i) for i in range(n)], "waiting": [None] * n}
+    level = {"window_s": 60.0, "requests": _columns(1, 1), "server_metrics": {"scrapes": n, "series": series}}
+    data, _ = timeline.timeline_data(level, [0])
+    requests = data["charts"][0]
+    assert requests["title"] == "requests at the server"
+    assert requests["t_s"] == [i / 10 for i in range(0, n, 4)] and len(requests["t_s"]) <= timeline.MAX_POINTS
+    assert requests["lines"] == [{"label": "running", "values": [float(i) for i in range(0, n, 4)]}]  # no waiting
+    assert data["x"] == [0.0, (n - 1) / 10]  # the last reading is kept: the x axis spans them all
