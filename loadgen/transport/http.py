@@ -147,7 +147,8 @@ class HttpTransport(Transport):
         if ex.error is None:
             ex.error, ex.error_detail = stream.problem()
         if ex.error is None:
-            check_complete(ex, request.max_tokens)
+            # the prompt's length in the server's tokens: the ids sent, or (chat: text) its own count
+            check_complete(ex, request.max_tokens, len(request.prompt) if self.endpoint == "completions" else None)
         return ex
 
     def _body(self, request: WireRequest) -> bytes:
@@ -227,8 +228,9 @@ class _SseStream:
             return 0
         # The usual batch: every event a content chunk with token ids and no usage (some servers
         # send usage on every content chunk), counted in one pass.
-        try:
-            counts = [len(event["choices"][0]["token_ids"]) for event in events if "usage" not in event]
+        try:  # token ids that are not a list (a string has a length too) count 0: the line rules refuse them
+            counts = [len(ids) if (ids := event["choices"][0]["token_ids"]).__class__ is list else 0
+                      for event in events if "usage" not in event]
         except (LookupError, TypeError):
             counts = []  # some event of another shape: counted one by one below
         if len(counts) != len(events):
@@ -272,6 +274,8 @@ class _SseStream:
             if choices:
                 choice = choices[0]
                 ids = choice.get("token_ids")  # the hot path: one dict lookup when the server sends ids
+                if ids is not None and ids.__class__ is not list:
+                    raise TypeError(f"token_ids is a {type(ids).__name__}, not a list of token ids")
                 tokens = len(ids) if ids else _content_tokens(choice, self.chat)
                 if tokens:
                     self.ex.chunk_ns.append(now)
@@ -301,7 +305,8 @@ class _SseStream:
 def _chunk_tokens(event: Any) -> int:
     """A parsed event's tokens when it is a content chunk with token ids and no usage, else 0."""
     try:
-        n = len(event["choices"][0]["token_ids"])
+        ids = event["choices"][0]["token_ids"]
+        n = len(ids) if ids.__class__ is list else 0
     except (LookupError, TypeError):
         return 0
     return 0 if n and event.get("usage") else n  # n > 0: the event is an object
@@ -322,21 +327,45 @@ def _content_tokens(choice: dict, chat: bool) -> int:
 
 
 def _take_usage(ex: Exchange, usage: dict) -> None:
-    ex.usage_prompt_tokens = usage.get("prompt_tokens")
-    ex.usage_completion_tokens = usage.get("completion_tokens")
-    details = usage.get("prompt_tokens_details") or {}
-    ex.cached_tokens = details.get("cached_tokens")
+    """The usage chunk's counts; ValueError (a protocol error) for one that is not a count."""
+    ex.usage_prompt_tokens = _count(usage, "prompt_tokens")
+    ex.usage_completion_tokens = _count(usage, "completion_tokens")
+    ex.cached_tokens = _count(usage.get("prompt_tokens_details") or {}, "cached_tokens")
     spec = usage.get("spec_decode")
     if isinstance(spec, dict):
-        ex.spec_num_drafts = spec.get("num_drafts")
-        ex.spec_num_accepted_tokens = spec.get("num_accepted_tokens")
+        ex.spec_num_drafts = _count(spec, "num_drafts")
+        ex.spec_num_accepted_tokens = _count(spec, "num_accepted_tokens")
 
 
-def check_complete(ex: Exchange, asked: int) -> None:
+MAX_COUNT = 10**9  # no count of tokens or steps in one request's usage comes near it
+
+
+def _count(fields: dict, name: str) -> int | None:
+    """An optional count: absent or null is None; anything but an integer in [0, MAX_COUNT] is refused."""
+    value = fields.get(name)
+    if value is None:
+        return None
+    if value.__class__ is not int or not 0 <= value <= MAX_COUNT:
+        raise ValueError(f"usage field {name} is not a count: {str(value)[:40]}")
+    return value
+
+
+def check_complete(ex: Exchange, asked: int, isl: int | None = None) -> None:
+    """A finished stream's counts against what was asked and received: fewer tokens than asked is
+    a truncated stream; more tokens than asked (streamed or in usage), or more cached prompt tokens
+    than the prompt has, are numbers the server cannot have and a protocol error, never believed."""
     got = ex.output_tokens
+    prompt = isl if isl is not None else ex.usage_prompt_tokens
     if got < asked or not ex.chunk_ns:
         ex.error = ErrorKind.TRUNCATED
         ex.error_detail = f"asked for {asked} tokens, got {got}"
+    elif max(ex.counted_tokens, got) > asked:
+        ex.error = ErrorKind.PROTOCOL
+        ex.error_detail = (f"asked for {asked} tokens (max_tokens), got more: {ex.counted_tokens} streamed, "
+                           f"{ex.usage_completion_tokens} in usage")
+    elif ex.cached_tokens is not None and prompt is not None and ex.cached_tokens > prompt:
+        ex.error = ErrorKind.PROTOCOL
+        ex.error_detail = f"usage says {ex.cached_tokens} cached prompt tokens, more than the prompt's {prompt}"
 
 
 def parse_server_info(models: list, wanted: str | None, where: str) -> ServerInfo:

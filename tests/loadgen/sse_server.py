@@ -29,6 +29,9 @@ A server whose speed falls with its load in a known way (for the capacity search
 `itl_per_user` the gap between chunks is `itl_ms` times the number of distinct users (session
 plays) with a request in flight at that moment, as a processor shared among its sessions; with
 `itl_per_request`, times the number of requests in flight (an open loop's arrivals share it).
+Numbers a broken server reports (loadgen must not believe them): `extra_tokens` streams that many
+tokens beyond max_tokens, `token_ids_as_text` sends each chunk's ids as one 1,200-character
+string, `usage_completion_tokens` and `cached_tokens` put any value in the usage chunk.
 The environment variable SSE_SERVER_CONFIG (a JSON object) overrides --config's keys.
 """
 
@@ -47,7 +50,8 @@ DEFAULTS = {"first_ms": 0.0, "itl_ms": 0.0, "tokens_per_chunk": 1, "send_token_i
             "model": "test-model", "owned_by": "test", "max_model_len": None, "num_gpus": None,
             "vocab_size": None, "fault": None, "keep_prompts": False, "cached_tokens": 0, "serial": False,
             "spec_metrics": None, "usage_apart": False, "kernel_compiles": None,
-            "gauges": None, "itl_per_user": False, "itl_per_request": False}
+            "gauges": None, "itl_per_user": False, "itl_per_request": False, "extra_tokens": 0,
+            "token_ids_as_text": False, "usage_completion_tokens": None}
 
 
 class State:
@@ -127,7 +131,7 @@ async def complete(request: web.Request) -> web.StreamResponse:
 async def _stream(request, cfg, body, prompt, rec, kind, chat) -> web.StreamResponse:
     resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
     await resp.prepare(request)
-    total = body["max_tokens"] - (1 if kind == "short" else 0)
+    total = body["max_tokens"] - (1 if kind == "short" else 0) + cfg["extra_tokens"]
     per = cfg["tokens_per_chunk"]
     start = time.perf_counter_ns()
     deadline = start + int(cfg["first_ms"] * 1e6)
@@ -143,6 +147,8 @@ async def _stream(request, cfg, body, prompt, rec, kind, chat) -> web.StreamResp
             choice["text"] = "x" * n
         if cfg["send_token_ids"]:
             choice["token_ids"] = list(range(sent, sent + n))
+            if cfg["token_ids_as_text"]:  # a broken server: ids as one string, whose length is no count
+                choice["token_ids"] = "x" * 1200
         data = b"data: " + orjson.dumps({"id": "c", "object": "text_completion", "choices": [choice]}) + b"\n\n"
         writes.append(time.perf_counter_ns())
         await resp.write(data)
@@ -156,7 +162,8 @@ async def _stream(request, cfg, body, prompt, rec, kind, chat) -> web.StreamResp
         state = request.app["state"]
         sharing = len(state.users) if cfg["itl_per_user"] else state.inflight if cfg["itl_per_request"] else 1
         deadline = writes[-1] + int(cfg["itl_ms"] * 1e6 * sharing)
-    usage = {"prompt_tokens": len(prompt), "completion_tokens": sent, "total_tokens": len(prompt) + sent,
+    completion = sent if cfg["usage_completion_tokens"] is None else cfg["usage_completion_tokens"]
+    usage = {"prompt_tokens": len(prompt), "completion_tokens": completion, "total_tokens": len(prompt) + sent,
              "prompt_tokens_details": {"cached_tokens": cfg["cached_tokens"]}}
     final = b"data: " + orjson.dumps({"id": "c", "object": "text_completion", "choices": [], "usage": usage}) + b"\n\n"
     if cfg["usage_apart"]:

@@ -172,3 +172,25 @@ def test_replay_refuses_hash_ids_shorter_than_the_input(start_server, tmp_path, 
     assert code == 2 and "Traceback" not in err
     assert f"{trace}: requests[1]: field 'hash_ids': 3 ids but the input (300 tokens) has 4 full blocks" in err
     assert server.records()["records"] == []
+
+
+@pytest.mark.parametrize(("config", "detail"), [
+    ({"token_ids_as_text": True}, "token_ids is a str, not a list of token ids"),
+    ({"extra_tokens": 16}, "asked for 8 tokens (max_tokens), got more: 24 streamed"),
+    ({"usage_completion_tokens": 1e30}, "usage field completion_tokens is not a count: 1e+30"),
+    ({"usage_completion_tokens": "8"}, "usage field completion_tokens is not a count: 8"),
+    ({"cached_tokens": -100}, "usage field cached_tokens is not a count: -100"),
+    ({"cached_tokens": 10**6}, "usage says 1000000 cached prompt tokens, more than the prompt's"),
+])
+def test_numbers_a_server_cannot_have_are_protocol_errors_not_throughput(start_server, sessions, replay, config,
+                                                                         detail, read_path):
+    """A server's counts are checked against what was asked and received: none of these inflates
+    a rate or a cache hit; every request is a protocol error naming what was wrong."""
+    server = start_server(first_ms=1, itl_ms=1, **config)
+    folder = sessions({"n_requests": 6, "think": 0.0, "n_out": 8})
+    code, doc, records = replay(server.url, "--traces", str(folder), "--duration", "0.5", "--max-error-rate", "1")
+    level = doc["levels"][0]
+    assert level["counts"]["requests_ok"] == 0 and level["counts"]["errors"]["protocol"] > 0
+    assert level["throughput"]["output_tokens_per_s"] == 0 and level["cache"]["cached_tokens"] is None
+    assert all(detail in r["error_detail"] for r in records if r["counted"] or r["error"]), records[0]["error_detail"]
+    assert code == 1  # every level failed: no request completed in its window
