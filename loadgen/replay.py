@@ -288,7 +288,10 @@ async def _replay(args: argparse.Namespace, options: dict[str, Any], transport: 
         await pool.close()
         await transport.close()
         if per_request:
-            per_request.close()
+            try:
+                per_request.close()
+            except OSError as exc:  # its last lines could not be flushed (a full disk): the run says so
+                pool.status, pool.message = "failed", f"--per-request {args.per_request}: {exc.strerror or exc}"
         results_path = _finish(doc, pool, results_path)
     if "capacity" in doc:
         printer.say(describe_capacity(doc["capacity"]))

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
 import time
 from collections.abc import Callable
 from typing import Any
@@ -46,6 +47,7 @@ from loadgen.summary import request_record
 from loadgen.transport.base import ErrorKind, Exchange, Transport, WireRequest
 from traces import PromptSynth, TraceSet
 
+log = logging.getLogger(__name__)
 DEAD_AFTER = 5  # consecutive refused connections that mean the server is gone
 TIMER_RESOLUTION_S = 0.001  # event-loop timers (libuv) count milliseconds
 WHOLE_LEVEL = Share()  # the default share: one worker plays the whole level
@@ -224,7 +226,12 @@ class Runner:
             # Closed loop: latency starts when the request reached the wire, so the client's own
             # prompt synthesis and body encoding never count as server time.
             origin = exchange.start_ns
-        self._account(level, meta, wire.request_id, exchange, origin, counted, due_ns is not None, al)
+        try:
+            self._account(level, meta, wire.request_id, exchange, origin, counted, due_ns is not None, al)
+        except Exception as exc:  # loadgen's own failure: counted against the request, and the run stops
+            self._client_failed(exc, f"accounting for request {wire.request_id}")
+            if counted:
+                level.count_error(ErrorKind.CLIENT, meta.play_id, True)
         return True
 
     def _account(self, level: LevelRun, meta: RequestMeta, wire_id: str, ex: Exchange, origin: int, counted: bool,
@@ -247,7 +254,10 @@ class Runner:
         if level.window_start_ns is None:  # a requests-counted warm-up opens the window once done
             self._maybe_open_window_after_warmup_requests(level, meta.lane)
         if self.on_request is not None:
-            self.on_request(request_record(level, meta, wire_id, ex, origin, counted, al))
+            try:
+                self.on_request(request_record(level, meta, wire_id, ex, origin, counted, al))
+            except Exception as exc:  # the request itself was counted above: only the run fails
+                self._client_failed(exc, "writing the per-request file")
 
     def _measure(self, level: LevelRun, meta: RequestMeta, ex: Exchange, origin: int, open_loop: bool) -> None:
         request = meta.request
@@ -310,10 +320,26 @@ class Runner:
     # -- helpers for the loops ---------------------------------------------------------------
 
     def spawn(self, coro) -> asyncio.Task:
+        """A lane, subagent or request task, supervised: one that raises stops the run, counted."""
         task = asyncio.get_running_loop().create_task(coro)
         self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        task.add_done_callback(self._reap)
         return task
+
+    def _reap(self, task: asyncio.Task) -> None:
+        self._tasks.discard(task)
+        if task.cancelled() or task.exception() is None:
+            return
+        level = self.current
+        if level is not None:
+            level.errors[ErrorKind.CLIENT] += 1  # the request the task was about to send, or sending
+        self._client_failed(task.exception(), "a client task")
+
+    def _client_failed(self, exc: BaseException | None, where: str) -> None:
+        """loadgen failed (a bug, or a resource such as a full disk): logged with its traceback, and the
+        run stops as failed with what it measured kept; the message names it."""
+        log.error("loadgen failed in %s", where, exc_info=exc)
+        self.interrupt("failed", f"loadgen failed in {where}: {type(exc).__name__}: {exc}")
 
     async def sleep_until(self, level: LevelRun, deadline_ns: int) -> bool:
         """Sleep until `deadline_ns` (perf_counter), never waking before it (the loop's timers

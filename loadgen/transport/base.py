@@ -30,6 +30,7 @@ class ErrorKind(str, Enum):
     CANCELLED = "cancelled"            # the run ended (or the transport closed) with the request in flight
     ENGINE_REFUSED = "engine_refused"  # in-process: too long for the context or the KV cache
     ENGINE_DEAD = "engine_dead"        # in-process: the engine raised while the request was in flight
+    CLIENT = "client"                  # loadgen itself failed while handling the request (a bug, a full disk)
 
     # Formatted and printed as the bare value, as the strings these replace were.
     __str__ = str.__str__

@@ -194,3 +194,40 @@ def test_numbers_a_server_cannot_have_are_protocol_errors_not_throughput(start_s
     assert level["throughput"]["output_tokens_per_s"] == 0 and level["cache"]["cached_tokens"] is None
     assert all(detail in r["error_detail"] for r in records if r["counted"] or r["error"]), records[0]["error_detail"]
     assert code == 1  # every level failed: no request completed in its window
+
+
+def test_a_lane_that_raises_stops_the_run_counted_and_said(start_server, sessions, replay, monkeypatch, capsys):
+    """A bug in a lane (here: the plan's joins raise on the third request of a play) is never lost:
+    the request it was about is an error of kind `client`, the run stops as failed with what it
+    measured, and the exit code and message say so."""
+    from loadgen import plan
+
+    joins = plan.joins_before
+
+    def broken(session, position):
+        if position == 2:
+            raise OverflowError("int too large to convert")
+        return joins(session, position)
+
+    monkeypatch.setattr(plan, "joins_before", broken)
+    server = start_server(first_ms=1, itl_ms=1)
+    code, doc, _ = replay(server.url, "--traces", str(sessions({"n_requests": 8, "think": 0.0})), "--duration", "2",
+                          "--start-offset", "0:0")
+    assert code == 1
+    assert doc["status"] == "failed" and "OverflowError: int too large to convert" in doc["message"]
+    assert doc["levels"][0]["counts"]["errors"]["client"] >= 1
+    assert "loadgen failed in a client task" in capsys.readouterr().err
+
+
+def test_a_per_request_file_on_a_full_disk_fails_the_run_and_keeps_the_results(start_server, sessions, tmp_path):
+    from loadgen.cli import main
+    from loadgen.results import read_results
+
+    server = start_server(first_ms=1, itl_ms=1)
+    out = tmp_path / "out"
+    code = main(["replay", "--url", server.url, "--traces", str(sessions({"n_requests": 30, "think": 0.0})),
+                 "--duration", "1", "--per-request", "/dev/full", "--out", str(out), "--quiet"])
+    assert code == 1
+    doc = read_results(out / "result.json")
+    assert doc["status"] == "failed" and "No space left on device" in doc["message"]
+    assert doc["levels"] and doc["levels"][0]["counts"]["requests_ok"] > 0
