@@ -187,6 +187,8 @@ def _check_object(where: _Where, record: Any) -> _Where:
 
 def _session(where: _Where, record: dict[str, Any], default_id: str, block_size: int | None) -> Session:
     stated = _opt_int(where, record, "block_size", positive=True)
+    if stated is not None and stated > MAX_BLOCK:
+        raise where.fail("block_size", f"must be at most {MAX_BLOCK:,} tokens per hash id, got {stated:,}")
     if stated is not None and block_size is not None and stated != block_size:
         raise where.fail("block_size", f"the file says {stated} but block_size={block_size} was asked for")
     size = stated or block_size or DEFAULT_BLOCK_SIZE[SESSIONS]
@@ -287,7 +289,7 @@ def _request(where: _Where, item: dict[str, Any], previous_t: float, block_size:
         kind = "n"
     if kind not in ("n", "s"):
         raise where.fail("type", f"unknown request type {kind!r}: expected 'n', 's' or 'subagent'")
-    input_tokens = _req_int(where, item, "in")
+    input_tokens = _req_int(where, item, "in", positive=True)
     t = _opt_float(where, item, "t")
     return Request(
         index=counter.take(),
@@ -314,7 +316,7 @@ def _mooncake_session(path: Path, records: list[tuple[_Where, dict[str, Any]]], 
     interned: dict[int, int] = {}
     requests: list[Request] = []
     for index, (where, item) in enumerate(records):
-        input_tokens = _req_int(where, item, "input_length")
+        input_tokens = _req_int(where, item, "input_length", positive=True)
         timestamp_ms = _req_float(where, item, "timestamp")
         if requests and timestamp_ms / 1000.0 < requests[-1].t:
             problem = f"{item['timestamp']} goes back in time; Mooncake lines must be in time order"
@@ -382,11 +384,19 @@ def _hash_ids(
     return ids
 
 
-def _req_int(where: _Where, item: dict[str, Any], field: str) -> int:
+MAX_COUNT = 10**9  # tokens in one field: far beyond any context, and small enough to compute with
+MAX_BLOCK = 1 << 16  # tokens per hash id: each id's block is synthesised whole
+MAX_SECONDS = 1e12  # a time or duration: finite, and far from the float range where arithmetic overflows
+
+
+def _req_int(where: _Where, item: dict[str, Any], field: str, positive: bool = False) -> int:
     value = item.get(field)
     if value is None:
         raise where.fail(field, "missing" if field not in item else "null")
-    return _check_int(where, field, value)
+    value = _check_int(where, field, value)
+    if positive and value == 0:
+        raise where.fail(field, "must be positive, got 0 (a request sends at least one token)")
+    return value
 
 
 def _opt_int(where: _Where, item: dict[str, Any], field: str, positive: bool = False) -> int | None:
@@ -406,6 +416,8 @@ def _check_int(where: _Where, field: str, value: Any) -> int:
         raise where.fail(field, f"expected an integer, got {value!r}")
     if value < 0:
         raise where.fail(field, f"must not be negative, got {value}")
+    if value > MAX_COUNT:
+        raise where.fail(field, f"must be at most {MAX_COUNT:,}, got {value:.3g}")
     return value
 
 
@@ -424,6 +436,8 @@ def _opt_float(where: _Where, item: dict[str, Any], field: str) -> float | None:
         raise where.fail(field, f"expected a number, got {value!r}")
     if value < 0:
         raise where.fail(field, f"must not be negative, got {value}")
+    if value > MAX_SECONDS:
+        raise where.fail(field, f"must be at most {MAX_SECONDS:.0e}, got {value:.3g}")
     return float(value)
 
 

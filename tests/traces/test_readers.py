@@ -169,6 +169,14 @@ def _broken(files, change) -> Path:
         (lambda d: d.update({"requests": []}), r"field 'requests': empty"),
         (lambda d: d.update({"block_size": 0}), r"field 'block_size': must be positive"),
         (lambda d: d["requests"].insert(0, 7), r"requests\[0\]: expected a JSON object, got int"),
+        # out of range (the same check in `traces stats` and replay: both read through load_traces)
+        (lambda d: d["requests"][0].update({"think_time": 1e308}), r"field 'think_time': must be at most 1e\+12"),
+        (lambda d: d["requests"][1].update({"t": 1e308}), r"field 't': must be at most 1e\+12"),
+        (lambda d: d["requests"][0].update({"in": 0}), r"requests\[0\]: field 'in': must be positive, got 0"),
+        (lambda d: d["requests"][0].update({"in": 1e30}), r"field 'in': must be at most 1,000,000,000, got 1e\+30"),
+        (lambda d: d["requests"][0].update({"out": 1e12}), r"field 'out': must be at most 1,000,000,000"),
+        (lambda d: d.update({"block_size": 10**18}), r"field 'block_size': must be at most"),
+        (lambda d: d.update({"block_size": 1 << 20}), r"field 'block_size': must be at most 65,536 tokens per hash id"),
     ],
 )
 def test_malformed_sessions_name_file_path_and_field(files, change, expected: str) -> None:
