@@ -1,6 +1,8 @@
 """`loadgen report --format infx|agentx` on results of the real replay pipeline: rows valid against
 the JSON Schemas written from InferenceX's ingest, shaped like the checked-in example rows, with
-InferenceX's statistics recomputed here from the request columns; identity flags and errors."""
+InferenceX's statistics recomputed here from the request columns (throughput over the requests'
+span, ITL from the --per-request file's chunks); identity flags and errors (hardware from the GPUs
+measured, model prefixes InferenceX knows, lengths near the nominal ones); where the files go."""
 
 from __future__ import annotations
 
@@ -12,13 +14,14 @@ import numpy as np
 import pytest
 
 from loadgen.cli import main
-from loadgen.export.infx_identity import ExportError, IdentityFlags, resolve_identity
+from loadgen.export.infx_identity import ExportError, IdentityFlags, gpu_key_of_name, model_key, resolve_identity
 from loadgen.results import write_results
 
 REPO = Path(__file__).resolve().parents[2]
 SCHEMAS = REPO / "loadgen" / "schemas"
 EXAMPLES = Path(__file__).with_name("data")
 IDENTITY = ("--hw", "h200", "--framework", "vllm", "--precision", "fp8", "--model-prefix", "dsv4")
+H100 = "NVIDIA H100 80GB HBM3"  # as NVML, DCGM and torch name it
 _RUN: dict[str, Path] = {}
 
 
@@ -34,14 +37,18 @@ def _example(shape: str) -> dict:
 
 @pytest.fixture
 def result(start_server, sessions, replay, tmp_path_factory) -> Path:
-    """A 2-level sweep (conc 1, 3) whose sessions grow their input (so ISL varies) and ask 6 tokens."""
+    """A 2-level sweep (conc 1, 3) whose sessions grow their input (so ISL varies) and ask 6 tokens;
+    no GPU telemetry (the rows' hardware is the flag's on any machine); its per-request file beside it."""
     if not _RUN:
         folder = sessions(*({"n_requests": 3, "think": 0.0, "n_out": 6} for _ in range(6)))
         server = start_server(first_ms=15, itl_ms=4.0)
-        code, doc, _ = replay(server.url, "--traces", str(folder), "--conc", "1,3", "--duration", "1.2",
-                              "--gpus", "8")
+        code, doc, records = replay(server.url, "--traces", str(folder), "--conc", "1,3", "--duration", "1.2",
+                                    "--gpus", "8", "--gpu-telemetry", "off")
         assert code == 0
-        _RUN["path"] = write_results(tmp_path_factory.mktemp("infx") / "result.json", doc)
+        folder = tmp_path_factory.mktemp("infx")
+        _RUN["path"] = write_results(folder / "result.json", doc)
+        _RUN["per_request"] = folder / "requests.jsonl"
+        _RUN["per_request"].write_text("".join(json.dumps(record) + "\n" for record in records))
     return _RUN["path"]
 
 
@@ -51,11 +58,17 @@ def _report(capsys, *args) -> tuple[int, str, str]:
     return code, out, err
 
 
-def _rows(capsys, tmp_path, result, shape, *flags) -> list[dict]:
-    code, out, err = _report(capsys, result, "--format", shape, "--out", tmp_path, *IDENTITY, *flags)
+def _rows(capsys, tmp_path, result, shape, *flags, identity=IDENTITY) -> list[dict]:
+    code, out, err = _report(capsys, result, "--format", shape, "--out", tmp_path, *identity, *flags)
     assert code == 0, err
     assert f"wrote {tmp_path / f'{shape}.json'}" in out
     return json.loads((tmp_path / f"{shape}.json").read_text())
+
+
+def _span(level: dict) -> float:
+    """InferenceX's throughput duration: the counted requests' last end - first start, seconds."""
+    starts = np.asarray(level["requests"]["start_ms"]) / 1e3
+    return float((starts + np.asarray(level["requests"]["e2el_us"]) / 1e6).max() - starts.min())
 
 
 def _same_shape(row, example, where=""):
@@ -105,11 +118,17 @@ def test_infx_rows_validate_and_carry_inferencex_statistics(result, capsys, tmp_
     assert row["p90_tpot"] == pytest.approx(np.percentile(tpot, 90))
     for stat in ("mean", "median", "std", "p90", "p99", "p99.9"):
         assert row[f"{stat}_intvty"] == pytest.approx(1 / row[f"{stat}_tpot"])  # InferenceX: every tpot key
-    itl = level["metrics"]["itl"]["stats"]  # per chunk, from the HDR histogram
+    itl = level["metrics"]["itl"]["stats"]  # per chunk, from the HDR histogram without a --per-request file
     assert row["p99_itl"] == pytest.approx(itl["p99"] / 1e6) and row["median_itl"] == pytest.approx(itl["p50"] / 1e6)
+    assert row["agentload"]["itl_from"] == "hdr_histogram"
     gpus = 4 * 2  # tp x pp x pcp_size
-    tokens = counts["input_tokens"] + counts["output_tokens"]
-    assert row["tput_per_gpu"] == pytest.approx(tokens / level["window_s"] / gpus)
+    tokens = sum(columns["isl"]) + sum(columns["osl"])
+    assert tokens == counts["input_tokens"] + counts["output_tokens"]
+    # InferenceX's rate: over the requests' span, not our window (which the results file keeps)
+    assert row["tput_per_gpu"] == pytest.approx(tokens / _span(level) / gpus)
+    assert row["tput_per_gpu"] != pytest.approx(tokens / level["window_s"] / gpus)
+    assert row["output_tput_per_gpu"] == pytest.approx(sum(columns["osl"]) / _span(level) / gpus)
+    assert row["agentload"]["span_s"] == pytest.approx(_span(level)) and row["agentload"]["window_s"] == 1.2
     assert row["agentload"]["label"] == "conc 1" and row["agentload"]["e2e_intvty"] > 0
     assert "failed" not in row and "run" not in row and "label" not in row  # never read as numbers at ingest
 
@@ -125,7 +144,8 @@ def test_agentx_rows_validate_and_nest_per_request_itl(result, capsys, tmp_path)
     itl = np.asarray([v for v in columns["tpot_us"] if v]) / 1e6  # per request: (E2EL - TTFT) / (OSL - 1)
     assert latency["itl"]["p75"] == pytest.approx(np.percentile(itl, 75), abs=1e-5)
     assert latency["itl"] == latency["tpot"]
-    assert latency["intvty"]["p90"] == pytest.approx(1 / latency["itl"]["p90"], rel=1e-3)  # slow tail
+    # slow tail; itl p90 (~4 ms) is rounded to 5 decimals, which moves its reciprocal by up to ~0.13 %
+    assert latency["intvty"]["p90"] == pytest.approx(1 / latency["itl"]["p90"], rel=3e-3)
     assert latency["intvty"]["std"] == pytest.approx((1 / itl).std(), abs=1e-4)
     per_token = np.asarray(columns["e2el_us"]) / 1e6 / np.asarray(columns["osl"])
     assert latency["e2e_norm_intvty"]["p50"] == pytest.approx(1 / np.percentile(per_token, 50), rel=1e-3)
@@ -134,8 +154,10 @@ def test_agentx_rows_validate_and_nest_per_request_itl(result, capsys, tmp_path)
     assert accounting["records_profiled"] == row["num_requests_successful"] == counts["requests_ok"]
     assert accounting["records_total"] == counts["requests_ok"] + counts["errors_total"] + counts["warmup_requests_ok"]
     assert row["num_requests_total"] == accounting["records_total"]
-    per_gpu = row["request_metrics"]["throughput"]["per_gpu"]
-    assert per_gpu["output_tput_tps"] == pytest.approx(counts["output_tokens"] / level["window_s"] / 8, abs=1e-4)
+    throughput = row["request_metrics"]["throughput"]
+    assert throughput["duration_seconds"] == pytest.approx(_span(level), abs=1e-5)  # max(end) - min(start)
+    assert throughput["per_gpu"]["output_tput_tps"] == pytest.approx(sum(columns["osl"]) / _span(level) / 8, abs=1e-4)
+    assert throughput["input"]["tokens_per_second"] == pytest.approx(sum(columns["isl"]) / _span(level), abs=1e-4)
 
 
 def test_failed_levels_are_left_out(result, capsys, tmp_path):
@@ -147,8 +169,19 @@ def test_failed_levels_are_left_out(result, capsys, tmp_path):
 
 
 @pytest.mark.parametrize(("flags", "message"), [
-    (("--format", "agentx"), "--hw, --framework, --precision, --model-prefix required"),
+    (("--format", "agentx"), "--hw, --framework, --precision, --model-prefix required (its server is not ours; "
+                             "the run recorded no GPU's name to take the hardware from; GPU telemetry: no GPU "
+                             "telemetry: --gpu-telemetry off)"),
     (("--format", "infx", *IDENTITY), "--isl: the fixed-sequence shape needs one nominal ISL"),
+    (("--format", "infx", *IDENTITY, "--isl", "8192", "--osl", "1024"),
+     "conc 1: --isl 8192 but a mean ISL of "),
+    (("--format", "infx", *IDENTITY, "--isl", "300", "--osl", "8"),
+     "--osl 8 but a mean OSL of 6, more than 20% from the nominal length InferenceX would file the row under"),
+    (("--format", "agentx", *IDENTITY, "--infx-dir", "report"), "--infx-dir report: InferenceX's ingest reads only"),
+    (("--format", "infx", *IDENTITY, "--isl", "300", "--osl", "6", "--per-request", "a.jsonl", "--per-request",
+      "b.jsonl"), "--per-request: one file per results file, in their order (1 results files, 2 per-request files)"),
+    (("--format", "infx", *IDENTITY, "--isl", "300", "--osl", "6", "--per-request", "missing.jsonl"),
+     "--per-request missing.jsonl: No such file or directory"),
     (("--format", "agentx", *IDENTITY, "--tp", "4", "--dcp-size", "3"), "--dcp-size 3 must divide the TP degree 4"),
     (("--format", "agentx", *IDENTITY, "--pp", "3"), "not a multiple of --pp x --pcp-size = 3"),
     (("--format", "agentx", *IDENTITY, "--ep", "0"), None),  # argparse: exit 2 before any report
@@ -164,28 +197,35 @@ def test_identity_errors_exit_2_and_write_nothing(result, capsys, tmp_path, flag
     assert not (tmp_path / "out").exists()
 
 
-def _our_config(num_gpus: int, speculative: dict | None = None) -> dict:
-    return {"model": "v32", "gpus": max(1, num_gpus),
-            "server": {"ours": True, "num_gpus": num_gpus, "models_entry": {"speculative": speculative}}}
+def _our_run(num_gpus: int, speculative: dict | None = None, model: str = "dsv4", gpu_names=(H100,),
+             **config) -> dict:
+    """A results document of our server: its config, and one level whose GPU telemetry read these GPUs."""
+    return {"config": {"model": model, "gpus": max(1, num_gpus), **config,
+                       "server": {"ours": True, "num_gpus": num_gpus, "models_entry": {"speculative": speculative}}},
+            "levels": [{"gpu": {"gpus": [{"index": i, "name": name} for i, name in enumerate(gpu_names)]}}]}
+
+
+def _vllm_run(**config) -> dict:
+    return {"config": {"model": "m", "gpus": 1, "server": {"ours": False}, **config}, "levels": []}
 
 
 def test_our_server_fills_the_identity():
-    identity = resolve_identity(IdentityFlags(), _our_config(2, {"method": "dspark"}), "r")
+    identity = resolve_identity(IdentityFlags(), _our_run(2, {"method": "dspark"}), "r")
     assert (identity.hw, identity.framework, identity.precision, identity.infmax_model_prefix) == \
-        ("h200", "agentload", "bf16", "v32")
+        ("h100", "agentload", "bf16", "dsv4")
     assert (identity.tp, identity.gpus, identity.spec_decoding) == (2, 2, "mtp")
-    assert resolve_identity(IdentityFlags(hw="b200"), _our_config(1), "r").keys()["spec_decoding"] == "none"
+    assert resolve_identity(IdentityFlags(), _our_run(1), "r").keys()["spec_decoding"] == "none"
     with pytest.raises(ExportError, match="--tp x --pp x --pcp-size = 4 GPUs, but our server ran on 2"):
-        resolve_identity(IdentityFlags(tp=4), _our_config(2), "r")
-    with pytest.raises(ExportError, match="--hw required .*served from CPU"):
-        resolve_identity(IdentityFlags(), _our_config(0), "r")
+        resolve_identity(IdentityFlags(tp=4), _our_run(2), "r")
+    with pytest.raises(ExportError, match="run r served from CPU, which InferenceX has no hardware key for"):
+        resolve_identity(IdentityFlags(), _our_run(0, gpu_names=()), "r")
 
 
 def test_a_run_that_expected_a_golden_al_is_filed_as_speculating():
-    config = {"model": "m", "gpus": 1, "server": {"ours": False}, "spec_decode": {"k": 3, "golden_al": "dsv4_mtp"}}
     flags = IdentityFlags(hw="h200", framework="vllm", precision="fp8", model_prefix="dsv4")
-    assert resolve_identity(flags, config, "r").spec_decoding == "mtp"
-    assert resolve_identity(flags, {**config, "spec_decode": None}, "r").spec_decoding == "none"
+    assert resolve_identity(flags, _vllm_run(spec_decode={"k": 3, "golden_al": "dsv4_mtp"}), "r").spec_decoding \
+        == "mtp"
+    assert resolve_identity(flags, _vllm_run(spec_decode=None), "r").spec_decoding == "none"
 
 
 def test_agentx_schema_takes_an_empty_block_but_not_a_partial_one():
@@ -200,7 +240,7 @@ def test_agentx_schema_takes_an_empty_block_but_not_a_partial_one():
 def test_hardware_inferencex_does_not_know_is_warned(caplog):
     flags = IdentityFlags(hw="cpu-box", framework="vllm", precision="fp8", model_prefix="dsv4")
     with caplog.at_level("WARNING"):
-        resolve_identity(flags, {"model": "m", "gpus": 1, "server": {"ours": False}}, "r")
+        resolve_identity(flags, _vllm_run(), "r")
     assert "--hw cpu-box is not a GPU key InferenceX knows" in caplog.text
 
 
@@ -221,6 +261,134 @@ def test_completions_within_one_second_give_inferencex_fallback_qps(result, caps
     ends = np.asarray(columns["start_ms"]) / 1e3 + np.asarray(columns["e2el_us"]) / 1e6
     assert qps["samples"] == 0 and qps["window_seconds"] == 1
     assert qps["mean"] == pytest.approx(len(ends) / (ends.max() - ends.min()), rel=1e-4)
+
+
+def test_model_prefixes_resolve_as_inferencex_ingest_resolves_them():
+    """normalizers.ts resolvePrefixToKey: a model key, an alias, either with a precision suffix, any case."""
+    assert [model_key(prefix) for prefix in ("dsv4", "DSR1-FP8", "gptoss", "kimik2.7-fp4", "qwen3.5-nvfp4-mtp",
+                                             "dsv4pro", "minimaxm3")] == \
+        ["dsv4", "dsr1", "gptoss120b", "kimik2.7-code", "qwen3.5", "dsv4", "minimaxm3"]
+    assert [model_key(prefix) for prefix in ("v32", "tiny", "deepseek-v4-pro", "dsv4-bf16")] == [None] * 4
+
+
+def test_a_served_model_name_inferencex_does_not_know_is_refused(caplog):
+    """Our server's name is only a default prefix: one InferenceX maps to no model is refused (its ingest
+    would drop every row); an explicit --model-prefix it does not know is warned about."""
+    with pytest.raises(ExportError, match="the model prefix defaults to the served model's name 'v32', which "
+                       "InferenceX's ingest maps to no model, so it would drop every row; pass --model-prefix "
+                       r"\(one of dsr1, .*, dsv4, gptoss, dsv4pro, kimik2.7"):
+        resolve_identity(IdentityFlags(), _our_run(1, model="v32"), "r")
+    assert resolve_identity(IdentityFlags(model_prefix="dsv4-fp8"), _our_run(1, model="v32"), "r") \
+        .keys()["infmax_model_prefix"] == "dsv4-fp8"
+    with caplog.at_level("WARNING"):
+        resolve_identity(IdentityFlags(model_prefix="newmodel"), _our_run(1, model="v32"), "r")
+    assert "--model-prefix newmodel is no model InferenceX's ingest knows" in caplog.text
+
+
+def test_our_server_run_exports_only_with_a_known_prefix_and_the_measured_gpu(result, capsys, tmp_path):
+    """Against our server with no identity flags: the served name `tiny` is no InferenceX model, so
+    nothing is written; with a prefix, the rows are filed under the GPU the run measured, not h200."""
+    doc = json.loads(result.read_text())
+    doc["config"]["model"] = "tiny"
+    doc["config"]["server"].update(ours=True, num_gpus=8)
+    doc["levels"][1]["gpu"]["gpus"] = [{"index": i, "name": H100} for i in range(8)]
+    ours = write_results(tmp_path / "ours.json", doc)
+    code, _, err = _report(capsys, ours, "--format", "agentx", "--out", tmp_path / "out")
+    assert code == 2 and "'tiny', which InferenceX's ingest maps to no model" in err and "--model-prefix" in err
+    assert not (tmp_path / "out").exists()
+    rows = _rows(capsys, tmp_path, ours, "agentx", identity=("--model-prefix", "dsv4"))
+    assert [(row["hw"], row["infmax_model_prefix"], row["framework"], row["tp"]) for row in rows] == \
+        [("h100", "dsv4", "agentload", 8)] * 2
+
+
+@pytest.mark.parametrize(("name", "key"), [
+    (H100, "h100"), ("NVIDIA H100 PCIe", "h100"), ("NVIDIA H200", "h200"), ("NVIDIA H200 NVL", "h200"),
+    ("NVIDIA B200", "b200"), ("NVIDIA GB200", "gb200"), ("AMD Instinct MI300X", "mi300x"),
+    ("AMD Instinct MI355X", "mi355x"), ("NVIDIA GH200 480GB", None), ("NVIDIA A100-SXM4-80GB", None),
+    ("NVIDIA GeForce RTX 4090", None),
+])
+def test_gpu_names_give_inferencex_gpu_keys(name, key):
+    assert gpu_key_of_name(name) == key
+
+
+def test_hardware_comes_from_what_the_run_measured(caplog):
+    ours = IdentityFlags()
+    assert resolve_identity(ours, _our_run(1, gpu_names=("NVIDIA B200",)), "r").hw == "b200"
+    # the in-process engine names its device in the config and in its /v1/models card
+    bench = _our_run(1, gpu_names=(), device="cuda", device_name="AMD Instinct MI355X")
+    assert resolve_identity(ours, bench, "r").hw == "mi355x"
+    # any server's run: its telemetry names the GPU, so --hw is not needed
+    vllm = {**_vllm_run(), "levels": [{"gpu": {"gpus": [{"index": 0, "name": H100}]}}]}
+    assert resolve_identity(IdentityFlags(framework="vllm", precision="fp8", model_prefix="dsv4"), vllm, "r").hw \
+        == "h100"
+    # a GPU whose exporter gives no name, and a run without telemetry: nothing to take the key from, no guess
+    for unnamed in (_our_run(2, gpu_names=("unknown", "unknown")), _our_run(2, gpu_names=())):
+        unnamed["config"]["gpu_telemetry"] = "no GPU telemetry: --gpu-telemetry off"
+        with pytest.raises(ExportError, match=r"run r: --hw required \(the run recorded no GPU's name to take the "
+                           "hardware from; GPU telemetry: no GPU telemetry: --gpu-telemetry off\\)"):
+            resolve_identity(ours, unnamed, "r")
+        assert resolve_identity(IdentityFlags(hw="b300-nv"), unnamed, "r").hw == "b300-nv"  # then the flag
+    with pytest.raises(ExportError, match="run r measured NVIDIA A100-SXM4-80GB, a GPU InferenceX has no hardware "
+                       "key for .*: its ingest would skip the rows; pass --hw only if"):
+        resolve_identity(ours, _our_run(1, gpu_names=("NVIDIA A100-SXM4-80GB",)), "r")
+    mixed = _our_run(2, gpu_names=(H100, "NVIDIA B200"))
+    with pytest.raises(ExportError, match=f"measured several kinds of GPU \\(NVIDIA B200 -> b200, {H100} -> h100\\); "
+                       "pass --hw naming the one"):
+        resolve_identity(ours, mixed, "r")
+    caplog.set_level("WARNING")
+    assert resolve_identity(IdentityFlags(hw="b200"), mixed, "r").hw == "b200"  # picks one of those measured
+    assert resolve_identity(IdentityFlags(hw="h100-nv"), _our_run(1), "r").hw == "h100-nv"  # a runner suffix
+    assert not caplog.text
+    # a flag that disagrees with what was measured wins (telemetry may have read the client's GPUs), warned
+    assert resolve_identity(IdentityFlags(hw="h200"), _our_run(1), "r").hw == "h200"
+    assert f"--hw h200 is not what run r measured ({H100} -> h100): its rows are filed under --hw" in caplog.text
+    assert resolve_identity(IdentityFlags(hw="h200"), _our_run(0, gpu_names=()), "r").hw == "h200"
+    assert "--hw h200 is not what run r measured (CPU)" in caplog.text
+
+
+def test_itl_from_the_per_request_file_is_every_chunk_gap(result, capsys, tmp_path):
+    """With the run's --per-request file, ITL is InferenceX's: the statistics of every gap between two
+    chunks of the counted requests, exact, not the histogram's 3 significant digits."""
+    rows = _rows(capsys, tmp_path, result, "infx", "--isl", "300", "--osl", "6", "--per-request",
+                 _RUN["per_request"])
+    records = [json.loads(line) for line in _RUN["per_request"].read_text().splitlines()]
+    for row, level in zip(rows, json.loads(result.read_text())["levels"]):
+        counted = [r for r in records if r["counted"] and r["level"] == level["label"]]
+        assert len(counted) == level["counts"]["requests_ok"] == len(level["requests"]["ttft_us"])
+        gaps = np.concatenate([np.diff(r["chunk_ns"]) for r in counted]) / 1e9
+        assert gaps.size == level["metrics"]["itl"]["stats"]["count"]
+        assert row["agentload"]["itl_from"] == "per_request_chunks"
+        assert (row["mean_itl"], row["median_itl"], row["p99_itl"], row["std_itl"]) == pytest.approx(
+            (gaps.mean(), np.median(gaps), np.percentile(gaps, 99), gaps.std()))
+
+
+def test_a_per_request_file_of_another_run_is_refused(result, capsys, tmp_path):
+    records = [json.loads(line) for line in _RUN["per_request"].read_text().splitlines()]
+    other = tmp_path / "other.jsonl"
+    other.write_text("".join(json.dumps({**r, "turn": r["turn"] + 1}) + "\n" for r in records))
+    code, _, err = _report(capsys, result, "--format", "infx", "--out", tmp_path / "out", *IDENTITY, "--isl", "300",
+                           "--osl", "6", "--per-request", other)
+    assert code == 2 and f"--per-request {other}: its counted requests of conc 1 are not those of run" in err
+    assert not (tmp_path / "out").exists()
+
+
+def test_rows_go_where_inferencex_ingest_reads_them(result, capsys, tmp_path):
+    """The ingest reads the *.json directly inside bmk_*/results_* folders of its artifacts root: the
+    report says so when --out is no such folder, and --infx-dir writes into one."""
+    code, out, err = _report(capsys, result, "--format", "agentx,csv", "--out", tmp_path / "out", *IDENTITY)
+    assert code == 0, err
+    assert f"wrote {tmp_path / 'out' / 'agentx.json'}" in out
+    assert ("InferenceX's ingest reads only the *.json directly inside bmk_* and results_* folders of its artifacts "
+            "root, and out/ is none: put agentx.json in such a folder (a workflow artifact named bmk_agentload, or "
+            "INGEST_ARTIFACTS_PATH/bmk_agentload/), or write them there with --infx-dir") in out
+    chosen = tmp_path / "artifacts" / "results_h100_dsv4"
+    code, out, err = _report(capsys, result, "--format", "infx,agentx", "--out", tmp_path / "out2", *IDENTITY,
+                             "--isl", "300", "--osl", "6", "--infx-dir", chosen)
+    assert code == 0, err
+    assert f"wrote {chosen / 'infx.json'}" in out and f"wrote {chosen / 'agentx.json'}" in out
+    assert "InferenceX's ingest reads results_h100_dsv4/*.json when the folder sits in its artifacts root" in out
+    assert sorted(path.name for path in chosen.iterdir()) == ["agentx.json", "infx.json"]
+    assert not (tmp_path / "out2").exists()  # nothing else was asked for
 
 
 # ---- server_metrics: InferenceX's block, from the level's /metrics series -------------------------------------------

@@ -133,9 +133,10 @@ def test_infx_export_uses_inferencex_keys_and_units(runs, capsys, tmp_path):
     assert entry["p90_e2el"] == pytest.approx(np.percentile(columns["e2el_us"], 90) / 1e6)
     assert entry["p90_intvty"] == pytest.approx(1 / entry["p90_tpot"])  # tok/s from the TPOT statistic
     assert entry["mean_intvty"] == pytest.approx(1 / entry["mean_tpot"])
-    counts, window = level["counts"], level["window_s"]
-    assert entry["tput_per_gpu"] == pytest.approx((counts["input_tokens"] + counts["output_tokens"]) / window)
-    assert entry["output_tput_per_gpu"] == pytest.approx(counts["output_tokens"] / window)
+    starts = np.asarray(columns["start_ms"]) / 1e3  # InferenceX's span, max(end) - min(start), not our window
+    span = (starts + np.asarray(columns["e2el_us"]) / 1e6).max() - starts.min()
+    assert entry["tput_per_gpu"] == pytest.approx((sum(columns["isl"]) + sum(columns["osl"])) / span)
+    assert entry["output_tput_per_gpu"] == pytest.approx(sum(columns["osl"]) / span)
     assert (entry["tp"], entry["isl"], entry["osl"]) == (1, 200, 6)
 
 
