@@ -2,8 +2,8 @@
 
 Routes: POST /v1/completions, POST /v1/chat/completions, GET /v1/models, GET /health,
 GET /metrics. Every error leaves as an OpenAI-style body (`{"error": {...}}`), including
-aiohttp's own 404/405/413. `--api-key` guards the /v1 routes; /health and /metrics stay open
-for probes and scrapers.
+aiohttp's own 404/405/413 and its HTTP parser's 400s (server/connections.py). `--api-key` guards
+the /v1 routes; /health and /metrics stay open for probes and scrapers.
 
 The handlers do per-step work only: one engine step's tokens for a request become one SSE
 chunk (several tokens with speculative decoding), and chunks that piled up while the handler
@@ -164,9 +164,9 @@ class OpenAIServer:
         return response
 
     def _check_api_key(self, request: web.Request) -> None:
-        given = request.headers.get("Authorization", "")
-        expected = f"Bearer {self.settings.api_key}"
-        if not hmac.compare_digest(given.encode(), expected.encode()):
+        # aiohttp decodes header bytes that are not UTF-8 to surrogates; they encode back as they came.
+        given = request.headers.get("Authorization", "").encode("utf-8", "surrogateescape")
+        if not hmac.compare_digest(given, f"Bearer {self.settings.api_key}".encode()):
             raise ApiError(401, "missing or wrong API key (send 'Authorization: Bearer <key>')",
                            code=ErrorCode.INVALID_API_KEY)
 
@@ -259,7 +259,9 @@ class OpenAIServer:
         self._check_admission()
         header = ResponseHeader(f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}",
                                 int(time.time()), self.settings.served_model_name, chat)
-        headers = {protocol.IGNORED_FIELDS_HEADER: ", ".join(ignored_fields)} if ignored_fields else {}
+        headers: dict[str, str] = {}
+        if ignored_fields:
+            headers[protocol.IGNORED_FIELDS_HEADER] = protocol.ignored_fields_header(ignored_fields)
         arrival = time.monotonic()
         stream = self.client.submit(
             AddRequest(header.id, prompt, options.sampling_params(max_tokens), arrival))

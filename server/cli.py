@@ -54,6 +54,7 @@ def start_command(args: argparse.Namespace) -> int:
 
     try:
         http = http_config_from_args(args)
+        api_key = http.read_api_key()
         config = engine_config_from_args(args)
         configure_logging()
     except ValueError as exc:
@@ -66,7 +67,7 @@ def start_command(args: argparse.Namespace) -> int:
         print(f"server start: error: {exc}", file=sys.stderr)
         return 2 if exc.bad_config else 1
     try:
-        return _run(_serve(http, client, info))
+        return _run(_serve(http, api_key, client, info))
     finally:
         client.shutdown()
 
@@ -79,10 +80,11 @@ def _run(coro) -> int:
     return uvloop.run(coro)
 
 
-async def _serve(http: HttpConfig, client, info) -> int:
+async def _serve(http: HttpConfig, api_key: str | None, client, info) -> int:
     from aiohttp import web
 
     from server.api import CUT_WRITE_GRACE_S, ApiSettings, OpenAIServer
+    from server.connections import AppRunner
     from server.tokenizer import ByteTokenizer
 
     loop = asyncio.get_running_loop()
@@ -110,8 +112,8 @@ async def _serve(http: HttpConfig, client, info) -> int:
     model = client.config.model
     settings = ApiSettings(
         served_model_name=http.served_model_name or info.model_name,
-        api_key=http.api_key,
-        max_body_bytes=int(http.max_body_mb * 1024 * 1024),
+        api_key=api_key,
+        max_body_bytes=http.max_body_bytes,
         max_queue=http.max_queue,
         max_num_seqs=client.config.scheduler.max_num_seqs,
         read_timeout_s=http.read_timeout,
@@ -121,9 +123,9 @@ async def _serve(http: HttpConfig, client, info) -> int:
     # keepalive_timeout bounds the wait for a complete request head (see server/api.py) and
     # lingering_time the rest of a body after its 408; the drain below ends every handler, so
     # cleanup's own timeout only covers writes stuck on clients that stopped reading.
-    runner = web.AppRunner(server.build_app(), handler_cancellation=True, access_log=None,
-                           keepalive_timeout=http.read_timeout, lingering_time=http.read_timeout,
-                           shutdown_timeout=CUT_WRITE_GRACE_S)
+    runner = AppRunner(server.build_app(), handler_cancellation=True, access_log=None,
+                       keepalive_timeout=http.read_timeout, lingering_time=http.read_timeout,
+                       shutdown_timeout=CUT_WRITE_GRACE_S)
     await runner.setup()
     try:
         await web.TCPSite(runner, http.host, http.port).start()
@@ -146,7 +148,8 @@ async def _serve(http: HttpConfig, client, info) -> int:
     if client.dead_reason is not None:
         code = 1
     elif cut:
-        print(f"server: {cut} running requests were cut at the shutdown deadline", file=sys.stderr, flush=True)
+        when = "at a second signal" if cut_now.is_set() else "at the shutdown deadline"
+        print(f"server: {cut} running requests were cut {when}", file=sys.stderr, flush=True)
         code = EXIT_REQUESTS_CUT
     print(f"server: stopped (exit code {code})", file=sys.stderr, flush=True)
     return code

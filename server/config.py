@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -507,6 +508,7 @@ def _validate_parallel(c: EngineConfig) -> None:
 
 
 _HTTP = "HTTP"
+API_KEY_ENV = "AGENTLOAD_API_KEY"  # the API key, when neither --api-key nor --api-key-file gives it
 
 
 @dataclass(frozen=True, slots=True)
@@ -517,7 +519,11 @@ class HttpConfig:
     port: int = field(default=8000, metadata=cli(
         "--port", group=_HTTP, help="port to bind; 0 picks a free one, printed on the ready line"))
     api_key: str | None = field(default=None, metadata=cli(
-        "--api-key", group=_HTTP, default_text="none", help="require 'Authorization: Bearer KEY' on /v1 routes"))
+        "--api-key", group=_HTTP, default_text=f"${API_KEY_ENV}, else none",
+        help="require 'Authorization: Bearer KEY' on /v1 routes (a command line is visible to other "
+             f"users in ps: prefer --api-key-file or ${API_KEY_ENV})"))
+    api_key_file: str | None = field(default=None, metadata=cli(
+        "--api-key-file", group=_HTTP, metavar="PATH", help="read --api-key's KEY from PATH (one line)"))
     max_body_mb: float = field(default=32.0, metadata=cli(
         "--max-body-mb", group=_HTTP, help="largest request body in MiB; larger ones get 413"))
     max_queue: int = field(default=1024, metadata=cli(
@@ -538,11 +544,32 @@ class HttpConfig:
 
     def __post_init__(self) -> None:
         _require(0 <= self.port <= 65535, f"--port: must be in 0..65535, got {self.port}")
-        _require(self.max_body_mb > 0, f"--max-body-mb: must be positive, got {self.max_body_mb}")
+        _require(math.isfinite(self.max_body_mb) and self.max_body_mb > 0,
+                 f"--max-body-mb: must be a positive number, got {self.max_body_mb}")
         _require(self.max_queue >= 0, f"--max-queue: must be >= 0, got {self.max_queue}")
         _require(self.shutdown_timeout >= 0, f"--shutdown-timeout: must be >= 0, got {self.shutdown_timeout}")
         _require(self.api_key != "", "--api-key: must not be empty")
+        _require(self.api_key is None or self.api_key_file is None, "--api-key-file: give it or --api-key, not both")
         _require(self.read_timeout > 0, f"--read-timeout: must be > 0, got {self.read_timeout}")
+
+    @property
+    def max_body_bytes(self) -> int:
+        return int(self.max_body_mb * 2**20)
+
+    def read_api_key(self) -> str | None:
+        """The key /v1 routes require: --api-key, else the one line of --api-key-file, else
+        $AGENTLOAD_API_KEY if set and not empty; None: no key."""
+        if self.api_key_file is None:
+            return self.api_key or os.environ.get(API_KEY_ENV) or None
+        try:
+            with open(self.api_key_file, encoding="utf-8") as file:
+                key = file.read().strip()
+        except OSError as exc:
+            raise ValueError(f"--api-key-file: cannot read {self.api_key_file}: {exc.strerror}") from None
+        except UnicodeDecodeError:
+            raise ValueError(f"--api-key-file: {self.api_key_file} is not UTF-8 text") from None
+        _require(key != "" and "\n" not in key, f"--api-key-file: {self.api_key_file} must hold the key on one line")
+        return key
 
 
 def _int_list(text: str, flag: str) -> tuple[int, ...]:

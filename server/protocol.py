@@ -6,9 +6,10 @@ ignoring them, so a benchmark never silently measures something other than what 
 Options the engine cannot honour are validated like vLLM validates them (`top_k: -5` is
 `invalid_value`) and then refused unless neutral (`top_k: 50` is `unsupported_option`). Unknown
 fields are ignored, as vLLM and OpenAI-compatible servers do, and listed in the response header
-`X-Ignored-Fields`. Every refusal is an `ApiError` (400) whose OpenAI-style body names the
-offending parameter. Without max_tokens, a completion's default of 16 (a chat's whole context)
-is clamped to the room the prompt leaves.
+`X-Ignored-Fields` (escaped to visible ASCII and bounded: see `ignored_fields_header`). A
+temperature below `GREEDY_TEMPERATURE` is greedy, as in vLLM. Every refusal is an `ApiError`
+(400) whose OpenAI-style body names the offending parameter. Without max_tokens, a completion's
+default of 16 (a chat's whole context) is clamped to the room the prompt leaves.
 
 Extension fields (read only by our server): request `acceptance_length` (this request's
 synthetic speculative acceptance length, in [1, k+1]; refused unless the server runs synthetic
@@ -126,6 +127,12 @@ _OPTION_FIELDS = frozenset({"model", "min_tokens", "ignore_eos", "temperature", 
 _COMPLETION_FIELDS = _OPTION_FIELDS | {"prompt", "max_tokens"}
 _CHAT_FIELDS = _OPTION_FIELDS | {"messages", "max_tokens", "max_completion_tokens"}
 IGNORED_FIELDS_HEADER = "X-Ignored-Fields"
+# The header lists this many names at most, each cut to this many characters: a body may hold
+# any number of unknown fields, of any length, and a response header must stay small.
+MAX_IGNORED_NAMES = 16
+MAX_IGNORED_NAME_CHARS = 80
+# vLLM's bound: a lower temperature is greedy (dividing the logits by it could overflow float32).
+GREEDY_TEMPERATURE = 1e-5
 
 
 class ErrorCode(str, Enum):
@@ -147,6 +154,8 @@ class ErrorCode(str, Enum):
     CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"
     REQUEST_TIMEOUT = "request_timeout"
     SERVER_SHUTDOWN = "server_shutdown"
+    INVALID_HTTP = "invalid_http_request"
+    INTERNAL_ERROR = "internal_error"
 
     __str__ = str.__str__
     __format__ = str.__format__  # type: ignore[assignment]  # str's, not Enum's
@@ -245,6 +254,35 @@ def _unknown(obj: dict[str, Any], known: frozenset[str]) -> tuple[str, ...]:
     return tuple(sorted(key for key in obj if key not in known))
 
 
+def ignored_fields_header(names: tuple[str, ...]) -> str:
+    """The IGNORED_FIELDS_HEADER value: the first MAX_IGNORED_NAMES names, comma-separated, each as
+    `_visible` writes it, then `(N more)` if some were left out. A JSON key may hold any character,
+    but a header value must not hold CR, LF or NUL (aiohttp refuses to send one)."""
+    shown = [_visible(name) for name in names[:MAX_IGNORED_NAMES]]
+    if len(names) > len(shown):
+        shown.append(f"({len(names) - len(shown)} more)")  # the space tells it from a name
+    return ", ".join(shown)
+
+
+def _visible(name: str) -> str:
+    """`name` in visible ASCII: any other character, a backslash or a comma (the separator) as a
+    Python escape (`\\x0d`, `\\u00e9`, ...); cut to MAX_IGNORED_NAME_CHARS characters, with `...`."""
+    out: list[str] = []
+    size = 0
+    for char in name:
+        piece = char if "!" <= char <= "~" and char not in "\\," else _escape(char)
+        if size + len(piece) > MAX_IGNORED_NAME_CHARS:
+            return "".join(out) + "..."
+        out.append(piece)
+        size += len(piece)
+    return "".join(out)
+
+
+def _escape(char: str) -> str:
+    code = ord(char)
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"
+
+
 def _load_object(body: bytes) -> dict[str, Any]:
     try:
         obj = orjson.loads(body)
@@ -289,6 +327,8 @@ def _parse_options(
     temperature = _number(obj, "temperature", 1.0)
     if temperature < 0:
         raise _invalid("temperature", f"must be >= 0, got {temperature}")
+    if temperature < GREEDY_TEMPERATURE:
+        temperature = 0.0
     top_p = _number(obj, "top_p", 1.0)
     if not 0 < top_p <= 1:
         raise _invalid("top_p", f"must be in (0, 1], got {top_p}")

@@ -105,5 +105,7 @@ def _top_p(probs: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
     """Zero every token outside the smallest top set whose mass reaches top_p (the best token stays)."""
     sorted_probs, order = probs.sort(dim=-1, descending=True)
     mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs
-    sorted_probs = sorted_probs.masked_fill(mass_before >= top_p[:, None], 0.0)
+    drop = mass_before >= top_p[:, None]
+    drop[:, 0] = False  # a top_p below float32's smallest number arrives as 0, which would drop them all
+    sorted_probs = sorted_probs.masked_fill(drop, 0.0)
     return torch.zeros_like(probs).scatter_(-1, order, sorted_probs)

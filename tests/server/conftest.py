@@ -22,6 +22,7 @@ import aiohttp
 import orjson
 import pytest
 
+from server.config import API_KEY_ENV
 from tests.torch_threads import one_torch_thread  # noqa: F401  (autouse: the in-process engine tests)
 
 REPO = Path(__file__).resolve().parents[2]
@@ -34,11 +35,14 @@ _READY = re.compile(r"ready at (http://\S+) \(model (\S+), engine pid (\d+)\)")
 class ServerProcess:
     """A running `server start` subprocess and async HTTP helpers against it."""
 
-    def __init__(self, args: list[str], log_path: Path, api_key: str | None = None) -> None:
+    def __init__(self, args: list[str], log_path: Path, api_key: str | None = None,
+                 env: dict[str, str] | None = None) -> None:
         self.args = args
         self.log_path = log_path
         self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        env = dict(os.environ, PYTHONPATH=str(REPO), PYTHONUNBUFFERED="1")
+        # A key in the caller's environment would guard every server started without one.
+        inherited = {name: value for name, value in os.environ.items() if name != API_KEY_ENV}
+        env = dict(inherited, PYTHONPATH=str(REPO), PYTHONUNBUFFERED="1", **(env or {}))
         with open(log_path, "wb") as log:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "server.cli", "start", "--port", "0", *args],

@@ -105,6 +105,8 @@ def test_second_signal_cuts_at_once(tmp_path_factory):
         _assert_cut_cleanly(events, "cut at a second signal")
         assert after_second < 5, after_second  # not the 600 s deadline
         assert server.proc.wait(30) == 3
-        assert "received SIGINT again; cutting running requests now" in server.log()
+        log = server.log()
+        assert "received SIGINT again; cutting running requests now" in log
+        assert "1 running requests were cut at a second signal" in log
     finally:
         server.stop()
