@@ -10,7 +10,11 @@ Faults, one every --fault-every seconds in this order: SIGKILL the server, drop 
 connection, SIGKILL the engine process (the server then exits 1 by itself), drop again, SIGTERM
 the server (drain with --shutdown-timeout 2); a supervisor restarts the server whenever it has
 exited. All along, malformed requests go straight to the server (bad JSON, out-of-range and
-unsupported fields, oversized bodies, garbage, cut bodies, slow heads, streams dropped midway).
+unsupported fields, oversized bodies, garbage, cut bodies, slow heads, streams dropped midway, CR/LF
+and 100 KB field names, a non-UTF-8 Authorization, a tiny temperature, a negative Content-Length).
+Then the client against broken servers (tests/loadgen/sse_server.py's fault modes: resets, 500s,
+short streams, token ids as text, more tokens than asked, inflated or negative usage counts): no
+request the server saw is missing from the per-request file, each fault counted under its kind.
 
 Reported: requests sent (unique ids seen by the proxy), completed, failed by kind, lost (sent but
 in no per-request record: must be 0), whether result.json is complete (valid schema, status
@@ -35,6 +39,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
@@ -184,8 +189,9 @@ class Proxy:
 # ---- malformed requests -------------------------------------------------------------------------
 
 def _post(path: str, body: bytes, extra: str = "") -> bytes:
+    """A POST as raw bytes; the head is latin-1, so `extra` can carry any byte (a header that is not UTF-8)."""
     return (f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n{extra}"
-            f"Content-Length: {len(body)}\r\n\r\n").encode() + body
+            f"Content-Length: {len(body)}\r\n\r\n").encode("latin-1") + body
 
 
 MALFORMED = {
@@ -201,6 +207,11 @@ MALFORMED = {
     "unknown_route": b"GET /v2/nothing HTTP/1.1\r\nHost: x\r\n\r\n",
     "wrong_method": b"DELETE /v1/completions HTTP/1.1\r\nHost: x\r\n\r\n",
     "garbage": b"\x00\x01GARBAGE \xff\r\n\r\n",
+    "crlf_in_field_name": _post("/v1/completions", b'{"prompt": "x", "max_tokens": 2, "a\\r\\nX-Evil: 1": 1}'),
+    "long_field_name": _post("/v1/completions", b'{"prompt": "x", "max_tokens": 2, "' + b"k" * 100_000 + b'": 1}'),
+    "auth_not_utf8": _post("/v1/completions", b'{"prompt": "x", "max_tokens": 2}', "Authorization: Bearer \xff\xfe\r\n"),
+    "tiny_temperature": _post("/v1/completions", b'{"prompt": "x", "max_tokens": 2, "temperature": 1e-39}'),
+    "bad_content_length": b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: -1\r\n\r\n",
 }
 
 
@@ -394,6 +405,47 @@ def _malformed_summary(outcomes: Counter) -> dict:
             "server_errors_other_than_503": server_errors}
 
 
+# Broken servers (the test streaming server's fault modes): what each must be counted as, never as ok.
+SSE_SERVER = ROOT / "tests" / "loadgen" / "sse_server.py"
+BROKEN = {
+    "reset_midstream": ({"fault": {"kind": "reset", "every": 2}}, "reset"),
+    "http_500": ({"fault": {"kind": "500", "every": 2}}, "http_500"),
+    "one_token_short": ({"fault": {"kind": "short", "every": 2}}, "truncated"),
+    "token_ids_as_text": ({"token_ids_as_text": True}, "protocol"),
+    "more_tokens_than_asked": ({"extra_tokens": 8}, "protocol"),
+    "usage_completion_1e30": ({"usage_completion_tokens": 1e30}, "protocol"),
+    "cached_tokens_negative": ({"cached_tokens": -100}, "protocol"),
+}
+
+
+def broken_servers(work: Path, say: Callable[[str], None]) -> dict:
+    """Replay against a server of each broken kind: every request the server saw is in the per-request
+    file (0 lost), and each fault is counted under its kind."""
+    report = {}
+    for name, (config, kind) in BROKEN.items():
+        proc = subprocess.Popen([sys.executable, str(SSE_SERVER), "--config",
+                                 json.dumps({"first_ms": 2, "itl_ms": 1, **config})],
+                                stdout=subprocess.PIPE, text=True)
+        try:
+            url = f"http://127.0.0.1:{proc.stdout.readline().split()[1]}"
+            out, per_request = work / f"broken-{name}", work / f"broken-{name}.jsonl"
+            code = subprocess.run([sys.executable, "-m", "loadgen.cli", "replay", "--url", url, "--conc", "2",
+                                   "--duration", "2", "--timeout", "5", "--out", str(out), "--per-request",
+                                   str(per_request), *REPLAY_FLAGS], cwd=ROOT, capture_output=True).returncode
+            with urllib.request.urlopen(url + "/_records", timeout=10) as resp:
+                seen = {r["id"] for r in json.loads(resp.read())["records"]}
+        finally:
+            proc.kill()
+            proc.wait()
+        records = [json.loads(line) for line in per_request.read_text().splitlines()] if per_request.exists() else []
+        counts = read_results(out / "result.json")["levels"][0]["counts"]
+        report[name] = {"server_saw": len(seen), "lost": len(seen - {r["id"] for r in records}),
+                        "errors": counts["errors"], "ok": counts["requests_ok"], "expected_kind": kind,
+                        "counted_as_expected": counts["errors"].get(kind, 0) > 0, "replay_exit_code": code}
+        say(f"broken server {name}: {report[name]}")
+    return report
+
+
 def print_report(report: dict) -> None:
     print(f"requests sent {report['sent']}, completed {report['completed']}, "
           f"failed {sum(report['failed_by_kind'].values())} {report['failed_by_kind']}, lost {report['lost']}")
@@ -405,6 +457,10 @@ def print_report(report: dict) -> None:
     print(f"malformed requests: {malformed['sent']} sent, outcomes {malformed['by_outcome']}, "
           f"5xx other than 503: {malformed['server_errors_other_than_503']}")
     print(f"replay exit code {report['replay_exit_code']} after {report['replay_wall_s']} s")
+    for name, row in report.get("broken_servers", {}).items():
+        print(f"broken server {name}: saw {row['server_saw']}, lost {row['lost']}, ok {row['ok']}, "
+              f"errors {row['errors']} (expected kind {row['expected_kind']}: "
+              f"{'counted' if row['counted_as_expected'] else 'NOT COUNTED'})")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -431,6 +487,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="agentload-chaos-") as tmp:
         work = Path(tmp)
         report = asyncio.run(run(args, work, say))
+        report["broken_servers"] = broken_servers(work, say)
         print_report(report)
         if args.json:
             Path(args.json).write_text(json.dumps(report, indent=2) + "\n")
@@ -438,7 +495,9 @@ def main(argv: list[str] | None = None) -> int:
             kept = Path(tempfile.mkdtemp(prefix="agentload-chaos-kept-"))
             subprocess.run(["cp", "-r", f"{work}/.", str(kept)], check=True)
             print(f"work folder kept in {kept}")
-    ok = report["lost"] == 0 and report["results_complete"] and report["malformed"]["server_errors_other_than_503"] == 0
+    broken = report["broken_servers"].values()
+    ok = (report["lost"] == 0 and report["results_complete"] and report["malformed"]["server_errors_other_than_503"] == 0
+          and all(row["lost"] == 0 and row["counted_as_expected"] for row in broken))
     return 0 if ok else 1
 
 
