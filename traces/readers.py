@@ -199,6 +199,11 @@ def _session(where: _Where, record: dict[str, Any], default_id: str, block_size:
     requests, subagents = _timeline(where, items, size, counter, allow_subagents=True)
     if not requests and not subagents:
         raise where.fail("requests", "empty: a session needs at least one request")
+    if not requests and not any(sub.requests for sub in subagents):
+        # Loaded, it would replay nothing at all: a lane that picks it sends no request.
+        only = "its only item is a subagent" if len(subagents) == 1 else f"its {len(subagents)} items are subagents"
+        raise where.fail("requests", f"the session has no request: no parent request, and {only} with no "
+                                     f"requests of its own")
     return Session(
         id=_opt_str(where, record, "id") or default_id,
         block_size=size,

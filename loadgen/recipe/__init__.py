@@ -2,5 +2,6 @@
 runs every variant (repeats interleaved), compares each with the first and writes one report.
 
 schema.py: the frozen dataclass tree and its YAML form; server.py: starting, health-checking and
-stopping a variant's server; runner.py: the interleaved runs, resume and the results folder.
+stopping a variant's server; memory.py: the GPU memory shares of kept servers side by side;
+runner.py: the interleaved runs, resume and the results folder.
 """

@@ -1,6 +1,7 @@
 """`loadgen recipe check`: what the schema cannot see - server flags checked against the engine's
-own flag definitions (names, types, choices), and workload keys the chosen server cannot take.
-Nothing is started; the error names the recipe key."""
+own flag definitions (names, types, choices), workload keys the chosen server cannot take, and
+the GPU memory shares of kept servers side by side on one GPU. Nothing is started; the error
+names the recipe key."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import argparse
 from pathlib import Path
 from typing import Any, NoReturn
 
+from loadgen.recipe.memory import check_shares
 from loadgen.recipe.schema import FlagValue, Recipe, RecipeError
 from loadgen.recipe.server import flag_args
 
@@ -53,6 +55,7 @@ def _check(recipe: Recipe) -> None:
     for where, flags in _places(recipe, "flags"):
         for key, value in flags:
             _check_flag(parser, kind, f"{where}.{key}", key, value)
+    check_shares(recipe)
 
 
 def _check_cwds(recipe: Recipe) -> None:

@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from loadgen.affinity import placed_on
+from loadgen.recipe.memory import split_note
 from loadgen.recipe.schema import (
     CapacityMeasure,
     Recipe,
@@ -199,6 +200,9 @@ class RecipeRun:
         kept: dict[str, RunningServer] = {}
         try:
             if todo and self.recipe.sweep.servers == "kept":
+                note = split_note(self.recipe)
+                if note:
+                    self._say(note)
                 kept = self._start_kept({run.variant.name: run.variant for run in todo})
             for number, run in enumerate(todo, start=1):
                 self._say(f"[{number}/{len(todo)}] {run.name}: starting "

@@ -108,7 +108,8 @@ class Sweep:
     """Levels of one run and how often each variant runs: `repeats` rounds, each round running
     every variant once (A B, B A, A B, ...: orders balanced for position and predecessor). `servers: fresh` starts
     a server for every run, each replaying `seed`; `kept` starts every variant's server once, side
-    by side, before the first round, and round k replays seed + k - 1, so that no prompt of an
+    by side, before the first round (several of kind ours on one GPU: each with a share of its
+    memory, loadgen/recipe/memory.py), and round k replays seed + k - 1, so that no prompt of an
     earlier round sits in a server's prefix cache."""
 
     conc: tuple[int, ...] | None = None

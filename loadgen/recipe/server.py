@@ -1,12 +1,13 @@
 """A variant's server for one run: start it, wait (bounded) for its health check, stop it.
 
 `ours` is `python -m server.cli start --port 0 FLAGS` (its ready line names the URL; with a `cwd`,
-the server package of the tree in that folder); `command`
-is the recipe's command line with a free port in place of {port} and the variant's flags
-appended as `--key value`; `url` is a running server, only health-checked; `inprocess` has no
-server (the run itself is `loadgen bench`). Every process starts in its own process group, and
-stopping kills the whole group (SIGTERM, then SIGKILL after a grace period), so a server's
-children (engine process, workers) never outlive the recipe.
+the server package of the tree in that folder; kept servers side by side on one GPU get an even
+share of its memory, loadgen/recipe/memory.py); `command` is the recipe's command line with a
+free port in place of {port} and the variant's flags appended as `--key value`; `url` is a
+running server, only health-checked; `inprocess` has no server (the run itself is `loadgen
+bench`). Every process starts in its own process group, and stopping kills the whole group
+(SIGTERM, then SIGKILL after a grace period), so a server's children (engine process, workers)
+never outlive the recipe.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import urllib.request
 from pathlib import Path
 
 from loadgen.affinity import placed_on
+from loadgen.recipe.memory import memory_flags
 from loadgen.recipe.schema import PORT_PLACEHOLDER, FlagValue, Recipe, Variant
 
 log = logging.getLogger(__name__)
@@ -54,6 +56,7 @@ def server_command(recipe: Recipe, variant: Variant, port: int | None) -> list[s
     """The argv that starts the variant's server (empty for url and inprocess)."""
     kind, flags = recipe.server.kind, flag_args(recipe.server_flags(variant))
     if kind == "ours":
+        flags += flag_args(memory_flags(recipe, variant))
         return [sys.executable, "-m", "server.cli", "start", "--port", "0", *flags]
     if kind == "command":
         assert recipe.server.command is not None  # validate(): server.kind command requires it

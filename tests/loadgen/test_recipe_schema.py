@@ -143,6 +143,10 @@ def test_bad_recipes_name_the_key(doc, message):
      "variants[1].cwd: /nonexistent/tree is not a directory"),
     ({"server": {"kind": "ours", "cwd": str(RECIPES)}},
      f"server.cwd: {RECIPES} holds no server/cli.py (kind ours runs `python -m server.cli` there"),
+    # kept servers side by side on one GPU, each asking for most of it (tests/loadgen/test_recipe_memory.py)
+    ({"server": {"kind": "ours", "flags": {"model": "tiny", "device": "cuda", "gpu_memory_utilization": 0.9}},
+      "sweep": {"conc": [1], "servers": "kept"}},
+     "server.flags.gpu_memory_utilization: the kept servers of fp8, mxfp4 run side by side on GPU"),
 ])
 def test_check_names_the_flag_and_exits_2(tmp_path, capsys, change, message):
     path = tmp_path / "bad.yaml"

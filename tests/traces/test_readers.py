@@ -167,6 +167,12 @@ def _broken(files, change) -> Path:
          r"requests\[1\]\.requests\[2\]: field 'type': a subagent inside a subagent"),
         (lambda d: d.pop("requests"), r"broken\.json: unknown trace format"),
         (lambda d: d.update({"requests": []}), r"field 'requests': empty"),
+        (lambda d: d.update({"requests": [{"type": "subagent", "agent_id": "a", "requests": []}]}),
+         r"broken\.json: field 'requests': the session has no request: no parent request, and its only item is a "
+         r"subagent with no requests of its own"),
+        (lambda d: d.update({"requests": [{"type": "subagent"}, {"type": "subagent", "requests": None}]}),
+         r"broken\.json: field 'requests': the session has no request: no parent request, and its 2 items are "
+         r"subagents with no requests"),
         (lambda d: d.update({"block_size": 0}), r"field 'block_size': must be positive"),
         (lambda d: d["requests"].insert(0, 7), r"requests\[0\]: expected a JSON object, got int"),
         # out of range (the same check in `traces stats` and replay: both read through load_traces)
