@@ -1,11 +1,16 @@
-"""Output of `loadgen compare`: the JSON document (schema agentload.compare/1) and the text table."""
+"""Output of `loadgen compare`: the JSON document (schema agentload.compare/1) and the text table.
+
+Each level's table says what its base and new columns are (the values the delta is computed
+from: with paired rounds, geometric means over the rounds of matched-request values, not the
+percentiles over all requests of `loadgen report`), and with paired rounds ends every row with
+each round's own change, whose spread is the noise its interval has to cover."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from typing import Any
 
-from loadgen.compare.verdicts import CONFIDENCE, Comparison, MetricResult
+from loadgen.compare.verdicts import CONFIDENCE, Comparison
 
 
 def to_json(comparison: Comparison, base_files: Sequence[str], new_files: Sequence[str],
@@ -19,7 +24,7 @@ def to_json(comparison: Comparison, base_files: Sequence[str], new_files: Sequen
         "run_noise_pct": dict(comparison.run_noise.sd_pct) if comparison.run_noise else None,
         "run_noise_runs": comparison.run_noise.runs if comparison.run_noise else None,
         "levels": [{
-            "label": level.label, "method": level.method, "detail": level.detail,
+            "label": level.label, "method": level.method, "detail": level.detail, "values": level.values,
             "run_to_run_noise": level.run_to_run,
             "base_requests": level.base_requests, "new_requests": level.new_requests,
             "base_failed": level.base_failed, "new_failed": level.new_failed,
@@ -47,14 +52,16 @@ def format_comparison(comparison: Comparison, tripped: Sequence[dict[str, Any]])
                else "t on per-run values pooled with the A/A run noise")
         lines.append(f"== {level.label}: {level.base_requests} vs {level.new_requests} requests; "
                      f"{pct} % interval by {how}, {level.detail}{flags}")
-        lines.append(f"   {'metric':<30}{'unit':>7}{'base':>11}{'new':>11}{'delta':>9}   {pct}% CI of delta"
-                     f"{'':>5}verdict")
+        lines.append(f"   base, new: {level.values}; delta = new / base - 1")
+        rounds = any(r.rounds_pct for r in level.results)
+        lines.append((f"   {'metric':<30}{'unit':>7}{'base':>11}{'new':>11}{'delta':>9}   {pct}% CI of delta"
+                      f"{'':>7}{'verdict':<14}" + ("per round, %" if rounds else "")).rstrip())
         for r in level.results:
             ci = f"[{r.ci_pct[0]:+.1f}, {r.ci_pct[1]:+.1f}] %" if r.ci_pct else "-"
             delta = f"{r.delta_pct:+.1f}%" if r.delta_pct is not None else "-"
+            changes = " ".join("-" if x is None else f"{x:+.1f}" for x in r.rounds_pct)
             lines.append(f"   {r.metric.label:<30}{r.metric.unit:>7}{_num(r.base):>11}{_num(r.new):>11}"
-                         f"{delta:>9}   {ci:<22}{r.verdict}")
-        lines += _rounds_line(level.results)
+                         f"{delta:>9}   {ci:<22}{r.verdict:<14}{changes}".rstrip())
     for side, labels in (("base", comparison.only_base), ("new", comparison.only_new)):
         if labels:
             lines.append(f"only in {side} (not compared): {', '.join(labels)}")
@@ -62,6 +69,9 @@ def format_comparison(comparison: Comparison, tripped: Sequence[dict[str, Any]])
                  f"better/worse: the interval excludes 0 and the change survives Benjamini-Hochberg at FDR "
                  f"{comparison.fdr:g} over all rows"
                  + (f" and |delta| >= {comparison.min_effect_pct:g} %" if comparison.min_effect_pct else ""))
+    if any(r.rounds_pct for level in comparison.levels for r in level.results):
+        lines.append("per round: each round's own new / base - 1 (the delta is their geometric mean over the rounds "
+                     "the test used); a spread far wider than the interval says the machine moved between runs")
     if any(not level.run_to_run for level in comparison.levels):
         lines.append("single run per side: the interval sees the sessions' variation only, not run-to-run noise "
                      "(identical runs can differ by more); run repeats (--repeat, several files per side, "
@@ -71,19 +81,6 @@ def format_comparison(comparison: Comparison, tripped: Sequence[dict[str, Any]])
                      f"(> {trip['threshold_pct']:g} %, interval [{trip['ci_pct'][0]:+.1f}, "
                      f"{trip['ci_pct'][1]:+.1f}] %)")
     return "\n".join(lines)
-
-
-ROUNDS_SHOWN = "tpot_p50"  # the per-round changes printed under a paired level's table
-
-
-def _rounds_line(results: Sequence[MetricResult]) -> list[str]:
-    """One line with a paired level's per-round change of TPOT p50: rounds that disagree far more
-    than their interval's width suggests show where the noise is (the JSON has every metric's)."""
-    row = next((r for r in results if r.metric.name == ROUNDS_SHOWN and r.rounds_pct), None)
-    if row is None:
-        return []
-    changes = " ".join("-" if x is None else f"{x:+.1f}" for x in row.rounds_pct)
-    return [f"   per round, {row.metric.label}: {changes} %"]
 
 
 def _num(value: float | None) -> str:

@@ -5,8 +5,15 @@ label ("conc 4", "rate 2/s", "mooncake"). When a side holds several runs of the 
 several files for that side, or the same label more than once in one file (`--repeat N`,
 `loadgen recipe run` with `repeats`) - those are repeats.
 
-delta % = 100 (NEW - BASE) / BASE, where a side's value is the mean over its repeats (paired
-rounds: the geometric mean of the per-round ratios, the centre of its interval).
+Columns. BASE and NEW, as the table shows them, are the values the delta is computed from:
+delta % = 100 (NEW / BASE - 1). With repeats they are each side's geometric mean over its runs;
+with paired rounds the geometric mean over the rounds of each round's values (matched requests,
+below), over the rounds the test used; so NEW / BASE is exp(the mean log ratio), the centre of the
+interval, and a paired delta is the geometric mean of the per-round ratios (`rounds_pct`, each
+round's own change). One run per side: the run's own values. Matched columns are not the
+percentiles over all requests that `loadgen report` shows, and can move the other way: the
+slower run finishes fewer requests, and the ones it never finished are often the base run's
+slowest. `LevelComparison.values` says which values the columns are.
 
 Paired rounds (`paired`, a recipe's default; as many runs on each side): the k-th runs of the
 two sides were measured together (round k of A B A B ..., the k-th `--repeat`), so what a round
@@ -50,7 +57,10 @@ Verdict. Every comparison's p-values, over all its (level, metric) pairs, go thr
 Benjamini-Hochberg procedure at false-discovery rate `fdr` (0.05): "better" or "worse" (by the
 metric's direction) only when the change survives it and its 95 % interval excludes 0 (and
 |delta| >= `min_effect_pct`); otherwise "within noise". Under no change at all this also bounds
-the chance of any false verdict in the family by `fdr`.
+the chance of any false verdict in the family by `fdr`. A row is only called better or worse
+the way its columns moved (MetricResult raises otherwise): the t intervals hold their centre, and
+a bootstrap's percentile interval that lies on the other side of 0 from its own estimate is no
+evidence either way (within noise).
 """
 
 from __future__ import annotations
@@ -94,6 +104,17 @@ class MetricResult:
     p_value: float | None = None
     rounds_pct: tuple[float | None, ...] = ()  # paired: NEW_k / BASE_k - 1 of every round k, in %
 
+    def __post_init__(self) -> None:
+        """A row is better or worse only the way its columns moved (lower is better for a latency,
+        higher for a throughput): one that is not was built wrong, and would mislead its reader."""
+        if self.verdict not in ("better", "worse") or self.base is None or self.new is None:
+            return
+        went_up = self.new > self.base
+        if self.new == self.base or (went_up == self.metric.higher_is_better) != (self.verdict == "better"):
+            moved = "above" if went_up else "below" if self.new < self.base else "equal to"
+            raise ValueError(f"{self.metric.label}: NEW {self.new:.4g} {moved} BASE {self.base:.4g} but labelled "
+                             f"{self.verdict} (delta {self.delta_pct}, interval {self.ci_pct})")
+
     @property
     def worse_by_pct(self) -> float | None:
         """How much worse NEW is, in % of BASE (negative when it is better)."""
@@ -107,6 +128,7 @@ class LevelComparison:
     label: str
     method: str
     detail: str
+    values: str  # what the BASE and NEW columns are ("matched requests, geometric mean over rounds", ...)
     base_requests: int
     new_requests: int
     base_failed: bool
@@ -221,16 +243,19 @@ def _estimate_level(label: str, base: list[LevelSample], new: list[LevelSample],
                     resamples: int, rng: np.random.Generator, run_noise: RunNoise | None, paired: bool,
                     others: Sequence[list[LevelSample]] = ()):
     """(LevelComparison fields but results, [MetricResult without verdict]) of one level."""
-    centre: list[float | None] | None = None  # paired: delta % is the test's own estimate
     rounds: list[tuple[float | None, ...]] = [() for _ in metrics]  # paired: each round's change, %
     if paired and run_noise is None and len(base) == len(new) >= 2:
-        point_base, point_new = (_per_run(side, metrics).mean(axis=1) for side in (base, new))
-        ratios, shares = round_log_ratios(base, new, metrics)
+        round_base, round_new, shares = round_values(base, new, metrics)
+        ratios = _log_ratios(round_base, round_new)
         block = [round_log_ratios(base, other, metrics)[0] for other in others if len(other) == len(base)]
+        used = [complete_rounds(ratios[i], [b[i] for b in block]) for i in range(len(metrics))]
+        point_base = np.array([_geometric_mean(round_base[i, used[i]]) for i in range(len(metrics))])
+        point_new = np.array([_geometric_mean(round_new[i, used[i]]) for i in range(len(metrics))])
         tests = [block_log_test(ratios[i], [b[i] for b in block]) for i in range(len(metrics))]
-        centre = [_mean_ratio_pct(row) for row in ratios]
         rounds = [tuple(100.0 * math.expm1(x) if np.isfinite(x) else None for x in row) for row in ratios]
         method, run_to_run = ("paired rounds, matched requests" if shares else "paired rounds"), True
+        values = ("matched requests, geometric mean over rounds (rates: whole windows; not `loadgen report`'s "
+                  "percentiles over all requests)") if shares else "geometric mean over rounds"
         detail = f"{len(base)} rounds, t on the per-round ratios"
         if block:
             detail += f", residual variance over the rounds of {len(block) + 2} variants"
@@ -240,14 +265,17 @@ def _estimate_level(label: str, base: list[LevelSample], new: list[LevelSample],
     elif len(base) == 1 and len(new) == 1 and run_noise is None:
         point_base, point_new = point_values(base[0], metrics), point_values(new[0], metrics)
         boot = session_bootstrap(base[0], new[0], metrics, resamples, rng)
-        method, run_to_run = boot.method, False
+        method, run_to_run, values = boot.method, False, "each run's own values, over all its requests"
         detail = boot.detail + "; single run per side, run-to-run noise NOT in the interval"
         tests = [_bootstrap_test(point_base[i], point_new[i], boot.base[i], boot.new[i]) for i in range(len(metrics))]
     elif (len(base) >= 2 and len(new) >= 2) or run_noise is not None:
         per_base, per_new = _per_run(base, metrics), _per_run(new, metrics)
-        point_base, point_new = per_base.mean(axis=1), per_new.mean(axis=1)
+        # the log-scale means the t tests compare, so that NEW / BASE is their interval's centre
+        point_base = np.array([_geometric_mean(row) for row in per_base])
+        point_new = np.array([_geometric_mean(row) for row in per_new])
         single = len(base) == 1 and len(new) == 1
         method = "single run, A/A noise" if single else "repeats"
+        values = "each run's own values, over all its requests" if single else "geometric mean over runs"
         detail, run_to_run = ("1 vs 1 run" if single else f"{len(base)} vs {len(new)} repeats"), True
         if run_noise is None:
             tests = [welch_log_test(per_base[i], per_new[i]) for i in range(len(metrics))]
@@ -261,13 +289,12 @@ def _estimate_level(label: str, base: list[LevelSample], new: list[LevelSample],
     results = []
     for i, metric in enumerate(metrics):
         base_v, new_v = _finite(point_base[i]), _finite(point_new[i])
-        delta = None
-        if base_v and new_v is not None:
-            delta = centre[i] if centre is not None else 100.0 * (new_v - base_v) / base_v
+        delta = 100.0 * (new_v / base_v - 1.0) if base_v and new_v is not None else None
         ci, p = tests[i] if delta is not None else (None, None)
         results.append(MetricResult(metric, base_v, new_v, delta, ci, "n/a", p if ci is not None else None,
                                     rounds[i]))
-    header = {"label": label, "method": method, "detail": detail, "base_requests": sum(r.requests for r in base),
+    header = {"label": label, "method": method, "detail": detail, "values": values,
+              "base_requests": sum(r.requests for r in base),
               "new_requests": sum(r.requests for r in new), "base_failed": any(r.failed for r in base),
               "new_failed": any(r.failed for r in new), "run_to_run": run_to_run}
     return header, results
@@ -278,13 +305,14 @@ def _per_run(runs: Sequence[LevelSample], metrics: Sequence[MetricDef]) -> np.nd
     return np.stack([point_values(r, metrics) for r in runs], axis=1)
 
 
-def round_log_ratios(base: Sequence[LevelSample], new: Sequence[LevelSample],
-                     metrics: Sequence[MetricDef]) -> tuple[np.ndarray, list[float]]:
-    """(metrics, rounds) log(NEW_k / BASE_k), and the matched share of every matched round. A
-    percentile is taken over the requests both runs of the round measured, when they share at
-    least half of their requests (same plan): the two runs then differ by the server alone, not by
-    which requests fell in their windows. Rates count whole windows."""
-    ratios = np.full((len(metrics), len(base)), np.nan)
+def round_values(base: Sequence[LevelSample], new: Sequence[LevelSample],
+                 metrics: Sequence[MetricDef]) -> tuple[np.ndarray, np.ndarray, list[float]]:
+    """(metrics, rounds) values of BASE_k and of NEW_k, and the matched share of every matched
+    round. A percentile is taken over the requests both runs of the round measured, when they
+    share at least half of their requests (same plan): the two runs then differ by the server
+    alone, not by which requests fell in their windows. Rates count whole windows."""
+    values_base = np.full((len(metrics), len(base)), np.nan)
+    values_new = np.full_like(values_base, np.nan)
     per_request = np.array([m.q is not None for m in metrics])
     shares = []
     for k, (b, n) in enumerate(zip(base, new)):
@@ -294,9 +322,26 @@ def round_log_ratios(base: Sequence[LevelSample], new: Sequence[LevelSample],
             value_b = np.where(per_request, point_values(cut[0], metrics), value_b)
             value_n = np.where(per_request, point_values(cut[1], metrics), value_n)
             shares.append(cut[2])
-        with np.errstate(divide="ignore", invalid="ignore"):
-            ratios[:, k] = np.log(value_n / value_b)
-    return ratios, shares
+        values_base[:, k], values_new[:, k] = value_b, value_n
+    return values_base, values_new, shares
+
+
+def round_log_ratios(base: Sequence[LevelSample], new: Sequence[LevelSample],
+                     metrics: Sequence[MetricDef]) -> tuple[np.ndarray, list[float]]:
+    """(metrics, rounds) log(NEW_k / BASE_k) of round_values, and the matched shares."""
+    values_base, values_new, shares = round_values(base, new, metrics)
+    return _log_ratios(values_base, values_new), shares
+
+
+def _log_ratios(base: np.ndarray, new: np.ndarray) -> np.ndarray:
+    """log(new / base), not finite where either value is missing, zero or infinite."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.log(new / base)
+
+
+def complete_rounds(log_ratios: np.ndarray, other_log_ratios: Sequence[np.ndarray] = ()) -> np.ndarray:
+    """Which rounds block_log_fit uses: those where NEW's and every other variant's ratio is finite."""
+    return np.isfinite(np.vstack([log_ratios, *other_log_ratios])).all(axis=0)
 
 
 def welch_log_test(base: np.ndarray, new: np.ndarray) -> tuple[tuple[float, float] | None, float | None]:
@@ -334,7 +379,7 @@ def block_log_fit(log_ratios: np.ndarray, other_log_ratios: Sequence[np.ndarray]
     """block_log_test's (mean log ratio, its standard error, degrees of freedom, rounds used); None
     with fewer than two complete rounds."""
     table = np.vstack([np.zeros_like(log_ratios), log_ratios, *other_log_ratios])  # (variants, rounds)
-    table = table[:, np.isfinite(table).all(axis=0)]
+    table = table[:, complete_rounds(log_ratios, other_log_ratios)]
     variants, n = table.shape
     if n < 2:
         return None
@@ -401,20 +446,25 @@ def benjamini_hochberg(p_values: Sequence[float | None], fdr: float) -> list[boo
 
 def verdict(metric: MetricDef, delta_pct: float | None, ci_pct: tuple[float, float] | None,
             min_effect_pct: float = 0.0) -> str:
-    """better / worse / within noise (the interval holds 0, or |delta| < min effect) / n/a."""
+    """better / worse / within noise (the interval holds 0, or lies on the other side of 0 from
+    the delta, or |delta| < min effect) / n/a."""
     if delta_pct is None or ci_pct is None:
         return "n/a"
     low, high = ci_pct
     if low <= 0.0 <= high or abs(delta_pct) < min_effect_pct:
         return "within noise"
     went_up = low > 0.0
+    # a bootstrap's percentile interval need not hold its own estimate: the two disagreeing on
+    # the direction is no evidence of either, and a verdict against the columns would mislead
+    if not (delta_pct > 0.0 if went_up else delta_pct < 0.0):
+        return "within noise"
     return "better" if went_up == metric.higher_is_better else "worse"
 
 
-def _mean_ratio_pct(log_ratios: np.ndarray) -> float | None:
-    """exp(mean log ratio) - 1 in %, over the finite ones (the centre of block_log_test's interval)."""
-    finite = log_ratios[np.isfinite(log_ratios)]
-    return 100.0 * math.expm1(float(finite.mean())) if finite.size else None
+def _geometric_mean(values: np.ndarray) -> float:
+    """exp(mean log) of the finite positive values (the ones the log-scale tests use); NaN if none."""
+    kept = values[np.isfinite(values) & (values > 0)]
+    return float(np.exp(np.log(kept).mean())) if kept.size else math.nan
 
 
 def _finite(value: float) -> float | None:

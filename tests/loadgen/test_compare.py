@@ -212,7 +212,9 @@ def test_replay_repeat_writes_one_entry_per_repeat_and_compare_uses_them(start_s
     assert tpot["delta_pct"] == pytest.approx(100 * (math.sqrt((1 + rounds[0] / 100) * (1 + rounds[1] / 100)) - 1),
                                               abs=1e-4)
     code, text, _ = _compare(capsys, files[0], files[1], "--paired")
-    assert code == 0 and f"per round, TPOT p50: {rounds[0]:+.1f} {rounds[1]:+.1f} %" in text
+    row = next(line for line in text.splitlines() if line.strip().startswith("TPOT p50"))
+    assert code == 0 and row.endswith(f" {rounds[0]:+.1f} {rounds[1]:+.1f}") and "per round, %" in text
+    assert "base, new: matched requests, geometric mean over rounds" in text
     code, out, _ = _compare(capsys, files[0], files[1], "--json")
     assert all(m["rounds_pct"] is None for m in out["levels"][0]["metrics"])  # not paired: no rounds
     # a third variant's rounds join the residual variance; the delta is still NEW's against BASE

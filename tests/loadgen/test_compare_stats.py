@@ -140,7 +140,7 @@ def test_repeats_need_two_runs_on_each_side():
     level = result.levels[0]
     assert level.method == "repeats" and level.detail == "2 vs 3 repeats"
     r = level.results[0]
-    assert r.base == pytest.approx(1.25) and r.new == pytest.approx((1.0 + 1.5 + 1.0) / 3)
+    assert r.base == pytest.approx(1.5 ** 0.5) and r.new == pytest.approx(1.5 ** (1 / 3))  # geometric means
 
 
 def test_no_common_level_is_an_error():
