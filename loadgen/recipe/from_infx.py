@@ -233,7 +233,8 @@ def register_from_infx(actions: argparse._SubParsersAction) -> None:
     p.add_argument("--server", choices=SERVERS, default=_DEFAULTS.server,
                    help=f"what serves it (default: {_DEFAULTS.server})")
     p.add_argument("--url", default=_DEFAULTS.url, help="--server url: base URL of the running server")
-    p.add_argument("--command", default=_DEFAULTS.command,
+    # dest server_command: `command` is the top-level parser's (`loadgen COMMAND`), which errors name
+    p.add_argument("--command", dest="server_command", default=_DEFAULTS.command,
                    help="--server vllm: command line with {port} (default: vllm serve MODEL --port {port})")
     p.add_argument("--spec-k", type=int, default=_DEFAULTS.spec_k, metavar="K",
                    help="num_speculative_tokens (required when the entry speculates)")
@@ -252,7 +253,7 @@ def register_from_infx(actions: argparse._SubParsersAction) -> None:
 def run_from_infx(args: argparse.Namespace) -> int:
     from loadgen.errors import UsageError
 
-    options = FromInfxOptions(server=args.server, url=args.url, command=args.command, entry=args.entry,
+    options = FromInfxOptions(server=args.server, url=args.url, command=args.server_command, entry=args.entry,
                               spec_k=args.spec_k, thinking=args.thinking, golden_al=args.golden_al,
                               model_preset=args.model_preset, duration_s=args.duration)
     path = Path(args.config)

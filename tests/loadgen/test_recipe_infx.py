@@ -141,3 +141,11 @@ def test_through_loadgen_recipe_and_recipe_check(capsys, tmp_path):
     assert f"{out}: ok" in capsys.readouterr().out
     assert main(["recipe", "from-infx", str(CONFIG), "no-such-entry"]) == 2
     assert "no entry 'no-such-entry'" in capsys.readouterr().err
+
+
+def test_from_infx_errors_name_the_command(capsys, tmp_path):
+    """Its --command flag once took the top-level command's place: errors read `loadgen None: error`."""
+    from loadgen.cli import main
+
+    assert main(["recipe", "from-infx", str(tmp_path / "missing.yaml"), "key"]) == 2
+    assert capsys.readouterr().err.startswith("loadgen recipe: error: ")
