@@ -71,6 +71,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from workload_flags import add_workload_flags
+
 from loadgen.affinity import placed_on
 from loadgen.compare import METRICS, benjamini_hochberg, compare_runs, verdict
 from loadgen.compare.stats import METRIC_BY_NAME, LevelSample, group_levels, point_values
@@ -325,15 +327,11 @@ def main() -> int:
     p.add_argument("--analyze", metavar="DIR", help="only analyse the runs already in DIR")
     p.add_argument("--rounds", type=int, default=6, help="interleaved rounds of A, A2, B (default 6)")
     p.add_argument("--delay-ms", type=float, help="planted per-step delay (default: 10 %% of a pilot's TPOT p50)")
-    p.add_argument("--model", default="tiny")
     p.add_argument("--num-layers", type=int)
-    p.add_argument("--device", default="cpu")
     p.add_argument("--conc", type=int, default=2)
     p.add_argument("--duration", type=float, default=15.0, help="window per run, s (default 15, bench's tiny preset)")
     p.add_argument("--warmup", default="1req")
-    p.add_argument("--token-scale", type=float, default=0.02)
-    p.add_argument("--think-time-scale", type=float, default=0.01)
-    p.add_argument("--think-time-cap", type=float, default=1.0)
+    add_workload_flags(p)
     p.add_argument("--server-cpus", metavar="LIST", help="CPUs of every server's processes (recipe server.cpus)")
     p.add_argument("--client-cpus", metavar="LIST", help="CPUs of the load generator (recipe sweep.client_cpus)")
     p.add_argument("--quiet", action="store_true")

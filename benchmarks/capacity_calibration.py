@@ -48,6 +48,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from workload_flags import add_workload_flags
+
 from loadgen.compare.capacity import capacity_of, compare_capacities
 from loadgen.recipe.schema import CapacityMeasure, Recipe, ServerSpec, Sweep, Variant, Workload, to_yaml
 
@@ -364,15 +366,11 @@ def main() -> int:
     p.add_argument("--delay-ms", type=float, help="planted per-step delay (default: the pilot's choice)")
     p.add_argument("--pilot-delays", default="5,10,20", help="the pilot's candidate delays, ms (default 5,10,20)")
     p.add_argument("--pilot-rounds", type=int, default=1, help="the pilot's rounds (default 1)")
-    p.add_argument("--model", default="tiny")
-    p.add_argument("--device", default="cpu")
     p.add_argument("--slo", default="standard")
     p.add_argument("--duration", type=float, default=8.0, help="window per probe, s (default 8)")
     p.add_argument("--warmup", default="2req")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--token-scale", type=float, default=0.02)
-    p.add_argument("--think-time-scale", type=float, default=0.01)
-    p.add_argument("--think-time-cap", type=float, default=1.0)
+    add_workload_flags(p)
     p.add_argument("--server-cpus", metavar="LIST", help="CPUs of every server's processes (recipe server.cpus)")
     p.add_argument("--client-cpus", metavar="LIST", help="CPUs of the load generator (recipe sweep.client_cpus)")
     p.add_argument("--quiet", action="store_true")

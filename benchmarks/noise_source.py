@@ -40,6 +40,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from workload_flags import add_workload_flags
+
 from loadgen.affinity import parse_cpus, placed_on
 from loadgen.recipe.runner import load_command
 from loadgen.recipe.schema import Recipe, ServerSpec, Sweep, Variant, Workload
@@ -170,15 +172,11 @@ def main() -> int:
     p.add_argument("--client-cpus", default="0", help="placed: the load generator's CPUs (default 0)")
     p.add_argument("--probe-cpus", default="0,1", help="probe: CPUs timed (default 0,1)")
     p.add_argument("--probe-skip-s", type=float, default=3.0, help="probe: seconds of each run left out (warm-up)")
-    p.add_argument("--model", default="tiny")
-    p.add_argument("--device", default="cpu")
     p.add_argument("--num-layers", type=int, help="the model's layers (default: the preset's)")
     p.add_argument("--conc", type=int, default=2)
     p.add_argument("--warmup", default="1req")
     p.add_argument("--seed", type=int, default=3)
-    p.add_argument("--token-scale", type=float, default=0.02)
-    p.add_argument("--think-time-scale", type=float, default=0.01)
-    p.add_argument("--think-time-cap", type=float, default=1.0)
+    add_workload_flags(p)
     p.add_argument("--out", default="/tmp/noise_source", help="results folder (default /tmp/noise_source)")
     args = p.parse_args()
     out = Path(args.out) / args.experiment
