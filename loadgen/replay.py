@@ -398,7 +398,6 @@ def _finish(doc: dict[str, Any], pool: Pool, path: Path, running: bool = False) 
     if running and pool.status == "complete":
         doc["status"], doc["message"] = "interrupted", "the run was still going when this was written"
     doc["pareto"] = pareto(doc["levels"])
-    doc.pop("validity", None)
     doc["validity"] = check_validity(doc)  # AgentX's submission rules (loadgen/validity.py)
     return save_results(path, doc)
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass
 
-from loadgen.slo import DEFAULT_TARGET, Slo
+from loadgen.slo import DEFAULT_TARGET, Slo, parse_slo
 
 OVER = ("requests", "sessions")
 DEFAULT_SLO = "standard"  # the tier searched when no --slo is given
@@ -43,7 +43,7 @@ class SearchConfig:
         return (low if self.low is None else self.low), (high if self.high is None else self.high)
 
 
-SEARCH = SearchConfig(slo=None)  # type: ignore[arg-type]  # the defaults, for the flags' help
+SEARCH = SearchConfig(slo=parse_slo(DEFAULT_SLO))  # the default search: its fields are the flags' defaults
 
 
 def add_search_flags(p: argparse.ArgumentParser) -> None:
