@@ -35,8 +35,9 @@ class _Kept:
 
 
 def gpu_visible() -> bool:
-    """Whether `--device auto` resolves to CUDA, as the server resolves it."""
-    from server.config import resolve_device
+    """Whether `--device auto` resolves to CUDA, as the server resolves it (through the in-process
+    transport, loadgen's one door to the server package)."""
+    from loadgen.transport.inprocess import resolve_device
 
     return resolve_device("auto") == "cuda"
 
