@@ -27,8 +27,10 @@ import time
 from pathlib import Path
 
 from loadgen.attainment import Share
+from loadgen.capacity.config import DEFAULT_SLO
 from loadgen.capacity.search import Probe, capacity_from_curve
 from loadgen.capacity.sweep import share_of
+from loadgen.options import DEFAULTS
 from loadgen.results import read_results
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -63,8 +65,9 @@ def sweep_capacity(result: Path, slo_name: str, target: float) -> dict:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--url", required=True, help="the server's base URL")
-    p.add_argument("--slo", default="standard", help="the SLO searched (default %(default)s)")
-    p.add_argument("--attainment", type=float, default=0.95, help="target share of good requests (default %(default)s)")
+    p.add_argument("--slo", default=DEFAULT_SLO, help="the SLO searched (default %(default)s)")
+    p.add_argument("--attainment", type=float, default=DEFAULTS.attainment,
+                   help="target share of good requests (default %(default)s)")
     p.add_argument("--duration", type=float, default=20.0, help="window seconds, both runs (default %(default)s)")
     p.add_argument("--warmup", default="1req", help="warm-up, both runs (default %(default)s)")
     p.add_argument("--span", type=int, default=3, help="agents the sweep reaches beyond the interval (default %(default)s)")
