@@ -1,6 +1,6 @@
 """Host-side cost of one engine decode step, counted on CPU: torch ops, Triton launches, host syncs.
 
-The decode step of the engine is host-bound on a GPU (benchmarks/RESULTS.md, "Engine"), so what
+The eager decode step of the engine is host-bound on a GPU (benchmarks/engine.py --modes eager), so what
 matters is how much the host does per step, which does not need a GPU to count:
 - torch ops: every aten op dispatched (a TorchDispatchMode sees each one);
 - Triton launches: calls of the kernels' launchers (patched to count; run by the interpreter);

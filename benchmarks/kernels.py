@@ -364,12 +364,11 @@ def indexer_prefill_cases(rows: list[Row], chunk: int, context: int, key_dtypes:
 
 # The default config (None) and the variants worth timing at each row size. Past the in-register
 # kernel's limit (REGISTER_ROW_MAX_COLS) the defaults alone: their variants (compacting grids,
-# histogram steps, per-hit atomics, five launches) were timed in benchmarks/RESULTS.md ("Compacting
-# top-k", "Top-k: wider histogram steps"), the sampled path's beside the compacting path by
-# benchmarks/topk_determinism.py (its VARIANTS; "Top-k from a sample"). Up to it, every launch shape: the compacting path at its
+# histogram steps, per-hit atomics, five launches) were timed by this script's --only topk, the
+# sampled path's beside the compacting path by benchmarks/topk_determinism.py (its VARIANTS);
+# results in benchmarks/RESULTS.md. Up to it, every launch shape: the compacting path at its
 # grid up to 32k columns, the one-launch radix kernel that re-reads the row per level, and the
-# in-register kernel at 4, 8 or 16 warps (its 2- and 3-pivot steps: benchmarks/RESULTS.md, top-k
-# with the row in registers).
+# in-register kernel at 4, 8 or 16 warps (its 2- and 3-pivot steps were timed by --only topk too).
 MULTI_LAUNCH, ONE = 0, 1 << 30  # single_pass_max_cols that force the multi-launch paths / the single launch
 _CUDA = torch.device("cuda")
 COMPACTING = replace(default_config(_CUDA, 32768, 1), single_pass_max_cols=MULTI_LAUNCH)

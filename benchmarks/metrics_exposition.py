@@ -12,7 +12,7 @@ Both sides render the same families, labels and buckets from the same data; the 
 that the parsed values agree before timing anything.
 
 Needs prometheus_client, which agentload itself does not depend on (`pip install prometheus_client`).
-Result and decision: benchmarks/RESULTS.md, "Prometheus text: hand-written vs prometheus_client".
+Result and decision: benchmarks/RESULTS.md.
 
     PYTHONPATH=. python benchmarks/metrics_exposition.py            # full run (about a minute)
     PYTHONPATH=. python benchmarks/metrics_exposition.py --smoke    # a few iterations: tests the script

@@ -14,8 +14,7 @@ Three experiments on our server (default: the tiny engine on CPU), each a series
 
 Prints each run and, per series, the SD of log TPOT p50 (in %) and the per-run SD between
 neighbouring runs; `probe` also the correlation of each run's log TPOT p50 with the log of the
-probe's mean over that run. Results: benchmarks/RESULTS.md, "Where the CPU's run-to-run noise
-comes from".
+probe's mean over that run. Results: benchmarks/RESULTS.md.
 
   python benchmarks/noise_source.py placement --runs 5 --duration 20
   python benchmarks/noise_source.py persistence --runs 7 --duration 20

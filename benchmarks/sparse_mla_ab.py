@@ -111,7 +111,7 @@ def run_case(name: str, shape: tuple[int, int, str] | tuple[int, int, str, int],
             print(f"{name} {label}: {ms * 1e3:8.1f} us {flops / ms / 1e9:6.1f} TFLOP/s "
                   f"{100 * nbytes / ms / 1e9 / bk.COPY_TBPS:5.1f}% of copy", flush=True)
     # the fastest timing beside the median: a slow state of the machine lasting a whole timing
-    # (RESULTS.md, "Sparse MLA tiles") can take half of a few repeats
+    # (seen in this script's --aa runs; benchmarks/RESULTS.md) can take half of a few repeats
     base, base_min = statistics.median(times["baseline"]), min(times["baseline"])
     for label, *_ in sides[1:]:
         other, other_min = statistics.median(times[label]), min(times[label])
