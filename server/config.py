@@ -178,7 +178,7 @@ class SchedulerConfig:
 
 @dataclass(frozen=True, slots=True)
 class ParallelConfig:
-    """Tensor parallelism: one process per rank; rank 0 is the engine core (see server/parallel/)."""
+    """Tensor parallelism: one process per rank; rank 0 is the engine core (see server/distributed/)."""
 
     tensor_parallel_size: int = field(default=1, metadata=cli(
         "--tp", "--tensor-parallel-size", metavar="N", group="tensor parallelism",

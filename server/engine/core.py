@@ -23,13 +23,13 @@ import time
 from server.config import EngineConfig, resolve_overlap
 from server.engine.kv_cache import BlockManager
 from server.engine.messages import AddRequest, EngineStats, RequestOutput, SamplingParams, StepOutputs
+from server.engine.model_runner import ModelRunner
 from server.engine.pending import LaunchedStep, TokenCopies
 from server.engine.sampler import Sampler
 from server.engine.scheduler import ScheduledBatch, Scheduler
 from server.engine.sequence import Sequence
 from server.engine.spec_decode import SpeculativeDecoder
 from server.engine.warmup import DECODE_TOKENS, log_compile_while_serving, prompt_ids, warmup_waves, watch_compiles
-from server.model.runner import ModelRunner
 
 
 class Engine:

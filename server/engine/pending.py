@@ -5,7 +5,7 @@ tokens, so the host's work for N+1 runs while the device computes N. A request t
 step N gets a placeholder in its `token_ids` until the token is back: -1 - row, where row is
 the token's row in step N's sampled-token tensor (`placeholder` in server/engine/sequence.py).
 Step N+1 embeds the real token by gathering it from that tensor on the device
-(`fill_placeholders`; a decode graph gathers its ids in one op, server/model/cuda_graph.py), so
+(`fill_placeholders`; a decode graph gathers its ids in one op, server/engine/cuda_graph.py), so
 the token never makes a round trip through the host before it is used. Placeholders only ever
 refer to the step launched just before: a step's tokens are resolved before the step after next
 is scheduled. A speculative step's tokens are its requests' emitted tokens and then their next

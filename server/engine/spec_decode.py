@@ -45,12 +45,12 @@ import torch
 from golden_al import AcceptanceSampler, min_variance_rates
 from server.config import SpeculativeConfig
 from server.engine.messages import SamplingParams
+from server.engine.model_runner import ModelRunner
 from server.engine.pending import LaunchedStep, TokenCopies, VerifyPlan
 from server.engine.sampler import Sampler
 from server.engine.scheduler import ScheduledBatch, Scheduler
 from server.engine.sequence import Sequence, placeholder
 from server.model.draft import build_draft_head
-from server.model.runner import ModelRunner
 
 
 class Decided(NamedTuple):

@@ -10,7 +10,7 @@ bundled sessions held five compiles of 1.2-1.6 s, its ITL max 1.6 s and TTFT p99
 
 Two things keep a run free of them. The integer arguments that move with the batch are kept in
 one class (the indexer logits' width and the block table's width are rounded up: see
-`server.model.attention.logits_width` and `server.model.block_table`; token counts that only bound
+`server.model.attention.logits_width` and `server.engine.block_table`; token counts that only bound
 masks are unspecialised). And the requests of `warmup_waves` run before the server is ready: one
 prefill step of each kind the top-k chooses between (kernels/topk.py: the row in registers up to
 SINGLE_PASS_MAX_COLS, at each of its register widths, the sampled pass over many rows, the

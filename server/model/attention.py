@@ -8,7 +8,7 @@ lengths, and prefill and decode are the same code path through the kernels API.
 
 Under tensor parallelism each rank runs its share of the attention heads and of the indexer's
 heads; the latent row and the indexer key are per token, shared by every head, so every rank
-computes and caches all of them (see server/parallel/__init__.py).
+computes and caches all of them (see server/distributed/__init__.py).
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from kernels.indexer import indexer_logits_paged
 from kernels.sparse_mla import sparse_mla
 from kernels.topk import topk_slots
 from server.config import ModelConfig
+from server.distributed.collectives import TensorParallel
 from server.model.layers import (
     ColumnParallelLinear,
     FusedLinears,
@@ -33,7 +34,6 @@ from server.model.layers import (
     RopeAngles,
     RowParallelLinear,
 )
-from server.parallel.collectives import TensorParallel
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,7 @@ from torch import nn
 from kernels.fused import add_rms_norm
 from kernels.gemv import linear
 from kernels.gemv_fused import add_rms_norm_linear, silu_mul_linear
-from server.parallel.collectives import TensorParallel
+from server.distributed.collectives import TensorParallel
 
 
 class RMSNorm(nn.Module):

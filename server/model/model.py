@@ -17,6 +17,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from server.config import ModelConfig
+from server.distributed.collectives import TensorParallel
 from server.model.attention import AttentionMetadata, CacheSettings, MLAttention
 from server.model.layers import (
     ColumnParallelLinear,
@@ -28,7 +29,6 @@ from server.model.layers import (
     full_shape,
     init_linear,
 )
-from server.parallel.collectives import TensorParallel
 
 
 class DecoderLayer(nn.Module):

@@ -8,7 +8,7 @@ last tokens the caller wants logits.
 
 Under tensor parallelism (`--tp N`) the engine core's runner is rank 0: it starts the other ranks,
 broadcasts each step's host inputs to them, and alone gets the logits; a worker rank's runner
-loops in `serve`, running the steps it receives (see server/parallel/).
+loops in `serve`, running the steps it receives (see server/distributed/).
 """
 
 from __future__ import annotations
@@ -21,14 +21,14 @@ import torch
 
 from kernels.quant import check_slot_range
 from server.config import EngineConfig, resolve_backend, resolve_device
+from server.distributed.collectives import TensorParallel
+from server.engine.block_table import BlockTable
+from server.engine.cuda_graph import DecodeGraphs, default_capture_sizes
 from server.engine.kv_cache import KVCacheTensors, cache_bytes_per_token, kernel_kv_dtype
 from server.engine.pending import fill_placeholders, to_device_async
 from server.engine.scheduler import ScheduledBatch
 from server.model.attention import AttentionMetadata, CacheSettings, logits_width
-from server.model.block_table import BlockTable
-from server.model.cuda_graph import DecodeGraphs, default_capture_sizes
 from server.model.model import build_model
-from server.parallel.collectives import TensorParallel
 
 log = logging.getLogger(__name__)
 
@@ -79,7 +79,7 @@ class ModelRunner:
         # Rank 0 builds (and so validates the weights) before any other rank exists.
         self.model = build_model(config.model, self.device, self.dtype, config.seed, config.weights, self.tp)
         if tp is None and size > 1:
-            self.tp.start_workers(config)
+            self.tp.start_workers(config, serve_worker_rank)
         self.block_size = config.cache.block_size
         self.block_table = BlockTable()
         # Rank 0's block manager hands out slots that every rank's cache must hold.
@@ -191,7 +191,7 @@ class ModelRunner:
 
     def graph_argmax(self, logits: torch.Tensor) -> torch.Tensor | None:
         """Each row's argmax of `logits` returned by the last `execute` when a decode graph
-        computed it with them (int64, on the device), else None (server/model/cuda_graph.py)."""
+        computed it with them (int64, on the device), else None (server/engine/cuda_graph.py)."""
         return None if self.graphs is None else self.graphs.argmax_of(logits)
 
     def graph_tokens_on_host(self, tokens: torch.Tensor) -> torch.Tensor | None:
@@ -250,3 +250,8 @@ class ModelRunner:
     def close(self) -> None:
         """Stop the other ranks and leave the group (also done at exit); no-op at --tp 1."""
         self.tp.stop()
+
+
+def serve_worker_rank(config: EngineConfig, tp: TensorParallel) -> None:
+    """A worker rank's part once it joined the group: build its shard, run rank 0's steps until told to stop."""
+    ModelRunner(config, tp).serve()
