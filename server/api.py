@@ -43,7 +43,7 @@ from server.tokenizer import ByteTokenizer, StreamDecoder
 _HTTP_ERROR_CODES = {404: ErrorCode.NOT_FOUND, 405: ErrorCode.METHOD_NOT_ALLOWED, 413: ErrorCode.REQUEST_TOO_LARGE}
 
 
-READ_TIMEOUT_S = HttpConfig().read_timeout  # --read-timeout's default, defined in server/config.py
+READ_TIMEOUT_S = HttpConfig().read_timeout  # --read-timeout's default, defined in server/config/http.py
 
 
 @dataclass(frozen=True, slots=True)
