@@ -86,9 +86,9 @@ def run_engine_process(config: EngineConfig, requests: Connection, outputs: Conn
         from server.engine.core import Engine
 
         engine = Engine(config)
-        # The model, torch and Triton are ~180k long-lived objects: a full collection walking them
-        # stalled a step by 135-270 ms on a 2-core VM. Frozen, the collector walks only what a
-        # step allocates.
+        # The model, torch and Triton are a great many long-lived objects: a full collection walking
+        # them would stall whichever step it fell in. Frozen, the collector walks only what a step
+        # allocates.
         gc.collect()  # start-up garbage in cycles goes now; frozen, it would never go
         gc.freeze()
         outputs.send(EngineInfo(os.getpid(), engine.model_name, engine.max_model_len,
@@ -112,8 +112,8 @@ def _report_crash(outputs: Connection, exc: BaseException) -> None:
 
 def leave_a_core_for_http(config: EngineConfig) -> None:
     """On CPU, torch's OpenMP threads spin on every core; with the HTTP process competing for
-    one of them, each step stalls (6x slower decode measured on 2 cores). Keep one core free
-    unless the user chose a thread count."""
+    one of them, each parallel region waits for the thread that lost its core, and every step
+    stalls. Keep one core free unless the user chose a thread count."""
     if "OMP_NUM_THREADS" in os.environ or resolve_device(config.device) != "cpu":
         return
     import torch

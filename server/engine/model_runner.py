@@ -34,8 +34,8 @@ log = logging.getLogger(__name__)
 
 # Said at start-up: users pick MXFP4 keys to reproduce a result measured on FP4 tensor cores.
 MXFP4_NOTE = ("--indexer-key-dtype mxfp4: this engine's kernels decode MXFP4 keys in software (no FP4 tensor-core "
-              "path) and measured slower than with fp8 keys on an H200 (README: --indexer-key-dtype), so an "
-              "fp8-vs-MXFP4 A/B on this server measures these kernels, not the format's half-size keys")
+              "path), slower than its fp8 keys, so an fp8-vs-MXFP4 A/B on this server measures these kernels, "
+              "not the format's half-size keys")
 
 
 @dataclass(frozen=True)

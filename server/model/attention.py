@@ -68,10 +68,9 @@ class CacheSettings:
 
 
 # Steps of up to this many tokens run the attention's latent side beside its indexer side in a
-# CUDA graph (MLAttention.forward). Small model at 4k context on an H200 (benchmarks/RESULTS.md,
-# "Attention sides in parallel graph branches"), graph ms inline -> in branches, two runs each:
-# batch 1 0.615-0.616 -> 0.590-0.591, batch 32 0.875-0.876 -> 0.854-0.856, batch 128 1.225-1.227
-# -> 1.252-1.258 (slower: there the indexer's own kernels fill the GPU).
+# CUDA graph (MLAttention.forward): a small step leaves most of the GPU idle, so the two sides
+# overlap; in a larger one the indexer's own kernels fill the GPU and the branch only adds its
+# synchronisation. `benchmarks/engine.py --batches 1,32,128` times decode steps either side of it.
 BRANCH_MAX_TOKENS = 32
 
 

@@ -4,7 +4,8 @@ slice. The residual add with the next norm and SwiGLU's product are single kerne
 backend (kernels/fused.py); the rotations run inside the attention's preparation kernels
 (kernels/attention_prep.py); projections of one row run as Triton GEMVs there where they beat
 cuBLAS (kernels/gemv.py: `backend`, as the kernels take it), and at one row a norm or SwiGLU's
-product runs inside the GEMV that reads it where that measured faster (kernels/gemv_fused.py).
+product runs inside the GEMV that reads it, one launch instead of two, for the shapes where
+kernels/gemv_fused.py's `prologue_config` says the fold pays.
 `GraphBranch` runs independent work as a parallel branch of a captured CUDA graph."""
 
 from __future__ import annotations
@@ -42,8 +43,8 @@ class RMSNorm(nn.Module):
     def add_project(self, update: torch.Tensor | None, residual: torch.Tensor, weight: torch.Tensor,
                     backend: str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """(linear(norm of residual + update, weight), residual + update): `add`, then the
-        projection that reads the normed rows, in one GEMV at batch 1 where that measured faster
-        (kernels/gemv_fused.prologue_config)."""
+        projection that reads the normed rows, in one GEMV at batch 1 for the shapes that
+        kernels/gemv_fused.prologue_config folds."""
         return add_rms_norm_linear(update, residual, self.weight, self.eps, weight, backend)
 
     def project(self, x: torch.Tensor, weight: torch.Tensor, backend: str | None = None) -> torch.Tensor:
@@ -93,7 +94,8 @@ class GraphBranch:
     _streams: ClassVar[dict[torch.device, torch.cuda.Stream]] = {}
 
     def __init__(self, device: torch.device, enabled: bool = True) -> None:
-        """enabled False: always in line (where branches measured slower)."""
+        """enabled False: always in line (steps whose kernels fill the GPU on their own, where a
+        branch only adds its synchronisation: server/model/attention.py, BRANCH_MAX_TOKENS)."""
         self.stream: torch.cuda.Stream | None = None
         if device.type == "cuda":
             # Made on the first eager step, not inside a capture (a graph's shape always runs
