@@ -352,6 +352,7 @@ class OpenAIServer:
                 await response.write(b"".join(parts))
         except ConnectionError:
             pass  # the client left; the caller aborts the request
+        assert response is not None  # assigned in the loop's first pass, before its first write
         return response
 
 

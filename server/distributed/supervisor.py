@@ -130,7 +130,7 @@ class WorkerSet:
     def spawn(cls, config: EngineConfig, ranks: range, addr: str, port: int, serve: RankServer) -> WorkerSet:
         ctx = multiprocessing.get_context("spawn")
         acks = ctx.Array("q", config.parallel.tensor_parallel_size, lock=False)
-        procs = {}
+        procs: dict[int, multiprocessing.process.BaseProcess] = {}
         for rank in ranks:
             proc = ctx.Process(target=worker_main, name=f"agentload-tp-rank{rank}", daemon=True,
                                args=(config, rank, rank, addr, port, torch.get_num_threads(), os.getpid(), serve, acks))
@@ -159,11 +159,12 @@ class WorkerSet:
     def _watch(self, timeout_s: float, steps_sent: Callable[[], int]) -> None:
         sentinels = {p.sentinel: rank for rank, p in self.procs.items()}
         while not self.closing:
-            ready = wait_for_sentinels(list(sentinels), timeout=0.5)
+            # wait() returns those of the sentinels given (ints) that are ready: the dead workers'
+            died = [sentinels[s] for s in wait_for_sentinels(list(sentinels), timeout=0.5) if isinstance(s, int)]
             if self.closing:
                 return
-            if ready:
-                self._fail(self._death(sentinels[ready[0]]))
+            if died:
+                self._fail(self._death(died[0]))
             began = self.step_began
             if began is not None and time.monotonic() - began > timeout_s:
                 late = [r for r in self.procs if self.acks[r] < steps_sent()]

@@ -280,7 +280,8 @@ class SpeculativeDecoder:
         q = self._draft_probs[seq.request_id][:k]
         positions = torch.arange(k, device=p.device)
         tokens = torch.tensor(drafts, device=p.device)
-        generator = self.sampler.generator if seq.params.seed is None else self.sampler._generator(seq)
+        seed = seq.params.seed
+        generator = self.sampler.generator if seed is None else self.sampler.seeded_generator(seq.request_id, seed)
         u = torch.rand(k, device=p.device, generator=generator)
         passes = u * q[positions, tokens] <= p[positions, tokens]
         accepted = torch.cumprod(passes.long(), 0).sum()

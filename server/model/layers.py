@@ -11,6 +11,7 @@ kernels/gemv_fused.py's `prologue_config` says the fold pays.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from types import TracebackType
 from typing import ClassVar
@@ -162,17 +163,17 @@ class RowParallelLinear(nn.Linear):
 def full_shape(layer: nn.Linear) -> list[int]:
     """The unsharded weight's shape (what a safetensors file and the random init hold)."""
     shape = list(layer.weight.shape)
-    dim = getattr(layer, "tp_dim", None)
-    if dim is not None:
-        shape[dim] *= layer.tp.world_size
+    if isinstance(layer, (ColumnParallelLinear, RowParallelLinear)):
+        shape[layer.tp_dim] *= layer.tp.world_size
     return shape
 
 
 @torch.no_grad()
 def copy_shard(layer: nn.Linear, full: torch.Tensor) -> None:
-    """Copy this rank's slice of the full weight into the layer."""
-    dim = getattr(layer, "tp_dim", None)
-    layer.weight.copy_(full if dim is None else full.chunk(layer.tp.world_size, dim)[layer.tp.rank])
+    """Copy this rank's slice of the full weight into the layer (a replicated layer: all of it)."""
+    if isinstance(layer, (ColumnParallelLinear, RowParallelLinear)):
+        full = full.chunk(layer.tp.world_size, layer.tp_dim)[layer.tp.rank]
+    layer.weight.copy_(full)
 
 
 class FusedLinears:
@@ -205,7 +206,7 @@ class OwnsFusedLinears(nn.Module):
     """A module holding FusedLinears among its attributes: restacks them after a dtype or device
     move (nn.Module._apply gives each parameter new storage of its own)."""
 
-    def _apply(self, fn, recurse=True):  # type: ignore[no-untyped-def]  # nn.Module's signature
+    def _apply(self, fn: Callable[[torch.Tensor], torch.Tensor], recurse: bool = True) -> OwnsFusedLinears:
         super()._apply(fn, recurse)
         for value in vars(self).values():
             if isinstance(value, FusedLinears):

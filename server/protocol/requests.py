@@ -254,22 +254,23 @@ def resolve_max_tokens(options: GenerationOptions, prompt_len: int, max_model_le
     (refused, never truncated); the default (16 for completions, the whole context for chat) is
     clamped to the room the prompt leaves, as OpenAI-compatible servers do."""
     room = max_model_len - prompt_len
-    if options.max_tokens_is_default:
+    max_tokens = options.max_tokens
+    if options.max_tokens_is_default or max_tokens is None:  # None (chat's default): the whole context
         if room < 1:
             raise ApiError(400, f"{prompt_param}: the prompt has {prompt_len} tokens; the model's context is "
                            f"{max_model_len} tokens, leaving no room to generate",
                            param=prompt_param, code=ErrorCode.CONTEXT_LENGTH_EXCEEDED)
-        limit = room if options.max_tokens is None else min(options.max_tokens, room)
+        limit = room if max_tokens is None else min(max_tokens, room)
         if options.min_tokens > limit:
             raise ApiError(400, f"min_tokens ({options.min_tokens}) exceeds the {room} tokens left in "
                            f"the model's context after the prompt ({prompt_len} tokens)",
                            param="min_tokens", code=ErrorCode.CONTEXT_LENGTH_EXCEEDED)
         return limit
-    if options.max_tokens > room:
-        raise ApiError(400, f"prompt ({prompt_len} tokens) + max_tokens ({options.max_tokens}) "
+    if max_tokens > room:
+        raise ApiError(400, f"prompt ({prompt_len} tokens) + max_tokens ({max_tokens}) "
                        f"exceeds the model's context of {max_model_len} tokens",
                        param="max_tokens", code=ErrorCode.CONTEXT_LENGTH_EXCEEDED)
-    return options.max_tokens
+    return max_tokens
 
 
 def check_acceptance_length(options: GenerationOptions, speculative: SpeculativeConfig | None) -> None:
