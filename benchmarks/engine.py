@@ -50,12 +50,12 @@ from server.config import (  # noqa: E402
     model_preset,
 )
 from server.engine.core import Engine  # noqa: E402
+from server.engine.cuda_graph import context_buckets  # noqa: E402
 from server.engine.kv_cache import kernel_kv_dtype  # noqa: E402
 from server.engine.messages import AddRequest, SamplingParams  # noqa: E402
 from server.engine.pending import LaunchedStep  # noqa: E402
 from server.engine.sequence import SequenceStatus  # noqa: E402
 from server.engine.warmup import compiles_unwatched  # noqa: E402
-from server.model.cuda_graph import context_buckets  # noqa: E402
 
 HBM_TBPS = 4.04  # H200 device copy measured for this project
 MATMUL_TFLOPS = 738.0  # H200 bf16 matrix product measured for this project

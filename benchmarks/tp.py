@@ -14,7 +14,7 @@ One command, one table (and a JSON file with every number when --out is given):
     PYTHONPATH=. python benchmarks/tp.py --model v32 --num-layers 4 --tps 1,2
     PYTHONPATH=. python benchmarks/tp.py --smoke           # tiny model on CPU (gloo): tests this script
 
-NCCL multicast stays off (server/parallel/settings.py sets NCCL_NVLS_ENABLE=0 and the other switches in
+NCCL multicast stays off (server/distributed/settings.py sets NCCL_NVLS_ENABLE=0 and the other switches in
 every rank unless the environment already says otherwise).
 """
 
@@ -41,9 +41,9 @@ import orjson  # noqa: E402
 import torch  # noqa: E402
 
 from server.config import CacheConfig, EngineConfig, ParallelConfig, SchedulerConfig, model_preset  # noqa: E402
+from server.distributed.settings import disable_multicast  # noqa: E402
 from server.engine.core import Engine  # noqa: E402
 from server.engine.messages import AddRequest, SamplingParams  # noqa: E402
-from server.parallel.settings import disable_multicast  # noqa: E402
 
 _READY = re.compile(r"ready at (http://\S+) ")
 

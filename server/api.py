@@ -43,7 +43,7 @@ from server.tokenizer import ByteTokenizer, StreamDecoder
 _HTTP_ERROR_CODES = {404: ErrorCode.NOT_FOUND, 405: ErrorCode.METHOD_NOT_ALLOWED, 413: ErrorCode.REQUEST_TOO_LARGE}
 
 
-READ_TIMEOUT_S = HttpConfig().read_timeout  # --read-timeout's default, defined in server/config.py
+READ_TIMEOUT_S = HttpConfig().read_timeout  # --read-timeout's default, defined in server/config/http.py
 
 
 @dataclass(frozen=True, slots=True)
@@ -352,6 +352,7 @@ class OpenAIServer:
                 await response.write(b"".join(parts))
         except ConnectionError:
             pass  # the client left; the caller aborts the request
+        assert response is not None  # assigned in the loop's first pass, before its first write
         return response
 
 

@@ -3,7 +3,7 @@
 `server start`, `loadgen bench` and `python -m server.parallel` call `add_engine_args` and
 `engine_config_from_args`; `server start` also calls `add_http_args` and `http_config_from_args`.
 Nothing here holds a default or a help text of its own: each flag's name, type, default and help
-come from its field in server/config.py, and argparse's dest is the field's name, so the parsed
+come from its field in server/config/, and argparse's dest is the field's name, so the parsed
 values go back into the same dataclasses unchanged.
 """
 

@@ -55,7 +55,8 @@ class _Connection(RequestHandler):
             message, payload = self._messages[-1]
             self._http10_body = payload if getattr(message, "version", None) == HttpVersion10 else None
 
-    def eof_received(self) -> bool:
+    # asyncio.Protocol's contract: True keeps the transport open (aiohttp's annotation says None).
+    def eof_received(self) -> bool:  # type: ignore[override]
         idle = self._waiter is not None and not self._waiter.done()  # every request answered
         body = self._http10_body
         if idle or body is None or not body.is_eof():

@@ -86,9 +86,9 @@ def run_engine_process(config: EngineConfig, requests: Connection, outputs: Conn
         from server.engine.core import Engine
 
         engine = Engine(config)
-        # The model, torch and Triton are ~180k long-lived objects: a full collection walking them
-        # stalled a step by 135-270 ms on a 2-core VM. Frozen, the collector walks only what a
-        # step allocates.
+        # The model, torch and Triton are a great many long-lived objects: a full collection walking
+        # them would stall whichever step it fell in. Frozen, the collector walks only what a step
+        # allocates.
         gc.collect()  # start-up garbage in cycles goes now; frozen, it would never go
         gc.freeze()
         outputs.send(EngineInfo(os.getpid(), engine.model_name, engine.max_model_len,
@@ -112,8 +112,8 @@ def _report_crash(outputs: Connection, exc: BaseException) -> None:
 
 def leave_a_core_for_http(config: EngineConfig) -> None:
     """On CPU, torch's OpenMP threads spin on every core; with the HTTP process competing for
-    one of them, each step stalls (6x slower decode measured on 2 cores). Keep one core free
-    unless the user chose a thread count."""
+    one of them, each parallel region waits for the thread that lost its core, and every step
+    stalls. Keep one core free unless the user chose a thread count."""
     if "OMP_NUM_THREADS" in os.environ or resolve_device(config.device) != "cpu":
         return
     import torch
@@ -209,6 +209,15 @@ class RequestStream:
             self._waiter.set_result(None)
 
 
+@dataclass(frozen=True, slots=True)
+class EngineProcess:
+    """The started engine process and this side's ends of its two pipes."""
+
+    process: multiprocessing.process.BaseProcess
+    requests: Connection  # AddRequest / AbortRequest / SHUTDOWN to the engine
+    outputs: Connection  # EngineInfo, then StepOutputs, from the engine
+
+
 class EngineClient:
     """Starts the engine process and multiplexes requests over its pipes."""
 
@@ -218,29 +227,34 @@ class EngineClient:
         self.dead_reason: str | None = None
         self._streams: dict[str, RequestStream] = {}
         self._outbox: queue.SimpleQueue[object] = queue.SimpleQueue()
-        self._process: multiprocessing.process.BaseProcess | None = None
-        self._requests: Connection | None = None
-        self._outputs: Connection | None = None
+        self._engine: EngineProcess | None = None  # from `start`
         self._on_death: Callable[[str], None] | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None  # from `attach`
+
+    @property
+    def _started(self) -> EngineProcess:
+        if self._engine is None:
+            raise RuntimeError("EngineClient: the engine process is not started")
+        return self._engine
 
     def start(self) -> EngineInfo:
         """Spawn the engine process and block until it is ready; EngineStartError if it fails."""
         ctx = multiprocessing.get_context("spawn")
-        child_requests, self._requests = ctx.Pipe(duplex=False)
-        self._outputs, child_outputs = ctx.Pipe(duplex=False)
-        self._process = ctx.Process(target=run_engine_process, name="agentload-engine",
-                                    args=(self.config, child_requests, child_outputs))
-        self._process.start()
+        child_requests, requests = ctx.Pipe(duplex=False)
+        outputs, child_outputs = ctx.Pipe(duplex=False)
+        process = ctx.Process(target=run_engine_process, name="agentload-engine",
+                              args=(self.config, child_requests, child_outputs))
+        process.start()
+        self._engine = EngineProcess(process, requests, outputs)
         # Close our copies of the child's ends so that its death reads as EOF here.
         child_requests.close()
         child_outputs.close()
         try:
-            first = self._outputs.recv()
+            first = outputs.recv()
         except EOFError:
             first = EngineFailed(f"engine process {self._exit_description()} while starting")
         if isinstance(first, EngineFailed):
-            self._process.join(5)
+            process.join(5)
             raise EngineStartError(f"engine failed to start: {first.reason}", first.bad_config)
         threading.Thread(target=self._write_loop, name="engine-writer", daemon=True).start()
         return first
@@ -249,7 +263,7 @@ class EngineClient:
         """Start reading outputs on `loop`; `on_death(reason)` runs once if the engine dies."""
         self._loop = loop
         self._on_death = on_death
-        loop.add_reader(self._outputs.fileno(), self._on_readable)
+        loop.add_reader(self._started.outputs.fileno(), self._on_readable)
 
     def submit(self, request: AddRequest) -> RequestStream:
         if self.dead_reason is not None:
@@ -265,33 +279,36 @@ class EngineClient:
 
     def shutdown(self, timeout: float = 10.0) -> None:
         """Ask the child to exit; kill it if it does not within `timeout` seconds."""
-        if self._loop is not None and self._outputs is not None and not self._outputs.closed:
-            self._loop.remove_reader(self._outputs.fileno())
-        if self._process is None:
+        if self._engine is None:
             return
+        process, outputs = self._engine.process, self._engine.outputs
+        if self._loop is not None and not outputs.closed:
+            self._loop.remove_reader(outputs.fileno())
         self._outbox.put(SHUTDOWN)
-        self._process.join(timeout)
-        if self._process.is_alive():
-            self._process.kill()
-            self._process.join()
+        process.join(timeout)
+        if process.is_alive():
+            process.kill()
+            process.join()
 
     def _write_loop(self) -> None:
+        requests = self._started.requests
         while True:
             msg = self._outbox.get()
             try:
-                self._requests.send(msg)
+                requests.send(msg)
             except (BrokenPipeError, OSError):
                 return  # the reader sees EOF and reports the death
             if msg is SHUTDOWN:
                 return
 
     def _on_readable(self) -> None:
+        outputs = self._started.outputs
         try:
             # Bounded, so that a fast engine cannot starve the event loop; the reader fires again.
             for _ in range(_MAX_MESSAGES_PER_READ):
-                if not self._outputs.poll():
+                if not outputs.poll():
                     break
-                msg = self._outputs.recv()
+                msg = outputs.recv()
                 if isinstance(msg, StepOutputs):
                     self._dispatch(msg)
                 elif isinstance(msg, EngineFailed):
@@ -318,7 +335,8 @@ class EngineClient:
         if self.dead_reason is not None:
             return
         self.dead_reason = reason.splitlines()[0]
-        self._loop.remove_reader(self._outputs.fileno())
+        if self._loop is not None:  # always, once attached: only the attached reader sees a death
+            self._loop.remove_reader(self._started.outputs.fileno())
         for stream in self._streams.values():
             stream.fail(self.dead_reason)
         self._streams.clear()
@@ -326,8 +344,9 @@ class EngineClient:
             self._on_death(reason)
 
     def _exit_description(self) -> str:
-        self._process.join(2)  # death path only: let the OS report the exit status
-        code = self._process.exitcode
+        process = self._started.process
+        process.join(2)  # death path only: let the OS report the exit status
+        code = process.exitcode
         if code is None:
             return "closed its pipe"
         if code < 0:

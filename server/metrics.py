@@ -63,7 +63,8 @@ class Histogram:
     def lines(self, name: str, labels: str) -> list[str]:
         out = []
         cumulative = 0
-        for bound, n in zip((*self.buckets, "+Inf"), self.counts):
+        bounds: tuple[float | str, ...] = (*self.buckets, "+Inf")
+        for bound, n in zip(bounds, self.counts):
             cumulative += n
             le = bound if isinstance(bound, str) else _number(bound)
             out.append(f'{name}_bucket{{{labels},le="{le}"}} {cumulative}')

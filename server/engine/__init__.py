@@ -1,1 +1,2 @@
-"""The engine: scheduler, paged KV cache with prefix caching, sequences, sampling, and the core step loop."""
+"""The engine: scheduler, paged KV cache with prefix caching, sequences, sampling, the model runner
+(batch inputs, CUDA-graph decode) and the core step loop."""

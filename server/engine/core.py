@@ -23,13 +23,13 @@ import time
 from server.config import EngineConfig, resolve_overlap
 from server.engine.kv_cache import BlockManager
 from server.engine.messages import AddRequest, EngineStats, RequestOutput, SamplingParams, StepOutputs
+from server.engine.model_runner import ModelRunner
 from server.engine.pending import LaunchedStep, TokenCopies
 from server.engine.sampler import Sampler
 from server.engine.scheduler import ScheduledBatch, Scheduler
 from server.engine.sequence import Sequence
 from server.engine.spec_decode import SpeculativeDecoder
 from server.engine.warmup import DECODE_TOKENS, log_compile_while_serving, prompt_ids, warmup_waves, watch_compiles
-from server.model.runner import ModelRunner
 
 
 class Engine:
@@ -39,7 +39,7 @@ class Engine:
         self.model_name = model.name
         self.vocab_size = model.vocab_size
         self.eos_token_id = model.eos_token_id
-        self.max_model_len = config.scheduler.max_model_len
+        self.max_model_len = config.max_model_len
         watch_compiles(None)  # an earlier engine's watch in this process: this one's start-up is no stall
         self.runner = ModelRunner(config)
         self.num_gpus = self.runner.num_gpus
@@ -56,7 +56,7 @@ class Engine:
     def _reset(self) -> None:
         """No request, an empty cache (no prefix cached), counters at zero, the samplers' seeds."""
         c = self.config
-        self.blocks = BlockManager(self.runner.num_blocks, c.cache.block_size, c.cache.enable_prefix_caching)
+        self.blocks = BlockManager(self.runner.num_blocks, c.block_size, c.cache.enable_prefix_caching)
         self.scheduler = Scheduler(c.scheduler, self.blocks, self.eos_token_id)
         self.sampler = Sampler(self.runner.device, self.eos_token_id, c.seed, self.runner.settings.backend)
         self.spec = None if c.speculative is None else SpeculativeDecoder(

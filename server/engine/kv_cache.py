@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import torch
 
 from kernels.quant import indexer_row_bytes, kv_row_bytes, kv_row_width
-from server.config import CacheConfig, ModelConfig
+from server.config import CacheConfig, EngineConfig, ModelConfig
 from server.engine.sequence import Sequence
 
 
@@ -46,16 +46,16 @@ class KVCacheTensors:
     block_size: int
 
     @classmethod
-    def allocate(cls, model: ModelConfig, cache: CacheConfig, num_blocks: int,
-                 device: torch.device) -> KVCacheTensors:
-        slots = num_blocks * cache.block_size
+    def allocate(cls, config: EngineConfig, num_blocks: int, device: torch.device) -> KVCacheTensors:
+        model, cache, block_size = config.model, config.cache, config.block_size
+        slots = num_blocks * block_size
         kv_dtype = torch.bfloat16 if cache.kv_cache_dtype == "bf16" else torch.uint8
         width = kv_row_width(model.kv_lora_rank, model.qk_rope_dim, kernel_kv_dtype(cache))
         kv = [torch.zeros(slots, width, dtype=kv_dtype, device=device) for _ in range(model.num_layers)]
         idx_width = indexer_row_bytes(model.index_head_dim, cache.indexer_key_dtype)
-        indexer = [torch.zeros(num_blocks, cache.block_size * idx_width, dtype=torch.uint8, device=device)
+        indexer = [torch.zeros(num_blocks, block_size * idx_width, dtype=torch.uint8, device=device)
                    for _ in range(model.num_layers)]
-        return cls(kv=kv, indexer=indexer, num_blocks=num_blocks, block_size=cache.block_size)
+        return cls(kv=kv, indexer=indexer, num_blocks=num_blocks, block_size=block_size)
 
 
 def hash_block(parent_hash: int | None, tokens: list[int]) -> int:
@@ -114,12 +114,12 @@ class BlockManager:
     def admit(self, seq: Sequence, hits: list[int]) -> None:
         """Map seq onto its prefix-cache hits (the caller then appends blocks for the rest)."""
         assert not seq.block_ids and seq.num_computed_tokens == 0
-        parent: int | None = None
         for block in hits:
             self._take(block)
             seq.block_ids.append(block)
-            parent = self.block_hash[block]
-            seq.block_hashes.append(parent)
+            block_hash = self.block_hash[block]
+            assert block_hash is not None  # a hit is found through its hash
+            seq.block_hashes.append(block_hash)
         seq.num_computed_tokens = len(hits) * self.block_size
 
     def try_append(self, seq: Sequence, num_new_tokens: int) -> bool:

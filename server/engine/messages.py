@@ -39,10 +39,9 @@ class AbortRequest:
 @dataclass(slots=True)
 class RequestOutput:
     """One request's progress in one engine step. The engine builds and pickles one per running
-    request per step, so this one is not frozen (a frozen dataclass sets each field through
-    object.__setattr__) and pickles as its field values: at 128 requests a step's outputs took
-    ~0.8 ms to pickle and ~1.1 ms to unpickle as frozen slots dataclasses, ~0.1 ms each so
-    (benchmarks/RESULTS.md, engine host path)."""
+    request per step, on the host's critical path, so this one is not frozen (a frozen dataclass
+    sets each field through object.__setattr__, several times slower to unpickle) and pickles as
+    its field values."""
 
     request_id: str
     new_token_ids: tuple[int, ...]

@@ -31,12 +31,13 @@ class Sampler:
     def forget(self, request_id: str) -> None:
         self._seeded.pop(request_id, None)
 
-    def _generator(self, seq: Sequence) -> torch.Generator:
-        g = self._seeded.get(seq.request_id)
+    def seeded_generator(self, request_id: str, seed: int) -> torch.Generator:
+        """The generator of a seeded request: made from its seed at its first draw, kept until `forget`."""
+        g = self._seeded.get(request_id)
         if g is None:
             g = torch.Generator(device=self.device)
-            g.manual_seed(seq.params.seed)
-            self._seeded[seq.request_id] = g
+            g.manual_seed(seed)
+            self._seeded[request_id] = g
         return g
 
     @torch.inference_mode()
@@ -93,7 +94,7 @@ class Sampler:
             noise[self.to_device(unseeded)] = drawn.exponential_(generator=self.generator)
         for i, s in enumerate(seqs):
             if s.params.seed is not None:
-                noise[i].exponential_(generator=self._generator(s))
+                noise[i].exponential_(generator=self.seeded_generator(s.request_id, s.params.seed))
         return noise
 
     def to_device(self, values: list) -> torch.Tensor:

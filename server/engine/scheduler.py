@@ -48,7 +48,10 @@ class ScheduledBatch:
 
 class Scheduler:
     def __init__(self, config: SchedulerConfig, block_manager: BlockManager, eos_token_id: int) -> None:
+        if config.max_model_len is None:
+            raise ValueError("Scheduler: needs max_model_len (EngineConfig fills in the model's)")
         self.config = config
+        self.max_model_len = config.max_model_len
         self.eos_token_id = eos_token_id
         self.blocks = block_manager
         self.waiting: deque[Sequence] = deque()
@@ -251,7 +254,7 @@ class Scheduler:
 
     def _length_reached(self, seq: Sequence, length: int) -> bool:
         """A sequence of `length` tokens has all the output tokens or context it may hold."""
-        return length - seq.num_prompt_tokens >= seq.params.max_tokens or length >= self.config.max_model_len
+        return length - seq.num_prompt_tokens >= seq.params.max_tokens or length >= self.max_model_len
 
     def _preempt(self, seq: Sequence) -> None:
         self.running.remove(seq)

@@ -18,15 +18,20 @@ themselves may be placeholders for the draft head's tokens.
 from __future__ import annotations
 
 import enum
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from server.engine.messages import SamplingParams
+
+if TYPE_CHECKING:
+    import numpy as np
+    import torch
 
 # Placeholders of two launched steps can sit in one request at once (speculative steps: the step
 # in flight's token after the accepted drafts of the step before); alternate steps number their
 # rows from two banks so that resolving one step never touches the other's.
 PLACEHOLDER_BANK = 1 << 24
-T = TypeVar("T")
+# A token id, or a numpy or torch array of them.
+TokenIds = TypeVar("TokenIds", int, "np.ndarray", "torch.Tensor")
 
 
 def placeholder(row: int, bank: int = 0) -> int:
@@ -35,7 +40,7 @@ def placeholder(row: int, bank: int = 0) -> int:
     return -1 - row - bank * PLACEHOLDER_BANK
 
 
-def placeholder_row(token: T) -> T:
+def placeholder_row(token: TokenIds) -> TokenIds:
     """The row of a launched step's sampled tokens that placeholder `token` stands for (a token id,
     or a numpy or torch array of them: the same arithmetic on each)."""
     return (-1 - token) % PLACEHOLDER_BANK

@@ -45,12 +45,12 @@ import torch
 from golden_al import AcceptanceSampler, min_variance_rates
 from server.config import SpeculativeConfig
 from server.engine.messages import SamplingParams
+from server.engine.model_runner import ModelRunner
 from server.engine.pending import LaunchedStep, TokenCopies, VerifyPlan
 from server.engine.sampler import Sampler
 from server.engine.scheduler import ScheduledBatch, Scheduler
 from server.engine.sequence import Sequence, placeholder
 from server.model.draft import build_draft_head
-from server.model.runner import ModelRunner
 
 
 class Decided(NamedTuple):
@@ -280,7 +280,8 @@ class SpeculativeDecoder:
         q = self._draft_probs[seq.request_id][:k]
         positions = torch.arange(k, device=p.device)
         tokens = torch.tensor(drafts, device=p.device)
-        generator = self.sampler.generator if seq.params.seed is None else self.sampler._generator(seq)
+        seed = seq.params.seed
+        generator = self.sampler.generator if seed is None else self.sampler.seeded_generator(seq.request_id, seed)
         u = torch.rand(k, device=p.device, generator=generator)
         passes = u * q[positions, tokens] <= p[positions, tokens]
         accepted = torch.cumprod(passes.long(), 0).sum()

@@ -1,16 +1,15 @@
 """Kernel warm-up before the server reports ready, and a watch for Triton compiles while serving.
 
 Triton compiles a kernel the first time it runs with new compile-time constants or a new
-specialisation of an integer argument (equal to 1, divisible by 16, or neither): 0.1-1.8 s each
-for our kernels on an H200. The decode graphs compile theirs when they are captured, but prefill
-steps run eagerly, and before this warm-up each new kind of prefill step compiled in the middle of
-a run and stalled every request of its batch: one `loadgen replay --conc 16` window over the
-bundled sessions held five compiles of 1.2-1.6 s, its ITL max 1.6 s and TTFT p99 3 s
-(benchmarks/RESULTS.md, "Triton compiles while serving").
+specialisation of an integer argument (equal to 1, divisible by 16, or neither), and a compile
+takes up to seconds. The decode graphs compile theirs when they are captured, but prefill steps
+run eagerly: without this warm-up each new kind of prefill step would compile in the middle of a
+run and stall every request of its batch, and the run's TTFT and ITL tails would report the
+compiler rather than the server.
 
 Two things keep a run free of them. The integer arguments that move with the batch are kept in
 one class (the indexer logits' width and the block table's width are rounded up: see
-`server.model.attention.logits_width` and `server.model.block_table`; token counts that only bound
+`server.model.attention.logits_width` and `server.engine.block_table`; token counts that only bound
 masks are unspecialised). And the requests of `warmup_waves` run before the server is ready: one
 prefill step of each kind the top-k chooses between (kernels/topk.py: the row in registers up to
 SINGLE_PASS_MAX_COLS, at each of its register widths, the sampled pass over many rows, the
@@ -24,16 +23,18 @@ verification) are covered only as far as the prefill steps share their kernels.
 from __future__ import annotations
 
 import contextlib
+import importlib
 import logging
 import random
 from collections.abc import Callable, Iterator
-
-import triton
 
 from kernels.topk import FINE_CHUNK_MAX_COLS, SINGLE_PASS_MAX_COLS
 from server.model.attention import LOGITS_WIDTH_MULTIPLE
 
 log = logging.getLogger(__name__)
+# Triton ships no type information, and its compile hook moved between versions: it is looked up
+# by name (`knobs.runtime.jit_cache_hook`) where it exists.
+triton = importlib.import_module("triton")
 
 SHORT_PROMPTS = (1, 5, 16)  # steps of one token, a few, and a multiple of 16
 DECODE_TOKENS = 3

@@ -8,7 +8,7 @@ lengths, and prefill and decode are the same code path through the kernels API.
 
 Under tensor parallelism each rank runs its share of the attention heads and of the indexer's
 heads; the latent row and the indexer key are per token, shared by every head, so every rank
-computes and caches all of them (see server/parallel/__init__.py).
+computes and caches all of them (see server/distributed/__init__.py).
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from kernels.indexer import indexer_logits_paged
 from kernels.sparse_mla import sparse_mla
 from kernels.topk import topk_slots
 from server.config import ModelConfig
+from server.distributed.collectives import TensorParallel
 from server.model.layers import (
     ColumnParallelLinear,
     FusedLinears,
@@ -33,7 +34,6 @@ from server.model.layers import (
     RopeAngles,
     RowParallelLinear,
 )
-from server.parallel.collectives import TensorParallel
 
 
 @dataclass(frozen=True)
@@ -68,10 +68,9 @@ class CacheSettings:
 
 
 # Steps of up to this many tokens run the attention's latent side beside its indexer side in a
-# CUDA graph (MLAttention.forward). Small model at 4k context on an H200 (benchmarks/RESULTS.md,
-# "Attention sides in parallel graph branches"), graph ms inline -> in branches, two runs each:
-# batch 1 0.615-0.616 -> 0.590-0.591, batch 32 0.875-0.876 -> 0.854-0.856, batch 128 1.225-1.227
-# -> 1.252-1.258 (slower: there the indexer's own kernels fill the GPU).
+# CUDA graph (MLAttention.forward): a small step leaves most of the GPU idle, so the two sides
+# overlap; in a larger one the indexer's own kernels fill the GPU and the branch only adds its
+# synchronisation. `benchmarks/engine.py --batches 1,32,128` times decode steps either side of it.
 BRANCH_MAX_TOKENS = 32
 
 

@@ -24,9 +24,9 @@ import torch
 from torch import nn
 
 from server.config import ModelConfig
+from server.distributed.collectives import TensorParallel
 from server.model.layers import RMSNorm, SwiGLU, init_linear
 from server.model.model import SparseMLAModel
-from server.parallel.collectives import TensorParallel
 
 _SEED_OFFSET = 0x5EED  # the draft's weights must not repeat the target's random stream
 

@@ -4,12 +4,14 @@ slice. The residual add with the next norm and SwiGLU's product are single kerne
 backend (kernels/fused.py); the rotations run inside the attention's preparation kernels
 (kernels/attention_prep.py); projections of one row run as Triton GEMVs there where they beat
 cuBLAS (kernels/gemv.py: `backend`, as the kernels take it), and at one row a norm or SwiGLU's
-product runs inside the GEMV that reads it where that measured faster (kernels/gemv_fused.py).
+product runs inside the GEMV that reads it, one launch instead of two, for the shapes where
+kernels/gemv_fused.py's `prologue_config` says the fold pays.
 `GraphBranch` runs independent work as a parallel branch of a captured CUDA graph."""
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from types import TracebackType
 from typing import ClassVar
@@ -21,7 +23,7 @@ from torch import nn
 from kernels.fused import add_rms_norm
 from kernels.gemv import linear
 from kernels.gemv_fused import add_rms_norm_linear, silu_mul_linear
-from server.parallel.collectives import TensorParallel
+from server.distributed.collectives import TensorParallel
 
 
 class RMSNorm(nn.Module):
@@ -42,8 +44,8 @@ class RMSNorm(nn.Module):
     def add_project(self, update: torch.Tensor | None, residual: torch.Tensor, weight: torch.Tensor,
                     backend: str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """(linear(norm of residual + update, weight), residual + update): `add`, then the
-        projection that reads the normed rows, in one GEMV at batch 1 where that measured faster
-        (kernels/gemv_fused.prologue_config)."""
+        projection that reads the normed rows, in one GEMV at batch 1 for the shapes that
+        kernels/gemv_fused.prologue_config folds."""
         return add_rms_norm_linear(update, residual, self.weight, self.eps, weight, backend)
 
     def project(self, x: torch.Tensor, weight: torch.Tensor, backend: str | None = None) -> torch.Tensor:
@@ -93,7 +95,8 @@ class GraphBranch:
     _streams: ClassVar[dict[torch.device, torch.cuda.Stream]] = {}
 
     def __init__(self, device: torch.device, enabled: bool = True) -> None:
-        """enabled False: always in line (where branches measured slower)."""
+        """enabled False: always in line (steps whose kernels fill the GPU on their own, where a
+        branch only adds its synchronisation: server/model/attention.py, BRANCH_MAX_TOKENS)."""
         self.stream: torch.cuda.Stream | None = None
         if device.type == "cuda":
             # Made on the first eager step, not inside a capture (a graph's shape always runs
@@ -160,17 +163,17 @@ class RowParallelLinear(nn.Linear):
 def full_shape(layer: nn.Linear) -> list[int]:
     """The unsharded weight's shape (what a safetensors file and the random init hold)."""
     shape = list(layer.weight.shape)
-    dim = getattr(layer, "tp_dim", None)
-    if dim is not None:
-        shape[dim] *= layer.tp.world_size
+    if isinstance(layer, (ColumnParallelLinear, RowParallelLinear)):
+        shape[layer.tp_dim] *= layer.tp.world_size
     return shape
 
 
 @torch.no_grad()
 def copy_shard(layer: nn.Linear, full: torch.Tensor) -> None:
-    """Copy this rank's slice of the full weight into the layer."""
-    dim = getattr(layer, "tp_dim", None)
-    layer.weight.copy_(full if dim is None else full.chunk(layer.tp.world_size, dim)[layer.tp.rank])
+    """Copy this rank's slice of the full weight into the layer (a replicated layer: all of it)."""
+    if isinstance(layer, (ColumnParallelLinear, RowParallelLinear)):
+        full = full.chunk(layer.tp.world_size, layer.tp_dim)[layer.tp.rank]
+    layer.weight.copy_(full)
 
 
 class FusedLinears:
@@ -203,7 +206,7 @@ class OwnsFusedLinears(nn.Module):
     """A module holding FusedLinears among its attributes: restacks them after a dtype or device
     move (nn.Module._apply gives each parameter new storage of its own)."""
 
-    def _apply(self, fn, recurse=True):  # type: ignore[no-untyped-def]  # nn.Module's signature
+    def _apply(self, fn: Callable[[torch.Tensor], torch.Tensor], recurse: bool = True) -> OwnsFusedLinears:
         super()._apply(fn, recurse)
         for value in vars(self).values():
             if isinstance(value, FusedLinears):

@@ -17,6 +17,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from server.config import ModelConfig
+from server.distributed.collectives import TensorParallel
 from server.model.attention import AttentionMetadata, CacheSettings, MLAttention
 from server.model.layers import (
     ColumnParallelLinear,
@@ -28,7 +29,6 @@ from server.model.layers import (
     full_shape,
     init_linear,
 )
-from server.parallel.collectives import TensorParallel
 
 
 class DecoderLayer(nn.Module):
@@ -63,7 +63,7 @@ class SparseMLAModel(nn.Module):
         # Rank 0 of a group also keeps the whole LM head: the speculative draft head runs on
         # rank 0 alone and needs full logits without the other ranks (see `logits`).
         self.register_buffer("lm_head_full", None, persistent=False)
-        self.rotary: Rotary | None = None  # built by `build_model` on the final device
+        self.rotary: Rotary  # built by `build_model` on the final device
 
     def forward(self, input_ids: torch.Tensor, meta: AttentionMetadata, kv_caches: list[torch.Tensor],
                 idx_caches: list[torch.Tensor], settings: CacheSettings) -> torch.Tensor:
@@ -110,8 +110,9 @@ class SparseMLAModel(nn.Module):
                 module.weight.normal_(0.0, 1.0, generator=g)
             elif isinstance(module, (RMSNorm, nn.LayerNorm)):
                 module.weight.fill_(1.0)
-                if getattr(module, "bias", None) is not None:
-                    module.bias.zero_()
+                bias = getattr(module, "bias", None)
+                if bias is not None:
+                    bias.zero_()
 
 
 def build_model(config: ModelConfig, device: torch.device, dtype: torch.dtype, seed: int,

@@ -16,9 +16,10 @@ import sys
 import torch
 
 from server.args import add_engine_args, engine_config_from_args
+from server.distributed.settings import disable_multicast
+from server.distributed.worker import worker_main
+from server.engine.model_runner import serve_worker_rank
 from server.log import configure_logging
-from server.parallel.settings import disable_multicast
-from server.parallel.worker import worker_main
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -53,11 +54,12 @@ def main(argv: list[str] | None = None) -> int:
     first = p.node_rank * per_node
     if local_rank is not None:
         worker_main(config, first + int(local_rank), int(local_rank), p.master_addr, p.master_port,
-                    torch.get_num_threads(), None)
+                    torch.get_num_threads(), None, serve_worker_rank)
         return 0
     ctx = multiprocessing.get_context("spawn")
     procs = [ctx.Process(target=worker_main, args=(config, first + i, i, p.master_addr, p.master_port,
-                                                   max(1, torch.get_num_threads() // per_node), None))
+                                                   max(1, torch.get_num_threads() // per_node), None,
+                                                   serve_worker_rank))
              for i in range(per_node)]
     for proc in procs:
         proc.start()

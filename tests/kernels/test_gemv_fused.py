@@ -96,7 +96,7 @@ def test_model_decode_step_fused_equals_unfused(monkeypatch):
     GEMV (one config for all shapes): folding the norms and silu(gate) * up into the projections
     changes no logit, and the layer's four folds ran fused (the pre-norms, with and without a
     residual update, q_norm, and silu(gate) * up)."""
-    from server.model.runner import ModelRunner
+    from server.engine.model_runner import ModelRunner
     from tests.server.engine_fixtures import prompt, tiny_config
     from tests.server.test_model import feed
 

@@ -155,7 +155,7 @@ def test_a_dead_tensor_parallel_rank_ends_the_bench_with_partial_results(session
     # running tests in parallel can take longer than 4 s to start the second rank
     prelude = ("import os, signal\n"
                "os.environ['AGENTLOAD_TP_STEP_TIMEOUT_S'] = '5'\n"
-               "import server.engine.core as core, server.parallel.supervisor as par\n"
+               "import server.engine.core as core, server.distributed.supervisor as par\n"
                "worker_sets, real_spawn = [], par.WorkerSet.spawn.__func__\n"
                "def spawn(cls, *args, **kwargs):\n"
                "    worker_sets.append(real_spawn(cls, *args, **kwargs))\n"

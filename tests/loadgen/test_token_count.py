@@ -33,7 +33,7 @@ def _piece(obj: object, head: bytes = b"data: ", tail: bytes = b"\n\n") -> bytes
 
 
 def _completion(ids: list[int], text: str = "x", **extra: object) -> dict:
-    """Our server's completions chunk (server/protocol.py's ResponseHeader.chunk)."""
+    """Our server's completions chunk (server/protocol/responses.py's ResponseHeader.chunk)."""
     choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": None, "token_ids": ids}
     return {"id": "cmpl-7", "object": "text_completion", "created": 1764633600, "model": "m",
             "choices": [choice], **extra}

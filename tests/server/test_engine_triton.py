@@ -23,7 +23,7 @@ CHILD = textwrap.dedent("""
     from tests.server.engine_fixtures import greedy, prompt, run, tiny_config, tokens
     from tests.server.test_model import feed
     from server.engine.core import Engine
-    from server.model.runner import ModelRunner
+    from server.engine.model_runner import ModelRunner
 
     lists = {"A": list(prompt(3, 21)), "B": list(prompt(4, 9))}
     chunks = {"A": (12, 8, 1), "B": (8, 1)}

@@ -20,13 +20,13 @@ from kernels.quant import (
     read_indexer_keys,
     read_kv_rows,
 )
+from server.engine.block_table import TABLE_WIDTH_MULTIPLE
 from server.engine.kv_cache import BlockManager
 from server.engine.messages import SamplingParams
+from server.engine.model_runner import MXFP4_NOTE, ModelRunner
 from server.engine.scheduler import ScheduledBatch
 from server.engine.sequence import Sequence
-from server.model.block_table import TABLE_WIDTH_MULTIPLE
 from server.model.model import save_weights
-from server.model.runner import MXFP4_NOTE, ModelRunner
 from tests.server.engine_fixtures import prompt, tiny_config
 
 # Two requests fed in ragged steps: a prefill chunk, a multi-token chunk, then single tokens.
@@ -180,7 +180,7 @@ def test_attention_layers_match_dense_reference(kv_cache_dtype, key_dtype):
 
 
 def test_mxfp4_keys_say_what_an_ab_against_fp8_measures(caplog):
-    with caplog.at_level(logging.WARNING, logger="server.model.runner"):
+    with caplog.at_level(logging.WARNING, logger="server.engine.model_runner"):
         ModelRunner(tiny_config(indexer_key_dtype="mxfp4", num_blocks=16))
         ModelRunner(tiny_config(num_blocks=16))
     assert [r.getMessage() for r in caplog.records] == [MXFP4_NOTE]
@@ -251,7 +251,7 @@ def test_runner_refuses_a_slot_outside_the_cache():
 
 
 def test_default_capture_sizes_reach_max_num_seqs():
-    from server.model.cuda_graph import default_capture_sizes
+    from server.engine.cuda_graph import default_capture_sizes
 
     assert default_capture_sizes(1) == (1,)
     assert default_capture_sizes(3) == (1, 2, 4)
@@ -265,7 +265,7 @@ def test_block_table_grows_with_the_batch_without_doubling_and_lets_finished_req
     import gc
     import weakref
 
-    from server.model.block_table import BlockTable
+    from server.engine.block_table import BlockTable
 
     bt = BlockTable()
     blocks = BlockManager(256, 4, enable_prefix_caching=False)
@@ -286,7 +286,7 @@ def test_graph_padding_rows_alike_in_numpy_and_torch(batch, size, q):
     """A graph's padding requests are written by torch into the device buffer at capture and by
     numpy into the pinned staging buffers at replay: both give token 0 at positions 0..q-1 of the
     request's own table row, whose first block is the dummy, and leave the real requests alone."""
-    from server.model.cuda_graph import PAD_TOKEN, inputs_bytes, pad_requests, staged_inputs
+    from server.engine.cuda_graph import PAD_TOKEN, inputs_bytes, pad_requests, staged_inputs
 
     dummy, block_size, blocks, pending_len = 9, 16, 3, 5
     layout = pending_len, size * q, size, blocks
@@ -310,7 +310,7 @@ def test_a_graphs_inputs_are_one_span_after_the_pending_tokens():
     """After the pending tokens come the token ids (so [pending, ids] is one int64 array to gather
     from), then the rest of a step's inputs, the block table last: one copy of [start, end) moves
     them; the views share the buffer's memory."""
-    from server.model.cuda_graph import inputs_bytes, staged_inputs
+    from server.engine.cuda_graph import inputs_bytes, staged_inputs
 
     buffer = torch.zeros(1000, dtype=torch.uint8)
     staged = staged_inputs(buffer, pending_len=4, rows=6, requests=3, blocks=5)
@@ -331,7 +331,7 @@ def test_context_buckets_split_at_the_topk_single_launch_width():
     """Decode graphs are captured for logits as wide as the top-k's one-launch kernel takes, and
     for max_model_len; a model no longer than that width has one bucket."""
     from kernels.topk import SINGLE_PASS_MAX_COLS
-    from server.model.cuda_graph import context_buckets
+    from server.engine.cuda_graph import context_buckets
 
     assert context_buckets(8 * SINGLE_PASS_MAX_COLS) == (SINGLE_PASS_MAX_COLS, 8 * SINGLE_PASS_MAX_COLS)
     assert context_buckets(SINGLE_PASS_MAX_COLS) == (SINGLE_PASS_MAX_COLS,)
@@ -340,7 +340,7 @@ def test_context_buckets_split_at_the_topk_single_launch_width():
 
 def test_cpu_runner_runs_eagerly_without_graphs():
     """On CPU no graph is captured and no dummy block is allocated: the eager path is the one tested here."""
-    from server.model.runner import ModelRunner
+    from server.engine.model_runner import ModelRunner
     from tests.server.engine_fixtures import tiny_config
 
     runner = ModelRunner(tiny_config(num_blocks=8))
@@ -388,7 +388,7 @@ def test_block_table_rewrites_rows_whose_request_moved_and_zero_pads():
     """Rows are kept between steps; when the batch's requests leave, reorder or change length, each
     row is again its request's block list padded with zeros (no ids left from a row's last holder),
     and a table returned earlier is not changed by later builds."""
-    from server.model.block_table import BlockTable
+    from server.engine.block_table import BlockTable
 
     bt = BlockTable()
     blocks = BlockManager(64, 4, enable_prefix_caching=False)

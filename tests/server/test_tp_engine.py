@@ -16,8 +16,8 @@ import torch
 
 from server.config import EngineConfig, ParallelConfig, SpeculativeConfig
 from server.engine.core import Engine
+from server.engine.model_runner import ModelRunner
 from server.model.model import save_weights
-from server.model.runner import ModelRunner
 from tests.server.engine_fixtures import greedy, prompt, run, tiny_config, tokens
 from tests.server.test_model import CHUNKS, feed, token_lists
 

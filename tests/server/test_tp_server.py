@@ -19,9 +19,9 @@ import orjson
 import pytest
 
 from server.config import ParallelConfig
-from server.model.runner import ModelRunner
+from server.distributed.settings import STEP_TIMEOUT_ENV
+from server.engine.model_runner import ModelRunner
 from server.parallel.launcher import main as parallel_main
-from server.parallel.settings import STEP_TIMEOUT_ENV
 from tests.server.conftest import TINY, ServerProcess, start_server
 from tests.server.engine_fixtures import tiny_config
 from tests.server.test_api_lifecycle import LONG, _stream_raw, _wait_in_flight

@@ -2,7 +2,7 @@
 per-step broadcast of the batch inputs from the engine core (rank 0) to the other ranks.
 
 At world size 1 every collective is the identity, so a single-GPU engine runs exactly the
-unsharded code. Rank 0 hands the lives of its node's worker ranks to server/parallel/supervisor.py.
+unsharded code. Rank 0 hands the lives of its node's worker ranks to server/distributed/supervisor.py.
 """
 
 from __future__ import annotations
@@ -15,10 +15,11 @@ import torch
 import torch.distributed as dist
 
 from server.config import EngineConfig, resolve_device
-from server.parallel.settings import collective_timeout_s
+from server.distributed.settings import collective_timeout_s
 
 if TYPE_CHECKING:
-    from server.parallel.supervisor import Supervisor
+    from server.distributed.supervisor import Supervisor
+    from server.distributed.worker import RankServer
 
 # Workers wait for the next step inside a broadcast while the server idles, for any length of time.
 IDLE_TIMEOUT = datetime.timedelta(days=365)
@@ -80,11 +81,11 @@ class TensorParallel:
             dist.destroy_process_group()
             self.group = self.meta_group = None
 
-    def start_workers(self, config: EngineConfig) -> None:
-        """Rank 0: start this node's other ranks, then join the group with them."""
-        from server.parallel.supervisor import Supervisor
+    def start_workers(self, config: EngineConfig, serve: RankServer) -> None:
+        """Rank 0: start this node's other ranks, each running `serve`, then join the group with them."""
+        from server.distributed.supervisor import Supervisor
 
-        self._supervisor = supervisor = Supervisor.start(self, config)
+        self._supervisor = supervisor = Supervisor.start(self, config, serve)
         # The collectives' own timeout is the backstop for ranks on other nodes; the watchdog,
         # which can name the rank, fires first for this node's.
         self.connect(config, *supervisor.rendezvous, collective_timeout_s(supervisor.timeout_s))

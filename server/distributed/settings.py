@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import os
 
-# NVLink multicast (NVLS) hangs or fails on the lent H200 hosts; every rank keeps it off.
+# NVLink multicast (NVLS) can hang or fail the group's start on hosts that offer it without being
+# able to use it, and these all-reduces do not need it: every rank keeps it off (setdefault: an
+# explicit setting in the environment wins).
 MULTICAST_OFF = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 STEP_TIMEOUT_ENV = "AGENTLOAD_TP_STEP_TIMEOUT_S"
 DEFAULT_STEP_TIMEOUT_S = 120.0

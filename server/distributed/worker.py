@@ -1,5 +1,9 @@
 """The life of a worker rank's process: join the group, build this rank's shard, run the steps
-rank 0 broadcasts until told to stop; end with the engine process if it vanishes."""
+rank 0 broadcasts until told to stop; end with the engine process if it vanishes.
+
+What the rank runs once joined (`RankServer`) is the engine's model runner, passed in by whoever
+starts the process (rank 0's runner, or `python -m server.parallel` on another node): this
+package sits below the engine and does not import it."""
 
 from __future__ import annotations
 
@@ -8,20 +12,25 @@ import os
 import signal
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import torch
 
 from server.config import EngineConfig
+from server.distributed.collectives import TensorParallel
+from server.distributed.settings import collective_timeout_s, disable_multicast, step_timeout_s
 from server.log import configure_logging
-from server.parallel.collectives import TensorParallel
-from server.parallel.settings import collective_timeout_s, disable_multicast, step_timeout_s
 
 log = logging.getLogger(__name__)
 
+# Builds this rank's shard and serves rank 0's steps until told to stop; a module-level function,
+# so that a 'spawn' process can receive it.
+RankServer = Callable[[EngineConfig, TensorParallel], None]
+
 
 def worker_main(config: EngineConfig, rank: int, local_rank: int, addr: str, port: int,
-                num_threads: int, parent_pid: int | None, acks: Any = None) -> None:
+                num_threads: int, parent_pid: int | None, serve: RankServer, acks: Any = None) -> None:
     """A worker rank: join the group, build this rank's shard, run steps until told to stop.
 
     acks: rank 0's shared step counters (None under a launcher on another node)."""
@@ -34,12 +43,10 @@ def worker_main(config: EngineConfig, rank: int, local_rank: int, addr: str, por
         _exit_with_parent(parent_pid)
     torch.set_num_threads(num_threads)
     try:
-        from server.model.runner import ModelRunner
-
         tp = TensorParallel(rank, config.parallel.tensor_parallel_size, local_rank)
         tp.acks = acks
         tp.connect(config, addr, port, collective_timeout_s(step_timeout_s()))
-        ModelRunner(config, tp).serve()
+        serve(config, tp)
         tp.disconnect()
     except BaseException:
         log.exception("tensor-parallel rank %d failed", rank)

@@ -26,9 +26,9 @@ from typing import Any
 import torch
 
 from server.config import EngineConfig, resolve_device
-from server.parallel.collectives import TensorParallel
-from server.parallel.settings import STEP_TIMEOUT_ENV, disable_multicast, step_timeout_s
-from server.parallel.worker import worker_main
+from server.distributed.collectives import TensorParallel
+from server.distributed.settings import STEP_TIMEOUT_ENV, disable_multicast, step_timeout_s
+from server.distributed.worker import RankServer, worker_main
 
 log = logging.getLogger(__name__)
 
@@ -62,8 +62,8 @@ class Supervisor:
         self._finalizer = multiprocessing.util.Finalize(self, self._stop, exitpriority=10)
 
     @classmethod
-    def start(cls, tp: TensorParallel, config: EngineConfig) -> Supervisor:
-        """Start this node's other ranks; rank 0 then joins the group at `rendezvous`."""
+    def start(cls, tp: TensorParallel, config: EngineConfig, serve: RankServer) -> Supervisor:
+        """Start this node's other ranks, each running `serve`; rank 0 then joins the group at `rendezvous`."""
         p = config.parallel
         if p.node_rank != 0:
             raise ValueError(f"--node-rank {p.node_rank}: `server start` is rank 0 and runs on node 0; "
@@ -77,7 +77,7 @@ class Supervisor:
             # CPU ranks of one node share its cores: oversubscribed OpenMP threads stall each step.
             threads_before = torch.get_num_threads()
             torch.set_num_threads(max(1, threads_before // per_node))
-        workers = WorkerSet.spawn(config, range(1, per_node), addr, port)
+        workers = WorkerSet.spawn(config, range(1, per_node), addr, port, serve)
         workers.watch(timeout, lambda: tp.steps)
         return cls(tp, workers, threads_before, (addr, port), timeout)
 
@@ -127,13 +127,13 @@ class WorkerSet:
         self.step_thread: threading.Thread | None = None  # the thread that runs the engine's steps
 
     @classmethod
-    def spawn(cls, config: EngineConfig, ranks: range, addr: str, port: int) -> WorkerSet:
+    def spawn(cls, config: EngineConfig, ranks: range, addr: str, port: int, serve: RankServer) -> WorkerSet:
         ctx = multiprocessing.get_context("spawn")
         acks = ctx.Array("q", config.parallel.tensor_parallel_size, lock=False)
-        procs = {}
+        procs: dict[int, multiprocessing.process.BaseProcess] = {}
         for rank in ranks:
             proc = ctx.Process(target=worker_main, name=f"agentload-tp-rank{rank}", daemon=True,
-                               args=(config, rank, rank, addr, port, torch.get_num_threads(), os.getpid(), acks))
+                               args=(config, rank, rank, addr, port, torch.get_num_threads(), os.getpid(), serve, acks))
             proc.start()
             log.info("tensor-parallel rank %d started (pid %d)", rank, proc.pid)
             procs[rank] = proc
@@ -159,11 +159,12 @@ class WorkerSet:
     def _watch(self, timeout_s: float, steps_sent: Callable[[], int]) -> None:
         sentinels = {p.sentinel: rank for rank, p in self.procs.items()}
         while not self.closing:
-            ready = wait_for_sentinels(list(sentinels), timeout=0.5)
+            # wait() returns those of the sentinels given (ints) that are ready: the dead workers'
+            died = [sentinels[s] for s in wait_for_sentinels(list(sentinels), timeout=0.5) if isinstance(s, int)]
             if self.closing:
                 return
-            if ready:
-                self._fail(self._death(sentinels[ready[0]]))
+            if died:
+                self._fail(self._death(died[0]))
             began = self.step_began
             if began is not None and time.monotonic() - began > timeout_s:
                 late = [r for r in self.procs if self.acks[r] < steps_sent()]

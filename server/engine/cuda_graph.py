@@ -232,7 +232,7 @@ class DecodeGraphs:
         pending_and_ids = self.inputs[: (self.pending_len + size * q) * 8].view(torch.int64)
         input_ids = torch.index_select(pending_and_ids, 0, inputs.source)
         hidden = self.model(input_ids, meta, self.kv, self.indexer, self.settings)
-        logits = self.model.parallel_logits(hidden, self.settings.backend)
+        logits = self.model.logits(hidden, self.settings.backend)  # graphs run at --tp 1 only
         argmax = None if q != 1 else argmax_rows(logits, self.settings.backend, out=self.pending[:size],
                                                  mirror=(self.host_tokens, inputs.host_row))
         return logits, hidden, argmax
@@ -272,11 +272,12 @@ class DecodeGraphs:
 
     def _staging_views(self, flip: int, key: tuple[int, int, int]) -> tuple[slice, GraphInputs[np.ndarray]]:
         """Staging buffer `flip` laid out for graph `key`: (the bytes to copy, numpy views of the inputs)."""
-        views = self._staging_cache.get((flip, *key))
+        cache_key = (flip, *key)
+        views = self._staging_cache.get(cache_key)
         if views is None:
             staged = self._staged(self._staging[flip], key)
             views = slice(staged.start, staged.end), staged.views.numpy()
-            self._staging_cache[(flip, *key)] = views
+            self._staging_cache[cache_key] = views
         return views
 
     def replay(self, token_ids: torch.Tensor, positions: torch.Tensor, seq_ids: torch.Tensor, slots: torch.Tensor,

@@ -8,7 +8,7 @@ last tokens the caller wants logits.
 
 Under tensor parallelism (`--tp N`) the engine core's runner is rank 0: it starts the other ranks,
 broadcasts each step's host inputs to them, and alone gets the logits; a worker rank's runner
-loops in `serve`, running the steps it receives (see server/parallel/).
+loops in `serve`, running the steps it receives (see server/distributed/).
 """
 
 from __future__ import annotations
@@ -21,21 +21,21 @@ import torch
 
 from kernels.quant import check_slot_range
 from server.config import EngineConfig, resolve_backend, resolve_device
+from server.distributed.collectives import TensorParallel
+from server.engine.block_table import BlockTable
+from server.engine.cuda_graph import DecodeGraphs, default_capture_sizes
 from server.engine.kv_cache import KVCacheTensors, cache_bytes_per_token, kernel_kv_dtype
 from server.engine.pending import fill_placeholders, to_device_async
 from server.engine.scheduler import ScheduledBatch
 from server.model.attention import AttentionMetadata, CacheSettings, logits_width
-from server.model.block_table import BlockTable
-from server.model.cuda_graph import DecodeGraphs, default_capture_sizes
 from server.model.model import build_model
-from server.parallel.collectives import TensorParallel
 
 log = logging.getLogger(__name__)
 
 # Said at start-up: users pick MXFP4 keys to reproduce a result measured on FP4 tensor cores.
 MXFP4_NOTE = ("--indexer-key-dtype mxfp4: this engine's kernels decode MXFP4 keys in software (no FP4 tensor-core "
-              "path) and measured slower than with fp8 keys on an H200 (README: --indexer-key-dtype), so an "
-              "fp8-vs-MXFP4 A/B on this server measures these kernels, not the format's half-size keys")
+              "path), slower than its fp8 keys, so an fp8-vs-MXFP4 A/B on this server measures these kernels, "
+              "not the format's half-size keys")
 
 
 @dataclass(frozen=True)
@@ -60,8 +60,9 @@ class StepInputs:
     @classmethod
     def from_wire(cls, tensors: list[torch.Tensor]) -> StepInputs:
         per_token, table, wanted, scalars = tensors
-        return cls(*per_token, block_table=table.int(), wanted=wanted, max_context=int(scalars[0]),
-                   uniform_query_len=int(scalars[1]))
+        token_ids, positions, seq_ids, slots = per_token
+        return cls(token_ids, positions, seq_ids, slots, block_table=table.int(), wanted=wanted,
+                   max_context=int(scalars[0]), uniform_query_len=int(scalars[1]))
 
 
 class ModelRunner:
@@ -79,8 +80,8 @@ class ModelRunner:
         # Rank 0 builds (and so validates the weights) before any other rank exists.
         self.model = build_model(config.model, self.device, self.dtype, config.seed, config.weights, self.tp)
         if tp is None and size > 1:
-            self.tp.start_workers(config)
-        self.block_size = config.cache.block_size
+            self.tp.start_workers(config, serve_worker_rank)
+        self.block_size = config.block_size
         self.block_table = BlockTable()
         # Rank 0's block manager hands out slots that every rank's cache must hold.
         self.settings = CacheSettings(
@@ -93,14 +94,13 @@ class ModelRunner:
         use_graphs = self._use_graphs()
         self.num_blocks = self.tp.agree_min(self._num_blocks(use_graphs))
         # A graph's padding rows need a cache block no request owns: one more, past the block manager's.
-        self.cache = KVCacheTensors.allocate(config.model, config.cache, self.num_blocks + use_graphs, self.device)
+        self.cache = KVCacheTensors.allocate(config, self.num_blocks + use_graphs, self.device)
         self.graphs: DecodeGraphs | None = None
         if use_graphs:
-            sched = config.scheduler
             self.graphs = DecodeGraphs(
-                self.model, self.cache.kv, self.cache.indexer, self.settings, self.block_size, sched.max_model_len,
+                self.model, self.cache.kv, self.cache.indexer, self.settings, self.block_size, config.max_model_len,
                 dummy_block=self.num_blocks,
-                sizes=config.cuda_graph_sizes or default_capture_sizes(sched.max_num_seqs),
+                sizes=config.cuda_graph_sizes or default_capture_sizes(config.scheduler.max_num_seqs),
                 max_pending=config.max_step_outputs,
                 query_lens=(1,) if config.speculative is None else (1, config.num_speculative_tokens + 1))
             self.graphs.capture()
@@ -126,7 +126,7 @@ class ModelRunner:
             # Peak step temporaries: indexer logits and top-k copies over the longest context; the
             # decode graphs' private pool holds the same for max_num_seqs rows.
             rows = sched.max_num_batched_tokens + (sched.max_num_seqs if use_graphs else 0)
-            activations = 4 * 4 * rows * sched.max_model_len + 2**30
+            activations = 4 * 4 * rows * self.config.max_model_len + 2**30
             budget = total * cache.gpu_memory_utilization - torch.cuda.memory_allocated(self.device) - activations
             flag = "--gpu-memory-utilization"
         num_blocks = int(budget // block_bytes)
@@ -191,7 +191,7 @@ class ModelRunner:
 
     def graph_argmax(self, logits: torch.Tensor) -> torch.Tensor | None:
         """Each row's argmax of `logits` returned by the last `execute` when a decode graph
-        computed it with them (int64, on the device), else None (server/model/cuda_graph.py)."""
+        computed it with them (int64, on the device), else None (server/engine/cuda_graph.py)."""
         return None if self.graphs is None else self.graphs.argmax_of(logits)
 
     def graph_tokens_on_host(self, tokens: torch.Tensor) -> torch.Tensor | None:
@@ -206,7 +206,15 @@ class ModelRunner:
         speculative draft head continues from the hidden states."""
         inputs = self.step_inputs(batch, num_logits)
         if self.tp.world_size == 1:
-            return self._forward(inputs, pending)
+            logits, hidden = self._forward(inputs, pending)
+        else:
+            logits, hidden = self._forward_with_workers(inputs, pending)
+        assert logits is not None  # the engine core is rank 0, which gathers the whole vocabulary
+        return logits, hidden
+
+    def _forward_with_workers(self, inputs: StepInputs,
+                              pending: torch.Tensor | None) -> tuple[torch.Tensor | None, torch.Tensor]:
+        """Rank 0 under tensor parallelism: send the step to the other ranks and run it with them."""
         if pending is not None:
             raise ValueError("ModelRunner: placeholder tokens under tensor parallelism (the other ranks "
                              "embed the token ids themselves); overlapped scheduling is off at --tp > 1")
@@ -250,3 +258,8 @@ class ModelRunner:
     def close(self) -> None:
         """Stop the other ranks and leave the group (also done at exit); no-op at --tp 1."""
         self.tp.stop()
+
+
+def serve_worker_rank(config: EngineConfig, tp: TensorParallel) -> None:
+    """A worker rank's part once it joined the group: build its shard, run rank 0's steps until told to stop."""
+    ModelRunner(config, tp).serve()
