@@ -24,6 +24,16 @@ def test_cited_docs_exist_and_nothing_cites_outside_notes():
     for path, text in _texts():
         assert not OUTSIDE.search(text), f"{path.relative_to(REPO)} cites a note outside the repository"
         cited.update(CITED_DOC.findall(text))
-    assert {"docs/architecture.md", "docs/sparse_mla.md", "docs/results_schema.md"} <= cited
+    reference = {f"docs/{name}.md" for name in ("architecture", "sparse_mla", "results_schema", "loadgen", "metrics",
+                                                "recipes", "server", "inferencex", "kernels", "development")}
+    assert reference <= cited
     missing = sorted(doc for doc in cited if not (REPO / doc).is_file())
     assert not missing, f"cited but not in the repository: {missing}"
+
+
+def test_readme_is_a_front_door():
+    """The README introduces and links; the reference lives in docs/."""
+    readme = (REPO / "README.md").read_text()
+    assert len(readme.splitlines()) <= 150
+    for doc in sorted((REPO / "docs").glob("*.md")):
+        assert f"docs/{doc.name}" in readme, f"README does not link docs/{doc.name}"
