@@ -1,0 +1,118 @@
+"""Sparse MLA through the Gluon kernel on Hopper (kernels/sparse_mla_gluon_kernel.py): its configs, the
+check that the device and the installed Triton can run it, and the launcher, with sparse_mla_triton's
+signature and results (the same split of the index list, partials and combine kernel).
+
+Gluon kernels compile for one architecture and do not run in the Triton interpreter: this path
+needs an sm_90 GPU (H100, H200). The backend name "gluon" (kernels/backend.py) selects it for
+sparse MLA and the Triton kernels for every other op.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import torch
+import triton
+
+from kernels.quant import DS_MLA_GROUP
+from kernels.sparse_mla import LOG2E, auto_num_splits, combine_splits, kv_views, partials_ratio, split_outputs
+
+GLUON_CAPABILITY = (9, 0)
+CONSUMER_WARPS = 8  # two warpgroups share each MMA (kernels/sparse_mla_gluon_kernel.py)
+BLOCK_H = 64  # heads per program: one wgmma M tile; fewer heads are padded
+REGISTERS_PER_SM = 65536
+
+
+@dataclass(frozen=True)
+class GluonMlaConfig:
+    """Tiles and partitions of the Gluon kernel: the ring of `num_stages` slots of `block_n` rows, the
+    loader partition's warps and registers per thread (the consumer's two warpgroups get the rest
+    of the program's register budget, one program per SM)."""
+
+    block_n: int
+    num_stages: int
+    loader_regs: int
+    loader_warps: int = 4
+    # programs per SM the automatic split count aims for (the kernel's shared memory holds one)
+    programs_per_sm: int = 1
+
+    @property
+    def maxnreg(self) -> int:
+        """Registers per thread that let one program's warps share an SM's register file."""
+        threads = 32 * (CONSUMER_WARPS + self.loader_warps)
+        return REGISTERS_PER_SM // threads // 8 * 8
+
+    @property
+    def consumer_regs(self) -> int:
+        """Registers per consumer thread once the loader partition holds its loader_regs."""
+        total = self.maxnreg * (CONSUMER_WARPS + self.loader_warps)
+        return (total - self.loader_regs * self.loader_warps) // CONSUMER_WARPS // 8 * 8
+
+
+def default_gluon_config(kv_dtype: str) -> GluonMlaConfig:
+    """Two slots of 64 rows (216 KB of shared memory with the query). fp8 rows are loaded into the
+    loader's registers and dequantised there, so its partition takes more registers."""
+    return GluonMlaConfig(64, 2, 72) if kv_dtype == "bf16" else GluonMlaConfig(64, 2, 128)
+
+
+@functools.cache
+def _import_error() -> str | None:
+    try:
+        import kernels.sparse_mla_gluon_kernel  # noqa: F401
+    except ImportError as exc:  # a Triton without triton.experimental.gluon or its Hopper ops
+        return f"the installed Triton {triton.__version__} has no usable Gluon ({exc})"
+    return None
+
+
+def gluon_unavailable_reason(device: torch.device) -> str | None:
+    """Why the Gluon kernel cannot run on `device`, or None when it can."""
+    if (error := _import_error()) is not None:
+        return error
+    if device.type != "cuda" or torch.version.hip is not None:
+        return f"it needs an NVIDIA sm_90 GPU, got a {device.type} device" + (" (ROCm)" if torch.version.hip else "")
+    capability = torch.cuda.get_device_capability(device)
+    if capability != GLUON_CAPABILITY:
+        return f"it is written for sm_90 (H100, H200), got sm_{capability[0]}{capability[1]}"
+    return None
+
+
+def check_gluon_shapes(d_c: int, d_r: int) -> None:
+    """ValueError unless the kernel's tiles fit: d_c a power of two from 128 to 512 (fp8 scale groups of
+    128; the P V accumulator splits d_c over two warpgroups of at most 256 columns), d_r 64 or 128."""
+    if d_c not in (128, 256, 512) or d_c % DS_MLA_GROUP or d_r not in (64, 128):
+        raise ValueError(f"backend='gluon': sparse MLA needs d_c in (128, 256, 512) and d_r in (64, 128), "
+                         f"got d_c={d_c}, d_r={d_r}")
+
+
+def sparse_mla_gluon(q_c, q_r, kv_cache, indices, scale, kv_dtype, num_splits=None, config=None):
+    """sparse_mla_triton's computation by the Gluon kernel: q_c [T, H, d_c] and q_r [T, H, d_r] (any
+    strides, last dim contiguous), the cache rows at indices int32 [T, K] (-1: none); config
+    overrides the tiles. RuntimeError naming the backend where the device or Triton cannot run it."""
+    if (reason := gluon_unavailable_reason(q_c.device)) is not None:
+        raise RuntimeError(f"backend='gluon': {reason}; use backend='triton'")
+    from kernels.sparse_mla_gluon_kernel import sparse_mla_fwd_kernel
+
+    t, h, d_c = q_c.shape
+    d_r = q_r.shape[2]
+    check_gluon_shapes(d_c, d_r)
+    n_idx = indices.shape[1]
+    cfg = config or default_gluon_config(kv_dtype)
+    head_blocks = triton.cdiv(h, BLOCK_H)
+    splits = num_splits or auto_num_splits(t * head_blocks, n_idx, cfg, q_c.device,
+                                           partials_ratio(h, d_c, n_idx, kv_cache))
+    out, lse, dst_o, dst_lse = split_outputs(t, h, d_c, splits, q_c.device)
+    if t == 0:
+        return out, lse
+    kv, kv_bytes, _, rope_offset = kv_views(kv_cache, kv_dtype, d_c)
+    sparse_mla_fwd_kernel[(t * head_blocks, splits)](
+        q_c, q_r, kv, kv_bytes, indices, dst_o, dst_lse,
+        q_c.stride(0), q_c.stride(1), q_r.stride(0), q_r.stride(1), scale * LOG2E.value, n_idx, h,
+        KV_STRIDE=kv.shape[1], ROW_BYTES=kv_cache.shape[1] * kv_cache.element_size(), ROPE_OFFSET=rope_offset,
+        D_C=d_c, D_R=d_r, BLOCK_N=cfg.block_n, NUM_STAGES=cfg.num_stages, FP8=kv_dtype == "fp8_ds_mla",
+        SPLIT=splits > 1, LOADER_WARPS=cfg.loader_warps, LOADER_REGS=cfg.loader_regs,
+        num_warps=CONSUMER_WARPS, maxnreg=cfg.maxnreg,
+    )
+    if splits > 1:
+        combine_splits(dst_o, dst_lse, out, lse)
+    return out, lse
