@@ -50,10 +50,17 @@ class GluonMlaConfig:
         return (total - self.loader_regs * self.loader_warps) // CONSUMER_WARPS // 8 * 8
 
 
+# the configs benchmarks/gluon_sparse_mla.py compares on the GPU, the default first: two slots of
+# 64 rows (216 KB of shared memory with the query), or four of 32 (N = 16 per warpgroup in Q K^T,
+# but twice the rows in flight). fp8 rows pass through the loader's registers, which takes more.
+CANDIDATE_CONFIGS = {
+    "bf16": (GluonMlaConfig(64, 2, 72), GluonMlaConfig(32, 4, 72)),
+    "fp8_ds_mla": (GluonMlaConfig(64, 2, 128), GluonMlaConfig(32, 4, 88)),
+}
+
+
 def default_gluon_config(kv_dtype: str) -> GluonMlaConfig:
-    """Two slots of 64 rows (216 KB of shared memory with the query). fp8 rows are loaded into the
-    loader's registers and dequantised there, so its partition takes more registers."""
-    return GluonMlaConfig(64, 2, 72) if kv_dtype == "bf16" else GluonMlaConfig(64, 2, 128)
+    return CANDIDATE_CONFIGS[kv_dtype][0]
 
 
 @functools.cache
@@ -85,6 +92,15 @@ def check_gluon_shapes(d_c: int, d_r: int) -> None:
                          f"got d_c={d_c}, d_r={d_r}")
 
 
+def kernel_constexprs(kv_cache: torch.Tensor, kv_dtype: str, d_c: int, d_r: int, split: bool,
+                      cfg: GluonMlaConfig) -> dict[str, int | bool]:
+    """The kernel's compile-time arguments for a cache, shapes and config (one compiled variant each)."""
+    kv, _, _, rope_offset = kv_views(kv_cache, kv_dtype, d_c)
+    return dict(KV_STRIDE=kv.shape[1], ROW_BYTES=kv_cache.shape[1] * kv_cache.element_size(), ROPE_OFFSET=rope_offset,
+                D_C=d_c, D_R=d_r, BLOCK_N=cfg.block_n, NUM_STAGES=cfg.num_stages, FP8=kv_dtype == "fp8_ds_mla",
+                SPLIT=split, LOADER_WARPS=cfg.loader_warps, LOADER_REGS=cfg.loader_regs)
+
+
 def sparse_mla_gluon(q_c, q_r, kv_cache, indices, scale, kv_dtype, num_splits=None, config=None):
     """sparse_mla_triton's computation by the Gluon kernel: q_c [T, H, d_c] and q_r [T, H, d_r] (any
     strides, last dim contiguous), the cache rows at indices int32 [T, K] (-1: none); config
@@ -104,13 +120,11 @@ def sparse_mla_gluon(q_c, q_r, kv_cache, indices, scale, kv_dtype, num_splits=No
     out, lse, dst_o, dst_lse = split_outputs(t, h, d_c, splits, q_c.device)
     if t == 0:
         return out, lse
-    kv, kv_bytes, _, rope_offset = kv_views(kv_cache, kv_dtype, d_c)
+    kv, kv_bytes, _, _ = kv_views(kv_cache, kv_dtype, d_c)
     sparse_mla_fwd_kernel[(t * head_blocks, splits)](
         q_c, q_r, kv, kv_bytes, indices, dst_o, dst_lse,
         q_c.stride(0), q_c.stride(1), q_r.stride(0), q_r.stride(1), scale * LOG2E.value, n_idx, h,
-        KV_STRIDE=kv.shape[1], ROW_BYTES=kv_cache.shape[1] * kv_cache.element_size(), ROPE_OFFSET=rope_offset,
-        D_C=d_c, D_R=d_r, BLOCK_N=cfg.block_n, NUM_STAGES=cfg.num_stages, FP8=kv_dtype == "fp8_ds_mla",
-        SPLIT=splits > 1, LOADER_WARPS=cfg.loader_warps, LOADER_REGS=cfg.loader_regs,
+        **kernel_constexprs(kv_cache, kv_dtype, d_c, d_r, splits > 1, cfg),
         num_warps=CONSUMER_WARPS, maxnreg=cfg.maxnreg,
     )
     if splits > 1:

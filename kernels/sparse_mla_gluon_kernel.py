@@ -36,6 +36,9 @@ LOG2E = gl.constexpr(1.4426950408889634)
 BLOCK_H = gl.constexpr(64)  # heads per program: one wgmma M tile
 CHUNK = gl.constexpr(64)  # columns a gather step covers (128 B of bf16: one swizzle row)
 CONSUMER_WARPS = gl.constexpr(8)  # two warpgroups
+# names that changed after Triton 3.6 (torch 2.11's); the kernel compiles under both spellings
+_partition_barrier = gl.thread_barrier if hasattr(gl, "thread_barrier") else gl.barrier  # the partition's warps
+_cp_async = getattr(async_copy, "async_load", None) or async_copy.async_copy_global_to_shared
 
 
 @gluon.jit
@@ -61,10 +64,10 @@ def _gather_bf16(kv_ptr, slot, kc, kr, KV_STRIDE: gl.constexpr, D_C: gl.constexp
     base = kv_ptr + gl.where(valid, slot, 0).to(gl.int64)[:, None] * KV_STRIDE
     cols = gl.arange(0, CHUNK, gl.SliceLayout(0, layout))[None, :]
     for c in gl.static_range(D_C // CHUNK):
-        async_copy.async_copy_global_to_shared(kc.slice(c * CHUNK, CHUNK, dim=1), base + (c * CHUNK + cols),
+        _cp_async(kc.slice(c * CHUNK, CHUNK, dim=1), base + (c * CHUNK + cols),
                                                mask=valid[:, None])
     for c in gl.static_range(D_R // CHUNK):
-        async_copy.async_copy_global_to_shared(kr.slice(c * CHUNK, CHUNK, dim=1), base + (D_C + c * CHUNK + cols),
+        _cp_async(kr.slice(c * CHUNK, CHUNK, dim=1), base + (D_C + c * CHUNK + cols),
                                                mask=valid[:, None])
 
 
@@ -127,7 +130,7 @@ def _loader(kv_ptr, kv_bytes_ptr, idx_ptr, kc_ring, kr_ring, ready, free, row_st
             mbarrier.wait(free.index(stage), free_phase)
             _store_fp8_rows(raw, scales, rope, kc_ring.index(stage), kr_ring.index(stage), D_C)
             fence_async_shared()  # the stores above are read by wgmma (the async proxy)
-            gl.thread_barrier()  # every loader thread has stored before the one arrival
+            _partition_barrier()  # every loader thread has stored before the one arrival
             mbarrier.arrive(ready.index(stage), count=1)
         else:
             mbarrier.wait(free.index(stage), free_phase)
@@ -190,7 +193,7 @@ def _consumer(q_c_ptr, q_r_ptr, idx_ptr, o_ptr, lse_ptr, qc_smem, qr_smem, p_sme
         s = warpgroup_mma(qr_smem, kr_ring.index(stage).permute((1, 0)), s, is_async=True)
         s, o = warpgroup_mma_wait(0, deps=(s, o))
         # both warpgroups are past the previous tile's P V: its slot may be refilled
-        gl.thread_barrier()
+        _partition_barrier()
         mbarrier.arrive(free.index((j + NUM_STAGES - 1) % NUM_STAGES), count=1, pred=j > 0)
         scores = gl.where(valid, s * sm_scale_log2, -1e30)
         m_new = gl.maximum(m, gl.max(scores, axis=1))
@@ -201,7 +204,7 @@ def _consumer(q_c_ptr, q_r_ptr, idx_ptr, o_ptr, lse_ptr, qc_smem, qr_smem, p_sme
         o = o * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
         p_smem.store(p.to(gl.bfloat16))
         fence_async_shared()
-        gl.thread_barrier()  # all of P is in shared memory before either warpgroup's MMA reads it
+        _partition_barrier()  # all of P is in shared memory before either warpgroup's MMA reads it
         o = warpgroup_mma(p_smem, kc, o, is_async=True)
     o = warpgroup_mma_wait(0, deps=(o,))
     _store_result(o, m, l, o_ptr, lse_ptr, t, h0, n_heads, D_C, SPLIT, o_layout)
@@ -222,7 +225,7 @@ def _load_query(q_c_ptr, q_r_ptr, qc_smem, qr_smem, q_c_stride_t, q_c_stride_h, 
     for c in gl.static_range(D_R // CHUNK):
         qr_smem.slice(c * CHUNK, CHUNK, dim=1).store(gl.load(q_r_row + (c * CHUNK + cols), mask=head_ok, other=0.0))
     fence_async_shared()
-    gl.thread_barrier()
+    _partition_barrier()
 
 
 @gluon.jit
