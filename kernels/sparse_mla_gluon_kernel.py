@@ -188,6 +188,8 @@ def _consumer(q_c_ptr, q_r_ptr, idx_ptr, o_ptr, lse_ptr, qc_smem, qr_smem, p_sme
         slot = _load_slots(idx_ptr, row_start, lo + j * BLOCK_N, hi, BLOCK_N, gl.SliceLayout(0, s_layout))
         valid = (slot >= 0)[None, :]
         mbarrier.wait(ready.index(stage), (j // NUM_STAGES) & 1)
+        # cp.async wrote the slot through the generic proxy; wgmma reads it through the async one
+        fence_async_shared()
         kc = kc_ring.index(stage)
         s = warpgroup_mma(qc_smem, kc.permute((1, 0)), s, use_acc=False, is_async=True)
         s = warpgroup_mma(qr_smem, kr_ring.index(stage).permute((1, 0)), s, is_async=True)
