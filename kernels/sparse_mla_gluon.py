@@ -1,10 +1,12 @@
-"""Sparse MLA through the Gluon kernel on Hopper (kernels/sparse_mla_gluon_kernel.py): its configs, the
-check that the device and the installed Triton can run it, and the launcher, with sparse_mla_triton's
-signature and results (the same split of the index list, partials and combine kernel).
+"""Sparse MLA through the Gluon kernels: their configs, the check that the device and the installed
+Triton can run one, and the launcher, with sparse_mla_triton's signature and results (the same split
+of the index list, partials and combine kernel).
 
-Gluon kernels compile for one architecture and do not run in the Triton interpreter: this path
-needs an sm_90 GPU (H100, H200). The backend name "gluon" (kernels/backend.py) selects it for
-sparse MLA and the Triton kernels for every other op.
+Gluon kernels are written for one architecture and do not run in the Triton interpreter. Hopper
+(sm_90: H100, H200) runs kernels/sparse_mla_gluon_kernel.py; AMD CDNA3 (gfx942: MI300) runs
+kernels/sparse_mla_gluon_amd.py, which compiles but has not run on AMD hardware (its results are
+checked by benchmarks/gluon_sparse_mla.py before any timing, as Hopper's). The backend name "gluon"
+(kernels/backend.py) selects them for sparse MLA and the Triton kernels for every other op.
 """
 
 from __future__ import annotations
@@ -18,9 +20,10 @@ import triton
 from kernels.quant import DS_MLA_GROUP
 from kernels.sparse_mla import LOG2E, auto_num_splits, combine_splits, kv_views, partials_ratio, split_outputs
 
-GLUON_CAPABILITY = (9, 0)
+HOPPER, CDNA3 = "sm_90", "gfx942"  # the targets, as the compiler names them
 CONSUMER_WARPS = 8  # two warpgroups share each MMA (kernels/sparse_mla_gluon_kernel.py)
-BLOCK_H = 64  # heads per program: one wgmma M tile; fewer heads are padded
+AMD_WAVEFRONTS = 4  # kernels/sparse_mla_gluon_amd.py
+BLOCK_H = 64  # heads per program (both kernels); fewer heads are padded
 REGISTERS_PER_SM = 65536
 
 
@@ -59,29 +62,47 @@ CANDIDATE_CONFIGS = {
 }
 
 
-def default_gluon_config(kv_dtype: str) -> GluonMlaConfig:
-    return CANDIDATE_CONFIGS[kv_dtype][0]
+@dataclass(frozen=True)
+class GluonAmdConfig:
+    """Tiles of the CDNA3 kernel: `block_n` rows per tile through the 64 KB of LDS (32 rows of bf16
+    d_c + d_r = 576 take 36 KB)."""
+
+    block_n: int = 32
+    programs_per_sm: int = 1
+
+
+def default_gluon_config(kv_dtype: str, target: str = HOPPER) -> GluonMlaConfig | GluonAmdConfig:
+    return CANDIDATE_CONFIGS[kv_dtype][0] if target == HOPPER else GluonAmdConfig()
 
 
 @functools.cache
-def _import_error() -> str | None:
+def _import_error(target: str) -> str | None:
     try:
-        import kernels.sparse_mla_gluon_kernel  # noqa: F401
-    except ImportError as exc:  # a Triton without triton.experimental.gluon or its Hopper ops
-        return f"the installed Triton {triton.__version__} has no usable Gluon ({exc})"
+        if target == HOPPER:
+            import kernels.sparse_mla_gluon_kernel  # noqa: F401
+        else:
+            import kernels.sparse_mla_gluon_amd  # noqa: F401
+    except ImportError as exc:  # a Triton without triton.experimental.gluon or its ops for the target
+        return f"the installed Triton {triton.__version__} has no usable Gluon for {target} ({exc})"
     return None
+
+
+def gluon_target(device: torch.device) -> str | None:
+    """The Gluon kernels' target `device` is (HOPPER, CDNA3), or None."""
+    if device.type != "cuda":
+        return None
+    if torch.version.hip is not None:
+        arch = torch.cuda.get_device_properties(device).gcnArchName
+        return CDNA3 if arch.split(":")[0] == CDNA3 else None
+    return HOPPER if torch.cuda.get_device_capability(device) == (9, 0) else None
 
 
 def gluon_unavailable_reason(device: torch.device) -> str | None:
-    """Why the Gluon kernel cannot run on `device`, or None when it can."""
-    if (error := _import_error()) is not None:
-        return error
-    if device.type != "cuda" or torch.version.hip is not None:
-        return f"it needs an NVIDIA sm_90 GPU, got a {device.type} device" + (" (ROCm)" if torch.version.hip else "")
-    capability = torch.cuda.get_device_capability(device)
-    if capability != GLUON_CAPABILITY:
-        return f"it is written for sm_90 (H100, H200), got sm_{capability[0]}{capability[1]}"
-    return None
+    """Why no Gluon kernel can run on `device`, or None when one can."""
+    if (target := gluon_target(device)) is None:
+        return (f"it is written for NVIDIA sm_90 (H100, H200) and AMD gfx942 (MI300), got "
+                f"{torch.cuda.get_device_name(device) if device.type == 'cuda' else f'a {device.type} device'}")
+    return _import_error(target)
 
 
 def check_gluon_shapes(d_c: int, d_r: int) -> None:
@@ -93,27 +114,33 @@ def check_gluon_shapes(d_c: int, d_r: int) -> None:
 
 
 def kernel_constexprs(kv_cache: torch.Tensor, kv_dtype: str, d_c: int, d_r: int, split: bool,
-                      cfg: GluonMlaConfig) -> dict[str, int | bool]:
-    """The kernel's compile-time arguments for a cache, shapes and config (one compiled variant each)."""
+                      cfg: GluonMlaConfig | GluonAmdConfig) -> dict[str, int | bool]:
+    """A kernel's compile-time arguments for a cache, shapes and config (one compiled variant each):
+    Hopper's with a GluonMlaConfig, CDNA3's with a GluonAmdConfig."""
     kv, _, _, rope_offset = kv_views(kv_cache, kv_dtype, d_c)
-    return dict(KV_STRIDE=kv.shape[1], ROW_BYTES=kv_cache.shape[1] * kv_cache.element_size(), ROPE_OFFSET=rope_offset,
-                D_C=d_c, D_R=d_r, BLOCK_N=cfg.block_n, NUM_STAGES=cfg.num_stages, FP8=kv_dtype == "fp8_ds_mla",
-                SPLIT=split, LOADER_WARPS=cfg.loader_warps, LOADER_REGS=cfg.loader_regs)
+    shared = dict(KV_STRIDE=kv.shape[1], ROW_BYTES=kv_cache.shape[1] * kv_cache.element_size(),
+                  ROPE_OFFSET=rope_offset, D_C=d_c, D_R=d_r, BLOCK_N=cfg.block_n, FP8=kv_dtype == "fp8_ds_mla",
+                  SPLIT=split)
+    if isinstance(cfg, GluonAmdConfig):
+        return shared
+    return {**shared, "NUM_STAGES": cfg.num_stages, "LOADER_WARPS": cfg.loader_warps, "LOADER_REGS": cfg.loader_regs}
 
 
 def sparse_mla_gluon(q_c, q_r, kv_cache, indices, scale, kv_dtype, num_splits=None, config=None):
-    """sparse_mla_triton's computation by the Gluon kernel: q_c [T, H, d_c] and q_r [T, H, d_r] (any
-    strides, last dim contiguous), the cache rows at indices int32 [T, K] (-1: none); config
-    overrides the tiles. RuntimeError naming the backend where the device or Triton cannot run it."""
+    """sparse_mla_triton's computation by the device's Gluon kernel: q_c [T, H, d_c] and q_r [T, H, d_r]
+    (any strides, last dim contiguous), the cache rows at indices int32 [T, K] (-1: none); config
+    overrides the tiles (the device's kind of config). RuntimeError naming the backend where the
+    device or the installed Triton cannot run it."""
     if (reason := gluon_unavailable_reason(q_c.device)) is not None:
         raise RuntimeError(f"backend='gluon': {reason}; use backend='triton'")
-    from kernels.sparse_mla_gluon_kernel import sparse_mla_fwd_kernel
-
+    target = gluon_target(q_c.device)
     t, h, d_c = q_c.shape
     d_r = q_r.shape[2]
     check_gluon_shapes(d_c, d_r)
     n_idx = indices.shape[1]
-    cfg = config or default_gluon_config(kv_dtype)
+    cfg = config or default_gluon_config(kv_dtype, target)
+    if isinstance(cfg, GluonAmdConfig) != (target == CDNA3):
+        raise ValueError(f"backend='gluon': a {type(cfg).__name__} does not configure the {target} kernel")
     head_blocks = triton.cdiv(h, BLOCK_H)
     splits = num_splits or auto_num_splits(t * head_blocks, n_idx, cfg, q_c.device,
                                            partials_ratio(h, d_c, n_idx, kv_cache))
@@ -121,12 +148,18 @@ def sparse_mla_gluon(q_c, q_r, kv_cache, indices, scale, kv_dtype, num_splits=No
     if t == 0:
         return out, lse
     kv, kv_bytes, _, _ = kv_views(kv_cache, kv_dtype, d_c)
-    sparse_mla_fwd_kernel[(t * head_blocks, splits)](
-        q_c, q_r, kv, kv_bytes, indices, dst_o, dst_lse,
-        q_c.stride(0), q_c.stride(1), q_r.stride(0), q_r.stride(1), scale * LOG2E.value, n_idx, h,
-        **kernel_constexprs(kv_cache, kv_dtype, d_c, d_r, splits > 1, cfg),
-        num_warps=CONSUMER_WARPS, maxnreg=cfg.maxnreg,
-    )
+    args = (q_c, q_r, kv, kv_bytes, indices, dst_o, dst_lse, q_c.stride(0), q_c.stride(1), q_r.stride(0),
+            q_r.stride(1), scale * LOG2E.value, n_idx, h)
+    constexprs = kernel_constexprs(kv_cache, kv_dtype, d_c, d_r, splits > 1, cfg)
+    if isinstance(cfg, GluonMlaConfig):
+        from kernels.sparse_mla_gluon_kernel import sparse_mla_fwd_kernel
+
+        sparse_mla_fwd_kernel[(t * head_blocks, splits)](*args, **constexprs, num_warps=CONSUMER_WARPS,
+                                                          maxnreg=cfg.maxnreg)
+    else:
+        from kernels.sparse_mla_gluon_amd import sparse_mla_fwd_amd_kernel
+
+        sparse_mla_fwd_amd_kernel[(t * head_blocks, splits)](*args, **constexprs, num_warps=AMD_WAVEFRONTS)
     if splits > 1:
         combine_splits(dst_o, dst_lse, out, lse)
     return out, lse

@@ -32,28 +32,21 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-LOG2E = gl.constexpr(1.4426950408889634)
+from kernels.sparse_mla_gluon_common import (
+    load_fp8_rows,
+    load_slots,
+    online_softmax,
+    split_range,
+    store_fp8_rows,
+    store_result,
+)
+
 BLOCK_H = gl.constexpr(64)  # heads per program: one wgmma M tile
 CHUNK = gl.constexpr(64)  # columns a gather step covers (128 B of bf16: one swizzle row)
 CONSUMER_WARPS = gl.constexpr(8)  # two warpgroups
 # names that changed after Triton 3.6 (torch 2.11's); the kernel compiles under both spellings
 _partition_barrier = gl.thread_barrier if hasattr(gl, "thread_barrier") else gl.barrier  # the partition's warps
 _cp_async = getattr(async_copy, "async_load", None) or async_copy.async_copy_global_to_shared
-
-
-@gluon.jit
-def _split_range(n_idx, BLOCK_N: gl.constexpr):
-    """This program's [lo, hi) of the index list: splits take whole tiles of BLOCK_N."""
-    per_split = gl.cdiv(gl.cdiv(n_idx, BLOCK_N), gl.num_programs(1)) * BLOCK_N
-    lo = gl.program_id(1) * per_split
-    return lo, gl.minimum(lo + per_split, n_idx)
-
-
-@gluon.jit
-def _load_slots(idx_ptr, row_start, pos0, hi, BLOCK_N: gl.constexpr, layout: gl.constexpr):
-    """Cache slots of the tile starting at index position pos0 ([BLOCK_N] in `layout`; -1: none)."""
-    pos = pos0 + gl.arange(0, BLOCK_N, layout)
-    return gl.load(idx_ptr + row_start + pos, mask=pos < hi, other=-1)
 
 
 @gluon.jit
@@ -72,43 +65,6 @@ def _gather_bf16(kv_ptr, slot, kc, kr, KV_STRIDE: gl.constexpr, D_C: gl.constexp
 
 
 @gluon.jit
-def _load_fp8_rows(kv_bytes_ptr, kv_ptr, slot, ROW_BYTES: gl.constexpr, ROPE_OFFSET: gl.constexpr,
-                   KV_STRIDE: gl.constexpr, D_C: gl.constexpr, D_R: gl.constexpr, LOADER_WARPS: gl.constexpr):
-    """Registers of the fp8_ds_mla rows at `slot` (zeros for -1): the latent e4m3 bytes as
-    [BLOCK_N, groups, 128], the groups' fp32 scales [BLOCK_N, groups] and the bf16 rope [BLOCK_N, D_R]."""
-    GROUPS: gl.constexpr = D_C // 128
-    # 8 threads of 16 bytes cover a 128-value group; a warp covers 4 rows
-    l3: gl.constexpr = gl.BlockedLayout([1, 1, 16], [4, 1, 8], [LOADER_WARPS, 1, 1], [2, 1, 0])
-    rows3: gl.constexpr = gl.SliceLayout(1, gl.SliceLayout(2, l3))
-    slot3 = gl.convert_layout(slot, rows3)
-    valid3 = slot3 >= 0
-    row3 = gl.where(valid3, slot3, 0).to(gl.int64) * ROW_BYTES
-    groups = gl.arange(0, GROUPS, gl.SliceLayout(0, gl.SliceLayout(2, l3)))
-    values = gl.arange(0, 128, gl.SliceLayout(0, gl.SliceLayout(1, l3)))
-    byte = row3[:, None, None] + (groups * 128)[None, :, None] + values[None, None, :]
-    raw = gl.load(kv_bytes_ptr + byte, mask=valid3[:, None, None], other=0)
-    scale_ptr = (kv_bytes_ptr + row3[:, None] + D_C + groups[None, :] * 4).to(gl.pointer_type(gl.float32),
-                                                                               bitcast=True)
-    scales = gl.load(scale_ptr, mask=valid3[:, None], other=0.0)
-    l2: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [LOADER_WARPS, 1], [1, 0])
-    slot2 = gl.convert_layout(slot, gl.SliceLayout(1, l2))
-    valid2 = slot2 >= 0
-    rope_ptr = (kv_ptr + gl.where(valid2, slot2, 0).to(gl.int64)[:, None] * KV_STRIDE + ROPE_OFFSET
-                + gl.arange(0, D_R, gl.SliceLayout(0, l2))[None, :])
-    rope = gl.load(rope_ptr, mask=valid2[:, None], other=0.0)
-    return raw, scales, rope
-
-
-@gluon.jit
-def _store_fp8_rows(raw, scales, rope, kc, kr, D_C: gl.constexpr):
-    """Dequantise the latent bytes (value x its group's scale, exact in bf16 for power-of-two scales)
-    and store them and the rope to the slot's buffers."""
-    latent = raw.to(gl.float8e4nv, bitcast=True).to(gl.float32) * scales[:, :, None]
-    kc.store(gl.reshape(latent.to(gl.bfloat16), [raw.shape[0], D_C]))
-    kr.store(rope)
-
-
-@gluon.jit
 def _loader(kv_ptr, kv_bytes_ptr, idx_ptr, kc_ring, kr_ring, ready, free, row_start, lo, hi, n_tiles,
             KV_STRIDE: gl.constexpr, ROW_BYTES: gl.constexpr, ROPE_OFFSET: gl.constexpr, D_C: gl.constexpr,
             D_R: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr, FP8: gl.constexpr,
@@ -116,19 +72,19 @@ def _loader(kv_ptr, kv_bytes_ptr, idx_ptr, kc_ring, kr_ring, ready, free, row_st
     # 8 threads of 16 bytes cover a 64-column chunk of a bf16 row; a warp covers 4 rows
     layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [LOADER_WARPS, 1], [1, 0])
     slot_layout: gl.constexpr = gl.SliceLayout(1, layout)
-    next_slot = _load_slots(idx_ptr, row_start, lo, hi, BLOCK_N, slot_layout)
+    next_slot = load_slots(idx_ptr, row_start, lo, hi, BLOCK_N, slot_layout)
     for j in range(n_tiles):
         stage = j % NUM_STAGES
         slot = next_slot
-        next_slot = _load_slots(idx_ptr, row_start, lo + (j + 1) * BLOCK_N, hi, BLOCK_N, slot_layout)
+        next_slot = load_slots(idx_ptr, row_start, lo + (j + 1) * BLOCK_N, hi, BLOCK_N, slot_layout)
         # a fresh barrier's phase "before 0" counts as complete: the first lap waits on nothing
         free_phase = ((j // NUM_STAGES) & 1) ^ 1
         if FP8:
             # the loads are in flight while the slot is still being read
-            raw, scales, rope = _load_fp8_rows(kv_bytes_ptr, kv_ptr, slot, ROW_BYTES, ROPE_OFFSET, KV_STRIDE, D_C,
-                                               D_R, LOADER_WARPS)
+            raw, scales, rope = load_fp8_rows(kv_bytes_ptr, kv_ptr, slot, ROW_BYTES, ROPE_OFFSET, KV_STRIDE, D_C,
+                                              D_R, LOADER_WARPS, 32)
             mbarrier.wait(free.index(stage), free_phase)
-            _store_fp8_rows(raw, scales, rope, kc_ring.index(stage), kr_ring.index(stage), D_C)
+            store_fp8_rows(raw, scales, rope, kc_ring.index(stage), kr_ring.index(stage), D_C, True)
             fence_async_shared()  # the stores above are read by wgmma (the async proxy)
             _partition_barrier()  # every loader thread has stored before the one arrival
             mbarrier.arrive(ready.index(stage), count=1)
@@ -136,30 +92,6 @@ def _loader(kv_ptr, kv_bytes_ptr, idx_ptr, kc_ring, kr_ring, ready, free, row_st
             mbarrier.wait(free.index(stage), free_phase)
             _gather_bf16(kv_ptr, slot, kc_ring.index(stage), kr_ring.index(stage), KV_STRIDE, D_C, D_R, layout)
             async_copy.mbarrier_arrive(ready.index(stage), increment_count=False)
-
-
-@gluon.jit
-def _store_result(o, m, l, o_ptr, lse_ptr, t, h0, n_heads, D_C: gl.constexpr, SPLIT: gl.constexpr,
-                  o_layout: gl.constexpr):
-    """Normalise and store o [BLOCK_H, D_C] and lse, or the split's partials (o fp32, lse in log2)."""
-    row_layout: gl.constexpr = gl.SliceLayout(1, o_layout)
-    heads = h0 + gl.arange(0, BLOCK_H, row_layout)
-    head_ok = heads < n_heads
-    cols = gl.arange(0, D_C, gl.SliceLayout(0, o_layout))[None, :]
-    l = gl.convert_layout(l, row_layout)
-    m = gl.convert_layout(m, row_layout)
-    has_any = l > 0
-    safe_l = gl.where(has_any, l, 1.0)
-    out = o / safe_l[:, None]
-    lse_log2 = gl.where(has_any, m + gl.log2(safe_l), float("-inf"))
-    if SPLIT:  # partials: o fp32 [T, H, S, D_C], lse (log2) [T, H, S]
-        part = (t * n_heads + heads) * gl.num_programs(1) + gl.program_id(1)
-        gl.store(o_ptr + part[:, None] * D_C + cols, out, mask=head_ok[:, None])
-        gl.store(lse_ptr + part, lse_log2, mask=head_ok)
-    else:
-        row = t * n_heads + heads
-        gl.store(o_ptr + row[:, None] * D_C + cols, out.to(gl.bfloat16), mask=head_ok[:, None])
-        gl.store(lse_ptr + row, lse_log2 / LOG2E, mask=head_ok)
 
 
 @gluon.jit
@@ -185,7 +117,7 @@ def _consumer(q_c_ptr, q_r_ptr, idx_ptr, o_ptr, lse_ptr, qc_smem, qr_smem, p_sme
     gl.assume(n_tiles > 0)
     for j in range(n_tiles):
         stage = j % NUM_STAGES
-        slot = _load_slots(idx_ptr, row_start, lo + j * BLOCK_N, hi, BLOCK_N, gl.SliceLayout(0, s_layout))
+        slot = load_slots(idx_ptr, row_start, lo + j * BLOCK_N, hi, BLOCK_N, gl.SliceLayout(0, s_layout))
         valid = (slot >= 0)[None, :]
         mbarrier.wait(ready.index(stage), (j // NUM_STAGES) & 1)
         # cp.async wrote the slot through the generic proxy; wgmma reads it through the async one
@@ -197,19 +129,14 @@ def _consumer(q_c_ptr, q_r_ptr, idx_ptr, o_ptr, lse_ptr, qc_smem, qr_smem, p_sme
         # both warpgroups are past the previous tile's P V: its slot may be refilled
         _partition_barrier()
         mbarrier.arrive(free.index((j + NUM_STAGES - 1) % NUM_STAGES), count=1, pred=j > 0)
-        scores = gl.where(valid, s * sm_scale_log2, -1e30)
-        m_new = gl.maximum(m, gl.max(scores, axis=1))
-        alpha = gl.exp2(m - m_new)
-        p = gl.where(valid, gl.exp2(scores - m_new[:, None]), 0.0)
-        l = l * alpha + gl.sum(p, axis=1)
-        m = m_new
+        p, m, l, alpha = online_softmax(s, valid, m, l, sm_scale_log2)
         o = o * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
         p_smem.store(p.to(gl.bfloat16))
         fence_async_shared()
         _partition_barrier()  # all of P is in shared memory before either warpgroup's MMA reads it
         o = warpgroup_mma(p_smem, kc, o, is_async=True)
     o = warpgroup_mma_wait(0, deps=(o,))
-    _store_result(o, m, l, o_ptr, lse_ptr, t, h0, n_heads, D_C, SPLIT, o_layout)
+    store_result(o, m, l, o_ptr, lse_ptr, t, h0, n_heads, D_C, SPLIT, o_layout)
 
 
 @gluon.jit
@@ -241,7 +168,7 @@ def sparse_mla_fwd_kernel(
     head_blocks = gl.cdiv(n_heads, BLOCK_H)
     t = (gl.program_id(0) // head_blocks).to(gl.int64)
     h0 = (gl.program_id(0) % head_blocks) * BLOCK_H
-    lo, hi = _split_range(n_idx, BLOCK_N)
+    lo, hi = split_range(n_idx, BLOCK_N)
     # at least one (then empty) tile: a loop that may not run leaves a path on which the P V's
     # accumulator is written while one may be in flight, and ptxas then serialises every wgmma
     n_tiles = gl.maximum(gl.cdiv(hi - lo, BLOCK_N), 1)

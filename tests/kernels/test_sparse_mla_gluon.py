@@ -1,17 +1,19 @@
 """The Gluon sparse-MLA backend without a GPU.
 
 Gluon kernels do not run in the Triton interpreter: they are written for one architecture
-(sm_90's warpgroup MMA, cp.async and mbarriers) and only compile. So these tests check what can
-be checked here: the backend's dispatch (sparse MLA takes the Gluon kernel, every other op its
-Triton kernel), the errors for devices and shapes it cannot serve, and that every variant the
-launcher can pick (bf16 and fp8_ds_mla rows, with and without the split of the index list, each
-config the GPU benchmark compares) compiles for sm_90 with the Triton installed here (skipped,
-with the reason, where that Triton cannot compile Gluon for cuda:90 without a device). Its
-results are checked on an H100/H200 by benchmarks/gluon_sparse_mla.py against the torch reference.
+(sm_90's warpgroup MMA, cp.async and mbarriers; gfx942's MFMA and LDS) and only compile. So these
+tests check what can be checked here: the backend's dispatch (sparse MLA takes the Gluon kernel,
+every other op its Triton kernel), the errors for devices and shapes it cannot serve, and that
+every variant the launcher can pick (bf16 and fp8_ds_mla rows, with and without the split of the
+index list, each config the GPU benchmark compares, the gfx942 kernel) compiles with the Triton
+installed here (skipped, with the reason, where that Triton cannot compile Gluon for the target
+without a device). Results are checked on an H100/H200 by benchmarks/gluon_sparse_mla.py against
+the torch reference; the gfx942 kernel has not run on AMD hardware.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import subprocess
@@ -25,8 +27,12 @@ from kernels import fp8_e4m3_quantize, get_backend, set_backend, sparse_mla
 from kernels.backend import BACKENDS, resolve_backend
 from kernels.quant import kv_row_width
 from kernels.sparse_mla_gluon import (
+    AMD_WAVEFRONTS,
     CANDIDATE_CONFIGS,
+    CDNA3,
     CONSUMER_WARPS,
+    HOPPER,
+    GluonAmdConfig,
     GluonMlaConfig,
     check_gluon_shapes,
     default_gluon_config,
@@ -36,6 +42,7 @@ from kernels.sparse_mla_gluon import (
 
 D_C, D_R = 512, 64  # the V3.2 shapes the kernel is written for
 SHARED_PER_BLOCK = 232448  # an sm_90 program's shared memory limit (227 KB)
+LDS_PER_BLOCK = 65536  # gfx942's
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -83,29 +90,41 @@ def test_configs_share_an_sm():
         assert 184 <= cfg.consumer_regs <= 256 and cfg.loader_regs % 8 == 0
 
 
-def _probe_gluon() -> None:
-    """Compile a one-line Gluon kernel for sm_90: raises where this Triton cannot (no Gluon, no
-    CUDA backend, no ptxas)."""
+TARGETS = {HOPPER: ("cuda", 90, 32), CDNA3: ("hip", "gfx942", 64)}  # GPUTarget(backend, arch, warp size)
+
+
+@functools.cache
+def _probe_error(target: str) -> str | None:
+    """Why this Triton cannot compile Gluon for `target` without a GPU (no Gluon, no backend for the
+    target, no assembler), or None: a one-line kernel compiled."""
+    try:
+        _probe_gluon(target)
+    except Exception as exc:
+        return f"{type(exc).__name__}: {exc}"
+    return None
+
+
+def _probe_gluon(target: str) -> None:
     from triton.backends.compiler import GPUTarget
     from triton.compiler import compile as triton_compile
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
 
     @gluon.jit
-    def probe(x_ptr):
-        layout: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
-        gl.store(x_ptr + gl.arange(0, 128, layout), 1.0)
+    def probe(x_ptr, LANES: gl.constexpr):
+        layout: gl.constexpr = gl.BlockedLayout([1], [LANES], [4], [0])
+        gl.store(x_ptr + gl.arange(0, 4 * LANES, layout), 1.0)
 
-    triton_compile(gluon._runtime.GluonASTSource(probe, {"x_ptr": "*fp32"}), target=GPUTarget("cuda", 90, 32))
+    lanes = TARGETS[target][2]
+    source = gluon._runtime.GluonASTSource(probe, {"x_ptr": "*fp32", "LANES": "constexpr"}, {"LANES": lanes})
+    triton_compile(source, target=GPUTarget(*TARGETS[target]))
 
 
-def compile_for_sm90(kv_dtype: str, split: bool, cfg: GluonMlaConfig):
-    """The kernel compiled as a launch would (kernel_constexprs, pointers 16-byte aligned)."""
+def compile_variant(target: str, kv_dtype: str, split: bool, cfg: GluonMlaConfig | GluonAmdConfig):
+    """The target's kernel compiled as a launch would (kernel_constexprs, pointers 16-byte aligned)."""
     from triton.backends.compiler import GPUTarget
     from triton.compiler import compile as triton_compile
     from triton.experimental import gluon
-
-    from kernels.sparse_mla_gluon_kernel import sparse_mla_fwd_kernel
 
     dtype = torch.bfloat16 if kv_dtype == "bf16" else torch.uint8
     cache = torch.empty(1, kv_row_width(D_C, D_R, kv_dtype), dtype=dtype)
@@ -117,34 +136,44 @@ def compile_for_sm90(kv_dtype: str, split: bool, cfg: GluonMlaConfig):
     signature = {**pointers, **scalars, "sm_scale_log2": "fp32", "n_idx": "i32", "n_heads": "i32",
                  **{name: "constexpr" for name in constexprs}}
     aligned = {(i,): [["tt.divisibility", 16]] for i in range(len(pointers) + len(scalars))}
-    source = gluon._runtime.GluonASTSource(sparse_mla_fwd_kernel, signature, constexprs, aligned)
-    return triton_compile(source, target=GPUTarget("cuda", 90, 32),
-                          options={"num_warps": CONSUMER_WARPS, "maxnreg": cfg.maxnreg})
+    if target == HOPPER:
+        from kernels.sparse_mla_gluon_kernel import sparse_mla_fwd_kernel as kernel
+
+        options = {"num_warps": CONSUMER_WARPS, "maxnreg": cfg.maxnreg}
+    else:
+        from kernels.sparse_mla_gluon_amd import sparse_mla_fwd_amd_kernel as kernel
+
+        options = {"num_warps": AMD_WAVEFRONTS}
+    source = gluon._runtime.GluonASTSource(kernel, signature, constexprs, aligned)
+    return triton_compile(source, target=GPUTarget(*TARGETS[target]), options=options)
 
 
-VARIANTS = [(kv_dtype, split, cfg) for kv_dtype, configs in CANDIDATE_CONFIGS.items()
-            for cfg in configs for split in (False, True)]
-VARIANT_IDS = [f"{d}-{'split' if s else 'whole'}-n{c.block_n}s{c.num_stages}r{c.loader_regs}" for d, s, c in VARIANTS]
-PTX_MARKS = ("wgmma.mma_async", "mbarrier.try_wait", "setmaxnreg", "cp.async.cg.shared.global",
-             "cp.async.mbarrier.arrive.noinc", "cvt.rn.f16x2.e4m3x2")
+VARIANTS = ([(HOPPER, kv_dtype, split, cfg) for kv_dtype, configs in CANDIDATE_CONFIGS.items()
+             for cfg in configs for split in (False, True)]
+            + [(CDNA3, kv_dtype, split, GluonAmdConfig()) for kv_dtype in CANDIDATE_CONFIGS for split in (False, True)])
+VARIANT_IDS = [f"{target}-{d}-{'split' if s else 'whole'}-n{c.block_n}"
+               + (f"s{c.num_stages}r{c.loader_regs}" if isinstance(c, GluonMlaConfig) else "")
+               for target, d, s, c in VARIANTS]
+MARKS = ("wgmma.mma_async", "mbarrier.try_wait", "setmaxnreg", "cp.async.cg.shared.global",
+         "cp.async.mbarrier.arrive.noinc", "cvt.rn.f16x2.e4m3x2", "v_mfma_f32_16x16x16_bf16")
 
 
 def compile_report() -> dict:
-    """Every variant compiled for sm_90: {variant id: {"shared": bytes, "marks": [PTX_MARKS found]} or
-    {"error": ...}}, or {"unavailable": why} where this Triton cannot compile Gluon without a GPU."""
-    try:
-        _probe_gluon()
-    except Exception as exc:  # this Triton has no Gluon, no CUDA backend or no ptxas
-        return {"unavailable": f"{type(exc).__name__}: {exc}"}
+    """Every variant compiled: {variant id: {"shared": bytes, "marks": [MARKS found in its PTX or
+    AMDGCN]} or {"error": ...}, or {"unavailable": why} where this Triton cannot compile Gluon for
+    the variant's target without a GPU}."""
     report: dict = {}
-    for vid, (kv_dtype, split, cfg) in zip(VARIANT_IDS, VARIANTS):
+    for vid, (target, kv_dtype, split, cfg) in zip(VARIANT_IDS, VARIANTS):
+        if (error := _probe_error(target)) is not None:
+            report[vid] = {"unavailable": error}
+            continue
         try:
-            compiled = compile_for_sm90(kv_dtype, split, cfg)
+            compiled = compile_variant(target, kv_dtype, split, cfg)
         except Exception as exc:  # reported per variant: one that does not compile hides no other
             report[vid] = {"error": f"{type(exc).__name__}: {str(exc)[-2000:]}"}
             continue
-        ptx = compiled.asm["ptx"]
-        report[vid] = {"shared": compiled.metadata.shared, "marks": [m for m in PTX_MARKS if m in ptx]}
+        code = compiled.asm["ptx"] if target == HOPPER else compiled.asm["amdgcn"]
+        report[vid] = {"shared": compiled.metadata.shared, "marks": [m for m in MARKS if m in code]}
     return report
 
 
@@ -163,17 +192,20 @@ def compiled_variants() -> dict:
 
 
 @pytest.mark.parametrize("vid", VARIANT_IDS)
-def test_every_variant_compiles_for_sm90(compiled_variants, vid):
-    if "unavailable" in compiled_variants:
-        pytest.skip(f"this Triton cannot compile Gluon for sm_90 without a GPU: {compiled_variants['unavailable']}")
+def test_every_variant_compiles(compiled_variants, vid):
     result = compiled_variants[vid]
+    if "unavailable" in result:
+        pytest.skip(f"this Triton cannot compile Gluon for {vid.split('-')[0]} without a GPU: {result['unavailable']}")
     assert "error" not in result, result.get("error")
-    assert result["shared"] <= SHARED_PER_BLOCK
     marks = set(result["marks"])
+    if vid.startswith(CDNA3):
+        assert result["shared"] <= LDS_PER_BLOCK and "v_mfma_f32_16x16x16_bf16" in marks
+        return
+    assert result["shared"] <= SHARED_PER_BLOCK
     assert {"wgmma.mma_async", "mbarrier.try_wait", "setmaxnreg"} <= marks
     # bf16 rows come by cp.async, each loader thread's copies arriving on the slot's barrier;
     # fp8 rows through the loader's registers, dequantised by the hardware e4m3 conversion
-    if vid.startswith("bf16"):
+    if "-bf16-" in vid:
         assert {"cp.async.cg.shared.global", "cp.async.mbarrier.arrive.noinc"} <= marks
     else:
         assert "cvt.rn.f16x2.e4m3x2" in marks and "cp.async.cg.shared.global" not in marks
@@ -182,3 +214,4 @@ def test_every_variant_compiles_for_sm90(compiled_variants, vid):
 def test_default_configs_are_candidates():
     for kv_dtype in CANDIDATE_CONFIGS:
         assert default_gluon_config(kv_dtype) == CANDIDATE_CONFIGS[kv_dtype][0]
+        assert default_gluon_config(kv_dtype, CDNA3) == GluonAmdConfig()
