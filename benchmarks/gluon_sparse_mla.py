@@ -1,5 +1,6 @@
 """GPU check and timing of the Gluon sparse-MLA kernel (kernels/sparse_mla_gluon.py) against the Triton
-kernel and the torch reference, on an sm_90 GPU (H100, H200). Not run by CI.
+kernel and the torch reference, on an sm_90 GPU (H100, H200; on gfx942 the same checks and timings
+run the AMD kernel, which has not been run there yet). Not run by CI.
 
     PYTHONPATH=. PYTHONUNBUFFERED=1 python3 benchmarks/gluon_sparse_mla.py --json $OUT/gluon_sparse_mla.json
 
@@ -45,7 +46,10 @@ _spec.loader.exec_module(bk)
 from kernels.sparse_mla import sparse_mla_torch, sparse_mla_triton  # noqa: E402
 from kernels.sparse_mla_gluon import (  # noqa: E402
     CANDIDATE_CONFIGS,
+    CDNA3,
+    GluonAmdConfig,
     GluonMlaConfig,
+    gluon_target,
     gluon_unavailable_reason,
     sparse_mla_gluon,
 )
@@ -103,7 +107,17 @@ TIME_CASES = (  # issue 43's targets
 )
 
 
-def config_label(cfg: GluonMlaConfig) -> str:
+def configs(kv_dtype: str, quick: bool) -> tuple[GluonMlaConfig | GluonAmdConfig, ...]:
+    """The Gluon configs to check and time on this device: Hopper's candidates (the default alone
+    with --quick), or the gfx942 kernel's one."""
+    if gluon_target(torch.device("cuda")) == CDNA3:
+        return (GluonAmdConfig(),)
+    return CANDIDATE_CONFIGS[kv_dtype][:1] if quick else CANDIDATE_CONFIGS[kv_dtype]
+
+
+def config_label(cfg: GluonMlaConfig | GluonAmdConfig) -> str:
+    if isinstance(cfg, GluonAmdConfig):
+        return f"gluon gfx942 n{cfg.block_n}"
     return f"gluon n{cfg.block_n} s{cfg.num_stages} loader {cfg.loader_warps}w/{cfg.loader_regs}r"
 
 
@@ -149,8 +163,7 @@ def run_checks(quick: bool) -> list[dict]:
             idx = check_indices(case.tokens, case.topk, CHECK_SLOTS)
             ref = sparse_mla_torch(q, cache, idx, SCALE, D_C, kv_dtype)
             tri = sparse_mla_triton(q[..., :D_C], q[..., D_C:], cache, idx, SCALE, kv_dtype, case.splits)
-            configs = CANDIDATE_CONFIGS[kv_dtype][:1] if quick else CANDIDATE_CONFIGS[kv_dtype]
-            for cfg in configs:
+            for cfg in configs(kv_dtype, quick):
                 label = f"{case.name} {kv_dtype} {config_label(cfg)}"
                 try:
                     passed, found = check_one(q, cache, idx, kv_dtype, case.splits, cfg, ref, tri)
@@ -170,7 +183,7 @@ def time_case(case: TimeCase, num_slots: int, rounds: int, quick: bool, ceilings
             for _ in range(3)]
     sides = {"triton (default tiles)": [lambda q=q, i=i: sparse_mla_triton(
         q[..., :D_C], q[..., D_C:], cache, i, SCALE, case.kv_dtype) for q, i in sets]}
-    for cfg in CANDIDATE_CONFIGS[case.kv_dtype][:1] if quick else CANDIDATE_CONFIGS[case.kv_dtype]:
+    for cfg in configs(case.kv_dtype, quick):
         sides[config_label(cfg)] = [lambda q=q, i=i, cfg=cfg: sparse_mla_gluon(
             q[..., :D_C], q[..., D_C:], cache, i, SCALE, case.kv_dtype, None, cfg) for q, i in sets]
     times: dict[str, list[float]] = {name: [] for name in sides}
@@ -229,7 +242,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--kv-slots", type=int, default=1 << 20, help="cache rows the timed indices draw from")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available() or (reason := gluon_unavailable_reason(torch.device("cuda"))) is not None:
-        print(f"benchmarks/gluon_sparse_mla.py needs an sm_90 GPU: "
+        print(f"benchmarks/gluon_sparse_mla.py needs a GPU a Gluon kernel is written for: "
               f"{'no CUDA device' if not torch.cuda.is_available() else reason}", file=sys.stderr)
         return 2
     device = torch.cuda.get_device_name()
@@ -238,7 +251,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.manual_seed(0)
     report: dict = {"device": device, "torch": torch.__version__, "triton": triton.__version__,
                     "commit": git_commit(), "date": datetime.datetime.now(datetime.timezone.utc).isoformat(),
-                    "configs": {d: [asdict(c) for c in cs] for d, cs in CANDIDATE_CONFIGS.items()}}
+                    "configs": {d: [asdict(c) for c in configs(d, args.quick)] for d in KV_DTYPES}}
     checks = run_checks(args.quick)
     failed = [c["case"] for c in checks if not c["passed"]]
     report.update(checks=checks, failed=failed, compiled=compiled_variants())
