@@ -109,6 +109,7 @@ def sparse_mla_fwd_amd_kernel(
         _barrier()
         s = mfma(q_c, kc.permute((1, 0)).load(b_op), gl.zeros([BLOCK_H, BLOCK_N], gl.float32, mma))
         s = mfma(q_r, kr.permute((1, 0)).load(b_op), s)
-        p, m, l, alpha = online_softmax(s, valid, m, l, sm_scale_log2)
+        p, m, alpha = online_softmax(s, valid, m, sm_scale_log2)
+        l = l * alpha + gl.sum(p, axis=1)
         o = mfma(gl.convert_layout(p.to(gl.bfloat16), a_op), kc.load(b_op), o * alpha[:, None])
     store_result(o, m, l, o_ptr, lse_ptr, t, h0, n_heads, D_C, SPLIT, mma)

@@ -79,15 +79,14 @@ def e4m3_to_f32(raw, HARDWARE: gl.constexpr):
 
 
 @gluon.jit
-def online_softmax(s, valid, m, l, sm_scale_log2):
+def online_softmax(s, valid, m, sm_scale_log2):
     """One tile's step of the exp2 online softmax over scores s [BLOCK_H, BLOCK_N] whose columns are
-    `valid` [1, BLOCK_N] (others -1e30, never -inf, so nothing becomes NaN): (p, new m, new l, the
-    factor alpha that rescales the accumulated output)."""
+    `valid` [1, BLOCK_N] (others -1e30, never -inf, so nothing becomes NaN): (p, the new running
+    max, the factor alpha that rescales what was accumulated under the old one)."""
     scores = gl.where(valid, s * sm_scale_log2, -1e30)
     m_new = gl.maximum(m, gl.max(scores, axis=1))
-    alpha = gl.exp2(m - m_new)
     p = gl.where(valid, gl.exp2(scores - m_new[:, None]), 0.0)
-    return p, m_new, l * alpha + gl.sum(p, axis=1), alpha
+    return p, m_new, gl.exp2(m - m_new)
 
 
 @gluon.jit

@@ -109,7 +109,9 @@ def _consumer(q_c_ptr, q_r_ptr, idx_ptr, o_ptr, lse_ptr, qc_smem, qr_smem, p_sme
                 t, h0, n_heads, D_C, D_R)
     row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
     m = gl.full([BLOCK_H], -1e30, gl.float32, row_s)
-    l = gl.zeros([BLOCK_H], gl.float32, row_s)
+    # the softmax denominators' terms, summed over the row once at the end: a row sum per tile would
+    # cross the two warpgroups (through shared memory and two barriers) every tile
+    l_terms = gl.zeros([BLOCK_H, BLOCK_N], gl.float32, s_layout)
     o = warpgroup_mma_init(gl.zeros([BLOCK_H, D_C], gl.float32, o_layout))
     # the last tile's scores are the (ignored) input of the next score MMA: their registers are
     # defined before the P V in flight, where fresh zeros would be written while it runs
@@ -129,14 +131,15 @@ def _consumer(q_c_ptr, q_r_ptr, idx_ptr, o_ptr, lse_ptr, qc_smem, qr_smem, p_sme
         # both warpgroups are past the previous tile's P V: its slot may be refilled
         _partition_barrier()
         mbarrier.arrive(free.index((j + NUM_STAGES - 1) % NUM_STAGES), count=1, pred=j > 0)
-        p, m, l, alpha = online_softmax(s, valid, m, l, sm_scale_log2)
+        p, m, alpha = online_softmax(s, valid, m, sm_scale_log2)
+        l_terms = l_terms * alpha[:, None] + p
         o = o * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
         p_smem.store(p.to(gl.bfloat16))
         fence_async_shared()
         _partition_barrier()  # all of P is in shared memory before either warpgroup's MMA reads it
         o = warpgroup_mma(p_smem, kc, o, is_async=True)
     o = warpgroup_mma_wait(0, deps=(o,))
-    store_result(o, m, l, o_ptr, lse_ptr, t, h0, n_heads, D_C, SPLIT, o_layout)
+    store_result(o, m, gl.sum(l_terms, axis=1), o_ptr, lse_ptr, t, h0, n_heads, D_C, SPLIT, o_layout)
 
 
 @gluon.jit
