@@ -11,7 +11,9 @@ scattered ones), index lists that are not a multiple of the tiles, whole and spl
 must meet the tests' bars (tests/kernels/checks.py) against the torch reference and against the
 Triton kernel, with outputs poisoned beforehand, and give the same bits twice. A variant that
 does not compile or launch is reported and the others go on. Any FAIL ends the run with exit
-status 1 before timing (--keep-going times anyway, still exiting 1).
+status 1 before timing (--keep-going times anyway, still exiting 1). A step that makes no progress
+for --hang-seconds (a deadlocked kernel) ends the run with exit status 3 and names the step; the
+JSON is written after the checks and again at the end.
 
 Then the issue's target shapes are timed, Gluon (each candidate config) and Triton (its default
 tiles) interleaved round by round, each a triton.testing.do_bench median over three input sets
@@ -26,9 +28,12 @@ import argparse
 import datetime
 import importlib.util
 import json
+import os
 import statistics
 import subprocess
 import sys
+import threading
+import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -59,6 +64,35 @@ from tests.kernels.checks import assert_mla_match, calc_diff  # noqa: E402
 D_C, D_R, SCALE = bk.D_C, bk.D_R, bk.SCALE
 KV_DTYPES = ("bf16", "fp8_ds_mla")
 CHECK_SLOTS = 1 << 16  # cache rows of the check cases: tokens share rows, as a prompt's do
+
+
+class Watchdog:
+    """Ends the process (exit status 3) when the step now running makes no progress for `seconds`: a
+    kernel that deadlocks (a barrier phase never completes) would otherwise hold the GPU until the
+    caller's time limit. The GPU work dies with the process."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds, self.step, self.since = seconds, "start", time.monotonic()
+        threading.Thread(target=self._watch, daemon=True).start()
+
+    def enter(self, step: str) -> None:
+        self.step, self.since = step, time.monotonic()
+
+    def _watch(self) -> None:
+        while True:
+            time.sleep(1.0)
+            if time.monotonic() - self.since > self.seconds:
+                print(f"TIMEOUT: {self.step} made no progress for {self.seconds:.0f} s (a deadlocked kernel?)",
+                      flush=True)
+                os._exit(3)
+
+
+WATCHDOG: Watchdog | None = None
+
+
+def step(label: str) -> None:
+    if WATCHDOG is not None:
+        WATCHDOG.enter(label)
 
 
 @dataclass(frozen=True)
@@ -161,10 +195,12 @@ def run_checks(quick: bool) -> list[dict]:
         for case in (c for c in CHECK_CASES if c.quick or not quick):
             q = torch.randn(case.tokens, case.heads, D_C + D_R, device="cuda").bfloat16()
             idx = check_indices(case.tokens, case.topk, CHECK_SLOTS)
+            step(f"references of {case.name} {kv_dtype}")
             ref = sparse_mla_torch(q, cache, idx, SCALE, D_C, kv_dtype)
             tri = sparse_mla_triton(q[..., :D_C], q[..., D_C:], cache, idx, SCALE, kv_dtype, case.splits)
             for cfg in configs(kv_dtype, quick):
                 label = f"{case.name} {kv_dtype} {config_label(cfg)}"
+                step(f"check {label}")
                 try:
                     passed, found = check_one(q, cache, idx, kv_dtype, case.splits, cfg, ref, tri)
                 except Exception as exc:  # a variant that does not compile or launch hides no other
@@ -189,6 +225,7 @@ def time_case(case: TimeCase, num_slots: int, rounds: int, quick: bool, ceilings
     times: dict[str, list[float]] = {name: [] for name in sides}
     for _ in range(rounds):  # interleaved: drift of the machine hits every side alike
         for name, fns in sides.items():
+            step(f"timing {case.name} {name}")
             try:
                 times[name].append(bk.bench(fns))
             except Exception as exc:
@@ -240,11 +277,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--keep-going", action="store_true", help="time even after a failed check (exit 1 anyway)")
     parser.add_argument("--rounds", type=int, default=3, help="interleaved timing rounds (--quick: 1)")
     parser.add_argument("--kv-slots", type=int, default=1 << 20, help="cache rows the timed indices draw from")
+    parser.add_argument("--hang-seconds", type=float, default=180.0,
+                        help="end the run (exit 3) when one step (a compile and check, a timing) takes longer")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available() or (reason := gluon_unavailable_reason(torch.device("cuda"))) is not None:
         print(f"benchmarks/gluon_sparse_mla.py needs a GPU a Gluon kernel is written for: "
               f"{'no CUDA device' if not torch.cuda.is_available() else reason}", file=sys.stderr)
         return 2
+    global WATCHDOG
+    WATCHDOG = Watchdog(args.hang_seconds)
     device = torch.cuda.get_device_name()
     print(f"device: {device}  torch {torch.__version__}  triton {triton.__version__}  commit {git_commit()}",
           flush=True)
@@ -258,7 +299,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"checks: {len(checks) - len(failed)} passed, {len(failed)} failed", flush=True)
     for variant in report["compiled"]:
         print("compiled:", variant)
+    if args.json:
+        args.json.write_text(json.dumps(report, indent=1))
     if not failed or args.keep_going:
+        step("measuring the ceilings")
         copy_tbps, mm_tflops = bk.measure_ceilings()
         print(f"ceilings measured now: copy {copy_tbps:.2f} TB/s, bf16 matmul {mm_tflops:.0f} TFLOP/s", flush=True)
         report["ceilings"] = {"copy_tbps": copy_tbps, "matmul_tflops": mm_tflops}
