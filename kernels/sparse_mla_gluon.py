@@ -87,8 +87,10 @@ def _import_error(target: str) -> str | None:
     return None
 
 
+@functools.cache
 def gluon_target(device: torch.device) -> str | None:
-    """The Gluon kernels' target `device` is (HOPPER, CDNA3), or None."""
+    """The Gluon kernels' target `device` is (HOPPER, CDNA3), or None; asked once per device (every
+    layer's launch asks)."""
     if device.type != "cuda":
         return None
     if torch.version.hip is not None:
