@@ -8,11 +8,12 @@ padded rows are zero queries whose outputs are not stored). Two consumer warpgro
 along N: the scores' columns (rows of the tile) for Q K^T and the latent columns for P V, so each
 holds half of the [64, d_c] fp32 accumulator.
 
-The loader (LOADER_WARPS warps, few registers) waits for a ring slot to be free, loads the tile's
-indices and gathers the rows: bf16 rows by cp.async straight into the slot (rows whose index is -1
-are zero-filled), each thread's copies arriving on the slot's `ready` barrier when they land; fp8
-rows (kernels/quant.py's fp8_ds_mla layout) into registers, dequantised to bf16 (the scales are
-powers of two, so exactly) and stored to the slot, then one arrival. The consumer waits on
+The loader (LOADER_WARPS warps, few registers) loads each tile's indices a tile ahead and gathers
+its rows into a ring slot once the slot is free: bf16 rows by cp.async straight into the slot (rows
+whose index is -1 are zero-filled), each thread's copies arriving on the slot's `ready` barrier when
+they land; fp8 rows (kernels/quant.py's fp8_ds_mla layout) into registers before it waits for the
+slot, then dequantised to bf16 (the scales are powers of two, so exactly) and stored to it, then
+one arrival. The consumer waits on
 `ready`, issues S = Q_c K_c^T + Q_r K_r^T asynchronously, and while it runs nothing else is
 pending; the P V of the previous tile is issued after the softmax and runs under the next tile's
 index load, barrier wait and score MMA. A slot is released (`free`) once the P V that read it has
