@@ -151,6 +151,16 @@ def check_sparse_mla(q, cache, idx, kv_dtype, num_splits, config) -> str:
     return f"{'ok' if ok else 'FAIL'} (elem-fail {int(bad.sum())}, diff {calc_diff(o, r):.1e}, lse err {lse_err:.1e} {lse_note})"
 
 
+def sparse_mla_work(tokens: int, heads: int, kv_dtype: str, topk: int | None = None) -> tuple[float, float]:
+    """(FLOPs, bytes that must move) of sparse MLA over `topk` (default TOPK) rows per query token:
+    the score (d_c + d_r) and output (d_c) products per row and head; each token's rows and indices
+    read once, its queries read and outputs and lse written."""
+    k = TOPK if topk is None else topk
+    flops = 2.0 * tokens * heads * k * ((D_C + D_R) + D_C)
+    nbytes = tokens * k * (kv_row_bytes(D_C, D_R, kv_dtype) + 4) + tokens * heads * (2 * (D_C + D_R) + 2 * D_C + 4)
+    return flops, nbytes
+
+
 def sparse_mla_cases(rows: list[Row], num_slots: int, batch: int, head_counts: tuple[int, ...] = (128, 16),
                      kv_dtypes: tuple[str, ...] = ("bf16", "fp8_ds_mla")) -> None:
     c = SparseMlaConfig
@@ -170,8 +180,7 @@ def sparse_mla_cases(rows: list[Row], num_slots: int, batch: int, head_counts: t
                 for _ in range(3)
             ]
             case = f"sparse_mla {'prefill T' if batch > 256 else 'decode B'}{batch} H{heads} K{TOPK} {kv_dtype}"
-            flops = 2.0 * batch * heads * TOPK * ((D_C + D_R) + D_C)
-            nbytes = batch * TOPK * (kv_row_bytes(D_C, D_R, kv_dtype) + 4) + batch * heads * (2 * (D_C + D_R) + 2 * D_C + 4)
+            flops, nbytes = sparse_mla_work(batch, heads, kv_dtype)
             eager = bench([lambda q=q, i=i: sparse_mla_torch(q, cache, i, SCALE, D_C, kv_dtype) for q, i in sets])
             rows.append(Row(case, "torch eager", eager, flops, nbytes))
             # a fresh check set with some invalid entries (one token with none valid)

@@ -1,8 +1,9 @@
 """Sparse-MLA kernels in portable Triton, each with its torch reference: indexer logits, top-k, sparse MLA,
 quantisation.
 
-Every op takes backend="triton" | "torch" | None; None means get_backend(): set_backend's choice,
-else $AGENTLOAD_KERNEL_BACKEND, else "triton" when CUDA is available and "torch" otherwise. The
+Every op takes backend="triton" | "torch" | "gluon" | None; None means get_backend(): set_backend's
+choice, else $AGENTLOAD_KERNEL_BACKEND, else "triton" when CUDA is available and "torch" otherwise.
+"gluon" runs sparse MLA's Gluon kernel (sm_90 only) and the Triton kernels for every other op. The
 Triton kernels also run on CPU tensors through the Triton interpreter: on a machine without a GPU,
 importing this package sets TRITON_INTERPRET=1 unless it is already set.
 """

@@ -1,4 +1,5 @@
-"""Process-wide choice between the Triton kernels and their torch references."""
+"""Process-wide choice between the Triton kernels, their torch references, and "gluon": the Gluon
+kernel where an op has one (sparse MLA on sm_90, kernels/sparse_mla_gluon.py), Triton for the rest."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import os
 
 import torch
 
-BACKENDS = ("triton", "torch")
+BACKENDS = ("triton", "torch", "gluon")
 ENV_VAR = "AGENTLOAD_KERNEL_BACKEND"
 
 _default: str | None = None
@@ -42,9 +43,13 @@ def values_checkable(t: torch.Tensor) -> bool:
     return t.device.type == "cpu"
 
 
-def resolve_backend(backend: str | None, device: torch.device) -> str:
-    """The backend one call uses; refuses Triton on CPU tensors unless the interpreter is on."""
+def resolve_backend(backend: str | None, device: torch.device, gluon_kernel: bool = False) -> str:
+    """The backend one call uses; refuses Triton on CPU tensors unless the interpreter is on.
+
+    "gluon" stays "gluon" for an op with a Gluon kernel (gluon_kernel) and means "triton" for the rest."""
     name = get_backend() if backend is None else _check(backend, "backend")
+    if name == "gluon" and not gluon_kernel:
+        name = "triton"
     if name == "triton" and device.type == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
         raise RuntimeError(
             "backend='triton' got CPU tensors: set TRITON_INTERPRET=1 before importing triton "

@@ -13,6 +13,7 @@ the partial results weighted by their lse.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 import triton
@@ -220,7 +221,17 @@ def default_config(n_heads: int, kv_dtype: str, device: torch.device) -> SparseM
     return SparseMlaConfig(16, 64, 4, 2) if kv_dtype == "bf16" else SparseMlaConfig(16, 32, 4, 3)
 
 
-def auto_num_splits(programs: int, n_idx: int, cfg: SparseMlaConfig, device: torch.device,
+class SplitTiling(Protocol):
+    """What the split count reads of a kernel's config (SparseMlaConfig, the Gluon kernel's)."""
+
+    @property
+    def block_n(self) -> int: ...
+
+    @property
+    def programs_per_sm(self) -> int: ...
+
+
+def auto_num_splits(programs: int, n_idx: int, cfg: SplitTiling, device: torch.device,
                     partial_ratio: float = 0.0) -> int:
     """Split the index list when the programs would leave SMs idle, up to about cfg.programs_per_sm per SM.
 
@@ -238,6 +249,40 @@ def auto_num_splits(programs: int, n_idx: int, cfg: SparseMlaConfig, device: tor
     return max(1, min(cfg.programs_per_sm * sms // programs, triton.cdiv(n_idx, cfg.block_n), 32, cap))
 
 
+def partials_ratio(n_heads: int, d_c: int, n_idx: int, kv_cache: torch.Tensor) -> float:
+    """Bytes of one split's fp32 partials (o and lse) over the bytes of the rows the index list names."""
+    return n_heads * (d_c + 1) * 4 / max(1, n_idx * kv_cache.shape[1] * kv_cache.element_size())
+
+
+def kv_views(kv_cache: torch.Tensor, kv_dtype: str, d_c: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
+    """The cache as the kernels read it: (bf16 elements, bytes, 32-bit words, the rope's offset in bf16
+    elements). fp8_ds_mla rows are latent e4m3 bytes, fp32 scales (read as words) and bf16 rope; a
+    bf16 cache is read as bf16 only (the byte and word views are the cache itself, unused)."""
+    if kv_dtype == "bf16":
+        return kv_cache, kv_cache, kv_cache, d_c
+    rope_offset = (d_c + 4 * (d_c // DS_MLA_GROUP)) // 2
+    return kv_cache.view(torch.bfloat16), kv_cache, kv_cache.view(torch.int32), rope_offset
+
+
+def split_outputs(t: int, h: int, d_c: int, splits: int, device: torch.device
+                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(out bf16 [T, H, d_c], lse [T, H], and where the kernel writes: those, or with splits the fp32
+    partials o [T, H, S, d_c] and log2 lse [T, H, S] that combine_splits merges into them)."""
+    out = new_output((t, h, d_c), torch.bfloat16, device)
+    lse = new_output((t, h), torch.float32, device)
+    if splits == 1:
+        return out, lse, out, lse
+    return (out, lse, new_output((t, h, splits, d_c), torch.float32, device),
+            new_output((t, h, splits), torch.float32, device))
+
+
+def combine_splits(part_o: torch.Tensor, part_lse: torch.Tensor, out: torch.Tensor, lse: torch.Tensor) -> None:
+    """Merge the splits' partial outputs (split_outputs' layout) weighted by their lse."""
+    t, h, splits, d_c = part_o.shape
+    _combine_kernel[(t * h,)](part_o, part_lse, out, lse, splits, D_C=d_c,
+                              BLOCK_S=max(2, triton.next_power_of_2(splits)))
+
+
 def sparse_mla_triton(q_c, q_r, kv_cache, indices, scale, kv_dtype, num_splits=None, config=None):
     """Launch the kernel (and the combine when split) for the query's latent part q_c [T, H, d_c]
     and rotary part q_r [T, H, d_r] (any strides, last dim contiguous); config overrides the tile shape."""
@@ -246,25 +291,13 @@ def sparse_mla_triton(q_c, q_r, kv_cache, indices, scale, kv_dtype, num_splits=N
     n_idx = indices.shape[1]
     cfg = config or default_config(h, kv_dtype, q_c.device)
     head_blocks = triton.cdiv(h, cfg.block_h)
-    # fp32 partials per split (o and lse) over the gathered rows' bytes
-    partial_ratio = h * (d_c + 1) * 4 / max(1, n_idx * kv_cache.shape[1] * kv_cache.element_size())
-    splits = num_splits or auto_num_splits(t * head_blocks, n_idx, cfg, q_c.device, partial_ratio)
-    out = new_output((t, h, d_c), torch.bfloat16, q_c.device)
-    lse = new_output((t, h), torch.float32, q_c.device)
+    splits = num_splits or auto_num_splits(t * head_blocks, n_idx, cfg, q_c.device,
+                                           partials_ratio(h, d_c, n_idx, kv_cache))
+    out, lse, dst_o, dst_lse = split_outputs(t, h, d_c, splits, q_c.device)
     if t == 0:
         return out, lse
-    if kv_dtype == "bf16":
-        kv, kv_bytes, kv_words, rope_offset = kv_cache, kv_cache, kv_cache, d_c
-    else:  # fp8_ds_mla: latent e4m3 bytes, fp32 scales as int32 words, rope as bf16
-        kv, kv_bytes, kv_words = kv_cache.view(torch.bfloat16), kv_cache, kv_cache.view(torch.int32)
-        rope_offset = (d_c + 4 * (d_c // DS_MLA_GROUP)) // 2
+    kv, kv_bytes, kv_words, rope_offset = kv_views(kv_cache, kv_dtype, d_c)
     per_program = triton.cdiv(triton.cdiv(n_idx, cfg.block_n), splits)  # blocks, as _split_range counts
-    if splits > 1:
-        part_o = new_output((t, h, splits, d_c), torch.float32, q_c.device)
-        part_lse = new_output((t, h, splits), torch.float32, q_c.device)
-        dst_o, dst_lse = part_o, part_lse
-    else:
-        dst_o, dst_lse = out, lse
     _sparse_mla_kernel[(t * head_blocks, splits)](
         q_c, q_r, kv, kv_bytes, kv_words, indices, dst_o, dst_lse,
         q_c.stride(0), q_c.stride(1), q_r.stride(0), q_r.stride(1), scale * LOG2E.value, n_idx, h,
@@ -275,8 +308,7 @@ def sparse_mla_triton(q_c, q_r, kv_cache, indices, scale, kv_dtype, num_splits=N
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     if splits > 1:
-        _combine_kernel[(t * h,)](part_o, part_lse, out, lse, splits, D_C=d_c,
-                                  BLOCK_S=max(2, triton.next_power_of_2(splits)))
+        combine_splits(dst_o, dst_lse, out, lse)
     return out, lse
 
 
@@ -324,12 +356,18 @@ def sparse_mla(
         raise ValueError(f"sparse_mla: indices must be int[T={q.shape[0]}, K], got {list(indices.shape)}")
     if num_splits is not None and num_splits < 1:
         raise ValueError(f"sparse_mla: num_splits={num_splits} must be >= 1")
-    if resolve_backend(backend, q.device) == "torch":
+    name = resolve_backend(backend, q.device, gluon_kernel=True)
+    if name == "torch":
         whole = q if q_rope is None else torch.cat((q, q_rope), dim=-1)
         return sparse_mla_torch(whole, kv_cache, indices, scale, d_c, kv_dtype)
+    launch = sparse_mla_triton
+    if name == "gluon":
+        from kernels.sparse_mla_gluon import sparse_mla_gluon  # imports Gluon only where it is chosen
+
+        launch = sparse_mla_gluon
     q_c, q_r = (q[..., :d_c], q[..., d_c:]) if q_rope is None else (q, q_rope)
-    return sparse_mla_triton(_last_dim_contiguous(q_c), _last_dim_contiguous(q_r), kv_cache.contiguous(),
-                             indices.int().contiguous(), scale, kv_dtype, num_splits)
+    return launch(_last_dim_contiguous(q_c), _last_dim_contiguous(q_r), kv_cache.contiguous(),
+                  indices.int().contiguous(), scale, kv_dtype, num_splits)
 
 
 def _last_dim_contiguous(x: torch.Tensor) -> torch.Tensor:
