@@ -14,8 +14,7 @@ import triton
 import triton.language as tl
 
 from kernels.backend import resolve_backend
-from kernels.topk import _ordered_key
-from kernels.triton_utils import new_output
+from kernels.triton_utils import new_output, ordered_key
 
 
 # mirror_rows unspecialised: without a mirror it is the batch's row count, and a specialisation
@@ -36,7 +35,7 @@ def _argmax_kernel(x_ptr, out_ptr, n_cols, row_stride, mirror_ptr, mirror_index_
         valid = col < n_cols
         x = tl.load(row_ptr + col, mask=valid, other=0.0)
         # every NaN above +inf, as torch.argmax ranks them
-        key = tl.where(x != x, tl.full(x.shape, 0xFFFFFFFF, tl.uint32), _ordered_key(x))
+        key = tl.where(x != x, tl.full(x.shape, 0xFFFFFFFF, tl.uint32), ordered_key(x))
         key = tl.where(valid, key, 0)
         take = key > best
         best = tl.where(take, key, best)

@@ -65,7 +65,7 @@ import triton
 import triton.language as tl
 
 from kernels.backend import resolve_backend, values_checkable
-from kernels.triton_utils import new_output, row_programs
+from kernels.triton_utils import new_output, ordered_key, row_programs
 
 # Rows up to this many columns take the single launch with the row in registers, one program per
 # row, which beats the multi-launch paths until a row is long enough for the (rows x programs)
@@ -126,15 +126,6 @@ def topk_indices_torch(logits: torch.Tensor, lengths: torch.Tensor, k: int) -> t
 # ---------------------------------------------------------------- Triton kernel
 
 
-@triton.jit
-def _ordered_key(x):
-    """fp32 -> uint32 whose unsigned order is the float order (NaN above +inf)."""
-    bits = x.to(tl.uint32, bitcast=True)
-    flip = tl.where((bits >> 31) != 0, tl.full(bits.shape, 0xFFFFFFFF, tl.uint32),
-                    tl.full(bits.shape, 0x80000000, tl.uint32))
-    return bits ^ flip
-
-
 RADIX_LEVELS = tl.constexpr(4)  # 8-bit digits of a 32-bit key, most significant first
 # Ints per row of the counter table: a row's counters get a 128-byte line of their own, so rows
 # counting at once (every selected column takes an atomic on the per-column path) do not share one.
@@ -152,7 +143,7 @@ def _load_keys(row_ptr, start, hi, BLOCK: tl.constexpr):
     """Columns start..start+BLOCK, their ordered keys and which of them lie below hi."""
     col = start + tl.arange(0, BLOCK)
     valid = col < hi
-    return col, _ordered_key(tl.load(row_ptr + col, mask=valid, other=0.0)), valid
+    return col, ordered_key(tl.load(row_ptr + col, mask=valid, other=0.0)), valid
 
 
 @triton.jit
@@ -453,7 +444,7 @@ def _select_in_registers(row_ptr, out_row, length, k, table_row, BLOCK_SIZE: tl.
     col = tl.arange(0, BLOCK)
     valid = col < length
     # columns past the length get key 0 and never count: every pivot is above 0
-    key = tl.where(valid, _ordered_key(tl.load(row_ptr + col, mask=valid, other=0.0)), 0)
+    key = tl.where(valid, ordered_key(tl.load(row_ptr + col, mask=valid, other=0.0)), 0)
     dest = _slots_of(col, valid, table_row, BLOCK_SIZE, TO_SLOTS)
     lo, top, c_hi = _search_kth_key(key, valid, length, k)
     is_above = key > top
@@ -722,7 +713,7 @@ def _sample_kernel(logits_ptr, lengths_ptr, count_ptr, n_cols, k, SAMPLE: tl.con
     counters = count_ptr + row * COUNTER_STRIDE
     if length > k:
         col, drawn, m = _sample_columns(length, SAMPLE)
-        key = tl.where(drawn, _ordered_key(tl.load(logits_ptr + row.to(tl.int64) * n_cols + col, mask=drawn,
+        key = tl.where(drawn, ordered_key(tl.load(logits_ptr + row.to(tl.int64) * n_cols + col, mask=drawn,
                                                    other=0.0)), 0)
         # the sample's expected count of the row's top k, past it by SAMPLE_SIGMAS deviations
         expected = m.to(tl.float32) * k / length
@@ -756,7 +747,7 @@ def _mark_kernel(logits_ptr, lengths_ptr, count_ptr, bits_ptr, n_cols, k, words_
             for start in range(lo, tl.minimum(lo + CHUNK, length), BLOCK):
                 col = start + word[:, None] * 32 + lane[None, :]
                 valid = col < length
-                hit = (valid & (_ordered_key(tl.load(row_ptr + col, mask=valid, other=0.0)) >= threshold)).to(tl.int32)
+                hit = (valid & (ordered_key(tl.load(row_ptr + col, mask=valid, other=0.0)) >= threshold)).to(tl.int32)
                 hits += hit
                 # distinct bits: their sum is their OR
                 tl.store(bits_row + start // 32 + word, tl.sum(hit << lane[None, :], axis=1),
@@ -838,7 +829,7 @@ def _sampled_finish_kernel(logits_ptr, lengths_ptr, out_ptr, count_ptr, bits_ptr
             i = tl.arange(0, CAP)
             listed = i < n_list
             col = tl.load(list_row + i, mask=listed, other=0)
-            key = tl.where(listed, _ordered_key(tl.load(row_ptr + col, mask=listed, other=0.0)), 0)
+            key = tl.where(listed, ordered_key(tl.load(row_ptr + col, mask=listed, other=0.0)), 0)
             dest = _slots_of(col, listed, table_row, BLOCK_SIZE, TO_SLOTS)
             lo, top, c_hi = _search_kth_key(key, listed, n_list, k)
             zero = tl.full((), 0, tl.int32)

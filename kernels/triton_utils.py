@@ -1,4 +1,5 @@
-"""Triton device helpers shared by the kernels: byte unpacking and bit-exact fp8 / e2m1 / ue8m0 decode.
+"""Triton device helpers shared by the kernels: byte unpacking, bit-exact fp8 / e2m1 / ue8m0 decode, and
+fp32 values as integer keys in the same order (top-k, argmax).
 
 Every decode is integer bit arithmetic on raw bytes (no hardware fp8 type), so it is exact on
 CUDA, on ROCm (native fp8 there is the fnuz variant) and in the interpreter. e4m3 and e2m1 are
@@ -74,6 +75,15 @@ def f32_to_bf16(x):
     bits = x.to(tl.int32, bitcast=True)
     rounded = bits + 0x7FFF + ((bits >> 16) & 1)
     return (rounded >> 16).to(tl.int16).to(tl.bfloat16, bitcast=True)
+
+
+@triton.jit
+def ordered_key(x):
+    """fp32 -> uint32 whose unsigned order is the float order (NaN above +inf)."""
+    bits = x.to(tl.uint32, bitcast=True)
+    flip = tl.where((bits >> 31) != 0, tl.full(bits.shape, 0xFFFFFFFF, tl.uint32),
+                    tl.full(bits.shape, 0x80000000, tl.uint32))
+    return bits ^ flip
 
 
 @triton.jit

@@ -14,6 +14,7 @@ import triton.language as tl
 
 from kernels import positions_to_slots, topk, topk_indices, topk_slots
 from kernels.topk import SlotMap, default_config, positions_to_slots_reference, topk_indices_torch, topk_triton
+from kernels.triton_utils import ordered_key
 from tests.kernels.checks import selected_values
 
 CPU_CONFIG = default_config(torch.device("cpu"), 0, 1)
@@ -202,7 +203,7 @@ def _search_kernel(logits_ptr, out_ptr, length, k, BLOCK: tl.constexpr):
     """The in-register kernel's search alone on one row: out = (lo, top + 1, c_hi)."""
     col = tl.arange(0, BLOCK)
     valid = col < length
-    key = tl.where(valid, topk._ordered_key(tl.load(logits_ptr + col, mask=valid, other=0.0)), 0)
+    key = tl.where(valid, ordered_key(tl.load(logits_ptr + col, mask=valid, other=0.0)), 0)
     lo, top, c_hi = topk._search_kth_key(key, valid, length, k)
     i = tl.arange(0, 4)
     tl.store(out_ptr + i, tl.where(i == 0, lo.to(tl.int64), tl.where(i == 1, top.to(tl.int64) + 1, c_hi.to(tl.int64))))
