@@ -66,8 +66,7 @@ class LaunchCounter:
 
     # by module path: the kernels package re-exports functions under the modules' names
     KERNELS = (("kernels.indexer", "_indexer_logits_kernel"), ("kernels.indexer_tiled", "_indexer_tiled_kernel"),
-               ("kernels.topk", "_topk_row_kernel"), ("kernels.topk", "_topk_in_registers_kernel"),
-               ("kernels.topk", "_radix_pass_kernel"),
+               ("kernels.topk", "_topk_in_registers_kernel"), ("kernels.topk", "_histogram_pass_kernel"),
                ("kernels.topk", "_split_kernel"), ("kernels.topk", "_finish_kernel"),
                ("kernels.topk", "_sample_kernel"), ("kernels.topk", "_mark_kernel"),
                ("kernels.topk", "_sampled_finish_kernel"),

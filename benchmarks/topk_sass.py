@@ -34,7 +34,8 @@ from kernels import topk  # noqa: E402
 
 _PTRS = {"logits_ptr": "*fp32", "lengths_ptr": "*i32", "out_ptr": "*i32", "hist_ptr": "*i32"}
 _SIGNATURES = {
-    "_radix_pass_kernel": {**_PTRS, "count_ptr": "*i32", "n_cols": "i32", "k": "i32", "level": "i32"},
+    "_histogram_pass_kernel": {"logits_ptr": "*fp32", "lengths_ptr": "*i32", "hist_ptr": "*i32", "n_cols": "i32",
+                               "k": "i32", "level": "i32"},
     "_split_kernel": {**_PTRS, "count_ptr": "*i32", "cand_ptr": "*i32", "n_cols": "i32", "k": "i32", "cap": "i32"},
     "_finish_kernel": {**_PTRS, "cand_ptr": "*i32", "bits_ptr": "*i32", "n_cols": "i32", "k": "i32", "cap": "i32"},
     "_sample_kernel": {"logits_ptr": "*fp32", "lengths_ptr": "*i32", "count_ptr": "*i32", "n_cols": "i32",
@@ -44,17 +45,15 @@ _SIGNATURES = {
     "_sampled_finish_kernel": {k: v for k, v in _PTRS.items() if k != "hist_ptr"} | {"count_ptr": "*i32", "bits_ptr": "*i32", "list_ptr": "*i32",
                                "n_cols": "i32", "k": "i32", "words_stride": "i32", "table_ptr": "*i32",
                                "seq_ids_ptr": "*i32", "table_stride": "i32"},
-    "_topk_row_kernel": {k: v for k, v in _PTRS.items() if k != "hist_ptr"} | {"n_cols": "i32", "k": "i32"},
     "_topk_in_registers_kernel": {k: v for k, v in _PTRS.items() if k != "hist_ptr"} | {
         "n_cols": "i32", "k": "i32", "table_ptr": "*i32", "seq_ids_ptr": "*i32", "table_stride": "i32"},
 }
 # (kernel, constexprs, num_warps): the defaults' grids (histogram levels past 32k columns: 2,048-column
 # steps; the finish ordering v32's k of 2,048) and a 4096-column block
-CASES = (("_radix_pass_kernel", {"CHUNK": 2048, "BLOCK": 1024}, 4),
-         ("_radix_pass_kernel", {"CHUNK": 2048, "BLOCK": 2048}, 4),
-         ("_radix_pass_kernel", {"CHUNK": 4096, "BLOCK": 4096}, 4),
-         ("_split_kernel", {"CHUNK": 2048, "BLOCK": 1024, "PER_COLUMN_ATOMICS": False}, 4),
-         ("_split_kernel", {"CHUNK": 2048, "BLOCK": 1024, "PER_COLUMN_ATOMICS": True}, 4),
+CASES = (("_histogram_pass_kernel", {"CHUNK": 2048, "BLOCK": 1024}, 4),
+         ("_histogram_pass_kernel", {"CHUNK": 2048, "BLOCK": 2048}, 4),
+         ("_histogram_pass_kernel", {"CHUNK": 4096, "BLOCK": 4096}, 4),
+         ("_split_kernel", {"CHUNK": 2048, "BLOCK": 1024}, 4),
          ("_finish_kernel", {"BLOCK": 512, "K_BLOCK": 2048, "W_BLOCK": topk.ORDER_WORDS_BLOCK}, 4),
          # the sampled path (its default past 8,192 columns): the sample's search (steps over 8,192
          # keys), the mark pass, the finish (its loops: bitmap to list, the search, the fallback's)
@@ -62,7 +61,6 @@ CASES = (("_radix_pass_kernel", {"CHUNK": 2048, "BLOCK": 1024}, 4),
          ("_mark_kernel", {"CHUNK": 2048, "BLOCK": 1024}, 4),
          ("_sampled_finish_kernel", {"BLOCK_SIZE": 64, "TO_SLOTS": True, "CAP": 4096,
                                      "W_BLOCK": topk.LIST_WORDS_BLOCK, "BLOCK": 1024}, 8),
-         ("_topk_row_kernel", {"BLOCK": 4096}, 16),
          # the decode rows' kernel, writing cache slots (its loops: the search steps of the full and
          # the half block, each step's compares a column; and the short rows' store)
          ("_topk_in_registers_kernel", {"BLOCK_SIZE": 64, "TO_SLOTS": True, "BLOCK": 8192}, 8))

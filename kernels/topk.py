@@ -1,7 +1,7 @@
 """Exact per-row top-k column indices with per-row lengths, and their mapping to cache slots.
 
 Triton path: a selection on order-preserving 32-bit keys. The k-th largest key is found either by
-a radix select, four levels of 8-bit digit histograms (keys matching the digits chosen so far), or,
+a radix select, levels of 8-bit digit histograms (keys matching the digits chosen so far), or,
 for rows held in registers, by narrowing a key interval with counts of the keys at or above a
 pivot; an emit pass then writes every column above it plus just enough columns equal to it.
 Rows no longer than k emit 0..len-1 then -1. `topk_slots` emits the selected columns' cache slots
@@ -11,15 +11,13 @@ Launch shapes, chosen by the row and column counts and the config alone (so a CU
 choice; a row's length and values only steer branches on the device):
 - up to `TopkConfig.single_pass_max_cols` columns, ONE launch with one program per row, no scratch
   table, atomics or further launches (at decode shapes a launch costs more than the work):
-  - by default the row is read once into registers (up to REGISTER_ROW_MAX_COLS columns, the
+  - the row is read once into registers (up to REGISTER_ROW_MAX_COLS columns, the
     register block halved when the row's length fits half of it), and each step of the interval
     search is one block reduction of a compare per key, its pivot interpolated from the counts:
     about 8 steps after the row's max and min for continuous values (it stops once exactly k keys
     lie at or above the interval's low end), about 32 for ties. Bound by that chain of
     reductions: 6.8 us for one 4k row in a CUDA graph on an H200 (benchmarks/RESULTS.md, top-k:
     fewer search steps);
-  - or (`TopkConfig.single_pass_registers` off, or longer rows) the radix select, keeping each
-    level's histogram in registers and re-reading the row (from L2) once per level;
 - longer rows, spread over (rows x programs, each looping over chunks of columns up to the row's
   length) so that a few long rows still fill the GPU; either
   - the sampled path (`TopkConfig.sample` > 0, `default_config`'s choice for batches of more than
@@ -44,10 +42,8 @@ choice; a row's length and values only steer branches on the device):
     column order: the split's atomics place columns in an order that varies from run to run, and
     the sparse attention's sums follow the order it is given, so without it two runs of one step
     differed in their last bits (ties at the k-th value go to the lowest columns, as in the
-    one-launch kernels). A row whose candidates overflow the list (values crowding into one
-    prefix, or many ties) finishes over the row itself: exact, slower; or
-  - five launches: four histogram levels over the whole row, then the emit pass (whose atomics
-    leave the order, and the choice among ties at the k-th value, to the run: no default takes it).
+    one-launch kernel). A row whose candidates overflow the list (values crowding into one
+    prefix, or many ties) finishes over the row itself: exact, slower.
 Each histogram pass is bound by instruction issue, not memory (benchmarks/RESULTS.md, compacting
 top-k): so the compacting path's gain is the passes it leaves out, and the histogram levels step
 more columns at a time than the split (`TopkConfig.hist_block`), which spreads a histogram's
@@ -128,7 +124,7 @@ def topk_indices_torch(logits: torch.Tensor, lengths: torch.Tensor, k: int) -> t
 
 RADIX_LEVELS = tl.constexpr(4)  # 8-bit digits of a 32-bit key, most significant first
 # Ints per row of the counter table: a row's counters get a 128-byte line of their own, so rows
-# counting at once (every selected column takes an atomic on the per-column path) do not share one.
+# counting at once do not share one.
 COUNTER_STRIDE = tl.constexpr(32)
 
 
@@ -228,7 +224,7 @@ def _replay_prefix(hist_ptr, row, level, k):
     prefix_mask = tl.full((), 0, tl.uint32)
     remaining = k
     for lv in range(0, level):
-        hist = tl.load(hist_ptr + (row * RADIX_LEVELS + lv) * 256 + tl.arange(0, 256))
+        hist = tl.load(hist_ptr + (row * SPLIT_LEVEL + lv) * 256 + tl.arange(0, 256))
         prefix, prefix_mask, remaining = _narrow_prefix(hist, lv, prefix, prefix_mask, remaining)
     return prefix, prefix_mask, remaining
 
@@ -327,18 +323,6 @@ def _row_of_program(logits_ptr, lengths_ptr, out_ptr, n_cols, k):
     row = tl.program_id(0)
     length = tl.minimum(tl.load(lengths_ptr + row), n_cols)
     return length, logits_ptr + row.to(tl.int64) * n_cols, out_ptr + row.to(tl.int64) * k
-
-
-@triton.jit
-def _topk_row_kernel(logits_ptr, lengths_ptr, out_ptr, n_cols, k, BLOCK: tl.constexpr):
-    """The whole radix select of one row in one program (grid: rows), re-reading the row up to its
-    length (read on the device, so the grid depends only on the shapes) once per level."""
-    length, row_ptr, out_row = _row_of_program(logits_ptr, lengths_ptr, out_ptr, n_cols, k)
-    if length <= k:
-        _store_short_row(out_row, length, k, BLOCK)
-    else:
-        zero = tl.full((), 0, tl.uint32)
-        _select_in_program(row_ptr, row_ptr, length, out_row, k, zero, zero, k, 0, True, BLOCK)
 
 
 # The in-register kernel's emit packs two counts of a block into one int32 (above the k-th largest
@@ -472,47 +456,29 @@ def _topk_in_registers_kernel(logits_ptr, lengths_ptr, out_ptr, n_cols, k, table
 
 
 @triton.jit(do_not_specialize=["level"])
-def _radix_pass_kernel(
-    logits_ptr, lengths_ptr, out_ptr, hist_ptr, count_ptr, n_cols, k, level,
-    CHUNK: tl.constexpr, BLOCK: tl.constexpr,
-):
-    """One pass of the radix select over one row (grid: rows x programs per row).
+def _histogram_pass_kernel(logits_ptr, lengths_ptr, hist_ptr, n_cols, k, level, CHUNK: tl.constexpr,
+                           BLOCK: tl.constexpr):
+    """One histogram level of the compacting path over one row (grid: rows x programs per row):
+    adds the histogram of level's digit, over the keys that match the prefix chosen so far, into
+    hist[row, level].
 
     Program p takes the row's chunks p, p + P, ... up to the row's length, a bound read on the
     device, so the grid depends only on the shapes (a CUDA graph replays it for any lengths).
-    Levels 0-3 add the histogram of that level's digit, over the keys that match the prefix
-    chosen so far, into hist[row, level]. Level 4 emits: every column whose key is above the
-    k-th largest, and just enough columns equal to it; per-row atomic counters give positions.
     """
     row = tl.program_id(0)
-    length, row_ptr, out_row = _row_of_program(logits_ptr, lengths_ptr, out_ptr, n_cols, k)
-    if length <= k:  # short row: written once in the emit pass
-        if (level == RADIX_LEVELS) & (tl.program_id(1) == 0):
-            _store_short_row(out_row, length, k, BLOCK)
-    else:
+    length = tl.minimum(tl.load(lengths_ptr + row), n_cols)
+    if length > k:  # short rows: the finish kernel
+        row_ptr = logits_ptr + row.to(tl.int64) * n_cols
         prefix, prefix_mask, remaining = _replay_prefix(hist_ptr, row, level, k)
         first, step = tl.program_id(1) * CHUNK, tl.num_programs(1) * CHUNK
-        if level < RADIX_LEVELS:
-            shift = _digit_shift(level)
-            hist = tl.zeros((256,), tl.int32)
-            for lo in range(first, length, step):
-                hi = tl.minimum(lo + CHUNK, length)
-                for start in range(lo, hi, BLOCK):
-                    col, key, valid = _load_keys(row_ptr, start, hi, BLOCK)
-                    hist += _digit_histogram(key, valid & ((key & prefix_mask) == prefix), shift)
-            tl.atomic_add(hist_ptr + (row * RADIX_LEVELS + level) * 256 + tl.arange(0, 256), hist, sem="relaxed")
-        else:  # prefix is now the k-th largest key
-            n_above = k - remaining
-            counters = count_ptr + row * COUNTER_STRIDE
-            for lo in range(first, length, step):
-                hi = tl.minimum(lo + CHUNK, length)
-                for start in range(lo, hi, BLOCK):
-                    col, key, valid = _load_keys(row_ptr, start, hi, BLOCK)
-                    is_above = valid & (key > prefix)
-                    is_equal = valid & (key == prefix)
-                    above_before = tl.atomic_add(counters, tl.sum(is_above.to(tl.int32), axis=0))
-                    equal_before = tl.atomic_add(counters + 1, tl.sum(is_equal.to(tl.int32), axis=0))
-                    _store_selected(out_row, col, is_above, is_equal, above_before, equal_before, n_above, remaining)
+        shift = _digit_shift(level)
+        hist = tl.zeros((256,), tl.int32)
+        for lo in range(first, length, step):
+            hi = tl.minimum(lo + CHUNK, length)
+            for start in range(lo, hi, BLOCK):
+                col, key, valid = _load_keys(row_ptr, start, hi, BLOCK)
+                hist += _digit_histogram(key, valid & ((key & prefix_mask) == prefix), shift)
+        tl.atomic_add(hist_ptr + (row * SPLIT_LEVEL + level) * 256 + tl.arange(0, 256), hist, sem="relaxed")
 
 
 # The compacting path fixes this many 8-bit digits with full-row histogram passes before it splits
@@ -526,7 +492,7 @@ def _boundary_bin_count(hist_ptr, row, prefix):
     """How many of the row's keys share the prefix of the first SPLIT_LEVEL digits: the last
     histogram level's count at the chosen digit."""
     digit = (prefix >> _digit_shift(SPLIT_LEVEL - 1)) & 0xFF
-    return tl.load(hist_ptr + (row * RADIX_LEVELS + SPLIT_LEVEL - 1) * 256 + digit.to(tl.int32))
+    return tl.load(hist_ptr + (row * SPLIT_LEVEL + SPLIT_LEVEL - 1) * 256 + digit.to(tl.int32))
 
 
 @triton.jit
@@ -544,19 +510,9 @@ def _place_by_scan(counters, is_above, is_cand):
 
 
 @triton.jit
-def _place_by_atomics(counters, is_above, is_cand):
-    """Output and list slots of a block's hits: one atomic increment per hit in place of the scan,
-    most of the split's instructions (ptxas folds a warp's increments into one atomic). Hits are a
-    few percent of a row; on an H200 it won at 64 rows of 64k and lost at 16 (benchmarks/RESULTS.md)."""
-    at = tl.zeros(is_above.shape, tl.int32)
-    above_slot = tl.atomic_add(counters + at, 1, mask=is_above, sem="relaxed")
-    return above_slot, tl.atomic_add(counters + 1 + at, 1, mask=is_cand, sem="relaxed")
-
-
-@triton.jit
 def _split_kernel(
     logits_ptr, lengths_ptr, out_ptr, hist_ptr, count_ptr, cand_ptr, n_cols, k, cap,
-    CHUNK: tl.constexpr, BLOCK: tl.constexpr, PER_COLUMN_ATOMICS: tl.constexpr,
+    CHUNK: tl.constexpr, BLOCK: tl.constexpr,
 ):
     """The compacting path's split pass (grid: rows x programs per row, like the radix passes).
 
@@ -583,10 +539,7 @@ def _split_kernel(
                 top = key & prefix_mask
                 is_above = valid & (top > prefix)
                 is_cand = valid & (col < cand_end) & (top == prefix)
-                if PER_COLUMN_ATOMICS:
-                    above_slot, cand_slot = _place_by_atomics(counters, is_above, is_cand)
-                else:
-                    above_slot, cand_slot = _place_by_scan(counters, is_above, is_cand)
+                above_slot, cand_slot = _place_by_scan(counters, is_above, is_cand)
                 tl.store(out_row + above_slot, col, mask=is_above)
                 tl.store(cand_keys + cand_slot, key.to(tl.int32, bitcast=True), mask=is_cand)
                 tl.store(cand_keys + cap + cand_slot, col, mask=is_cand)
@@ -842,16 +795,14 @@ def _sampled_finish_kernel(logits_ptr, lengths_ptr, out_ptr, count_ptr, bits_ptr
 class TopkConfig:
     """Columns per chunk, columns per loop step (block), warps and programs per multiprocessor
     (the grid) of the multi-launch paths, and the longest row that takes the single launch, one
-    program per row of num_warps warps: with `single_pass_registers` the row read once into
-    registers (rows up to REGISTER_ROW_MAX_COLS), else the radix kernel stepping block columns.
+    program per row of num_warps warps holding the row in registers (at most REGISTER_ROW_MAX_COLS).
 
-    Longer rows take the compacting path with a candidate list of `candidates` entries per row, or
-    with 0 the five full radix passes. The compacting split places its hits by a block scan, or
-    with `per_column_atomics` by an atomic per hit; its finish steps `finish_block` entries at a time.
-    The full-row histogram levels step `hist_block` columns at a time (0: `block`; their chunks
-    grow to it): a histogram's per-step cost (ballots, a barrier, a shared-memory merge) is shared
-    by more columns, while the emit and split keep the smaller block. The compacting path's
-    finish puts each row's columns in ascending order (`_order_by_bitmap`).
+    Longer rows take the compacting path with a candidate list of `candidates` entries per row;
+    its finish steps `finish_block` entries at a time. Its full-row histogram levels step
+    `hist_block` columns at a time (0: `block`; their chunks grow to it): a histogram's per-step
+    cost (ballots, a barrier, a shared-memory merge) is shared by more columns, while the split
+    keeps the smaller block. The compacting path's finish puts each row's columns in ascending
+    order (`_order_by_bitmap`).
 
     With `sample` > 0, rows past the single launch take the sampled path instead (a sample of up
     to `sample` columns per row, a power of two), whose finish lists up to `candidates` columns
@@ -864,9 +815,7 @@ class TopkConfig:
     num_warps: int
     programs_per_sm: int = 4
     single_pass_max_cols: int = SINGLE_PASS_MAX_COLS
-    single_pass_registers: bool = True
-    candidates: int = 0
-    per_column_atomics: bool = False
+    candidates: int = CANDIDATES
     finish_block: int = 512
     hist_block: int = 0
     sample: int = 0
@@ -878,8 +827,11 @@ class TopkConfig:
             raise ValueError(f"TopkConfig: block={self.block} must be below 32768")
         if self.hist_block < 0:
             raise ValueError(f"TopkConfig: hist_block={self.hist_block} must be >= 0")
-        if self.candidates < 0:
-            raise ValueError(f"TopkConfig: candidates={self.candidates} must be >= 0")
+        if self.candidates <= 0:
+            raise ValueError(f"TopkConfig: candidates={self.candidates} must be positive")
+        if self.single_pass_max_cols > REGISTER_ROW_MAX_COLS:
+            raise ValueError(f"TopkConfig: single_pass_max_cols={self.single_pass_max_cols} must be at most "
+                             f"{REGISTER_ROW_MAX_COLS}, the longest row the one-launch kernel holds")
         if self.sample:
             for name in ("sample", "candidates"):
                 value = getattr(self, name)
@@ -897,7 +849,7 @@ def default_config(device: torch.device, n_cols: int, n_rows: int) -> TopkConfig
     # paths are the GPU's, so that what runs by default in the interpreter is what a GPU runs.
     sampled = n_rows * n_cols > SAMPLED_MIN_COLUMNS
     if device.type != "cuda":
-        return TopkConfig(256, 64, 4, candidates=CANDIDATES, finish_block=64, sample=SAMPLE_COLS if sampled else 0)
+        return TopkConfig(256, 64, 4, finish_block=64, sample=SAMPLE_COLS if sampled else 0)
     # Fastest per shape replayed in a CUDA graph on an H200 (benchmarks/RESULTS.md, top-k launch
     # shapes, compacting top-k, top-k with the row in registers): one program per row holding the
     # row in registers up to 8k columns (SINGLE_PASS_MAX_COLS has the numbers; the block and chunk
@@ -915,10 +867,10 @@ def default_config(device: torch.device, n_cols: int, n_rows: int) -> TopkConfig
     if n_cols <= SINGLE_PASS_MAX_COLS:
         return TopkConfig(4096, 4096, SINGLE_PASS_WARPS)
     if sampled:
-        return TopkConfig(2048, 1024, 4, 16, candidates=CANDIDATES, sample=SAMPLE_COLS)
+        return TopkConfig(2048, 1024, 4, 16, sample=SAMPLE_COLS)
     if n_cols <= FINE_CHUNK_MAX_COLS:
-        return TopkConfig(1024, 1024, 4, 16, candidates=CANDIDATES)
-    return TopkConfig(2048, 1024, 4, 8, candidates=CANDIDATES, hist_block=2048)
+        return TopkConfig(1024, 1024, 4, 16)
+    return TopkConfig(2048, 1024, 4, 8, hist_block=2048)
 
 
 def _spread_grid(t: int, n: int, chunk: int, cfg: TopkConfig, device: torch.device) -> tuple[int, int]:
@@ -928,7 +880,7 @@ def _spread_grid(t: int, n: int, chunk: int, cfg: TopkConfig, device: torch.devi
 
 def takes_register_launch(cfg: TopkConfig, n_cols: int) -> bool:
     """Whether rows of n_cols columns take the in-register one-launch kernel under cfg."""
-    return n_cols <= min(cfg.single_pass_max_cols, REGISTER_ROW_MAX_COLS) and cfg.single_pass_registers
+    return n_cols <= cfg.single_pass_max_cols
 
 
 @dataclass(frozen=True)
@@ -943,12 +895,11 @@ class SlotMap:
 
 def topk_triton(logits: torch.Tensor, lengths: torch.Tensor, k: int, config: TopkConfig | None = None,
                 slots: SlotMap | None = None) -> torch.Tensor:
-    """One launch over rows up to config.single_pass_max_cols columns (the row in registers, or
-    the radix select re-reading it); beyond, over (rows x
-    programs per row), either the compacting path (SPLIT_LEVEL histogram levels, the split, then
-    one program per row finishing on its candidates) or five launches (four histogram levels,
-    then the emit pass). With `slots` the outputs are cache slots: the in-register kernel looks
-    them up as it writes (no second launch); the other paths map their positions afterwards."""
+    """One launch over rows up to config.single_pass_max_cols columns (the row in registers);
+    beyond, over (rows x programs per row), the sampled path or the compacting path (SPLIT_LEVEL
+    histogram levels, the split, then one program per row finishing on its candidates). With
+    `slots` the outputs are cache slots: the in-register kernel and the sampled path look them
+    up as they write (no second launch); the compacting path maps its positions afterwards."""
     t, n = logits.shape
     out = new_output((t, k), torch.int32, logits.device)
     if t == 0:
@@ -961,37 +912,36 @@ def topk_triton(logits: torch.Tensor, lengths: torch.Tensor, k: int, config: Top
                                         BLOCK_SIZE=slots.block_size if slots else 1, TO_SLOTS=slots is not None,
                                         BLOCK=max(64, triton.next_power_of_2(n)), num_warps=cfg.num_warps)
         return out
-    if cfg.sample and 2 * k <= cfg.candidates and n > cfg.single_pass_max_cols:
+    if cfg.sample and 2 * k <= cfg.candidates:
         return _topk_sampled(logits, lengths, out, k, cfg, slots)
     if slots:
         return positions_to_slots(topk_triton(logits, lengths, k, cfg), slots.block_table, slots.seq_ids,
                                   slots.block_size, backend="triton")
-    if n <= cfg.single_pass_max_cols:
-        _topk_row_kernel[(t,)](logits, lengths, out, n, k, BLOCK=cfg.block, num_warps=cfg.num_warps)
-        return out
+    return _topk_compacting(logits, lengths, out, k, cfg)
+
+
+def _topk_compacting(logits: torch.Tensor, lengths: torch.Tensor, out: torch.Tensor, k: int,
+                     cfg: TopkConfig) -> torch.Tensor:
+    """The compacting path's launches (SPLIT_LEVEL histogram levels, the split, the finish),
+    writing positions to out."""
+    t, n = logits.shape
     # One zeroed buffer for the scratch tables: one allocation and one fill per call, not several.
-    compact = cfg.candidates > 0
-    levels, stride = RADIX_LEVELS.value * 256, COUNTER_STRIDE.value
-    words = triton.cdiv(n, 32) if compact else 0  # the finish's bitmap and word ranks
+    levels, stride, words = SPLIT_LEVEL.value * 256, COUNTER_STRIDE.value, triton.cdiv(n, 32)
     scratch = torch.zeros(t * (levels + stride + 2 * words), dtype=torch.int32, device=logits.device)
-    # [t, levels, 256], [t, stride] and [t, 2, words], flat
+    # [t, SPLIT_LEVEL, 256], [t, stride] and [t, 2, words] (the finish's bitmap and word ranks), flat
     hist, counts, bits = scratch.split((t * levels, t * stride, t * 2 * words))
-    grid = _spread_grid(t, n, cfg.chunk, cfg, logits.device)
     hist_block = cfg.hist_block or cfg.block
     hist_chunk = max(cfg.chunk, hist_block)
     hist_grid = _spread_grid(t, n, hist_chunk, cfg, logits.device)
-    for level in range(SPLIT_LEVEL.value if compact else RADIX_LEVELS.value):
-        _radix_pass_kernel[hist_grid](logits, lengths, out, hist, counts, n, k, level, CHUNK=hist_chunk,
-                                      BLOCK=hist_block, num_warps=cfg.num_warps)
-    if not compact:  # the emit pass
-        _radix_pass_kernel[grid](logits, lengths, out, hist, counts, n, k, RADIX_LEVELS.value, CHUNK=cfg.chunk,
-                                 BLOCK=cfg.block, num_warps=cfg.num_warps)
-    else:
-        cand = torch.empty(t * 2 * cfg.candidates, dtype=torch.int32, device=logits.device)  # [t, keys|cols, cap]
-        _split_kernel[grid](logits, lengths, out, hist, counts, cand, n, k, cfg.candidates, CHUNK=cfg.chunk,
-                            BLOCK=cfg.block, PER_COLUMN_ATOMICS=cfg.per_column_atomics, num_warps=cfg.num_warps)
-        _finish_kernel[(t,)](logits, lengths, out, hist, cand, bits, n, k, cfg.candidates, BLOCK=cfg.finish_block,
-                             K_BLOCK=triton.next_power_of_2(k), W_BLOCK=ORDER_WORDS_BLOCK, num_warps=cfg.num_warps)
+    for level in range(SPLIT_LEVEL.value):
+        _histogram_pass_kernel[hist_grid](logits, lengths, hist, n, k, level, CHUNK=hist_chunk, BLOCK=hist_block,
+                                          num_warps=cfg.num_warps)
+    cand = torch.empty(t * 2 * cfg.candidates, dtype=torch.int32, device=logits.device)  # [t, keys|cols, cap]
+    _split_kernel[_spread_grid(t, n, cfg.chunk, cfg, logits.device)](
+        logits, lengths, out, hist, counts, cand, n, k, cfg.candidates, CHUNK=cfg.chunk, BLOCK=cfg.block,
+        num_warps=cfg.num_warps)
+    _finish_kernel[(t,)](logits, lengths, out, hist, cand, bits, n, k, cfg.candidates, BLOCK=cfg.finish_block,
+                         K_BLOCK=triton.next_power_of_2(k), W_BLOCK=ORDER_WORDS_BLOCK, num_warps=cfg.num_warps)
     return out
 
 

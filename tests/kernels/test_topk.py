@@ -1,4 +1,4 @@
-"""Top-k indices: Triton radix select (both launch shapes) vs the torch reference vs torch.topk,
+"""Top-k indices: every Triton path (one launch in registers, compacting, sampled) vs the torch reference vs torch.topk,
 compared on selected values; top-k slots (the indices mapped through a block table) vs the two
 references composed."""
 
@@ -13,25 +13,28 @@ import triton
 import triton.language as tl
 
 from kernels import positions_to_slots, topk, topk_indices, topk_slots
-from kernels.topk import SlotMap, default_config, positions_to_slots_reference, topk_indices_torch, topk_triton
+from kernels.topk import (
+    REGISTER_ROW_MAX_COLS,
+    SlotMap,
+    default_config,
+    positions_to_slots_reference,
+    topk_indices_torch,
+    topk_triton,
+)
 from kernels.triton_utils import ordered_key
 from tests.kernels.checks import selected_values
 
 CPU_CONFIG = default_config(torch.device("cpu"), 0, 1)
 # Each Triton check runs every path, whatever the default picks at its size: the one-launch kernel
-# with the row in registers, the one-launch radix kernel, the compacting path with a candidate list
-# no row outgrows (split placing by scan and by atomics), and with one that every row with two
-# candidates overflows; the sampled path with a sample of a few columns per window (rows past 128
-# columns) and with rows their own sample.
-PATHS = {"one launch in registers": replace(CPU_CONFIG, single_pass_max_cols=1 << 30),
-         "one launch radix": replace(CPU_CONFIG, single_pass_max_cols=1 << 30, single_pass_registers=False),
-         "five launches": replace(CPU_CONFIG, single_pass_max_cols=0, candidates=0),
+# with the row in registers, the compacting path with a candidate list no row outgrows (histogram
+# levels at the split's steps, wider ones, and chunks grown to them), and with one that every row
+# with two candidates overflows; the sampled path with a sample of a few columns per window (rows
+# past 128 columns) and with rows their own sample.
+PATHS = {"one launch in registers": replace(CPU_CONFIG, single_pass_max_cols=REGISTER_ROW_MAX_COLS),
          "compacting": replace(CPU_CONFIG, single_pass_max_cols=0, candidates=1 << 12),
-         "compacting, per-column atomics": replace(CPU_CONFIG, single_pass_max_cols=0, candidates=1 << 12,
-                                                   per_column_atomics=True),
          "compacting, list overflows": replace(CPU_CONFIG, single_pass_max_cols=0, candidates=1),
-         "five launches, wider histogram steps": replace(CPU_CONFIG, single_pass_max_cols=0, candidates=0,
-                                                         hist_block=2 * CPU_CONFIG.block),
+         "compacting, wider histogram steps": replace(CPU_CONFIG, single_pass_max_cols=0, candidates=1 << 12,
+                                                      hist_block=2 * CPU_CONFIG.block),
          "compacting, histogram chunks grown": replace(CPU_CONFIG, single_pass_max_cols=0, candidates=1 << 12,
                                                        hist_block=2 * CPU_CONFIG.chunk),
          "sampled": replace(CPU_CONFIG, single_pass_max_cols=0, candidates=1 << 12, sample=128),
@@ -113,19 +116,15 @@ def test_topk_extreme_values_ragged_rows(gen, path):
     assert torch.equal(got[5:], ref[5:]), "short rows are exact"
 
 
-@pytest.mark.parametrize(("max_cols", "registers", "register_cols", "candidates", "sample", "expect"), [
-    (40, True, 40, 0, 0, {"_topk_in_registers_kernel": 1}), (40, False, 40, 0, 0, {"_topk_row_kernel": 1}),
-    (40, True, 39, 0, 0, {"_topk_row_kernel": 1}),  # a row past the register limit: the radix launch
-    (39, True, 40, 0, 0, {"_radix_pass_kernel": 5}),
-    (39, True, 40, 16, 0, {"_radix_pass_kernel": 2, "_split_kernel": 1, "_finish_kernel": 1}),
-    (39, True, 40, 16, 16, {"_sample_kernel": 1, "_mark_kernel": 1, "_sampled_finish_kernel": 1}),
-    (39, True, 40, 8, 16, {"_radix_pass_kernel": 2, "_split_kernel": 1, "_finish_kernel": 1})])  # 2 k > list
-def test_topk_launches_by_column_count(gen, monkeypatch, max_cols, registers, register_cols, candidates, sample,
-                                       expect):
-    monkeypatch.setattr(topk, "REGISTER_ROW_MAX_COLS", register_cols)
+@pytest.mark.parametrize(("max_cols", "candidates", "sample", "expect"), [
+    (40, 16, 0, {"_topk_in_registers_kernel": 1}),
+    (39, 16, 0, {"_histogram_pass_kernel": 2, "_split_kernel": 1, "_finish_kernel": 1}),
+    (39, 16, 16, {"_sample_kernel": 1, "_mark_kernel": 1, "_sampled_finish_kernel": 1}),
+    (39, 8, 16, {"_histogram_pass_kernel": 2, "_split_kernel": 1, "_finish_kernel": 1})])  # 2 k > list
+def test_topk_launches_by_column_count(gen, monkeypatch, max_cols, candidates, sample, expect):
     launches: Counter[str] = Counter()
-    for name in ("_topk_in_registers_kernel", "_topk_row_kernel", "_radix_pass_kernel", "_split_kernel",
-                 "_finish_kernel", "_sample_kernel", "_mark_kernel", "_sampled_finish_kernel"):
+    for name in ("_topk_in_registers_kernel", "_histogram_pass_kernel", "_split_kernel", "_finish_kernel",
+                 "_sample_kernel", "_mark_kernel", "_sampled_finish_kernel"):
         kernel = getattr(topk, name)
 
         def counted(*args, _run=kernel.run, _name=name, **kw):
@@ -136,7 +135,7 @@ def test_topk_launches_by_column_count(gen, monkeypatch, max_cols, registers, re
     logits = torch.randn(2, 40, generator=gen)
     lengths = torch.tensor([40, 9], dtype=torch.int32)
     got = topk_triton(logits, lengths, 8, replace(CPU_CONFIG, single_pass_max_cols=max_cols, candidates=candidates,
-                                                   single_pass_registers=registers, sample=sample))
+                                                   sample=sample))
     assert launches == expect
     check_row_set(logits, lengths, 8, got)
 
@@ -277,8 +276,10 @@ def test_topk_compacting_candidates_fit_or_overflow(gen, cap):
 def test_topk_config_errors():
     with pytest.raises(ValueError, match="block=32768"):  # the split's packed scan would overflow
         replace(CPU_CONFIG, block=1 << 15)
-    with pytest.raises(ValueError, match="candidates=-1"):
-        replace(CPU_CONFIG, candidates=-1)
+    with pytest.raises(ValueError, match="candidates=0"):
+        replace(CPU_CONFIG, candidates=0)
+    with pytest.raises(ValueError, match="single_pass_max_cols"):  # the in-register kernel's packed scan
+        replace(CPU_CONFIG, single_pass_max_cols=REGISTER_ROW_MAX_COLS + 1)
     with pytest.raises(ValueError, match="hist_block=-1"):
         replace(CPU_CONFIG, hist_block=-1)
 
