@@ -42,15 +42,15 @@ from kernels.quant import (  # noqa: E402
 )
 from kernels.sparse_mla import SparseMlaConfig, auto_num_splits, sparse_mla_torch, sparse_mla_triton  # noqa: E402
 from kernels.topk import (  # noqa: E402
-    REGISTER_ROW_MAX_COLS,
     SlotMap,
     TopkConfig,
     default_config,
     positions_to_slots,
-    takes_register_launch,
     topk_indices_torch,
     topk_triton,
 )
+from kernels.topk.config import takes_register_launch  # noqa: E402
+from kernels.topk.in_registers import REGISTER_ROW_MAX_COLS  # noqa: E402
 from kernels.triton_utils import poisoned_outputs  # noqa: E402
 
 COPY_TBPS = 4.04  # measured on this H200 (issue 4, 2026-11-29)
