@@ -96,7 +96,7 @@ def _split_kernel(
     logits_ptr, lengths_ptr, out_ptr, hist_ptr, count_ptr, cand_ptr, n_cols, k, cap,
     CHUNK: tl.constexpr, BLOCK: tl.constexpr,
 ):
-    """The compacting path's split pass (grid: rows x programs per row, like the radix passes).
+    """The compacting path's split pass (grid: rows x programs per row, like the histogram passes).
 
     With the first SPLIT_LEVEL digits of the k-th largest key known, each column whose key is above
     that prefix goes straight to the output, and each column in the prefix's bin (the candidates)
@@ -138,8 +138,8 @@ def _order_by_bitmap(out_row, k, length, bits_row, ranks_row, K_BLOCK: tl.conste
     not depend on the order of the ORs), a scan of the words' bit counts gives each word's count
     of set bits before it (ranks_row), and a column's place is that count plus the set bits below
     it in its word. O(k + length / 32) work, where a bitonic sort of k values (tl.sort) costs
-    O(k log^2 k): on an H200 the top-k of 16 x 65,536 columns, k 2,048, took 35.2 us with this
-    ordering, 55.3 with the sort and 31.5 unordered (benchmarks/RESULTS.md, deterministic top-k)."""
+    O(k log^2 k): ordering this way adds a small part of the unordered path's time, the sort
+    several times as much (`benchmarks/topk_determinism.py --profile` shows the finish's share)."""
     i = tl.arange(0, K_BLOCK)
     ok = i < k
     cols = tl.load(out_row + i, mask=ok, other=0)

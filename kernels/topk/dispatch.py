@@ -81,9 +81,7 @@ def _check_topk_inputs(op: str, logits: torch.Tensor, lengths: torch.Tensor, k: 
 
 def _takes_torch(logits: torch.Tensor, backend: str | None) -> bool:
     """Whether the top-k of these rows runs the torch path: the backend alone. Prefill chunks take
-    the Triton paths too (the sampled path past SINGLE_PASS_MAX_COLS), which torch.topk behind its
-    length mask took until measured on an H200 at a chunk of 8,192 ragged rows as cache slots:
-    3.9 against 27.0 ms at 160k columns, 1.6 against 11.4 at 64k, 0.46 against 2.2 at 8k (the
-    in-register kernel); a v32 prefill of 160k tokens 5.30-5.33 -> 4.34-4.38 s (benchmarks/RESULTS.md,
-    long-context prefill at 128k-160k)."""
+    the Triton paths too (the sampled path past SINGLE_PASS_MAX_COLS): torch.topk behind a length
+    mask reads every row to the chunk's full width and takes several times as long over a
+    prefill chunk's ragged rows (`benchmarks/kernels.py --only prefill` times both)."""
     return resolve_backend(backend, logits.device) == "torch"

@@ -21,7 +21,7 @@ from kernels.triton_utils import ordered_key
 
 # The in-register kernel's emit packs two counts of a block into one int32 (above the k-th largest
 # key in the high half, kept below 2^15 by this bound, candidates in the low): the longest row it
-# takes; longer rows of the single launch take the radix kernel.
+# takes, and so the most TopkConfig.single_pass_max_cols may be.
 REGISTER_ROW_MAX_COLS = 16384
 
 
@@ -52,12 +52,10 @@ def _interpolation_step(key, k, lo, top, c_lo, c_hi, w_lo, w_hi, kept, reach):
     `reach` (halved each step) less half the interval of its middle (an ITP-style projection),
     which bounds the steps of a row the line guesses badly (ties, gaps, outliers) near
     32 + SEARCH_SLACK. `kept`: 1 if the last step kept the upper part, -1 the lower, 0 at first.
-    The pivot's arithmetic is fp32 and 32-bit: each step waits on it, and with 64-bit integers a
-    step cost ~0.1 us more on an H200 (benchmarks/RESULTS.md); only the clamp to (lo, top] is exact.
-    One pivot per block reduction: two or three (thirds with both counts packed in one int32, or
-    quarters by one three-value reduction) took as long or longer on an H200 with bisection
-    (benchmarks/RESULTS.md, top-k with the row in registers): their extra compares cost what the
-    fewer steps saved.
+    The pivot's arithmetic is fp32 and 32-bit: each step waits on it, and 64-bit integer
+    arithmetic lengthens every step; only the clamp to (lo, top] is exact. One pivot per block
+    reduction: two or three (thirds with both counts packed in one int32, or quarters by one
+    three-value reduction) save steps, but their extra compares cost as much as the steps saved.
     """
     span = top - lo
     span_f = span.to(tl.float32)
@@ -83,10 +81,11 @@ def search_kth_key(key, valid, length, k):
     every key in [lo, top] belongs to the top k: exactly k keys lie at or above lo, or lo == top.
 
     Two reductions bound the interval by the row's largest and smallest keys (a row of one value
-    ends there; on an H200 the largest alone, or both in one two-value reduction, took longer:
-    benchmarks/RESULTS.md), then interpolation steps (_interpolation_step). Once k - 1 keys lie
-    above top, the k-th largest is the largest key at or below top: one max reduction finds it
-    and ends the search, where landing exactly on k by counts would take several steps.
+    ends there; the tight interval saves more steps than the second reduction costs, and two plain
+    reductions cost less than one reduction of pairs), then interpolation steps
+    (_interpolation_step). Once k - 1 keys lie above top, the k-th largest is the largest key at
+    or below top: one max reduction finds it and ends the search, where landing exactly on k by
+    counts would take several steps.
     """
     top = tl.max(tl.where(valid, key, 0), axis=0)
     lo = tl.min(tl.where(valid, key, tl.full(key.shape, 0xFFFFFFFF, tl.uint32)), axis=0)

@@ -11,8 +11,8 @@ def topk_indices_torch(logits: torch.Tensor, lengths: torch.Tensor, k: int) -> t
     Columns past a row's length rank as -inf and an -inf inside it as the lowest finite fp32 value,
     so a row with fewer than k finite values still selects only columns inside its length (the one
     order this changes, an -inf tied with -3.4e38, never reaches the engine: its indexer logits are
-    finite). One elementwise pass more than masking alone: an exact integer key took four, ~4 % of
-    a 64k prefill on an H200 when this path served prefill chunks (benchmarks/RESULTS.md)."""
+    finite). One elementwise pass more than masking alone, where an exact integer key would take
+    four."""
     t, n = logits.shape
     lengths = lengths.long()
     out = torch.full((t, k), -1, dtype=torch.int32, device=logits.device)

@@ -76,7 +76,7 @@ def _sample_kernel(logits_ptr, lengths_ptr, count_ptr, n_cols, k, SAMPLE: tl.con
 @triton.jit
 def _mark_kernel(logits_ptr, lengths_ptr, count_ptr, bits_ptr, n_cols, k, words_stride,
                  CHUNK: tl.constexpr, BLOCK: tl.constexpr):
-    """The sampled path's split (grid: rows x programs per row, chunks as the radix passes): a
+    """The sampled path's split (grid: rows x programs per row, chunks as the compacting passes): a
     bitmap of the columns whose key reaches the row's threshold, written a word (32 columns) at a
     time, each word by the one program whose chunk holds it (no atomics, no zeroing), and their
     count added to counters[row, 0] once per program (a sum: the same whatever the order)."""
