@@ -2,8 +2,8 @@
 
 One program per row. Each lane keeps the largest key it has seen and its column, over wide
 blocks whose loads are all in flight at once, and the block reduces once at the end: a decode
-step's [B, vocab] logits are read once, in a few load round trips per row. torch.argmax took
-1.8-2.4x as long at the decode shapes (see BLOCK). Semantics are torch.argmax's: the first column
+step's [B, vocab] logits are read once, in a few load round trips per row, where torch.argmax
+takes longer at the decode shapes (see BLOCK). Semantics are torch.argmax's: the first column
 of the largest value, NaN above everything (the first NaN wins), and a row of -inf gives column 0.
 """
 
@@ -50,9 +50,8 @@ def _argmax_kernel(x_ptr, out_ptr, n_cols, row_stride, mirror_ptr, mirror_index_
 
 
 # Columns a program reads per step, and its warps (32 a thread): fastest or tied at every decode
-# shape timed in CUDA graphs on an H200 (benchmarks/RESULTS.md, greedy argmax), us against torch's:
-# 1 x 32,768 5.2 vs 9.5; 128 x 32,768 8.0 vs 13.3; 16 x 129,280 16.0 vs 38.3. The whole small row
-# at once (32,768) spills and takes 3-8x longer.
+# shape timed in CUDA graphs (benchmarks/kernels.py --only argmax). A wider step holding the whole
+# small-model row (32,768) spills registers.
 BLOCK = 16384
 NUM_WARPS = 16
 

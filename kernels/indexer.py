@@ -35,7 +35,7 @@ _REF_CHUNK = 1 << 24  # elements of the [tokens, heads, keys] score tensor the r
 # From this many query tokens per request on average (a prefill chunk, not a decode or verify
 # step) the paged call uses the tiled kernel with tiles of several tokens, which load each key
 # block once per tile; decode and verify steps take fp8 keys through a tensor descriptor where that
-# was measured (kernels/indexer_decode.py), else one-token tiles where the GPU has fp8 dots
+# path was tuned (kernels/indexer_decode.py), else one-token tiles where the GPU has fp8 dots
 # (decode_tiled_config), and the per-token kernel below elsewhere.
 TILED_MIN_TOKENS_PER_REQUEST = 16
 
@@ -135,9 +135,9 @@ def _store_logits(scores, w, visible, cols, out_ptr, t, n_cols):
     tl.store(out_ptr + t.to(tl.int64) * n_cols + cols, logits, mask=cols < n_cols)
 
 
-# block_size stays unspecialised, as it had to be for the earlier 132-byte rows (a multiple-of-16
-# hint let the compiler load 4-byte-aligned rows as 16-byte vectors); the per-block layout's
-# rows may now allow it, but that was neither checked on a GPU nor timed.
+# block_size stays unspecialised: a multiple-of-16 hint lets the compiler load rows as 16-byte
+# vectors, which rows aligned to 4 bytes only do not allow (the per-block layout's rows may, but
+# that is unchecked on a GPU).
 @triton.jit(do_not_specialize=["block_size"])
 def _indexer_logits_kernel(
     q_ptr, w_ptr, key_ptr, key_words_ptr, out_ptr,
@@ -212,7 +212,8 @@ class IndexerConfig:
 
 
 def default_config(key_dtype: str, device: torch.device) -> IndexerConfig:
-    """Measured best on an H200 at 64 and 16 requests x 64k keys (benchmarks/kernels_notes.md)."""
+    """The fastest config at 64 and 16 requests x 64k keys (benchmarks/kernels.py --only indexer;
+    benchmarks/kernels_notes.md)."""
     if device.type != "cuda":
         return IndexerConfig(16, 4)
     return IndexerConfig(64, 4, 8, 1) if key_dtype == "fp8" else IndexerConfig(64, 4, 8)

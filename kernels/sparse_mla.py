@@ -211,12 +211,12 @@ def default_config(n_heads: int, kv_dtype: str, device: torch.device) -> SparseM
     """Interpreter: the smallest legal tiles. GPU: wide head blocks when there are many heads."""
     if device.type == "cpu":
         return SparseMlaConfig(16, 16, 4, 1)
-    if n_heads >= 64:  # measured best on an H200 at B 64, K 2048 (benchmarks/kernels_notes.md)
+    if n_heads >= 64:  # the fastest at B 64, K 2048 (benchmarks/kernels.py --only mla)
         return SparseMlaConfig(64, 64, 8, 2)
     # fp8 rows decode in registers: smaller row tiles and a deeper pipeline pay off there. The
-    # index preload (n32 s3, 8 blocks, 2 programs/SM: one wave at B 64) timed 0.93x at H16 bf16
-    # but 1.5-2.6x slower in 5 of 9 timings against 2 of 10 for this default (RESULTS.md, "Sparse
-    # MLA tiles"): a single wave has no slack when the machine is slow.
+    # index preload (n32 s3, 8 blocks, 2 programs/SM: one wave at B 64) is a little faster at its
+    # best but far slower more often: a single wave has no slack when the machine is slow
+    # (benchmarks/sparse_mla_ab.py --config times candidates against this default, interleaved).
     return SparseMlaConfig(16, 64, 4, 2) if kv_dtype == "bf16" else SparseMlaConfig(16, 32, 4, 3)
 
 
