@@ -12,8 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import triton
-import triton.language as tl
+import triton  # type: ignore[import-untyped]
+import triton.language as tl  # type: ignore[import-untyped]
 
 from kernels.backend import resolve_backend, values_checkable
 from kernels.indexer_decode import descriptor_decode_config, indexer_decode_descriptor
@@ -53,8 +53,9 @@ def _scores(q: torch.Tensor, w: torch.Tensor, keys: torch.Tensor, key_scale: tor
     return out
 
 
-def indexer_logits_paged_torch(q_fp8, weights, idx_cache, key_dtype, block_table, block_size, seq_ids, context_lens,
-                               max_context):
+def indexer_logits_paged_torch(q_fp8: torch.Tensor, weights: torch.Tensor, idx_cache: torch.Tensor, key_dtype: str,
+                               block_table: torch.Tensor, block_size: int, seq_ids: torch.Tensor,
+                               context_lens: torch.Tensor, max_context: int) -> torch.Tensor:
     """Reference for indexer_logits_paged: dequantise each request's keys once, fp32 dots."""
     d_i = q_fp8.shape[-1]
     q, w = decode_e4m3(q_fp8), weights.float()
@@ -73,7 +74,8 @@ def indexer_logits_paged_torch(q_fp8, weights, idx_cache, key_dtype, block_table
     return out
 
 
-def indexer_logits_ragged_torch(q_fp8, weights, keys, key_dtype, k_start, k_end):
+def indexer_logits_ragged_torch(q_fp8: torch.Tensor, weights: torch.Tensor, keys: torch.Tensor, key_dtype: str,
+                                k_start: torch.Tensor, k_end: torch.Tensor) -> torch.Tensor:
     """Reference for indexer_logits_ragged: all keys dequantised once, fp32 dots, window mask."""
     values, key_scale = read_indexer_keys(keys, q_fp8.shape[-1], key_dtype)
     logits = _scores(decode_e4m3(q_fp8), weights.float(), values, key_scale)
@@ -219,8 +221,10 @@ def default_config(key_dtype: str, device: torch.device) -> IndexerConfig:
     return IndexerConfig(64, 4, 8, 1) if key_dtype == "fp8" else IndexerConfig(64, 4, 8)
 
 
-def indexer_logits_triton(q_fp8, weights, rows, key_dtype, block_table, seq_ids, start, end, block_size, n_cols, paged,
-                          config=None, mask_tail=True):
+def indexer_logits_triton(q_fp8: torch.Tensor, weights: torch.Tensor, rows: torch.Tensor, key_dtype: str,
+                          block_table: torch.Tensor, seq_ids: torch.Tensor, start: torch.Tensor, end: torch.Tensor,
+                          block_size: int, n_cols: int, paged: bool, config: IndexerConfig | None = None,
+                          mask_tail: bool = True) -> torch.Tensor:
     """Launch the kernel on prepared (contiguous, int32) inputs; config overrides the tile shape.
     mask_tail=False leaves the columns at or past each token's end unwritten."""
     t, h, d = q_fp8.shape

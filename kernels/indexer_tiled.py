@@ -42,8 +42,8 @@ import math
 from dataclasses import dataclass
 
 import torch
-import triton
-import triton.language as tl
+import triton  # type: ignore[import-untyped]
+import triton.language as tl  # type: ignore[import-untyped]
 
 from kernels.quant import indexer_value_bytes
 from kernels.quant_kernels import key_words
@@ -393,8 +393,10 @@ def fp8_dot_supported(device: torch.device) -> bool:
     return device.type == "cuda" and torch.version.hip is None and torch.cuda.get_device_capability(device) >= (8, 9)
 
 
-def indexer_logits_tiled(q_fp8, weights, rows, key_dtype, block_table, seq_ids, end, block_size, n_cols,
-                         config=None, mask_tail=True, fp8_dot=None):
+def indexer_logits_tiled(q_fp8: torch.Tensor, weights: torch.Tensor, rows: torch.Tensor, key_dtype: str,
+                         block_table: torch.Tensor, seq_ids: torch.Tensor, end: torch.Tensor, block_size: int,
+                         n_cols: int, config: TiledConfig | None = None, mask_tail: bool = True,
+                         fp8_dot: bool | None = None) -> torch.Tensor:
     """Launch the tiled kernel on prepared (contiguous, int32) paged inputs."""
     t, h, d = q_fp8.shape
     out = new_output((t, n_cols), torch.float32, q_fp8.device)

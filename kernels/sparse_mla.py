@@ -15,8 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import triton
-import triton.language as tl
+import triton  # type: ignore[import-untyped]
+import triton.language as tl  # type: ignore[import-untyped]
 
 from kernels.backend import resolve_backend
 from kernels.quant import DS_MLA_GROUP, KV_DTYPES, kv_row_width, read_kv_rows
@@ -29,7 +29,8 @@ _REF_CHUNK = 1 << 24  # elements of the gathered [tokens, K, d] rows the referen
 # ---------------------------------------------------------------- torch reference
 
 
-def sparse_mla_torch(q, kv_cache, indices, scale, d_c, kv_dtype):
+def sparse_mla_torch(q: torch.Tensor, kv_cache: torch.Tensor, indices: torch.Tensor, scale: float, d_c: int,
+                     kv_dtype: str) -> tuple[torch.Tensor, torch.Tensor]:
     """Reference: gather and dequantise the rows, fp32 softmax and products."""
     t, h, width = q.shape
     out = torch.empty(t, h, d_c, dtype=torch.bfloat16, device=q.device)
@@ -238,7 +239,9 @@ def auto_num_splits(programs: int, n_idx: int, cfg: SparseMlaConfig, device: tor
     return max(1, min(cfg.programs_per_sm * sms // programs, triton.cdiv(n_idx, cfg.block_n), 32, cap))
 
 
-def sparse_mla_triton(q_c, q_r, kv_cache, indices, scale, kv_dtype, num_splits=None, config=None):
+def sparse_mla_triton(q_c: torch.Tensor, q_r: torch.Tensor, kv_cache: torch.Tensor, indices: torch.Tensor, scale: float,
+                      kv_dtype: str, num_splits: int | None = None,
+                      config: SparseMlaConfig | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Launch the kernel (and the combine when split) for the query's latent part q_c [T, H, d_c]
     and rotary part q_r [T, H, d_r] (any strides, last dim contiguous); config overrides the tile shape."""
     t, h, d_c = q_c.shape

@@ -13,8 +13,8 @@ from __future__ import annotations
 import functools
 
 import torch
-import triton
-import triton.language as tl
+import triton  # type: ignore[import-untyped]
+import triton.language as tl  # type: ignore[import-untyped]
 
 E4M3_RAW_SCALE = tl.constexpr(256.0)  # e4m3 value = raw fp16 * 2^8   (bias 15 - 7)
 E2M1_RAW_SCALE = tl.constexpr(16384.0)  # e2m1 value = raw fp16 * 2^14 (bias 15 - 1)
@@ -151,7 +151,7 @@ def sm_resources(device: torch.device) -> tuple[int, int, int] | None:
     fields = ("regs_per_multiprocessor", "shared_memory_per_multiprocessor", "max_threads_per_multi_processor")
     if torch.version.hip is not None or not all(hasattr(props, f) for f in fields):
         return None
-    return tuple(getattr(props, f) for f in fields)  # type: ignore[return-value]
+    return tuple(getattr(props, f) for f in fields)
 
 
 def kernel_residency(compiled: object, device: torch.device) -> int | None:
