@@ -39,7 +39,7 @@ def topk_triton(logits: torch.Tensor, lengths: torch.Tensor, k: int, config: Top
 
 def topk_indices(logits: torch.Tensor, lengths: torch.Tensor, k: int, backend: str | None = None) -> torch.Tensor:
     """int32[T, k]: exact top-k column indices among each row's first lengths[t] columns, in an
-    order that depends on the row's values alone (ascending on the compacting path).
+    order that depends on the row's values alone (ascending on the multi-launch paths).
 
     Rows with lengths[t] <= k emit 0..len-1 then -1.
     """
