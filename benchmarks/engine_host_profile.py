@@ -66,12 +66,11 @@ class LaunchCounter:
 
     # by module path: the kernels package re-exports functions under the modules' names
     KERNELS = (("kernels.indexer", "_indexer_logits_kernel"), ("kernels.indexer_tiled", "_indexer_tiled_kernel"),
-               ("kernels.topk", "_topk_row_kernel"), ("kernels.topk", "_topk_in_registers_kernel"),
-               ("kernels.topk", "_radix_pass_kernel"),
-               ("kernels.topk", "_split_kernel"), ("kernels.topk", "_finish_kernel"),
-               ("kernels.topk", "_sample_kernel"), ("kernels.topk", "_mark_kernel"),
-               ("kernels.topk", "_sampled_finish_kernel"),
-               ("kernels.topk", "_positions_to_slots_kernel"), ("kernels.sparse_mla", "_sparse_mla_kernel"),
+               ("kernels.topk.in_registers", "_topk_in_registers_kernel"),
+               ("kernels.topk.compacting", "_histogram_pass_kernel"), ("kernels.topk.compacting", "_split_kernel"),
+               ("kernels.topk.compacting", "_finish_kernel"), ("kernels.topk.sampled", "_sample_kernel"),
+               ("kernels.topk.sampled", "_mark_kernel"), ("kernels.topk.sampled", "_sampled_finish_kernel"),
+               ("kernels.topk.slots", "_positions_to_slots_kernel"), ("kernels.sparse_mla", "_sparse_mla_kernel"),
                ("kernels.sparse_mla", "_combine_kernel"), ("kernels.fused", "_add_rms_norm_kernel"),
                ("kernels.fused", "_silu_mul_kernel"), ("kernels.attention_prep", "_mla_prepare_kernel"),
                ("kernels.attention_prep", "_indexer_prepare_kernel"), ("kernels.gemv", "_gemv_fma_kernel"),
@@ -111,7 +110,8 @@ class LaunchCounter:
 @contextlib.contextmanager
 def gpu_code_path() -> Iterator[None]:
     """Skip the value checks that the kernels run on CPU tensors only, as they do on a GPU."""
-    modules = [importlib.import_module(m) for m in ("kernels.quant", "kernels.indexer", "kernels.topk")]
+    modules = [importlib.import_module(m)
+               for m in ("kernels.quant", "kernels.indexer", "kernels.topk.dispatch", "kernels.topk.slots")]
     saved = [m.values_checkable for m in modules]
     for m in modules:
         m.values_checkable = lambda t: False

@@ -42,15 +42,15 @@ from kernels.quant import (  # noqa: E402
 )
 from kernels.sparse_mla import SparseMlaConfig, auto_num_splits, sparse_mla_torch, sparse_mla_triton  # noqa: E402
 from kernels.topk import (  # noqa: E402
-    REGISTER_ROW_MAX_COLS,
     SlotMap,
     TopkConfig,
     default_config,
     positions_to_slots,
-    takes_register_launch,
     topk_indices_torch,
     topk_triton,
 )
+from kernels.topk.config import takes_register_launch  # noqa: E402
+from kernels.topk.in_registers import REGISTER_ROW_MAX_COLS  # noqa: E402
 from kernels.triton_utils import poisoned_outputs  # noqa: E402
 
 COPY_TBPS = 4.04  # measured on this H200 (issue 4, 2026-11-29)
@@ -372,19 +372,16 @@ def indexer_prefill_cases(rows: list[Row], chunk: int, context: int, key_dtypes:
 
 
 # The default config (None) and the variants worth timing at each row size. Past the in-register
-# kernel's limit (REGISTER_ROW_MAX_COLS) the defaults alone: their variants (compacting grids,
-# histogram steps, per-hit atomics, five launches) were timed by this script's --only topk, the
-# sampled path's beside the compacting path by benchmarks/topk_determinism.py (its VARIANTS);
-# results in benchmarks/RESULTS.md. Up to it, every launch shape: the compacting path at its
-# grid up to 32k columns, the one-launch radix kernel that re-reads the row per level, and the
-# in-register kernel at 4, 8 or 16 warps (its 2- and 3-pivot steps were timed by --only topk too).
-MULTI_LAUNCH, ONE = 0, 1 << 30  # single_pass_max_cols that force the multi-launch paths / the single launch
+# kernel's limit (REGISTER_ROW_MAX_COLS) the defaults alone: the sampled path's variants are timed
+# beside the compacting path by benchmarks/topk_determinism.py (its VARIANTS). Up to it, both launch
+# shapes: the compacting path at its grid up to 32k columns, and the in-register kernel at 4, 8 or
+# 16 warps.
+MULTI_LAUNCH, ONE = 0, REGISTER_ROW_MAX_COLS  # single_pass_max_cols that force the multi-launch paths / the single launch
 _CUDA = torch.device("cuda")
 COMPACTING = replace(default_config(_CUDA, 32768, 1), single_pass_max_cols=MULTI_LAUNCH)
-RADIX_ONE_LAUNCH = TopkConfig(4096, 4096, 16, single_pass_max_cols=ONE, single_pass_registers=False)
 TOPK_SWEEP = {
     1 << 30: (None,),
-    REGISTER_ROW_MAX_COLS: (None, COMPACTING, RADIX_ONE_LAUNCH) + tuple(
+    REGISTER_ROW_MAX_COLS: (None, COMPACTING) + tuple(
         TopkConfig(4096, 4096, warps, single_pass_max_cols=ONE) for warps in (4, 8, 16)),
 }
 
@@ -395,16 +392,12 @@ def topk_label(cfg: TopkConfig | None, n_rows: int, n_cols: int) -> str:
         return f"triton default ({topk_label(cfg, n_rows, n_cols).removeprefix('triton ')})"
     if takes_register_launch(cfg, n_cols):
         return f"triton 1 launch in registers w{cfg.num_warps}"
-    if n_cols <= cfg.single_pass_max_cols:
-        return f"triton 1 launch radix block{cfg.block} w{cfg.num_warps}"
     grid = f"chunk{cfg.chunk} block{cfg.block} w{cfg.num_warps} p{cfg.programs_per_sm}/SM"
     if cfg.hist_block:
         grid += f" hist.block{cfg.hist_block}"
-    if not cfg.candidates:
-        return f"triton 5 launches {grid}"
     if cfg.sample:
         return f"triton sampled {grid} sample{cfg.sample} list{cfg.candidates}"
-    return f"triton compacting {grid} finish{cfg.finish_block}{' atomics' if cfg.per_column_atomics else ''}"
+    return f"triton compacting {grid} finish{cfg.finish_block}"
 
 
 def check_topk(cases: list[tuple[torch.Tensor, torch.Tensor]], k: int, cfg: TopkConfig | None) -> str:
@@ -452,8 +445,7 @@ def topk_cases(rows: list[Row], n_rows: int, n_cols: int, k: int | None = None, 
     short[: min(4, n_rows)] = edge[: min(4, n_rows)]
     crowded = crowded_rows(x)
     checks = [(x, lens), (x, short), (crowded, lens)]
-    smoke = (TopkConfig(512, 256, 4, single_pass_max_cols=MULTI_LAUNCH), TopkConfig(512, 256, 4, single_pass_max_cols=ONE),
-             TopkConfig(512, 256, 4, single_pass_max_cols=ONE, single_pass_registers=False),
+    smoke = (TopkConfig(512, 256, 4, single_pass_max_cols=ONE),
              TopkConfig(512, 256, 4, single_pass_max_cols=MULTI_LAUNCH, candidates=256),
              TopkConfig(512, 256, 4, single_pass_max_cols=MULTI_LAUNCH, candidates=256, hist_block=1024),
              TopkConfig(512, 256, 4, single_pass_max_cols=MULTI_LAUNCH, candidates=256, sample=128))

@@ -1,20 +1,21 @@
 """Top-k run to run and against another tree (GPU, not run by CI): repeated calls on the same rows,
 checks against the torch reference, and their time beside torch.topk.
 
-For rows past the one-launch width (kernels/topk.py, SINGLE_PASS_MAX_COLS) and one row set inside
-it, each case calls `topk_triton(..., slots=...)` (what the engine's topk_slots runs) `--calls`
-times on the same inputs and counts results that differ from the first bit for bit (order
-included: the sparse attention sums its rows in the order given), checks that every result
+For rows past the one-launch width (kernels/topk/config.py, SINGLE_PASS_MAX_COLS) and one row set
+inside it, each case calls `topk_triton(..., slots=...)` (what the engine's topk_slots runs)
+`--calls` times on the same inputs and counts results that differ from the first bit for bit
+(order included: the sparse attention sums its rows in the order given), checks that every result
 selects the same set as the torch reference, and times one call replayed in a CUDA graph, as
 slots and as positions (`topk_triton` alone), beside torch.topk over the same rows (eager and
-replayed). With `--baseline PATH` another tree's kernels/topk.py is loaded beside this one (its
-imports resolve to this tree's helpers) and measured in the same process, in alternating order,
-twice each; rows past 32k columns also time this tree's VARIANTS. Before any timing, `--check`
+replayed). With `--baseline PATH` another tree's kernels/topk/ package (or kernels/topk.py, from
+before the package) is loaded beside this one (its imports of the rest of kernels resolve to this
+tree's helpers) and measured in the same process, in alternating order, twice each; rows past 32k
+columns also time this tree's VARIANTS. Before any timing, `--check`
 compares every tree's positions with the reference on harder rows (ragged lengths, values crowded
 together, rows of one value, ReLU ties) and requires this tree's rows in ascending column order.
 `--profile` prints each kernel's device time per call (torch.profiler) at the wide cases.
 
-    PYTHONPATH=. python benchmarks/topk_determinism.py --baseline ../s1/kernels/topk.py --check --profile
+    PYTHONPATH=. python benchmarks/topk_determinism.py --baseline ../s1/kernels/topk --check --profile
 """
 
 from __future__ import annotations
@@ -50,12 +51,14 @@ _SAMPLED = this_topk.default_config(_GPU, WIDE + 1, 64)
 VARIANTS = {
     "sampled chunk 1024": replace(_SAMPLED, chunk=1024),
     "sampled, sample 4096, list 8192": replace(_SAMPLED, sample=4096, candidates=8192),
-    "compacting (former default)": this_topk.TopkConfig(2048, 1024, 4, 8, candidates=this_topk.CANDIDATES,
-                                                        hist_block=2048),
+    "compacting (former default)": this_topk.TopkConfig(2048, 1024, 4, 8, hist_block=2048),
 }
 
 
 def load_baseline(path: str) -> ModuleType:
+    """Another tree's top-k: its kernels/topk/ package, or a single kernels/topk.py."""
+    if Path(path).is_dir():
+        return load_baseline_package(Path(path))
     spec = importlib.util.spec_from_file_location("baseline_topk", path)
     if spec is None or spec.loader is None:
         raise SystemExit(f"--baseline {path}: not a Python file")
@@ -63,6 +66,30 @@ def load_baseline(path: str) -> ModuleType:
     sys.modules[spec.name] = module  # its dataclasses look their module up there
     spec.loader.exec_module(module)
     return module
+
+
+def load_baseline_package(where: Path) -> ModuleType:
+    """Another tree's kernels/topk/ package, imported as kernels.topk while this tree's modules of
+    that name are set aside (its modules import each other by those names), then set aside in turn:
+    both stay loaded, each module reaching its own tree's through the functions' globals."""
+    ours = {name: sys.modules.pop(name) for name in topk_module_names()}
+    spec = importlib.util.spec_from_file_location("kernels.topk", where / "__init__.py",
+                                                  submodule_search_locations=[str(where)])
+    if spec is None or spec.loader is None:
+        raise SystemExit(f"--baseline {where}: not a package")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["kernels.topk"] = module
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        for name in topk_module_names():
+            del sys.modules[name]
+        sys.modules.update(ours)
+    return module
+
+
+def topk_module_names() -> list[str]:
+    return [name for name in sys.modules if name == "kernels.topk" or name.startswith("kernels.topk.")]
 
 
 def case_inputs(rows: int, cols: int, length: int, relu: bool) -> tuple[torch.Tensor, ...]:
@@ -157,7 +184,7 @@ def profile(module: ModuleType, cfg, inputs: tuple, k: int, calls: int = 20) -> 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--baseline", help="another tree's kernels/topk.py, measured beside this one")
+    p.add_argument("--baseline", help="another tree's kernels/topk/ (or kernels/topk.py), measured beside this one")
     p.add_argument("--calls", type=int, default=20, help="calls per case whose results are compared")
     p.add_argument("--check", action="store_true", help="check every tree on harder rows before timing")
     p.add_argument("--profile", action="store_true", help="print each kernel's time at the wide cases")

@@ -1,6 +1,6 @@
 """Instructions per column of the top-k kernels' inner loops, from their SASS, without a GPU.
 
-Compiles each kernel of kernels/topk.py for a CUDA target with the installed Triton (its bundled
+Compiles each kernel of kernels/topk/ for a CUDA target with the installed Triton (its bundled
 ptxas and cuobjdump), finds the loops (backward branches) of the SASS and prints, for each loop
 over a block of columns, its instruction count per column per warp: an issue-count model of the
 full-row passes where no profiler counter can be read. A loop is listed once for itself and
@@ -30,11 +30,13 @@ import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
-from kernels import topk  # noqa: E402
+from kernels.topk import compacting, in_registers, sampled  # noqa: E402
+from kernels.topk.config import SAMPLE_COLS  # noqa: E402
 
 _PTRS = {"logits_ptr": "*fp32", "lengths_ptr": "*i32", "out_ptr": "*i32", "hist_ptr": "*i32"}
 _SIGNATURES = {
-    "_radix_pass_kernel": {**_PTRS, "count_ptr": "*i32", "n_cols": "i32", "k": "i32", "level": "i32"},
+    "_histogram_pass_kernel": {"logits_ptr": "*fp32", "lengths_ptr": "*i32", "hist_ptr": "*i32", "n_cols": "i32",
+                               "k": "i32", "level": "i32"},
     "_split_kernel": {**_PTRS, "count_ptr": "*i32", "cand_ptr": "*i32", "n_cols": "i32", "k": "i32", "cap": "i32"},
     "_finish_kernel": {**_PTRS, "cand_ptr": "*i32", "bits_ptr": "*i32", "n_cols": "i32", "k": "i32", "cap": "i32"},
     "_sample_kernel": {"logits_ptr": "*fp32", "lengths_ptr": "*i32", "count_ptr": "*i32", "n_cols": "i32",
@@ -44,32 +46,29 @@ _SIGNATURES = {
     "_sampled_finish_kernel": {k: v for k, v in _PTRS.items() if k != "hist_ptr"} | {"count_ptr": "*i32", "bits_ptr": "*i32", "list_ptr": "*i32",
                                "n_cols": "i32", "k": "i32", "words_stride": "i32", "table_ptr": "*i32",
                                "seq_ids_ptr": "*i32", "table_stride": "i32"},
-    "_topk_row_kernel": {k: v for k, v in _PTRS.items() if k != "hist_ptr"} | {"n_cols": "i32", "k": "i32"},
     "_topk_in_registers_kernel": {k: v for k, v in _PTRS.items() if k != "hist_ptr"} | {
         "n_cols": "i32", "k": "i32", "table_ptr": "*i32", "seq_ids_ptr": "*i32", "table_stride": "i32"},
 }
 # (kernel, constexprs, num_warps): the defaults' grids (histogram levels past 32k columns: 2,048-column
 # steps; the finish ordering v32's k of 2,048) and a 4096-column block
-CASES = (("_radix_pass_kernel", {"CHUNK": 2048, "BLOCK": 1024}, 4),
-         ("_radix_pass_kernel", {"CHUNK": 2048, "BLOCK": 2048}, 4),
-         ("_radix_pass_kernel", {"CHUNK": 4096, "BLOCK": 4096}, 4),
-         ("_split_kernel", {"CHUNK": 2048, "BLOCK": 1024, "PER_COLUMN_ATOMICS": False}, 4),
-         ("_split_kernel", {"CHUNK": 2048, "BLOCK": 1024, "PER_COLUMN_ATOMICS": True}, 4),
-         ("_finish_kernel", {"BLOCK": 512, "K_BLOCK": 2048, "W_BLOCK": topk.ORDER_WORDS_BLOCK}, 4),
+CASES = (("_histogram_pass_kernel", {"CHUNK": 2048, "BLOCK": 1024}, 4),
+         ("_histogram_pass_kernel", {"CHUNK": 2048, "BLOCK": 2048}, 4),
+         ("_histogram_pass_kernel", {"CHUNK": 4096, "BLOCK": 4096}, 4),
+         ("_split_kernel", {"CHUNK": 2048, "BLOCK": 1024}, 4),
+         ("_finish_kernel", {"BLOCK": 512, "K_BLOCK": 2048, "W_BLOCK": compacting.ORDER_WORDS_BLOCK}, 4),
          # the sampled path (its default past 8,192 columns): the sample's search (steps over 8,192
          # keys), the mark pass, the finish (its loops: bitmap to list, the search, the fallback's)
-         ("_sample_kernel", {"SAMPLE": topk.SAMPLE_COLS}, 8),
+         ("_sample_kernel", {"SAMPLE": SAMPLE_COLS}, 8),
          ("_mark_kernel", {"CHUNK": 2048, "BLOCK": 1024}, 4),
          ("_sampled_finish_kernel", {"BLOCK_SIZE": 64, "TO_SLOTS": True, "CAP": 4096,
-                                     "W_BLOCK": topk.LIST_WORDS_BLOCK, "BLOCK": 1024}, 8),
-         ("_topk_row_kernel", {"BLOCK": 4096}, 16),
+                                     "W_BLOCK": sampled.LIST_WORDS_BLOCK, "BLOCK": 1024}, 8),
          # the decode rows' kernel, writing cache slots (its loops: the search steps of the full and
          # the half block, each step's compares a column; and the short rows' store)
          ("_topk_in_registers_kernel", {"BLOCK_SIZE": 64, "TO_SLOTS": True, "BLOCK": 8192}, 8))
 
 
 def sass_of(name: str, constexprs: dict, num_warps: int, arch: int) -> str:
-    fn = getattr(topk, name)
+    fn = next(getattr(m, name) for m in (compacting, sampled, in_registers) if hasattr(m, name))
     signature = {**_SIGNATURES[name], **{c: "constexpr" for c in constexprs}}
     compiled = triton.compile(ASTSource(fn=fn, signature=signature, constexprs=constexprs),
                               target=GPUTarget("cuda", arch, 32), options={"num_warps": num_warps})

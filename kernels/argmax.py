@@ -2,20 +2,19 @@
 
 One program per row. Each lane keeps the largest key it has seen and its column, over wide
 blocks whose loads are all in flight at once, and the block reduces once at the end: a decode
-step's [B, vocab] logits are read once, in a few load round trips per row. torch.argmax took
-1.8-2.4x as long at the decode shapes (see BLOCK). Semantics are torch.argmax's: the first column
+step's [B, vocab] logits are read once, in a few load round trips per row, where torch.argmax
+takes longer at the decode shapes (see BLOCK). Semantics are torch.argmax's: the first column
 of the largest value, NaN above everything (the first NaN wins), and a row of -inf gives column 0.
 """
 
 from __future__ import annotations
 
 import torch
-import triton
-import triton.language as tl
+import triton  # type: ignore[import-untyped]
+import triton.language as tl  # type: ignore[import-untyped]
 
 from kernels.backend import resolve_backend
-from kernels.topk import _ordered_key
-from kernels.triton_utils import new_output
+from kernels.triton_utils import new_output, ordered_key
 
 
 # mirror_rows unspecialised: without a mirror it is the batch's row count, and a specialisation
@@ -36,7 +35,7 @@ def _argmax_kernel(x_ptr, out_ptr, n_cols, row_stride, mirror_ptr, mirror_index_
         valid = col < n_cols
         x = tl.load(row_ptr + col, mask=valid, other=0.0)
         # every NaN above +inf, as torch.argmax ranks them
-        key = tl.where(x != x, tl.full(x.shape, 0xFFFFFFFF, tl.uint32), _ordered_key(x))
+        key = tl.where(x != x, tl.full(x.shape, 0xFFFFFFFF, tl.uint32), ordered_key(x))
         key = tl.where(valid, key, 0)
         take = key > best
         best = tl.where(take, key, best)
@@ -51,9 +50,8 @@ def _argmax_kernel(x_ptr, out_ptr, n_cols, row_stride, mirror_ptr, mirror_index_
 
 
 # Columns a program reads per step, and its warps (32 a thread): fastest or tied at every decode
-# shape timed in CUDA graphs on an H200 (benchmarks/RESULTS.md, greedy argmax), us against torch's:
-# 1 x 32,768 5.2 vs 9.5; 128 x 32,768 8.0 vs 13.3; 16 x 129,280 16.0 vs 38.3. The whole small row
-# at once (32,768) spills and takes 3-8x longer.
+# shape timed in CUDA graphs (benchmarks/kernels.py --only argmax). A wider step holding the whole
+# small-model row (32,768) spills registers.
 BLOCK = 16384
 NUM_WARPS = 16
 

@@ -1,8 +1,8 @@
 """Projections at decode batch sizes: y = x W^T for a few rows of x, in portable Triton.
 
 At batch 1 a projection reads its whole weight to produce one row: the time is the weight's bytes
-over the bandwidth plus the launch. cuBLAS runs these shapes as GEMM tiles well below bandwidth
-(the small model's 5 MB input projection at ~0.8 TB/s on an H200). Here each program owns a strip
+over the bandwidth plus the launch. cuBLAS runs these shapes as GEMM tiles, well below the
+bandwidth, when one row leaves most of a tile empty. Here each program owns a strip
 of BLOCK_N output columns (weight rows) and streams those rows once over the whole K, so the
 weight is read once, by many programs at once, and every output element is summed by one program
 in a fixed order: no split-K, no atomics, so a result depends only on the shape (and the config
@@ -12,17 +12,16 @@ Two kernels: fp32 multiply-adds of each K step summed into per-column fp32 accum
 (one row), or tl.dot over a 16-row tile (64 or 128 rows for the decode batches below; padding
 rows masked), whose per-row sums do not depend on how many of the tile's rows are real. Which
 one, and its tiles, is chosen by rules fitted to a sweep in CUDA graphs over the small model's
-shapes (`default_config`): on an H200 the chosen configs beat cuBLAS at one row (batch-1 decode)
-by 0.4-2.9 us on five of its projections, tied within 0.4 us on gate/up and lost nothing
-elsewhere; the query projection stays on cuBLAS (with q_norm folded into its x-load,
-kernels/gemv_fused.py runs it at batch 1). At four rows cuBLAS won or tied on all but the two
-per-head products, so more rows than MAX_ROWS take F.linear (or einsum), as do weights larger or
-K longer than the sweep's largest (v32's 7,168-wide inputs), other dtypes, `linear`'s weights
-without a unit column stride, and the torch backend; the exception is decode batches of
-BATCH_MIN_ROWS-BATCH_MAX_ROWS rows on the shapes the dot kernel with every row in one tile
-measured faster on (`BATCH_CONFIGS`: the LM head, whose fp32 logits it stores itself).
-Smaller shapes that were not swept (the tiny model's, tensor-parallel slices, v32's per-head
-W_UK / W_UV with 128 heads) follow the same rules unmeasured.
+shapes (`default_config`; `benchmarks/kernels.py --only gemv`): at one row (batch-1 decode) a
+Triton kernel runs only the shapes where it was at least as fast as cuBLAS; the query projection
+stays on cuBLAS (with q_norm folded into its x-load, kernels/gemv_fused.py runs it at batch 1).
+At four rows cuBLAS is as fast on all but the two per-head products, so more rows than MAX_ROWS
+take F.linear (or einsum), as do weights larger or K longer than the sweep's largest (v32's
+7,168-wide inputs), other dtypes, `linear`'s weights without a unit column stride, and the torch
+backend; the exception is decode batches of BATCH_MIN_ROWS-BATCH_MAX_ROWS rows on the shapes where
+the dot kernel with every row in one tile is the faster (`BATCH_CONFIGS`: the LM head, whose fp32
+logits it stores itself). Smaller shapes outside the sweep (the tiny model's, tensor-parallel
+slices, v32's per-head W_UK / W_UV with 128 heads) follow the same rules untimed.
 
 `linear` is nn.Linear's product (with `out_dtype=torch.float32` a bf16 GEMV stores the LM head's
 fp32 logits itself, rounded to bf16 first as F.linear(x, w).float() rounds: the cast's launch
@@ -36,8 +35,8 @@ from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
-import triton
-import triton.language as tl
+import triton  # type: ignore[import-untyped]
+import triton.language as tl  # type: ignore[import-untyped]
 
 from kernels.backend import resolve_backend
 from kernels.triton_utils import dot_dtype, f32_to_bf16, new_output
@@ -113,39 +112,36 @@ def _gemv_dot_kernel(x_ptr, w_ptr, out_ptr, M, N, K, x_row_stride, x_head_stride
     store_rows(out_ptr + head * out_head_stride, acc, rows, cols, row_ok, col_ok, out_row_stride, TO_BF16)
 
 
-# The largest weight, and the longest K, of the shapes the sweep measured (the small model's LM head,
+# The largest weight, and the longest K, of the shapes the sweep covered (the small model's LM head,
 # its down projection); cuBLAS keeps anything larger (v32's 7,168-wide inputs were not swept).
 SWEPT_MAX_WEIGHT = 32768 * 2048
 SWEPT_MAX_K = 5632
 
 
-# (N, K) -> the dot kernel's tiles (block_m set by the rows) where they beat cuBLAS at 128 rows: from a
-# sweep in CUDA graphs on an H200 (benchmarks/kernels.py --only gemv_batch; benchmarks/RESULTS.md,
-# projections at batch 128), us, the best config against cuBLAS at 128 rows:
-# - LM head 32768 x 2048 with fp32 logits: 47.0 vs 55.9 (F.linear then .float(): the cast is a
-#   second pass over the logits), at 40 rows 40.7 vs 44.4; at 256 rows the same tiles over a
-#   256-row tile took 248 vs 75 (its fp32 accumulator overflows the registers), hence BATCH_MAX_ROWS;
-# - none beat cuBLAS elsewhere: input 9.6 vs 6.0, query 5.4 vs 4.5, W_UK 3.8 vs 3.8, W_UV 4.4 vs 4.0,
-#   wo 10.3 vs 6.8, gate/up 20.1 vs 15.8, down 22.8 vs 12.1 (each strip streams its K alone: the
-#   narrow outputs leave most multiprocessors idle, and a split K with a second summing launch
-#   measured 7.9, 8.9 and 15.8 on input, wo and down).
+# (N, K) -> the dot kernel's tiles (block_m set by the rows) where they beat cuBLAS at batch
+# decode (a sweep in CUDA graphs: benchmarks/kernels.py --only gemv_batch). Only the LM head with
+# fp32 logits: F.linear then .float() makes a second pass over the logits, which this kernel's own
+# fp32 store saves. Past 128 rows its fp32 accumulator tile overflows the registers, hence
+# BATCH_MAX_ROWS. cuBLAS keeps every other projection: each strip streams its K alone, so their
+# narrow outputs leave most multiprocessors idle, and splitting K (a second launch summing the
+# parts) did not close the gap.
 BATCH_CONFIGS: dict[tuple[int, int], GemvConfig] = {
     (32768, 2048): GemvConfig(block_n=128, block_k=64, num_warps=4, dot=True, block_m=BATCH_MAX_ROWS, num_stages=3),
 }
 
 
 def default_config(n: int, k: int, rows: int) -> GemvConfig | None:
-    """The launch config for an [rows, k] x [n, k]^T product, or None where cuBLAS was as fast.
+    """The launch config for an [rows, k] x [n, k]^T product, or None where cuBLAS is as fast.
 
-    From a sweep in CUDA graphs at one row on an H200 (benchmarks/kernels.py --only gemv;
-    benchmarks/RESULTS.md, projections at batch 1), us, against cuBLAS:
-    - K >= 2048, multiply-adds over 4 weight rows x 2048 a step: input projection 1232 x 2048
-      3.4 vs 6.3, wo 2048 x 2048 4.6 vs 6.1, down 2048 x 5632 9.4 vs 10.4, LM head 32768 x 2048
-      34.4 vs 35.5 (gate/up 11264 x 2048 14.3 vs 13.9, kept for one rule);
-    - K <= 128 (W_UK per head, 512 x 128): dot over 64 x 128 tiles 2.9 vs 3.3;
-    - N <= 1024 (W_UV per head, 128 x 512): multiply-adds over 8 x 1024 3.1 vs 3.7;
-    - the query projection 5120 x 512: none beat cuBLAS (4.3 vs 4.3); with q_norm folded in it
-      does (kernels/gemv_fused.prologue_config).
+    Rules fitted to a sweep in CUDA graphs at one row over the small model's projections
+    (benchmarks/kernels.py --only gemv), each the config that beat cuBLAS on its shapes:
+    - K >= 2048 (input projection 1232 x 2048, wo 2048 x 2048, down 2048 x 5632, LM head
+      32768 x 2048): multiply-adds over 4 weight rows x 2048 a step (gate/up 11264 x 2048, a tie
+      with cuBLAS, kept for one rule);
+    - K <= 128 (W_UK per head, 512 x 128): dot over 64 x 128 tiles;
+    - N <= 1024 (W_UV per head, 128 x 512): multiply-adds over 8 x 1024;
+    - the query projection 5120 x 512 matches none: no config beat cuBLAS on it; with q_norm
+      folded in, one does (kernels/gemv_fused.prologue_config).
     """
     if BATCH_MIN_ROWS <= rows <= BATCH_MAX_ROWS and (n, k) in BATCH_CONFIGS:
         return replace(BATCH_CONFIGS[n, k], block_m=triton.next_power_of_2(rows))

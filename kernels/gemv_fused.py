@@ -14,12 +14,11 @@ bf16 in a bf16 model) and sums the norm's squares over the whole row in one bloc
 `add_rms_norm` does; the multiply-adds then run as gemv's fp32 kernel runs them with the same
 config. So a fused result equals the two launches' to the bit where their configs match.
 
-Which products fold is measured per kernel (`prologue_config`): the input, query and down
-projections; gate/up's 2,816 programs paid more for redoing the norm than its launch cost. In the
-engine (benchmarks/RESULTS.md, integration of merged main, 2026-12-02) the folds took the small
-model's batch-1 graph from 0.652 to 0.637 ms, in one pair of runs without an A/A: a small gain,
-bounded by each fold's pass over the row before its weight streams (~1.4 us a GEMV). Rows beyond
-gemv.MAX_ROWS, the torch backend, fp16, and the other shapes run the two ops one after the other.
+Which products fold is decided per kernel by timing both forms (`prologue_config`): the input,
+query and down projections; gate/up's 2,816 programs pay more for redoing the norm than its launch
+costs. The gain in the engine is small, bounded by each fold's pass over the row before its
+weight streams. Rows beyond gemv.MAX_ROWS, the torch backend, fp16, and the other shapes run the
+two ops one after the other.
 (The final norm stays apart from the LM head: the runner picks the rows that want logits in
 between, and the normed rows are also the speculative draft head's input.)
 """
@@ -27,8 +26,8 @@ between, and the normed rows are also the speculative draft head's input.)
 from __future__ import annotations
 
 import torch
-import triton
-import triton.language as tl
+import triton  # type: ignore[import-untyped]
+import triton.language as tl  # type: ignore[import-untyped]
 
 from kernels.backend import resolve_backend
 from kernels.fused import add_rms_norm, silu_mul
@@ -109,14 +108,11 @@ def prologue_config(n: int, k: int, rows: int) -> GemvConfig | None:
 
     gemv's multiply-add config for the shape (the prologue is not in the dot kernel), up to
     MAX_FUSED_PROGRAMS programs; the query projection (K 512, N over 1,024), which gemv leaves to
-    cuBLAS, 8 rows x 512 a step. In CUDA graphs at one row on an H200 (benchmarks/kernels.py --only
-    gemv_fused; benchmarks/RESULTS.md, small ops folded into the batch-1 GEMVs), us, fused against
-    the two launches:
-    - input projection 1232 x 2048 with the residual add and attn_norm: 4.8 vs 5.0 (4 x 2048);
-    - query projection 5120 x 512 with q_norm: 4.7 vs 5.9 (add_rms_norm, cuBLAS), 6.1 (torch's
-      rms_norm, cuBLAS); 8 x 512 the best of 4, 8 and 16 rows (4.9, 4.7, 5.0);
-    - down projection 2048 x 5632 with silu(gate) * up: 10.3 vs 10.9 (4 x 2048);
-    - gate/up 11264 x 2048 with the residual add and mlp_norm: 19.0 vs 16.1, so it stays apart.
+    cuBLAS, 8 rows x 512 a step (the fastest of 4, 8 and 16 rows). Each fold beat the two launches
+    in CUDA graphs at one row (benchmarks/kernels.py --only gemv_fused): the input projection
+    1232 x 2048 with the residual add and attn_norm, the query projection 5120 x 512 with q_norm,
+    the down projection 2048 x 5632 with silu(gate) * up; gate/up 11264 x 2048 with the residual
+    add and mlp_norm lost, so it stays apart (MAX_FUSED_PROGRAMS).
     """
     config = default_config(n, k, rows)
     if config is None and rows <= MAX_ROWS and 128 < k <= 512 and n * k <= SWEPT_MAX_WEIGHT:

@@ -12,8 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import triton
-import triton.language as tl
+import triton  # type: ignore[import-untyped]
+import triton.language as tl  # type: ignore[import-untyped]
 
 from kernels.backend import resolve_backend, values_checkable
 from kernels.indexer_decode import descriptor_decode_config, indexer_decode_descriptor
@@ -35,7 +35,7 @@ _REF_CHUNK = 1 << 24  # elements of the [tokens, heads, keys] score tensor the r
 # From this many query tokens per request on average (a prefill chunk, not a decode or verify
 # step) the paged call uses the tiled kernel with tiles of several tokens, which load each key
 # block once per tile; decode and verify steps take fp8 keys through a tensor descriptor where that
-# was measured (kernels/indexer_decode.py), else one-token tiles where the GPU has fp8 dots
+# path was tuned (kernels/indexer_decode.py), else one-token tiles where the GPU has fp8 dots
 # (decode_tiled_config), and the per-token kernel below elsewhere.
 TILED_MIN_TOKENS_PER_REQUEST = 16
 
@@ -53,8 +53,9 @@ def _scores(q: torch.Tensor, w: torch.Tensor, keys: torch.Tensor, key_scale: tor
     return out
 
 
-def indexer_logits_paged_torch(q_fp8, weights, idx_cache, key_dtype, block_table, block_size, seq_ids, context_lens,
-                               max_context):
+def indexer_logits_paged_torch(q_fp8: torch.Tensor, weights: torch.Tensor, idx_cache: torch.Tensor, key_dtype: str,
+                               block_table: torch.Tensor, block_size: int, seq_ids: torch.Tensor,
+                               context_lens: torch.Tensor, max_context: int) -> torch.Tensor:
     """Reference for indexer_logits_paged: dequantise each request's keys once, fp32 dots."""
     d_i = q_fp8.shape[-1]
     q, w = decode_e4m3(q_fp8), weights.float()
@@ -73,7 +74,8 @@ def indexer_logits_paged_torch(q_fp8, weights, idx_cache, key_dtype, block_table
     return out
 
 
-def indexer_logits_ragged_torch(q_fp8, weights, keys, key_dtype, k_start, k_end):
+def indexer_logits_ragged_torch(q_fp8: torch.Tensor, weights: torch.Tensor, keys: torch.Tensor, key_dtype: str,
+                                k_start: torch.Tensor, k_end: torch.Tensor) -> torch.Tensor:
     """Reference for indexer_logits_ragged: all keys dequantised once, fp32 dots, window mask."""
     values, key_scale = read_indexer_keys(keys, q_fp8.shape[-1], key_dtype)
     logits = _scores(decode_e4m3(q_fp8), weights.float(), values, key_scale)
@@ -135,9 +137,9 @@ def _store_logits(scores, w, visible, cols, out_ptr, t, n_cols):
     tl.store(out_ptr + t.to(tl.int64) * n_cols + cols, logits, mask=cols < n_cols)
 
 
-# block_size stays unspecialised, as it had to be for the earlier 132-byte rows (a multiple-of-16
-# hint let the compiler load 4-byte-aligned rows as 16-byte vectors); the per-block layout's
-# rows may now allow it, but that was neither checked on a GPU nor timed.
+# block_size stays unspecialised: a multiple-of-16 hint lets the compiler load rows as 16-byte
+# vectors, which rows aligned to 4 bytes only do not allow (the per-block layout's rows may, but
+# that is unchecked on a GPU).
 @triton.jit(do_not_specialize=["block_size"])
 def _indexer_logits_kernel(
     q_ptr, w_ptr, key_ptr, key_words_ptr, out_ptr,
@@ -212,14 +214,17 @@ class IndexerConfig:
 
 
 def default_config(key_dtype: str, device: torch.device) -> IndexerConfig:
-    """Measured best on an H200 at 64 and 16 requests x 64k keys (benchmarks/kernels_notes.md)."""
+    """The fastest config at 64 and 16 requests x 64k keys (benchmarks/kernels.py --only indexer;
+    benchmarks/kernels_notes.md)."""
     if device.type != "cuda":
         return IndexerConfig(16, 4)
     return IndexerConfig(64, 4, 8, 1) if key_dtype == "fp8" else IndexerConfig(64, 4, 8)
 
 
-def indexer_logits_triton(q_fp8, weights, rows, key_dtype, block_table, seq_ids, start, end, block_size, n_cols, paged,
-                          config=None, mask_tail=True):
+def indexer_logits_triton(q_fp8: torch.Tensor, weights: torch.Tensor, rows: torch.Tensor, key_dtype: str,
+                          block_table: torch.Tensor, seq_ids: torch.Tensor, start: torch.Tensor, end: torch.Tensor,
+                          block_size: int, n_cols: int, paged: bool, config: IndexerConfig | None = None,
+                          mask_tail: bool = True) -> torch.Tensor:
     """Launch the kernel on prepared (contiguous, int32) inputs; config overrides the tile shape.
     mask_tail=False leaves the columns at or past each token's end unwritten."""
     t, h, d = q_fp8.shape

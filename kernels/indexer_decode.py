@@ -10,11 +10,10 @@ address or register, and the dot reads the e4m3 operand where the copy left it. 
 words come by plain vector loads. Where a target has no such copy (NVIDIA before sm_90, AMD without
 TDM) Triton rewrites descriptor loads to pointer loads; the interpreter runs them as well.
 
-Measured on an H200 (benchmarks/RESULTS.md, "Indexer decode through tensor descriptors (TMA) on a
-split key cache"; its prototype, here on the cache's own layout): fp8 64 x 64k 209 -> 153 us, with
-80 registers instead of 127-130 and 2-3 key blocks in flight per program. MXFP4 keys keep the
-group dots of kernels/indexer_tiled.py: its loop is bound by ALU work per block, and the same
-copies gained 4 % there.
+The bulk copies free the registers that per-word loads hold, so more key blocks stay in flight
+per program and the loop waits on memory less (`benchmarks/indexer_decode.py` times the default
+paths, `--sweep` beside one-token tiles). MXFP4 keys keep the group dots of
+kernels/indexer_tiled.py: that loop is bound by ALU work per block, which faster loads leave as is.
 
 The descriptor holds the cache's address: it is made once per cache tensor and kept while that
 tensor lives (`values_descriptor`), so a CUDA graph captures the same one that eager launches use.
@@ -27,16 +26,16 @@ import weakref
 from dataclasses import dataclass
 
 import torch
-import triton
-import triton.language as tl
-from triton.tools.tensor_descriptor import TensorDescriptor
+import triton  # type: ignore[import-untyped]
+import triton.language as tl  # type: ignore[import-untyped]
+from triton.tools.tensor_descriptor import TensorDescriptor  # type: ignore[import-untyped]
 
 from kernels.indexer_tiled import fp8_dot_supported
 from kernels.quant_kernels import key_words
 from kernels.triton_utils import new_output, row_programs
 
 
-# block_size unspecialised as in kernels/indexer.py's kernel (why: there); the measured config ran so.
+# block_size unspecialised as in kernels/indexer.py's kernel (why: there); the config was tuned so.
 @triton.jit(do_not_specialize=["block_size"])
 def _indexer_decode_kernel(
     q_ptr, w_ptr, values_desc, key_words_ptr, out_ptr,
@@ -72,9 +71,8 @@ def _indexer_decode_kernel(
         tl.store(out_ptr + tok.to(tl.int64) * n_cols + cols, logits, mask=cols < n_cols)
 
 
-# The fewest query heads that take this path: at 16 heads (the small model's indexer) the small
-# model's batch-128 decode graph ran 1.196 -> 1.164-1.168 ms in two alternated pairs
-# (benchmarks/RESULTS.md, "Verification of the mends on the GPU ..."); fewer heads were not measured.
+# The fewest query heads that take this path: it pays at 16 heads (the small model's indexer, in
+# its batch-128 decode graph) as at 64; fewer heads are untimed and keep the tiled kernel.
 DESCRIPTOR_MIN_HEADS = 16
 
 
@@ -92,8 +90,8 @@ class DescriptorDecodeConfig:
 
 def descriptor_decode_config(key_dtype: str, heads: int, d_i: int, block_size: int,
                              device: torch.device) -> DescriptorDecodeConfig | None:
-    """The config for a decode step's fp8 keys where this path was measured (an H200: 64 and 16
-    heads, tensor memory copies from sm_90) and the cache's blocks suit a descriptor (block strides
+    """The config for a decode step's fp8 keys where this path was tuned (64 and 16 heads, tensor
+    memory copies from sm_90) and the cache's blocks suit a descriptor (block strides
     of 16-byte multiples: block_size a multiple of 4 and of block_n); else None."""
     cfg = DescriptorDecodeConfig()
     fits = key_dtype == "fp8" and heads >= DESCRIPTOR_MIN_HEADS and d_i <= 256 and block_size % cfg.block_n == 0

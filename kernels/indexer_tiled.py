@@ -25,8 +25,7 @@ words and become e4m3 bytes four at a time (shifts and masks on whole words, low
 nibbles to separate words; the query group is permuted to the order that leaves), and each
 group's scale multiplies its dot's result: no key value is rounded, at any spread of group
 scales. (Adding each group's scale to its bytes' e4m3 exponents instead, for one dot per block
-with an exact fallback, measured slower on an H200 and was not kept: benchmarks/RESULTS.md,
-"MXFP4 indexer decode: folded group scales".) With 64 heads the next key block is prefetched
+with an exact fallback, is slower.) With 64 heads the next key block is prefetched
 (`TiledConfig.prefetch`): its loads go out before this block's dots. A key block's cache slots
 come in runs inside one cache block (one block-table load per run, `_block_key_words`).
 
@@ -43,8 +42,8 @@ import math
 from dataclasses import dataclass
 
 import torch
-import triton
-import triton.language as tl
+import triton  # type: ignore[import-untyped]
+import triton.language as tl  # type: ignore[import-untyped]
 
 from kernels.quant import indexer_value_bytes
 from kernels.quant_kernels import key_words
@@ -329,8 +328,8 @@ MX_SCORINGS = ("rows", "group_dots")
 class TiledConfig:
     """Query tokens per tile, keys per block, warps, programs per multiprocessor, pipelining depth.
 
-    Check a new shape on the GPU before using it (benchmarks/kernels.py --only prefill): on triton
-    3.6 / H200 the tile of 8 tokens x 64 keys with 8 warps gave wrong logits (the same tile with
+    Check a new shape on the GPU before using it (benchmarks/kernels.py --only prefill): a tile can
+    compile to wrong logits (one of 8 tokens x 64 keys with 8 warps has, where the same tile with
     128 keys and 4 warps, and every 4-token tile, matched the reference)."""
 
     block_m: int
@@ -357,13 +356,12 @@ class TiledConfig:
 
 
 def default_tiled_config(key_dtype: str, device: torch.device) -> TiledConfig:
-    """Interpreter: small tiles that still span two tokens. GPU: measured best on an H200 for a
-    2,048-token chunk at 64k (benchmarks/RESULTS.md, issue 12 prefill). MXFP4 keys are decoded
-    per element (ALU work): with fp8 dots an 8-token tile shares that work best; with fp16 dots a
-    2-token tile did. fp8 keys on fp8 dots without the loop's software pipelining (num_stages 1):
-    an 8,192-token chunk at 160k on an H200 in 36.0 ms against 40.4 at the compiler's default
-    depth, a 160k prefill 4.22 s against 4.37 (benchmarks/RESULTS.md, long-context prefill at
-    128k-160k; the same as the keys through a tensor descriptor, measured there too)."""
+    """Interpreter: small tiles that still span two tokens. GPU: the fastest tiles for a prefill
+    chunk (benchmarks/kernels.py --only prefill). MXFP4 keys are decoded per element (ALU work):
+    with fp8 dots an 8-token tile shares that work best; with fp16 dots a 2-token tile does. fp8
+    keys on fp8 dots run without the loop's software pipelining (num_stages 1), which long chunks
+    run faster than at the compiler's default depth (`--prefill-chunk 8192 --prefill-context
+    163840`), as fast as with the keys through a tensor descriptor."""
     if device.type != "cuda":
         return TiledConfig(2, 16, 4)
     if key_dtype == "mxfp4":
@@ -373,15 +371,13 @@ def default_tiled_config(key_dtype: str, device: torch.device) -> TiledConfig:
 
 def decode_tiled_config(key_dtype: str, heads: int, device: torch.device) -> TiledConfig | None:
     """One-token tiles for decode and verify steps on GPUs with fp8 dots, else None (the per-token
-    kernel). Measured on an H200 (benchmarks/RESULTS.md, "Indexer decode tiles (issue 12)" and
-    "MXFP4 indexer decode: folded group scales"): with 64 heads the next block's loads prefetched
-    (fp8 keys 64 x 64k 229 -> 208 us; MXFP4 keys as group dots in 64-key blocks 434 -> 306), with
-    16 heads unprefetched blocks (fp8 128 x 4k 32 us against 32-36 prefetched; MXFP4 58-73 -> 28).
-    MXFP4's folded group scales measured slower than the group dots (382-450 against 308 us). MXFP4
-    at 64 heads runs one wave of the programs an SM holds (3 at the 168 registers it compiles to
-    there, read from the compiled kernel after its first launch), where grids of 4 or 8 per SM
-    rounded up left partial waves: 16 x 64k 108 -> 78 us, 64 x 64k 297 -> 249; capping
-    its registers to fit 4 or 5 spilled and lost ("MXFP4 indexer decode in one wave")."""
+    kernel). With 64 heads the next block's loads are prefetched, their latency hidden behind this
+    block's dots; with 16 heads prefetching gains nothing, and MXFP4's group dots run faster
+    without it. MXFP4 keys score as group dots (faster than folding the group scales into the
+    keys' exponents). MXFP4 at 64 heads runs one wave of the programs an SM holds (read from the
+    compiled kernel after its first launch): a grid of a fixed count per SM, rounded up, leaves a
+    partial wave, and capping the registers to fit more programs spills. `benchmarks/indexer_decode.py
+    --sweep` times these beside other one-token tiles."""
     if not fp8_dot_supported(device):
         return None
     if key_dtype == "mxfp4" and heads >= 64:
@@ -397,8 +393,10 @@ def fp8_dot_supported(device: torch.device) -> bool:
     return device.type == "cuda" and torch.version.hip is None and torch.cuda.get_device_capability(device) >= (8, 9)
 
 
-def indexer_logits_tiled(q_fp8, weights, rows, key_dtype, block_table, seq_ids, end, block_size, n_cols,
-                         config=None, mask_tail=True, fp8_dot=None):
+def indexer_logits_tiled(q_fp8: torch.Tensor, weights: torch.Tensor, rows: torch.Tensor, key_dtype: str,
+                         block_table: torch.Tensor, seq_ids: torch.Tensor, end: torch.Tensor, block_size: int,
+                         n_cols: int, config: TiledConfig | None = None, mask_tail: bool = True,
+                         fp8_dot: bool | None = None) -> torch.Tensor:
     """Launch the tiled kernel on prepared (contiguous, int32) paged inputs."""
     t, h, d = q_fp8.shape
     out = new_output((t, n_cols), torch.float32, q_fp8.device)
@@ -429,5 +427,5 @@ def indexer_logits_tiled(q_fp8, weights, rows, key_dtype, block_table, seq_ids, 
 
 
 # programs an SM holds of each one-wave kernel variant, read from its first launch (kernel_residency):
-# TiledConfig.programs_per_sm is the count measured on an H200 with triton 3.6 and stands until then
+# TiledConfig.programs_per_sm is the count on the GPU and compiler it was tuned for and stands until then
 _RESIDENT: dict[tuple, int] = {}

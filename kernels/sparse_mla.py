@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from typing import Protocol
 
 import torch
-import triton
-import triton.language as tl
+import triton  # type: ignore[import-untyped]
+import triton.language as tl  # type: ignore[import-untyped]
 
 from kernels.backend import resolve_backend
 from kernels.quant import DS_MLA_GROUP, KV_DTYPES, kv_row_width, read_kv_rows
@@ -30,7 +30,8 @@ _REF_CHUNK = 1 << 24  # elements of the gathered [tokens, K, d] rows the referen
 # ---------------------------------------------------------------- torch reference
 
 
-def sparse_mla_torch(q, kv_cache, indices, scale, d_c, kv_dtype):
+def sparse_mla_torch(q: torch.Tensor, kv_cache: torch.Tensor, indices: torch.Tensor, scale: float, d_c: int,
+                     kv_dtype: str) -> tuple[torch.Tensor, torch.Tensor]:
     """Reference: gather and dequantise the rows, fp32 softmax and products."""
     t, h, width = q.shape
     out = torch.empty(t, h, d_c, dtype=torch.bfloat16, device=q.device)
@@ -212,12 +213,12 @@ def default_config(n_heads: int, kv_dtype: str, device: torch.device) -> SparseM
     """Interpreter: the smallest legal tiles. GPU: wide head blocks when there are many heads."""
     if device.type == "cpu":
         return SparseMlaConfig(16, 16, 4, 1)
-    if n_heads >= 64:  # measured best on an H200 at B 64, K 2048 (benchmarks/kernels_notes.md)
+    if n_heads >= 64:  # the fastest at B 64, K 2048 (benchmarks/kernels.py --only mla)
         return SparseMlaConfig(64, 64, 8, 2)
     # fp8 rows decode in registers: smaller row tiles and a deeper pipeline pay off there. The
-    # index preload (n32 s3, 8 blocks, 2 programs/SM: one wave at B 64) timed 0.93x at H16 bf16
-    # but 1.5-2.6x slower in 5 of 9 timings against 2 of 10 for this default (RESULTS.md, "Sparse
-    # MLA tiles"): a single wave has no slack when the machine is slow.
+    # index preload (n32 s3, 8 blocks, 2 programs/SM: one wave at B 64) is a little faster at its
+    # best but far slower more often: a single wave has no slack when the machine is slow
+    # (benchmarks/sparse_mla_ab.py --config times candidates against this default, interleaved).
     return SparseMlaConfig(16, 64, 4, 2) if kv_dtype == "bf16" else SparseMlaConfig(16, 32, 4, 3)
 
 
@@ -283,7 +284,9 @@ def combine_splits(part_o: torch.Tensor, part_lse: torch.Tensor, out: torch.Tens
                               BLOCK_S=max(2, triton.next_power_of_2(splits)))
 
 
-def sparse_mla_triton(q_c, q_r, kv_cache, indices, scale, kv_dtype, num_splits=None, config=None):
+def sparse_mla_triton(q_c: torch.Tensor, q_r: torch.Tensor, kv_cache: torch.Tensor, indices: torch.Tensor, scale: float,
+                      kv_dtype: str, num_splits: int | None = None,
+                      config: SparseMlaConfig | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Launch the kernel (and the combine when split) for the query's latent part q_c [T, H, d_c]
     and rotary part q_r [T, H, d_r] (any strides, last dim contiguous); config overrides the tile shape."""
     t, h, d_c = q_c.shape

@@ -1,4 +1,5 @@
-"""Triton device helpers shared by the kernels: byte unpacking and bit-exact fp8 / e2m1 / ue8m0 decode.
+"""Triton device helpers shared by the kernels: byte unpacking, bit-exact fp8 / e2m1 / ue8m0 decode, and
+fp32 values as integer keys in the same order (top-k, argmax).
 
 Every decode is integer bit arithmetic on raw bytes (no hardware fp8 type), so it is exact on
 CUDA, on ROCm (native fp8 there is the fnuz variant) and in the interpreter. e4m3 and e2m1 are
@@ -12,8 +13,8 @@ from __future__ import annotations
 import functools
 
 import torch
-import triton
-import triton.language as tl
+import triton  # type: ignore[import-untyped]
+import triton.language as tl  # type: ignore[import-untyped]
 
 E4M3_RAW_SCALE = tl.constexpr(256.0)  # e4m3 value = raw fp16 * 2^8   (bias 15 - 7)
 E2M1_RAW_SCALE = tl.constexpr(16384.0)  # e2m1 value = raw fp16 * 2^14 (bias 15 - 1)
@@ -74,6 +75,15 @@ def f32_to_bf16(x):
     bits = x.to(tl.int32, bitcast=True)
     rounded = bits + 0x7FFF + ((bits >> 16) & 1)
     return (rounded >> 16).to(tl.int16).to(tl.bfloat16, bitcast=True)
+
+
+@triton.jit
+def ordered_key(x):
+    """fp32 -> uint32 whose unsigned order is the float order (NaN above +inf)."""
+    bits = x.to(tl.uint32, bitcast=True)
+    flip = tl.where((bits >> 31) != 0, tl.full(bits.shape, 0xFFFFFFFF, tl.uint32),
+                    tl.full(bits.shape, 0x80000000, tl.uint32))
+    return bits ^ flip
 
 
 @triton.jit
@@ -141,7 +151,7 @@ def sm_resources(device: torch.device) -> tuple[int, int, int] | None:
     fields = ("regs_per_multiprocessor", "shared_memory_per_multiprocessor", "max_threads_per_multi_processor")
     if torch.version.hip is not None or not all(hasattr(props, f) for f in fields):
         return None
-    return tuple(getattr(props, f) for f in fields)  # type: ignore[return-value]
+    return tuple(getattr(props, f) for f in fields)
 
 
 def kernel_residency(compiled: object, device: torch.device) -> int | None:

@@ -1,6 +1,6 @@
-"""Top-k indices: Triton radix select (both launch shapes) vs the torch reference vs torch.topk,
-compared on selected values; top-k slots (the indices mapped through a block table) vs the two
-references composed."""
+"""Top-k indices: every Triton path (one launch in registers, compacting, sampled) vs the torch
+reference vs torch.topk, compared on selected values; top-k slots (the indices mapped through a
+block table) vs the two references composed."""
 
 from __future__ import annotations
 
@@ -12,25 +12,35 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels import positions_to_slots, topk, topk_indices, topk_slots
-from kernels.topk import SlotMap, default_config, positions_to_slots_reference, topk_indices_torch, topk_triton
+from kernels import positions_to_slots, topk_indices, topk_slots
+from kernels.topk import (
+    SlotMap,
+    TopkConfig,
+    compacting,
+    config,
+    default_config,
+    in_registers,
+    positions_to_slots_reference,
+    sampled,
+    topk_indices_torch,
+    topk_triton,
+)
+from kernels.topk import slots as slot_kernels
+from kernels.topk.in_registers import REGISTER_ROW_MAX_COLS
+from kernels.triton_utils import ordered_key
 from tests.kernels.checks import selected_values
 
 CPU_CONFIG = default_config(torch.device("cpu"), 0, 1)
 # Each Triton check runs every path, whatever the default picks at its size: the one-launch kernel
-# with the row in registers, the one-launch radix kernel, the compacting path with a candidate list
-# no row outgrows (split placing by scan and by atomics), and with one that every row with two
-# candidates overflows; the sampled path with a sample of a few columns per window (rows past 128
-# columns) and with rows their own sample.
-PATHS = {"one launch in registers": replace(CPU_CONFIG, single_pass_max_cols=1 << 30),
-         "one launch radix": replace(CPU_CONFIG, single_pass_max_cols=1 << 30, single_pass_registers=False),
-         "five launches": replace(CPU_CONFIG, single_pass_max_cols=0, candidates=0),
+# with the row in registers, the compacting path with a candidate list no row outgrows (histogram
+# levels at the split's steps, wider ones, and chunks grown to them), and with one that every row
+# with two candidates overflows; the sampled path with a sample of a few columns per window (rows
+# past 128 columns) and with rows their own sample.
+PATHS = {"one launch in registers": replace(CPU_CONFIG, single_pass_max_cols=REGISTER_ROW_MAX_COLS),
          "compacting": replace(CPU_CONFIG, single_pass_max_cols=0, candidates=1 << 12),
-         "compacting, per-column atomics": replace(CPU_CONFIG, single_pass_max_cols=0, candidates=1 << 12,
-                                                   per_column_atomics=True),
          "compacting, list overflows": replace(CPU_CONFIG, single_pass_max_cols=0, candidates=1),
-         "five launches, wider histogram steps": replace(CPU_CONFIG, single_pass_max_cols=0, candidates=0,
-                                                         hist_block=2 * CPU_CONFIG.block),
+         "compacting, wider histogram steps": replace(CPU_CONFIG, single_pass_max_cols=0, candidates=1 << 12,
+                                                      hist_block=2 * CPU_CONFIG.block),
          "compacting, histogram chunks grown": replace(CPU_CONFIG, single_pass_max_cols=0, candidates=1 << 12,
                                                        hist_block=2 * CPU_CONFIG.chunk),
          "sampled": replace(CPU_CONFIG, single_pass_max_cols=0, candidates=1 << 12, sample=128),
@@ -50,6 +60,18 @@ def candidate_count(row: torch.Tensor, k: int) -> int:
     keys = ordered_keys(row)
     kth = int(keys.topk(k).values[-1])
     return int(((keys >> 16) == kth >> 16).sum())
+
+
+def count_launches(monkeypatch: pytest.MonkeyPatch, *kernels) -> Counter[str]:
+    """Launches of each of these Triton kernels from here on, by kernel name."""
+    launches: Counter[str] = Counter()
+    for kernel in kernels:
+        def counted(*args, _run=kernel.run, _name=kernel.__name__, **kw):
+            launches[_name] += 1
+            return _run(*args, **kw)
+
+        monkeypatch.setattr(kernel, "run", counted)
+    return launches
 
 
 def check_row_set(logits: torch.Tensor, lengths: torch.Tensor, k: int, got: torch.Tensor) -> None:
@@ -112,30 +134,19 @@ def test_topk_extreme_values_ragged_rows(gen, path):
     assert torch.equal(got[5:], ref[5:]), "short rows are exact"
 
 
-@pytest.mark.parametrize(("max_cols", "registers", "register_cols", "candidates", "sample", "expect"), [
-    (40, True, 40, 0, 0, {"_topk_in_registers_kernel": 1}), (40, False, 40, 0, 0, {"_topk_row_kernel": 1}),
-    (40, True, 39, 0, 0, {"_topk_row_kernel": 1}),  # a row past the register limit: the radix launch
-    (39, True, 40, 0, 0, {"_radix_pass_kernel": 5}),
-    (39, True, 40, 16, 0, {"_radix_pass_kernel": 2, "_split_kernel": 1, "_finish_kernel": 1}),
-    (39, True, 40, 16, 16, {"_sample_kernel": 1, "_mark_kernel": 1, "_sampled_finish_kernel": 1}),
-    (39, True, 40, 8, 16, {"_radix_pass_kernel": 2, "_split_kernel": 1, "_finish_kernel": 1})])  # 2 k > list
-def test_topk_launches_by_column_count(gen, monkeypatch, max_cols, registers, register_cols, candidates, sample,
-                                       expect):
-    monkeypatch.setattr(topk, "REGISTER_ROW_MAX_COLS", register_cols)
-    launches: Counter[str] = Counter()
-    for name in ("_topk_in_registers_kernel", "_topk_row_kernel", "_radix_pass_kernel", "_split_kernel",
-                 "_finish_kernel", "_sample_kernel", "_mark_kernel", "_sampled_finish_kernel"):
-        kernel = getattr(topk, name)
-
-        def counted(*args, _run=kernel.run, _name=name, **kw):
-            launches[_name] += 1
-            return _run(*args, **kw)
-
-        monkeypatch.setattr(kernel, "run", counted)
+@pytest.mark.parametrize(("max_cols", "candidates", "sample", "expect"), [
+    (40, 16, 0, {"_topk_in_registers_kernel": 1}),
+    (39, 16, 0, {"_histogram_pass_kernel": 2, "_split_kernel": 1, "_finish_kernel": 1}),
+    (39, 16, 16, {"_sample_kernel": 1, "_mark_kernel": 1, "_sampled_finish_kernel": 1}),
+    (39, 8, 16, {"_histogram_pass_kernel": 2, "_split_kernel": 1, "_finish_kernel": 1})])  # 2 k > list
+def test_topk_launches_by_column_count(gen, monkeypatch, max_cols, candidates, sample, expect):
+    launches = count_launches(monkeypatch, in_registers._topk_in_registers_kernel, compacting._histogram_pass_kernel,
+                              compacting._split_kernel, compacting._finish_kernel, sampled._sample_kernel,
+                              sampled._mark_kernel, sampled._sampled_finish_kernel)
     logits = torch.randn(2, 40, generator=gen)
     lengths = torch.tensor([40, 9], dtype=torch.int32)
     got = topk_triton(logits, lengths, 8, replace(CPU_CONFIG, single_pass_max_cols=max_cols, candidates=candidates,
-                                                   single_pass_registers=registers, sample=sample))
+                                                   sample=sample))
     assert launches == expect
     check_row_set(logits, lengths, 8, got)
 
@@ -202,8 +213,8 @@ def _search_kernel(logits_ptr, out_ptr, length, k, BLOCK: tl.constexpr):
     """The in-register kernel's search alone on one row: out = (lo, top + 1, c_hi)."""
     col = tl.arange(0, BLOCK)
     valid = col < length
-    key = tl.where(valid, topk._ordered_key(tl.load(logits_ptr + col, mask=valid, other=0.0)), 0)
-    lo, top, c_hi = topk._search_kth_key(key, valid, length, k)
+    key = tl.where(valid, ordered_key(tl.load(logits_ptr + col, mask=valid, other=0.0)), 0)
+    lo, top, c_hi = in_registers.search_kth_key(key, valid, length, k)
     i = tl.arange(0, 4)
     tl.store(out_ptr + i, tl.where(i == 0, lo.to(tl.int64), tl.where(i == 1, top.to(tl.int64) + 1, c_hi.to(tl.int64))))
 
@@ -276,8 +287,10 @@ def test_topk_compacting_candidates_fit_or_overflow(gen, cap):
 def test_topk_config_errors():
     with pytest.raises(ValueError, match="block=32768"):  # the split's packed scan would overflow
         replace(CPU_CONFIG, block=1 << 15)
-    with pytest.raises(ValueError, match="candidates=-1"):
-        replace(CPU_CONFIG, candidates=-1)
+    with pytest.raises(ValueError, match="candidates=0"):
+        replace(CPU_CONFIG, candidates=0)
+    with pytest.raises(ValueError, match="single_pass_max_cols"):  # the in-register kernel's packed scan
+        replace(CPU_CONFIG, single_pass_max_cols=REGISTER_ROW_MAX_COLS + 1)
     with pytest.raises(ValueError, match="hist_block=-1"):
         replace(CPU_CONFIG, hist_block=-1)
 
@@ -322,15 +335,15 @@ def test_topk_default_config_by_shape(device):
     SAMPLED_MIN_COLUMNS columns, else the compacting path, whose histogram levels step wider than
     its split past FINE_CHUNK_MAX_COLS."""
     dev = torch.device(device)
-    wide = topk.FINE_CHUNK_MAX_COLS + 1
-    limit = topk.SAMPLED_MIN_COLUMNS
-    assert default_config(dev, wide, limit // wide + 1).sample == topk.SAMPLE_COLS
-    assert default_config(dev, topk.SINGLE_PASS_MAX_COLS + 1, limit // (topk.SINGLE_PASS_MAX_COLS + 1) + 1).sample
+    wide = config.FINE_CHUNK_MAX_COLS + 1
+    limit = config.SAMPLED_MIN_COLUMNS
+    assert default_config(dev, wide, limit // wide + 1).sample == config.SAMPLE_COLS
+    assert default_config(dev, config.SINGLE_PASS_MAX_COLS + 1, limit // (config.SINGLE_PASS_MAX_COLS + 1) + 1).sample
     few = default_config(dev, limit // 2, 2)  # exactly SAMPLED_MIN_COLUMNS columns
     assert not few.sample and few.candidates
     if device == "cuda":
         assert default_config(dev, wide, 1).hist_block > default_config(dev, wide, 1).block
-        assert default_config(dev, topk.FINE_CHUNK_MAX_COLS, 1).hist_block == 0
+        assert default_config(dev, config.FINE_CHUNK_MAX_COLS, 1).hist_block == 0
 
 
 @pytest.mark.parametrize("path", ["reference", *PATHS])
@@ -416,15 +429,8 @@ def test_topk_slots_api(gen, backend):
 
 def test_topk_slots_one_launch_in_registers(gen, monkeypatch):
     """The in-register path maps in its own write: one launch, no positions_to_slots kernel."""
-    launches: Counter[str] = Counter()
-    for name in ("_topk_in_registers_kernel", "_positions_to_slots_kernel"):
-        kernel = getattr(topk, name)
-
-        def counted(*args, _run=kernel.run, _name=name, **kw):
-            launches[_name] += 1
-            return _run(*args, **kw)
-
-        monkeypatch.setattr(kernel, "run", counted)
+    launches = count_launches(monkeypatch, in_registers._topk_in_registers_kernel,
+                              slot_kernels._positions_to_slots_kernel)
     logits, lengths, slots = slot_rows(gen, 16)
     topk_triton(logits, lengths, 40, PATHS["one launch in registers"], slots=slots)
     assert launches == {"_topk_in_registers_kernel": 1}
@@ -437,7 +443,7 @@ def test_topk_slots_one_launch_in_registers(gen, monkeypatch):
 @triton.jit
 def _sample_columns_kernel(out_ptr, length, SAMPLE: tl.constexpr):
     """The sampled path's sample columns of a row of `length` (-1 past the drawn ones)."""
-    col, drawn, m = topk._sample_columns(length, SAMPLE)
+    col, drawn, m = sampled._sample_columns(length, SAMPLE)
     tl.store(out_ptr + tl.arange(0, SAMPLE), tl.where(drawn, col, -1))
 
 
@@ -458,14 +464,14 @@ def test_sampled_path_draws_one_column_per_window(length, sample):
         assert len(set((cols % stride).tolist())) > 1, "the offsets in the windows vary"
 
 
-def marked_counts(logits: torch.Tensor, lengths: torch.Tensor, k: int, cfg: topk.TopkConfig) -> list[int]:
+def marked_counts(logits: torch.Tensor, lengths: torch.Tensor, k: int, cfg: TopkConfig) -> list[int]:
     """Per row, the columns the sampled path's mark pass finds at or above its sample's threshold."""
     t, n = logits.shape
     words = -(-n // 32)
     counts = torch.empty(t, 32, dtype=torch.int32)
     bits = torch.empty(t, words, dtype=torch.int32)
-    topk._sample_kernel[(t,)](logits, lengths, counts, n, k, SAMPLE=cfg.sample)
-    topk._mark_kernel[(t, 2)](logits, lengths, counts, bits, n, k, words, CHUNK=cfg.chunk, BLOCK=cfg.block)
+    sampled._sample_kernel[(t,)](logits, lengths, counts, n, k, SAMPLE=cfg.sample)
+    sampled._mark_kernel[(t, 2)](logits, lengths, counts, bits, n, k, words, CHUNK=cfg.chunk, BLOCK=cfg.block)
     return counts[:, 0].tolist()
 
 

@@ -14,9 +14,9 @@ import torch
 from kernels.topk import topk_triton
 from tests.kernels.test_topk import CPU_CONFIG, PATHS
 
-# test_topk's paths that order their rows: the compacting ones, and the one-launch ones
-COMPACTING = {name: cfg for name, cfg in PATHS.items() if not cfg.single_pass_max_cols and cfg.candidates}
-ONE_LAUNCH = {name: cfg for name, cfg in PATHS.items() if name.startswith("one launch")}
+# test_topk's paths: the multi-launch ones (compacting and sampled), and the one-launch one
+COMPACTING = {name: cfg for name, cfg in PATHS.items() if not cfg.single_pass_max_cols}
+ONE_LAUNCH = {name: cfg for name, cfg in PATHS.items() if cfg.single_pass_max_cols}
 
 
 @pytest.mark.parametrize("path", COMPACTING)

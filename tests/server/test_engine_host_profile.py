@@ -11,7 +11,7 @@ from benchmarks.engine_host_profile import LaunchCounter, gpu_code_path, profile
 
 def per_step(num_layers: int, launches: LaunchCounter) -> dict:
     args = argparse.Namespace(model="tiny", num_layers=num_layers, batch=2, context=40, kv="bf16",
-                              steps=1, warmup=1, top=0)  # context above tiny's top-k: the full radix select
+                              steps=1, warmup=1, top=0)  # context above tiny's top-k: a real selection
     return profile(args, "triton", launches)
 
 
