@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 DEVICES = ("auto", "cpu", "cuda")
-ATTENTION_BACKENDS = ("auto", "torch", "triton")
+ATTENTION_BACKENDS = ("auto", "torch", "triton", "gluon")
 
 
 def resolve_device(device: str) -> str:

@@ -76,7 +76,8 @@ class EngineConfig:
         "--device", choices=DEVICES, help="auto, cpu or cuda (auto: cuda when a GPU is visible)"))
     attention_backend: str = field(default="auto", metadata=cli(
         "--attention-backend", choices=ATTENTION_BACKENDS,
-        help="kernel backend: triton or torch (auto: triton on CUDA, torch on CPU)"))
+        help="kernel backend: triton, torch, or gluon (the Gluon sparse-MLA kernel on sm_90, Triton for the "
+        "other ops; kernels/sparse_mla_gluon.py) (auto: triton on CUDA, torch on CPU)"))
     seed: int = field(default=0, metadata=cli("--seed", help="seed of the random weights"))
     weights: str | None = field(default=None, metadata=cli(
         "--weights", help="safetensors file to load", default_text="seeded random"))
@@ -193,9 +194,26 @@ def validate_engine_config(c: EngineConfig) -> None:
         import torch
 
         require(torch.cuda.is_available(), "--device cuda: no CUDA device is available")
+    if c.attention_backend == "gluon":
+        require(device == "cuda", "--attention-backend gluon: needs --device cuda (Gluon kernels do not run on CPU)")
+        _require_gluon(m)
     if resolve_backend(c.attention_backend, c.device) == "triton" and device == "cpu":
         require(os.environ.get("TRITON_INTERPRET") == "1",
                 "--attention-backend triton on CPU needs TRITON_INTERPRET=1 in the environment")
+
+
+def _require_gluon(m: ModelConfig) -> None:
+    """The Gluon sparse-MLA kernel must run on this GPU and fit the model's latent and rope widths."""
+    import torch
+
+    from kernels.sparse_mla_gluon import check_gluon_shapes, gluon_unavailable_reason
+
+    why = gluon_unavailable_reason(torch.device("cuda"))
+    require(why is None, f"--attention-backend gluon: the Gluon sparse-MLA kernel cannot run here: {why}")
+    try:
+        check_gluon_shapes(m.kv_lora_rank, m.qk_rope_dim)
+    except ValueError as exc:
+        raise ValueError(f"--attention-backend gluon: the {m.name} model's shapes: {exc}") from None
 
 
 def _validate_parallel(c: EngineConfig) -> None:

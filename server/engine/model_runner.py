@@ -107,8 +107,8 @@ class ModelRunner:
 
     @property
     def compiles_kernels(self) -> bool:
-        """Whether steps run Triton kernels that compile on first use (CUDA with the Triton backend)."""
-        return self.device.type == "cuda" and self.settings.backend == "triton"
+        """Whether steps run Triton (or Gluon) kernels that compile on first use (CUDA with either backend)."""
+        return self.device.type == "cuda" and self.settings.backend in ("triton", "gluon")
 
     def _use_graphs(self) -> bool:
         """CUDA graphs for decode steps: on CUDA with the Triton kernels at --tp 1, unless --enforce-eager."""

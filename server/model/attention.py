@@ -64,7 +64,7 @@ def logits_width(max_context: int) -> int:
 class CacheSettings:
     kv_dtype: str  # kernels' name: "bf16" or "fp8_ds_mla"
     key_dtype: str  # "fp8" or "mxfp4"
-    backend: str  # "torch" or "triton"
+    backend: str  # "torch", "triton" or "gluon" (kernels/backend.py)
 
 
 # Steps of up to this many tokens run the attention's latent side beside its indexer side in a

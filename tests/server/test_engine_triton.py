@@ -58,3 +58,16 @@ def test_triton_backend_on_cpu_needs_interpreter(monkeypatch):
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     with pytest.raises(ValueError, match="TRITON_INTERPRET=1"):
         EngineConfig(device="cpu", attention_backend="triton")
+
+
+def test_gluon_backend_needs_a_gpu_and_names_the_flag():
+    """Gluon kernels do not run in the interpreter or on CPU: the flag is refused before the engine
+    starts, by name (the GPU path is checked by benchmarks/gluon_sparse_mla.py on an sm_90 device)."""
+    with pytest.raises(ValueError, match="--attention-backend gluon: needs --device cuda"):
+        EngineConfig(device="cpu", attention_backend="gluon")
+
+
+def test_gluon_is_a_server_flag_choice():
+    proc = subprocess.run([sys.executable, "-m", "server.cli", "start", "--help"], cwd=ROOT, capture_output=True,
+                          text=True, timeout=60, env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    assert proc.returncode == 0 and "gluon" in proc.stdout
