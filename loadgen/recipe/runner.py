@@ -129,8 +129,8 @@ def load_command(recipe: Recipe, variant: Variant, url: str | None, out: Path, q
         assert sweep.rates is not None  # validate(): exactly one of sweep.conc, sweep.rates and sweep.capacity
         args += ["--rate", ",".join(f"{r:g}" for r in sweep.rates)]
     if sweep.capacity is None:
-        for name, spec in recipe.slos:  # the recipe's own tiers beside the replay's
-            args += ["--slo", f"{name}={spec}"]
+        for name, bounds in recipe.slos:  # the recipe's own tiers beside the replay's
+            args += ["--slo", f"{name}={bounds}"]
     optional = {"traces": work.traces, "think_time_cap": work.think_time_cap, "max_context": work.max_context,
                 "timeout": work.timeout_s, "gpus": recipe.server.gpus}
     if url is not None:
