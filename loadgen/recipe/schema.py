@@ -60,6 +60,7 @@ class ServerConfig:
     # the server process's working directory (kinds ours and command; default: loadgen's). For ours, a
     # folder holding another tree of this repository serves that tree's engine, driven by this loadgen.
     cwd: str | None = None
+    image: str | None = None  # the container image (or package) the server runs: recorded with results, not pulled
 
     def cpu_set(self) -> frozenset[int] | None:
         """`cpus` as a set (None: anywhere); CpuListError names the key."""
