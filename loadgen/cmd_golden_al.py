@@ -156,18 +156,17 @@ def run_pins(args: argparse.Namespace) -> int:
     chosen = [pin for pin in pins() if args.prefix in (None, pin.prefix)]
     if not chosen:
         raise UsageError(f"no InferenceX launch script pins a draft length for {args.prefix!r}")
-    rows = []
-    for pin in chosen:
-        curve = select_by_model(pin.prefix)
-        mismatches = [f"k={d.k}: {curve.al(d.k, True):g}" for d in pin.drafts if curve.al(d.k, True) != d.al]
-        rows.append({"script": pin.script, "prefix": pin.prefix, "curve": curve.name, "drafts": pin.describe(),
-                     "curve_agrees": not mismatches, "curve_says": mismatches})
+    curves = {pin.prefix: select_by_model(pin.prefix) for pin in chosen}
+    mismatches = {pin.script: [f"k={d.k}: {curves[pin.prefix].al(d.k, True):g}" for d in pin.drafts
+                               if curves[pin.prefix].al(d.k, True) != d.al] for pin in chosen}
     if args.json:
-        print(json.dumps(rows, indent=2))
+        print(json.dumps([{"script": pin.script, "prefix": pin.prefix, "curve": curves[pin.prefix].name,
+                           "drafts": pin.describe(), "curve_agrees": not mismatches[pin.script],
+                           "curve_says": mismatches[pin.script]} for pin in chosen], indent=2))
         return 0
     print(_table(["script", "curve", "drafts (thinking on)", "curve agrees"],
-                 [[r["script"], r["curve"], r["drafts"], "yes" if r["curve_agrees"] else ", ".join(r["curve_says"])]
-                  for r in rows]))
+                 [[pin.script, curves[pin.prefix].name, pin.describe(), ", ".join(mismatches[pin.script]) or "yes"]
+                  for pin in chosen]))
     return 0
 
 
