@@ -140,3 +140,29 @@ def test_inferencex_rows_carry_the_recipe_fingerprint_and_image(runs, capsys, tm
     assert code == 0, capsys.readouterr().err
     rows = json.loads((tmp_path / "agentx.json").read_text())
     assert {(row["recipe_fingerprint"], row["image"]) for row in rows} == {(fingerprint, IMAGE)}
+
+
+
+def test_our_server_run_without_the_recipes_indexer_flag_is_named(runs, capsys, tmp_path):
+    """The check that failed the seed's pull request: its launch command lacked the MXFP4 indexer flag.
+    A run's launch record as `recipe run` keeps it for our server, started without that flag."""
+    from loadgen.recipe.provenance import launch_record
+    from loadgen.recipe.schema import recipe_from_dict, to_yaml
+    from loadgen.recipe.server import server_command
+
+    doc = yaml.safe_load(runs["plain"].read_text())
+    doc["server"] = {"kind": "ours", "flags": {"model": "v32", "tp": 8, "indexer_key_dtype": "mxfp4"}}
+    with_flag = recipe_from_dict(doc)
+    doc["server"]["flags"].pop("indexer_key_dtype")
+    without = recipe_from_dict(doc)
+    result = json.loads((runs["plain-out"] / "runs" / "a-r1" / "result.json").read_text())
+    result["launch"] = launch_record(without, without.baseline, 1, server_command(without, without.baseline, None),
+                                     "http://127.0.0.1:1", result["launch"]["load_argv"])
+    path, recipe = tmp_path / "result.json", tmp_path / "recipe.yaml"
+    path.write_text(json.dumps(result))
+    recipe.write_text(to_yaml(with_flag))
+    code, out = _verify(capsys, recipe, path)
+    assert code == 1 and "server flag --indexer-key-dtype: the recipe gives 'mxfp4'; the run had none" in out
+    recipe.write_text(to_yaml(without))
+    code, out = _verify(capsys, recipe, path)
+    assert code == 0, out
