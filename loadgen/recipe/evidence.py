@@ -71,7 +71,10 @@ def curve_of(path: Path, doc: dict[str, Any]) -> tuple[str, str]:
 
 
 def point_of(level: dict[str, Any]) -> str:
-    return f"conc {level['concurrency']}" if level.get("concurrency") is not None else f"rate {level['rate']:g}"
+    """'conc 4' or 'rate 2.5': a level's place on its curve."""
+    if level.get("concurrency") is not None:
+        return f"conc {level['concurrency']}"
+    return f"rate {level['rate']:g}"
 
 
 def curve_evidence(results: Results) -> list[CurveEvidence]:

@@ -5,8 +5,8 @@ utils/process_changelog.py): the SHA-256 of the canonical JSON (sorted keys, no 
 everything that shapes the measurement except the points, so a recipe that only adds
 concurrencies keeps its curves' fingerprints. Here that is the variant's server (kind, command,
 URL, flags, environment, working directory, image, GPUs, CPUs), the workload, the SLO tiers and
-the sweep without its levels (conc, rates) and its number of rounds; names, descriptions and the
-comparison settings play no part.
+the sweep without its levels (conc, rates) and its number of rounds; names, descriptions, how a
+server's start is awaited and the comparison settings play no part.
 
 `recipe run` writes the launch record into each run's result.json under `launch`:
 
@@ -31,13 +31,14 @@ from loadgen.recipe.schema import Recipe, Variant, to_dict
 
 LAUNCH_KEY = "launch"
 POINT_KEYS = ("conc", "rates", "repeats")  # a sweep's points and rounds: not the curve
+NOT_CURVE = ("health_path", "startup_timeout_s")  # how a start is awaited: not what is measured
 OUR_PACKAGES = ("torch", "triton", "numpy", "aiohttp", "orjson")
 
 
 def recipe_fingerprint(recipe: Recipe, variant: Variant) -> str:
     """The SHA-256 (hex) of the variant's curve: see the module docstring."""
     plain = to_dict(recipe)
-    server = {key: value for key, value in plain["server"].items() if key not in ("flags", "env", "cwd")}
+    server = {key: value for key, value in plain["server"].items() if key not in ("flags", "env", "cwd", *NOT_CURVE)}
     server.update(flags=recipe.server_flags(variant), env=recipe.server_env(variant), cwd=recipe.server_cwd(variant))
     curve = {"server": server, "workload": plain.get("workload", {}), "slos": plain.get("slos", {}),
              "sweep": {key: value for key, value in plain.get("sweep", {}).items() if key not in POINT_KEYS}}
