@@ -166,3 +166,22 @@ def test_our_server_run_without_the_recipes_indexer_flag_is_named(runs, capsys, 
     recipe.write_text(to_yaml(without))
     code, out = _verify(capsys, recipe, path)
     assert code == 0, out
+
+
+def test_the_fingerprint_is_the_curve_not_its_points_or_its_labels():
+    from loadgen.recipe.schema import recipe_from_dict
+
+    base = _recipe(Path("traces"), [1, 2])
+    same = [{**base, "name": "other", "description": "x"},
+            {**base, "sweep": {**base["sweep"], "conc": [8], "repeats": 3}},
+            {**base, "server": {**base["server"], "startup_timeout_s": 5.0, "health_path": "/health"}},
+            {**base, "compare": {"fdr": 0.01}}]
+    other = [{**base, "workload": {**base["workload"], "token_scale": 0.5}},
+             {**base, "sweep": {**base["sweep"], "duration_s": 9.0}},
+             {**base, "server": {**base["server"], "image": "example/sse-server:2"}},
+             {**base, "server": {**base["server"], "env": {"X": "1"}}}]
+    recipe = recipe_from_dict(base)
+    fingerprint = recipe_fingerprint(recipe, recipe.baseline)
+    for doc in same + other:
+        changed = recipe_from_dict(doc)
+        assert (recipe_fingerprint(changed, changed.baseline) == fingerprint) == (doc in same), doc
