@@ -186,7 +186,8 @@ def _pinned_k(entry: dict[str, Any], conc: list[int], where: str) -> int:
     if len(bands) != 1 or None in bands:
         raise InfxConfigError(f"--spec-k: InferenceX's {pin.script}.sh picks the draft length by concurrency "
                               f"({pin.describe()}), and this search space's concurrencies {conc} span more than one: "
-                              "give --spec-k, or make one recipe per band")
+                              "give --spec-k, and keep in the recipe's sweep.conc the concurrencies it is "
+                              "run at")
     (band,) = bands
     assert band is not None  # refused above
     return band.k
