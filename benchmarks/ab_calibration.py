@@ -79,9 +79,9 @@ from loadgen.compare.stats import METRIC_BY_NAME, LevelSample, group_levels, poi
 from loadgen.compare.verdicts import round_log_ratios
 from loadgen.recipe.runner import RecipeRun, load_command, plan
 from loadgen.recipe.schema import (
-    CompareSpec,
+    CompareConfig,
     Recipe,
-    ServerSpec,
+    ServerConfig,
     Sweep,
     Variant,
     Workload,
@@ -106,13 +106,13 @@ def build_recipe(args: argparse.Namespace, delay_ms: float | None, rounds: int, 
         variants += [Variant("A2", control=True), Variant("B", flags=(("step_delay_ms", round(delay_ms, 3)),))]
     return Recipe(
         name=name,
-        server=ServerSpec(kind="ours", flags=tuple(flags), startup_timeout_s=600.0, cpus=args.server_cpus),
+        server=ServerConfig(kind="ours", flags=tuple(flags), startup_timeout_s=600.0, cpus=args.server_cpus),
         workload=Workload(token_scale=args.token_scale, think_time_scale=args.think_time_scale,
                           think_time_cap=args.think_time_cap),
         sweep=Sweep(conc=(args.conc,), duration_s=args.duration, warmup=args.warmup, repeats=rounds, seed=3,
                     client_cpus=args.client_cpus, servers="kept" if args.alternate else "fresh"),
         variants=tuple(variants),
-        compare=CompareSpec(),
+        compare=CompareConfig(),
     )
 
 

@@ -51,7 +51,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from workload_flags import add_workload_flags
 
 from loadgen.compare.capacity import capacity_of, compare_capacities
-from loadgen.recipe.schema import CapacityMeasure, Recipe, ServerSpec, Sweep, Variant, Workload, to_yaml
+from loadgen.recipe.schema import CapacityMeasure, Recipe, ServerConfig, Sweep, Variant, Workload, to_yaml
 
 CHANGE_PCT = 15.0  # the capacity loss the planted delay must cause (issue 38's target)
 MAX_COMPARISONS = 200  # per design and size (distinct draws, seeded)
@@ -64,7 +64,7 @@ VARIANTS = ("A", "A2", "B")
 def build_recipe(args: argparse.Namespace, name: str, variants: tuple[Variant, ...], rounds: int) -> Recipe:
     return Recipe(
         name=name,
-        server=ServerSpec(kind="ours", flags=(("model", args.model), ("device", args.device)),
+        server=ServerConfig(kind="ours", flags=(("model", args.model), ("device", args.device)),
                           startup_timeout_s=600.0, cpus=args.server_cpus),
         workload=Workload(token_scale=args.token_scale, think_time_scale=args.think_time_scale,
                           think_time_cap=args.think_time_cap),

@@ -43,7 +43,7 @@ from workload_flags import add_workload_flags
 
 from loadgen.affinity import parse_cpus, placed_on
 from loadgen.recipe.runner import load_command
-from loadgen.recipe.schema import Recipe, ServerSpec, Sweep, Variant, Workload
+from loadgen.recipe.schema import Recipe, ServerConfig, Sweep, Variant, Workload
 from loadgen.recipe.server import RunningServer
 
 PROBE_PERIOD_S = 2.0
@@ -65,7 +65,7 @@ while True:
 def recipe(args: argparse.Namespace, placed: bool) -> Recipe:
     return Recipe(
         name="noise",
-        server=ServerSpec(kind="ours", flags=(("model", args.model), ("device", args.device),
+        server=ServerConfig(kind="ours", flags=(("model", args.model), ("device", args.device),
                                              *((("num_layers", args.num_layers),) if args.num_layers else ())),
                           cpus=args.server_cpus if placed else None),
         workload=Workload(token_scale=args.token_scale, think_time_scale=args.think_time_scale,

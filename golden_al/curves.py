@@ -20,11 +20,13 @@ so at draft length k it must lie in [1, k + 1].
 Selecting a curve (`load_curve`), in this order:
 1. a bundled curve name (file stem in golden_al/data/) or a path to a YAML file; a file with
    several models needs `NAME:MODEL` or `FILE:MODEL`;
-2. a model prefix or model key, the way InferenceX selects: the prefix maps to a model key
-   (InferenceX's own table below, else the prefix itself) and the one bundled curve of that
-   model is taken; two curves of one model (e.g. two draft heads) are ambiguous and must be
-   named. Such a curve is marked `selected_by == "model"`: its thinking modes are strict
-   (loadgen/spec.py fails on a missing mode, as InferenceX does, instead of falling back).
+2. a model prefix or model key, the way InferenceX selects: a prefix whose launch scripts cite
+   one curve (golden_al/infx_pins.yaml: qwen3.5, glm5.2, kimik3, minimaxm3, kimik2.5) takes that
+   curve; any other maps to a model key (InferenceX's own table below, else the prefix itself)
+   and the one bundled curve of that model is taken; two curves of one model (e.g. two draft
+   heads) are ambiguous and must be named. Such a curve is marked `selected_by == "model"`: its
+   thinking modes are strict (loadgen/spec.py fails on a missing mode, as InferenceX does,
+   instead of falling back).
 """
 
 from __future__ import annotations
@@ -123,14 +125,20 @@ def load_curve(ref: str) -> Curve:
 
 
 def select_by_model(prefix: str) -> Curve:
-    """InferenceX's selection: model prefix -> model key -> the bundled curve of that model."""
+    """InferenceX's selection: the curve its scripts cite for the prefix, else model prefix -> model key
+    -> the bundled curve of that model."""
+    from golden_al.pins import curve_name
+
+    cited = curve_name(prefix)
     key = MODEL_PREFIX_TO_KEY.get(prefix, prefix)
-    matches = [curve for curve in bundled_curves() if curve.model_key == key]
+    matches = [curve for curve in bundled_curves() if (curve.name == cited if cited else curve.model_key == key)]
     if len(matches) > 1:
         raise CurveError(f"model {key!r} has several bundled curves ({', '.join(c.name for c in matches)}); "
                          "name one of them")
     if not matches:
-        known = sorted({*MODEL_PREFIX_TO_KEY, *(c.model_key for c in bundled_curves())})
+        from golden_al.pins import prefixes
+
+        known = sorted({*MODEL_PREFIX_TO_KEY, *prefixes(), *(c.model_key for c in bundled_curves())})
         raise CurveError(f"unknown curve {prefix!r}; bundled curves: {', '.join(list_curves())}; model prefixes "
                          f"and keys: {', '.join(known)} (or give a path to a YAML file)")
     chosen = matches[0]

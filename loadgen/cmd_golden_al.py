@@ -5,14 +5,17 @@ AL for a model prefix and draft length the way InferenceX does.
 sampler would use for each k (min-variance by default, as vLLM does), so what a run asks the
 server for can be checked before the run. `select PREFIX --spec-k K` maps an InferenceX model
 prefix to its model's curve and prints the one AL (thinking mode `on` unless told, InferenceX's
-default; a mode the curve lacks is an error). Curve references are described in
-golden_al/curves.py.
+default; a mode the curve lacks is an error). `pins [PREFIX]` lists the draft length and AL each
+InferenceX agentic launch script fixes (golden_al/infx_pins.yaml), checked against the curve.
+Curve references are described in golden_al/curves.py.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+
+from loadgen.errors import UsageError
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -50,6 +53,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                                help="thinking mode (default: on, as InferenceX)")
     select_parser.add_argument("--json", action="store_true", help="print JSON")
     select_parser.set_defaults(func=run_select)
+
+    pins_parser = actions.add_parser(
+        "pins", help="the draft length and AL each InferenceX agentic launch script fixes",
+        description="InferenceX's single-node agentic launch scripts fix k (by concurrency in some) and the "
+        "golden AL they pin (golden_al/infx_pins.yaml); each is checked against the bundled curve.")
+    pins_parser.add_argument("prefix", nargs="?", metavar="MODEL_PREFIX", help="only this model prefix's scripts")
+    pins_parser.add_argument("--json", action="store_true", help="print JSON")
+    pins_parser.set_defaults(func=run_pins)
 
 
 def run_list(args: argparse.Namespace) -> int:
@@ -135,6 +146,27 @@ def run_select(args: argparse.Namespace) -> int:
                           "file": str(curve.source), "k": args.spec_k, "thinking": args.thinking, "al": al}))
     else:
         print(f"{args.prefix} -> {curve.model_key} ({curve.name}): k={args.spec_k} thinking_{args.thinking} AL {al:g}")
+    return 0
+
+
+def run_pins(args: argparse.Namespace) -> int:
+    from golden_al.curves import select_by_model
+    from golden_al.pins import pins
+
+    chosen = [pin for pin in pins() if args.prefix in (None, pin.prefix)]
+    if not chosen:
+        raise UsageError(f"no InferenceX launch script pins a draft length for {args.prefix!r}")
+    curves = {pin.prefix: select_by_model(pin.prefix) for pin in chosen}
+    mismatches = {pin.script: [f"k={d.k}: {curves[pin.prefix].al(d.k, True):g}" for d in pin.drafts
+                               if curves[pin.prefix].al(d.k, True) != d.al] for pin in chosen}
+    if args.json:
+        print(json.dumps([{"script": pin.script, "prefix": pin.prefix, "curve": curves[pin.prefix].name,
+                           "drafts": pin.describe(), "curve_agrees": not mismatches[pin.script],
+                           "curve_says": mismatches[pin.script]} for pin in chosen], indent=2))
+        return 0
+    print(_table(["script", "curve", "drafts (thinking on)", "curve agrees"],
+                 [[pin.script, curves[pin.prefix].name, pin.describe(), ", ".join(mismatches[pin.script]) or "yes"]
+                  for pin in chosen]))
     return 0
 
 

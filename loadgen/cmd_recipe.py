@@ -3,7 +3,8 @@ loadgen/recipe/schema.py, documented in README "Recipes"): every variant's serve
 turn, the sweep run with repeats interleaved across variants, each variant compared with the
 first, and one results folder with every run, the comparisons and the HTML report.
 `loadgen recipe from-infx CONFIG KEY` writes a recipe from an InferenceX config entry
-(loadgen/recipe/from_infx.py).
+(loadgen/recipe/from_infx.py); `loadgen recipe verify RECIPE RESULTS...` checks results against it
+(loadgen/recipe/verify.py).
 
 Exit codes: 0 done (or recipe valid), 1 a level failed in some run, 2 bad recipe or a server
 that never became healthy, 130 interrupted (finished runs are kept: `--resume`).
@@ -46,8 +47,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     check.add_argument("file", metavar="FILE", help="recipe YAML")
     check.set_defaults(func=check_command)
     from loadgen.recipe.from_infx import register_from_infx
+    from loadgen.recipe.verify import register_verify
 
     register_from_infx(commands)  # `loadgen recipe from-infx CONFIG KEY`
+    register_verify(commands)  # `loadgen recipe verify RECIPE RESULTS...`
 
 
 def _load(path: str):

@@ -72,7 +72,8 @@ def _add_identity_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--precision", default=_DEFAULTS.precision, help="weights precision, e.g. fp8, fp4, bf16")
     g.add_argument("--model-prefix", default=_DEFAULTS.model_prefix,
                    help="InferenceX model prefix (infmax_model_prefix), e.g. dsv4, qwen3.5")
-    g.add_argument("--image", default=_DEFAULTS.image, help="serving container image (default: empty)")
+    g.add_argument("--image", default=_DEFAULTS.image,
+                   help="serving container image (default: a recipe run's server.image, else empty)")
     g.add_argument("--spec-decoding", default=_DEFAULTS.spec_decoding, choices=SPEC_METHODS,
                    help="speculative method (default: mtp when our server speculates or the run expected a "
                    "golden AL, else none)")
@@ -91,7 +92,7 @@ def _add_identity_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--osl", type=_positive, default=_DEFAULTS.osl,
                    help="infx: nominal output length (default: the run's, when every request had the same)")
     g.add_argument("--recipe-fingerprint", default=_DEFAULTS.recipe_fingerprint,
-                   help="InferenceX recipe fingerprint (default: empty)")
+                   help="InferenceX recipe fingerprint (default: a recipe run's, else empty)")
 
 
 def _positive(text: str) -> int:

@@ -27,6 +27,9 @@ defaults filled from the run's config where the run knows them:
   `--model-prefix` warned about, as an unknown `--hw` is.
 - our own server fills framework (`agentload`), precision (`bf16`) and the model prefix (its
   served model name); any other server needs --framework, --precision and --model-prefix.
+- image and recipe_fingerprint: --image and --recipe-fingerprint, else what a recipe run recorded
+  (its launch record, loadgen/recipe/provenance.py: the recipe's server.image and the curve's
+  fingerprint), else empty.
 """
 
 from __future__ import annotations
@@ -119,6 +122,7 @@ def resolve_identity(flags: IdentityFlags, doc: dict[str, Any], run_name: str) -
     measured; ExportError names what is missing or contradicts the run."""
     config = doc["config"]
     server = config.get("server") or {}
+    launch = (doc.get("launch") or {}).get("server") or {}  # a recipe run's record of what it started
     ours = bool(server.get("ours"))
     server_gpus = int(server.get("num_gpus") or 0)
     defaults = {"framework": OUR_FRAMEWORK, "precision": OUR_PRECISION, "model_prefix": config.get("model")} \
@@ -144,7 +148,9 @@ def resolve_identity(flags: IdentityFlags, doc: dict[str, Any], run_name: str) -
         hw=chosen["hw"], model=str(config.get("model") or chosen["model_prefix"]),
         infmax_model_prefix=chosen["model_prefix"], framework=chosen["framework"],
         precision=chosen["precision"], spec_decoding=chosen["spec_decoding"] or _spec_method(config),
-        image=flags.image, recipe_fingerprint=flags.recipe_fingerprint, tp=tp, ep=flags.ep, pp=flags.pp,
+        image=flags.image or launch.get("image") or "",
+        recipe_fingerprint=flags.recipe_fingerprint or doc.get("launch", {}).get("recipe_fingerprint", ""),
+        tp=tp, ep=flags.ep, pp=flags.pp,
         dcp_size=flags.dcp_size, pcp_size=flags.pcp_size, dp_attention=flags.dp_attention,
     )
     _check_gpu_count(identity, config, ours, server_gpus, run_name)

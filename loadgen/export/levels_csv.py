@@ -38,12 +38,12 @@ def csv_rows(runs: Sequence[Run]) -> list[dict[str, Any]]:
             }
             for axis in ("interactivity", "e2el", NORMALIZED):
                 row[f"on_frontier_{axis}"] = (run.name, index) in keys[axis]
-            for spec in METRIC_DEFINITIONS:
-                entry = level["metrics"][spec.name]
+            for metric in METRIC_DEFINITIONS:
+                entry = level["metrics"][metric.name]
                 unit = entry["unit"].replace("/", "_")
                 for stat in STATS:
                     suffix = "" if stat == "count" else f"_{unit}"
-                    row[f"{spec.name}_{stat}{suffix}"] = entry["stats"].get(stat)
+                    row[f"{metric.name}_{stat}{suffix}"] = entry["stats"].get(stat)
             rows.append(row)
     return rows
 

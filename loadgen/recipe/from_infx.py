@@ -1,60 +1,56 @@
 """`loadgen recipe from-infx CONFIG KEY`: one InferenceX benchmark-config entry as a recipe.
 
 CONFIG is an InferenceX master config (`configs/*-master.yaml`: entry name -> image, model,
-model-prefix, precision, framework, scenarios). KEY names the entry; its `agentic-coding`
-scenario's search-space entry (--entry N when it has several) gives the topology (tp, ep, pp,
-dcp-size, pcp-size, dp-attn), the concurrency list (`conc-list`, or `conc-start`..`conc-end`
-doubling with the end always included, as InferenceX expands it) and `spec-decoding`.
+model-prefix, precision, runner, framework, scenarios). KEY names the entry; its `agentic-coding`
+scenario (or `fixed-seq-len`: --scenario, or the only one it has) gives the search-space entries
+(--entry N when there are several): the topology (tp, ep, pp, dcp-size, pcp-size, dp-attn), KV
+offloading, the concurrency list (`conc-list`, or `conc-start`..`conc-end` doubling with the end
+always included, as InferenceX expands it) and `spec-decoding`.
 
 The recipe (schema `agentload.recipe/1`, loadgen/recipe/schema.py; printed as YAML or written to
---out) runs that sweep against:
-- `--server ours` (default): our server with `--tp` = the entry's TP degree and the `--model-preset`
-  shape; it runs tensor parallelism only, so an entry with ep > 1, pp/pcp > 1, DP attention or
-  KV offloading is refused;
-- `--server vllm`: an external `vllm serve MODEL --port {port}` (or --command) given
-  tensor_parallel_size, enable_expert_parallel when ep > 1, and the speculative config;
-- `--server url --url URL`: a running server (its GPUs = tp x pp x pcp-size, for per-GPU numbers).
+--out) runs that sweep against our server (`--server ours`, default: tensor parallelism with the
+`--model-preset` shape), a vLLM or SGLang command line, or a running server (`--server url`);
+loadgen/recipe/infx_serve.py maps the topology, offloading and draft head, and says what each
+cannot run.
 
-Speculative decoding (`spec-decoding: mtp`): InferenceX keeps the draft length in its launch
-scripts, so --spec-k is required. The golden AL is selected as InferenceX does, by the entry's
-model prefix (golden_al/curves.py; --golden-al overrides), in thinking mode --thinking (default
-`on`, InferenceX's default), and checked here: a prefix, k or mode without a golden AL is an
-error. Our server and vLLM run synthetic acceptance at that AL; every server's requests carry
-the expected AL (workload.golden_al). The sweep window defaults to InferenceX's agentic duration
-(3600 s); the trace set is ours (`agentic-coding`), not the entry's `trace-source`.
+Speculative decoding (`spec-decoding: mtp`): the draft length is the one InferenceX's launch
+script for the entry runs (golden_al/infx_pins.yaml, matched by model prefix, precision, the
+runner's GPU and framework; a script that picks it by concurrency gives it only when the search
+space's concurrencies share one); --spec-k chooses another, and is needed where no script is
+known. The golden AL is selected as InferenceX does, by the entry's model prefix
+(golden_al/curves.py; --golden-al overrides), in thinking mode --thinking (default `on`,
+InferenceX's), and checked here: a prefix, k or mode without a golden AL is an error. Every server
+accepts drafts synthetically at that AL; every request carries it (workload.golden_al).
+
+Agentic sweeps default to InferenceX's agentic duration (3600 s) on our trace set
+(`agentic-coding`, not the entry's `trace-source`). A fixed-seq-len space replays InferenceX's
+random-length requests from a trace file written beside --out (loadgen/recipe/infx_fixed.py).
 """
 
 from __future__ import annotations
 
 import argparse
-from dataclasses import dataclass
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from loadgen.export.infx_identity import AGENTIC_SCENARIO
+from loadgen.recipe.infx_fixed import write_fixed_trace
+from loadgen.recipe.infx_serve import (
+    SERVERS,
+    Draft,
+    FromInfxOptions,
+    InfxConfigError,
+    Topology,
+    server_section,
+)
 from loadgen.recipe.schema import SCHEMA, RecipeError, recipe_from_dict
 
-SERVERS = ("ours", "vllm", "url")
+FIXED_SCENARIO = "fixed-seq-len"
+SCENARIOS = (AGENTIC_SCENARIO, FIXED_SCENARIO)
 CONC_STEP = 2  # InferenceX's conc-start..conc-end step factor
-
-
-class InfxConfigError(ValueError):
-    """An InferenceX config entry that cannot become a recipe; names the file, key and field."""
-
-
-@dataclass(frozen=True)
-class FromInfxOptions:
-    server: str = "ours"
-    url: str | None = None
-    command: str | None = None  # vllm: the command line, {port} where the port goes
-    entry: int | None = None  # search-space index (required when there are several)
-    spec_k: int | None = None
-    thinking: str = "on"  # InferenceX's default THINKING_MODE
-    golden_al: str | None = None  # default: the entry's model prefix
-    model_preset: str = "v32"  # ours: the engine preset that stands in for the entry's model
-    duration_s: float = 3600.0  # InferenceX's default agentic duration
 
 
 def read_entry(path: Path, key: str) -> dict[str, Any]:
@@ -79,24 +75,28 @@ def read_entry(path: Path, key: str) -> dict[str, Any]:
     return entry
 
 
-def pick_search_space(entry: dict[str, Any], where: str, index: int | None) -> dict[str, Any]:
+def pick_search_space(entry: dict[str, Any], where: str, index: int | None,
+                      scenario: str | None = None) -> tuple[str, dict[str, Any], dict[str, Any]]:
+    """(scenario, its block, the chosen search-space entry)."""
     scenarios = entry["scenarios"] or {}
-    blocks = scenarios.get(AGENTIC_SCENARIO)
-    if not blocks:
-        raise InfxConfigError(f"{where}.scenarios: no {AGENTIC_SCENARIO} scenario (it has: {', '.join(scenarios)}); "
-                              "agentload replays agentic traces")
-    spaces = [space for block in blocks for space in block.get("search-space", [])]
+    known = [name for name in SCENARIOS if scenarios.get(name)]
+    if scenario is None:
+        scenario = AGENTIC_SCENARIO if AGENTIC_SCENARIO in known else (known[0] if known else None)
+    if scenario not in known:
+        raise InfxConfigError(f"{where}.scenarios: no {scenario or ' or '.join(SCENARIOS)} scenario (it has: "
+                              f"{', '.join(scenarios)})")
+    spaces = [(block, space) for block in scenarios[scenario] for space in block.get("search-space", [])]
     if index is None and len(spaces) > 1:
-        listing = "; ".join(f"{i}: {_describe(space)}" for i, space in enumerate(spaces))
+        listing = "; ".join(f"{i}: {_describe(space, block)}" for i, (block, space) in enumerate(spaces))
         raise InfxConfigError(f"--entry: {where} has {len(spaces)} search-space entries, choose one: {listing}")
     index = index or 0
     if not 0 <= index < len(spaces):
         raise InfxConfigError(f"--entry: {where} has search-space entries 0..{len(spaces) - 1}, got {index}")
-    space = spaces[index]
+    block, space = spaces[index]
     if "prefill" in space or "decode" in space:
         raise InfxConfigError(f"{where}.search-space[{index}]: disaggregated prefill/decode workers have no "
                               "recipe form")
-    return space
+    return scenario, block, space
 
 
 def concurrencies(space: dict[str, Any], where: str) -> list[int]:
@@ -113,100 +113,109 @@ def concurrencies(space: dict[str, Any], where: str) -> list[int]:
         conc = min(conc * CONC_STEP, end)
 
 
-def recipe_dict(entry: dict[str, Any], key: str, options: FromInfxOptions, source: str = "config") -> dict[str, Any]:
-    """The recipe, in the dict form of loadgen/recipe/schema.py."""
+def recipe_dict(entry: dict[str, Any], key: str, options: FromInfxOptions, source: str = "config",
+                out: Path | None = None) -> dict[str, Any]:
+    """The recipe, in the dict form of loadgen/recipe/schema.py; a fixed-seq-len space writes its trace
+    file beside `out` (the recipe file)."""
     where = f"{source}: {key}"
-    space = pick_search_space(entry, where, options.entry)
-    topology = {name: int(space.get(name, 1) or 1) for name in ("tp", "ep", "pp", "dcp-size", "pcp-size")}
-    dp_attn = bool(space.get("dp-attn", False))
-    speculative = _speculative(entry, space, options, where)
-    server = _server(entry, space, topology, dp_attn, speculative, options, where)
+    scenario, block, space = pick_search_space(entry, where, options.entry, options.scenario)
+    topology, conc = Topology.of(space), concurrencies(space, where)
+    draft = resolve_draft(entry, space, conc, options, where)
     workload: dict[str, Any] = {"traces": "agentic-coding"}
-    if speculative:
-        workload.update(golden_al=speculative["golden_al"], spec_k=speculative["k"], thinking=options.thinking)
+    if scenario == FIXED_SCENARIO:
+        workload["traces"] = str(_fixed_trace(block, key, max(conc), out, where))
+    if draft:
+        workload.update(golden_al=draft.golden_al, spec_k=draft.k, thinking=options.thinking)
+    description = (f"From InferenceX {key}: {entry['model']} ({entry['model-prefix']}), {entry['precision']}, "
+                   f"{entry['framework']}, {_describe(space, block)}")
+    if draft:
+        description += f", golden AL {draft.al:g} at k={draft.k} thinking {options.thinking}"
+    if scenario == FIXED_SCENARIO:
+        description += f"; export with `loadgen report --format infx --isl {block['isl']} --osl {block['osl']}`"
     return {
         "schema": SCHEMA,
         "name": key,
-        "description": (f"From InferenceX {key}: {entry['model']} ({entry['model-prefix']}), {entry['precision']}, "
-                        f"{entry['framework']}, {_describe(space)}"
-                        + (f", golden AL {speculative['al']:g} at k={speculative['k']} thinking {options.thinking}"
-                           if speculative else "")),
-        "server": server,
+        "description": description,
+        "server": server_section(entry, block, space, draft, options, where),
         "workload": workload,
-        "sweep": {"conc": concurrencies(space, where), "duration_s": options.duration_s},
-        "variants": [{"name": _variant_name(topology, dp_attn)}],
+        "sweep": {"conc": conc, "duration_s": options.duration_s},
+        "variants": [{"name": _variant_name(topology)}],
     }
 
 
-def _speculative(entry: dict[str, Any], space: dict[str, Any], options: FromInfxOptions,
-                 where: str) -> dict[str, Any] | None:
+def resolve_draft(entry: dict[str, Any], space: dict[str, Any], conc: list[int], options: FromInfxOptions,
+                  where: str) -> Draft | None:
+    """k (--spec-k, else the launch script's), the golden AL at k, and the family's draft head."""
     from golden_al.curves import CurveError, load_curve
+    from golden_al.pins import head
 
     method = space.get("spec-decoding", "none")
     if method == "none":
         if options.spec_k is not None:
             raise InfxConfigError(f"--spec-k: {where} has no speculative decoding")
         return None
-    if options.spec_k is None or options.spec_k < 1:
-        raise InfxConfigError(f"--spec-k: {where} speculates ({method}); InferenceX keeps the draft length in its "
-                              "launch scripts, so give it")
-    ref = options.golden_al or str(entry["model-prefix"])
+    k = options.spec_k if options.spec_k is not None else _pinned_k(entry, conc, where)
+    if k < 1:
+        raise InfxConfigError(f"--spec-k: must be >= 1, got {k}")
+    prefix = str(entry["model-prefix"])
+    ref = options.golden_al or prefix
     try:
         curve = load_curve(ref)
-        al = curve.al(options.spec_k, options.thinking == "on")
+        al = curve.al(k, options.thinking == "on")
     except CurveError as exc:
         raise InfxConfigError(f"--golden-al: {exc}") from None
-    draft = "dspark" if curve.method.lower().startswith("dspark") else "mtp"
-    return {"method": method, "draft": draft, "k": options.spec_k, "al": al, "golden_al": ref}
+    known = head(prefix)
+    if known is not None:
+        return Draft(k, al, ref, known.method, known.model)
+    if curve.method and not curve.method.upper().startswith("MTP"):
+        raise InfxConfigError(f"{where}: the {curve.method} draft head of {prefix} is named in no InferenceX launch "
+                              "script known here (golden_al/infx_pins.yaml heads); use --server url")
+    return Draft(k, al, ref, "mtp", None)
 
 
-def _server(entry: dict[str, Any], space: dict[str, Any], topology: dict[str, int], dp_attn: bool,
-            speculative: dict[str, Any] | None, options: FromInfxOptions, where: str) -> dict[str, Any]:
-    gpus = topology["tp"] * topology["pp"] * topology["pcp-size"]
-    if options.server == "url":
-        if not options.url:
-            raise InfxConfigError("--url: required with --server url")
-        return {"kind": "url", "url": options.url, "gpus": gpus}
-    if options.server == "ours":
-        unsupported = [f"{name} {value}" for name, value in topology.items() if name != "tp" and value > 1]
-        unsupported += ["dp-attn"] if dp_attn else []
-        offload = space.get("kv-offloading", "none")
-        unsupported += [f"kv-offloading {offload}"] if offload != "none" else []
-        if unsupported:
-            raise InfxConfigError(f"{where}: our server runs tensor parallelism only, not {', '.join(unsupported)}; "
-                                  "use --server vllm or --server url")
-        flags: dict[str, Any] = {"model": options.model_preset, "tp": topology["tp"]}
-        if speculative:
-            flags.update(speculative_config={"method": speculative["draft"], "num_speculative_tokens": speculative["k"],
-                                             "rejection_sample_method": "synthetic"},
-                         golden_al=speculative["golden_al"], thinking=options.thinking)
-        return {"kind": "ours", "flags": flags}
-    if dp_attn or topology["pp"] > 1 or topology["pcp-size"] > 1 or topology["dcp-size"] > 1:
-        raise InfxConfigError(f"{where}: only tp and ep map to vLLM flags here ({_describe(space)}); "
-                              "write the server command yourself and use --server url")
-    flags = {"tensor_parallel_size": topology["tp"]}
-    if topology["ep"] > 1:
-        flags["enable_expert_parallel"] = True
-    if speculative:
-        flags["speculative_config"] = {"method": speculative["method"], "num_speculative_tokens": speculative["k"],
-                                       "rejection_sample_method": "synthetic",
-                                       "synthetic_acceptance_length": speculative["al"]}
-    command = options.command or f"vllm serve {entry['model']} --port {{port}}"
-    return {"kind": "command", "command": command, "flags": flags, "gpus": gpus}
+def _pinned_k(entry: dict[str, Any], conc: list[int], where: str) -> int:
+    from golden_al.pins import find_pin
+
+    hw = str(entry.get("runner", "")).lower().split(":")[-1].split("-")[0]  # as InferenceX's hwToGpuKey
+    keys = (str(entry["model-prefix"]), str(entry["precision"]), hw, str(entry["framework"]))
+    pin = find_pin(*keys)
+    if pin is None:
+        raise InfxConfigError(f"--spec-k: {where} speculates; InferenceX keeps the draft length in its launch "
+                              f"scripts, and none known here (golden_al/infx_pins.yaml) runs {' '.join(keys)}: give it")
+    bands = {pin.draft(c) for c in conc}
+    if len(bands) != 1 or None in bands:
+        raise InfxConfigError(f"--spec-k: InferenceX's {pin.script}.sh picks the draft length by concurrency "
+                              f"({pin.describe()}), and this search space's concurrencies {conc} span more than one: "
+                              "give --spec-k, and keep in the recipe's sweep.conc the concurrencies it is "
+                              "run at")
+    (band,) = bands
+    assert band is not None  # refused above
+    return band.k
 
 
-def _describe(space: dict[str, Any]) -> str:
-    parts = [f"{name} {space[name]}" for name in ("tp", "ep", "pp", "dcp-size", "pcp-size") if name in space]
+def _fixed_trace(block: dict[str, Any], key: str, max_conc: int, out: Path | None, where: str) -> Path:
+    isl, osl = block.get("isl"), block.get("osl")
+    if not (isinstance(isl, int) and isinstance(osl, int) and isl > 0 and osl > 0):
+        raise InfxConfigError(f"{where}: a fixed-seq-len block needs positive isl and osl, got {isl!r}, {osl!r}")
+    if out is None:
+        raise InfxConfigError(f"--out: {where} is a fixed-seq-len scenario; its requests are written as a trace "
+                              "file beside the recipe, so give the recipe's path")
+    return write_fixed_trace(out.with_name(f"{key}-isl{isl}-osl{osl}.jsonl").resolve(), isl, osl, max_conc)
+
+
+def _describe(space: dict[str, Any], block: dict[str, Any] | None = None) -> str:
+    parts = [f"isl {block['isl']}, osl {block['osl']}"] if block and "isl" in block else []
+    parts += [f"{name} {space[name]}" for name in ("tp", "ep", "pp", "dcp-size", "pcp-size") if name in space]
     parts += ["dp-attn"] if space.get("dp-attn") else []
     parts += [f"kv-offloading {space['kv-offloading']}"] if "kv-offloading" in space else []
-    parts += [f"spec {space['spec-decoding']}"] if "spec-decoding" in space else []
+    parts += [f"spec-decoding {space['spec-decoding']}"] if "spec-decoding" in space else []
     conc = space.get("conc-list") or f"{space.get('conc-start')}..{space.get('conc-end')}"
     return ", ".join(parts + [f"conc {conc}"])
 
 
-def _variant_name(topology: dict[str, int], dp_attn: bool) -> str:
-    name = f"tp{topology['tp']}" + (f"-ep{topology['ep']}" if topology["ep"] > 1 else "")
-    return name + ("-dpattn" if dp_attn else "")
+def _variant_name(topology: Topology) -> str:
+    name = f"tp{topology.tp}" + (f"-ep{topology.ep}" if topology.ep > 1 else "")
+    return name + ("-dpattn" if topology.dp_attn else "")
 
 
 def to_yaml(recipe: dict[str, Any]) -> str:
@@ -223,29 +232,35 @@ def register_from_infx(actions: argparse._SubParsersAction) -> None:
     """Add `from-infx` to `loadgen recipe`'s actions."""
     p = actions.add_parser(
         "from-infx", help="a recipe from one InferenceX benchmark-config entry",
-        description="Turn one entry of an InferenceX master config (model prefix, TP/EP, concurrency "
-        "list, speculative decoding) into a recipe for our server, a vLLM command or a URL. The golden AL "
-        "comes from the entry's model prefix at --spec-k, as InferenceX selects it.")
+        description="Turn one entry of an InferenceX master config (model prefix, topology, KV offloading, "
+        "concurrency list, speculative decoding) into a recipe for our server, a vLLM or SGLang command or a URL. "
+        "The draft length is the one InferenceX's launch script runs, the golden AL the entry's model prefix's at "
+        "that length, as InferenceX selects it.")
     p.add_argument("config", metavar="CONFIG", help="InferenceX master config YAML (configs/*-master.yaml)")
     p.add_argument("key", metavar="KEY", help="entry name, e.g. dsv4-fp4-mi355x-vllm-agentic-mtp")
     p.add_argument("--entry", type=int, default=_DEFAULTS.entry, metavar="N",
                    help="search-space entry index (required when the scenario has several)")
+    p.add_argument("--scenario", choices=SCENARIOS, default=_DEFAULTS.scenario,
+                   help=f"which scenario (default: {AGENTIC_SCENARIO} when the entry has it)")
     p.add_argument("--server", choices=SERVERS, default=_DEFAULTS.server,
                    help=f"what serves it (default: {_DEFAULTS.server})")
     p.add_argument("--url", default=_DEFAULTS.url, help="--server url: base URL of the running server")
     # dest server_command: `command` is the top-level parser's (`loadgen COMMAND`), which errors name
     p.add_argument("--command", dest="server_command", default=_DEFAULTS.command,
-                   help="--server vllm: command line with {port} (default: vllm serve MODEL --port {port})")
+                   help="--server vllm|sglang: command line with {port} (default: vllm serve MODEL --port {port}, or "
+                   "python -m sglang.launch_server --model-path MODEL --port {port})")
     p.add_argument("--spec-k", type=int, default=_DEFAULTS.spec_k, metavar="K",
-                   help="num_speculative_tokens (required when the entry speculates)")
+                   help="num_speculative_tokens (default: the one InferenceX's launch script for the entry runs)")
     p.add_argument("--thinking", choices=("on", "off"), default=_DEFAULTS.thinking,
                    help=f"golden AL thinking mode (default: {_DEFAULTS.thinking}, as InferenceX)")
     p.add_argument("--golden-al", default=_DEFAULTS.golden_al, metavar="REF",
                    help="golden AL curve (default: the entry's model prefix)")
     p.add_argument("--model-preset", default=_DEFAULTS.model_preset,
                    help=f"--server ours: engine preset standing in for the model (default: {_DEFAULTS.model_preset})")
+    p.add_argument("--offload-gb", type=int, default=_DEFAULTS.offload_gb, metavar="GB",
+                   help="KV offload budget in GB (default: InferenceX's for the entry's node)")
     p.add_argument("--duration", type=float, default=_DEFAULTS.duration_s, metavar="S",
-                   help=f"measurement window per level, s (default: {_DEFAULTS.duration_s:g}, InferenceX's)")
+                   help=f"measurement window per level, s (default: {_DEFAULTS.duration_s:g}, InferenceX's agentic)")
     p.add_argument("--out", metavar="FILE", help="write the recipe here (default: print it)")
     p.set_defaults(func=run_from_infx)
 
@@ -253,20 +268,21 @@ def register_from_infx(actions: argparse._SubParsersAction) -> None:
 def run_from_infx(args: argparse.Namespace) -> int:
     from loadgen.errors import UsageError
 
-    options = FromInfxOptions(server=args.server, url=args.url, command=args.server_command, entry=args.entry,
-                              spec_k=args.spec_k, thinking=args.thinking, golden_al=args.golden_al,
-                              model_preset=args.model_preset, duration_s=args.duration)
+    options = replace(_DEFAULTS, server=args.server, url=args.url, command=args.server_command, entry=args.entry,
+                      scenario=args.scenario, spec_k=args.spec_k, thinking=args.thinking, golden_al=args.golden_al,
+                      model_preset=args.model_preset, duration_s=args.duration, offload_gb=args.offload_gb)
     path = Path(args.config)
+    out = Path(args.out) if args.out else None
     try:
-        recipe = recipe_dict(read_entry(path, args.key), args.key, options, str(path))
+        recipe = recipe_dict(read_entry(path, args.key), args.key, options, str(path), out)
         recipe_from_dict(recipe, f"the recipe made from {path}")  # what it writes, `recipe check` accepts
         text = to_yaml(recipe)
     except (InfxConfigError, RecipeError) as exc:
         raise UsageError(str(exc)) from None
     header = f"# generated by `loadgen recipe from-infx {path.name} {args.key}`\n"
-    if args.out:
-        Path(args.out).write_text(header + text, encoding="utf-8")
-        print(f"wrote {args.out}")
+    if out is not None:
+        out.write_text(header + text, encoding="utf-8")
+        print(f"wrote {out}")
     else:
         print(header + text, end="")
     return 0

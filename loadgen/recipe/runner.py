@@ -16,7 +16,8 @@ other with no gap); round k replays seed + k - 1, so no earlier round's prompt i
 
 Folder:
     recipe.yaml                  the recipe as run (a resume must match it)
-    runs/<variant>-r<k>/         result.json of the k-th round, replay.log, server.log (fresh)
+    runs/<variant>-r<k>/         result.json of the k-th round (with its launch record:
+                                 loadgen/recipe/provenance.py), replay.log, server.log (fresh)
     servers/<variant>.log        the kept server's log (kept)
     compare/<variant>-vs-<baseline>.txt|.json   loadgen compare of all rounds of both
     report/                      Pareto and percentile PNGs of every run on shared axes, report.html
@@ -36,6 +37,7 @@ from pathlib import Path
 
 from loadgen.affinity import placed_on
 from loadgen.recipe.memory import split_note
+from loadgen.recipe.provenance import launch_record, stamp_launch
 from loadgen.recipe.schema import (
     CapacityMeasure,
     Recipe,
@@ -129,8 +131,8 @@ def load_command(recipe: Recipe, variant: Variant, url: str | None, out: Path, q
         assert sweep.rates is not None  # validate(): exactly one of sweep.conc, sweep.rates and sweep.capacity
         args += ["--rate", ",".join(f"{r:g}" for r in sweep.rates)]
     if sweep.capacity is None:
-        for name, spec in recipe.slos:  # the recipe's own tiers beside the replay's
-            args += ["--slo", f"{name}={spec}"]
+        for name, bounds in recipe.slos:  # the recipe's own tiers beside the replay's
+            args += ["--slo", f"{name}={bounds}"]
     optional = {"traces": work.traces, "think_time_cap": work.think_time_cap, "max_context": work.max_context,
                 "timeout": work.timeout_s, "gpus": recipe.server.gpus}
     if url is not None:
@@ -258,8 +260,9 @@ class RecipeRun:
             url = kept.url
         elif self.recipe.server.kind != "inprocess":
             url = self._start(server)
+        command = load_command(self.recipe, run.variant, url, folder, self.quiet, run.round)
         try:
-            code = self._load(load_command(self.recipe, run.variant, url, folder, self.quiet, run.round), folder)
+            code = self._load(command, folder)
         finally:
             if kept is None:
                 server.stop()
@@ -269,6 +272,8 @@ class RecipeRun:
         if not self.finished(run):
             raise RecipeRunError(f"{run.name}: did not finish (exit {code}); see {folder / 'replay.log'} and "
                                  f"{server.log_path}; `--resume` redoes it")
+        stamp_launch(folder / "result.json",
+                     launch_record(self.recipe, run.variant, run.round, server.command, url, command))
         self._say(f"  {run.name}: finished (exit {code})")
         return code
 

@@ -8,26 +8,24 @@ working directory; the first is the baseline, a control copies it).
 
 Build one programmatically (`Recipe(...)`, or `recipe_from_dict`) and write it with `to_dict` /
 `to_yaml`; `recipe_from_dict(to_dict(r)) == r`. Every error is a RecipeError naming the key
-(`server.kind`, `variants[1].flags`, ...). Server-flag names are checked against the engine's own
-flags later, by `loadgen recipe check`, not here.
+(`server.kind`, `variants[1].flags`, ...); the cross-field rules are in loadgen/recipe/validate.py.
+Server-flag names are checked against the engine's own flags later, by `loadgen recipe check`.
+Defaults the replay has too (window, warm-up) are read from its config (loadgen/options.py).
 """
 
 from __future__ import annotations
 
 import json
 import os
-import re
 from dataclasses import MISSING, dataclass, field, fields, is_dataclass
 from typing import Any, Union, get_args, get_origin, get_type_hints
 
-from loadgen.affinity import CpuListError, parse_cpus
+from loadgen.affinity import parse_cpus
 from loadgen.capacity.config import DEFAULT_SLO, OVER, SEARCH
-from loadgen.compare.stats import METRIC_BY_NAME
 from loadgen.compare.verdicts import DEFAULT_FDR
-from loadgen.slo import SloError, check_target, parse_slo
+from loadgen.options import DEFAULTS as REPLAY
 
 SCHEMA = "agentload.recipe/1"
-_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_.-]*$")
 SERVER_KINDS = ("ours", "inprocess", "command", "url")
 THINKING_MODES = ("auto", "on", "off")
 SERVER_LIFETIMES = ("fresh", "kept")
@@ -45,7 +43,7 @@ class RecipeError(ValueError):
 
 
 @dataclass(frozen=True, slots=True)
-class ServerSpec:
+class ServerConfig:
     """What serves the variants. `flags` are the baseline's: engine flags of `server start` for
     ours/inprocess (key spelled with _ or -, e.g. indexer_key_dtype: mxfp4), appended as
     `--key value` to `command` for an external server. A variant's flags override these."""
@@ -62,6 +60,7 @@ class ServerSpec:
     # the server process's working directory (kinds ours and command; default: loadgen's). For ours, a
     # folder holding another tree of this repository serves that tree's engine, driven by this loadgen.
     cwd: str | None = None
+    image: str | None = None  # the container image (or package) the server runs: recorded with results, not pulled
 
     def cpu_set(self) -> frozenset[int] | None:
         """`cpus` as a set (None: anywhere); CpuListError names the key."""
@@ -115,8 +114,8 @@ class Sweep:
     conc: tuple[int, ...] | None = None
     rates: tuple[float, ...] | None = None
     capacity: CapacityMeasure | None = None  # instead of conc/rates: the capacity under an SLO, searched
-    duration_s: float = 60.0
-    warmup: str = "0s"  # seconds ("30s") or requests per lane ("2req")
+    duration_s: float = REPLAY.duration_s
+    warmup: str = REPLAY.warmup  # seconds ("30s") or requests per lane ("2req")
     repeats: int = 5
     seed: int = 0
     client_cpus: str | None = None  # CPUs the load generator runs on, e.g. "0" (Linux; default: any)
@@ -145,7 +144,7 @@ class Variant:
 
 
 @dataclass(frozen=True, slots=True)
-class CompareSpec:
+class CompareConfig:
     """How variants are compared with the baseline (loadgen/compare): the metrics (default all)
     and the false-discovery rate controlled over each comparison's (level, metric) family."""
 
@@ -158,16 +157,19 @@ class CompareSpec:
 @dataclass(frozen=True, slots=True)
 class Recipe:
     name: str
-    server: ServerSpec = field(metadata={"hint": ": what serves the variants (kind: ours, inprocess, command or url)"})
+    server: ServerConfig = field(
+        metadata={"hint": ": what serves the variants (kind: ours, inprocess, command or url)"})
     variants: tuple[Variant, ...]
     sweep: Sweep = field(default_factory=Sweep)
     workload: Workload = field(default_factory=Workload)
-    compare: CompareSpec = field(default_factory=CompareSpec)
+    compare: CompareConfig = field(default_factory=CompareConfig)
     description: str = ""
     # the recipe's own SLO tiers, {name: bounds}; every run reports them (and the replay's tiers)
     slos: tuple[tuple[str, str], ...] = ()
 
     def __post_init__(self) -> None:
+        from loadgen.recipe.validate import validate_recipe  # it reads these types, so it imports this module
+
         validate_recipe(self)
 
     @property
@@ -195,116 +197,6 @@ class Recipe:
         return self.baseline if variant.control else variant
 
 
-# -- validation of the whole ---------------------------------------------------------------
-
-
-def validate_recipe(r: Recipe) -> None:
-    """Cross-field rules; raises RecipeError naming the key."""
-    s = r.server
-    need = {"command": "command", "url": "url"}.get(s.kind)
-    for key in ("command", "url"):
-        if key == need:
-            _require(getattr(s, key), f"server.{key}: required with server.kind {s.kind}")
-        else:
-            _require(getattr(s, key) is None, f"server.{key}: only meaningful with server.kind {key}")
-    if s.kind == "command":
-        assert s.command is not None  # required above
-        _require(PORT_PLACEHOLDER in s.command, f"server.command: must contain {PORT_PLACEHOLDER} where the "
-                                                f"port goes, got {s.command!r}")
-    if s.kind == "url":
-        assert s.url is not None  # required above
-        _require(s.url.startswith(("http://", "https://")), f"server.url: expected http(s)://HOST:PORT, got {s.url!r}")
-        _require(not s.flags and not s.env, "server.flags/env: a running server at a URL cannot be given flags")
-    _require(s.startup_timeout_s > 0, f"server.startup_timeout_s: must be positive, got {s.startup_timeout_s:g}")
-    _require(s.health_path.startswith("/"), f"server.health_path: must start with /, got {s.health_path!r}")
-    _require(s.gpus is None or s.gpus >= 1, f"server.gpus: must be >= 1, got {s.gpus}")
-    for key in ("cpus", "cwd"):
-        _require(getattr(s, key) is None or s.kind in ("ours", "command"),
-                 f"server.{key}: only for a server the recipe starts (kind ours or command), not kind {s.kind}")
-    _require(s.cwd != "", "server.cwd: empty; leave it out for loadgen's own directory")
-    try:
-        s.cpu_set(), r.sweep.client_cpu_set()
-    except CpuListError as exc:
-        raise RecipeError(str(exc)) from None
-    sw = r.sweep
-    _require(sum(x is not None for x in (sw.conc, sw.rates, sw.capacity)) == 1,
-             "sweep: give exactly one of sweep.conc, sweep.rates and sweep.capacity")
-    if sw.capacity is None:
-        levels = sw.conc if sw.conc is not None else (sw.rates or ())
-        key = "sweep.conc" if sw.conc is not None else "sweep.rates"
-        _require(bool(levels) and all(v > 0 for v in levels), f"{key}: expected a non-empty list of positive numbers")
-    _validate_slos(r)
-    _require(sw.duration_s > 0, f"sweep.duration_s: must be positive, got {sw.duration_s:g}")
-    _require(sw.repeats >= 1, f"sweep.repeats: must be >= 1, got {sw.repeats}")
-    _require(sw.warmup.endswith(("s", "req")), f"sweep.warmup: expected '30s' or '2req', got {sw.warmup!r}")
-    _require(sw.servers == "fresh" or s.kind in ("ours", "command"),
-             f"sweep.servers: kept needs servers the recipe starts (server.kind ours or command), not {s.kind}")
-    w = r.workload
-    _require(w.token_scale > 0, f"workload.token_scale: must be positive, got {w.token_scale:g}")
-    # as `loadgen replay`: 0 takes the recorded think time out (the server's capacity on the sessions)
-    _require(w.think_time_scale >= 0, f"workload.think_time_scale: must be >= 0, got {w.think_time_scale:g}")
-    _require(w.thinking is None or w.golden_al is not None,
-             "workload.thinking: only meaningful with workload.golden_al")
-    _require(0 < r.compare.fdr < 1, f"compare.fdr: must be in (0, 1), got {r.compare.fdr:g}")
-    for i, name in enumerate(r.compare.metrics or ()):
-        _require(name in METRIC_BY_NAME,
-                 f"compare.metrics[{i}]: unknown metric {name!r}; known: {', '.join(METRIC_BY_NAME)}")
-
-    _require(bool(r.variants), "variants: need at least one (the first is the baseline)")
-    names = [v.name for v in r.variants]
-    for i, v in enumerate(r.variants):
-        where = f"variants[{i}] ({v.name})"
-        _require(bool(v.name) and v.name.replace("-", "").replace("_", "").replace(".", "").isalnum(),
-                 f"variants[{i}].name: letters, digits, '-', '_' and '.' only, got {v.name!r}")
-        _require(v.name not in names[:i], f"variants[{i}].name: {v.name!r} is used twice")
-        if s.kind == "url":
-            _require(not v.flags and not v.env, f"{where}.flags: a server at a URL cannot be given flags")
-        _require(v.cwd is None or s.kind in ("ours", "command"),
-                 f"{where}.cwd: only for a server the recipe starts (kind ours or command), not kind {s.kind}")
-        _require(v.cwd != "", f"{where}.cwd: empty; leave it out for the server's (server.cwd, or loadgen's)")
-        if i == 0:
-            _require(not v.control, f"{where}.control: the first variant is the baseline itself")
-            continue
-        if v.control:
-            _require(not v.flags and not v.env and v.cwd is None,
-                     f"{where}.control: a control copies the baseline; drop its flags/env/cwd")
-        else:
-            _require(r.server_key(v) != r.server_key(r.variants[0]),
-                     f"{where}: overrides nothing (same server flags, env and cwd as the baseline); give a "
-                     f"flag, env or cwd that differs, or `control: true` for a deliberate A/A copy")
-
-
-def _validate_slos(r: Recipe) -> None:
-    """The recipe's own tiers and the capacity's SLO parse; the search's settings are in range."""
-    tiers = dict(r.slos)
-    for name, spec in r.slos:
-        _require(_NAME.match(name) is not None, f"slos.{name}: a tier's name is letters, digits, '_', '-' or '.'")
-        try:
-            parse_slo(spec, name=name)
-        except SloError as exc:
-            raise RecipeError(f"slos.{name}: {exc}") from None
-    cap = r.sweep.capacity
-    if cap is None:
-        return
-    try:
-        parse_slo(cap.slo, tiers)
-        check_target(cap.attainment, "sweep.capacity.attainment")
-    except SloError as exc:
-        raise RecipeError(f"sweep.capacity.slo: {exc}" if "attainment" not in str(exc) else str(exc)) from None
-    for key in ("low", "high"):
-        value = getattr(cap, key)
-        _require(value is None or value > 0, f"sweep.capacity.{key}: must be > 0, got {value}")
-    _require(cap.low is None or cap.high is None or cap.low <= cap.high,
-             f"sweep.capacity.high: {cap.high} is below sweep.capacity.low {cap.low}")
-    _require(0 < cap.resolution < 1, f"sweep.capacity.resolution: must be in (0, 1), got {cap.resolution:g}")
-    _require(cap.max_probes >= 2, f"sweep.capacity.max_probes: need at least 2, got {cap.max_probes}")
-
-
-def _require(ok: Any, message: str) -> None:
-    if not ok:
-        raise RecipeError(message)
-
-
 # -- dict / YAML form ----------------------------------------------------------------------
 
 
@@ -315,7 +207,8 @@ def recipe_from_dict(data: Any, source: str = "recipe") -> Recipe:
             raise RecipeError(f"expected a mapping at the top, got {type(data).__name__}")
         data = dict(data)
         schema = data.pop("schema", SCHEMA)
-        _require(schema == SCHEMA, f"schema: expected {SCHEMA!r}, got {schema!r}")
+        if schema != SCHEMA:
+            raise RecipeError(f"schema: expected {SCHEMA!r}, got {schema!r}")
         return _build(Recipe, data, "")
     except RecipeError as exc:
         raise RecipeError(f"{source}: {exc}") from None
@@ -456,10 +349,10 @@ def _tiers(value: Any, key: str) -> tuple[tuple[str, str], ...]:
     """`slos: {name: bounds}` as (name, bounds) pairs, names kept as written."""
     if not isinstance(value, dict):
         raise RecipeError(f"{key}: expected a mapping of tier name: bounds, got {_kind(value)}")
-    for name, spec in value.items():
-        if not isinstance(name, str) or not isinstance(spec, str):
+    for name, bounds in value.items():
+        if not isinstance(name, str) or not isinstance(bounds, str):
             raise RecipeError(f"{key}.{name}: expected bounds as text, like 'ttft<=2s,interactivity>=50', got "
-                              f"{_kind(spec)}")
+                              f"{_kind(bounds)}")
     return tuple(value.items())
 
 

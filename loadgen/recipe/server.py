@@ -75,22 +75,22 @@ class RunningServer:
 
     def start(self) -> str:
         """Start and wait for health within server.startup_timeout_s; ServerStartError otherwise."""
-        spec = self.recipe.server
-        port = free_port() if spec.kind == "command" else None
+        settings = self.recipe.server
+        port = free_port() if settings.kind == "command" else None
         self.command = server_command(self.recipe, self.variant, port)
         if self.command:
             cwd = self.recipe.server_cwd(self.variant)
             log.info("starting the server of %s: %s%s", self.variant.name, shlex.join(self.command),
                      f" (in {cwd})" if cwd else "")
             env = {**os.environ, **self.recipe.server_env(self.variant)}
-            if cwd and spec.kind == "ours":
+            if cwd and settings.kind == "ours":
                 # that tree's packages first, ahead of any install of this one (-m alone relies on
                 # the working directory leading sys.path, which PYTHONSAFEPATH turns off)
                 env["PYTHONPATH"] = os.pathsep.join(filter(None, (os.path.abspath(cwd), env.get("PYTHONPATH"))))
                 env.pop("PYTHONSAFEPATH", None)
             with open(self.log_path, "wb") as sink:
                 try:
-                    with placed_on(spec.cpu_set()):
+                    with placed_on(settings.cpu_set()):
                         self.process = subprocess.Popen(self.command, stdout=sink, stderr=subprocess.STDOUT,
                                                         env=env, cwd=cwd, start_new_session=True)
                 except OSError as exc:
@@ -99,14 +99,14 @@ class RunningServer:
             if port is not None:
                 self.url = f"http://127.0.0.1:{port}"
         try:
-            self._wait_healthy(time.monotonic() + spec.startup_timeout_s)
+            self._wait_healthy(time.monotonic() + settings.startup_timeout_s)
         except BaseException:
             self.stop()
             raise
         return self.url
 
     def _wait_healthy(self, deadline: float) -> None:
-        spec = self.recipe.server
+        settings = self.recipe.server
         while time.monotonic() < deadline:
             if self.process is not None and self.process.poll() is not None:
                 raise ServerStartError(f"the server exited with code {self.process.returncode} before it was "
@@ -114,11 +114,11 @@ class RunningServer:
             if not self.url and self.log_path.exists():
                 match = _READY.search(self.log_path.read_text(errors="replace"))
                 self.url = match.group(1) if match else ""
-            if self.url and healthy(self.url + spec.health_path):
+            if self.url and healthy(self.url + settings.health_path):
                 return
             time.sleep(POLL_S)
         raise ServerStartError(f"the server was not healthy within server.startup_timeout_s = "
-                               f"{spec.startup_timeout_s:g} s: {self._what()}{self._log_tail()}")
+                               f"{settings.startup_timeout_s:g} s: {self._what()}{self._log_tail()}")
 
     def _what(self) -> str:
         if self.command:

@@ -12,7 +12,7 @@ from loadgen.cli import main
 from loadgen.recipe.schema import (
     Recipe,
     RecipeError,
-    ServerSpec,
+    ServerConfig,
     Sweep,
     Variant,
     load_recipe,
@@ -35,7 +35,7 @@ def _with(**changes) -> dict:
 
 
 def test_a_recipe_built_in_code_round_trips_through_yaml():
-    recipe = Recipe(name="x", server=ServerSpec(kind="command", command="vllm serve m --port {port}"),
+    recipe = Recipe(name="x", server=ServerConfig(kind="command", command="vllm serve m --port {port}"),
                     sweep=Sweep(rates=(1.0, 2.0)), variants=(Variant("a"), Variant("b", flags=(("block_size", 128),))))
     again = recipe_from_dict(yaml.safe_load(to_yaml(recipe)))
     assert again == recipe
