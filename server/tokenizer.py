@@ -4,7 +4,7 @@ Ids 0..255 are raw UTF-8 bytes; special ids (BOS 256, EOS 257, then unused ids u
 vocab size) sit above them and produce no text. There is no merge table: a text prompt of n UTF-8
 bytes is exactly n tokens, which keeps prompt lengths predictable for load generation.
 
-Chat template (documented in the README): BOS, then for each message
+Chat template (documented in docs/server.md): BOS, then for each message
 `<|{role}|>\\n{content}\\n`, then `<|assistant|>\\n` to open the reply. The markers are plain
 bytes, so they are tokens like any other text.
 """

@@ -26,7 +26,7 @@ A graph replays fixed addresses and fixed launch grids, so:
   write only it;
 - the indexer's logits are as wide as the graph's context bucket, and the indexer and top-k
   kernels loop up to each token's context length read on the device (kernels/indexer.py,
-  kernels/topk.py), so a graph serves every context up to its bucket at the cost of the
+  kernels/topk/), so a graph serves every context up to its bucket at the cost of the
   contexts actually present. The top-k picks its launch shape by the logits' width, and rows up
   to `SINGLE_PASS_MAX_COLS` wide take its one-launch kernel, so each batch bucket has a graph for
   contexts up to that width and one for the rest, up to max_model_len (`context_buckets`).

@@ -11,7 +11,7 @@ Two things keep a run free of them. The integer arguments that move with the bat
 one class (the indexer logits' width and the block table's width are rounded up: see
 `server.model.attention.logits_width` and `server.engine.block_table`; token counts that only bound
 masks are unspecialised). And the requests of `warmup_waves` run before the server is ready: one
-prefill step of each kind the top-k chooses between (kernels/topk.py: the row in registers up to
+prefill step of each kind the top-k chooses between (kernels/topk/: the row in registers up to
 SINGLE_PASS_MAX_COLS, at each of its register widths, the sampled pass over many rows, the
 compacting pass over few rows, with fine and coarse chunks) and steps of 1, 5 and 16 tokens, each
 request alone in its batch. Each then decodes a few tokens, greedy and sampled. What still
