@@ -10,8 +10,8 @@ of the largest value, NaN above everything (the first NaN wins), and a row of -i
 from __future__ import annotations
 
 import torch
-import triton  # type: ignore[import-untyped]
-import triton.language as tl  # type: ignore[import-untyped]
+import triton
+import triton.language as tl
 
 from kernels.backend import resolve_backend
 from kernels.triton_utils import new_output, ordered_key

@@ -21,8 +21,8 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-import triton  # type: ignore[import-untyped]
-import triton.language as tl  # type: ignore[import-untyped]
+import triton
+import triton.language as tl
 
 from kernels.backend import resolve_backend
 from kernels.quant import (

@@ -35,8 +35,8 @@ from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
-import triton  # type: ignore[import-untyped]
-import triton.language as tl  # type: ignore[import-untyped]
+import triton
+import triton.language as tl
 
 from kernels.backend import resolve_backend
 from kernels.triton_utils import dot_dtype, f32_to_bf16, new_output

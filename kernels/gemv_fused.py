@@ -26,8 +26,8 @@ between, and the normed rows are also the speculative draft head's input.)
 from __future__ import annotations
 
 import torch
-import triton  # type: ignore[import-untyped]
-import triton.language as tl  # type: ignore[import-untyped]
+import triton
+import triton.language as tl
 
 from kernels.backend import resolve_backend
 from kernels.fused import add_rms_norm, silu_mul

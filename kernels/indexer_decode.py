@@ -26,9 +26,9 @@ import weakref
 from dataclasses import dataclass
 
 import torch
-import triton  # type: ignore[import-untyped]
-import triton.language as tl  # type: ignore[import-untyped]
-from triton.tools.tensor_descriptor import TensorDescriptor  # type: ignore[import-untyped]
+import triton
+import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 from kernels.indexer_tiled import fp8_dot_supported
 from kernels.quant_kernels import key_words

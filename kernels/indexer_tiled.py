@@ -42,8 +42,8 @@ import math
 from dataclasses import dataclass
 
 import torch
-import triton  # type: ignore[import-untyped]
-import triton.language as tl  # type: ignore[import-untyped]
+import triton
+import triton.language as tl
 
 from kernels.quant import indexer_value_bytes
 from kernels.quant_kernels import key_words

@@ -18,8 +18,8 @@ cache row layout (nibbles, then one scale byte per group), as `kernels.quant.mxf
 from __future__ import annotations
 
 import torch
-import triton  # type: ignore[import-untyped]
-import triton.language as tl  # type: ignore[import-untyped]
+import triton
+import triton.language as tl
 
 from kernels.triton_utils import new_output
 

@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from typing import Protocol
 
 import torch
-import triton  # type: ignore[import-untyped]
-import triton.language as tl  # type: ignore[import-untyped]
+import triton
+import triton.language as tl
 
 from kernels.backend import resolve_backend
 from kernels.quant import DS_MLA_GROUP, KV_DTYPES, kv_row_width, read_kv_rows

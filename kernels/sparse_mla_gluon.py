@@ -136,6 +136,7 @@ def sparse_mla_gluon(q_c, q_r, kv_cache, indices, scale, kv_dtype, num_splits=No
     if (reason := gluon_unavailable_reason(q_c.device)) is not None:
         raise RuntimeError(f"backend='gluon': {reason}; use backend='triton'")
     target = gluon_target(q_c.device)
+    assert target is not None  # gluon_unavailable_reason said the device has one
     t, h, d_c = q_c.shape
     d_r = q_r.shape[2]
     check_gluon_shapes(d_c, d_r)

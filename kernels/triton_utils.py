@@ -13,8 +13,8 @@ from __future__ import annotations
 import functools
 
 import torch
-import triton  # type: ignore[import-untyped]
-import triton.language as tl  # type: ignore[import-untyped]
+import triton
+import triton.language as tl
 
 E4M3_RAW_SCALE = tl.constexpr(256.0)  # e4m3 value = raw fp16 * 2^8   (bias 15 - 7)
 E2M1_RAW_SCALE = tl.constexpr(16384.0)  # e2m1 value = raw fp16 * 2^14 (bias 15 - 1)

@@ -18,8 +18,8 @@ passes it leaves out, and its histogram levels may step more columns at a time t
 from __future__ import annotations
 
 import torch
-import triton  # type: ignore[import-untyped]
-import triton.language as tl  # type: ignore[import-untyped]
+import triton
+import triton.language as tl
 
 from kernels.topk.config import TopkConfig
 from kernels.topk.radix import digit_histogram, digit_shift, narrow_prefix, select_in_program

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import triton  # type: ignore[import-untyped]
+import triton
 
 from kernels.topk.in_registers import REGISTER_ROW_MAX_COLS
 from kernels.triton_utils import row_programs

@@ -12,8 +12,8 @@ The search (`search_kth_key`) also finds the sampled path's threshold and its fi
 from __future__ import annotations
 
 import torch
-import triton  # type: ignore[import-untyped]
-import triton.language as tl  # type: ignore[import-untyped]
+import triton
+import triton.language as tl
 
 from kernels.topk.rows import row_of_program, store_short_row_slots
 from kernels.topk.slots import SlotMap, request_table_row, slot_args, slots_of

@@ -6,8 +6,8 @@ candidates (or the row); the sampled path's fallback runs all four in one progra
 
 from __future__ import annotations
 
-import triton  # type: ignore[import-untyped]
-import triton.language as tl  # type: ignore[import-untyped]
+import triton
+import triton.language as tl
 
 from kernels.topk.rows import load_keys
 

@@ -3,8 +3,8 @@ of a row no longer than k, the per-row counter table's stride, and a portable po
 
 from __future__ import annotations
 
-import triton  # type: ignore[import-untyped]
-import triton.language as tl  # type: ignore[import-untyped]
+import triton
+import triton.language as tl
 
 from kernels.topk.slots import slots_of
 from kernels.triton_utils import ordered_key

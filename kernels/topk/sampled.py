@@ -17,8 +17,8 @@ outweigh the chains of block reductions its three launches wait on."""
 from __future__ import annotations
 
 import torch
-import triton  # type: ignore[import-untyped]
-import triton.language as tl  # type: ignore[import-untyped]
+import triton
+import triton.language as tl
 
 from kernels.topk.config import SINGLE_PASS_WARPS, TopkConfig
 from kernels.topk.in_registers import search_kth_key
