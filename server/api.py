@@ -188,6 +188,11 @@ class OpenAIServer:
         except asyncio.TimeoutError:
             raise ApiError(408, f"request body not received within {self.settings.read_timeout_s:g} s "
                            f"(--read-timeout)", code=ErrorCode.REQUEST_TIMEOUT) from None
+        except ConnectionResetError:
+            # Nobody is left to answer, so this is counted (requests_rejected_total) and not logged as
+            # a server fault; the middleware's response goes nowhere.
+            raise ApiError(400, "the client closed its connection during the request body",
+                           code=ErrorCode.CLIENT_GONE) from None
 
     async def drain(self, timeout_s: float, cut_now: asyncio.Event) -> int:
         """Refuse new requests; let running ones finish for up to `timeout_s` (or until `cut_now`

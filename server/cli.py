@@ -123,7 +123,8 @@ async def _serve(http: HttpConfig, api_key: str | None, client, info) -> int:
     # keepalive_timeout bounds the wait for a complete request head (see server/api.py) and
     # lingering_time the rest of a body after its 408; the drain below ends every handler, so
     # cleanup's own timeout only covers writes stuck on clients that stopped reading.
-    runner = AppRunner(server.build_app(), handler_cancellation=True, access_log=None,
+    runner = AppRunner(server.build_app(), on_rejected=server.metrics.observe_rejected, handler_cancellation=True,
+                       access_log=None,
                        keepalive_timeout=http.read_timeout, lingering_time=http.read_timeout,
                        shutdown_timeout=CUT_WRITE_GRACE_S)
     await runner.setup()

@@ -14,6 +14,8 @@ unhandled exceptions get OpenAI-style JSON error bodies, like every error of ser
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Callable
 from http import HTTPStatus
 from typing import Any
 
@@ -24,26 +26,40 @@ from aiohttp.web_protocol import RequestHandler
 
 from server.protocol import ApiError, ErrorCode
 
+logger = logging.getLogger(__name__)
+
 
 class AppRunner(web.AppRunner):
-    """web.AppRunner whose server makes `_Connection`s."""
+    """web.AppRunner whose server makes `_Connection`s; `on_rejected(code)` counts each request the
+    HTTP parser refuses, as the app counts the ones it refuses."""
+
+    def __init__(self, app: web.Application, *, on_rejected: Callable[[str], None], **kwargs: Any) -> None:
+        super().__init__(app, **kwargs)
+        self._on_rejected = on_rejected
 
     async def _make_server(self) -> web.Server:
         # web.Server names the connection class it makes; the same server as a _Server makes ours.
         made = await super()._make_server()
-        return _Server(made.request_handler, request_factory=made.request_factory,
-                       handler_cancellation=made.handler_cancellation, loop=made._loop, **made._kwargs)
+        server = _Server(made.request_handler, request_factory=made.request_factory,
+                         handler_cancellation=made.handler_cancellation, loop=made._loop, **made._kwargs)
+        server.on_rejected = self._on_rejected
+        return server
 
 
 class _Server(web.Server):
+    on_rejected: Callable[[str], None]
+
     def __call__(self) -> RequestHandler:
-        return _Connection(self, loop=self._loop, **self._kwargs)
+        connection = _Connection(self, loop=self._loop, **self._kwargs)
+        connection.on_rejected = self.on_rejected
+        return connection
 
 
 class _Connection(RequestHandler):
     """One client connection: answers a half-closed HTTP/1.0 request; JSON error bodies."""
 
-    __slots__ = ("_http10_body",)
+    __slots__ = ("_http10_body", "on_rejected")
+    on_rejected: Callable[[str], None]
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -66,8 +82,16 @@ class _Connection(RequestHandler):
 
     def handle_error(self, request: web.BaseRequest, status: int = 500, exc: BaseException | None = None,
                      message: str | None = None) -> web.StreamResponse:
-        super().handle_error(request, status, exc, message)  # logs it; raises once a response was under way
-        response = web.Response(status=status, body=_error(status, message).body(), content_type="application/json")
+        error = _error(status, message)
+        if status >= 500:
+            super().handle_error(request, status, exc, message)  # logs it; raises once a response was under way
+        else:
+            # A malformed request is the client's fault: one line, no traceback.
+            logger.warning("refused a request from %s: %s", request.remote, error.message)
+            if request.writer.output_size > 0:
+                raise ConnectionError("a response was under way; cannot send the parser's error")
+        self.on_rejected(str(error.code))
+        response = web.Response(status=status, body=error.body(), content_type="application/json")
         response.force_close()
         return response
 

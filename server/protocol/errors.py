@@ -28,6 +28,7 @@ class ErrorCode(str, Enum):
     REQUEST_TIMEOUT = "request_timeout"
     SERVER_SHUTDOWN = "server_shutdown"
     INVALID_HTTP = "invalid_http_request"
+    CLIENT_GONE = "client_gone"  # the client closed its connection before its request body was in
     INTERNAL_ERROR = "internal_error"
 
     __str__ = str.__str__

@@ -10,9 +10,13 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import socket
+import struct
 import subprocess
 import sys
+import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -116,6 +120,38 @@ def test_malformed_http_gets_an_openai_error_body(env_key_server, request_bytes,
     error = orjson.loads(body)["error"]
     assert error["code"] == "invalid_http_request" and error["type"] == "invalid_request_error"
     assert reason in error["message"]
+
+
+def _rejected(server: ServerProcess) -> dict[str, int]:
+    """agentload:requests_rejected_total by code, read from the server's /metrics."""
+    text = urllib.request.urlopen(server.url + "/metrics", timeout=30).read().decode()
+    return {code: int(float(value)) for code, value in
+            re.findall(r'^agentload:requests_rejected_total\{[^}]*code="([^"]+)"\} (\S+)$', text, re.M)}
+
+
+def _reset_mid_body(server: ServerProcess) -> None:
+    """Send a head and part of its body, then reset the connection (SO_LINGER 0: an RST, not a FIN)."""
+    host, port = server.url.removeprefix("http://").rsplit(":", 1)
+    sock = socket.create_connection((host, int(port)), timeout=60)
+    sock.sendall(_post("/v1/completions", b'{"prompt": "' + b"x" * 1000 + b'"}')[:-900])
+    time.sleep(0.3)  # the handler is reading the body
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    sock.close()
+
+
+def test_parser_errors_and_resets_mid_body_are_counted_without_tracebacks(env_key_server):
+    before = _rejected(env_key_server)
+    _exchange(env_key_server, b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: abc\r\n\r\n")
+    _reset_mid_body(env_key_server)
+    deadline = time.monotonic() + 30
+    while (after := _rejected(env_key_server)).get("client_gone", 0) == before.get("client_gone", 0):
+        assert time.monotonic() < deadline, f"the reset was not counted: {after}"
+        time.sleep(0.1)
+    assert after.get("invalid_http_request", 0) - before.get("invalid_http_request", 0) == 1, (before, after)
+    assert after["client_gone"] - before.get("client_gone", 0) == 1, (before, after)
+    log = env_key_server.log()
+    assert "Traceback" not in log, log[-3000:]
+    assert "refused a request from 127.0.0.1: malformed HTTP request: Invalid character in Content-Length" in log
 
 
 async def _models_status(server: ServerProcess, key: str | None) -> int:
