@@ -1,8 +1,16 @@
 """A/B comparison of runs, level by level: stats.py measures (metric values, session bootstrap),
 verdicts.py decides (paired t over rounds on matched requests, Welch t over repeats, run-to-run
-noise, Benjamini-Hochberg), render.py prints (table, JSON). The names below are the package's public interface."""
+noise; the tests themselves in significance.py), render.py prints (table, JSON). The names below
+are the package's public interface."""
 
 from loadgen.compare.render import format_comparison, to_json
+from loadgen.compare.significance import (
+    CONFIDENCE,
+    benjamini_hochberg,
+    block_log_test,
+    pooled_log_test,
+    welch_log_test,
+)
 from loadgen.compare.stats import (
     METRIC_BY_NAME,
     METRICS,
@@ -17,21 +25,16 @@ from loadgen.compare.stats import (
     session_bootstrap,
 )
 from loadgen.compare.verdicts import (
-    CONFIDENCE,
     DEFAULT_FDR,
     Comparison,
     Gate,
     LevelComparison,
     MetricResult,
     RunNoise,
-    benjamini_hochberg,
-    block_log_test,
     compare_runs,
     load_run_noise,
-    pooled_log_test,
     regressions,
     verdict,
-    welch_log_test,
 )
 
 __all__ = [
