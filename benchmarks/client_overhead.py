@@ -148,7 +148,7 @@ def run_case(conc: int, first_ms: float, itl_ms: float, osl: int, duration: floa
 
 def read_path() -> str:
     """How loadgen reads plain-http responses here (loadgen/transport/wire.py): compiled or python."""
-    from loadgen.transport.wire import compiled_reads_available
+    from loadgen.transport.readpath import compiled_reads_available
 
     return "compiled" if compiled_reads_available() else "python"
 

@@ -4,7 +4,7 @@ Preparing a request (prompt synthesis, body encoding, accounting of the one befo
 to hundreds of microseconds. When many lanes finish at once (a closed loop in lockstep against
 a server with uniform timing), all of them would prepare their next request in one loop turn,
 and no socket is read meanwhile: the events that queue in that time are coalesced by the kernel
-and all get the newest arrival stamp (loadgen/transport/wire.py), which smears TTFT and ITL.
+and all get the newest arrival stamp (loadgen/transport/raw_socket.py), which smears TTFT and ITL.
 With the pacer at most `per_turn` requests are prepared between two runs of its callback (one a
 loop turn), and the loop polls the sockets between turns. `per_turn` follows what a preparation
 costs: a full-length agentic prompt (hundreds of KB) is slow enough to synthesise and encode that
