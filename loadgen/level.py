@@ -19,9 +19,9 @@ from typing import Any
 from loadgen.attainment import ClusterSums, SloTally
 from loadgen.metrics import LevelRecorder, decode_histogram
 from loadgen.plan import TimingConfig
-from loadgen.server_metrics import ServerCounters
 from loadgen.slo import DEFAULT_TARGET, Slo
 from loadgen.spec import SpecTally
+from loadgen.telemetry.server_counters import ServerCounters
 from traces import Request
 
 COLUMNS = ("play", "session", "agent", "turn", "isl", "osl", "ttft_us", "e2el_us", "tpot_us", "start_ms")

@@ -57,7 +57,8 @@ from loadgen.spec import (
 from loadgen.summary import TraceHitRates, dumps_record, level_summary
 from loadgen.sweep import FixedSweep, Sweep
 from loadgen.table import format_level
-from loadgen.telemetry.gpu import GpuSampler, NoGpuSource, choose_source, gpu_block
+from loadgen.telemetry.gpu import GpuSampler, choose_source, gpu_block
+from loadgen.telemetry.gpu_sources import NoGpuSource
 from loadgen.telemetry.series import ServerSeries
 from loadgen.trace_cache import PackedTraces, load_traces_cached
 from loadgen.transport.base import ServerInfo, Transport, TransportError

@@ -31,7 +31,13 @@ from dataclasses import dataclass, field, fields
 from typing import Any, TextIO
 
 from golden_al import Curve, CurveError, load_curve
-from loadgen.server_metrics import METRIC_ACCEPTED, METRIC_DRAFTS, SpecCounters, metric_totals, spec_counters_of
+from loadgen.telemetry.server_counters import (
+    METRIC_ACCEPTED,
+    METRIC_DRAFTS,
+    SpecCounters,
+    metric_totals,
+    spec_counters_of,
+)
 from traces import Request
 
 

@@ -39,7 +39,7 @@ from typing import Any, cast
 
 import orjson
 
-from loadgen.server_metrics import ServerCounters, parse_server_counters
+from loadgen.telemetry.server_counters import ServerCounters, parse_server_counters
 from loadgen.transport.base import (
     ErrorKind,
     Exchange,

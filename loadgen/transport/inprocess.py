@@ -31,7 +31,7 @@ import traceback
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
-from loadgen.server_metrics import ServerCounters
+from loadgen.telemetry.server_counters import ServerCounters
 from loadgen.transport.base import (
     ErrorKind,
     Exchange,

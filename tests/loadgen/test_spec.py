@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from loadgen.metrics import decode_histogram
-from loadgen.server_metrics import ServerCounters, parse_server_counters
 from loadgen.spec import SpecCounters, parse_spec_counters
+from loadgen.telemetry.server_counters import ServerCounters, parse_server_counters
 from tests.loadgen.conftest import request_item
 
 
