@@ -2,7 +2,7 @@
 
 Closed loop by default (`--conc`), open loop with `--rate` (Poisson) or a Mooncake trace
 (recorded timestamps, `--time-scale`). Prints a table per level and writes one results file
-(`agentload.result/1`, see loadgen/results.py). Exit codes: 0 all levels passed, 1 a level
+(`agentload.result/1`, see loadgen/results/file.py). Exit codes: 0 all levels passed, 1 a level
 failed or the server died, 2 bad input, 130 interrupted (results of what ran are still written).
 """
 
@@ -162,7 +162,7 @@ def set_submission_defaults(p: argparse.ArgumentParser) -> None:
 
 def add_slo_flags(p: argparse.ArgumentParser) -> None:
     """--slo and --attainment: what every level's attainment and goodput are reported against."""
-    from loadgen.slo import TIERS
+    from loadgen.results.slo import TIERS
 
     tiers = "; ".join(f"{name}: {spec}" for name, spec in TIERS.items())
     group = p.add_argument_group("service-level objectives")

@@ -3,7 +3,7 @@
 Holds the runs (status, model, command), the sweep summary with Pareto marks, every plot of
 loadgen/plots.py as an embedded PNG (data:image/png;base64 URI), each level's statistics table
 (the rows of loadgen/table.py), its SLO attainment, its latencies by context and by turn with
-the sessions line (loadgen/turns.py), where the level has them, each level's timeline (swim lanes
+the sessions line (loadgen/results/turns.py), where the level has them, each level's timeline (swim lanes
 of its session plays over the server's series, loadgen/timeline.py: inlined scripts that draw
 when the page opens), and the metric definitions. All text from the results files is HTML-escaped
 or embedded as escaped JSON.
@@ -198,7 +198,7 @@ def _slo_table(entries: Sequence[dict[str, Any]]) -> str:
 
 
 def _breakdown_table(title: str, bucket: str, rows: Sequence[dict[str, Any]]) -> str:
-    """Latency percentiles per bucket (loadgen/turns.py), with the mean context and the good share."""
+    """Latency percentiles per bucket (loadgen/results/turns.py), with the mean context and the good share."""
     header = (bucket, "requests", "mean context (tokens)", *(f"{label} ({unit})" for label, unit, _, _ in BREAKDOWN),
               "good share")
     cells = [[row["label"], str(row["requests"]), format_cell(row["isl_mean"]),

@@ -16,10 +16,10 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from loadgen.attainment import ClusterSums, SloTally
-from loadgen.metrics import LevelRecorder, decode_histogram
 from loadgen.plan import TimingConfig
-from loadgen.slo import DEFAULT_TARGET, Slo
+from loadgen.results.attainment import ClusterSums, SloTally
+from loadgen.results.metrics import LevelRecorder, decode_histogram
+from loadgen.results.slo import DEFAULT_TARGET, Slo
 from loadgen.spec import SpecTally
 from loadgen.telemetry.server_counters import ServerCounters
 from traces import Request
@@ -92,7 +92,7 @@ class RunConfig:
     max_error_rate: float = 0.10
     gpus: int = 1
     warmup_timeout_s: float = 1800.0
-    slos: tuple[Slo, ...] = ()  # every level reports its attainment of each (loadgen/slo.py)
+    slos: tuple[Slo, ...] = ()  # every level reports its attainment of each (loadgen/results/slo.py)
     slo_target: float = DEFAULT_TARGET  # the share of good requests that holds an SLO
     # the SLO a level tallies while it runs (the capacity search's early stop); None: no tally
     live_slo: Slo | None = None

@@ -6,10 +6,10 @@
 - ttft_percentiles.png, e2el_percentiles.png: p50 / p90 / p99 per level;
 - ttft_vs_context.png: TTFT p50 and p90 against the context (input tokens) the requests were sent
   with, one pair of lines per level: the "agentic curve", from each level's `turns.by_context`
-  rows (loadgen/turns.py); only when some non-failed level has them.
+  rows (loadgen/results/turns.py); only when some non-failed level has them.
 
 Scatter plots show one point per non-failed level, labelled with its concurrency (or rate),
-one colour per results file, and the Pareto frontier over all files (loadgen/pareto.py, with
+one colour per results file, and the Pareto frontier over all files (loadgen/results/pareto.py, with
 the normalized-frontier rule) as a dashed line through circled points. Percentile plots leave
 failed levels out and circle the p50 of the levels on the e2e-normalized frontier.
 """
@@ -20,8 +20,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from loadgen.pareto import AXES, NORMALIZED, Point, frontiers
 from loadgen.report import Run, run_points
+from loadgen.results.pareto import AXES, NORMALIZED, Point, frontiers
 
 SCATTERS = (
     ("tput_vs_interactivity.png", "interactivity", "p50 interactivity (tok/s/user)"),

@@ -41,13 +41,13 @@ from loadgen.options import (
     parse_offset,
     parse_workers,
 )
-from loadgen.pareto import pareto
 from loadgen.plan import TimingConfig, max_subagents
 from loadgen.presets import TRACE_FIELDS, WINDOW_FIELDS, flag_text, preset_flags, preset_for
 from loadgen.progress import ProgressPrinter, describe
-from loadgen.results import SCHEMA, check_writable, save_results
+from loadgen.results.file import SCHEMA, check_writable, save_results
+from loadgen.results.pareto import pareto
+from loadgen.results.slo import DEFAULT_SLOS, Slo, SloError, check_target, parse_slos
 from loadgen.runner import Runner
-from loadgen.slo import DEFAULT_SLOS, Slo, SloError, check_target, parse_slos
 from loadgen.spec import (
     SpecExpectation,
     expectation_from_flags,

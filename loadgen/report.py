@@ -2,7 +2,7 @@
 
 The report is, per file, a header (model, status, command) and each level's detail table
 (loadgen/table.py, the same table `loadgen replay` prints), then one sweep summary over all
-levels of all files with the Pareto frontiers marked (loadgen/pareto.py). `summary_rows` is
+levels of all files with the Pareto frontiers marked (loadgen/results/pareto.py). `summary_rows` is
 shared by the terminal, CSV and HTML outputs so they all show the same numbers.
 """
 
@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from loadgen.pareto import NORMALIZED, Point, e2e_interactivity, frontiers, level_point
+from loadgen.results.pareto import NORMALIZED, Point, e2e_interactivity, frontiers, level_point
 from loadgen.table import format_level
 
 RESULT_NAME = "result.json"  # what `loadgen replay --out DIR` writes in DIR
@@ -39,7 +39,7 @@ def resolve(path: str | os.PathLike) -> Path:
 def load_runs(paths: Sequence[str | os.PathLike]) -> list[Run]:
     """Read and validate every file; a bad one raises UsageError naming the file and field."""
     from loadgen.errors import UsageError
-    from loadgen.results import ResultsError, read_results
+    from loadgen.results.file import ResultsError, read_results
 
     files = [resolve(p) for p in paths]
     docs = []

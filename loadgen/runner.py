@@ -37,11 +37,11 @@ from collections.abc import Callable
 from typing import Any
 
 from loadgen import closed_loop, open_loop
-from loadgen.attainment import SloTally
 from loadgen.level import LevelLoad, LevelRun, RequestMeta, RunConfig, Share
 from loadgen.loop_lag import LoopLagMonitor
 from loadgen.pacer import Pacer
 from loadgen.plan import SALT_BITS, Play, TimingConfig
+from loadgen.results.attainment import SloTally
 from loadgen.spec import SpecCounters, SpecExpectation
 from loadgen.summary import request_record
 from loadgen.transport.base import ErrorKind, Exchange, Transport, WireRequest

@@ -1,6 +1,6 @@
 """The results-file entry of one level (`level_summary`), the per-request records
 (`request_record`), and the trace's theoretical prefix-cache hit rate over what was measured
-(`TraceHitRates`). Schema: loadgen/results.py."""
+(`TraceHitRates`). Schema: loadgen/results/file.py."""
 
 from __future__ import annotations
 
@@ -9,12 +9,12 @@ from typing import Any
 
 import orjson
 
-from loadgen.attainment import good_mask, level_attainment, request_columns
 from loadgen.level import LevelRun, RequestMeta, RunConfig
 from loadgen.loop_lag import WARN_P99_US
+from loadgen.results.attainment import good_mask, level_attainment, request_columns
+from loadgen.results.turns import turn_summary
 from loadgen.spec import SpecExpectation
 from loadgen.transport.base import Exchange
-from loadgen.turns import turn_summary
 from traces import Session, TraceSet
 
 
@@ -49,7 +49,7 @@ WARN_PREEMPTED_PER_S = 20
 def level_summary(level: LevelRun, config: RunConfig, theoretical_hit_rate: float | None,
                   spec: SpecExpectation | None = None, engine_in_process: bool = False,
                   session_turns: Mapping[str, int] | None = None) -> dict[str, Any]:
-    """The results-file entry of one level (see results.py). `engine_in_process` (`loadgen bench`):
+    """The results-file entry of one level (see loadgen/results/file.py). `engine_in_process` (`loadgen bench`):
     the engine runs in this process, so its CPU time is in the process's and says nothing of
     the client alone. `session_turns` (session id -> its parent requests) says which plays the
     window saw whole."""

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from loadgen.level import LevelLoad
-from loadgen.slo import Slo
+from loadgen.results.slo import Slo
 
 
 @dataclass(frozen=True, slots=True)

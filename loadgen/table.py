@@ -1,4 +1,4 @@
-"""Terminal table of one level's results (the results-file entry, see results.py): its statistics,
+"""Terminal table of one level's results (the results-file entry, see loadgen/results/file.py): its statistics,
 its SLO lines, its latencies by context bucket and its sessions line; the SLO and sessions texts are
 shared with the HTML report."""
 
@@ -19,7 +19,7 @@ ROWS = (
     ("loop_lag", "client loop lag", 1000, "ms"),
 )
 COLUMNS = ("mean", "p50", "p90", "p95", "p99", "p99.9", "max")
-# (label, unit, row key, statistic) of a by-context or by-turn row (loadgen/turns.py)
+# (label, unit, row key, statistic) of a by-context or by-turn row (loadgen/results/turns.py)
 BREAKDOWN = (("TTFT p50", "ms", "ttft_ms", "p50"), ("TTFT p90", "ms", "ttft_ms", "p90"),
              ("TPOT p50", "ms", "tpot_ms", "p50"), ("E2EL p90", "s", "e2el_s", "p90"))
 

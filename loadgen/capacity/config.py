@@ -7,7 +7,7 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass
 
-from loadgen.slo import DEFAULT_TARGET, Slo, parse_slo
+from loadgen.results.slo import DEFAULT_TARGET, Slo, parse_slo
 
 OVER = ("requests", "sessions")
 DEFAULT_SLO = "standard"  # the tier searched when no --slo is given

@@ -6,11 +6,11 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from loadgen.attainment import ClusterSums, Share
 from loadgen.capacity.config import DEFAULT_SLO, SearchConfig
 from loadgen.capacity.search import CapacitySearch, Probe
 from loadgen.level import LevelLoad
-from loadgen.slo import Slo, parse_slo
+from loadgen.results.attainment import ClusterSums, Share
+from loadgen.results.slo import Slo, parse_slo
 from loadgen.sweep import NextLevel
 from traces import TraceSet
 

@@ -88,7 +88,7 @@ class LevelSample:
 
 
 def level_sample(level: dict[str, Any], source: str) -> LevelSample:
-    """Columns of a results-file level (`requests`, see results.py) ready for the bootstrap."""
+    """Columns of a results-file level (`requests`, see loadgen/results/file.py) ready for the bootstrap."""
     req = level["requests"]
 
     def col(name: str) -> np.ndarray:

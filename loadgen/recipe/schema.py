@@ -24,7 +24,7 @@ from loadgen.affinity import CpuListError, parse_cpus
 from loadgen.capacity.config import DEFAULT_SLO, OVER, SEARCH
 from loadgen.compare.stats import METRIC_BY_NAME
 from loadgen.compare.verdicts import DEFAULT_FDR
-from loadgen.slo import SloError, check_target, parse_slo
+from loadgen.results.slo import SloError, check_target, parse_slo
 
 SCHEMA = "agentload.recipe/1"
 _NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_.-]*$")

@@ -117,7 +117,7 @@ def read_path(request, monkeypatch) -> str:
 def replay(tmp_path):
     """Run `loadgen replay --quiet` in-process; returns (exit code, results doc, per-request records)."""
     from loadgen.cli import main
-    from loadgen.results import read_results
+    from loadgen.results.file import read_results
 
     runs = iter(range(1000))
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from loadgen.cli import COMMAND_MODULES, build_parser, main
-from loadgen.results import read_results
+from loadgen.results.file import read_results
 
 ROOT = Path(__file__).resolve().parents[2]
 

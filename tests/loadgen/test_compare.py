@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from loadgen.cli import main
-from loadgen.results import write_results
+from loadgen.results.file import write_results
 
 pytestmark = pytest.mark.slow  # tens of seconds: scheduled first (tests/conftest.py)
 

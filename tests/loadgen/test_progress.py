@@ -6,7 +6,7 @@ import io
 import time
 
 from loadgen.progress import ProgressPrinter, describe
-from loadgen.results import read_results
+from loadgen.results.file import read_results
 
 
 def _snap(**fields) -> dict:

@@ -15,8 +15,8 @@ import pytest
 
 from loadgen import timeline
 from loadgen.cli import main
-from loadgen.results import write_results
-from loadgen.turns import turn_summary
+from loadgen.results.file import write_results
+from loadgen.results.turns import turn_summary
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 PLOTS = ("tput_vs_interactivity.png", "tput_vs_e2el.png", "tput_vs_e2e_interactivity.png", "ttft_percentiles.png",

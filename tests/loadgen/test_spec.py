@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from loadgen.metrics import decode_histogram
+from loadgen.results.metrics import decode_histogram
 from loadgen.spec import SpecCounters, parse_spec_counters
 from loadgen.telemetry.server_counters import ServerCounters, parse_server_counters
 from tests.loadgen.conftest import request_item

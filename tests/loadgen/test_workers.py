@@ -6,7 +6,7 @@ from hdrh.histogram import HdrHistogram
 
 from loadgen import workers
 from loadgen.level import LevelLoad
-from loadgen.metrics import SIGNIFICANT_DIGITS, SPEC_BY_NAME
+from loadgen.results.metrics import SIGNIFICANT_DIGITS, SPEC_BY_NAME
 from loadgen.workers import TOKENS_PER_S_PER_CORE, auto_workers
 
 
@@ -109,7 +109,7 @@ def test_ctrl_c_stops_every_worker_and_keeps_what_they_measured(start_server, se
     import sys
     from pathlib import Path
 
-    from loadgen.results import read_results
+    from loadgen.results.file import read_results
 
     server = start_server(first_ms=3, itl_ms=1)
     folder = sessions(*({"n_requests": 8, "think": 0.01, "n_out": 4} for _ in range(4)))

@@ -29,7 +29,7 @@ from typing import Any
 
 import orjson
 
-from loadgen.metrics import METRIC_DEFINITIONS, decode_histogram
+from loadgen.results.metrics import METRIC_DEFINITIONS, decode_histogram
 
 SCHEMA = "agentload.result/1"
 STATUSES = ("complete", "interrupted", "server_dead", "failed")

@@ -7,7 +7,7 @@ when it completed and met every bound; a bound on TPOT or interactivity holds fo
 has no TPOT (one output token, or all of them in one chunk: no decode interval to judge). Failed
 requests (errors, timeouts, cancelled) are never good.
 
-What a level attains against an SLO, with its interval, and its goodput: loadgen/attainment.py.
+What a level attains against an SLO, with its interval, and its goodput: loadgen/results/attainment.py.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""What a level attains against an SLO (loadgen/slo.py): which requests were good, the share of
+"""What a level attains against an SLO (loadgen/results/slo.py): which requests were good, the share of
 good requests and of good session plays with their intervals, goodput, and the bounds broken most.
 
 A request is *good* when it completed and met every bound; a bound on TPOT or interactivity holds
@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from loadgen.slo import DEFAULT_TARGET, Bound, Slo
+from loadgen.results.slo import DEFAULT_TARGET, Bound, Slo
 
 Z_95 = 1.959964  # two-sided 95 %
 
