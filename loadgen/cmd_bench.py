@@ -95,7 +95,7 @@ def run(args: argparse.Namespace) -> int:
     finally:
         transport.shutdown()
     if not args.no_report:
-        from loadgen.html_report import write_report_folder
+        from loadgen.report.html import write_report_folder
 
         write_report_folder(Path(args.out), args.quiet)
     return code

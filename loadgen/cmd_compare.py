@@ -75,7 +75,7 @@ def run(args: argparse.Namespace) -> int:
         to_json,
     )
     from loadgen.errors import UsageError
-    from loadgen.report import load_runs
+    from loadgen.report.runs import load_runs
 
     metrics, gates = _metrics_and_gates(args.metrics, args.fail_on_regression)
     run_noise = read_run_noise(args.run_noise)

@@ -2,7 +2,7 @@
 results files, with the Pareto frontiers over all their levels.
 
 Formats (comma-separated, or `all` for table, csv, png and html): table (stdout), csv
-(levels.csv), png (plots, see loadgen/plots.py), html (report.html, self-contained), and the two
+(levels.csv), png (plots, see loadgen/report/plots.py), html (report.html, self-contained), and the two
 InferenceX shapes, asked for by name because they need the run's identity: infx (infx.json,
 fixed-sequence rows) and agentx (agentx.json, agentic rows); see loadgen/export/infx.py and
 loadgen/export/infx_identity.py for their keys, statistics and the identity flags' defaults.
@@ -126,7 +126,8 @@ def identity_flags(args: argparse.Namespace) -> IdentityFlags:
 
 
 def run(args: argparse.Namespace) -> int:
-    from loadgen.report import format_report, load_runs
+    from loadgen.report.runs import load_runs
+    from loadgen.report.terminal import format_report
 
     formats = parse_formats(args.format)
     runs = load_runs(args.results)
@@ -150,12 +151,12 @@ def run(args: argparse.Namespace) -> int:
         written.append(write_csv(runs, out / "levels.csv"))
     plots = None
     if "png" in formats:
-        from loadgen.plots import render_plots
+        from loadgen.report.plots import render_plots
 
         plots = render_plots(runs, out)
         written += [png for png, _ in plots]
     if "html" in formats:
-        from loadgen.html_report import write_html
+        from loadgen.report.html import write_html
 
         written.append(write_html(runs, out / "report.html", plots))  # embeds the PNGs just written
     for path in written:

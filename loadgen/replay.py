@@ -44,6 +44,7 @@ from loadgen.options import (
 from loadgen.plan import TimingConfig, max_subagents
 from loadgen.presets import TRACE_FIELDS, WINDOW_FIELDS, flag_text, preset_flags, preset_for
 from loadgen.progress import ProgressPrinter, describe
+from loadgen.report.table import format_level
 from loadgen.results.file import SCHEMA, check_writable, save_results
 from loadgen.results.pareto import pareto
 from loadgen.results.slo import DEFAULT_SLOS, Slo, SloError, check_target, parse_slos
@@ -56,7 +57,6 @@ from loadgen.spec import (
 )
 from loadgen.summary import TraceHitRates, dumps_record, level_summary
 from loadgen.sweep import FixedSweep, Sweep
-from loadgen.table import format_level
 from loadgen.telemetry.gpu import GpuSampler, choose_source, gpu_block
 from loadgen.telemetry.gpu_sources import NoGpuSource
 from loadgen.telemetry.series import ServerSeries

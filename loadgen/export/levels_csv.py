@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from loadgen.report import Run, frontier_keys
+from loadgen.report.runs import Run, frontier_keys
 from loadgen.results.metrics import METRIC_DEFINITIONS, PERCENTILES
 from loadgen.results.pareto import NORMALIZED
 

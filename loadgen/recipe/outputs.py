@@ -73,7 +73,7 @@ def _capacity_outputs(recipe: Recipe, out: Path, by_variant: dict) -> tuple[list
 
 
 def _load(path: Path, name: str):
-    from loadgen.report import Run, load_runs
+    from loadgen.report.runs import Run, load_runs
 
     run = load_runs([path])[0]
     return Run(run.path, name, run.doc)
@@ -81,8 +81,8 @@ def _load(path: Path, name: str):
 
 def _report(runs: list, folder: Path, tables: list[tuple[str, str]]) -> list[Path]:
     """Plots of every variant on shared axes, and one HTML page that also shows each comparison."""
-    from loadgen.html_report import write_html
-    from loadgen.plots import render_plots
+    from loadgen.report.html import write_html
+    from loadgen.report.plots import render_plots
 
     folder.mkdir(exist_ok=True)
     plots = render_plots(runs, folder)

@@ -13,8 +13,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from loadgen import timeline
 from loadgen.cli import main
+from loadgen.report import timeline
 from loadgen.results.file import write_results
 from loadgen.results.turns import turn_summary
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
+from loadgen.report.table import sessions_text
 from loadgen.results.turns import TURN_BUCKETS, turn_summary
-from loadgen.table import sessions_text
 
 NAMES = ("play", "session", "agent", "turn", "isl", "osl", "ttft_us", "e2el_us", "tpot_us", "start_ms")
 # play, session, agent, turn, isl, osl, ttft_us, e2el_us, tpot_us, start_ms; and whether it was good

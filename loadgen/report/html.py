@@ -1,10 +1,10 @@
 """A self-contained HTML report of one or more results files: one file, no external references.
 
 Holds the runs (status, model, command), the sweep summary with Pareto marks, every plot of
-loadgen/plots.py as an embedded PNG (data:image/png;base64 URI), each level's statistics table
-(the rows of loadgen/table.py), its SLO attainment, its latencies by context and by turn with
+loadgen/report/plots.py as an embedded PNG (data:image/png;base64 URI), each level's statistics table
+(the rows of loadgen/report/table.py), its SLO attainment, its latencies by context and by turn with
 the sessions line (loadgen/results/turns.py), where the level has them, each level's timeline (swim lanes
-of its session plays over the server's series, loadgen/timeline.py: inlined scripts that draw
+of its session plays over the server's series, loadgen/report/timeline.py: inlined scripts that draw
 when the page opens), and the metric definitions. All text from the results files is HTML-escaped
 or embedded as escaped JSON.
 """
@@ -18,9 +18,9 @@ from html import escape
 from pathlib import Path
 from typing import Any
 
-from loadgen import timeline
-from loadgen.report import SUMMARY_COLUMNS, Run, format_cell, summary_rows
-from loadgen.table import (
+from loadgen.report import timeline
+from loadgen.report.runs import Run
+from loadgen.report.table import (
     BREAKDOWN,
     COLUMNS,
     ROWS,
@@ -31,6 +31,7 @@ from loadgen.table import (
     slo_verdict,
     worst_text,
 )
+from loadgen.report.terminal import SUMMARY_COLUMNS, format_cell, summary_rows
 
 STYLE = """
 body { font-family: system-ui, sans-serif; margin: 2em; color: #222; }
@@ -72,7 +73,7 @@ def write_html(runs: Sequence[Run], path: Path, plots: Sequence[tuple[Path, str]
     """Embed the plots (the (png, title) pairs `plots.render_plots` wrote; rendered into a scratch
     folder when not given), write one HTML file; `sections` are extra (title, text) blocks at the end."""
     if plots is None:
-        from loadgen.plots import render_plots
+        from loadgen.report.plots import render_plots
 
         with tempfile.TemporaryDirectory(prefix="agentload-plots-") as scratch:
             images = [(title, png.read_bytes()) for png, title in render_plots(runs, Path(scratch))]
@@ -97,8 +98,8 @@ def _capacity_section(runs: Sequence[Run]) -> list[str]:
 def write_report_folder(out: Path, quiet: bool) -> None:
     """PNG plots and the HTML report of the results file in `out` into `out`/report/ (what
     `loadgen report --format png,html` writes); nothing when no level was measured."""
-    from loadgen.plots import render_plots
-    from loadgen.report import load_runs, resolve
+    from loadgen.report.plots import render_plots
+    from loadgen.report.runs import load_runs, resolve
 
     path = resolve(out)
     if not path.exists():

@@ -7,8 +7,8 @@ server and its KV-cache usage (`server_metrics.series`), and GPU power (`gpu.ser
 `gpu_power_watts`), with the window's bounds marked and the warm-up before it and the drain after it shaded.
 
 The browser draws them with uPlot (1.6.32, MIT: `npm pack uplot`'s dist/uPlot.iife.min.js and uPlot.min.css,
-vendored in loadgen/static/uplot/ with its licence) and
-loadgen/static/timeline.js, both inlined into the report: it loads nothing. A level's data travel as JSON in a
+vendored in loadgen/report/static/uplot/ with its licence) and
+loadgen/report/static/timeline.js, both inlined into the report: it loads nothing. A level's data travel as JSON in a
 `<script type="application/json">` block with `<`, `>` and `&` escaped, so no text from a results file (a session
 id holding `</script>`) can end the block. A level can hold tens of thousands of requests: the lanes shown are
 the first plays by start, at most MAX_LANES lanes and MAX_BARS requests, and the page says how many that is;

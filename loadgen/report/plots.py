@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from loadgen.report import Run, run_points
+from loadgen.report.runs import Run, run_points
 from loadgen.results.pareto import AXES, NORMALIZED, Point, frontiers
 
 SCATTERS = (
