@@ -73,7 +73,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from workload_flags import add_workload_flags
 
-from loadgen.affinity import placed_on
 from loadgen.compare import METRICS, benjamini_hochberg, compare_runs, verdict
 from loadgen.compare.stats import METRIC_BY_NAME, LevelSample, group_levels, point_values
 from loadgen.compare.verdicts import round_log_ratios
@@ -87,6 +86,7 @@ from loadgen.recipe.schema import (
     Workload,
 )
 from loadgen.recipe.server import RunningServer
+from loadgen.run.affinity import placed_on
 
 MAX_COMPARISONS = 120  # per method and size (drawn without repeats, seeded)
 RESAMPLES = 2000  # matched-boot's bootstrap over rounds

@@ -45,7 +45,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests" / "loadgen"))
 
-from loadgen.affinity import parse_cpus, placed_on  # noqa: E402
+from loadgen.run.affinity import parse_cpus, placed_on  # noqa: E402
 
 if TYPE_CHECKING:
     from conftest import ServerProcess

@@ -19,7 +19,7 @@ import threading
 import time
 from pathlib import Path
 
-from loadgen.presets import BENCH_PRESETS, CPU_MODEL, GPU_MODEL, PRESET_FIELDS, flag_text, preset_flags, preset_for
+from loadgen.run.presets import BENCH_PRESETS, CPU_MODEL, GPU_MODEL, PRESET_FIELDS, flag_text, preset_flags, preset_for
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -72,7 +72,7 @@ def _preset_text() -> str:
 
 def run(args: argparse.Namespace) -> int:
     from loadgen.errors import UsageError
-    from loadgen.replay import default_out_dir, replay_with
+    from loadgen.run.replay import default_out_dir, replay_with
     from loadgen.transport.inprocess import EngineConfigError, InProcessTransport, engine_config_from_args
 
     if args.model is None:
@@ -103,8 +103,8 @@ def run(args: argparse.Namespace) -> int:
 
 def _build_engine(transport, quiet: bool) -> None:
     """Build the engine here (it takes from seconds to minutes), with its elapsed time shown live."""
-    from loadgen.options import DEFAULTS
-    from loadgen.progress import ProgressPrinter
+    from loadgen.run.options import DEFAULTS
+    from loadgen.run.progress import ProgressPrinter
 
     printer = ProgressPrinter(DEFAULTS.piped_progress_interval_s, enabled=not quiet)
     done = threading.Event()

@@ -39,8 +39,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from loadgen.replay import default_out_dir, replay_main
     from loadgen.report.html import write_report_folder
+    from loadgen.run.replay import default_out_dir, replay_main
 
     if args.out is None:
         args.out = str(default_out_dir())

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import argparse
 
-from loadgen.options import DEFAULTS
+from loadgen.run.options import DEFAULTS
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -88,8 +88,8 @@ def add_replay_flags(p: argparse.ArgumentParser, http: bool, levels: bool = True
                       help="a level with a larger share of failed requests is marked failed (default 0.10)")
     add_slo_flags(p)
     if http:
-        from loadgen.presets import flag_text
-        from loadgen.validity import SUBMISSION, submission_flags
+        from loadgen.run.presets import flag_text
+        from loadgen.run.validity import SUBMISSION, submission_flags
 
         load.add_argument("--submission", action="store_true",
                           help="InferenceX AgentX's submission rules: sets " + flag_text(submission_flags()) +
@@ -155,7 +155,7 @@ def add_replay_flags(p: argparse.ArgumentParser, http: bool, levels: bool = True
 
 def set_submission_defaults(p: argparse.ArgumentParser) -> None:
     """Keep the parser's defaults of the flags --submission sets: it sets only the ones left at them."""
-    from loadgen.validity import submission_flags
+    from loadgen.run.validity import submission_flags
 
     p.set_defaults(submission_defaults={dest: p.get_default(dest) for dest in submission_flags()})
 
@@ -177,6 +177,6 @@ def add_slo_flags(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from loadgen.replay import replay_main
+    from loadgen.run.replay import replay_main
 
     return replay_main(args)

@@ -1,4 +1,4 @@
-"""The capacity search as a replay's sweep (loadgen/sweep.py): each probe is a level of the run,
+"""The capacity search as a replay's sweep (loadgen/run/sweep.py): each probe is a level of the run,
 chosen from the probes measured before it, and the results file gains a `capacity` block."""
 
 from __future__ import annotations
@@ -8,10 +8,10 @@ from typing import Any
 
 from loadgen.capacity.config import DEFAULT_SLO, SearchConfig
 from loadgen.capacity.search import CapacitySearch, Probe
-from loadgen.level import LevelLoad
 from loadgen.results.attainment import ClusterSums, Share
 from loadgen.results.slo import Slo, parse_slo
-from loadgen.sweep import NextLevel
+from loadgen.run.level import LevelLoad
+from loadgen.run.sweep import NextLevel
 from traces import TraceSet
 
 

@@ -20,11 +20,11 @@ import re
 from dataclasses import MISSING, dataclass, field, fields, is_dataclass
 from typing import Any, Union, get_args, get_origin, get_type_hints
 
-from loadgen.affinity import CpuListError, parse_cpus
 from loadgen.capacity.config import DEFAULT_SLO, OVER, SEARCH
 from loadgen.compare.stats import METRIC_BY_NAME
 from loadgen.compare.verdicts import DEFAULT_FDR
 from loadgen.results.slo import SloError, check_target, parse_slo
+from loadgen.run.affinity import CpuListError, parse_cpus
 
 SCHEMA = "agentload.recipe/1"
 _NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_.-]*$")

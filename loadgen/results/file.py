@@ -12,7 +12,7 @@ Each level holds `counts`, `throughput`, `cache`, `metrics` ({name: {unit, stats
 `loop_lag_warning`, `failed`/`fail_reasons`, and `requests`, the measured requests as columns;
 `spec_decode` (null without speculative decoding) holds {k, golden_al, expected_al, measured_al,
 measured_from ("usage" | "metrics" | null), num_drafts, num_accepted_tokens, requests_with_usage}
-(see loadgen/spec.py), and `config.spec_decode` the expectation asked for.
+(see loadgen/run/spec_decode.py), and `config.spec_decode` the expectation asked for.
 
 Results are never lost: a run checks its output folder with `check_writable` before it measures
 anything, and `save_results` falls back to a temporary file (logged with its path) when the folder

@@ -1,5 +1,5 @@
 """Server-wide counters read from a server's /metrics (Prometheus text) when a window opens and after
-its drain: the speculative-decoding counters (vLLM's names; the AL fallback, loadgen/spec.py) and our
+its drain: the speculative-decoding counters (vLLM's names; the AL fallback, loadgen/run/spec_decode.py) and our
 server's count of Triton kernels compiled while serving, whose difference says that the window's
 latencies include compile stalls (server/engine/warmup.py). Read with loadgen/telemetry/prometheus.py."""
 

@@ -200,7 +200,7 @@ def test_a_lane_that_raises_stops_the_run_counted_and_said(start_server, session
     """A bug in a lane (here: the plan's joins raise on the third request of a play) is never lost:
     the request it was about is an error of kind `client`, the run stops as failed with what it
     measured, and the exit code and message say so."""
-    from loadgen import plan
+    from loadgen.run import plan
 
     joins = plan.joins_before
 

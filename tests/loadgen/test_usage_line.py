@@ -20,9 +20,9 @@ from pathlib import Path
 
 import pytest
 
-from loadgen.options import LOCAL_SERVER_URL
-from loadgen.presets import preset_for
-from loadgen.replay import _fit_bundled_sessions
+from loadgen.run.options import LOCAL_SERVER_URL
+from loadgen.run.presets import preset_for
+from loadgen.run.replay import _fit_bundled_sessions
 from loadgen.transport.base import ServerInfo
 
 pytestmark = pytest.mark.slow  # tens of seconds: scheduled first (tests/conftest.py)

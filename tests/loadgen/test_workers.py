@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from hdrh.histogram import HdrHistogram
 
-from loadgen import workers
-from loadgen.level import LevelLoad
 from loadgen.results.metrics import SIGNIFICANT_DIGITS, SPEC_BY_NAME
-from loadgen.workers import TOKENS_PER_S_PER_CORE, auto_workers
+from loadgen.run import workers
+from loadgen.run.level import LevelLoad
+from loadgen.run.workers import TOKENS_PER_S_PER_CORE, auto_workers
 
 
 def _plan(records: list[dict]) -> dict[int, tuple]:

@@ -1,5 +1,5 @@
 """Whether a run meets InferenceX AgentX's submission rules: `check_validity` judges a results
-document (config + levels, as loadgen/replay.py writes it) and names each rule that failed;
+document (config + levels, as loadgen/run/replay.py writes it) and names each rule that failed;
 `submission_flags` gives the replay flag values that make a run meet them.
 
 The numbers are upstream's unless marked "ours": InferenceX runs AgentX through aiperf's
@@ -54,7 +54,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from loadgen.presets import flag_text
+from loadgen.run.presets import flag_text
 
 RULES_SOURCE = ("InferenceX AgentX (SemiAnalysisAI/InferenceX 843c6254f: its benchmark library and agentic result "
                 "validation) and aiperf's inferencex-agentx-mvp scenario (SemiAnalysisAI/aiperf 211ad67f)")
@@ -172,7 +172,7 @@ def _mid_trace_start(doc: dict[str, Any], rules: SubmissionRules) -> tuple[bool,
 
 
 def _cache_priming_warmup(doc: dict[str, Any], rules: SubmissionRules) -> tuple[bool, Any, str]:
-    from loadgen.level import Warmup  # here, not at the top: loadgen.level imports the histograms
+    from loadgen.run.level import Warmup  # here, not at the top: loadgen.level imports the histograms
 
     text, mode = _get(doc, "config", "warmup"), _get(doc, "config", "mode")
     requests = Warmup.parse(text).requests or 0

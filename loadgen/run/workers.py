@@ -5,7 +5,7 @@ A pool runs levels and reports progress through one interface, whatever it is ma
 
 - `LocalPool`: the whole level in this process (one worker, the default for small loads);
 - `ProcessPool`: N processes on this host, driven over pipes;
-- `RayPool` (loadgen/ray_pool.py): N Ray actors across a Ray cluster's nodes.
+- `RayPool` (loadgen/run/ray_pool.py): N Ray actors across a Ray cluster's nodes.
 
 Each worker runs a `Runner` over its `Share` of the level (runner.py) and returns its share
 exported as plain data (LevelRun.export); the parent adds the shares into one LevelRun, so the
@@ -31,12 +31,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from loadgen import progress
-from loadgen.level import LevelLoad, LevelRun, RunConfig, Share
-from loadgen.runner import Runner
-from loadgen.spec import SpecExpectation
-from loadgen.summary import dumps_record
-from loadgen.trace_cache import PackedTraces
+from loadgen.run import progress
+from loadgen.run.level import LevelLoad, LevelRun, RunConfig, Share
+from loadgen.run.runner import Runner
+from loadgen.run.spec_decode import SpecExpectation
+from loadgen.run.summary import dumps_record
+from loadgen.run.trace_cache import PackedTraces
 from traces import PromptSynth
 
 # Measured (benchmarks/client_overhead.py, benchmarks/RESULTS.md "Worker processes"): one
@@ -369,7 +369,7 @@ def worker_process_main(conn) -> None:
     """Entry point of a worker process: serve the parent's calls until the pipe closes."""
     # Ctrl-C reaches the whole process group: the parent alone decides, and tells the workers.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    from loadgen.event_loop import run_event_loop
+    from loadgen.run.event_loop import run_event_loop
 
     run_event_loop(_serve(conn))
 

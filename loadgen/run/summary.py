@@ -9,11 +9,11 @@ from typing import Any
 
 import orjson
 
-from loadgen.level import LevelRun, RequestMeta, RunConfig
-from loadgen.loop_lag import WARN_P99_US
 from loadgen.results.attainment import good_mask, level_attainment, request_columns
 from loadgen.results.turns import turn_summary
-from loadgen.spec import SpecExpectation
+from loadgen.run.level import LevelRun, RequestMeta, RunConfig
+from loadgen.run.loop_lag import WARN_P99_US
+from loadgen.run.spec_decode import SpecExpectation
 from loadgen.transport.base import Exchange
 from traces import Session, TraceSet
 

@@ -25,14 +25,19 @@ from pathlib import Path
 from typing import Any, BinaryIO
 from urllib.parse import urlsplit
 
-from loadgen import __version__, closed_loop, open_loop
-from loadgen.affinity import format_cpus
+from loadgen import __version__
 from loadgen.capacity.config import DEFAULT_SLO, check_search_flags
 from loadgen.capacity.sweep import CapacitySweep, describe_capacity, search_config, unheld_slo
 from loadgen.errors import UsageError
-from loadgen.event_loop import run_event_loop
-from loadgen.level import LevelLoad, LevelRun, RunConfig, Share, Warmup
-from loadgen.options import (
+from loadgen.report.table import format_level
+from loadgen.results.file import SCHEMA, check_writable, save_results
+from loadgen.results.pareto import pareto
+from loadgen.results.slo import DEFAULT_SLOS, Slo, SloError, check_target, parse_slos
+from loadgen.run import closed_loop, open_loop
+from loadgen.run.affinity import format_cpus
+from loadgen.run.event_loop import run_event_loop
+from loadgen.run.level import LevelLoad, LevelRun, RunConfig, Share, Warmup
+from loadgen.run.options import (
     DEFAULT_FOREIGN_VOCAB,
     DEFAULTS,
     OUR_VOCAB,
@@ -41,38 +46,21 @@ from loadgen.options import (
     parse_offset,
     parse_workers,
 )
-from loadgen.plan import TimingConfig, max_subagents
-from loadgen.presets import TRACE_FIELDS, WINDOW_FIELDS, flag_text, preset_flags, preset_for
-from loadgen.progress import ProgressPrinter, describe
-from loadgen.report.table import format_level
-from loadgen.results.file import SCHEMA, check_writable, save_results
-from loadgen.results.pareto import pareto
-from loadgen.results.slo import DEFAULT_SLOS, Slo, SloError, check_target, parse_slos
-from loadgen.runner import Runner
-from loadgen.spec import (
-    SpecExpectation,
-    expectation_from_flags,
-    server_card,
-    server_default,
-)
-from loadgen.summary import TraceHitRates, dumps_record, level_summary
-from loadgen.sweep import FixedSweep, Sweep
+from loadgen.run.plan import TimingConfig, max_subagents
+from loadgen.run.presets import TRACE_FIELDS, WINDOW_FIELDS, flag_text, preset_flags, preset_for
+from loadgen.run.progress import ProgressPrinter, describe
+from loadgen.run.runner import Runner
+from loadgen.run.spec_decode import SpecExpectation, expectation_from_flags, server_card, server_default
+from loadgen.run.summary import TraceHitRates, dumps_record, level_summary
+from loadgen.run.sweep import FixedSweep, Sweep
+from loadgen.run.trace_cache import PackedTraces, load_traces_cached
+from loadgen.run.validity import apply_submission, check_validity, describe_validity
+from loadgen.run.workers import HttpTarget, LocalPool, Pool, ProcessPool, WorkerError, WorkerSetup, auto_workers
 from loadgen.telemetry.gpu import GpuSampler, choose_source, gpu_block
 from loadgen.telemetry.gpu_sources import NoGpuSource
 from loadgen.telemetry.series import ServerSeries
-from loadgen.trace_cache import PackedTraces, load_traces_cached
 from loadgen.transport.base import ServerInfo, Transport, TransportError
 from loadgen.transport.http import HttpTransport
-from loadgen.validity import apply_submission, check_validity, describe_validity
-from loadgen.workers import (
-    HttpTarget,
-    LocalPool,
-    Pool,
-    ProcessPool,
-    WorkerError,
-    WorkerSetup,
-    auto_workers,
-)
 from traces import DEFAULT_SET, PromptSynth, TraceError, TraceSet
 from traces.scale import ScaleConfig, scale_traces
 from traces.stats import theoretical_hit_rate
@@ -250,7 +238,7 @@ async def _replay(args: argparse.Namespace, options: dict[str, Any], transport: 
             await _start_workers(pool, printer)
             await transport.open(max_connections=2)  # the parent's own: /metrics
         gpu.start()
-        # a level's repeats share its index, so they replay the same plan (loadgen/runner.py)
+        # a level's repeats share its index, so they replay the same plan (loadgen/run/runner.py)
         while not pool.stopped and (step := sweep.next_level()) is not None:
             of = f" (repeat {step.repeat + 1} of {step.repeats})" if step.repeats > 1 else ""
             printer.say(f"-- {step.spec.label}{of}: {_level_plan(step.spec, step.index, traces, config)}")
@@ -399,7 +387,7 @@ def _finish(doc: dict[str, Any], pool: Pool, path: Path, running: bool = False) 
     if running and pool.status == "complete":
         doc["status"], doc["message"] = "interrupted", "the run was still going when this was written"
     doc["pareto"] = pareto(doc["levels"])
-    doc["validity"] = check_validity(doc)  # AgentX's submission rules (loadgen/validity.py)
+    doc["validity"] = check_validity(doc)  # AgentX's submission rules (loadgen/run/validity.py)
     return save_results(path, doc)
 
 
@@ -465,7 +453,7 @@ def _worker_count(args: argparse.Namespace, options: dict[str, Any], levels: lis
 
 def _ray_pool(address: str, setups: list[WorkerSetup], on_records) -> Pool:
     try:
-        from loadgen.ray_pool import RayPool
+        from loadgen.run.ray_pool import RayPool
     except ImportError as exc:
         raise UsageError(f"--ray: Ray is not installed ({exc}); install it with `pip install agentload[ray]`") from exc
     return RayPool(address, setups, on_records)

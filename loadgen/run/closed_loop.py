@@ -16,13 +16,13 @@ import dataclasses
 import time
 from typing import TYPE_CHECKING
 
-from loadgen import plan
-from loadgen.level import LevelRun, RequestMeta, RunConfig
-from loadgen.plan import LanePlays, Play
+from loadgen.run import plan
+from loadgen.run.level import LevelRun, RequestMeta, RunConfig
+from loadgen.run.plan import LanePlays, Play
 from traces import TraceSet
 
 if TYPE_CHECKING:
-    from loadgen.runner import Runner
+    from loadgen.run.runner import Runner
 
 
 def plays_of(traces: TraceSet, config: RunConfig, level_index: int, concurrency: int) -> LanePlays:

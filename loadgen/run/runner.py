@@ -1,9 +1,9 @@
 """The level runner: runs one level at a time (warm-up, measurement window, drain) and times and
 accounts every request it sends.
 
-Closed loop (`LevelLoad.concurrency`, loadgen/closed_loop.py): N lanes, each playing one session
+Closed loop (`LevelLoad.concurrency`, loadgen/run/closed_loop.py): N lanes, each playing one session
 tree at a time (see plan.py for the timing of a play). Open loop (`rate` or Mooncake timestamps,
-loadgen/open_loop.py): requests start at their intended times whatever the server does, and
+loadgen/run/open_loop.py): requests start at their intended times whatever the server does, and
 latency counts from the intended time.
 
 A request counts when it started inside the window (open loop: was *due* inside it) and is not
@@ -13,10 +13,10 @@ is bounded by the per-request timeout). Failures are counted by kind. A server t
 (Ctrl-C), and so does a warm-up that outlasts `RunConfig.warmup_timeout_s`. Either way the
 levels measured so far, and the partial one, are kept.
 
-Requests are prepared a few per event-loop turn (loadgen/pacer.py), so a burst of lanes
+Requests are prepared a few per event-loop turn (loadgen/run/pacer.py), so a burst of lanes
 finishing together never keeps the loop from reading its sockets.
 
-A worker process (loadgen/workers.py) runs a `Runner` over its `Share` of the level; with
+A worker process (loadgen/run/workers.py) runs a `Runner` over its `Share` of the level; with
 `coordinated` the window of a requests-counted warm-up is opened by the parent (`open_window`)
 once every worker's lanes are warm, so all shares measure the same window.
 
@@ -36,14 +36,14 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from loadgen import closed_loop, open_loop
-from loadgen.level import LevelLoad, LevelRun, RequestMeta, RunConfig, Share
-from loadgen.loop_lag import LoopLagMonitor
-from loadgen.pacer import Pacer
-from loadgen.plan import SALT_BITS, Play, TimingConfig
 from loadgen.results.attainment import SloTally
-from loadgen.spec import SpecCounters, SpecExpectation
-from loadgen.summary import request_record
+from loadgen.run import closed_loop, open_loop
+from loadgen.run.level import LevelLoad, LevelRun, RequestMeta, RunConfig, Share
+from loadgen.run.loop_lag import LoopLagMonitor
+from loadgen.run.pacer import Pacer
+from loadgen.run.plan import SALT_BITS, Play, TimingConfig
+from loadgen.run.spec_decode import SpecCounters, SpecExpectation
+from loadgen.run.summary import request_record
 from loadgen.transport.base import ErrorKind, Exchange, Transport, WireRequest
 from traces import PromptSynth, TraceSet
 

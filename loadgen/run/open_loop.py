@@ -13,13 +13,13 @@ import asyncio
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
-from loadgen import plan
-from loadgen.level import LevelLoad, LevelRun, RequestMeta, RunConfig
-from loadgen.plan import Play, PlaySource
+from loadgen.run import plan
+from loadgen.run.level import LevelLoad, LevelRun, RequestMeta, RunConfig
+from loadgen.run.plan import Play, PlaySource
 from traces import Request, TraceSet
 
 if TYPE_CHECKING:
-    from loadgen.runner import Runner
+    from loadgen.run.runner import Runner
 
 
 def arrivals(

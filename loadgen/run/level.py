@@ -1,7 +1,7 @@
 """One level of a sweep: what it is (`LevelLoad`), how it runs (`RunConfig`, `Warmup`), and
 its state while it runs (`LevelRun`).
 
-A level run by several worker processes (loadgen/workers.py) is one `LevelRun` per worker;
+A level run by several worker processes (loadgen/run/workers.py) is one `LevelRun` per worker;
 `LevelRun.export` turns one into picklable data (histograms in HDR's encoded form) and
 `LevelRun.absorb` adds such data into another, exactly: counts add, histograms merge bucket by
 bucket, per-request columns concatenate.
@@ -16,11 +16,11 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from loadgen.plan import TimingConfig
 from loadgen.results.attainment import ClusterSums, SloTally
 from loadgen.results.metrics import LevelRecorder, decode_histogram
 from loadgen.results.slo import DEFAULT_TARGET, Slo
-from loadgen.spec import SpecTally
+from loadgen.run.plan import TimingConfig
+from loadgen.run.spec_decode import SpecTally
 from loadgen.telemetry.server_counters import ServerCounters
 from traces import Request
 

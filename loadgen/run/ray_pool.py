@@ -15,7 +15,7 @@ from typing import Any
 
 import ray
 
-from loadgen.workers import RemotePool, Worker, WorkerError, WorkerSetup
+from loadgen.run.workers import RemotePool, Worker, WorkerError, WorkerSetup
 
 
 class _WorkerActor:

@@ -1,6 +1,6 @@
 """Which levels a run plays, in which order: a fixed sweep (`--conc`/`--rate`, each level
 `--repeat` times), or a search that picks each level from the ones measured before it
-(loadgen/capacity.py). The replay (loadgen/replay.py) asks a `Sweep` for its next level, shows it
+(loadgen/capacity.py). The replay (loadgen/run/replay.py) asks a `Sweep` for its next level, shows it
 each level's summary, and lets it end a level's window early.
 """
 
@@ -9,13 +9,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from loadgen.level import LevelLoad
 from loadgen.results.slo import Slo
+from loadgen.run.level import LevelLoad
 
 
 @dataclass(frozen=True, slots=True)
 class NextLevel:
-    index: int  # keys the level's plan: a repeat runs an index again (loadgen/runner.py)
+    index: int  # keys the level's plan: a repeat runs an index again (loadgen/run/runner.py)
     spec: LevelLoad
     repeat: int = 0
     repeats: int = 1

@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, TextIO
 
-from loadgen.level import LevelRun
+from loadgen.run.level import LevelRun
 
 
 def snapshot(level: LevelRun | None) -> dict[str, Any]:
