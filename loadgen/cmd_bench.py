@@ -72,7 +72,8 @@ def _preset_text() -> str:
 
 def run(args: argparse.Namespace) -> int:
     from loadgen.errors import UsageError
-    from loadgen.run.replay import default_out_dir, replay_with
+    from loadgen.run.flags import default_out_dir
+    from loadgen.run.replay import replay_with
     from loadgen.transport.inprocess import EngineConfigError, InProcessTransport, engine_config_from_args
 
     if args.model is None:
@@ -103,7 +104,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _build_engine(transport, quiet: bool) -> None:
     """Build the engine here (it takes from seconds to minutes), with its elapsed time shown live."""
-    from loadgen.run.options import DEFAULTS
+    from loadgen.defaults import DEFAULTS
     from loadgen.run.progress import ProgressPrinter
 
     printer = ProgressPrinter(DEFAULTS.piped_progress_interval_s, enabled=not quiet)

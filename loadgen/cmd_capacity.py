@@ -40,7 +40,8 @@ def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from loadgen.report.html import write_report_folder
-    from loadgen.run.replay import default_out_dir, replay_main
+    from loadgen.run.flags import default_out_dir
+    from loadgen.run.replay import replay_main
 
     if args.out is None:
         args.out = str(default_out_dir())

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import argparse
 
-from loadgen.run.options import DEFAULTS
+from loadgen.defaults import DEFAULTS
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

@@ -17,7 +17,7 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from loadgen.run.options import DEFAULTS
+from loadgen.defaults import DEFAULTS
 
 DEFAULT_TARGET = DEFAULTS.attainment  # the share of requests that must be good for a level to hold the SLO
 

@@ -1,7 +1,8 @@
 """One `loadgen replay` run: flags -> server info -> traces -> levels -> table and results file.
 
 `replay_with` runs the same replay through any Transport (`loadgen bench` drives the engine
-in-process with it); `replay_main` is the HTTP case.
+in-process with it); `replay_main` is the HTTP case. The flags are checked and resolved in
+flags.py, the results' record of how the run was made is provenance.py's.
 
 Kept apart from cmd_replay.py so `loadgen --help` never imports numpy, hdrh or the traces.
 """
@@ -12,57 +13,49 @@ import argparse
 import asyncio
 import gc
 import math
-import os
-import platform
 import signal
-import socket
-import subprocess
 import sys
 import time
 from collections.abc import Callable
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, BinaryIO
 from urllib.parse import urlsplit
 
-from loadgen import __version__
-from loadgen.capacity.config import DEFAULT_SLO, check_search_flags
-from loadgen.capacity.sweep import CapacitySweep, describe_capacity, search_config, unheld_slo
+from loadgen.capacity.sweep import describe_capacity, unheld_slo
+from loadgen.defaults import DEFAULTS
 from loadgen.errors import UsageError
 from loadgen.report.table import format_level
-from loadgen.results.file import SCHEMA, check_writable, save_results
+from loadgen.results.file import SCHEMA, save_results
 from loadgen.results.pareto import pareto
-from loadgen.results.slo import DEFAULT_SLOS, Slo, SloError, check_target, parse_slos
 from loadgen.run import closed_loop, open_loop
-from loadgen.run.affinity import format_cpus
 from loadgen.run.event_loop import run_event_loop
-from loadgen.run.level import LevelLoad, LevelRun, RunConfig, Share, Warmup
-from loadgen.run.options import (
-    DEFAULT_FOREIGN_VOCAB,
-    DEFAULTS,
-    OUR_VOCAB,
+from loadgen.run.flags import (
+    build_sweep,
+    check_flags,
+    fit_bundled_sessions,
+    load_traces,
     parse_headers,
-    parse_list,
-    parse_offset,
-    parse_workers,
+    scrape_interval,
+    speculative_expectation,
+    vocab,
+    warmup_timeout,
 )
+from loadgen.run.level import LevelLoad, LevelRun, RunConfig, Share, Warmup
 from loadgen.run.plan import TimingConfig, max_subagents
-from loadgen.run.presets import TRACE_FIELDS, WINDOW_FIELDS, flag_text, preset_flags, preset_for
 from loadgen.run.progress import ProgressPrinter, describe
+from loadgen.run.provenance import config_block, utc_now
 from loadgen.run.runner import Runner
-from loadgen.run.spec_decode import SpecExpectation, expectation_from_flags, server_card, server_default
 from loadgen.run.summary import TraceHitRates, dumps_record, level_summary
-from loadgen.run.sweep import FixedSweep, Sweep
-from loadgen.run.trace_cache import PackedTraces, load_traces_cached
+from loadgen.run.sweep import Sweep
+from loadgen.run.trace_cache import PackedTraces
 from loadgen.run.validity import apply_submission, check_validity, describe_validity
 from loadgen.run.workers import HttpTarget, LocalPool, Pool, ProcessPool, WorkerError, WorkerSetup, auto_workers
 from loadgen.telemetry.gpu import GpuSampler, choose_source, gpu_block
 from loadgen.telemetry.gpu_sources import NoGpuSource
 from loadgen.telemetry.series import ServerSeries
-from loadgen.transport.base import ServerInfo, Transport, TransportError
+from loadgen.transport.base import Transport, TransportError
 from loadgen.transport.http import HttpTransport
-from traces import DEFAULT_SET, PromptSynth, TraceError, TraceSet
-from traces.scale import ScaleConfig, scale_traces
+from traces import PromptSynth, TraceSet
 from traces.stats import theoretical_hit_rate
 
 OPEN_LOOP_CONNECTIONS = 4096
@@ -95,7 +88,7 @@ def replay_with(args: argparse.Namespace, transport: Transport, target: dict[str
         if not args.quiet and flags:
             print(f"{args.command}: --submission: {flags}", flush=True)
     try:
-        options = _check_flags(args)
+        options = check_flags(args)
     except ValueError as exc:
         raise UsageError(str(exc)) from exc
     try:
@@ -105,61 +98,6 @@ def replay_with(args: argparse.Namespace, transport: Transport, target: dict[str
         # (`bench`: frozen triton objects would outlive the final collection, and nanobind would
         # print leak warnings at exit).
         gc.unfreeze()
-
-
-def _check_flags(args: argparse.Namespace) -> dict[str, Any]:
-    duration = DEFAULTS.duration_s if args.duration is None else args.duration  # None: capacity's, chosen later
-    for flag, value in (("--duration", duration), ("--timeout", args.timeout),
-                        ("--warmup-timeout", _warmup_timeout(args))):
-        if not value > 0:
-            raise ValueError(f"{flag}: must be > 0, got {value:g}")
-    if not getattr(args, "server_metrics_interval", 0) >= 0:
-        raise ValueError(f"--server-metrics-interval: must be >= 0 (0: off), got {args.server_metrics_interval:g}")
-    if not 0 <= args.max_error_rate <= 1:
-        raise ValueError(f"--max-error-rate: must be within 0..1, got {args.max_error_rate:g}")
-    if args.gpus is not None and args.gpus < 1:
-        raise ValueError(f"--gpus: must be >= 1, got {args.gpus}")
-    if getattr(args, "repeat", 1) < 1:
-        raise ValueError(f"--repeat: must be >= 1, got {args.repeat}")
-    if getattr(args, "capacity", False):
-        check_search_flags(args)
-    if args.vocab_size is not None and args.vocab_size < 2:
-        raise ValueError(f"--vocab-size: must be >= 2, got {args.vocab_size}")
-    if args.vocab_offset is not None and args.vocab_offset < 0:
-        raise ValueError(f"--vocab-offset: must be >= 0, got {args.vocab_offset}")
-    out_dir = Path(args.out) if args.out else default_out_dir()
-    check_writable(out_dir)  # before the run: its results must have somewhere to go
-    if args.per_request:
-        check_writable(Path(args.per_request).parent, "--per-request")
-    return {
-        "out_dir": out_dir,
-        "slos": _slos(args),
-        "conc": parse_list(getattr(args, "conc", "1"), "--conc", int),
-        "rates": parse_list(args.rate, "--rate", float) if getattr(args, "rate", None) else None,
-        "warmup": Warmup.parse(args.warmup or DEFAULTS.warmup),
-        "start_offset": parse_offset(args.start_offset),
-        "workers": parse_workers(getattr(args, "workers", "1")),
-    }
-
-
-def _scrape_interval(args: argparse.Namespace) -> float:
-    """--server-metrics-interval (recipes' and tests' own namespaces may lack it: the default)."""
-    return float(getattr(args, "server_metrics_interval", DEFAULTS.server_metrics_interval_s))
-
-
-def _slos(args: argparse.Namespace) -> tuple[Slo, ...]:
-    """--slo (default: every tier) and --attainment; ValueError naming the flag."""
-    default = (DEFAULT_SLO,) if getattr(args, "capacity", False) else DEFAULT_SLOS
-    try:
-        check_target(getattr(args, "attainment", DEFAULTS.attainment))
-        return parse_slos(getattr(args, "slo", None) or default)
-    except SloError as exc:
-        raise ValueError(str(exc) if str(exc).startswith("--") else f"--slo: {exc}") from None
-
-
-def _warmup_timeout(args: argparse.Namespace) -> float:
-    """Callers that build their own namespace (recipes) may leave the newer flags out."""
-    return getattr(args, "warmup_timeout", DEFAULTS.warmup_timeout_s)
 
 
 async def _replay(args: argparse.Namespace, options: dict[str, Any], transport: Transport,
@@ -176,27 +114,27 @@ async def _replay(args: argparse.Namespace, options: dict[str, Any], transport: 
         return 1
     await transport.close()
 
-    expectation = _spec_expectation(args, info)
-    for line in _fit_bundled_sessions(args, info):
+    expectation = speculative_expectation(args, info)
+    for line in fit_bundled_sessions(args, info):
         printer.say(line)
     options["warmup"] = Warmup.parse(args.warmup)  # the preset's, when the search took it
-    traces, scale_report = _load_traces(args, info)
-    sweep = _sweep(args, options, traces)
+    traces, scale_report = load_traces(args, info)
+    sweep = build_sweep(args, options, traces)
     levels = sweep.sizing()
     config = RunConfig(
         duration_s=args.duration, warmup=options["warmup"],
         timing=TimingConfig(args.think_time_scale, args.think_time_cap),
         seed=args.seed, start_offset=options["start_offset"], time_scale=args.time_scale,
         timeout_s=args.timeout, max_error_rate=args.max_error_rate,
-        gpus=args.gpus or info.num_gpus or 1, warmup_timeout_s=_warmup_timeout(args),
+        gpus=args.gpus or info.num_gpus or 1, warmup_timeout_s=warmup_timeout(args),
         slos=options["slos"], slo_target=getattr(args, "attainment", DEFAULTS.attainment), live_slo=sweep.live_slo,
     )
-    vocab_offset, vocab_size = _vocab(args, info)
+    vocab_offset, vocab_size = vocab(args, info)
     planned_path = results_path = options["out_dir"] / "result.json"
     workers = _worker_count(args, options, levels, traces, http_target)
     doc: dict[str, Any] = {
-        "schema": SCHEMA, "created": _utc_now(), "status": "complete", "message": None,
-        "config": {**_config(args, target, config, info, traces, scale_report, levels, vocab_offset, vocab_size),
+        "schema": SCHEMA, "created": utc_now(), "status": "complete", "message": None,
+        "config": {**config_block(args, target, config, info, traces, scale_report, levels, vocab_offset, vocab_size),
                    "spec_decode": expectation.describe() if expectation else None},
         "levels": [], "pareto": None,
     }
@@ -242,7 +180,7 @@ async def _replay(args: argparse.Namespace, options: dict[str, Any], transport: 
         while not pool.stopped and (step := sweep.next_level()) is not None:
             of = f" (repeat {step.repeat + 1} of {step.repeats})" if step.repeats > 1 else ""
             printer.say(f"-- {step.spec.label}{of}: {_level_plan(step.spec, step.index, traces, config)}")
-            series = ServerSeries(transport.metrics_text, interval) if (interval := _scrape_interval(args)) else None
+            series = ServerSeries(transport.metrics_text, interval) if (interval := scrape_interval(args)) else None
             level_started = time.perf_counter_ns()
             try:
                 level, early, window_start = await _drive_level(pool, step.spec, step.index, config, printer, sweep,
@@ -373,11 +311,6 @@ def _level_report(summary: dict[str, Any], level: LevelRun, pool: Pool) -> str:
     return format_level(summary)
 
 
-def default_out_dir() -> Path:
-    """results/<UTC timestamp>/: one folder per run, sortable by time."""
-    return Path("results") / datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-
-
 def _finish(doc: dict[str, Any], pool: Pool, path: Path, running: bool = False) -> Path:
     """Write the results as they stand; returns where they went (a temporary file if `path` failed).
     While the run goes on (`running`) the file says it was interrupted: a process killed before its
@@ -408,34 +341,6 @@ def _exit_code(doc: dict[str, Any], pool: Pool, command: str) -> int:
     return 0
 
 
-def _fit_bundled_sessions(args: argparse.Namespace, info: ServerInfo) -> list[str]:
-    """Against our own server, the bundled sessions are fitted to the model it serves the way
-    `loadgen bench` fits them (presets.py), for the flags the user did not give; the lines say
-    what was chosen. Other servers and other traces are never rescaled behind the user's back."""
-    chosen = {}
-    bundled = args.traces in (None, DEFAULT_SET)
-    if info.ours and bundled and hasattr(args, "workers"):  # `loadgen bench` applied its whole preset already
-        model = info.raw.get("root") or info.model
-        preset = preset_for(model)
-        # a capacity search's probes are levels too: their window and warm-up as bench's levels
-        fields = TRACE_FIELDS + (WINDOW_FIELDS if getattr(args, "capacity", False) else ())
-        chosen = {name: value for name, value in preset_flags(preset, fields).items() if getattr(args, name) is None}
-        for name, value in chosen.items():
-            setattr(args, name, value)
-    args.token_scale = 1.0 if args.token_scale is None else args.token_scale
-    args.think_time_scale = 1.0 if args.think_time_scale is None else args.think_time_scale
-    for name, default in (("duration", DEFAULTS.duration_s), ("warmup", DEFAULTS.warmup)):
-        if getattr(args, name, default) is None:  # `loadgen capacity` leaves them to the preset, else these
-            setattr(args, name, default)
-    if not chosen:
-        return []
-    flags = flag_text(chosen)
-    limit = f", max context {info.max_model_len}" if info.max_model_len else ""
-    return [f"{args.command}: our server ({model}{limit}): the bundled sessions are scaled to it as "
-            f"`loadgen bench` does: {flags}",
-            f"{args.command}: give --token-scale / --think-time-scale / --think-time-cap to choose otherwise"]
-
-
 def _worker_count(args: argparse.Namespace, options: dict[str, Any], levels: list[LevelLoad], traces: TraceSet,
                   http_target: HttpTarget | None) -> int:
     ray = getattr(args, "ray", None)
@@ -459,144 +364,12 @@ def _ray_pool(address: str, setups: list[WorkerSetup], on_records) -> Pool:
     return RayPool(address, setups, on_records)
 
 
-def _spec_expectation(args: argparse.Namespace, info: ServerInfo) -> SpecExpectation | None:
-    """replay: from --golden-al/--spec-k/--thinking; bench (no such flags: the engine's own
-    --golden-al/--thinking set its AL): the engine's speculative config, never sent per request."""
-    if not hasattr(args, "spec_k"):
-        return server_default(server_card(info.raw))
-    try:
-        return expectation_from_flags(args.golden_al, args.spec_k, args.thinking, info.raw, info.ours)
-    except ValueError as exc:
-        raise UsageError(str(exc)) from exc
-
-
-def _load_traces(args: argparse.Namespace, info: ServerInfo) -> tuple[TraceSet, Any]:
-    # frozen: the set lives for the run (replay_with unfreezes), and the collector need not walk it
-    traces = load_traces_cached(args.traces or DEFAULT_SET, args.trace_format, freeze=True)
-    if traces.format == "mooncake" and len(traces.sessions) > 1:
-        raise UsageError(f"--traces: a Mooncake replay takes one file (its timestamps are one timeline); "
-                         f"{args.traces} holds {len(traces.sessions)}")
-    max_context = args.max_context if args.max_context is not None else info.max_model_len
-    scale = ScaleConfig(max_context=max_context, over_context=args.over_context, token_scale=args.token_scale,
-                        think_time_scale=args.think_time_scale, think_time_cap=args.think_time_cap)
-    try:
-        return scale_traces(traces, scale)
-    except TraceError as exc:
-        if max_context is None:
-            raise
-        source = "--max-context" if args.max_context is not None else "the server's max_model_len"
-        raise UsageError(f"{exc}: {source} is {max_context} tokens; shrink the trace with --token-scale "
-                         f"(e.g. --token-scale 0.01) or raise the limit") from exc
-
-
-def _sweep(args: argparse.Namespace, options: dict[str, Any], traces: TraceSet) -> Sweep:
-    """The levels to run: `loadgen capacity` (and `bench --capacity`) search them, else the flags list them."""
-    if getattr(args, "capacity", False):
-        return CapacitySweep(search_config(args, traces, options["slos"]))
-    return FixedSweep(_level_specs(args, options, traces), getattr(args, "repeat", 1))
-
-
-def _level_specs(args: argparse.Namespace, options: dict[str, Any], traces: TraceSet) -> list[LevelLoad]:
-    if options["rates"]:
-        return [LevelLoad("poisson", rate=rate) for rate in options["rates"]]
-    if traces.format == "mooncake":
-        return [LevelLoad("mooncake")]
-    return [LevelLoad("closed", concurrency=n) for n in options["conc"]]
-
-
-def _vocab(args: argparse.Namespace, info: ServerInfo) -> tuple[int, int]:
-    offset, size = OUR_VOCAB if info.ours else DEFAULT_FOREIGN_VOCAB
-    if args.vocab_offset is not None:
-        offset = args.vocab_offset
-    if args.vocab_size is not None:
-        size = args.vocab_size
-    elif info.vocab_size is not None and not info.ours:
-        size = max(2, min(size, info.vocab_size - offset))
-    if info.vocab_size is not None and offset + size > info.vocab_size:
-        raise UsageError(f"--vocab-offset {offset} + --vocab-size {size} exceed the server's vocabulary "
-                         f"({info.vocab_size} ids)")
-    return offset, size
-
-
 def _pool_size(levels: list[LevelLoad], traces: TraceSet, workers: int) -> int:
     """Connections per worker: every request the heaviest level can have in flight at once."""
     if levels[0].mode != "closed":
         return math.ceil(OPEN_LOOP_CONNECTIONS / workers)
     lanes = math.ceil(max(spec.lanes for spec in levels) / workers)
     return lanes * (1 + max_subagents(traces.sessions))
-
-
-def _client_cpus() -> str | None:
-    """The CPUs the client may run on ("0-3"; `taskset` or a recipe's sweep.client_cpus narrow it)."""
-    return format_cpus(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
-
-
-def _config(args, target: dict[str, Any], config: RunConfig, info: ServerInfo, traces: TraceSet, scale_report,
-            levels: list[LevelLoad], vocab_offset: int, vocab_size: int) -> dict[str, Any]:
-    return {
-        "command_line": _redacted([Path(sys.argv[0]).name, *sys.argv[1:]]),
-        "loadgen_version": __version__,
-        "git_revision": _git_revision(),
-        "host": {"hostname": socket.gethostname(), "platform": platform.platform(),
-                 "machine": platform.machine(), "cpu_model": _cpu_model(), "python": platform.python_version(),
-                 "cpu_count": os.cpu_count(), "cpus": _client_cpus()},
-        **target, "model": info.model,
-        "server": {"ours": info.ours, "max_model_len": info.max_model_len, "num_gpus": info.num_gpus,
-                   "vocab_size": info.vocab_size, "models_entry": info.raw},
-        "gpus": config.gpus,
-        "mode": levels[0].mode,
-        "levels": [{"mode": s.mode, "concurrency": s.concurrency, "rate": s.rate} for s in levels],
-        "duration_s": config.duration_s, "warmup": config.warmup.describe(),
-        "start_offset": list(config.start_offset), "time_scale": config.time_scale,
-        "seed": config.seed, "timeout_s": config.timeout_s, "max_error_rate": config.max_error_rate,
-        "slos": [{"name": slo.name, "spec": slo.spec} for slo in config.slos], "attainment_target": config.slo_target,
-        "vocab": {"offset": vocab_offset, "size": vocab_size},
-        "traces": {"source": args.traces or DEFAULT_SET, "name": traces.name, "format": traces.format,
-                   "block_size": traces.block_size, "sessions": len(traces.sessions),
-                   "requests": sum(1 for s in traces.sessions for _ in s.all_requests()),
-                   "scale": scale_report.to_dict()},
-    }
-
-
-def _redacted(argv: list[str]) -> list[str]:
-    """The command line without secrets: values of --api-key and --header become '***'."""
-    out, hide_next = [], False
-    for arg in argv:
-        if hide_next:
-            out.append("***")
-            hide_next = False
-        elif arg in ("--api-key", "--header"):
-            out.append(arg)
-            hide_next = True
-        elif arg.startswith(("--api-key=", "--header=")):
-            out.append(arg.partition("=")[0] + "=***")
-        else:
-            out.append(arg)
-    return out
-
-
-def _cpu_model() -> str | None:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.partition(":")[2].strip()
-    except OSError:
-        pass
-    return platform.processor() or None
-
-
-def _git_revision() -> str | None:
-    """HEAD of the checkout loadgen runs from (with '-dirty' for local changes), if it is one."""
-    here = Path(__file__).resolve().parent
-    try:
-        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True, timeout=5)
-        if head.returncode != 0:
-            return None
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=here,
-                               capture_output=True, text=True, timeout=5)
-        return head.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
-    except (OSError, subprocess.SubprocessError):
-        return None
 
 
 def _record_writer(file: BinaryIO | None) -> Callable[[bytes], None] | None:
@@ -616,5 +389,3 @@ def _open_per_request(path: str | None) -> BinaryIO | None:
     return open(path, "wb")
 
 
-def _utc_now() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="seconds")
