@@ -88,7 +88,7 @@ def _capacity_section(runs: Sequence[Run]) -> list[str]:
     searched = [run for run in runs if run.doc.get("capacity")]
     if not searched:
         return []
-    from loadgen.capacity.sweep import describe_capacity
+    from loadgen.capacity.describe import describe_capacity
 
     items = "".join(f"<li>{escape(run.name)}: {escape(describe_capacity(run.doc['capacity']))}</li>"
                     for run in searched)

@@ -11,8 +11,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from loadgen.capacity.config import DEFAULT_SLO, check_search_flags
-from loadgen.capacity.sweep import CapacitySweep, search_config
+from loadgen.capacity.config import DEFAULT_SLO, check_search_flags, search_config
 from loadgen.defaults import DEFAULT_FOREIGN_VOCAB, DEFAULTS, OUR_VOCAB
 from loadgen.errors import UsageError
 from loadgen.results.file import check_writable
@@ -20,7 +19,7 @@ from loadgen.results.slo import DEFAULT_SLOS, Slo, SloError, check_target, parse
 from loadgen.run.level import LevelLoad, Warmup
 from loadgen.run.presets import TRACE_FIELDS, WINDOW_FIELDS, flag_text, preset_flags, preset_for
 from loadgen.run.spec_decode import SpecExpectation, expectation_from_flags, server_card, server_default
-from loadgen.run.sweep import FixedSweep, Sweep
+from loadgen.run.sweep import CapacitySweep, FixedSweep, Sweep
 from loadgen.run.trace_cache import load_traces_cached
 from loadgen.transport.base import ServerInfo
 from traces import DEFAULT_SET, TraceError, TraceSet

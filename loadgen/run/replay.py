@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 from urllib.parse import urlsplit
 
-from loadgen.capacity.sweep import describe_capacity, unheld_slo
+from loadgen.capacity.describe import describe_capacity, unheld_slo
 from loadgen.defaults import DEFAULTS
 from loadgen.errors import UsageError
 from loadgen.report.table import format_level

@@ -1,6 +1,7 @@
 """Which levels a run plays, in which order: a fixed sweep (`--conc`/`--rate`, each level
-`--repeat` times), or a search that picks each level from the ones measured before it
-(loadgen/capacity.py). The replay (loadgen/run/replay.py) asks a `Sweep` for its next level, shows it
+`--repeat` times), or the capacity search (loadgen/capacity/search.py), whose probes are levels
+chosen from the ones measured before them, and whose answer the results file gains as its
+`capacity` block. The replay (loadgen/run/replay.py) asks a `Sweep` for its next level, shows it
 each level's summary, and lets it end a level's window early.
 """
 
@@ -9,6 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from loadgen.capacity.config import SearchConfig
+from loadgen.capacity.search import CapacitySearch, Probe
+from loadgen.results.attainment import ClusterSums, Share
 from loadgen.results.slo import Slo
 from loadgen.run.level import LevelLoad
 
@@ -73,3 +77,61 @@ class FixedSweep:
 
     def results(self, gpus: int) -> dict[str, Any]:
         return {}
+
+
+class CapacitySweep:
+    """The capacity search's probes as levels, the search told of each one's attainment."""
+
+    def __init__(self, config: SearchConfig) -> None:
+        self.config = config
+        self.search = CapacitySearch(config)
+        self._pending: tuple[float, str | None] | None = None  # the running probe's load and early stop
+
+    @property
+    def live_slo(self) -> Slo | None:
+        return self.config.slo
+
+    def sizing(self) -> list[LevelLoad]:
+        return [self._spec(self.config.bounds[1], carry=False)]
+
+    def next_level(self) -> NextLevel | None:
+        load = self.search.next_load()
+        if load is None:
+            return None
+        self._pending = (load, None)
+        # a closed-loop probe's lanes go on with the sessions the previous probe's lanes played
+        return NextLevel(len(self.search.probes), self._spec(load, carry=bool(self.search.probes)))
+
+    def _spec(self, load: float, carry: bool) -> LevelLoad:
+        mode = self.config.mode
+        if mode == "closed":
+            return LevelLoad("closed", concurrency=int(load), carry=carry)
+        if mode == "poisson":
+            return LevelLoad("poisson", rate=load)
+        return LevelLoad("mooncake", time_scale=1 / load)
+
+    def observe(self, summary: dict[str, Any]) -> None:
+        assert self._pending is not None, "observe follows next_level"
+        load, early = self._pending
+        entry = next(e for e in summary["slo"] if e["name"] == self.config.slo.name)
+        self.search.observe(Probe(load, share_of(entry[self.config.over]), summary["label"], summary["window_s"],
+                                  early))
+        self._pending = None
+
+    def early_stop(self, snap: dict[str, Any], duration_s: float) -> str | None:
+        if self._pending is None or not snap.get("window_open") or snap.get("stopping") or "slo" not in snap:
+            return None
+        reason = self.search.early_verdict(ClusterSums(*snap["slo"]), snap["inflight"], snap["window_elapsed_s"],
+                                           duration_s)
+        if reason is not None:
+            self._pending = (self._pending[0], reason)
+        return reason
+
+    def results(self, gpus: int) -> dict[str, Any]:
+        return {"capacity": self.search.result(gpus)}
+
+
+def share_of(entry: dict[str, Any]) -> Share:
+    """A level's `slo` entry's requests or sessions block, back as a Share."""
+    interval = entry.get("interval") or (None, None)
+    return Share(entry["total"], entry["good"], interval[0], interval[1], entry.get("effective_n") or 0.0)

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from loadgen.capacity.config import SearchConfig
+from loadgen.capacity.describe import describe_capacity
 from loadgen.capacity.search import CapacitySearch, Probe, _non_increasing, capacity_from_curve
-from loadgen.capacity.sweep import describe_capacity
 from loadgen.results.attainment import ClusterSums, Share, wilson
 from loadgen.results.slo import parse_slo
 
