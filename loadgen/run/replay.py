@@ -4,7 +4,7 @@
 in-process with it); `replay_main` is the HTTP case. The flags are checked and resolved in
 flags.py, the results' record of how the run was made is provenance.py's.
 
-Kept apart from cmd_replay.py so `loadgen --help` never imports numpy, hdrh or the traces.
+Kept apart from loadgen/cli/replay.py so `loadgen --help` never imports numpy, hdrh or the traces.
 """
 
 from __future__ import annotations

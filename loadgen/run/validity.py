@@ -45,7 +45,7 @@ from an older loadgen) is not checkable (`ok: None`), which makes the run invali
 also locks and loadgen always does needs no rule: ignore_eos with min_tokens, streaming, and a
 fresh prompt salt per session play (the scenario's first_turn_prefix cache bust).
 
-Kept free of heavy imports: cmd_replay.py reads `submission_flags` while building its parser.
+Kept free of heavy imports: loadgen/cli/replay.py reads `submission_flags` while building its parser.
 """
 
 from __future__ import annotations

@@ -146,7 +146,7 @@ def test_the_submission_flags_parse_with_the_replay_parser():
 
 
 def test_the_module_imports_nothing_heavy():
-    """cmd_replay.py may read the submission flags while building its parser: no numpy, no histograms."""
+    """loadgen/cli/replay.py may read the submission flags while building its parser: no numpy, no histograms."""
     code = "import sys, loadgen.run.validity; print(sorted({'numpy', 'hdrh', 'loadgen.run.level'} & set(sys.modules)))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"

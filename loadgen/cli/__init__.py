@@ -1,4 +1,5 @@
-"""The `loadgen` command: one subcommand per module, each registering its own parser.
+"""The `loadgen` command (`python -m loadgen.cli`): one subcommand per module of this package, each
+registering its own parser.
 
 A command module exposes `register(subparsers)`, which adds its parser and sets `func` to a
 callable taking the parsed namespace and returning an exit code. Modules keep heavy imports
@@ -17,14 +18,14 @@ from loadgen.errors import UsageError
 
 # command -> its module; the order is the order in `loadgen --help`.
 COMMAND_MODULES = {
-    "bench": "loadgen.cmd_bench",
-    "traces": "loadgen.cmd_traces",
-    "golden-al": "loadgen.cmd_golden_al",
-    "replay": "loadgen.cmd_replay",
-    "capacity": "loadgen.cmd_capacity",
-    "report": "loadgen.cmd_report",
-    "compare": "loadgen.cmd_compare",
-    "recipe": "loadgen.cmd_recipe",
+    "bench": "loadgen.cli.bench",
+    "traces": "loadgen.cli.traces",
+    "golden-al": "loadgen.cli.golden_al",
+    "replay": "loadgen.cli.replay",
+    "capacity": "loadgen.cli.capacity",
+    "report": "loadgen.cli.report",
+    "compare": "loadgen.cli.compare",
+    "recipe": "loadgen.cli.recipe",
 }
 
 
@@ -62,6 +63,3 @@ def main(argv: list[str] | None = None) -> int:
         print("loadgen: interrupted", file=sys.stderr)
         return 130
 
-
-if __name__ == "__main__":
-    sys.exit(main())

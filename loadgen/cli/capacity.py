@@ -13,7 +13,7 @@ import argparse
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     from loadgen.capacity.config import add_search_flags
-    from loadgen.cmd_replay import add_replay_flags
+    from loadgen.cli.replay import add_replay_flags
 
     p = subparsers.add_parser(
         "capacity",
