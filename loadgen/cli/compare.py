@@ -12,8 +12,8 @@ import sys
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    from loadgen.compare.stats import METRICS
     from loadgen.compare.verdicts import DEFAULT_FDR, DEFAULT_RESAMPLES
+    from loadgen.results.metric_registry import STATISTICS
 
     p = subparsers.add_parser(
         "compare",
@@ -28,7 +28,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "exclude 0 and the change to survive Benjamini-Hochberg at --fdr over all compared rows.",
         epilog="A side is one results file or folder holding result.json, or several joined by "
         "commas: several runs of a level on a side are repeats. Metrics: "
-        f"{', '.join(m.name for m in METRICS)}.",
+        f"{', '.join(m.name for m in STATISTICS)}.",
     )
     p.add_argument("base", metavar="BASE", help="baseline results: FILE|DIR[,FILE|DIR...]")
     p.add_argument("new", metavar="NEW", help="new results: FILE|DIR[,FILE|DIR...]")
@@ -125,17 +125,18 @@ def _side(text: str, name: str) -> list[str]:
 def _metrics_and_gates(metrics_text: str | None, gate_texts: list[str]):
     """--metrics and --fail-on-regression checked against the known metric names; gated metrics
     are compared even when --metrics leaves them out."""
-    from loadgen.compare import METRIC_BY_NAME, METRICS, Gate
+    from loadgen.compare import Gate
     from loadgen.errors import UsageError
+    from loadgen.results.metric_registry import STATISTIC_BY_NAME, STATISTICS
 
-    known = ", ".join(METRIC_BY_NAME)
-    chosen = list(METRICS)
+    known = ", ".join(STATISTIC_BY_NAME)
+    chosen = list(STATISTICS)
     if metrics_text:
         names = [name.strip() for name in metrics_text.split(",") if name.strip()]
-        unknown = [name for name in names if name not in METRIC_BY_NAME]
+        unknown = [name for name in names if name not in STATISTIC_BY_NAME]
         if unknown or not names:
             raise UsageError(f"--metrics: unknown metric {', '.join(unknown) or repr(metrics_text)}; known: {known}")
-        chosen = [METRIC_BY_NAME[name] for name in dict.fromkeys(names)]
+        chosen = [STATISTIC_BY_NAME[name] for name in dict.fromkeys(names)]
     gates = []
     for text in gate_texts:
         name, sep, pct = text.rpartition(":")
@@ -145,9 +146,9 @@ def _metrics_and_gates(metrics_text: str | None, gate_texts: list[str]):
             value = -1.0
         if not sep or value < 0:
             raise UsageError(f"--fail-on-regression: expected METRIC:PCT like e2el_p90:5, got {text!r}")
-        if name not in METRIC_BY_NAME:
+        if name not in STATISTIC_BY_NAME:
             raise UsageError(f"--fail-on-regression: unknown metric {name!r}; known: {known}")
         gates.append(Gate(name, value))
-        if METRIC_BY_NAME[name] not in chosen:
-            chosen.append(METRIC_BY_NAME[name])
+        if STATISTIC_BY_NAME[name] not in chosen:
+            chosen.append(STATISTIC_BY_NAME[name])
     return chosen, gates

@@ -82,17 +82,15 @@ from loadgen.compare.significance import (
     welch_log_test,
 )
 from loadgen.compare.stats import (
-    METRIC_BY_NAME,
-    METRICS,
     PAIRED_MIN_OVERLAP,
     CompareError,
     LevelSample,
-    MetricDef,
     group_levels,
     matched,
     point_values,
     session_bootstrap,
 )
+from loadgen.results.metric_registry import STATISTIC_BY_NAME, STATISTICS, Statistic
 
 DEFAULT_FDR = 0.05
 DEFAULT_RESAMPLES = 2000  # bootstrap resamples per (level, metric) row
@@ -100,7 +98,7 @@ DEFAULT_RESAMPLES = 2000  # bootstrap resamples per (level, metric) row
 
 @dataclass(frozen=True, slots=True)
 class MetricResult:
-    metric: MetricDef
+    metric: Statistic
     base: float | None
     new: float | None
     delta_pct: float | None
@@ -179,14 +177,14 @@ def load_run_noise(text: str) -> RunNoise:
     if value is not None:
         if not value > 0:
             raise CompareError(f"--run-noise: must be > 0, got {text}")
-        return RunNoise({name: value for name in METRIC_BY_NAME})
+        return RunNoise({name: value for name in STATISTIC_BY_NAME})
     try:
         with open(text, encoding="utf-8") as handle:
             doc = json.load(handle)
     except (OSError, json.JSONDecodeError) as exc:
         raise CompareError(f"--run-noise: {text}: not a number and not a readable JSON file ({exc})") from None
     table, runs = (doc.get("run_noise_pct"), doc.get("runs")) if isinstance(doc, dict) else (None, None)
-    if not isinstance(table, dict) or any(k not in METRIC_BY_NAME or not isinstance(v, (int, float)) or v <= 0
+    if not isinstance(table, dict) or any(k not in STATISTIC_BY_NAME or not isinstance(v, (int, float)) or v <= 0
                                           for k, v in table.items()):
         raise CompareError(f"--run-noise: {text}: run_noise_pct: expected {{metric: pct > 0}} with known metrics")
     if runs is not None and (not isinstance(runs, int) or runs < 2):
@@ -195,7 +193,7 @@ def load_run_noise(text: str) -> RunNoise:
 
 
 def compare_runs(base: Sequence[tuple[str, dict[str, Any]]], new: Sequence[tuple[str, dict[str, Any]]],
-                 metrics: Sequence[MetricDef] = METRICS, resamples: int = DEFAULT_RESAMPLES, seed: int = 0,
+                 metrics: Sequence[Statistic] = STATISTICS, resamples: int = DEFAULT_RESAMPLES, seed: int = 0,
                  min_effect_pct: float = 0.0, fdr: float = DEFAULT_FDR,
                  run_noise: RunNoise | None = None, paired: bool = False,
                  blocks: Sequence[Sequence[tuple[str, dict[str, Any]]]] = ()) -> Comparison:
@@ -244,7 +242,7 @@ def _with_verdict(r: MetricResult, call: str | None) -> MetricResult:
     return dataclasses.replace(r, verdict=call)
 
 
-def _estimate_level(label: str, base: list[LevelSample], new: list[LevelSample], metrics: Sequence[MetricDef],
+def _estimate_level(label: str, base: list[LevelSample], new: list[LevelSample], metrics: Sequence[Statistic],
                     resamples: int, rng: np.random.Generator, run_noise: RunNoise | None, paired: bool,
                     others: Sequence[list[LevelSample]] = ()):
     """(LevelComparison fields but results, [MetricResult without verdict]) of one level."""
@@ -305,13 +303,13 @@ def _estimate_level(label: str, base: list[LevelSample], new: list[LevelSample],
     return header, results
 
 
-def _per_run(runs: Sequence[LevelSample], metrics: Sequence[MetricDef]) -> np.ndarray:
+def _per_run(runs: Sequence[LevelSample], metrics: Sequence[Statistic]) -> np.ndarray:
     """(metrics, runs) values of every run."""
     return np.stack([point_values(r, metrics) for r in runs], axis=1)
 
 
 def round_values(base: Sequence[LevelSample], new: Sequence[LevelSample],
-                 metrics: Sequence[MetricDef]) -> tuple[np.ndarray, np.ndarray, list[float]]:
+                 metrics: Sequence[Statistic]) -> tuple[np.ndarray, np.ndarray, list[float]]:
     """(metrics, rounds) values of BASE_k and of NEW_k, and the matched share of every matched
     round. A percentile is taken over the requests both runs of the round measured, when they
     share at least half of their requests (same plan): the two runs then differ by the server
@@ -332,7 +330,7 @@ def round_values(base: Sequence[LevelSample], new: Sequence[LevelSample],
 
 
 def round_log_ratios(base: Sequence[LevelSample], new: Sequence[LevelSample],
-                     metrics: Sequence[MetricDef]) -> tuple[np.ndarray, list[float]]:
+                     metrics: Sequence[Statistic]) -> tuple[np.ndarray, list[float]]:
     """(metrics, rounds) log(NEW_k / BASE_k) of round_values, and the matched shares."""
     values_base, values_new, shares = round_values(base, new, metrics)
     return _log_ratios(values_base, values_new), shares
@@ -344,7 +342,7 @@ def _log_ratios(base: np.ndarray, new: np.ndarray) -> np.ndarray:
         return np.log(new / base)
 
 
-def verdict(metric: MetricDef, delta_pct: float | None, ci_pct: tuple[float, float] | None,
+def verdict(metric: Statistic, delta_pct: float | None, ci_pct: tuple[float, float] | None,
             min_effect_pct: float = 0.0) -> str:
     """better / worse / within noise (the interval holds 0, or lies on the other side of 0 from
     the delta, or |delta| < min effect) / n/a."""

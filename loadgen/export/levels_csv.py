@@ -16,7 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from loadgen.report.runs import Run, frontier_keys
-from loadgen.results.metrics import METRIC_DEFINITIONS, PERCENTILES
+from loadgen.results.metric_registry import METRICS as METRIC_DEFINITIONS
+from loadgen.results.metrics import PERCENTILES
 from loadgen.results.pareto import NORMALIZED
 
 STATS = ("count", "mean", "std", "min", *(f"p{p:g}" for p in PERCENTILES), "max")

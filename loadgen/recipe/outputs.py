@@ -13,15 +13,10 @@ def write_outputs(recipe: Recipe, out: Path, runs: list[tuple[str, str]]) -> lis
     runs, given as (variant name, run name); the paths written."""
     import orjson
 
-    from loadgen.compare import (
-        METRIC_BY_NAME,
-        METRICS,
-        compare_runs,
-        format_comparison,
-        regressions,
-        to_json,
-    )
+    from loadgen.compare import compare_runs, format_comparison, regressions, to_json
     from loadgen.compare.verdicts import load_run_noise
+    from loadgen.results.metric_registry import STATISTIC_BY_NAME as METRIC_BY_NAME
+    from loadgen.results.metric_registry import STATISTICS as METRICS
 
     loaded = {name: _load(out / "runs" / name / "result.json", name) for _, name in runs}
     by_variant = {v.name: [loaded[name] for owner, name in runs if owner == v.name] for v in recipe.variants}

@@ -21,8 +21,8 @@ from dataclasses import MISSING, dataclass, field, fields, is_dataclass
 from typing import Any, Union, get_args, get_origin, get_type_hints
 
 from loadgen.capacity.config import DEFAULT_SLO, OVER, SEARCH
-from loadgen.compare.stats import METRIC_BY_NAME
 from loadgen.compare.verdicts import DEFAULT_FDR
+from loadgen.results.metric_registry import STATISTIC_BY_NAME as METRIC_BY_NAME
 from loadgen.results.slo import SloError, check_target, parse_slo
 from loadgen.run.affinity import CpuListError, parse_cpus
 

@@ -27,6 +27,7 @@ from loadgen.report.table import (
     attainment_text,
     goodput_text,
     sessions_text,
+    shown,
     slo_spec,
     slo_verdict,
     worst_text,
@@ -175,10 +176,10 @@ def _level_section(level: dict[str, Any], key: str) -> str:
     for warning in (level.get("client") or {}).get("warnings", []):
         lines.append(f'<p class="failed">WARNING: {escape(warning)}</p>')
     rows = []
-    for name, text, divisor, unit in ROWS:
-        stats = level["metrics"][name]["stats"]
+    for metric in ROWS:
+        stats = level["metrics"][metric.name]["stats"]
         if stats["count"]:
-            rows.append([text, unit, *(format_cell(None if stats[c] is None else stats[c] / divisor) for c in COLUMNS)])
+            rows.append([metric.label, metric.shown_unit, *(format_cell(shown(metric, stats[c])) for c in COLUMNS)])
     lines.append(_table(("metric", "unit", *COLUMNS), rows))
     if level.get("slo"):  # absent in results of earlier versions, as is `turns`
         lines.append(_slo_table(level["slo"]))

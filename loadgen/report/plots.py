@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from loadgen.report.runs import Run, run_points
+from loadgen.results.metric_registry import METRIC_BY_NAME, STATISTIC_BY_NAME
 from loadgen.results.pareto import AXES, NORMALIZED, Point, frontiers
 
 SCATTERS = (
@@ -28,10 +29,8 @@ SCATTERS = (
     ("tput_vs_e2el.png", "e2el", "p90 end-to-end latency (s)"),
     ("tput_vs_e2e_interactivity.png", NORMALIZED, "e2e interactivity 1 / p90(E2EL/OSL) (tok/s/user)"),
 )
-PERCENTILE_PLOTS = (
-    ("ttft_percentiles.png", "ttft", "TTFT (ms)", 1e-3),
-    ("e2el_percentiles.png", "e2el", "E2EL (s)", 1e-6),
-)
+# (file, metric): p50 / p90 / p99 of the metric, in its percentiles' unit (the registry's `<metric>_p50`)
+PERCENTILE_PLOTS = (("ttft_percentiles.png", "ttft"), ("e2el_percentiles.png", "e2el"))
 PERCENTILE_STYLES = (("p50", "-"), ("p90", "--"), ("p99", ":"))
 CONTEXT_PLOT = "ttft_vs_context.png"
 CAPACITY_PLOT = "capacity.png"
@@ -56,8 +55,10 @@ def render_plots(runs: Sequence[Run], out: Path) -> list[tuple[Path, str]]:
         fig = _scatter(plt, runs, points, chosen[axis], axis, xlabel)
         written.append((_save(plt, fig, out / name), fig.axes[0].get_title()))
     normalized = {(p.source, p.level) for p in chosen[NORMALIZED]}
-    for name, metric, ylabel, scale in PERCENTILE_PLOTS:
-        fig = _percentiles(plt, runs, metric, ylabel, scale, normalized)
+    for name, metric in PERCENTILE_PLOTS:
+        unit = STATISTIC_BY_NAME[f"{metric}_p50"]
+        ylabel = f"{METRIC_BY_NAME[metric].label} ({unit.unit})"
+        fig = _percentiles(plt, runs, metric, ylabel, unit.scale, normalized)
         written.append((_save(plt, fig, out / name), fig.axes[0].get_title()))
     curves = _context_curves(runs)
     if curves:

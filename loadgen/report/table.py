@@ -6,18 +6,11 @@ from __future__ import annotations
 
 from typing import Any
 
-# (metric, label, divisor to the shown unit, shown unit)
-ROWS = (
-    ("ttft", "TTFT", 1000, "ms"),
-    ("itl", "ITL", 1000, "ms"),
-    ("tpot", "TPOT", 1000, "ms"),
-    ("interactivity", "interactivity (slow tail)", 1, "tok/s"),
-    ("e2el", "E2EL", 1000, "ms"),
-    ("norm_e2el", "E2EL / OSL", 1000, "ms/tok"),
-    ("tokens_per_chunk", "tokens per chunk", 1, "tok"),
-    ("queue_delay", "client queue delay", 1000, "ms"),
-    ("loop_lag", "client loop lag", 1000, "ms"),
-)
+from loadgen.results.metric_registry import METRIC_BY_NAME, Metric
+
+# the table's rows, in the order it shows them; label, unit and scale are the registry's
+ROWS = tuple(METRIC_BY_NAME[name] for name in ("ttft", "itl", "tpot", "interactivity", "e2el", "norm_e2el",
+                                               "tokens_per_chunk", "queue_delay", "loop_lag"))
 COLUMNS = ("mean", "p50", "p90", "p95", "p99", "p99.9", "max")
 # (label, unit, row key, statistic) of a by-context or by-turn row (loadgen/results/turns.py)
 BREAKDOWN = (("TTFT p50", "ms", "ttft_ms", "p50"), ("TTFT p90", "ms", "ttft_ms", "p90"),
@@ -38,12 +31,12 @@ def format_level(level: dict[str, Any]) -> str:
         lines.append(line)
     header = f"   {'metric':<26}{'unit':>7}" + "".join(f"{c:>10}" for c in COLUMNS)
     lines.append(header)
-    for name, label, divisor, unit in ROWS:
-        stats = level["metrics"][name]["stats"]
+    for metric in ROWS:
+        stats = level["metrics"][metric.name]["stats"]
         if not stats["count"]:
             continue
-        cells = "".join(_cell(stats[c], divisor) for c in COLUMNS)
-        lines.append(f"   {label:<26}{unit:>7}{cells}")
+        cells = "".join(_cell(shown(metric, stats[c])) for c in COLUMNS)
+        lines.append(f"   {metric.label:<26}{metric.shown_unit:>7}{cells}")
     lines.append("   interactivity pX = 1 / pX(TPOT): the slow tail (its 'max' is the fastest user)")
     if cache["cached_tokens"] is not None:
         lines.append(f"   cache: {cache['measured_hit_rate']:.1%} of input tokens served from the server's "
@@ -94,7 +87,7 @@ def _turns_lines(turns: dict[str, Any]) -> list[str]:
     lines = [f"   {'context (tokens)':<18}{'requests':>10}{heads}"]
     for row in turns["by_context"]:
         lines.append(f"   {row['label']:<18}{row['requests']:>10}"
-                     + "".join(_cell(row[key][stat], 1, 15) for _, _, key, stat in BREAKDOWN))
+                     + "".join(_cell(row[key][stat], 15) for _, _, key, stat in BREAKDOWN))
     return [*lines, f"   {sessions_text(turns['sessions'])}"]
 
 
@@ -158,11 +151,15 @@ def _spec_line(spec: dict[str, Any]) -> str:
     return f"   speculative decoding: acceptance length measured {measured} | golden {expected} ({where})"
 
 
-def _cell(value: float | int | None, divisor: float, width: int = 10) -> str:
+def shown(metric: Metric, value: float | int | None) -> float | None:
+    """A statistic of the metric (in its results-file unit) in the table's unit."""
+    return None if value is None else value / (1 / metric.scale)  # a divisor: 1000, as exact as the unit
+
+
+def _cell(value: float | int | None, width: int = 10) -> str:
     if value is None:
         return f"{'-':>{width}}"
-    shown = value / divisor
-    return f"{shown:>{width}.3f}" if shown < 1000 else f"{shown:>{width}.0f}"
+    return f"{value:>{width}.3f}" if value < 1000 else f"{value:>{width}.0f}"
 
 
 def _pct(value: float | None) -> str:

@@ -13,21 +13,25 @@ from typing import Any
 
 from loadgen.report.runs import Run, frontier_keys
 from loadgen.report.table import format_level
-from loadgen.results.pareto import NORMALIZED, e2e_interactivity
+from loadgen.results.metric_registry import STATISTIC_BY_NAME, stored_value
+from loadgen.results.pareto import NORMALIZED
 
 FRONTIER_MARKS = (("interactivity", "I"), ("e2el", "E"), (NORMALIZED, "N"))
 
 
+# (row key, statistic) of the sweep summary's headline columns, each in its registry unit
+HEADLINES = (
+    ("output_tput_per_gpu", "output_tput_per_gpu"), ("total_tput_per_gpu", "total_tput_per_gpu"),
+    ("ttft_p50_ms", "ttft_p50"), ("ttft_p90_ms", "ttft_p90"), ("tpot_p50_ms", "tpot_p50"),
+    ("interactivity_p50", "interactivity_p50"), ("interactivity_p90", "interactivity_p90"),
+    ("e2el_p50_s", "e2el_p50"), ("e2el_p90_s", "e2el_p90"), ("e2e_interactivity", "e2e_interactivity"),
+)
 # (key, header, unit) of the sweep summary; values in the shown unit
 SUMMARY_COLUMNS = (
     ("run", "run", ""), ("level", "level", ""),
     ("requests_ok", "requests", ""), ("error_rate_pct", "errors", "%"),
-    ("output_tput_per_gpu", "out tok/s/GPU", "tok/s"), ("total_tput_per_gpu", "total tok/s/GPU", "tok/s"),
-    ("ttft_p50_ms", "TTFT p50", "ms"), ("ttft_p90_ms", "TTFT p90", "ms"),
-    ("tpot_p50_ms", "TPOT p50", "ms"),
-    ("interactivity_p50", "intvty p50", "tok/s"), ("interactivity_p90", "slow-tail intvty p90", "tok/s"),
-    ("e2el_p50_s", "E2EL p50", "s"), ("e2el_p90_s", "E2EL p90", "s"),
-    ("e2e_interactivity", "e2e intvty", "tok/s"), ("frontier", "frontier", ""),
+    *((key, STATISTIC_BY_NAME[name].header, STATISTIC_BY_NAME[name].unit) for key, name in HEADLINES),
+    ("frontier", "frontier", ""),
 )
 
 
@@ -37,27 +41,15 @@ def summary_rows(runs: Sequence[Run]) -> list[dict[str, Any]]:
     rows = []
     for run in runs:
         for index, level in enumerate(run.doc["levels"]):
-            stats = {name: level["metrics"][name]["stats"] for name in ("ttft", "tpot", "interactivity", "e2el")}
-            tput = level["throughput"]
             marks = "".join(mark for axis, mark in FRONTIER_MARKS if (run.name, index) in keys[axis])
             rows.append({
                 "run": run.name, "level": level.get("label") or f"level {index}",
                 "requests_ok": level["counts"]["requests_ok"],
                 "error_rate_pct": 100.0 * level["counts"]["error_rate"],
-                "output_tput_per_gpu": tput["output_tokens_per_s_per_gpu"],
-                "total_tput_per_gpu": tput["total_tokens_per_s_per_gpu"],
-                "ttft_p50_ms": _scaled(stats["ttft"]["p50"], 1e-3), "ttft_p90_ms": _scaled(stats["ttft"]["p90"], 1e-3),
-                "tpot_p50_ms": _scaled(stats["tpot"]["p50"], 1e-3),
-                "interactivity_p50": stats["interactivity"]["p50"], "interactivity_p90": stats["interactivity"]["p90"],
-                "e2el_p50_s": _scaled(stats["e2el"]["p50"], 1e-6), "e2el_p90_s": _scaled(stats["e2el"]["p90"], 1e-6),
-                "e2e_interactivity": e2e_interactivity(level),
+                **{key: stored_value(level, STATISTIC_BY_NAME[name]) for key, name in HEADLINES},
                 "frontier": "FAILED" if level["failed"] else marks,
             })
     return rows
-
-
-def _scaled(value: float | int | None, factor: float) -> float | None:
-    return None if value is None else value * factor
 
 
 def format_summary(rows: Sequence[dict[str, Any]]) -> str:

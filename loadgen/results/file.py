@@ -29,7 +29,8 @@ from typing import Any
 
 import orjson
 
-from loadgen.results.metrics import METRIC_DEFINITIONS, decode_histogram
+from loadgen.results.metric_registry import METRICS
+from loadgen.results.metrics import decode_histogram
 
 SCHEMA = "agentload.result/1"
 STATUSES = ("complete", "interrupted", "server_dead", "failed")
@@ -148,9 +149,9 @@ def _validate_level(level: Any, where: str, fail) -> None:
     metrics = level["metrics"]
     if not isinstance(metrics, dict):
         fail(f"{where}.metrics", "expected an object")
-    for spec in METRIC_DEFINITIONS:
-        entry = metrics.get(spec.name)
-        field = f"{where}.metrics.{spec.name}"
+    for metric in METRICS:
+        entry = metrics.get(metric.name)
+        field = f"{where}.metrics.{metric.name}"
         if not isinstance(entry, dict):
             fail(field, "missing")
         if not isinstance(entry.get("stats"), dict):

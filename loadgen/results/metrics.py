@@ -20,41 +20,20 @@ from __future__ import annotations
 import base64
 import itertools
 import math
-from dataclasses import dataclass
 
 import numpy as np
 from hdrh.histogram import HdrHistogram
 
+from loadgen.results.metric_registry import METRIC_BY_NAME, METRICS
+
 SIGNIFICANT_DIGITS = 3
-HIGHEST_US = 4 * 3600 * 10**6  # four hours: longer than any timeout we allow
 PERCENTILES = (50.0, 90.0, 95.0, 99.0, 99.9)
-
-
-@dataclass(frozen=True, slots=True)
-class MetricDefinition:
-    name: str
-    unit: str
-    highest: int
-    description: str
-
-
-METRIC_DEFINITIONS: tuple[MetricDefinition, ...] = (
-    MetricDefinition("ttft", "us", HIGHEST_US, "request sent -> first content chunk"),
-    MetricDefinition("itl", "us", HIGHEST_US, "gap between consecutive content chunks"),
-    MetricDefinition("tokens_per_chunk", "tokens", 10**7, "tokens carried by one content chunk"),
-    MetricDefinition("tpot", "us", HIGHEST_US, "(E2EL - TTFT) / (OSL - 1) per request"),
-    MetricDefinition("interactivity", "mtok/s", 10**12,
-                     "1 / TPOT per request, tokens/s/user (histogram in milli-tokens/s)"),
-    MetricDefinition("e2el", "us", HIGHEST_US, "request sent -> last token"),
-    MetricDefinition("norm_e2el", "us/token", HIGHEST_US, "E2EL / OSL per request"),
-    MetricDefinition("queue_delay", "us", HIGHEST_US, "open loop: actual send - intended send"),
-    MetricDefinition("loop_lag", "us", HIGHEST_US, "client event-loop timer lateness"),
-)
-SPEC_BY_NAME = {spec.name: spec for spec in METRIC_DEFINITIONS}
+INTERACTIVITY_NOTE = "percentiles are the slow tail: pX = 1 / pX(TPOT)"
 
 
 def new_histogram(name: str) -> HdrHistogram:
-    return HdrHistogram(1, SPEC_BY_NAME[name].highest, SIGNIFICANT_DIGITS)
+    """An empty histogram of metric `name` (loadgen/results/metric_registry.py), up to its highest value."""
+    return HdrHistogram(1, METRIC_BY_NAME[name].highest, SIGNIFICANT_DIGITS)
 
 
 def record_many(hist: HdrHistogram, values: np.ndarray) -> None:
@@ -215,7 +194,7 @@ class LevelRecorder:
     LOOP_LAGS_KEPT = 1024  # loop-lag samples (5 ms apart) kept at most between two batches
 
     def __init__(self) -> None:
-        self.hists = {spec.name: new_histogram(spec.name) for spec in METRIC_DEFINITIONS}
+        self.hists = {metric.name: new_histogram(metric.name) for metric in METRICS}
         self._pending: dict[str, list[int]] = {name: [] for name in ("ttft", "e2el", "norm_e2el", "tpot",
                                                                       "interactivity", "queue_delay", "loop_lag")}
         self._chunk_times: list[list[int]] = []
@@ -293,18 +272,17 @@ class LevelRecorder:
         """{metric: {"unit", "description", "stats", "hdr"}} for the results file."""
         self.flush()
         out = {}
-        for spec in METRIC_DEFINITIONS:
-            hist = self.hists[spec.name]
-            if spec.name == "interactivity":
+        for metric in METRICS:
+            hist = self.hists[metric.name]
+            if metric.name == "interactivity":
                 stats = interactivity_stats(self.hists["tpot"], hist)
-                unit, note = "tok/s", "percentiles are the slow tail: pX = 1 / pX(TPOT)"
             else:
-                stats, unit, note = histogram_stats(hist), spec.unit, None
-            entry = {"unit": unit, "description": spec.description, "stats": stats,
+                stats = histogram_stats(hist)
+            entry = {"unit": metric.unit, "description": metric.description, "stats": stats,
                      "hdr": encode_histogram(hist)}
-            if note:
-                entry["hdr_unit"] = spec.unit
-                entry["note"] = note
-            out[spec.name] = entry
+            if metric.hdr_unit:  # the statistics are not in the histogram's unit (interactivity)
+                entry["hdr_unit"] = metric.hdr_unit
+                entry["note"] = INTERACTIVITY_NOTE
+            out[metric.name] = entry
         return out
 

@@ -22,12 +22,17 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from loadgen.results.metric_registry import STATISTIC_BY_NAME, stored_value
+
 NORMALIZED = "e2e_interactivity"
+# axis name -> (Point attribute, the statistic it holds)
+_AXIS_STATISTICS = {NORMALIZED: ("e2e_interactivity", "e2e_interactivity"),
+                    "interactivity": ("interactivity_p50", "interactivity_p50"),
+                    "e2el": ("e2el_p90_s", "e2el_p90")}
 # axis name -> (Point attribute, +1 when higher is better / -1 when lower is better)
 AXES: dict[str, tuple[str, int]] = {
-    NORMALIZED: ("e2e_interactivity", +1),
-    "interactivity": ("interactivity_p50", +1),
-    "e2el": ("e2el_p90_s", -1),
+    axis: (attr, +1 if STATISTIC_BY_NAME[name].higher_is_better else -1)
+    for axis, (attr, name) in _AXIS_STATISTICS.items()
 }
 
 
@@ -46,23 +51,20 @@ class Point:
 
 def e2e_interactivity(level: dict[str, Any]) -> float | None:
     """A results-file level's 1 / p90(E2EL / OSL) in tokens/s/user; None when it has no p90."""
-    norm_p90 = level["metrics"]["norm_e2el"]["stats"]["p90"]
-    return 1e6 / norm_p90 if norm_p90 else None  # norm_e2el is in microseconds per token
+    return stored_value(level, STATISTIC_BY_NAME["e2e_interactivity"])
 
 
 def level_point(level: dict[str, Any], index: int, source: str = "") -> Point | None:
     """The Pareto point of a results-file level; None for a failed level (never a candidate)."""
     if level["failed"]:
         return None
-    stats = {name: level["metrics"][name]["stats"] for name in ("interactivity", "e2el")}
-    e2el_p90 = stats["e2el"]["p90"]
     return Point(
         source=source,
         level=index,
         label=level.get("label") or f"level {index}",
         tput_per_gpu=float(level["throughput"]["output_tokens_per_s_per_gpu"]),
-        interactivity_p50=stats["interactivity"]["p50"],
-        e2el_p90_s=e2el_p90 / 1e6 if e2el_p90 is not None else None,
+        interactivity_p50=stored_value(level, STATISTIC_BY_NAME["interactivity_p50"]),
+        e2el_p90_s=stored_value(level, STATISTIC_BY_NAME["e2el_p90"]),
         e2e_interactivity=e2e_interactivity(level),
     )
 

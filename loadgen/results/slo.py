@@ -18,18 +18,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from loadgen.defaults import DEFAULTS
+from loadgen.results.metric_registry import METRIC_BY_NAME
 
 DEFAULT_TARGET = DEFAULTS.attainment  # the share of requests that must be good for a level to hold the SLO
 
-# metric -> (the request column it reads, whether a larger value is better, the units it accepts)
-_LATENCY_UNITS = {"s": 1e6, "ms": 1e3, "us": 1.0}
-_METRICS: dict[str, tuple[str, bool]] = {
-    "ttft": ("ttft_us", False),
-    "tpot": ("tpot_us", False),
-    "e2el": ("e2el_us", False),
-    "norm_e2el": ("norm_e2el_us", False),
-    "interactivity": ("tpot_us", True),
-}
+_LATENCY_UNITS = {"s": 1e6, "ms": 1e3, "us": 1.0}  # the units a latency bound accepts
+# the metrics a bound may name; their request columns and directions are the registry's
+_BOUNDED = ("ttft", "tpot", "e2el", "norm_e2el", "interactivity")
 _NAMED = re.compile(r"^([A-Za-z][A-Za-z0-9_.-]*)=(.+)$")  # "fast=ttft<=1s": "ttft<" is no name
 _BOUND = re.compile(r"^\s*([a-z_0-9]+)\s*(<=|>=|<|>|=)\s*([0-9.eE+-]+)\s*([a-z/]*)\s*$")
 
@@ -51,7 +46,9 @@ class Bound:
     @property
     def column(self) -> str:
         """The request column the bound reads (interactivity reads TPOT: 1e6 / tpot_us)."""
-        return _METRICS[self.metric][0]
+        column = METRIC_BY_NAME[self.metric].column
+        assert column is not None, "a bounded metric has a request column"
+        return column
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,9 +104,9 @@ def _parse_bound(part: str, known: Mapping[str, str]) -> Bound:
         raise SloError(f"{shown!r}: expected METRIC<=VALUE or METRIC>=VALUE, e.g. ttft<=2s or interactivity>=50 "
                        f"(or a tier: {', '.join(known)})")
     metric, op, number, unit = match.groups()
-    if metric not in _METRICS:
-        raise SloError(f"{shown!r}: unknown metric {metric!r}; known: {', '.join(_METRICS)}")
-    higher_better = _METRICS[metric][1]
+    if metric not in _BOUNDED:
+        raise SloError(f"{shown!r}: unknown metric {metric!r}; known: {', '.join(_BOUNDED)}")
+    higher_better = METRIC_BY_NAME[metric].higher_is_better
     wanted = ">=" if higher_better else "<="
     if op.rstrip("=") != wanted[0] or op == "=":
         what = "a lower bound (>=): more tokens/s is better" if higher_better else "an upper bound (<=): less is better"

@@ -175,12 +175,12 @@ def test_bad_input_exits_2_naming_the_problem(runs, capsys, tmp_path):
 
 
 def test_help_names_every_metric(capsys):
-    from loadgen.compare import METRICS
+    from loadgen.results.metric_registry import STATISTICS
 
     with pytest.raises(SystemExit):
         main(["compare", "--help"])
     text = " ".join(capsys.readouterr().out.split())
-    for metric in METRICS:
+    for metric in STATISTICS:
         stem, _, tail = metric.name.rpartition("_")
         assert metric.name in text or (tail.startswith("p") and f"{stem}_" in text and tail in text), metric.name
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from hdrh.histogram import HdrHistogram
 
-from loadgen.results.metrics import SIGNIFICANT_DIGITS, SPEC_BY_NAME
+from loadgen.results.metric_registry import METRIC_BY_NAME
+from loadgen.results.metrics import SIGNIFICANT_DIGITS
 from loadgen.run import workers
 from loadgen.run.level import LevelLoad
 from loadgen.run.workers import TOKENS_PER_S_PER_CORE, auto_workers
@@ -37,7 +38,7 @@ def test_two_workers_merge_into_one_exact_level(start_server, sessions, replay):
     assert 0.5 * level["counts"]["requests_ok"] <= level["counts"]["server_kernel_compiles"] <= len(records)
     assert {r["id"].rsplit("-", 1)[1].split(".")[0] for r in records} == {"0", "1"}  # both workers sent
     # the merged histogram holds exactly the requests of both workers
-    ttft = HdrHistogram(1, SPEC_BY_NAME["ttft"].highest, SIGNIFICANT_DIGITS)
+    ttft = HdrHistogram(1, METRIC_BY_NAME["ttft"].highest, SIGNIFICANT_DIGITS)
     for rec in counted:
         ttft.record_value((rec["first_ns"] - rec["start_ns"]) // 1000)
     stats = level["metrics"]["ttft"]["stats"]
