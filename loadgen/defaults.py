@@ -19,10 +19,17 @@ class ReplayDefaults:
     """Each replay default, once; argparse reads them from here."""
 
     url: str = LOCAL_SERVER_URL
+    endpoint: str = "completions"
     timeout_s: float = 600.0
+    conc: str = "1"
+    repeat: int = 1
     duration_s: float = 60.0
     warmup: str = "0s"
     warmup_timeout_s: float = 1800.0
+    start_offset: tuple[float, float] = (0.25, 0.75)  # a lane's first play starts in this share of its requests
+    time_scale: float = 1.0  # Mooncake timestamps multiplied by this
+    seed: int = 0
+    max_error_rate: float = 0.10  # a level with a larger share of failed requests is failed
     workers: str = "auto"
     progress_interval_s: float = 1.0  # in place on a terminal
     piped_progress_interval_s: float = 5.0  # one line each when stdout is not a terminal

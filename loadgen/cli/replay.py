@@ -34,7 +34,7 @@ def add_replay_flags(p: argparse.ArgumentParser, http: bool, levels: bool = True
     if http:
         target.add_argument("--url", default=DEFAULTS.url,
                             help=f"server base URL (default {DEFAULTS.url}: where `server start` listens)")
-        target.add_argument("--endpoint", choices=("completions", "chat"), default="completions",
+        target.add_argument("--endpoint", choices=("completions", "chat"), default=DEFAULTS.endpoint,
                             help="completions: prompt as token ids, exact length (default); chat: messages "
                             "whose text is the token ids as decimal words (length approximate)")
         target.add_argument("--model", help="model id to ask for (default: the first id of /v1/models)")
@@ -61,12 +61,14 @@ def add_replay_flags(p: argparse.ArgumentParser, http: bool, levels: bool = True
                         "num_gpus when it is ours, else 1)")
     load = p.add_argument_group("load")
     if levels:
-        load.add_argument("--conc", default="1", metavar="N[,N...]",
-                          help="closed loop: live session trees per level, levels run in order (default 1)")
+        load.add_argument("--conc", default=DEFAULTS.conc, metavar="N[,N...]",
+                          help="closed loop: live session trees per level, levels run in order "
+                          f"(default {DEFAULTS.conc})")
         load.add_argument("--rate", metavar="R[,R...]",
                           help="open loop: Poisson arrivals per second over the trace's requests, one level per rate")
-    load.add_argument("--time-scale", type=float, default=1.0, metavar="F",
-                      help="Mooncake traces (always open loop): multiply recorded timestamps by F (default 1)")
+    load.add_argument("--time-scale", type=float, default=DEFAULTS.time_scale, metavar="F",
+                      help="Mooncake traces (always open loop): multiply recorded timestamps by F "
+                      f"(default {DEFAULTS.time_scale:g})")
     load.add_argument("--duration", type=float, default=DEFAULTS.duration_s, metavar="S",
                       help=f"measurement window per level in seconds (default {DEFAULTS.duration_s:g})")
     load.add_argument("--warmup", default=DEFAULTS.warmup, metavar="Ns|Nreq",
@@ -75,17 +77,20 @@ def add_replay_flags(p: argparse.ArgumentParser, http: bool, levels: bool = True
     load.add_argument("--warmup-timeout", type=float, default=DEFAULTS.warmup_timeout_s, metavar="S",
                       help="stop the run when a level's warm-up has not finished after S seconds (a server "
                       f"too slow for the warm-up, or a hung one) (default {DEFAULTS.warmup_timeout_s:g})")
-    load.add_argument("--start-offset", default="0.25:0.75", metavar="LO:HI",
+    offset = "{:g}:{:g}".format(*DEFAULTS.start_offset)
+    load.add_argument("--start-offset", default=offset, metavar="LO:HI",
                       help="a lane's first session starts at a uniform fraction in [LO, HI] of its "
-                      "requests, after re-sending that request's context as warm-up (default 0.25:0.75)")
-    load.add_argument("--seed", type=int, default=0, help="seeds session order, offsets, salts, arrivals (default 0)")
+                      f"requests, after re-sending that request's context as warm-up (default {offset})")
+    load.add_argument("--seed", type=int, default=DEFAULTS.seed,
+                      help=f"seeds session order, offsets, salts, arrivals (default {DEFAULTS.seed})")
     if levels:
-        load.add_argument("--repeat", type=int, default=1, metavar="N",
+        load.add_argument("--repeat", type=int, default=DEFAULTS.repeat, metavar="N",
                           help="run each level N times in a row (one results entry per repeat, same label), so "
                           "`loadgen compare` can put a confidence interval on run-to-run noise; every repeat "
-                          "replays the same sessions and turns (fresh prompt salts) (default 1)")
-    load.add_argument("--max-error-rate", type=float, default=0.10, metavar="F",
-                      help="a level with a larger share of failed requests is marked failed (default 0.10)")
+                          f"replays the same sessions and turns (fresh prompt salts) (default {DEFAULTS.repeat})")
+    load.add_argument("--max-error-rate", type=float, default=DEFAULTS.max_error_rate, metavar="F",
+                      help="a level with a larger share of failed requests is marked failed "
+                      f"(default {DEFAULTS.max_error_rate:.2f})")
     add_slo_flags(p)
     if http:
         from loadgen.run.presets import flag_text

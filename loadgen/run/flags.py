@@ -40,7 +40,7 @@ def check_flags(args: argparse.Namespace) -> dict[str, Any]:
         raise ValueError(f"--max-error-rate: must be within 0..1, got {args.max_error_rate:g}")
     if args.gpus is not None and args.gpus < 1:
         raise ValueError(f"--gpus: must be >= 1, got {args.gpus}")
-    if getattr(args, "repeat", 1) < 1:
+    if getattr(args, "repeat", DEFAULTS.repeat) < 1:
         raise ValueError(f"--repeat: must be >= 1, got {args.repeat}")
     if getattr(args, "capacity", False):
         check_search_flags(args)
@@ -55,7 +55,7 @@ def check_flags(args: argparse.Namespace) -> dict[str, Any]:
     return {
         "out_dir": out_dir,
         "slos": _slos(args),
-        "conc": parse_list(getattr(args, "conc", "1"), "--conc", int),
+        "conc": parse_list(getattr(args, "conc", DEFAULTS.conc), "--conc", int),
         "rates": parse_list(args.rate, "--rate", float) if getattr(args, "rate", None) else None,
         "warmup": Warmup.parse(args.warmup or DEFAULTS.warmup),
         "start_offset": parse_offset(args.start_offset),
@@ -145,7 +145,7 @@ def build_sweep(args: argparse.Namespace, options: dict[str, Any], traces: Trace
     """The levels to run: `loadgen capacity` (and `bench --capacity`) search them, else the flags list them."""
     if getattr(args, "capacity", False):
         return CapacitySweep(search_config(args, traces, options["slos"]))
-    return FixedSweep(_level_loads(args, options, traces), getattr(args, "repeat", 1))
+    return FixedSweep(_level_loads(args, options, traces), getattr(args, "repeat", DEFAULTS.repeat))
 
 
 def _level_loads(args: argparse.Namespace, options: dict[str, Any], traces: TraceSet) -> list[LevelLoad]:

@@ -16,6 +16,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
+from loadgen.defaults import DEFAULTS
 from loadgen.results.attainment import ClusterSums, SloTally
 from loadgen.results.metrics import LevelRecorder, decode_histogram
 from loadgen.results.slo import DEFAULT_TARGET, Slo
@@ -85,13 +86,13 @@ class RunConfig:
     duration_s: float
     warmup: Warmup
     timing: TimingConfig
-    seed: int = 0
-    start_offset: tuple[float, float] = (0.25, 0.75)
-    time_scale: float = 1.0
-    timeout_s: float = 600.0
-    max_error_rate: float = 0.10
+    seed: int = DEFAULTS.seed
+    start_offset: tuple[float, float] = DEFAULTS.start_offset
+    time_scale: float = DEFAULTS.time_scale
+    timeout_s: float = DEFAULTS.timeout_s
+    max_error_rate: float = DEFAULTS.max_error_rate
     gpus: int = 1
-    warmup_timeout_s: float = 1800.0
+    warmup_timeout_s: float = DEFAULTS.warmup_timeout_s
     slos: tuple[Slo, ...] = ()  # every level reports its attainment of each (loadgen/results/slo.py)
     slo_target: float = DEFAULT_TARGET  # the share of good requests that holds an SLO
     # the SLO a level tallies while it runs (the capacity search's early stop); None: no tally

@@ -39,6 +39,7 @@ from typing import Any, cast
 
 import orjson
 
+from loadgen.defaults import DEFAULTS
 from loadgen.telemetry.server_counters import ServerCounters, parse_server_counters
 from loadgen.transport.base import (
     ErrorKind,
@@ -59,11 +60,11 @@ class HttpTransport(Transport):
     def __init__(
         self,
         base_url: str,
-        endpoint: str = "completions",
+        endpoint: str = DEFAULTS.endpoint,
         model: str | None = None,
         api_key: str | None = None,
         headers: dict[str, str] | None = None,
-        timeout_s: float = 600.0,
+        timeout_s: float = DEFAULTS.timeout_s,
     ) -> None:
         if endpoint not in ENDPOINT_PATHS:
             raise ValueError(f"--endpoint: expected one of {', '.join(ENDPOINT_PATHS)}, got {endpoint!r}")
