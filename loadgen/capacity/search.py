@@ -172,7 +172,7 @@ class CapacitySearch:
         per_gpu = {key: None if value is None else round(value / max(1, gpus), 4)
                    for key, value in found.items() if key in ("capacity", "low", "high")}
         return {
-            "slo": {"name": cfg.slo.name, "spec": cfg.slo.spec}, "target": cfg.target, "over": cfg.over,
+            "slo": {"name": cfg.slo.name, "spec": cfg.slo.text}, "target": cfg.target, "over": cfg.over,
             "resolution": cfg.resolution, "early_stop": cfg.early_stop,
             "mode": cfg.mode, "unit": UNITS[cfg.mode], **found, "gpus": gpus, "per_gpu": per_gpu,
             "probes": [{"load": p.load, "label": p.label, "window_s": round(p.window_s, 3),

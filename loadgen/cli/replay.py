@@ -169,7 +169,7 @@ def add_slo_flags(p: argparse.ArgumentParser) -> None:
     """--slo and --attainment: what every level's attainment and goodput are reported against."""
     from loadgen.results.slo import TIERS
 
-    tiers = "; ".join(f"{name}: {spec}" for name, spec in TIERS.items())
+    tiers = "; ".join(f"{name}: {bounds}" for name, bounds in TIERS.items())
     group = p.add_argument_group("service-level objectives")
     group.add_argument("--slo", action="append", metavar="TIER|BOUNDS",
                        help="an SLO every level reports attainment and goodput against (repeatable): a tier name, "

@@ -28,7 +28,7 @@ from loadgen.report.table import (
     goodput_text,
     sessions_text,
     shown,
-    slo_spec,
+    slo_bounds,
     slo_verdict,
     worst_text,
 )
@@ -193,7 +193,7 @@ def _level_section(level: dict[str, Any], key: str) -> str:
 
 
 def _slo_table(entries: Sequence[dict[str, Any]]) -> str:
-    rows = [[entry["name"], slo_spec(entry), f"{attainment_text(entry['requests'])} ({slo_verdict(entry)})",
+    rows = [[entry["name"], slo_bounds(entry), f"{attainment_text(entry['requests'])} ({slo_verdict(entry)})",
              attainment_text(entry["sessions"]), goodput_text(entry["goodput"]), worst_text(entry)]
             for entry in entries]
     return "<h4>SLO</h4>" + _table(("SLO", "spec", "requests good", "sessions good", "goodput", "most violated"), rows)

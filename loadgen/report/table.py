@@ -106,12 +106,12 @@ def sessions_text(sessions: dict[str, Any]) -> str:
 def slo_text(entry: dict[str, Any]) -> str:
     """One SLO entry of a level on one line: request and session attainment with their intervals,
     the verdict against the target, goodput and the bound broken most."""
-    return (f"SLO {entry['name']} ({slo_spec(entry)}): {attainment_text(entry['requests'], 'requests')} "
+    return (f"SLO {entry['name']} ({slo_bounds(entry)}): {attainment_text(entry['requests'], 'requests')} "
             f"({slo_verdict(entry)}), {attainment_text(entry['sessions'], 'sessions')}; "
             f"goodput {goodput_text(entry['goodput'])}; most violated: {worst_text(entry)}")
 
 
-def slo_spec(entry: dict[str, Any]) -> str:
+def slo_bounds(entry: dict[str, Any]) -> str:
     return ", ".join(part.strip() for part in entry["spec"].split(","))
 
 

@@ -170,7 +170,7 @@ def level_attainment(slo: Slo, requests: Mapping[str, Sequence], error_plays: Se
     violations = {**broken, "error": int(len(errors))}
     worst = max(violations, key=lambda k: violations[k]) if any(violations.values()) else None
     return {
-        "name": slo.name, "spec": slo.spec, "target": target,
+        "name": slo.name, "spec": slo.text, "target": target,
         "requests": {**requests_share.to_dict(), "met": requests_share.verdict(target)},
         "sessions": sessions_share.to_dict(),
         "goodput": {"requests_per_s": per_s(int(good.sum())), "output_tokens_per_s": per_s(out_tokens),

@@ -53,13 +53,13 @@ class Bound:
 
 @dataclass(frozen=True, slots=True)
 class Slo:
-    """A named set of bounds; `spec` is their text, comma-joined."""
+    """A named set of bounds; `text` is theirs, comma-joined (the results file's `spec`)."""
 
     name: str
     bounds: tuple[Bound, ...]
 
     @property
-    def spec(self) -> str:
+    def text(self) -> str:
         return ",".join(bound.text for bound in self.bounds)
 
 
@@ -76,8 +76,8 @@ DEFAULT_SLOS = tuple(TIERS)  # every level reports these when no --slo is given
 
 
 def parse_slo(text: str, tiers: Mapping[str, str] | None = None, name: str | None = None) -> Slo:
-    """A tier name (`standard`; `tiers` adds a recipe's own), a spec (`ttft<=2s,interactivity>=50`)
-    or a named spec (`fast=ttft<=1s,interactivity>=80`); SloError naming the bound otherwise."""
+    """A tier name (`standard`; `tiers` adds a recipe's own), bounds (`ttft<=2s,interactivity>=50`)
+    or named bounds (`fast=ttft<=1s,interactivity>=80`); SloError naming the bound otherwise."""
     known = {**TIERS, **(tiers or {})}
     key = text.strip()
     if name is None and (named := _NAMED.match(key)) is not None:
@@ -132,7 +132,7 @@ def _parse_bound(part: str, known: Mapping[str, str]) -> Bound:
 
 
 def parse_slos(texts: Sequence[str], tiers: Mapping[str, str] | None = None) -> tuple[Slo, ...]:
-    """Several --slo values (each a tier or a spec); the same name twice is an error."""
+    """Several --slo values (each a tier or bounds); the same name twice is an error."""
     slos = tuple(parse_slo(text, tiers) for text in texts)
     names = [slo.name for slo in slos]
     for name in names:

@@ -30,7 +30,7 @@ def plays_of(traces: TraceSet, config: RunConfig, level_index: int, concurrency:
 
 
 async def run(runner: Runner, level: LevelRun, level_index: int) -> None:
-    config, n = runner.config, level.spec.lanes
+    config, n = runner.config, level.load.lanes
     plays = plays_of(runner.traces, config, level_index, n)
     lanes = [runner.spawn(_lane(runner, level, plays, lane)) for lane in runner.share.lanes(n)]
     if config.warmup.requests in (None, 0):
@@ -64,7 +64,7 @@ async def _hold_window(runner: Runner, level: LevelRun) -> None:
 
 async def _lane(runner: Runner, level: LevelRun, plays: LanePlays, lane: int) -> None:
     round_ = 0
-    resume = runner.lane_resume.get(lane) if level.spec.carry else None
+    resume = runner.lane_resume.get(lane) if level.load.carry else None
     while not level.stopping:
         sent = level.lane_requests[lane]
         if round_ == 0 and resume is not None:  # go on where this lane stopped in the previous level

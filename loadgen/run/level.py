@@ -137,7 +137,7 @@ _LISTS = ("error_plays",)
 class LevelRun:
     """Mutable state of one level (or of one worker's share of it) while it runs."""
 
-    spec: LevelLoad
+    load: LevelLoad
     started_ns: int
     recorder: LevelRecorder = field(default_factory=LevelRecorder)
     window_start_ns: int | None = None

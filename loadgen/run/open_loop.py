@@ -23,24 +23,24 @@ if TYPE_CHECKING:
 
 
 def arrivals(
-    traces: TraceSet, config: RunConfig, spec: LevelLoad, level_index: int
+    traces: TraceSet, config: RunConfig, load: LevelLoad, level_index: int
 ) -> Iterator[tuple[float, Play, Request]]:
     """The level's (offset_s, play, request) sequence: the first level keeps the run's seed, later
     ones derive theirs from it, so every level sends fresh plays."""
     seed = config.seed if level_index == 0 else config.seed ^ (level_index * 0x9E3779B1)
     source = PlaySource(traces.sessions, seed, config.start_offset, first_id=level_index << 32)
-    if spec.mode == "poisson" and spec.rate is not None:
-        return plan.poisson_arrivals(source, spec.rate, seed + int(spec.rate * 1000))
-    time_scale = config.time_scale if spec.time_scale is None else spec.time_scale
+    if load.mode == "poisson" and load.rate is not None:
+        return plan.poisson_arrivals(source, load.rate, seed + int(load.rate * 1000))
+    time_scale = config.time_scale if load.time_scale is None else load.time_scale
     return plan.timestamp_arrivals(source.next_play(first_of_lane=False), time_scale)
 
 
-def warmup_prompt_tokens(traces: TraceSet, config: RunConfig, spec: LevelLoad, level_index: int) -> int:
+def warmup_prompt_tokens(traces: TraceSet, config: RunConfig, load: LevelLoad, level_index: int) -> int:
     """Prompt tokens of the warm-up arrivals when the warm-up counts requests (else 0: a warm-up
     of seconds sends what arrives in them)."""
     wanted = config.warmup.requests or 0
     total = 0
-    for number, (_, _, request) in enumerate(arrivals(traces, config, spec, level_index)):
+    for number, (_, _, request) in enumerate(arrivals(traces, config, load, level_index)):
         if number >= wanted:
             break
         total += request.input_tokens
@@ -55,7 +55,7 @@ async def run(runner: Runner, level: LevelRun, level_index: int) -> None:
     opens_ns = start + int(cfg.warmup.seconds * 1e9) if warm_n is None else None
     tasks: list[asyncio.Task] = []
     last_due = start
-    for number, (offset, play, request) in enumerate(arrivals(runner.traces, cfg, level.spec, level_index)):
+    for number, (offset, play, request) in enumerate(arrivals(runner.traces, cfg, level.load, level_index)):
         due = start + int(offset * 1e9)
         if level.window_start_ns is None and (number == warm_n or (opens_ns is not None and due >= opens_ns)):
             window_ns = due if opens_ns is None else opens_ns

@@ -43,7 +43,7 @@ def config_block(args, target: dict[str, Any], config: RunConfig, info: ServerIn
         "duration_s": config.duration_s, "warmup": config.warmup.describe(),
         "start_offset": list(config.start_offset), "time_scale": config.time_scale,
         "seed": config.seed, "timeout_s": config.timeout_s, "max_error_rate": config.max_error_rate,
-        "slos": [{"name": slo.name, "spec": slo.spec} for slo in config.slos], "attainment_target": config.slo_target,
+        "slos": [{"name": slo.name, "spec": slo.text} for slo in config.slos], "attainment_target": config.slo_target,
         "vocab": {"offset": vocab_offset, "size": vocab_size},
         "traces": {"source": args.traces or DEFAULT_SET, "name": traces.name, "format": traces.format,
                    "block_size": traces.block_size, "sessions": len(traces.sessions),

@@ -179,11 +179,11 @@ async def _replay(args: argparse.Namespace, options: dict[str, Any], transport: 
         # a level's repeats share its index, so they replay the same plan (loadgen/run/runner.py)
         while not pool.stopped and (step := sweep.next_level()) is not None:
             of = f" (repeat {step.repeat + 1} of {step.repeats})" if step.repeats > 1 else ""
-            printer.say(f"-- {step.spec.label}{of}: {_level_plan(step.spec, step.index, traces, config)}")
+            printer.say(f"-- {step.load.label}{of}: {_level_plan(step.load, step.index, traces, config)}")
             series = ServerSeries(transport.metrics_text, interval) if (interval := scrape_interval(args)) else None
             level_started = time.perf_counter_ns()
             try:
-                level, early, window_start = await _drive_level(pool, step.spec, step.index, config, printer, sweep,
+                level, early, window_start = await _drive_level(pool, step.load, step.index, config, printer, sweep,
                                                                 series)
             except WorkerError as exc:
                 pool.status, pool.message = "failed", f"a client worker failed: {exc}"
@@ -240,7 +240,7 @@ async def _start_workers(pool: Pool, printer: ProgressPrinter) -> None:
         pool.status, pool.message = "failed", f"the client workers did not start: {exc}"
 
 
-async def _drive_level(pool: Pool, spec: LevelLoad, index: int, config: RunConfig, printer: ProgressPrinter,
+async def _drive_level(pool: Pool, load: LevelLoad, index: int, config: RunConfig, printer: ProgressPrinter,
                        sweep: Sweep, series: ServerSeries | None
                        ) -> tuple[LevelRun, str | None, int | None]:
     """Run one level on the pool, showing its progress; with several workers and a warm-up that
@@ -248,10 +248,10 @@ async def _drive_level(pool: Pool, spec: LevelLoad, index: int, config: RunConfi
     window early (a decided capacity probe). `series` scrapes the server's /metrics meanwhile, and
     once more after the drain. Returns the level, why it was ended early, and when (perf_counter
     ns, from the progress snapshots: the workers keep their own clocks' stamps) its window opened."""
-    task = asyncio.ensure_future(pool.run_level(spec, index))
+    task = asyncio.ensure_future(pool.run_level(load, index))
     scraper = asyncio.ensure_future(series.run()) if series is not None else None
     started = time.monotonic()
-    coordinate = pool.workers > 1 and spec.mode == "closed" and bool(config.warmup.requests)
+    coordinate = pool.workers > 1 and load.mode == "closed" and bool(config.warmup.requests)
     opener = asyncio.ensure_future(pool.open_window_when_warm()) if coordinate else None
     early, window_start = None, None
     try:
@@ -268,7 +268,7 @@ async def _drive_level(pool: Pool, spec: LevelLoad, index: int, config: RunConfi
                 window_start = time.perf_counter_ns() - int(snap["window_elapsed_s"] * 1e9)
             if early is None and (early := sweep.early_stop(snap, config.duration_s)) is not None:
                 await pool.end_window()
-            printer.show(describe(spec.label, snap, time.monotonic() - started, config.duration_s,
+            printer.show(describe(load.label, snap, time.monotonic() - started, config.duration_s,
                                   config.warmup_timeout_s, config.timeout_s))
     finally:
         for side in (opener, scraper):
@@ -279,20 +279,20 @@ async def _drive_level(pool: Pool, spec: LevelLoad, index: int, config: RunConfi
             task.cancel()
 
 
-def _level_plan(spec: LevelLoad, index: int, traces: TraceSet, config: RunConfig) -> str:
+def _level_plan(load: LevelLoad, index: int, traces: TraceSet, config: RunConfig) -> str:
     """What a level will do, before it starts: so a slow server can be told from a hung one."""
     warm = config.warmup
-    if spec.mode == "closed":
-        plays = closed_loop.plays_of(traces, config, index, spec.lanes)
-        sessions, tokens = closed_loop.warmup_plan(plays, spec.lanes, warm.requests)
-        what = f"{_plural(spec.lanes, 'lane')} over {_plural(sessions, 'session')}"
+    if load.mode == "closed":
+        plays = closed_loop.plays_of(traces, config, index, load.lanes)
+        sessions, tokens = closed_loop.warmup_plan(plays, load.lanes, warm.requests)
+        what = f"{_plural(load.lanes, 'lane')} over {_plural(sessions, 'session')}"
         warmup = (f"warm-up {warm.describe()} per lane" if warm.requests else
                   f"warm-up {warm.describe()}")
         warmup += f" (each lane first re-sends its start context: {tokens:,} prompt tokens"
         warmup += " in the warm-up requests)" if warm.requests else ")"
     else:
-        tokens = open_loop.warmup_prompt_tokens(traces, config, spec, index)
-        what = f"Poisson arrivals at {spec.rate:g}/s" if spec.mode == "poisson" else "recorded arrivals"
+        tokens = open_loop.warmup_prompt_tokens(traces, config, load, index)
+        what = f"Poisson arrivals at {load.rate:g}/s" if load.mode == "poisson" else "recorded arrivals"
         warmup = f"warm-up {warm.describe()}" + (f" ({tokens:,} prompt tokens)" if warm.requests else "")
     return f"{what}, {warmup}, window {config.duration_s:g} s"
 
@@ -368,7 +368,7 @@ def _pool_size(levels: list[LevelLoad], traces: TraceSet, workers: int) -> int:
     """Connections per worker: every request the heaviest level can have in flight at once."""
     if levels[0].mode != "closed":
         return math.ceil(OPEN_LOOP_CONNECTIONS / workers)
-    lanes = math.ceil(max(spec.lanes for spec in levels) / workers)
+    lanes = math.ceil(max(load.lanes for load in levels) / workers)
     return lanes * (1 + max_subagents(traces.sessions))
 
 

@@ -132,7 +132,7 @@ class Runner:
         level = self.current
         await asyncio.wait({level.lanes_ready, level.stop}, return_when=asyncio.FIRST_COMPLETED)
 
-    async def run_level(self, spec: LevelLoad, level_index: int | None = None,
+    async def run_level(self, load: LevelLoad, level_index: int | None = None,
                         started_ns: int | None = None) -> LevelRun:
         """Run one level; `level_index` (default: levels run so far) keys its plan, `started_ns`
         (default: now) is its common start when several workers share it. An index run before is
@@ -142,10 +142,10 @@ class Runner:
         repeat = self._runs_of_index.get(index, 0)
         self._runs_of_index[index] = repeat + 1
         self._salt_shift = (repeat * REPEAT_SALT_STEP) & ((1 << SALT_BITS) - 1)
-        level = LevelRun(spec, time.perf_counter_ns() if started_ns is None else started_ns)
+        level = LevelRun(load, time.perf_counter_ns() if started_ns is None else started_ns)
         if self.config.live_slo is not None:
             level.slo_tally = SloTally(self.config.live_slo)
-        if spec.mode == "closed" and not self.share.lanes(spec.lanes):
+        if load.mode == "closed" and not self.share.lanes(load.lanes):
             level.lanes_ready.set_result(None)  # more workers than lanes: this one has none to warm
         self.current = level
         def record_lag(us: int) -> None:
@@ -156,7 +156,7 @@ class Runner:
         scrape = asyncio.create_task(self._scrape_at_window_start(level)) if self.share.index == 0 else None
         watchdog = asyncio.create_task(self._warmup_watchdog(level))
         try:
-            if spec.mode == "closed":
+            if load.mode == "closed":
                 await closed_loop.run(self, level, index)
             else:
                 await open_loop.run(self, level, index)
@@ -174,7 +174,7 @@ class Runner:
         limit = self.config.warmup_timeout_s
         await self.sleep_until(level, level.started_ns + int(limit * 1e9))
         if level.window_start_ns is None and not level.stopping:
-            self.interrupt("failed", f"{level.spec.label}: the warm-up did not finish within --warmup-timeout "
+            self.interrupt("failed", f"{level.load.label}: the warm-up did not finish within --warmup-timeout "
                            f"{limit:g} s ({level.warmup_ok} warm-up requests done, {level.inflight} in flight); "
                            "the server is slower than the warm-up needs: raise --warmup-timeout, or shorten "
                            "--warmup or the sessions (--token-scale)")
@@ -298,11 +298,11 @@ class Runner:
 
     def _maybe_open_window_after_warmup_requests(self, level: LevelRun, lane: int) -> None:
         wanted = self.config.warmup.requests
-        if level.spec.mode != "closed" or not wanted or level.window_start_ns is not None:
+        if level.load.mode != "closed" or not wanted or level.window_start_ns is not None:
             return
         if level.lane_requests[lane] == wanted:
             level.lanes_warm += 1
-            if level.lanes_warm == len(self.share.lanes(level.spec.lanes)):
+            if level.lanes_warm == len(self.share.lanes(level.load.lanes)):
                 if self.coordinated:
                     level.lanes_ready.set_result(None)  # the parent opens the window for every share
                 else:

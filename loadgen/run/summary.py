@@ -81,10 +81,10 @@ def level_summary(level: LevelRun, config: RunConfig, theoretical_hit_rate: floa
         warnings.append(f"client used {per_worker:.0%} of a core per worker process during the window: it may "
                         "be the bottleneck (more --workers spread it over more cores)")
     return {
-        "mode": level.spec.mode,
-        "concurrency": level.spec.concurrency,
-        "rate": level.spec.rate,
-        "label": level.spec.label,
+        "mode": level.load.mode,
+        "concurrency": level.load.concurrency,
+        "rate": level.load.rate,
+        "label": level.load.label,
         "failed": bool(reasons),
         "fail_reasons": reasons,
         "window_s": round(window_s, 6),
@@ -147,7 +147,7 @@ def request_record(level: LevelRun, meta: RequestMeta, wire_id: str, ex: Exchang
     """One --per-request line. Times are perf_counter_ns (CLOCK_MONOTONIC on Linux, so they
     compare with other processes' timestamps on the same host); due_ns is the intended start."""
     return {
-        "level": level.spec.label, "id": wire_id, "play": meta.play_id, "session": meta.session,
+        "level": level.load.label, "id": wire_id, "play": meta.play_id, "session": meta.session,
         "agent": meta.agent, "turn": meta.request.index, "isl": meta.request.input_tokens,
         "osl_asked": meta.request.output_tokens, "osl": ex.output_tokens, "osl_counted": ex.counted_tokens,
         "cached_tokens": ex.cached_tokens, "due_ns": origin, "start_ns": ex.start_ns,

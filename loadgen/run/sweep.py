@@ -20,7 +20,7 @@ from loadgen.run.level import LevelLoad
 @dataclass(frozen=True, slots=True)
 class NextLevel:
     index: int  # keys the level's plan: a repeat runs an index again (loadgen/run/runner.py)
-    spec: LevelLoad
+    load: LevelLoad
     repeat: int = 0
     repeats: int = 1
 
@@ -57,7 +57,7 @@ class FixedSweep:
 
     def __init__(self, levels: list[LevelLoad], repeats: int) -> None:
         self._levels, self._repeats = levels, repeats
-        self._order = [NextLevel(i, spec, r, repeats) for i, spec in enumerate(levels) for r in range(repeats)]
+        self._order = [NextLevel(i, load, r, repeats) for i, load in enumerate(levels) for r in range(repeats)]
 
     @property
     def live_slo(self) -> Slo | None:
@@ -92,7 +92,7 @@ class CapacitySweep:
         return self.config.slo
 
     def sizing(self) -> list[LevelLoad]:
-        return [self._spec(self.config.bounds[1], carry=False)]
+        return [self._level_load(self.config.bounds[1], carry=False)]
 
     def next_level(self) -> NextLevel | None:
         load = self.search.next_load()
@@ -100,9 +100,9 @@ class CapacitySweep:
             return None
         self._pending = (load, None)
         # a closed-loop probe's lanes go on with the sessions the previous probe's lanes played
-        return NextLevel(len(self.search.probes), self._spec(load, carry=bool(self.search.probes)))
+        return NextLevel(len(self.search.probes), self._level_load(load, carry=bool(self.search.probes)))
 
-    def _spec(self, load: float, carry: bool) -> LevelLoad:
+    def _level_load(self, load: float, carry: bool) -> LevelLoad:
         mode = self.config.mode
         if mode == "closed":
             return LevelLoad("closed", concurrency=int(load), carry=carry)

@@ -49,11 +49,11 @@ START_AHEAD_S = 0.05  # workers start a level together this long after the paren
 def auto_workers(levels: list[LevelLoad], mean_output_tokens: float, cpus: int | None = None) -> int:
     """Enough worker processes for the heaviest level at TOKENS_PER_S_PER_CORE, at most the CPUs."""
     demand = 0.0
-    for spec in levels:
-        if spec.mode == "closed":
-            demand = max(demand, spec.lanes * STREAM_TOKENS_PER_S)
-        elif spec.mode == "poisson":
-            demand = max(demand, (spec.rate or 0.0) * mean_output_tokens)
+    for load in levels:
+        if load.mode == "closed":
+            demand = max(demand, load.lanes * STREAM_TOKENS_PER_S)
+        elif load.mode == "poisson":
+            demand = max(demand, (load.rate or 0.0) * mean_output_tokens)
     cpus = cpus or os.cpu_count() or 1
     return max(1, min(cpus, math.ceil(demand / TOKENS_PER_S_PER_CORE)))
 
@@ -127,8 +127,8 @@ class Worker:
         gc.collect()
         gc.freeze()  # the traces are many long-lived objects: the cyclic GC need not walk them
 
-    async def run_level(self, spec: LevelLoad, index: int, start_wall_ns: int) -> dict[str, Any]:
-        level = await self.runner.run_level(spec, index, mono_from_wall(start_wall_ns))
+    async def run_level(self, load: LevelLoad, index: int, start_wall_ns: int) -> dict[str, Any]:
+        level = await self.runner.run_level(load, index, mono_from_wall(start_wall_ns))
         records, self.records = b"".join(self.records), []
         return {"part": level.export(), "status": self.runner.status, "message": self.runner.message,
                 "records": records}
@@ -177,7 +177,7 @@ class Pool:
     async def start(self) -> None:
         """Start the workers (processes, actors) and open their connections."""
 
-    async def run_level(self, spec: LevelLoad, index: int) -> LevelRun:
+    async def run_level(self, load: LevelLoad, index: int) -> LevelRun:
         raise NotImplementedError
 
     async def snapshot(self) -> dict[str, Any]:
@@ -206,8 +206,8 @@ class LocalPool(Pool):
         super().__init__()
         self.runner = runner
 
-    async def run_level(self, spec: LevelLoad, index: int) -> LevelRun:
-        level = await self.runner.run_level(spec, index)
+    async def run_level(self, load: LevelLoad, index: int) -> LevelRun:
+        level = await self.runner.run_level(load, index)
         self.status, self.message = self.runner.status, self.runner.message
         return level
 
@@ -240,10 +240,10 @@ class RemotePool(Pool):
     async def _all(self, method: str, *args: Any) -> list[Any]:
         return await asyncio.gather(*(self._call(w, method, *args) for w in range(self.workers)))
 
-    async def run_level(self, spec: LevelLoad, index: int) -> LevelRun:
+    async def run_level(self, load: LevelLoad, index: int) -> LevelRun:
         start_wall = time.time_ns() + int(START_AHEAD_S * 1e9)
-        results = await self._all("run_level", spec, index, start_wall)
-        merged = LevelRun(spec, 0)
+        results = await self._all("run_level", load, index, start_wall)
+        merged = LevelRun(load, 0)
         merged.workers = self.workers
         for result in results:
             merged.absorb(result["part"])

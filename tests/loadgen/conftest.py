@@ -138,13 +138,13 @@ def sessions(tmp_path):
     """Factory: write_session(...) into a fresh traces folder; returns that folder's path."""
     folder = tmp_path / "traces"
 
-    def make(*specs: dict) -> Path:
-        """Each spec: write_session's keywords; "subagent" holds subagent_item's keywords."""
-        for i, spec in enumerate(specs):
-            spec = dict(spec)
-            if "subagent" in spec:
-                spec["subagent"] = subagent_item(**spec["subagent"])
-            write_session(folder / f"s{i}.json.gz", spec.pop("sid", f"s{i}"), **spec)
+    def make(*shapes: dict) -> Path:
+        """Each shape: write_session's keywords; "subagent" holds subagent_item's keywords."""
+        for i, shape in enumerate(shapes):
+            shape = dict(shape)
+            if "subagent" in shape:
+                shape["subagent"] = subagent_item(**shape["subagent"])
+            write_session(folder / f"s{i}.json.gz", shape.pop("sid", f"s{i}"), **shape)
         return folder
 
     return make

@@ -205,14 +205,14 @@ def test_bad_input_exits_2_naming_the_file(runs, capsys, tmp_path):
         assert message in err, (args, err)
 
 
-def _slo_entry(name: str, spec: str, target: float, requests: tuple, sessions: tuple, goodput: tuple,
+def _slo_entry(name: str, bounds: str, target: float, requests: tuple, sessions: tuple, goodput: tuple,
                violations: dict, worst: str | None) -> dict:
     """A level's `slo` entry (docs/results_schema.md): requests and sessions as (total, good,
     attainment, interval, met), goodput as (req/s, output tok/s, output tok/s/GPU)."""
     def part(total, good, attainment, interval):
         return {"total": total, "good": good, "attainment": attainment, "interval": interval}
 
-    return {"name": name, "spec": spec, "target": target,
+    return {"name": name, "spec": bounds, "target": target,
             "requests": {**part(*requests[:4]), "met": requests[4]}, "sessions": part(*sessions[:4]),
             "goodput": dict(zip(("requests_per_s", "output_tokens_per_s", "output_tokens_per_s_per_gpu"), goodput)),
             "violations": violations, "worst": worst}
