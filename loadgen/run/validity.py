@@ -172,7 +172,7 @@ def _mid_trace_start(doc: dict[str, Any], rules: SubmissionRules) -> tuple[bool,
 
 
 def _cache_priming_warmup(doc: dict[str, Any], rules: SubmissionRules) -> tuple[bool, Any, str]:
-    from loadgen.run.level import Warmup  # here, not at the top: loadgen.level imports the histograms
+    from loadgen.run.level import Warmup  # here, not at the top: loadgen.run.level imports the histograms
 
     text, mode = _get(doc, "config", "warmup"), _get(doc, "config", "mode")
     requests = Warmup.parse(text).requests or 0

@@ -1,5 +1,5 @@
-/* The HTML report's timelines (loadgen/timeline.py builds their data): per level, the session plays' swim lanes
-   and, beneath them on the same x axis, the server's series, drawn with uPlot (loadgen/static/uplot/). Each
+/* The HTML report's timelines (loadgen/report/timeline.py builds their data): per level, the session plays' swim lanes
+   and, beneath them on the same x axis, the server's series, drawn with uPlot (loadgen/report/static/uplot/). Each
    level's data is a JSON script block of class tl-data naming, in data-target, the element to draw into.
    Text from the results (session ids, agents) reaches the page only as textContent or canvas text. */
 (function () {
