@@ -73,9 +73,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from workload_flags import add_workload_flags
 
-from loadgen.affinity import placed_on
-from loadgen.compare import METRICS, benjamini_hochberg, compare_runs, verdict
-from loadgen.compare.stats import METRIC_BY_NAME, LevelSample, group_levels, point_values
+from loadgen.compare import benjamini_hochberg, compare_runs, verdict
+from loadgen.compare.stats import LevelSample, group_levels, point_values
 from loadgen.compare.verdicts import round_log_ratios
 from loadgen.recipe.runner import RecipeRun, load_command, plan
 from loadgen.recipe.schema import (
@@ -87,6 +86,8 @@ from loadgen.recipe.schema import (
     Workload,
 )
 from loadgen.recipe.server import RunningServer
+from loadgen.results.metric_registry import STATISTIC_BY_NAME, STATISTICS
+from loadgen.run.affinity import placed_on
 
 MAX_COMPARISONS = 120  # per method and size (drawn without repeats, seeded)
 RESAMPLES = 2000  # matched-boot's bootstrap over rounds
@@ -191,7 +192,7 @@ def _samples(docs: list[dict], matched: bool = True) -> list[LevelSample]:
 
 def _metric(doc: dict, name: str) -> float:
     sample = next(iter(group_levels([("x", doc)]).values()))[0]
-    return float(point_values(sample, [METRIC_BY_NAME[name]])[0])
+    return float(point_values(sample, [STATISTIC_BY_NAME[name]])[0])
 
 
 def analyze(out: Path) -> dict:
@@ -199,8 +200,8 @@ def analyze(out: Path) -> dict:
     a, a2, b = rounds["A"], rounds["A2"], rounds["B"]
     rng = np.random.default_rng(0)
     pool = a + a2
-    values = np.array([point_values(s, METRICS) for s in _samples(pool)])  # (runs, metrics)
-    noise = {m.name: float(100.0 * np.std(np.log(values[:, i]), ddof=1)) for i, m in enumerate(METRICS)}
+    values = np.array([point_values(s, STATISTICS) for s in _samples(pool)])  # (runs, metrics)
+    noise = {m.name: float(100.0 * np.std(np.log(values[:, i]), ddof=1)) for i, m in enumerate(STATISTICS)}
     (out / "run_noise.json").write_text(json.dumps({"run_noise_pct": noise, "runs": len(pool)}, indent=1))
     report: dict = {"rounds": len(a), "runs": {"A+A2 (identical)": len(pool), "B (planted delay)": len(b)},
                     "run_noise_pct": {k: round(v, 2) for k, v in noise.items()},
@@ -285,11 +286,11 @@ def _without_turns(doc: dict) -> dict:
 
 
 def _round_bootstrap(base: list[LevelSample], new: list[LevelSample], rng: np.random.Generator) -> dict:
-    ratios, _ = round_log_ratios(base, new, METRICS)
+    ratios, _ = round_log_ratios(base, new, STATISTICS)
     draws = rng.integers(0, ratios.shape[1], size=(RESAMPLES, ratios.shape[1]))
     means = ratios[:, draws].mean(axis=2)  # (metrics, resamples)
     rows = []
-    for i in range(len(METRICS)):
+    for i in range(len(STATISTICS)):
         boot = means[i][np.isfinite(means[i])]
         centre = float(np.nanmean(ratios[i]))
         low, high = np.percentile(boot, [2.5, 97.5])
@@ -297,23 +298,23 @@ def _round_bootstrap(base: list[LevelSample], new: list[LevelSample], rng: np.ra
         rows.append((100 * math.expm1(centre), (100 * math.expm1(low), 100 * math.expm1(high)), p))
     keep = benjamini_hochberg([p for *_, p in rows], 0.05)
     return {m.name: (verdict(m, d, ci) if keep[i] else "within noise") for i, (m, (d, ci, _)) in
-            enumerate(zip(METRICS, rows))}
+            enumerate(zip(STATISTICS, rows))}
 
 
 def _within_round_sd(a: list[dict], a2: list[dict]) -> dict:
     """Per metric, the SD (% of the value) of log(A2_k / A_k) over rounds, whole runs and over
     the requests both runs measured, divided by sqrt 2: one run's share of the pair's noise."""
-    whole = round_log_ratios(_samples(a, matched=False), _samples(a2, matched=False), METRICS)[0]
-    matched = round_log_ratios(_samples(a), _samples(a2), METRICS)[0]
+    whole = round_log_ratios(_samples(a, matched=False), _samples(a2, matched=False), STATISTICS)[0]
+    matched = round_log_ratios(_samples(a), _samples(a2), STATISTICS)[0]
     return {m.name: {"whole_runs": round(float(100 * np.std(whole[i], ddof=1) / math.sqrt(2)), 2),
                      "matched_requests": round(float(100 * np.std(matched[i], ddof=1) / math.sqrt(2)), 2)}
-            for i, m in enumerate(METRICS) if len(a) >= 2}
+            for i, m in enumerate(STATISTICS) if len(a) >= 2}
 
 
 def _planted(a: list[dict], a2: list[dict], b: list[dict]) -> dict:
     """TPOT p50 change of B against A and A2: ratio of means, and the geometric mean of per-round
     ratios over matched requests."""
-    tpot = [METRIC_BY_NAME["tpot_p50"]]
+    tpot = [STATISTIC_BY_NAME["tpot_p50"]]
     mean = {name: float(np.mean([point_values(s, tpot)[0] for s in _samples(runs)])) for name, runs in
             (("A", a + a2), ("B", b))}
     matched = np.concatenate([round_log_ratios(_samples(side), _samples(b), tpot)[0][0] for side in (a, a2)])

@@ -26,12 +26,12 @@ import tempfile
 import time
 from pathlib import Path
 
-from loadgen.attainment import Share
 from loadgen.capacity.config import DEFAULT_SLO
 from loadgen.capacity.search import Probe, capacity_from_curve
-from loadgen.capacity.sweep import share_of
-from loadgen.options import DEFAULTS
-from loadgen.results import read_results
+from loadgen.defaults import DEFAULTS
+from loadgen.results.attainment import Share
+from loadgen.results.file import read_results
+from loadgen.run.sweep import share_of
 
 ROOT = Path(__file__).resolve().parents[1]
 

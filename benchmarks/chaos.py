@@ -47,7 +47,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from loadgen.results import ResultsError, read_results  # noqa: E402  (after the sys.path line above)
+from loadgen.results.file import ResultsError, read_results  # noqa: E402  (after the sys.path line above)
 
 READY = re.compile(rb"ready at http://\S+ \(model \S+, engine pid (\d+)\)")
 REQUEST_ID = re.compile(rb"X-Request-Id: ([^\r\n]+)\r\n")

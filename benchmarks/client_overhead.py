@@ -45,7 +45,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests" / "loadgen"))
 
-from loadgen.affinity import parse_cpus, placed_on  # noqa: E402
+from loadgen.run.affinity import parse_cpus, placed_on  # noqa: E402
 
 if TYPE_CHECKING:
     from conftest import ServerProcess
@@ -148,7 +148,7 @@ def run_case(conc: int, first_ms: float, itl_ms: float, osl: int, duration: floa
 
 def read_path() -> str:
     """How loadgen reads plain-http responses here (loadgen/transport/wire.py): compiled or python."""
-    from loadgen.transport.wire import compiled_reads_available
+    from loadgen.transport.readpath import compiled_reads_available
 
     return "compiled" if compiled_reads_available() else "python"
 

@@ -60,8 +60,8 @@ from build_probe import PROBE_DIR_ENV
 from build_probe import read as read_probe
 from client_overhead import ROOT, _process_cpu
 
-from loadgen.affinity import parse_cpus, placed_on
-from loadgen.results import read_results
+from loadgen.results.file import read_results
+from loadgen.run.affinity import parse_cpus, placed_on
 
 HERE = Path(__file__).resolve().parent
 RECORDS_WAIT_S = 30.0  # a server process writes its records on SIGTERM: seconds to wait for them all

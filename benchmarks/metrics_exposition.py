@@ -4,7 +4,7 @@ Measures, on this machine, what each side costs where it runs:
 - server/metrics.py: one `observe` per engine output (TTFT/ITL/E2E histograms) and one render per
   /metrics scrape, against prometheus_client's Histogram plus a custom collector for the engine
   snapshot (the way an exporter of cumulative counters uses it), rendered by `generate_latest`;
-- loadgen/spec.py `parse_spec_counters` (two counters per scrape, loadgen must stay light) against
+- loadgen/run/spec_decode.py `parse_spec_counters` (two counters per scrape, loadgen must stay light) against
   prometheus_client's parser;
 - the import time prometheus_client would add (fresh interpreters, with and without it).
 
@@ -28,7 +28,7 @@ import sys
 import time
 from collections.abc import Callable
 
-from loadgen.spec import METRIC_ACCEPTED, METRIC_DRAFTS, parse_spec_counters
+from loadgen.run.spec_decode import METRIC_ACCEPTED, METRIC_DRAFTS, parse_spec_counters
 from server.engine.messages import EngineStats
 from server.metrics import _ENGINE_COUNTERS, _ENGINE_GAUGES, E2E_BUCKETS, ITL_BUCKETS, TTFT_BUCKETS, ServerMetrics
 

@@ -41,10 +41,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from workload_flags import add_workload_flags
 
-from loadgen.affinity import parse_cpus, placed_on
 from loadgen.recipe.runner import load_command
 from loadgen.recipe.schema import Recipe, ServerConfig, Sweep, Variant, Workload
 from loadgen.recipe.server import RunningServer
+from loadgen.run.affinity import parse_cpus, placed_on
 
 PROBE_PERIOD_S = 2.0
 PROBE = """

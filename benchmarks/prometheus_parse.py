@@ -41,7 +41,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from loadgen.event_loop import run_event_loop
+from loadgen.run.event_loop import run_event_loop
 from loadgen.telemetry import prometheus
 from loadgen.telemetry.engines import normalise
 from loadgen.transport.wire import HttpClient

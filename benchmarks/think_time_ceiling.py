@@ -22,7 +22,7 @@ from pathlib import Path
 
 from client_overhead import ROOT, FastServer
 
-from loadgen.results import read_results
+from loadgen.results.file import read_results
 from server.config import model_preset
 
 # what replay against our v32 server takes as the context cap (its max_model_len): requests beyond it drop

@@ -7,7 +7,7 @@ loop lag would pass for the client's. This one serves /v1/completions from raw n
 sockets on uvloop. It never parses a prompt: it reads `max_tokens` from the start of the body,
 where loadgen writes it, and only counts the rest. It stamps a request's arrival with the
 kernel's receive time of its first bytes (SO_TIMESTAMPNS, put on the perf_counter_ns clock by
-loadgen's own rule in loadgen/transport/wire.py), so a late loop here delays its writes, which
+loadgen's own rule in loadgen/transport/raw_socket.py), so a late loop here delays its writes, which
 it stamps, but not the arrival it measures from. (The kernel keeps the newest stamp of segments
 that queue together, so a late read of a request still arriving stamps it late, never early: a
 TTFT error measured against these records can be made larger by it, not smaller.)
@@ -55,7 +55,7 @@ from fast_sse_server import serving_processes
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 # The client's own stamp conversion and socket option, so both sides' stamps follow one rule.
-from loadgen.transport.wire import _ANCILLARY_SIZE, _enable_rx_timestamps, _stamp  # noqa: E402
+from loadgen.transport.raw_socket import _ANCILLARY_SIZE, _stamp, enable_rx_timestamps  # noqa: E402
 
 RECORD_FIELDS = ("id", "arrived_ns", "noticed_ns", "body_ns", "body_bytes", "max_tokens", "due_ns", "write_ns",
                  "written_ns", "last_ns", "chunks", "stalled")
@@ -266,7 +266,7 @@ async def serve(sock: socket.socket, timing: Timing, records_dir: Path | None) -
                 return
             conn.setblocking(False)
             conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            _enable_rx_timestamps(conn)
+            enable_rx_timestamps(conn)
             Conn(conn, timing, records)
 
     loop.add_reader(sock.fileno(), accept)

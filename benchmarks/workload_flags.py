@@ -1,11 +1,11 @@
 """The calibration scripts' shared workload flags: the engine (--model, --device) and the bundled
-sessions' scaling, defaulting to `loadgen bench`'s tiny preset (loadgen/presets.py), read from there."""
+sessions' scaling, defaulting to `loadgen bench`'s tiny preset (loadgen/run/presets.py), read from there."""
 
 from __future__ import annotations
 
 import argparse
 
-from loadgen.presets import BENCH_PRESETS, CPU_MODEL
+from loadgen.run.presets import BENCH_PRESETS, CPU_MODEL
 
 TINY = BENCH_PRESETS[CPU_MODEL]
 

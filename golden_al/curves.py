@@ -25,7 +25,7 @@ Selecting a curve (`load_curve`), in this order:
    curve; any other maps to a model key (InferenceX's own table below, else the prefix itself)
    and the one bundled curve of that model is taken; two curves of one model (e.g. two draft
    heads) are ambiguous and must be named. Such a curve is marked `selected_by == "model"`: its
-   thinking modes are strict (loadgen/spec.py fails on a missing mode, as InferenceX does,
+   thinking modes are strict (loadgen/run/spec_decode.py fails on a missing mode, as InferenceX does,
    instead of falling back).
 """
 

@@ -1,7 +1,7 @@
-"""Errors the library raises for bad input; the CLI (loadgen/cli.py) maps them to exit codes.
+"""Errors the library raises for bad input; the CLI (loadgen/cli/) maps them to exit codes.
 
 Library modules raise `UsageError` themselves instead of importing the CLI, so the import graph
-points one way: cli -> cmd_* -> library.
+points one way: the CLI -> its commands -> library.
 """
 
 from __future__ import annotations

@@ -6,8 +6,12 @@ from __future__ import annotations
 
 import argparse
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from loadgen.slo import DEFAULT_TARGET, Slo, parse_slo
+from loadgen.results.slo import DEFAULT_TARGET, Slo, parse_slo
+
+if TYPE_CHECKING:
+    from traces import TraceSet
 
 OVER = ("requests", "sessions")
 DEFAULT_SLO = "standard"  # the tier searched when no --slo is given
@@ -81,3 +85,11 @@ def check_search_flags(args: argparse.Namespace) -> None:
         raise ValueError(f"--resolution: must be in (0, 1), got {args.resolution:g}")
     if args.max_probes < 2:
         raise ValueError(f"--max-probes: need at least 2 to bracket a capacity, got {args.max_probes}")
+
+
+def search_config(args: argparse.Namespace, traces: TraceSet, slos: tuple[Slo, ...]) -> SearchConfig:
+    """The search's settings from `loadgen capacity`'s (or `bench --capacity`'s) flags."""
+    mode = "mooncake" if traces.format == "mooncake" else "poisson" if args.open_loop else "closed"
+    return SearchConfig(slo=slos[0] if slos else parse_slo(DEFAULT_SLO), mode=mode, target=args.attainment,
+                        over=args.over, low=args.low, high=args.high, resolution=args.resolution,
+                        max_probes=args.max_probes, early_stop=not args.no_early_stop)

@@ -18,7 +18,7 @@ wholly above the target, or, counting them as good, wholly under it - after a mi
 its window and a minimum number of requests (a saturated server's probe need not run a full
 window to fail).
 
-Interval. Each probe gives a share with a 95 % interval (loadgen/attainment.py), and attainment
+Interval. Each probe gives a share with a 95 % interval (loadgen/results/attainment.py), and attainment
 cannot improve with more load. So a probe whose interval lies above the target shows that every
 lighter load holds too, and one whose interval lies under it that every heavier load fails: the
 lower end of the capacity is the heaviest load that some probe at or above it shows held (the
@@ -41,8 +41,8 @@ from typing import Any
 
 import numpy as np
 
-from loadgen.attainment import ClusterSums, Share, wilson
 from loadgen.capacity.config import UNITS, SearchConfig
+from loadgen.results.attainment import ClusterSums, Share, wilson
 
 Z_99 = 2.575829  # the early stop's level, two-sided 99 %
 
@@ -172,7 +172,7 @@ class CapacitySearch:
         per_gpu = {key: None if value is None else round(value / max(1, gpus), 4)
                    for key, value in found.items() if key in ("capacity", "low", "high")}
         return {
-            "slo": {"name": cfg.slo.name, "spec": cfg.slo.spec}, "target": cfg.target, "over": cfg.over,
+            "slo": {"name": cfg.slo.name, "spec": cfg.slo.text}, "target": cfg.target, "over": cfg.over,
             "resolution": cfg.resolution, "early_stop": cfg.early_stop,
             "mode": cfg.mode, "unit": UNITS[cfg.mode], **found, "gpus": gpus, "per_gpu": per_gpu,
             "probes": [{"load": p.load, "label": p.label, "window_s": round(p.window_s, 3),

@@ -1,14 +1,20 @@
 """A/B comparison of runs, level by level: stats.py measures (metric values, session bootstrap),
 verdicts.py decides (paired t over rounds on matched requests, Welch t over repeats, run-to-run
-noise, Benjamini-Hochberg), render.py prints (table, JSON). The names below are the package's public interface."""
+noise; the tests themselves in significance.py), render.py prints (table, JSON). What it compares
+are the registry's statistics (loadgen/results/metric_registry.py). The names below are the
+package's public interface."""
 
 from loadgen.compare.render import format_comparison, to_json
+from loadgen.compare.significance import (
+    CONFIDENCE,
+    benjamini_hochberg,
+    block_log_test,
+    pooled_log_test,
+    welch_log_test,
+)
 from loadgen.compare.stats import (
-    METRIC_BY_NAME,
-    METRICS,
     CompareError,
     LevelSample,
-    MetricDef,
     RankedWeights,
     cluster_counts,
     level_sample,
@@ -17,26 +23,21 @@ from loadgen.compare.stats import (
     session_bootstrap,
 )
 from loadgen.compare.verdicts import (
-    CONFIDENCE,
     DEFAULT_FDR,
     Comparison,
     Gate,
     LevelComparison,
     MetricResult,
     RunNoise,
-    benjamini_hochberg,
-    block_log_test,
     compare_runs,
     load_run_noise,
-    pooled_log_test,
     regressions,
     verdict,
-    welch_log_test,
 )
 
 __all__ = [
-    "CONFIDENCE", "DEFAULT_FDR", "METRICS", "METRIC_BY_NAME", "CompareError", "Comparison", "Gate",
-    "LevelComparison", "LevelSample", "MetricDef", "MetricResult", "RankedWeights", "RunNoise",
+    "CONFIDENCE", "DEFAULT_FDR", "CompareError", "Comparison", "Gate",
+    "LevelComparison", "LevelSample", "MetricResult", "RankedWeights", "RunNoise",
     "benjamini_hochberg", "block_log_test", "cluster_counts", "compare_runs", "format_comparison", "level_sample",
     "load_run_noise", "play_keys", "point_values", "pooled_log_test", "regressions", "session_bootstrap",
     "to_json", "verdict", "welch_log_test",

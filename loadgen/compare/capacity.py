@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from loadgen.compare.verdicts import block_log_fit, t_test
+from loadgen.compare.significance import block_log_fit, t_test
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,7 +10,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from loadgen.compare.verdicts import CONFIDENCE, Comparison
+from loadgen.compare.significance import CONFIDENCE
+from loadgen.compare.verdicts import Comparison
 
 
 def to_json(comparison: Comparison, base_files: Sequence[str], new_files: Sequence[str],

@@ -25,48 +25,14 @@ from typing import Any
 
 import numpy as np
 
+from loadgen.results.metric_registry import Statistic
+
 PAIRED_MIN_OVERLAP = 0.5
 CHUNK = 128  # resamples per block: bounds memory to CHUNK x requests weights per column
 
 
 class CompareError(ValueError):
     """Runs that cannot be compared (no common level, repeats on one side only, ...)."""
-
-
-@dataclass(frozen=True, slots=True)
-class MetricDef:
-    """One compared quantity. Percentiles read a request column; rates count it over the window."""
-
-    name: str
-    label: str
-    unit: str
-    higher_is_better: bool
-    column: str
-    q: float | None = None  # percentile; None for a rate
-    inverse: bool = False  # shown value = scale / percentile (interactivity)
-    scale: float = 1.0  # column unit -> shown unit
-    per_gpu: bool = False
-
-
-METRICS: tuple[MetricDef, ...] = (
-    MetricDef("ttft_p50", "TTFT p50", "ms", False, "ttft_us", 50, scale=1e-3),
-    MetricDef("ttft_p90", "TTFT p90", "ms", False, "ttft_us", 90, scale=1e-3),
-    MetricDef("ttft_p99", "TTFT p99", "ms", False, "ttft_us", 99, scale=1e-3),
-    MetricDef("tpot_p50", "TPOT p50", "ms", False, "tpot_us", 50, scale=1e-3),
-    MetricDef("tpot_p90", "TPOT p90", "ms", False, "tpot_us", 90, scale=1e-3),
-    MetricDef("interactivity_p50", "interactivity p50", "tok/s", True, "tpot_us", 50, inverse=True, scale=1e6),
-    MetricDef("interactivity_p90", "interactivity p90 (slow tail)", "tok/s", True, "tpot_us", 90, inverse=True,
-              scale=1e6),
-    MetricDef("e2el_p50", "E2EL p50", "s", False, "e2el_us", 50, scale=1e-6),
-    MetricDef("e2el_p90", "E2EL p90", "s", False, "e2el_us", 90, scale=1e-6),
-    MetricDef("e2el_p99", "E2EL p99", "s", False, "e2el_us", 99, scale=1e-6),
-    MetricDef("norm_e2el_p90", "E2EL/OSL p90", "ms/tok", False, "norm_e2el_us", 90, scale=1e-3),
-    MetricDef("e2e_interactivity", "e2e interactivity", "tok/s", True, "norm_e2el_us", 90, inverse=True, scale=1e6),
-    MetricDef("output_tput_per_gpu", "output tok/s per GPU", "tok/s", True, "osl", per_gpu=True),
-    MetricDef("total_tput_per_gpu", "total tok/s per GPU", "tok/s", True, "tokens", per_gpu=True),
-    MetricDef("request_rate", "requests/s", "req/s", True, "ones"),
-)
-METRIC_BY_NAME = {m.name: m for m in METRICS}
 
 
 @dataclass(frozen=True)
@@ -88,7 +54,7 @@ class LevelSample:
 
 
 def level_sample(level: dict[str, Any], source: str) -> LevelSample:
-    """Columns of a results-file level (`requests`, see results.py) ready for the bootstrap."""
+    """Columns of a results-file level (`requests`, see loadgen/results/file.py) ready for the bootstrap."""
     req = level["requests"]
 
     def col(name: str) -> np.ndarray:
@@ -161,7 +127,7 @@ def _label(level: dict[str, Any]) -> str:
 # -- statistics ------------------------------------------------------------------------------
 
 
-def evaluate(sample: LevelSample, metrics: Sequence[MetricDef], counts: np.ndarray,
+def evaluate(sample: LevelSample, metrics: Sequence[Statistic], counts: np.ndarray,
              cluster: np.ndarray | None = None) -> np.ndarray:
     """Metric values (len(metrics), B) of the sample drawn with `counts` (B, clusters): request j
     weighs counts[:, cluster[j]] (without `cluster`, counts are per request). All ones is the
@@ -186,7 +152,7 @@ def evaluate(sample: LevelSample, metrics: Sequence[MetricDef], counts: np.ndarr
     return out
 
 
-def point_values(sample: LevelSample, metrics: Sequence[MetricDef]) -> np.ndarray:
+def point_values(sample: LevelSample, metrics: Sequence[Statistic]) -> np.ndarray:
     """The metrics of the sample itself (every request once), shape (len(metrics),)."""
     return evaluate(sample, metrics, np.ones((1, sample.requests), np.int32))[:, 0]
 
@@ -239,7 +205,7 @@ class Resampled:
     detail: str
 
 
-def session_bootstrap(base: LevelSample, new: LevelSample, metrics: Sequence[MetricDef], resamples: int,
+def session_bootstrap(base: LevelSample, new: LevelSample, metrics: Sequence[Statistic], resamples: int,
                       rng: np.random.Generator) -> Resampled:
     """Resample session plays; paired (one draw for both sides) when they replayed the same plays."""
     if not base.requests or not new.requests:

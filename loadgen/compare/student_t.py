@@ -1,6 +1,6 @@
 """Student's t distribution (two-sided p-values and quantiles) without SciPy.
 
-The repeats test of loadgen/compare/verdicts.py needs t with few degrees of freedom (2-3
+The repeats test of loadgen/compare/significance.py needs t with few degrees of freedom (2-3
 repeats per side give 1-4); a normal approximation there would be several times too narrow.
 CDF by the regularized incomplete beta function (Lentz's continued fraction); quantile by
 bisection on the CDF, which is monotone.

@@ -23,16 +23,15 @@ unit, so the run-level noise stays in the interval. Matched requests: two runs t
 same plan measured mostly the same (session play, agent, turn) requests; then each percentile of
 the round is taken over the requests both measured (stats.matched), so request-to-request
 variation - which requests fell in each window; a slower run finishes fewer - drops out and the
-ratio is the server's alone. Rates count whole windows. (A cluster bootstrap over 3-5 rounds
-instead of the t gave 25 % A/A false verdicts in benchmarks/ab_calibration.py: far too narrow.)
+ratio is the server's alone. Rates count whole windows. (A cluster bootstrap over so few rounds
+would be far too narrow; benchmarks/ab_calibration.py counts the A/A false verdicts of a method.)
 
 Block of variants (`blocks`: the other variants' runs of the same rounds, as a recipe with three
 or more variants has them): the rounds are the blocks of a randomized complete block design. Each
 round's log values of every variant, less the round's mean and the variant's mean, leave the
 residuals, whose variance (rounds - 1) x (variants - 1) degrees of freedom estimate the run noise
 that NEW - BASE carries; with two variants this is the paired t exactly. More variants, more
-degrees of freedom, a narrower t: on an H200 (benchmarks/RESULTS.md) 5 rounds of 60 s windows
-with three variants found an exact 10 % TPOT change in 16 of 16 comparisons, the pair alone in 4.
+degrees of freedom, a narrower t: the same rounds find a smaller change.
 
 Repeats (>= 2 runs of the level on each side): Welch's t-test on the logarithm of the per-run
 values. Each run's value carries both the server's run-to-run variation (batching
@@ -74,28 +73,32 @@ from typing import Any
 
 import numpy as np
 
-from loadgen.compare import student_t
+from loadgen.compare.significance import (
+    benjamini_hochberg,
+    block_log_test,
+    bootstrap_test,
+    complete_rounds,
+    pooled_log_test,
+    welch_log_test,
+)
 from loadgen.compare.stats import (
-    METRIC_BY_NAME,
-    METRICS,
     PAIRED_MIN_OVERLAP,
     CompareError,
     LevelSample,
-    MetricDef,
     group_levels,
     matched,
     point_values,
     session_bootstrap,
 )
+from loadgen.results.metric_registry import STATISTIC_BY_NAME, STATISTICS, Statistic
 
-CONFIDENCE = 0.95
 DEFAULT_FDR = 0.05
 DEFAULT_RESAMPLES = 2000  # bootstrap resamples per (level, metric) row
 
 
 @dataclass(frozen=True, slots=True)
 class MetricResult:
-    metric: MetricDef
+    metric: Statistic
     base: float | None
     new: float | None
     delta_pct: float | None
@@ -174,14 +177,14 @@ def load_run_noise(text: str) -> RunNoise:
     if value is not None:
         if not value > 0:
             raise CompareError(f"--run-noise: must be > 0, got {text}")
-        return RunNoise({name: value for name in METRIC_BY_NAME})
+        return RunNoise({name: value for name in STATISTIC_BY_NAME})
     try:
         with open(text, encoding="utf-8") as handle:
             doc = json.load(handle)
     except (OSError, json.JSONDecodeError) as exc:
         raise CompareError(f"--run-noise: {text}: not a number and not a readable JSON file ({exc})") from None
     table, runs = (doc.get("run_noise_pct"), doc.get("runs")) if isinstance(doc, dict) else (None, None)
-    if not isinstance(table, dict) or any(k not in METRIC_BY_NAME or not isinstance(v, (int, float)) or v <= 0
+    if not isinstance(table, dict) or any(k not in STATISTIC_BY_NAME or not isinstance(v, (int, float)) or v <= 0
                                           for k, v in table.items()):
         raise CompareError(f"--run-noise: {text}: run_noise_pct: expected {{metric: pct > 0}} with known metrics")
     if runs is not None and (not isinstance(runs, int) or runs < 2):
@@ -190,7 +193,7 @@ def load_run_noise(text: str) -> RunNoise:
 
 
 def compare_runs(base: Sequence[tuple[str, dict[str, Any]]], new: Sequence[tuple[str, dict[str, Any]]],
-                 metrics: Sequence[MetricDef] = METRICS, resamples: int = DEFAULT_RESAMPLES, seed: int = 0,
+                 metrics: Sequence[Statistic] = STATISTICS, resamples: int = DEFAULT_RESAMPLES, seed: int = 0,
                  min_effect_pct: float = 0.0, fdr: float = DEFAULT_FDR,
                  run_noise: RunNoise | None = None, paired: bool = False,
                  blocks: Sequence[Sequence[tuple[str, dict[str, Any]]]] = ()) -> Comparison:
@@ -239,7 +242,7 @@ def _with_verdict(r: MetricResult, call: str | None) -> MetricResult:
     return dataclasses.replace(r, verdict=call)
 
 
-def _estimate_level(label: str, base: list[LevelSample], new: list[LevelSample], metrics: Sequence[MetricDef],
+def _estimate_level(label: str, base: list[LevelSample], new: list[LevelSample], metrics: Sequence[Statistic],
                     resamples: int, rng: np.random.Generator, run_noise: RunNoise | None, paired: bool,
                     others: Sequence[list[LevelSample]] = ()):
     """(LevelComparison fields but results, [MetricResult without verdict]) of one level."""
@@ -267,7 +270,7 @@ def _estimate_level(label: str, base: list[LevelSample], new: list[LevelSample],
         boot = session_bootstrap(base[0], new[0], metrics, resamples, rng)
         method, run_to_run, values = boot.method, False, "each run's own values, over all its requests"
         detail = boot.detail + "; single run per side, run-to-run noise NOT in the interval"
-        tests = [_bootstrap_test(point_base[i], point_new[i], boot.base[i], boot.new[i]) for i in range(len(metrics))]
+        tests = [bootstrap_test(point_base[i], point_new[i], boot.base[i], boot.new[i]) for i in range(len(metrics))]
     elif (len(base) >= 2 and len(new) >= 2) or run_noise is not None:
         per_base, per_new = _per_run(base, metrics), _per_run(new, metrics)
         # the log-scale means the t tests compare, so that NEW / BASE is their interval's centre
@@ -300,13 +303,13 @@ def _estimate_level(label: str, base: list[LevelSample], new: list[LevelSample],
     return header, results
 
 
-def _per_run(runs: Sequence[LevelSample], metrics: Sequence[MetricDef]) -> np.ndarray:
+def _per_run(runs: Sequence[LevelSample], metrics: Sequence[Statistic]) -> np.ndarray:
     """(metrics, runs) values of every run."""
     return np.stack([point_values(r, metrics) for r in runs], axis=1)
 
 
 def round_values(base: Sequence[LevelSample], new: Sequence[LevelSample],
-                 metrics: Sequence[MetricDef]) -> tuple[np.ndarray, np.ndarray, list[float]]:
+                 metrics: Sequence[Statistic]) -> tuple[np.ndarray, np.ndarray, list[float]]:
     """(metrics, rounds) values of BASE_k and of NEW_k, and the matched share of every matched
     round. A percentile is taken over the requests both runs of the round measured, when they
     share at least half of their requests (same plan): the two runs then differ by the server
@@ -327,7 +330,7 @@ def round_values(base: Sequence[LevelSample], new: Sequence[LevelSample],
 
 
 def round_log_ratios(base: Sequence[LevelSample], new: Sequence[LevelSample],
-                     metrics: Sequence[MetricDef]) -> tuple[np.ndarray, list[float]]:
+                     metrics: Sequence[Statistic]) -> tuple[np.ndarray, list[float]]:
     """(metrics, rounds) log(NEW_k / BASE_k) of round_values, and the matched shares."""
     values_base, values_new, shares = round_values(base, new, metrics)
     return _log_ratios(values_base, values_new), shares
@@ -339,112 +342,7 @@ def _log_ratios(base: np.ndarray, new: np.ndarray) -> np.ndarray:
         return np.log(new / base)
 
 
-def complete_rounds(log_ratios: np.ndarray, other_log_ratios: Sequence[np.ndarray] = ()) -> np.ndarray:
-    """Which rounds block_log_fit uses: those where NEW's and every other variant's ratio is finite."""
-    return np.isfinite(np.vstack([log_ratios, *other_log_ratios])).all(axis=0)
-
-
-def welch_log_test(base: np.ndarray, new: np.ndarray) -> tuple[tuple[float, float] | None, float | None]:
-    """95 % interval of the ratio NEW/BASE - 1 in %, and the two-sided p-value, from Welch's t on
-    the logs of the per-run values (each side needs >= 2 positive values)."""
-    base, new = (np.log(v[np.isfinite(v) & (v > 0)]) for v in (base, new))
-    if len(base) < 2 or len(new) < 2:
-        return None, None
-    diff = float(new.mean() - base.mean())
-    var_base, var_new = base.var(ddof=1) / len(base), new.var(ddof=1) / len(new)
-    se = math.sqrt(var_base + var_new)
-    if se == 0.0:
-        return t_test(diff, se, 1.0)
-    df = se ** 4 / ((var_base ** 2 / (len(base) - 1) if var_base else 0.0)
-                    + (var_new ** 2 / (len(new) - 1) if var_new else 0.0))
-    return t_test(diff, se, df)
-
-
-def block_log_test(log_ratios: np.ndarray, other_log_ratios: Sequence[np.ndarray] = ()
-                   ) -> tuple[tuple[float, float] | None, float | None]:
-    """95 % interval of NEW/BASE - 1 in % and the two-sided p, with the rounds as blocks: per round
-    the log ratios of NEW and of every other variant to BASE (BASE's own is 0), residuals after the
-    round and variant means, variance on (rounds - 1)(variants - 1) degrees of freedom. Rounds
-    where any ratio is missing drop out. No other variants: the one-sample t on
-    NEW's per-round log ratios (the paired t)."""
-    fit = block_log_fit(log_ratios, other_log_ratios)
-    if fit is None:
-        return None, None
-    diff, se, df, _ = fit
-    return t_test(diff, se, df)
-
-
-def block_log_fit(log_ratios: np.ndarray, other_log_ratios: Sequence[np.ndarray] = ()
-                  ) -> tuple[float, float, float, int] | None:
-    """block_log_test's (mean log ratio, its standard error, degrees of freedom, rounds used); None
-    with fewer than two complete rounds."""
-    table = np.vstack([np.zeros_like(log_ratios), log_ratios, *other_log_ratios])  # (variants, rounds)
-    table = table[:, complete_rounds(log_ratios, other_log_ratios)]
-    variants, n = table.shape
-    if n < 2:
-        return None
-    residual = table - table.mean(axis=0) - table.mean(axis=1, keepdims=True) + table.mean()
-    df = (n - 1) * (variants - 1)
-    se = math.sqrt(2.0 * float((residual ** 2).sum()) / df / n)
-    return float(table[1].mean()), se, df, n
-
-
-def t_test(diff: float, se: float, df: float) -> tuple[tuple[float, float], float]:
-    """The interval of exp(diff) - 1 in % and the two-sided p of a log difference with standard
-    error `se` on `df` degrees of freedom."""
-    if se == 0.0:
-        pct = 100.0 * math.expm1(diff)
-        return (pct, pct), (1.0 if diff == 0.0 else 0.0)
-    half = student_t.quantile(0.5 + CONFIDENCE / 2.0, df) * se
-    ci = (100.0 * math.expm1(diff - half), 100.0 * math.expm1(diff + half))
-    return ci, student_t.two_sided_p(diff / se, df)
-
-
-def pooled_log_test(base: np.ndarray, new: np.ndarray, prior_sd_pct: float | None,
-                    prior_df: float) -> tuple[tuple[float, float] | None, float | None]:
-    """Like welch_log_test, with one variance pooled over both sides' runs and the A/A prior
-    (SD of log values = prior_sd_pct / 100, worth prior_df degrees of freedom); works from one run
-    per side. A metric without a prior falls back to Welch."""
-    if prior_sd_pct is None:
-        return welch_log_test(base, new)
-    base, new = (np.log(v[np.isfinite(v) & (v > 0)]) for v in (base, new))
-    if not len(base) or not len(new):
-        return None, None
-    diff = float(new.mean() - base.mean())
-    squares = float(((base - base.mean()) ** 2).sum() + ((new - new.mean()) ** 2).sum())
-    df = len(base) + len(new) - 2 + prior_df
-    variance = (squares + prior_df * (prior_sd_pct / 100.0) ** 2) / df
-    return t_test(diff, math.sqrt(variance * (1.0 / len(base) + 1.0 / len(new))), df)
-
-
-def _bootstrap_test(base: float, new: float, boot_base: np.ndarray,
-                    boot_new: np.ndarray) -> tuple[tuple[float, float] | None, float | None]:
-    """Percentile interval of delta % over the session bootstrap, and its two-sided p-value."""
-    with np.errstate(divide="ignore", invalid="ignore"):
-        deltas = 100.0 * (boot_new - boot_base) / boot_base
-    deltas = deltas[np.isfinite(deltas)]
-    if not (math.isfinite(base) and math.isfinite(new)) or deltas.size < 0.5 * boot_base.size:
-        return None, None
-    tail = 100.0 * (1.0 - CONFIDENCE) / 2.0
-    low, high = np.percentile(deltas, [tail, 100.0 - tail])
-    below, above = int((deltas <= 0).sum()), int((deltas >= 0).sum())
-    return (float(low), float(high)), min(1.0, 2.0 * (min(below, above) + 1) / (deltas.size + 1))
-
-
-def benjamini_hochberg(p_values: Sequence[float | None], fdr: float) -> list[bool]:
-    """Which hypotheses the Benjamini-Hochberg step-up procedure rejects at `fdr` (None: untested)."""
-    tested = sorted((p, i) for i, p in enumerate(p_values) if p is not None)
-    keep = [False] * len(p_values)
-    cutoff = 0
-    for rank, (p, _) in enumerate(tested, start=1):
-        if p <= fdr * rank / len(tested):
-            cutoff = rank
-    for _, i in tested[:cutoff]:
-        keep[i] = True
-    return keep
-
-
-def verdict(metric: MetricDef, delta_pct: float | None, ci_pct: tuple[float, float] | None,
+def verdict(metric: Statistic, delta_pct: float | None, ci_pct: tuple[float, float] | None,
             min_effect_pct: float = 0.0) -> str:
     """better / worse / within noise (the interval holds 0, or lies on the other side of 0 from
     the delta, or |delta| < min effect) / n/a."""

@@ -69,8 +69,8 @@ import orjson
 from loadgen.export.infx_identity import AGENTIC_SCENARIO, ExportError, Identity, IdentityFlags, resolve_identity
 from loadgen.export.infx_itl import level_chunk_gaps
 from loadgen.export.infx_server import server_metrics_block
-from loadgen.pareto import e2e_interactivity
-from loadgen.report import Run
+from loadgen.report.runs import Run
+from loadgen.results.pareto import e2e_interactivity
 
 log = logging.getLogger(__name__)
 

@@ -21,7 +21,7 @@ import numpy as np
 import orjson
 
 from loadgen.export.infx_identity import ExportError
-from loadgen.report import Run
+from loadgen.report.runs import Run
 
 RequestKey = tuple[int, int, int]  # play, turn, TTFT in microseconds: a counted request of a level
 

@@ -15,9 +15,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from loadgen.metrics import METRIC_DEFINITIONS, PERCENTILES
-from loadgen.pareto import NORMALIZED
-from loadgen.report import Run, frontier_keys
+from loadgen.report.runs import Run, frontier_keys
+from loadgen.results.metric_registry import METRICS as METRIC_DEFINITIONS
+from loadgen.results.metrics import PERCENTILES
+from loadgen.results.pareto import NORMALIZED
 
 STATS = ("count", "mean", "std", "min", *(f"p{p:g}" for p in PERCENTILES), "max")
 

@@ -10,7 +10,7 @@ form one unrecorded curve per file), a point one concurrency (or rate) of it, me
 round that ran it. A point is invalid when every measurement of it failed (loadgen's failed level,
 whose error rate InferenceX's validator refuses); runs that are no valid AgentX submission (their
 `validity` block) are counted apart, with the rules they broke. The frontier is InferenceX's
-e2e-normalized one (loadgen/pareto.py) over the curve's valid measurements; a point is on it when
+e2e-normalized one (loadgen/results/pareto.py) over the curve's valid measurements; a point is on it when
 one of its measurements is.
 """
 
@@ -21,8 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from loadgen.pareto import NORMALIZED, frontiers, level_point
 from loadgen.recipe.provenance import LAUNCH_KEY
+from loadgen.results.pareto import NORMALIZED, frontiers, level_point
 
 RECOMMENDED_POINTS = 5
 Results = list[tuple[Path, dict[str, Any]]]

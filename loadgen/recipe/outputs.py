@@ -14,15 +14,10 @@ def write_outputs(recipe: Recipe, out: Path, runs: list[tuple[str, str]]) -> lis
     runs, given as (variant name, run name); the paths written."""
     import orjson
 
-    from loadgen.compare import (
-        METRIC_BY_NAME,
-        METRICS,
-        compare_runs,
-        format_comparison,
-        regressions,
-        to_json,
-    )
+    from loadgen.compare import compare_runs, format_comparison, regressions, to_json
     from loadgen.compare.verdicts import load_run_noise
+    from loadgen.results.metric_registry import STATISTIC_BY_NAME as METRIC_BY_NAME
+    from loadgen.results.metric_registry import STATISTICS as METRICS
 
     loaded = {name: _load(out / "runs" / name / "result.json", name) for _, name in runs}
     by_variant = {v.name: [loaded[name] for owner, name in runs if owner == v.name] for v in recipe.variants}
@@ -89,7 +84,7 @@ def _capacity_outputs(recipe: Recipe, out: Path, by_variant: dict) -> tuple[list
 
 
 def _load(path: Path, name: str):
-    from loadgen.report import Run, load_runs
+    from loadgen.report.runs import Run, load_runs
 
     run = load_runs([path])[0]
     return Run(run.path, name, run.doc)
@@ -97,8 +92,8 @@ def _load(path: Path, name: str):
 
 def _report(runs: list, folder: Path, tables: list[tuple[str, str]]) -> list[Path]:
     """Plots of every variant on shared axes, and one HTML page that also shows each comparison."""
-    from loadgen.html_report import write_html
-    from loadgen.plots import render_plots
+    from loadgen.report.html import write_html
+    from loadgen.report.plots import render_plots
 
     folder.mkdir(exist_ok=True)
     plots = render_plots(runs, folder)

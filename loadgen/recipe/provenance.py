@@ -63,7 +63,7 @@ def launch_record(recipe: Recipe, variant: Variant, round_: int, server_argv: li
 
 def stamp_launch(result: Path, record: dict[str, Any]) -> None:
     """Add the launch record to a finished run's result.json (rewritten atomically)."""
-    from loadgen.results import read_results, write_results
+    from loadgen.results.file import read_results, write_results
 
     doc = read_results(result)
     doc[LAUNCH_KEY] = record

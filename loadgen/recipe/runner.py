@@ -35,7 +35,6 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from loadgen.affinity import placed_on
 from loadgen.recipe.memory import split_note
 from loadgen.recipe.provenance import launch_record, stamp_launch
 from loadgen.recipe.schema import (
@@ -48,6 +47,7 @@ from loadgen.recipe.schema import (
     to_yaml,
 )
 from loadgen.recipe.server import RunningServer, ServerStartError, flag_args, stop_group
+from loadgen.run.affinity import placed_on
 
 REPLAY_STOP_GRACE_S = 10.0
 

@@ -10,7 +10,7 @@ Build one programmatically (`Recipe(...)`, or `recipe_from_dict`) and write it w
 `to_yaml`; `recipe_from_dict(to_dict(r)) == r`. Every error is a RecipeError naming the key
 (`server.kind`, `variants[1].flags`, ...); the cross-field rules are in loadgen/recipe/validate.py.
 Server-flag names are checked against the engine's own flags later, by `loadgen recipe check`.
-Defaults the replay has too (window, warm-up) are read from its config (loadgen/options.py).
+Defaults the replay has too (window, warm-up) are read from its config (loadgen/defaults.py).
 """
 
 from __future__ import annotations
@@ -20,10 +20,10 @@ import os
 from dataclasses import MISSING, dataclass, field, fields, is_dataclass
 from typing import Any, Union, get_args, get_origin, get_type_hints
 
-from loadgen.affinity import parse_cpus
 from loadgen.capacity.config import DEFAULT_SLO, OVER, SEARCH
 from loadgen.compare.verdicts import DEFAULT_FDR
-from loadgen.options import DEFAULTS as REPLAY
+from loadgen.defaults import DEFAULTS as REPLAY
+from loadgen.run.affinity import parse_cpus
 
 SCHEMA = "agentload.recipe/1"
 SERVER_KINDS = ("ours", "inprocess", "command", "url")

@@ -25,9 +25,9 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from loadgen.affinity import placed_on
 from loadgen.recipe.memory import memory_flags
 from loadgen.recipe.schema import PORT_PLACEHOLDER, FlagValue, Recipe, Variant
+from loadgen.run.affinity import placed_on
 
 log = logging.getLogger(__name__)
 

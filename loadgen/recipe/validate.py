@@ -8,10 +8,10 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from loadgen.affinity import CpuListError
-from loadgen.compare.stats import METRIC_BY_NAME
 from loadgen.recipe.schema import PORT_PLACEHOLDER, Recipe, RecipeError
-from loadgen.slo import SloError, check_target, parse_slo
+from loadgen.results.metric_registry import STATISTIC_BY_NAME
+from loadgen.results.slo import SloError, check_target, parse_slo
+from loadgen.run.affinity import CpuListError
 
 _NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_.-]*$")
 
@@ -65,8 +65,8 @@ def validate_recipe(r: Recipe) -> None:
              "workload.thinking: only meaningful with workload.golden_al")
     _require(0 < r.compare.fdr < 1, f"compare.fdr: must be in (0, 1), got {r.compare.fdr:g}")
     for i, name in enumerate(r.compare.metrics or ()):
-        _require(name in METRIC_BY_NAME,
-                 f"compare.metrics[{i}]: unknown metric {name!r}; known: {', '.join(METRIC_BY_NAME)}")
+        _require(name in STATISTIC_BY_NAME,
+                 f"compare.metrics[{i}]: unknown metric {name!r}; known: {', '.join(STATISTIC_BY_NAME)}")
 
     _require(bool(r.variants), "variants: need at least one (the first is the baseline)")
     names = [v.name for v in r.variants]

@@ -203,7 +203,7 @@ def run_verify(args) -> int:
     from loadgen.errors import UsageError
     from loadgen.recipe.evidence import append_only, curve_evidence
     from loadgen.recipe.schema import RecipeError, load_recipe
-    from loadgen.results import ResultsError, read_results
+    from loadgen.results.file import ResultsError, read_results
 
     try:
         recipe = load_recipe(args.file)

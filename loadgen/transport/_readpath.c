@@ -1,18 +1,18 @@
-/* The compiled read path of loadgen's plain-http connections (loadgen/transport/wire.py).
+/* The compiled read path of loadgen's plain-http connections (loadgen/transport/readpath.py).
 
    A Reader's `readable` is registered as the event loop's reader callback of one socket, so a
    read runs no Python frame: recvmsg with SO_TIMESTAMPNS, the kernel stamp converted to
    perf_counter_ns, the HTTP/1.1 body framing undone (chunked, Content-Length, read until
    close), and the body split into pieces of complete lines with the read's stamp, exactly as
-   wire._Conn.on_body does. The pieces wait in the Reader, their stamps in a C array, until the
-   connection takes them as a batch (take_batch, from wire._Conn.deliver): no Python object is
+   connection.Connection.on_body does. The pieces wait in the Reader, their stamps in a C array, until the
+   connection takes them as a batch (take_batch, from Connection.deliver): no Python object is
    made per piece but the piece's bytes, and none for a piece the Reader counts (below). It calls
-   into Python (the connection, a wire._Conn) only when a response head is complete (take_head:
+   into Python (the connection, a connection.Connection) only when a response head is complete (take_head:
    httptools parses it, as on the Python path), when a batch is full (deliver), at the message's
    end (finish_body; a chunked body's last chunk and trailer go through its llhttp parser there),
    for the body of a response that does not stream (on_body), on malformed framing
    (malformed_body) and on EOF or a socket error (the transport's lost). Everything else about a
-   connection stays in wire.py.
+   connection stays in connection.py and raw_socket.py.
 
    When the connection asks for it (take_head's mode COUNTED), each piece that is one SSE content
    event of the plain shape count_content_tokens takes is counted as it is read, while its bytes
@@ -23,7 +23,7 @@
    loadgen/transport/http.py) without building their objects: each piece that holds one event of
    the one plain shape it fully validates is counted, and any other piece is left to orjson.
 
-   READ_PATH_VERSION changes with what the module offers or how it behaves: wire.py takes a build
+   READ_PATH_VERSION changes with what the module offers or how it behaves: readpath.py takes a build
    only of the version it expects, so a build of an older source left in a checkout is not used.
 
    Limited API (abi3): one build loads on CPython 3.10 and later. Linux only (SO_TIMESTAMPNS). */
@@ -40,16 +40,16 @@
 #include <sys/socket.h>
 #include <time.h>
 
-/* wire.READ_PATH_VERSION must match: 3 = the counter answers piece by piece (0: orjson's);
+/* readpath.READ_PATH_VERSION must match: 3 = the counter answers piece by piece (0: orjson's);
    4 = the Reader keeps a batch's pieces itself (take_batch) and counts them as it reads (COUNTED). */
 #define READ_PATH_VERSION 4
 
-/* Body framings besides a length, as wire._Conn.take_head returns them (wire.py's constants;
+/* Body framings besides a length, as Connection.take_head returns them (readpath.py's constants;
    its NO_BODY, -1, needs no test here: a head without a body leaves the reader at the next head). */
 #define BODY_CHUNKED (-2)
 #define BODY_UNTIL_CLOSE (-3)
 
-/* How a body reaches the connection, as wire._Conn.take_head returns it (wire.py's constants). */
+/* How a body reaches the connection, as Connection.take_head returns it (readpath.py's constants). */
 #define WHOLE 0    /* not streamed: on_body gets the bytes */
 #define PIECES 1   /* pieces of whole lines, in batches */
 #define COUNTED 2  /* the same, plain SSE content events counted here and handed over as their counts */
@@ -58,7 +58,7 @@
    holds it while it arrives stays bounded whatever the server sends. */
 #define HEAD_LIMIT (64 * 1024)
 
-/* The kernel stamp's control messages. wire.py asks for SO_TIMESTAMPNS_OLD (35), whose stamp is
+/* The kernel stamp's control messages. raw_socket.py asks for SO_TIMESTAMPNS_OLD (35), whose stamp is
    two C longs, also where SCM_TIMESTAMPNS means SO_TIMESTAMPNS_NEW (32-bit systems with a 64-bit
    time_t), whose stamp is two 64-bit integers: either is taken. */
 #ifdef SO_TIMESTAMPNS_OLD
@@ -96,8 +96,8 @@ enum state {
     BODY_CLOSE,      /* everything until the server closes */
 };
 
-/* Set once by configure() (wire.py holds the values); the stamp conversion's state is shared by
-   every Reader, as wire's one _RealtimeToPerfCounter is. */
+/* Set once by configure() (raw_socket.py holds the values); the stamp conversion's state is shared by
+   every Reader, as raw_socket's one _RealtimeToPerfCounter is. */
 static PyObject *offset_source;  /* CLOCK_REALTIME - CLOCK_MONOTONIC, in ns, when called */
 static long long refresh_ns;
 static long long stamp_offset;
@@ -116,7 +116,7 @@ static PyObject *s_received, *s_closed, *s_line, *s_deliver, *s_take_head,
 typedef struct {
     PyObject_HEAD
     int fd;
-    PyObject *conn;  /* the wire._Conn it reads for */
+    PyObject *conn;  /* the connection.Connection it reads for */
     PyObject *lost;  /* the transport's _lost(exc or None): closes the socket, fails or ends the request */
     enum state state;
     int closed;         /* the connection closed: nothing more is read */
@@ -249,7 +249,7 @@ static int take_piece(Reader *self, PyObject *piece, Py_ssize_t count)
     return stopped(self);
 }
 
-/* A span of body bytes of one read (wire._Conn.on_body's rules). Returns as take_piece. */
+/* A span of body bytes of one read (Connection.on_body's rules). Returns as take_piece. */
 static int body_span(Reader *self, const char *data, Py_ssize_t size)
 {
     if (size == 0)
@@ -656,7 +656,7 @@ static int socket_error(Reader *self)
 }
 
 /* A read failed in a call into Python: raised into the loop's handler the request would carry
-   on without this read, so the connection fails it, as wire._Conn.feed does on the Python path.
+   on without this read, so the connection fails it, as Connection.feed does on the Python path.
    Should that raise too, the transport closes the socket (left registered, a level-triggered
    poll would call the reader again and again). Returns 0, or -1 with the last error set. */
 static int fail_read(Reader *self)
@@ -1331,7 +1331,7 @@ static int intern_names(void)
 
 static struct PyModuleDef module_def = {
     PyModuleDef_HEAD_INIT, "_readpath",
-    "The compiled read path of plain-http connections (see loadgen/transport/wire.py).",
+    "The compiled read path of plain-http connections (see loadgen/transport/readpath.py).",
     -1, module_methods, NULL, NULL, NULL, NULL,
 };
 

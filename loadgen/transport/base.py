@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from loadgen.server_metrics import ServerCounters
+from loadgen.telemetry.server_counters import ServerCounters
 
 
 class ErrorKind(str, Enum):
@@ -105,7 +105,7 @@ class Transport(ABC):
     async def close(self) -> None: ...
 
     async def server_counters(self) -> ServerCounters | None:
-        """Server-wide cumulative counters (loadgen/server_metrics.py), or None when the server
+        """Server-wide cumulative counters (loadgen/telemetry/server_counters.py), or None when the server
         has no /metrics; a failure to ask is None too, never an error."""
         return None
 

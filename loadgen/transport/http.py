@@ -4,7 +4,7 @@ Runs on wire.HttpClient (asyncio protocols, keep-alive pool sized to the load): 
 read is timestamped once with perf_counter_ns, and every SSE line it completes carries that
 arrival time; the request's coroutine wakes once, at the end of the response.
 
-The SSE events come in batches of reads (wire.BodySink). Where the compiled read path is
+The SSE events come in batches of reads (connection.BodySink). Where the compiled read path is
 built, it validates and counts each piece that is one content chunk with `token_ids` without
 building objects -- on a compiled connection as it reads the piece (the request asks for it
 with `count_events`), else over the batch (count_content_tokens) -- and leaves every other piece
@@ -39,7 +39,8 @@ from typing import Any, cast
 
 import orjson
 
-from loadgen.server_metrics import ServerCounters, parse_server_counters
+from loadgen.defaults import DEFAULTS
+from loadgen.telemetry.server_counters import ServerCounters, parse_server_counters
 from loadgen.transport.base import (
     ErrorKind,
     Exchange,
@@ -48,7 +49,9 @@ from loadgen.transport.base import (
     TransportError,
     WireRequest,
 )
-from loadgen.transport.wire import HttpClient, ResponseError, content_token_counter
+from loadgen.transport.connection import ResponseError
+from loadgen.transport.readpath import content_token_counter
+from loadgen.transport.wire import HttpClient
 
 ENDPOINT_PATHS = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}
 
@@ -57,11 +60,11 @@ class HttpTransport(Transport):
     def __init__(
         self,
         base_url: str,
-        endpoint: str = "completions",
+        endpoint: str = DEFAULTS.endpoint,
         model: str | None = None,
         api_key: str | None = None,
         headers: dict[str, str] | None = None,
-        timeout_s: float = 600.0,
+        timeout_s: float = DEFAULTS.timeout_s,
     ) -> None:
         if endpoint not in ENDPOINT_PATHS:
             raise ValueError(f"--endpoint: expected one of {', '.join(ENDPOINT_PATHS)}, got {endpoint!r}")
@@ -187,7 +190,7 @@ class _SseStream:
 
     def take(self, pieces: Sequence[bytes | None], stamps: list[int], counts: list[int] | None = None) -> None:
         """A batch of body pieces (whole lines) and the arrival of each, and each one's tokens when
-        the compiled reader counted them (wire.BodySink: a counted piece is None)."""
+        the compiled reader counted them (connection.BodySink: a counted piece is None)."""
         if self.error is not None:
             return
         if counts is not None:  # counted as they were read: 0 where the line rules read the piece

@@ -31,7 +31,8 @@ import traceback
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
-from loadgen.server_metrics import ServerCounters
+from loadgen.defaults import DEFAULTS
+from loadgen.telemetry.server_counters import ServerCounters
 from loadgen.transport.base import (
     ErrorKind,
     Exchange,
@@ -104,7 +105,7 @@ class InProcessTransport(Transport):
     across `close`/`open` (the replay opens once for server info and once for the run); `shutdown`
     frees it."""
 
-    def __init__(self, config: EngineConfig, timeout_s: float = 600.0) -> None:
+    def __init__(self, config: EngineConfig, timeout_s: float = DEFAULTS.timeout_s) -> None:
         self.config = config
         self.timeout_s = timeout_s
         self.engine: Engine | None = None  # built by build_engine

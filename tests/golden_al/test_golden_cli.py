@@ -12,13 +12,13 @@ from pathlib import Path
 import pytest
 
 from golden_al import CurveError, list_curves
-from loadgen import cmd_golden_al
+from loadgen.cli import golden_al as cmd_golden_al
 
 REPO = Path(__file__).resolve().parents[2]
 
 needs_full_cli = pytest.mark.skipif(
-    importlib.util.find_spec("loadgen.cmd_traces") is None,
-    reason="loadgen.cli also loads loadgen.cmd_traces, which is not in the tree yet",
+    importlib.util.find_spec("loadgen.cli.traces") is None,
+    reason="loadgen.cli also loads loadgen.cli.traces, which is not in the tree yet",
 )
 
 

@@ -88,11 +88,11 @@ REQUIRE_READPATH = "AGENTLOAD_REQUIRE_READPATH"  # =1: tests of the compiled rea
 
 def require_compiled_reads() -> None:
     """Skip a test of the compiled read path (loadgen/transport/_readpath.c) where it is not built
-    or is stale (wire.READ_PATH_VERSION), or fail it on Linux with AGENTLOAD_REQUIRE_READPATH=1
+    or is stale (readpath.READ_PATH_VERSION), or fail it on Linux with AGENTLOAD_REQUIRE_READPATH=1
     (.ci/run sets it: a build that failed must not pass as skipped tests)."""
-    from loadgen.transport import wire
+    from loadgen.transport import readpath
 
-    if wire._readpath is not None:
+    if readpath._readpath is not None:
         return
     message = "the compiled read path is not built, or built from an older source (pip install -e . with a C compiler)"
     if os.environ.get(REQUIRE_READPATH) == "1" and sys.platform.startswith("linux"):
@@ -104,12 +104,12 @@ def require_compiled_reads() -> None:
 def read_path(request, monkeypatch) -> str:
     """Plain-http reads through the compiled reader (loadgen/transport/_readpath.c) or the Python
     path: the tests that take this fixture run on both, so a bug in either fails them."""
-    from loadgen.transport import wire
+    from loadgen.transport import readpath
 
     if request.param == "compiled":
         require_compiled_reads()
     if request.param == "python":
-        monkeypatch.setattr(wire, "_readpath", None)
+        monkeypatch.setattr(readpath, "_readpath", None)
     return request.param
 
 
@@ -117,7 +117,7 @@ def read_path(request, monkeypatch) -> str:
 def replay(tmp_path):
     """Run `loadgen replay --quiet` in-process; returns (exit code, results doc, per-request records)."""
     from loadgen.cli import main
-    from loadgen.results import read_results
+    from loadgen.results.file import read_results
 
     runs = iter(range(1000))
 
@@ -138,13 +138,13 @@ def sessions(tmp_path):
     """Factory: write_session(...) into a fresh traces folder; returns that folder's path."""
     folder = tmp_path / "traces"
 
-    def make(*specs: dict) -> Path:
-        """Each spec: write_session's keywords; "subagent" holds subagent_item's keywords."""
-        for i, spec in enumerate(specs):
-            spec = dict(spec)
-            if "subagent" in spec:
-                spec["subagent"] = subagent_item(**spec["subagent"])
-            write_session(folder / f"s{i}.json.gz", spec.pop("sid", f"s{i}"), **spec)
+    def make(*shapes: dict) -> Path:
+        """Each shape: write_session's keywords; "subagent" holds subagent_item's keywords."""
+        for i, shape in enumerate(shapes):
+            shape = dict(shape)
+            if "subagent" in shape:
+                shape["subagent"] = subagent_item(**shape["subagent"])
+            write_session(folder / f"s{i}.json.gz", shape.pop("sid", f"s{i}"), **shape)
         return folder
 
     return make

@@ -43,7 +43,7 @@ def test_times_and_tokens_match_the_server_at_concurrency_64(start_server, sessi
             itl_err.append(_outside(chunks[k + 1] - chunks[k], writes[k + 1] - written[k], written[k + 1] - writes[k]))
         server_gaps.extend(b - a for a, b in zip(writes, writes[1:]))
     # Chunks that queue in the socket while the client's loop is late share the newest one's
-    # kernel stamp (loadgen/transport/wire.py), so on a loaded machine a stamp may be late by as
+    # kernel stamp (loadgen/transport/raw_socket.py), so on a loaded machine a stamp may be late by as
     # much as the loop was: the bars are 1 ms (median) and 2 ms (p99) beyond the loop's own lag
     # in the window (median, max), which the client measures; on an idle machine that lag is ~0.
     lag = level["metrics"]["loop_lag"]["stats"]

@@ -1,4 +1,4 @@
-"""CPU lists and placing child processes on them (loadgen/affinity.py), and the recipe keys that
+"""CPU lists and placing child processes on them (loadgen/run/affinity.py), and the recipe keys that
 use them: server.cpus and sweep.client_cpus reach the processes a recipe starts."""
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ import sys
 
 import pytest
 
-from loadgen.affinity import CpuListError, format_cpus, parse_cpus, placed_on
 from loadgen.cli import main
 from loadgen.recipe.schema import RecipeError, recipe_from_dict
+from loadgen.run.affinity import CpuListError, format_cpus, parse_cpus, placed_on
 from tests.loadgen.conftest import sse_server_command, write_recipe
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="CPU placement is Linux-only")

@@ -10,11 +10,11 @@ import sys
 import numpy as np
 import pytest
 
-from loadgen.attainment import ClusterSums, Share, wilson
 from loadgen.capacity.config import SearchConfig
+from loadgen.capacity.describe import describe_capacity
 from loadgen.capacity.search import CapacitySearch, Probe, _non_increasing, capacity_from_curve
-from loadgen.capacity.sweep import describe_capacity
-from loadgen.slo import parse_slo
+from loadgen.results.attainment import ClusterSums, Share, wilson
+from loadgen.results.slo import parse_slo
 
 SLO = parse_slo("standard")
 
@@ -123,7 +123,7 @@ def test_early_stop_looks_three_times_and_only_when_decided():
 
 def capacity_cli(tmp_path, url: str, *flags: str) -> tuple[int, dict]:
     from loadgen.cli import main
-    from loadgen.results import read_results
+    from loadgen.results.file import read_results
 
     out = tmp_path / "capacity"
     code = main(["capacity", "--url", url, "--out", str(out), "--quiet", *flags])

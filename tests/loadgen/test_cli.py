@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from loadgen.cli import COMMAND_MODULES, build_parser, main
-from loadgen.results import read_results
+from loadgen.results.file import read_results
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -28,7 +28,7 @@ def test_help_lists_the_flags(capsys):
 def test_loadgen_runs_without_torch():
     code = ("import sys; sys.modules['torch'] = None\n"
             "from loadgen.cli import main\n"
-            "import loadgen.replay, loadgen.runner, loadgen.transport.http\n"
+            "import loadgen.run.replay, loadgen.run.runner, loadgen.transport.http\n"
             "main(['replay', '--help'])\n")
     result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
                             env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=60)

@@ -7,7 +7,7 @@ from collections import defaultdict
 
 import pytest
 
-from loadgen.table import format_level
+from loadgen.report.table import format_level
 
 
 def _by_play(records: list[dict]) -> dict[int, list[dict]]:

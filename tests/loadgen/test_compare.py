@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from loadgen.cli import main
-from loadgen.results import write_results
+from loadgen.results.file import write_results
 
 pytestmark = pytest.mark.slow  # tens of seconds: scheduled first (tests/conftest.py)
 
@@ -175,12 +175,12 @@ def test_bad_input_exits_2_naming_the_problem(runs, capsys, tmp_path):
 
 
 def test_help_names_every_metric(capsys):
-    from loadgen.compare import METRICS
+    from loadgen.results.metric_registry import STATISTICS
 
     with pytest.raises(SystemExit):
         main(["compare", "--help"])
     text = " ".join(capsys.readouterr().out.split())
-    for metric in METRICS:
+    for metric in STATISTICS:
         stem, _, tail = metric.name.rpartition("_")
         assert metric.name in text or (tail.startswith("p") and f"{stem}_" in text and tail in text), metric.name
 

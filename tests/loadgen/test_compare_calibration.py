@@ -10,7 +10,6 @@ import numpy as np
 import pytest
 
 from loadgen.compare import (
-    METRIC_BY_NAME,
     CompareError,
     RunNoise,
     benjamini_hochberg,
@@ -20,6 +19,7 @@ from loadgen.compare import (
     student_t,
     welch_log_test,
 )
+from loadgen.results.metric_registry import STATISTIC_BY_NAME
 
 
 @pytest.mark.parametrize("df, expected", [(1, 12.7062), (2, 4.3027), (4, 2.7764), (10, 2.2281), (1000, 1.9623)])
@@ -68,14 +68,14 @@ def _runs(rng, n: int, scale: float) -> list[tuple[str, dict]]:
     return runs
 
 
-METRICS = [METRIC_BY_NAME[m] for m in ("tpot_p50", "tpot_p90", "interactivity_p50", "e2el_p50", "ttft_p90")]
+COMPARED = [STATISTIC_BY_NAME[m] for m in ("tpot_p50", "tpot_p90", "interactivity_p50", "e2el_p50", "ttft_p90")]
 
 
 def test_a_a_false_verdicts_stay_within_5_percent_and_a_10_percent_tpot_change_is_found():
     rng = np.random.default_rng(11)
     false = rows = 0
     for _ in range(150):
-        comparison = compare_runs(_runs(rng, 3, 1.0), _runs(rng, 3, 1.0), METRICS, resamples=100)
+        comparison = compare_runs(_runs(rng, 3, 1.0), _runs(rng, 3, 1.0), COMPARED, resamples=100)
         verdicts = [r.verdict for r in comparison.levels[0].results]
         false += sum(v != "within noise" for v in verdicts)
         rows += len(verdicts)
@@ -84,7 +84,7 @@ def test_a_a_false_verdicts_stay_within_5_percent_and_a_10_percent_tpot_change_i
     # recipe default) most of the time
     detected = 0
     for _ in range(40):
-        comparison = compare_runs(_runs(rng, 5, 1.0), _runs(rng, 5, 1.10), METRICS, resamples=100)
+        comparison = compare_runs(_runs(rng, 5, 1.0), _runs(rng, 5, 1.10), COMPARED, resamples=100)
         detected += comparison.levels[0].results[0].verdict == "worse"
     assert detected / 40 >= 0.75
 
@@ -92,8 +92,8 @@ def test_a_a_false_verdicts_stay_within_5_percent_and_a_10_percent_tpot_change_i
 def test_a_single_run_per_side_says_so_and_a_run_noise_prior_widens_it():
     rng = np.random.default_rng(5)
     base, new = _runs(rng, 1, 1.0), _runs(rng, 1, 1.0)
-    plain = compare_runs(base, new, METRICS, resamples=300)
-    floored = compare_runs(base, new, METRICS, resamples=300, run_noise=RunNoise({m.name: 8.0 for m in METRICS}, 12))
+    plain = compare_runs(base, new, COMPARED, resamples=300)
+    floored = compare_runs(base, new, COMPARED, resamples=300, run_noise=RunNoise({m.name: 8.0 for m in COMPARED}, 12))
     assert not plain.levels[0].run_to_run and "NOT in the interval" in plain.levels[0].detail
     assert floored.levels[0].run_to_run and floored.levels[0].method == "single run, A/A noise"
     for a, b in zip(plain.levels[0].results, floored.levels[0].results):
@@ -114,15 +114,15 @@ def test_the_a_a_prior_pools_with_the_runs_own_variance():
 
 def test_a_a_prior_raises_the_detection_of_3_repeats():
     rng = np.random.default_rng(12)
-    prior = RunNoise({m.name: 100 * math.hypot(RUN_NOISE, 0.027) for m in METRICS}, 12)
+    prior = RunNoise({m.name: 100 * math.hypot(RUN_NOISE, 0.027) for m in COMPARED}, 12)
     false = rows = detected = 0
     for _ in range(100):
-        verdicts = [r.verdict for r in compare_runs(_runs(rng, 3, 1.0), _runs(rng, 3, 1.0), METRICS, resamples=100,
+        verdicts = [r.verdict for r in compare_runs(_runs(rng, 3, 1.0), _runs(rng, 3, 1.0), COMPARED, resamples=100,
                                                     run_noise=prior).levels[0].results]
         false += sum(v != "within noise" for v in verdicts)
         rows += len(verdicts)
     for _ in range(40):
-        comparison = compare_runs(_runs(rng, 3, 1.0), _runs(rng, 3, 1.10), METRICS, resamples=100, run_noise=prior)
+        comparison = compare_runs(_runs(rng, 3, 1.0), _runs(rng, 3, 1.10), COMPARED, resamples=100, run_noise=prior)
         detected += comparison.levels[0].results[0].verdict == "worse"
     assert false / rows <= 0.05 and detected / 40 >= 0.75
 
@@ -131,8 +131,8 @@ def test_an_a_a_prior_compares_five_runs_with_one():
     """The issue's case: five baseline runs, one run of the change; the prior supplies the one
     run's variance (without it, repeats on one side only are an error)."""
     rng = np.random.default_rng(8)
-    prior = RunNoise({m.name: 100 * math.hypot(RUN_NOISE, 0.027) for m in METRICS}, 12)
-    comparison = compare_runs(_runs(rng, 5, 1.0), _runs(rng, 1, 1.3), METRICS, resamples=100, run_noise=prior)
+    prior = RunNoise({m.name: 100 * math.hypot(RUN_NOISE, 0.027) for m in COMPARED}, 12)
+    comparison = compare_runs(_runs(rng, 5, 1.0), _runs(rng, 1, 1.3), COMPARED, resamples=100, run_noise=prior)
     level = comparison.levels[0]
     assert level.method == "repeats" and level.detail.startswith("5 vs 1 repeats")
     assert level.results[0].verdict == "worse"
@@ -165,7 +165,7 @@ def test_paired_rounds_see_through_the_drift_that_welch_cannot():
     rng = np.random.default_rng(21)
     false = rows = 0
     for _ in range(60):
-        verdicts = [r.verdict for r in compare_runs(*_round_runs(rng, 5, 1.0), METRICS, resamples=100,
+        verdicts = [r.verdict for r in compare_runs(*_round_runs(rng, 5, 1.0), COMPARED, resamples=100,
                                                     paired=True).levels[0].results]
         false += sum(v != "within noise" for v in verdicts)
         rows += len(verdicts)
@@ -174,7 +174,7 @@ def test_paired_rounds_see_through_the_drift_that_welch_cannot():
     for _ in range(30):
         sides = _round_runs(rng, 5, 1.10)
         for paired in found:
-            level = compare_runs(*sides, METRICS, resamples=100, paired=paired).levels[0]
+            level = compare_runs(*sides, COMPARED, resamples=100, paired=paired).levels[0]
             found[paired] += level.results[0].verdict == "worse"
     assert level.method == "repeats"  # the last one: unpaired
     assert found[True] / 30 >= 0.75 and found[False] / 30 <= 0.25, found
@@ -193,11 +193,11 @@ def test_matched_requests_take_percentiles_over_the_requests_both_runs_measured(
         req = doc["levels"][0]["requests"]
         for name in ("ttft_us", "e2el_us", "osl", "isl"):
             req[name] = req[name] + req[name][:100]
-    level = compare_runs(base, new, METRICS[:1], resamples=100, paired=True).levels[0]
+    level = compare_runs(base, new, COMPARED[:1], resamples=100, paired=True).levels[0]
     assert level.method == "paired rounds, matched requests" and "67-67 % of their requests" in level.detail
     tpot = level.results[0]
     assert abs(tpot.delta_pct) < 5 and tpot.verdict == "within noise"
-    whole = compare_runs(base, new, METRICS[:1], resamples=100).levels[0].results[0]
+    whole = compare_runs(base, new, COMPARED[:1], resamples=100).levels[0].results[0]
     assert whole.delta_pct > 15  # over whole runs the late requests move the median
 
 
@@ -227,7 +227,7 @@ def test_block_of_three_variants_keeps_the_bound_and_finds_more():
     false = rows = 0
     for _ in range(60):
         base, new, other = _round_runs(rng, 4, 1.0, 1.0)
-        verdicts = [r.verdict for r in compare_runs(base, new, METRICS, resamples=100, paired=True,
+        verdicts = [r.verdict for r in compare_runs(base, new, COMPARED, resamples=100, paired=True,
                                                     blocks=[other]).levels[0].results]
         false += sum(v != "within noise" for v in verdicts)
         rows += len(verdicts)
@@ -236,7 +236,7 @@ def test_block_of_three_variants_keeps_the_bound_and_finds_more():
     for _ in range(40):
         base, new, other = _round_runs(rng, 4, 1.06, 1.0)
         for how, blocks in (("pair", []), ("block", [other])):
-            level = compare_runs(base, new, METRICS, resamples=100, paired=True, blocks=blocks).levels[0]
+            level = compare_runs(base, new, COMPARED, resamples=100, paired=True, blocks=blocks).levels[0]
             found[how] += level.results[0].verdict == "worse"  # tpot_p50
     assert found["block"] >= found["pair"] + 4, found
 
@@ -244,4 +244,4 @@ def test_block_of_three_variants_keeps_the_bound_and_finds_more():
 def test_blocks_need_pairing():
     base, new, other = _round_runs(np.random.default_rng(1), 2, 1.0, 1.0)
     with pytest.raises(CompareError, match="--block: other variants' rounds need --paired"):
-        compare_runs(base, new, METRICS, resamples=100, blocks=[other])
+        compare_runs(base, new, COMPARED, resamples=100, blocks=[other])

@@ -9,15 +9,16 @@ import math
 
 import pytest
 
-from loadgen.compare import METRIC_BY_NAME, compare_runs, format_comparison, to_json, verdict
+from loadgen.compare import compare_runs, format_comparison, to_json, verdict
 from loadgen.compare.verdicts import MetricResult
+from loadgen.results.metric_registry import STATISTIC_BY_NAME
 
 MATCHED = 200  # requests both runs of a round measured
 E2EL_S = [0.5 + j / MATCHED for j in range(MATCHED)]  # their E2EL on the base side: p99 = 1.485 s
 FACTORS = (1.58, 1.50, 1.66, 1.62)  # NEW / BASE of every matched request, round by round
 LATE_S = 5.0  # E2EL of the requests only the base runs of rounds 3 and 4 measured
 LATE = 20
-METRICS = [METRIC_BY_NAME["e2el_p50"], METRIC_BY_NAME["e2el_p99"]]
+COMPARED = [STATISTIC_BY_NAME["e2el_p50"], STATISTIC_BY_NAME["e2el_p99"]]
 
 
 def _run(e2el_s: list[float]) -> dict:
@@ -44,13 +45,13 @@ def test_the_sides_percentiles_over_all_requests_move_the_other_way():
     """The case itself: over all requests NEW's E2EL p99 is below BASE's in rounds 3 and 4, and
     their mean too; over the requests both runs measured it is 50-66 % above in every round."""
     base, new = _sides()
-    whole = compare_runs(base, new, METRICS, resamples=100).levels[0].results[1]
+    whole = compare_runs(base, new, COMPARED, resamples=100).levels[0].results[1]
     assert whole.new is not None and whole.base is not None and whole.new < whole.base
 
 
 def test_paired_columns_are_the_values_the_delta_is_computed_from():
     base, new = _sides()
-    comparison = compare_runs(base, new, METRICS, resamples=100, paired=True)
+    comparison = compare_runs(base, new, COMPARED, resamples=100, paired=True)
     level = comparison.levels[0]
     assert level.method == "paired rounds, matched requests"
     p99 = level.results[1]
@@ -84,7 +85,7 @@ def test_paired_columns_are_the_values_the_delta_is_computed_from():
 
 def test_repeats_show_the_geometric_means_their_interval_is_centred_on():
     base, new = _sides()
-    level = compare_runs(base, new, METRICS, resamples=100).levels[0]
+    level = compare_runs(base, new, COMPARED, resamples=100).levels[0]
     assert level.method == "repeats" and level.values == "geometric mean over runs"
     p99 = level.results[1]
     assert p99.base == pytest.approx(math.sqrt(1.485 * LATE_S))
@@ -92,11 +93,11 @@ def test_repeats_show_the_geometric_means_their_interval_is_centred_on():
 
 
 def test_a_drop_is_never_labelled_worse():
-    e2el = METRIC_BY_NAME["e2el_p99"]
+    e2el = STATISTIC_BY_NAME["e2el_p99"]
     with pytest.raises(ValueError, match="E2EL p99: NEW 1.6 below BASE 1.7 but labelled worse"):
         MetricResult(e2el, 1.7, 1.6, 61.7, (19.8, 118.3), "worse")
     with pytest.raises(ValueError, match="labelled better"):
-        MetricResult(METRIC_BY_NAME["request_rate"], 2.0, 1.0, -50.0, (-60.0, -40.0), "better")
+        MetricResult(STATISTIC_BY_NAME["request_rate"], 2.0, 1.0, -50.0, (-60.0, -40.0), "better")
     assert MetricResult(e2el, 1.7, 1.6, -5.9, (-8.0, -3.0), "better").verdict == "better"
     # an interval on the other side of 0 from its own estimate (a bootstrap's percentile interval
     # can be) is no evidence either way

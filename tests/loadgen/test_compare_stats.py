@@ -7,8 +7,6 @@ import numpy as np
 import pytest
 
 from loadgen.compare import (
-    METRIC_BY_NAME,
-    METRICS,
     CompareError,
     LevelSample,
     RankedWeights,
@@ -19,6 +17,7 @@ from loadgen.compare import (
     session_bootstrap,
     verdict,
 )
+from loadgen.results.metric_registry import STATISTIC_BY_NAME, STATISTICS
 
 
 def _sample(ttft: list[float], plays: list[str], window_s: float = 10.0, osl: list[float] | None = None) -> LevelSample:
@@ -56,7 +55,7 @@ def test_cluster_counts_draw_each_row_with_replacement():
 
 def test_metric_values_and_units():
     sample = _sample([1000.0 * i for i in range(1, 11)], [f"s{i}#0" for i in range(10)])
-    values = dict(zip((m.name for m in METRICS), point_values(sample, METRICS)))
+    values = dict(zip((m.name for m in STATISTICS), point_values(sample, STATISTICS)))
     assert values["ttft_p50"] == 5.0  # ms, nearest rank of 1..10 ms
     assert values["ttft_p90"] == 9.0
     assert values["tpot_p50"] == 1.0 and values["interactivity_p50"] == 1000.0  # 1 / 1 ms
@@ -81,7 +80,7 @@ def test_a_shift_is_worse_for_latency_and_better_for_nothing():
     plays = [f"s{i % 80}#0" for i in range(400)]
     base = {"levels": [_level(ttft, plays)]}
     new = {"levels": [_level([t * 1.10 for t in ttft], plays)]}
-    result = compare_runs([("a", base)], [("b", new)], [METRIC_BY_NAME["ttft_p50"], METRIC_BY_NAME["ttft_p90"]],
+    result = compare_runs([("a", base)], [("b", new)], [STATISTIC_BY_NAME["ttft_p50"], STATISTIC_BY_NAME["ttft_p90"]],
                           resamples=300)
     for r in result.levels[0].results:
         assert r.delta_pct == pytest.approx(10.0, abs=0.5)
@@ -93,9 +92,9 @@ def test_runs_of_different_plays_are_resampled_apart():
     rng = np.random.default_rng(4)
     a = _sample(list(rng.uniform(1000, 2000, 100)), [f"a{i % 20}#0" for i in range(100)])
     b = _sample(list(rng.uniform(1000, 2000, 100)), [f"b{i % 20}#0" for i in range(100)])
-    boot = session_bootstrap(a, b, METRICS, 256, np.random.default_rng(0))
+    boot = session_bootstrap(a, b, STATISTICS, 256, np.random.default_rng(0))
     assert boot.method == "sessions" and "unpaired" in boot.detail
-    assert boot.base.shape == (len(METRICS), 256)
+    assert boot.base.shape == (len(STATISTICS), 256)
 
 
 def test_plays_match_by_session_and_order_not_by_play_id():
@@ -115,18 +114,18 @@ def test_plays_match_by_session_and_order_not_by_play_id():
     ("e2el_p90", (0.0, 3.0), "within noise"),
 ])
 def test_verdict_directions(metric, ci, expected):
-    assert verdict(METRIC_BY_NAME[metric], sum(ci) / 2, ci) == expected
+    assert verdict(STATISTIC_BY_NAME[metric], sum(ci) / 2, ci) == expected
 
 
 def test_min_effect_calls_small_changes_noise():
-    assert verdict(METRIC_BY_NAME["ttft_p50"], 1.5, (1.0, 2.0), min_effect_pct=3.0) == "within noise"
-    assert verdict(METRIC_BY_NAME["ttft_p50"], 4.0, (3.5, 4.5), min_effect_pct=3.0) == "worse"
+    assert verdict(STATISTIC_BY_NAME["ttft_p50"], 1.5, (1.0, 2.0), min_effect_pct=3.0) == "within noise"
+    assert verdict(STATISTIC_BY_NAME["ttft_p50"], 4.0, (3.5, 4.5), min_effect_pct=3.0) == "worse"
 
 
 def test_undefined_values_give_no_verdict():
     doc = {"levels": [_level([1000.0, 2000.0], ["s#0", "t#0"])]}
     empty = {"levels": [_level([], [])]}
-    result = compare_runs([("a", doc)], [("b", empty)], [METRIC_BY_NAME["ttft_p50"]], resamples=100)
+    result = compare_runs([("a", doc)], [("b", empty)], [STATISTIC_BY_NAME["ttft_p50"]], resamples=100)
     r = result.levels[0].results[0]
     assert r.new is None and r.delta_pct is None and r.verdict == "n/a"
 
@@ -136,7 +135,7 @@ def test_repeats_need_two_runs_on_each_side():
     twice = {"levels": [_level([1000.0, 2000.0], ["s#0", "t#0"]), _level([1500.0, 2500.0], ["s#0", "t#0"])]}
     with pytest.raises(CompareError, match="at least 2 on each side"):
         compare_runs([("a", twice)], [("b", doc)], resamples=100)
-    result = compare_runs([("a", twice)], [("b", twice), ("c", doc)], [METRIC_BY_NAME["ttft_p50"]], resamples=100)
+    result = compare_runs([("a", twice)], [("b", twice), ("c", doc)], [STATISTIC_BY_NAME["ttft_p50"]], resamples=100)
     level = result.levels[0]
     assert level.method == "repeats" and level.detail == "2 vs 3 repeats"
     r = level.results[0]

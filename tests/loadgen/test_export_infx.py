@@ -15,7 +15,7 @@ import pytest
 
 from loadgen.cli import main
 from loadgen.export.infx_identity import ExportError, IdentityFlags, gpu_key_of_name, model_key, resolve_identity
-from loadgen.results import write_results
+from loadgen.results.file import write_results
 
 REPO = Path(__file__).resolve().parents[2]
 SCHEMAS = REPO / "loadgen" / "schemas"

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from loadgen.results import read_results
+from loadgen.results.file import read_results
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -200,7 +200,7 @@ def test_a_lane_that_raises_stops_the_run_counted_and_said(start_server, session
     """A bug in a lane (here: the plan's joins raise on the third request of a play) is never lost:
     the request it was about is an error of kind `client`, the run stops as failed with what it
     measured, and the exit code and message say so."""
-    from loadgen import plan
+    from loadgen.run import plan
 
     joins = plan.joins_before
 
@@ -221,7 +221,7 @@ def test_a_lane_that_raises_stops_the_run_counted_and_said(start_server, session
 
 def test_a_per_request_file_on_a_full_disk_fails_the_run_and_keeps_the_results(start_server, sessions, tmp_path):
     from loadgen.cli import main
-    from loadgen.results import read_results
+    from loadgen.results.file import read_results
 
     server = start_server(first_ms=1, itl_ms=1)
     out = tmp_path / "out"

@@ -14,19 +14,9 @@ from pathlib import Path
 import pytest
 
 from loadgen.errors import UsageError
-from loadgen.telemetry.gpu import (
-    DCGM_FAMILY,
-    SERVER_FAMILY,
-    AmdSmiSource,
-    GpuReading,
-    GpuSampler,
-    GpuTelemetryError,
-    NoGpuSource,
-    NvmlSource,
-    PrometheusGpuSource,
-    choose_source,
-    readings_from_prometheus,
-)
+from loadgen.telemetry.gpu import GpuSampler, choose_source
+from loadgen.telemetry.gpu_prometheus import DCGM_FAMILY, SERVER_FAMILY, PrometheusGpuSource, readings_from_prometheus
+from loadgen.telemetry.gpu_sources import AmdSmiSource, GpuReading, GpuTelemetryError, NoGpuSource, NvmlSource
 from server.engine.messages import EngineStats
 from server.gpu_metrics import GpuGauges
 from server.metrics import ServerMetrics

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from loadgen.cli import main
-from loadgen.results import write_results
+from loadgen.results.file import write_results
 from tests.loadgen.infx_ingest import agentic_stats, fixed_stats, ingest
 
 IDENTITY = ("--framework", "vllm", "--precision", "fp8", "--model-prefix", "dsv4")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 
-from loadgen.loop_lag import LoopLagMonitor
+from loadgen.run.loop_lag import LoopLagMonitor
 
 
 def test_a_blocked_loop_shows_as_the_timers_lateness_and_cancel_stops_it():

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 
-from loadgen.pacer import Pacer
+from loadgen.run.pacer import Pacer
 
 
 class _Turns:

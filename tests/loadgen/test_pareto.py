@@ -3,7 +3,7 @@ InferenceX rule that a point shows on any frontier only if it is on the normaliz
 
 from __future__ import annotations
 
-from loadgen.pareto import NORMALIZED, Point, frontiers, non_dominated, pareto, sweep_points
+from loadgen.results.pareto import NORMALIZED, Point, frontiers, non_dominated, pareto, sweep_points
 
 
 def _p(name: str, tput: float, inter: float | None, e2el: float | None, norm: float | None, source: str = "") -> Point:

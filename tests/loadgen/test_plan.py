@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from loadgen.level import Warmup
-from loadgen.plan import (
+from loadgen.run.level import Warmup
+from loadgen.run.plan import (
     PlaySource,
     TimingConfig,
     joins_before,

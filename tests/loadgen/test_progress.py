@@ -5,8 +5,8 @@ from __future__ import annotations
 import io
 import time
 
-from loadgen.progress import ProgressPrinter, describe
-from loadgen.results import read_results
+from loadgen.results.file import read_results
+from loadgen.run.progress import ProgressPrinter, describe
 
 
 def _snap(**fields) -> dict:

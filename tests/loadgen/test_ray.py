@@ -30,6 +30,6 @@ def test_without_ray_the_flag_says_how_to_install_it(start_server, sessions, rep
     server = start_server()
     folder = sessions({"n_requests": 3, "think": 0.0, "n_out": 2})
     monkeypatch.setitem(sys.modules, "ray", None)  # as if not installed
-    monkeypatch.delitem(sys.modules, "loadgen.ray_pool", raising=False)
+    monkeypatch.delitem(sys.modules, "loadgen.run.ray_pool", raising=False)
     code, err = replay_cli_error("--url", server.url, "--traces", str(folder), "--ray", "auto", "--workers", "2")
     assert code == 2 and "pip install agentload[ray]" in err

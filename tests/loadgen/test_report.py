@@ -13,10 +13,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from loadgen import timeline
 from loadgen.cli import main
-from loadgen.results import write_results
-from loadgen.turns import turn_summary
+from loadgen.report import timeline
+from loadgen.results.file import write_results
+from loadgen.results.turns import turn_summary
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 PLOTS = ("tput_vs_interactivity.png", "tput_vs_e2el.png", "tput_vs_e2e_interactivity.png", "ttft_percentiles.png",
@@ -205,14 +205,14 @@ def test_bad_input_exits_2_naming_the_file(runs, capsys, tmp_path):
         assert message in err, (args, err)
 
 
-def _slo_entry(name: str, spec: str, target: float, requests: tuple, sessions: tuple, goodput: tuple,
+def _slo_entry(name: str, bounds: str, target: float, requests: tuple, sessions: tuple, goodput: tuple,
                violations: dict, worst: str | None) -> dict:
     """A level's `slo` entry (docs/results_schema.md): requests and sessions as (total, good,
     attainment, interval, met), goodput as (req/s, output tok/s, output tok/s/GPU)."""
     def part(total, good, attainment, interval):
         return {"total": total, "good": good, "attainment": attainment, "interval": interval}
 
-    return {"name": name, "spec": spec, "target": target,
+    return {"name": name, "spec": bounds, "target": target,
             "requests": {**part(*requests[:4]), "met": requests[4]}, "sessions": part(*sessions[:4]),
             "goodput": dict(zip(("requests_per_s", "output_tokens_per_s", "output_tokens_per_s_per_gpu"), goodput)),
             "violations": violations, "worst": worst}

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from loadgen.cli import main
-from loadgen.results import write_results
+from loadgen.results.file import write_results
 
 CHROMIUM, CHROMEDRIVER = Path("/usr/bin/chromium"), Path("/usr/bin/chromedriver")
 REQUIRE_BROWSER = "AGENTLOAD_REQUIRE_BROWSER"

@@ -7,8 +7,7 @@ import copy
 import orjson
 import pytest
 
-from loadgen.metrics import LevelRecorder, decode_histogram, histogram_stats
-from loadgen.results import (
+from loadgen.results.file import (
     SCHEMA,
     ResultsError,
     check_writable,
@@ -17,6 +16,7 @@ from loadgen.results import (
     validate_results,
     write_results,
 )
+from loadgen.results.metrics import LevelRecorder, decode_histogram, histogram_stats
 
 
 def _level() -> dict:
@@ -90,7 +90,7 @@ def test_unreadable_files_are_named(tmp_path):
 def test_batched_recording_equals_one_value_at_a_time():
     import numpy as np
 
-    from loadgen.metrics import new_histogram, record_many
+    from loadgen.results.metrics import new_histogram, record_many
 
     rng = np.random.default_rng(5)
     values = np.concatenate([rng.integers(0, 3000, 500), rng.lognormal(10, 3, 2000).astype(np.int64),
@@ -107,7 +107,7 @@ def test_several_histograms_recorded_together_equal_one_value_at_a_time():
     import numpy as np
     from hdrh.histogram import HdrHistogram
 
-    from loadgen.metrics import new_histogram, record_batches
+    from loadgen.results.metrics import new_histogram, record_batches
 
     rng = np.random.default_rng(6)
     names = ("ttft", "interactivity", "tokens_per_chunk", "tpot")
@@ -129,7 +129,7 @@ def test_several_histograms_recorded_together_equal_one_value_at_a_time():
 def test_loop_lags_recorded_in_batches_equal_one_at_a_time():
     """Lags wait for the recorder's next batch (and are bounded while none comes); a late wake-up
     reads as a negative lag and counts as 0, one past the histogram's range as its highest."""
-    from loadgen.metrics import new_histogram
+    from loadgen.results.metrics import new_histogram
 
     lags = [-3, 0, 1, 999, 5_000, 12_345_678, 10**13] * 300  # more than LevelRecorder.LOOP_LAGS_KEPT
     rec, one = LevelRecorder(), new_histogram("loop_lag")
@@ -145,7 +145,7 @@ def test_chunk_histograms_in_batches_equal_one_value_at_a_time():
     with speculative ones, split at flush points anywhere, equal recording every value alone."""
     import random
 
-    from loadgen.metrics import new_histogram
+    from loadgen.results.metrics import new_histogram
 
     rng = random.Random(3)
     rec, itl, per_chunk = LevelRecorder(), new_histogram("itl"), new_histogram("tokens_per_chunk")

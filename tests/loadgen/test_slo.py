@@ -1,4 +1,4 @@
-"""SLOs (loadgen/slo.py) and what a level attains against them (loadgen/attainment.py): parsing
+"""SLOs (loadgen/results/slo.py) and what a level attains against them (loadgen/results/attainment.py): parsing
 with errors that name the bound, good requests, attainment with its clustered interval, goodput
 and the bounds broken most, from known per-request values; and every level of a real replay
 carries its `slo` block."""
@@ -10,15 +10,15 @@ import math
 import numpy as np
 import pytest
 
-from loadgen.attainment import ClusterSums, SloTally, level_attainment, wilson
-from loadgen.slo import TIERS, SloError, parse_slo, parse_slos
+from loadgen.results.attainment import ClusterSums, SloTally, level_attainment, wilson
+from loadgen.results.slo import TIERS, SloError, parse_slo, parse_slos
 
 
 def test_a_tier_and_a_spec_parse_to_bounds_in_the_columns_units():
     standard = parse_slo("standard")
-    assert standard.name == "standard" and standard.spec == TIERS["standard"]
+    assert standard.name == "standard" and standard.text == TIERS["standard"]
     slo = parse_slo("ttft<=500ms, e2el<=1.5s,norm_e2el<=800us,interactivity>=30tok/s")
-    assert slo.name == slo.spec == "ttft<=500ms,e2el<=1.5s,norm_e2el<=800us,interactivity>=30"
+    assert slo.name == slo.text == "ttft<=500ms,e2el<=1.5s,norm_e2el<=800us,interactivity>=30"
     assert [(b.metric, b.op, b.value) for b in slo.bounds] == [
         ("ttft", "<=", 500_000), ("e2el", "<=", 1_500_000), ("norm_e2el", "<=", 800), ("interactivity", ">=", 30)]
     assert len(TIERS) >= 3

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from loadgen.metrics import decode_histogram
-from loadgen.server_metrics import ServerCounters, parse_server_counters
-from loadgen.spec import SpecCounters, parse_spec_counters
+from loadgen.results.metrics import decode_histogram
+from loadgen.run.spec_decode import SpecCounters, parse_spec_counters
+from loadgen.telemetry.server_counters import ServerCounters, parse_server_counters
 from tests.loadgen.conftest import request_item
 
 
@@ -135,7 +135,7 @@ def test_bad_spec_flags_exit_2(start_server, replay_cli_error, flags, message):
 
 
 def test_model_prefix_selects_a_strict_curve_and_names_keep_the_fallback():
-    from loadgen.spec import expectation_from_flags
+    from loadgen.run.spec_decode import expectation_from_flags
 
     strict = expectation_from_flags("dsv4dspark", 3, "on", {}, ours=False).describe()
     assert ((strict["golden_al"], strict["al_thinking_on"], strict["al_thinking_off"])

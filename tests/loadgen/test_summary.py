@@ -5,10 +5,10 @@ from __future__ import annotations
 import asyncio
 import pickle
 
-from loadgen.level import LevelLoad, LevelRun, RunConfig, Warmup
-from loadgen.plan import TimingConfig
-from loadgen.spec import SpecCounters, SpecTally
-from loadgen.summary import level_summary
+from loadgen.run.level import LevelLoad, LevelRun, RunConfig, Warmup
+from loadgen.run.plan import TimingConfig
+from loadgen.run.spec_decode import SpecCounters, SpecTally
+from loadgen.run.summary import level_summary
 
 CONFIG = RunConfig(duration_s=10.0, warmup=Warmup(), timing=TimingConfig())
 

@@ -14,7 +14,7 @@ import sys
 import orjson
 import pytest
 
-from loadgen.transport import wire
+from loadgen.transport import connection, readpath
 from loadgen.transport.base import Exchange
 from loadgen.transport.http import _SseStream
 from tests.loadgen.conftest import REQUIRE_READPATH, HandTransport, require_compiled_reads
@@ -23,7 +23,7 @@ from tests.loadgen.conftest import REQUIRE_READPATH, HandTransport, require_comp
 @pytest.fixture
 def count():
     require_compiled_reads()
-    counter = wire.content_token_counter()
+    counter = readpath.content_token_counter()
     assert counter is not None
     return counter
 
@@ -368,7 +368,7 @@ def _take(batches: list[list[bytes]], compiled: bool, monkeypatch, chat: bool = 
     """What an _SseStream records for its batches, with the counter or the Python path alone."""
     with monkeypatch.context() as patch:
         if not compiled:
-            patch.setattr(wire, "_readpath", None)
+            patch.setattr(readpath, "_readpath", None)
         stream = _SseStream(Exchange(), chat=chat)
         stamp = 0
         for pieces in batches:
@@ -454,11 +454,11 @@ def _read_through_the_reader(pieces: list[bytes], reads: list[int], count_events
     body = b"".join(b"%x\r\n" % len(piece) + piece + b"\r\n" for piece in pieces) + b"0\r\n\r\n"
     response = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n" + body
     loop = asyncio.new_event_loop()
-    conn = wire._Conn()
+    conn = connection.Connection()
     conn.connection_made(HandTransport(conn))
     ours, theirs = socket.socketpair()
     ours.setblocking(False)
-    conn.reader = wire._readpath.Reader(ours.fileno(), conn, conn.connection_lost)
+    conn.reader = readpath._readpath.Reader(ours.fileno(), conn, conn.connection_lost)
     stream = _SseStream(Exchange(), chat=chat)
     batches: list = []
 
@@ -490,7 +490,7 @@ def test_the_reader_counts_as_it_reads_what_the_batch_counter_would(count, chat)
     rng = random.Random(11)
     responses = STREAMS + [PLAIN + [USAGE + DONE], [ROLE, *PLAIN, USAGE, DONE], [PLAIN[0], ERROR, PLAIN[1], DONE]]
     responses += [[*PLAIN[:2], mutated, PLAIN[2], DONE] for mutated in itertools.islice(_mutations(PLAIN[0], rng), 40)]
-    responses.append([*(PLAIN * (wire.BATCH_PIECES // len(PLAIN) + 2)), USAGE, DONE])  # a batch goes out mid-body
+    responses.append([*(PLAIN * (connection.BATCH_PIECES // len(PLAIN) + 2)), USAGE, DONE])  # a batch goes out mid-body
     for pieces in responses:
         size = len(b"".join(pieces)) + 200
         for reads in ([size], [1] * size, *([k, size] for k in range(1, size, max(1, size // 25)))):
@@ -507,7 +507,7 @@ def test_the_reader_counts_as_it_reads_what_the_batch_counter_would(count, chat)
             assert (by_reader.ex, by_reader.done, by_reader.error) == (by_batch.ex, by_batch.done, by_batch.error)
 
 
-# Run in a fresh interpreter: the build is vetted when wire.py is imported. The module's
+# Run in a fresh interpreter: the build is vetted when readpath.py is imported. The module's
 # READ_PATH_VERSION is set (or removed) first, as a build of an older source would have it.
 _STALE_BUILD = """
 import logging, sys
@@ -517,11 +517,12 @@ if sys.argv[1] == "missing":
     del _readpath.READ_PATH_VERSION
 else:
     _readpath.READ_PATH_VERSION = int(sys.argv[1])
-from loadgen.transport import http, wire
+from loadgen.transport import http, readpath, wire
 from loadgen.transport.base import Exchange
 from tests.loadgen.conftest import require_compiled_reads
 logging.basicConfig(level=logging.WARNING)
-assert wire._readpath is None and wire.content_token_counter() is None and not wire.compiled_reads_available()
+assert readpath._readpath is None and readpath.content_token_counter() is None
+assert not readpath.compiled_reads_available()
 client = wire.HttpClient("http://127.0.0.1:9", {}, 1)
 wire.HttpClient("http://127.0.0.1:9", {}, 1)
 assert client.read_path == "python", client.read_path
@@ -541,7 +542,7 @@ except pytest.skip.Exception:
 def test_a_build_of_another_source_counts_as_not_built(count, version):
     """A stale build: the Python paths read and count, one warning says to rebuild, and the tests
     of the compiled path fail where .ci/run requires it (skip elsewhere)."""
-    assert wire._readpath.READ_PATH_VERSION == wire.READ_PATH_VERSION  # this build is current
+    assert readpath._readpath.READ_PATH_VERSION == readpath.READ_PATH_VERSION  # this build is current
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     for required, outcome in (("1", "FAILED:"), ("0", "SKIPPED")):
         env = {**os.environ, "PYTHONPATH": root, REQUIRE_READPATH: required}

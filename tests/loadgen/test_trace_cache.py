@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-import loadgen.trace_cache as trace_cache
+import loadgen.run.trace_cache as trace_cache
 from traces import DEFAULT_SET, load_traces
 
 

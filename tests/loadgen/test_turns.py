@@ -1,12 +1,12 @@
-"""Per-turn, per-context and per-session breakdowns of a level's request columns (loadgen/turns.py),
+"""Per-turn, per-context and per-session breakdowns of a level's request columns (loadgen/results/turns.py),
 against numbers worked out by hand."""
 
 from __future__ import annotations
 
 import pytest
 
-from loadgen.table import sessions_text
-from loadgen.turns import TURN_BUCKETS, turn_summary
+from loadgen.report.table import sessions_text
+from loadgen.results.turns import TURN_BUCKETS, turn_summary
 
 NAMES = ("play", "session", "agent", "turn", "isl", "osl", "ttft_us", "e2el_us", "tpot_us", "start_ms")
 # play, session, agent, turn, isl, osl, ttft_us, e2el_us, tpot_us, start_ms; and whether it was good

@@ -20,9 +20,9 @@ from pathlib import Path
 
 import pytest
 
-from loadgen.options import LOCAL_SERVER_URL
-from loadgen.presets import preset_for
-from loadgen.replay import _fit_bundled_sessions
+from loadgen.defaults import LOCAL_SERVER_URL
+from loadgen.run.flags import fit_bundled_sessions
+from loadgen.run.presets import preset_for
 from loadgen.transport.base import ServerInfo
 
 pytestmark = pytest.mark.slow  # tens of seconds: scheduled first (tests/conftest.py)
@@ -117,10 +117,10 @@ def test_the_real_scale_model_gets_the_sessions_at_their_recorded_length():
                       raw={"root": "v32"})
     args = argparse.Namespace(command="replay", traces=None, workers=None, token_scale=None,
                               think_time_scale=None, think_time_cap=None)
-    lines = _fit_bundled_sessions(args, info)
+    lines = fit_bundled_sessions(args, info)
     assert (args.token_scale, args.think_time_scale, args.think_time_cap) == (1.0, 1.0, None)
     assert "--token-scale 1 --think-time-scale 1" in lines[0] and "--think-time-cap" not in lines[0]
     args = argparse.Namespace(command="replay", traces=None, workers=None, token_scale=None,
                               think_time_scale=None, think_time_cap=None)
-    _fit_bundled_sessions(args, dataclasses.replace(info, model="small", max_model_len=32768, raw={"root": "small"}))
+    fit_bundled_sessions(args, dataclasses.replace(info, model="small", max_model_len=32768, raw={"root": "small"}))
     assert args.token_scale == preset_for("small").token_scale < 1.0

@@ -1,4 +1,4 @@
-"""AgentX submission validity (loadgen/validity.py): a real replay run with the submission flags
+"""AgentX submission validity (loadgen/run/validity.py): a real replay run with the submission flags
 passes every rule (its window shortened); each rule fails, named, when its input breaks it; a
 results file lacking keys is invalid with the rules it cannot check; the submission flags parse
 with the replay parser."""
@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from loadgen.cli import build_parser
-from loadgen.validity import SUBMISSION, check_validity, submission_flags
+from loadgen.run.validity import SUBMISSION, check_validity, submission_flags
 
 # the preset's rules with a window a test can afford; everything else as AgentX asks
 SHORT = replace(SUBMISSION, min_window_s=0.4)
@@ -146,8 +146,8 @@ def test_the_submission_flags_parse_with_the_replay_parser():
 
 
 def test_the_module_imports_nothing_heavy():
-    """cmd_replay.py may read the submission flags while building its parser: no numpy, no histograms."""
-    code = "import sys, loadgen.validity; print(sorted({'numpy', 'hdrh', 'loadgen.level'} & set(sys.modules)))"
+    """loadgen/cli/replay.py may read the submission flags while building its parser: no numpy, no histograms."""
+    code = "import sys, loadgen.run.validity; print(sorted({'numpy', 'hdrh', 'loadgen.run.level'} & set(sys.modules)))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
 

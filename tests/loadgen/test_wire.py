@@ -13,8 +13,9 @@ import time
 
 import pytest
 
-from loadgen.transport import wire
-from loadgen.transport.wire import HttpClient, ResponseError
+from loadgen.transport import connection, raw_socket, readpath, wire
+from loadgen.transport.connection import ResponseError
+from loadgen.transport.wire import HttpClient
 from tests.loadgen.conftest import REQUIRE_READPATH, HandTransport, require_compiled_reads
 
 SSE = b"".join(b'data: {"n": %d}\n\n' % i for i in range(20)) + b"data: [DONE]\n\n"
@@ -213,7 +214,7 @@ def test_a_late_loop_still_times_out_a_request_whose_deadline_passed_meanwhile()
 
     async def main() -> None:
         loop = asyncio.get_running_loop()
-        conn = wire._Conn()
+        conn = connection.Connection()
         conn.connection_made(HandTransport(conn))
         first, second = loop.create_future(), loop.create_future()
         conn.start(b"", None, first, loop.time() + 0.02)
@@ -383,8 +384,6 @@ def test_kernel_stamps_convert_with_the_tightest_clock_offset(monkeypatch):
     import struct
     import time
 
-    from loadgen.transport import wire
-
     # (before, after) monotonic pairs and the realtime read between them; true offset 5 s
     monotonic = iter([1_000, 91_100,  # preempted after `before`: realtime read 90 us late
                       100_000, 100_200,  # 200 ns wide
@@ -392,9 +391,9 @@ def test_kernel_stamps_convert_with_the_tightest_clock_offset(monkeypatch):
     realtime = iter([5_000_000_000 + 91_000, 5_000_000_000 + 100_100, 5_000_000_000 + 200_500])
     monkeypatch.setattr(time, "perf_counter_ns", lambda: next(monotonic))
     monkeypatch.setattr(time, "time_ns", lambda: next(realtime))
-    assert wire._RealtimeToPerfCounter.offset() == 5_000_000_000
-    converter = wire._RealtimeToPerfCounter()
-    monkeypatch.setattr(wire._RealtimeToPerfCounter, "offset", classmethod(lambda cls: 5_000_000_000))
+    assert raw_socket._RealtimeToPerfCounter.offset() == 5_000_000_000
+    converter = raw_socket._RealtimeToPerfCounter()
+    monkeypatch.setattr(raw_socket._RealtimeToPerfCounter, "offset", classmethod(lambda cls: 5_000_000_000))
     stamp = 5_000_123_456
     ancillary = [(1, 35, struct.pack("qq", stamp // 1_000_000_000, stamp % 1_000_000_000))]
     assert converter.stamp(ancillary) == 123_456
@@ -448,16 +447,16 @@ _RESPONSES = {
 }
 
 
-def _socket_reader(conn: wire._Conn, lost):
+def _socket_reader(conn: connection.Connection, lost):
     """A compiled reader for `conn` on one end of a socket pair: (its readable, that end, the other)."""
     ours, theirs = socket.socketpair()
     ours.setblocking(False)
-    wire._enable_rx_timestamps(ours)
-    conn.reader = wire._readpath.Reader(ours.fileno(), conn, lost)
+    raw_socket.enable_rx_timestamps(ours)
+    conn.reader = readpath._readpath.Reader(ours.fileno(), conn, lost)
     return conn.reader.readable, ours, theirs
 
 
-def _sink_into(got: list, conn: wire._Conn):
+def _sink_into(got: list, conn: connection.Connection):
     return lambda pieces, stamps, counts: got.extend(zip(pieces, stamps))
 
 
@@ -468,7 +467,7 @@ def _exchange(reads: list[bytes | None], compiled: bool, starts: frozenset[int] 
     sink got -- each piece with the read its stamp falls in and the read that produced it -- and
     how it ended."""
     loop = asyncio.new_event_loop()
-    conn = wire._Conn()
+    conn = connection.Connection()
     conn.connection_made(HandTransport(conn))
     requests: list[tuple[list, asyncio.Future]] = []
     windows, made = [], []  # per read: (perf_counter_ns before it is sent, after it is read); pieces so far
@@ -560,7 +559,7 @@ def test_a_stray_line_end_between_kept_alive_responses_is_skipped(reads):
     assert [end[0] for _, end in compiled] == [200, 200]
 
 
-def _closing_sink(got: list, conn: wire._Conn):
+def _closing_sink(got: list, conn: connection.Connection):
     """A sink that closes its connection when the first batch comes."""
     def sink(pieces: list[bytes], stamps: list[int], counts: None) -> None:
         got.extend(zip(pieces, stamps))
@@ -574,13 +573,13 @@ def test_more_pieces_than_a_batch_go_out_mid_body(closes):
     the rest (or, when it closes the connection at the first batch, nothing more), on both read
     paths alike."""
     _require("compiled")
-    lines = wire.BATCH_PIECES + 40
+    lines = connection.BATCH_PIECES + 40
     reads = [_HEAD_OK + b"Content-Length: %d\r\n\r\n" % (2 * lines)] + [b"x\n"] * lines + [None]
     sink_for = _closing_sink if closes else _sink_into
     compiled, python = _exchange(reads, True, sink_for=sink_for), _exchange(reads, False, sink_for=sink_for)
     assert compiled == python
     (pieces, end), = compiled
-    assert len(pieces) == (wire.BATCH_PIECES if closes else lines)
+    assert len(pieces) == (connection.BATCH_PIECES if closes else lines)
     assert end == (("ResponseError", "reset") if closes else (200, {"content-length": str(2 * lines)}, b"", False))
 
 
@@ -590,20 +589,21 @@ def test_a_read_inside_another_reads_callback_keeps_its_own_bytes():
     would replace the buffer, refuses meanwhile."""
     _require("compiled")
     loop = asyncio.new_event_loop()
-    inner = wire._Conn()
+    inner = connection.Connection()
     inner.connection_made(HandTransport(inner))
     inner_got: list = []
     inner.start(b"", _sink_into(inner_got, inner), loop.create_future())
     inner_readable, inner_ours, inner_theirs = _socket_reader(inner, inner.connection_lost)
     refused: list = []
 
-    class Outer(wire._Conn):
+    class Outer(connection.Connection):
         def take_head(self, head: bytes, now: int) -> tuple[int, int]:
             framing = super().take_head(head, now)
             inner_readable()
             try:
-                wire._readpath.configure(wire._RealtimeToPerfCounter.offset, wire._RealtimeToPerfCounter.REFRESH_NS,
-                                         wire.READ_SIZE, wire.BATCH_PIECES)
+                clock = raw_socket._RealtimeToPerfCounter
+                readpath._readpath.configure(clock.offset, clock.REFRESH_NS, raw_socket.READ_SIZE,
+                                             connection.BATCH_PIECES)
             except RuntimeError as exc:
                 refused.append(str(exc))
             return framing
@@ -630,7 +630,7 @@ def test_a_read_whose_failure_cannot_be_reported_still_closes_the_connection():
     runs (a socket left registered would wake a level-triggered loop again and again)."""
     _require("compiled")
 
-    class Broken(wire._Conn):
+    class Broken(connection.Connection):
         def take_head(self, head: bytes, now: int) -> tuple[int, int]:
             raise _SinkBroke("the head")
 
@@ -687,7 +687,7 @@ def test_a_head_larger_than_64_kib_is_malformed_on_the_compiled_path():
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the compiled read path is built on Linux only")
 def test_a_missing_build_fails_its_tests_where_ci_requires_it(monkeypatch):
-    monkeypatch.setattr(wire, "_readpath", None)
+    monkeypatch.setattr(readpath, "_readpath", None)
     monkeypatch.setenv(REQUIRE_READPATH, "1")
     with pytest.raises(pytest.fail.Exception, match=REQUIRE_READPATH):
         require_compiled_reads()

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from hdrh.histogram import HdrHistogram
 
-from loadgen import workers
-from loadgen.level import LevelLoad
-from loadgen.metrics import SIGNIFICANT_DIGITS, SPEC_BY_NAME
-from loadgen.workers import TOKENS_PER_S_PER_CORE, auto_workers
+from loadgen.results.metric_registry import METRIC_BY_NAME
+from loadgen.results.metrics import SIGNIFICANT_DIGITS
+from loadgen.run import workers
+from loadgen.run.level import LevelLoad
+from loadgen.run.workers import TOKENS_PER_S_PER_CORE, auto_workers
 
 
 def _plan(records: list[dict]) -> dict[int, tuple]:
@@ -37,7 +38,7 @@ def test_two_workers_merge_into_one_exact_level(start_server, sessions, replay):
     assert 0.5 * level["counts"]["requests_ok"] <= level["counts"]["server_kernel_compiles"] <= len(records)
     assert {r["id"].rsplit("-", 1)[1].split(".")[0] for r in records} == {"0", "1"}  # both workers sent
     # the merged histogram holds exactly the requests of both workers
-    ttft = HdrHistogram(1, SPEC_BY_NAME["ttft"].highest, SIGNIFICANT_DIGITS)
+    ttft = HdrHistogram(1, METRIC_BY_NAME["ttft"].highest, SIGNIFICANT_DIGITS)
     for rec in counted:
         ttft.record_value((rec["first_ns"] - rec["start_ns"]) // 1000)
     stats = level["metrics"]["ttft"]["stats"]
@@ -109,7 +110,7 @@ def test_ctrl_c_stops_every_worker_and_keeps_what_they_measured(start_server, se
     import sys
     from pathlib import Path
 
-    from loadgen.results import read_results
+    from loadgen.results.file import read_results
 
     server = start_server(first_ms=3, itl_ms=1)
     folder = sessions(*({"n_requests": 8, "think": 0.01, "n_out": 4} for _ in range(4)))

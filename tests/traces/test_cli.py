@@ -66,7 +66,7 @@ def test_traces_and_the_command_import_without_torch_and_only_numpy_orjson() -> 
     code = (
         "import sys; sys.modules['torch'] = None\n"
         "before = {n.split('.')[0] for n in sys.modules}\n"
-        "import traces, loadgen.cmd_traces\n"
+        "import traces, loadgen.cli.traces\n"
         "from traces import PromptSynth, ScaleConfig, load_traces, scale_traces, trace_stats\n"
         "ts = load_traces('agentic-coding'); trace_stats(*scale_traces(ts, ScaleConfig(token_scale=0.5)))\n"
         "PromptSynth(64).prompt(ts.sessions[0].id, ts.sessions[0].requests[0], salt=1)\n"

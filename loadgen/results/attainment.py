@@ -1,0 +1,218 @@
+"""What a level attains against an SLO (loadgen/results/slo.py): which requests were good, the share of
+good requests and of good session plays with their intervals, goodput, and the bounds broken most.
+
+A request is *good* when it completed and met every bound; a bound on TPOT or interactivity holds
+for a request that has no TPOT (one output token, or all of them in one chunk: no decode interval
+to judge). Failed requests (errors, timeouts, cancelled) are never good.
+
+Attainment: the share of the level's counted requests that were good, and the share of its
+session plays whose every counted request was good. Its interval (95 %) is Wilson's score
+interval taken at an effective number of requests: the requests of one session play share a
+context and a server state, so they are not independent draws. The variance of the share is
+estimated with the plays as clusters (the ratio estimator's linearised variance, k / (k - 1)
+sum_i (g_i - p n_i)^2 / N^2 over k plays with n_i requests, g_i good); the effective number is
+p (1 - p) / variance, kept between the number of plays (every play one draw) and the number of
+requests (no clustering). A level where every request or none was good shows no spread to
+measure clustering with: it counts at the number of requests. Session attainment is Wilson's
+interval over the plays.
+
+Goodput: good requests per second of window and their output tokens per second, per GPU too.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from loadgen.results.slo import DEFAULT_TARGET, Bound, Slo
+
+Z_95 = 1.959964  # two-sided 95 %
+
+
+@dataclass(frozen=True, slots=True)
+class Share:
+    """A share of good units with its 95 % interval; `effective` is the number of independent
+    draws the interval was taken at."""
+
+    total: int
+    good: int
+    low: float | None
+    high: float | None
+    effective: float
+
+    @property
+    def value(self) -> float | None:
+        return self.good / self.total if self.total else None
+
+    def verdict(self, target: float) -> bool | None:
+        """True when the whole interval is at or above `target`, False when below, else None."""
+        if self.low is None or self.high is None:
+            return None
+        return True if self.low >= target else False if self.high < target else None
+
+    def to_dict(self) -> dict[str, Any]:
+        value = self.value
+        return {"total": self.total, "good": self.good,
+                "attainment": None if value is None else round(value, 6),
+                "interval": None if self.low is None else [round(self.low, 6), round(self.high or 0.0, 6)],
+                "effective_n": round(self.effective, 2)}
+
+
+def wilson(good: float, n: float, z: float = Z_95) -> tuple[float, float]:
+    """Wilson's score interval of a share `good / n` taken at `n` draws (n may be fractional)."""
+    p = good / n
+    denom = 1 + z * z / n
+    centre = (p + z * z / (2 * n)) / denom
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterSums:
+    """What the clustered interval needs of a set of plays (k plays, n_i requests, g_i good):
+    sums that add across worker processes, as no play spans two workers."""
+
+    plays: int = 0
+    n: int = 0
+    g: int = 0
+    gg: float = 0.0
+    gn: float = 0.0
+    nn: float = 0.0
+
+    @classmethod
+    def of(cls, good: np.ndarray, total: np.ndarray) -> ClusterSums:
+        g, n = good.astype(np.float64), total.astype(np.float64)
+        return cls(int(len(n)), int(n.sum()), int(g.sum()), float(g @ g), float(g @ n), float(n @ n))
+
+    def __add__(self, other: ClusterSums) -> ClusterSums:
+        return ClusterSums(self.plays + other.plays, self.n + other.n, self.g + other.g, self.gg + other.gg,
+                           self.gn + other.gn, self.nn + other.nn)
+
+    def share(self, z: float = Z_95) -> Share:
+        if self.n == 0:
+            return Share(0, 0, None, None, 0.0)
+        p = self.g / self.n
+        effective = float(self.n)
+        if 0 < p < 1:
+            if self.plays < 2:
+                effective = 1.0
+            else:
+                spread = self.gg - 2 * p * self.gn + p * p * self.nn  # sum_i (g_i - p n_i)^2
+                variance = self.plays / (self.plays - 1) * max(spread, 0.0) / (self.n * self.n)
+                effective = p * (1 - p) / variance if variance > 0 else float(self.n)
+                effective = min(float(self.n), max(float(self.plays), effective))
+        low, high = wilson(p * effective, effective, z)
+        return Share(self.n, self.g, low, high, effective)
+
+
+def play_share(plays_good: int, plays: int, z: float = Z_95) -> Share:
+    """The share of whole plays that were all good: Wilson over the plays."""
+    if plays == 0:
+        return Share(0, 0, None, None, 0.0)
+    low, high = wilson(plays_good, plays, z)
+    return Share(plays, plays_good, low, high, float(plays))
+
+
+# -- one level ------------------------------------------------------------------------------
+
+
+def request_columns(requests: Mapping[str, Sequence]) -> dict[str, np.ndarray]:
+    """The float columns the bounds read, from a level's `requests` (None -> NaN)."""
+
+    def col(name: str) -> np.ndarray:
+        return np.array([np.nan if v is None else v for v in requests.get(name, ())], dtype=np.float64)
+
+    e2el, osl = col("e2el_us"), col("osl")
+    with np.errstate(divide="ignore", invalid="ignore"):
+        norm = np.where(osl > 0, e2el / osl, np.nan)
+    return {"ttft_us": col("ttft_us"), "tpot_us": col("tpot_us"), "e2el_us": e2el, "norm_e2el_us": norm}
+
+
+def bound_holds(bound: Bound, columns: Mapping[str, np.ndarray]) -> np.ndarray:
+    """Per request, whether the bound holds (NaN, an undefined TPOT, holds)."""
+    values = columns[bound.column]
+    if bound.op == ">=":  # interactivity, from TPOT
+        with np.errstate(divide="ignore"):
+            return ~(1e6 / values < bound.value)
+    return ~(values > bound.value)
+
+
+def good_mask(slo: Slo, columns: Mapping[str, np.ndarray]) -> tuple[np.ndarray, dict[str, int]]:
+    """Per measured request whether it met every bound, and how many requests broke each bound."""
+    count = len(columns["ttft_us"])
+    good = np.ones(count, dtype=bool)
+    broken = {}
+    for bound in slo.bounds:
+        holds = bound_holds(bound, columns)
+        broken[bound.text] = int(count - holds.sum())
+        good &= holds
+    return good, broken
+
+
+def level_attainment(slo: Slo, requests: Mapping[str, Sequence], error_plays: Sequence[int], window_s: float,
+                     gpus: int, target: float = DEFAULT_TARGET) -> dict[str, Any]:
+    """The `slo` entry of one level (README, "SLO, goodput and capacity"): attainment over its
+    counted requests and plays with intervals, goodput, and the bounds broken most."""
+    good, broken = good_mask(slo, request_columns(requests))
+    plays = np.asarray(requests.get("play", ()), dtype=np.int64)
+    errors = np.asarray(error_plays, dtype=np.int64)
+    keys, index = np.unique(np.concatenate([plays, errors]), return_inverse=True)
+    total = np.bincount(index, minlength=len(keys))
+    good_per_play = np.bincount(index[: len(plays)], weights=good, minlength=len(keys))
+    requests_share = ClusterSums.of(good_per_play, total).share()
+    sessions_share = play_share(int((good_per_play == total).sum()), len(keys))
+    out_tokens = float(np.asarray(requests.get("osl", ()), dtype=np.float64)[good].sum()) if len(good) else 0.0
+    per_s = (lambda x: round(x / window_s, 4)) if window_s > 0 else (lambda x: 0.0)
+    violations = {**broken, "error": int(len(errors))}
+    worst = max(violations, key=lambda k: violations[k]) if any(violations.values()) else None
+    return {
+        "name": slo.name, "spec": slo.text, "target": target,
+        "requests": {**requests_share.to_dict(), "met": requests_share.verdict(target)},
+        "sessions": sessions_share.to_dict(),
+        "goodput": {"requests_per_s": per_s(int(good.sum())), "output_tokens_per_s": per_s(out_tokens),
+                    "requests_per_s_per_gpu": per_s(int(good.sum()) / gpus),
+                    "output_tokens_per_s_per_gpu": per_s(out_tokens / gpus)},
+        "violations": violations,
+        "worst": worst,
+    }
+
+
+class SloTally:
+    """A running tally of one level's requests per play against one SLO, while it runs (the
+    capacity search's early stop reads it); `sums` crosses process boundaries. Requests wait in
+    lists and are judged in one vectorised pass when the sums are asked for."""
+
+    def __init__(self, slo: Slo) -> None:
+        self.slo = slo
+        self._pending: dict[str, list] = {"play": [], "ttft_us": [], "e2el_us": [], "tpot_us": [], "osl": []}
+        self._errors: list[int] = []
+        self._plays: dict[int, list[int]] = {}  # play -> [requests, good]
+
+    def add(self, play: int, ttft_us: int, e2el_us: int, tpot_us: int | None, osl: int) -> None:
+        for name, value in zip(self._pending, (play, ttft_us, e2el_us, tpot_us, osl)):
+            self._pending[name].append(value)
+
+    def add_error(self, play: int) -> None:
+        self._errors.append(play)
+
+    def sums(self) -> ClusterSums:
+        pending = self._pending
+        if pending["play"]:
+            good, _ = good_mask(self.slo, request_columns(pending))
+            for play, ok in zip(pending["play"], good.tolist()):
+                counts = self._plays.setdefault(play, [0, 0])
+                counts[0] += 1
+                counts[1] += ok
+            for values in pending.values():
+                values.clear()
+        for play in self._errors:
+            self._plays.setdefault(play, [0, 0])[0] += 1
+        self._errors.clear()
+        if not self._plays:
+            return ClusterSums()
+        table = np.array(list(self._plays.values()), dtype=np.int64)
+        return ClusterSums.of(table[:, 1], table[:, 0])
