@@ -99,6 +99,25 @@ def test_the_interval_counts_plays_as_clusters():
     assert even.value == 0.75 and even.effective == pytest.approx(200)
 
 
+def test_failures_bunched_in_time_across_plays_count_as_one_cluster():
+    # 40 plays of 5 requests, one every 2 s per play over 10 s (requests last 1 s). Every request
+    # that starts in the fifth second is slow, whichever play it belongs to (a burst on the server):
+    # 1 of each play's 5 requests fails, so clustering by play sees no clumping, but in time it is
+    # one cluster of 40 failures among 10 one-second blocks.
+    plays = np.repeat(np.arange(40), 5)
+    start_ms = (np.tile(np.arange(5) * 2000, 40) + np.repeat(np.arange(40) * 50 % 2000, 5)).astype(float)
+    slow = (start_ms >= 4000) & (start_ms < 6000)
+    requests = {"play": plays.tolist(), "start_ms": start_ms.tolist(), "ttft_us": [1e5] * 200,
+                "tpot_us": np.where(slow, 1e5, 1e4).tolist(), "e2el_us": [1e6] * 200, "osl": [10] * 200}
+    entry = level_attainment(parse_slo("interactive"), requests, [], window_s=10.0, gpus=1)["requests"]
+    assert (entry["total"], entry["good"]) == (200, 160)
+    assert entry["effective_n"] < 20  # not the ~200 that play clusters would give
+    without_time = {k: v for k, v in requests.items() if k != "start_ms"}
+    by_play = level_attainment(parse_slo("interactive"), without_time, [], window_s=10.0, gpus=1)["requests"]
+    assert by_play["effective_n"] == pytest.approx(200)
+    assert entry["interval"][1] - entry["interval"][0] > 2 * (by_play["interval"][1] - by_play["interval"][0])
+
+
 def test_an_all_good_level_counts_at_its_requests_and_sums_add_across_workers():
     sums = ClusterSums.of(np.array([5, 5]), np.array([5, 5])) + ClusterSums.of(np.array([90]), np.array([90]))
     share = sums.share()
