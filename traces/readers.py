@@ -11,13 +11,23 @@ from __future__ import annotations
 import gzip
 import os
 import zlib
-from dataclasses import dataclass
 from itertools import islice
 from pathlib import Path
 from typing import Any
 
 import orjson
 
+from traces.fields import (
+    MAX_BLOCK,
+    Where,
+    check_object,
+    opt_float,
+    opt_int,
+    opt_str,
+    req_float,
+    req_int,
+    str_tuple,
+)
 from traces.schema import FORMATS, MOONCAKE, SESSIONS, Request, Session, Subagent, TraceError, TraceSet
 
 DEFAULT_SET = "agentic-coding"
@@ -25,21 +35,6 @@ DATA_DIR = Path(__file__).parent / "data"
 DEFAULT_BLOCK_SIZE = {SESSIONS: 64, MOONCAKE: 512}
 TRACE_SUFFIXES = (".json", ".json.gz", ".jsonl", ".jsonl.gz")
 _MAX_HASH_ID = 2**63 - 1  # ids travel through int64 arrays in synthesis and statistics
-
-
-@dataclass(frozen=True, slots=True)
-class _Where:
-    """Where a value sits, for error messages: file, record and request path."""
-
-    source: str
-    path: str = ""
-
-    def at(self, part: str) -> _Where:
-        return _Where(self.source, f"{self.path}.{part}" if self.path else part)
-
-    def fail(self, field: str | None, problem: str) -> TraceError:
-        place = f"{self.source}: {self.path}" if self.path else self.source
-        return TraceError(f"{place}: field '{field}': {problem}" if field else f"{place}: {problem}")
 
 
 def bundled_sets() -> list[str]:
@@ -137,7 +132,7 @@ def _detect(path: Path, first: dict[str, Any]) -> str:
     )
 
 
-def _records(path: Path) -> list[tuple[_Where, dict[str, Any]]]:
+def _records(path: Path) -> list[tuple[Where, dict[str, Any]]]:
     """Parse a file as one JSON document (an object or an array of objects) or as JSONL."""
     source = str(path)
     try:
@@ -155,16 +150,16 @@ def _records(path: Path) -> list[tuple[_Where, dict[str, Any]]]:
     if isinstance(document, list):
         if not document:
             raise TraceError(f"{source}: empty JSON array")
-        return [(_check_object(_Where(f"{source}:[{i}]"), item), item) for i, item in enumerate(document)]
-    return [(_check_object(_Where(source), document), document)]
+        return [(check_object(Where(f"{source}:[{i}]"), item), item) for i, item in enumerate(document)]
+    return [(check_object(Where(source), document), document)]
 
 
-def _jsonl_records(source: str, data: bytes, whole_error: Exception) -> list[tuple[_Where, dict[str, Any]]]:
-    records: list[tuple[_Where, dict[str, Any]]] = []
+def _jsonl_records(source: str, data: bytes, whole_error: Exception) -> list[tuple[Where, dict[str, Any]]]:
+    records: list[tuple[Where, dict[str, Any]]] = []
     for number, line in enumerate(data.splitlines(), start=1):
         if not line.strip():
             continue
-        where = _Where(f"{source}:line {number}")
+        where = Where(f"{source}:line {number}")
         try:
             record = orjson.loads(line)
         except orjson.JSONDecodeError as exc:
@@ -172,21 +167,15 @@ def _jsonl_records(source: str, data: bytes, whole_error: Exception) -> list[tup
             if not records:
                 raise TraceError(f"{source}: invalid JSON: {whole_error}") from exc
             raise TraceError(f"{where.source}: invalid JSON: {exc}") from exc
-        records.append((_check_object(where, record), record))
+        records.append((check_object(where, record), record))
     return records
-
-
-def _check_object(where: _Where, record: Any) -> _Where:
-    if not isinstance(record, dict):
-        raise where.fail(None, f"expected a JSON object, got {type(record).__name__}")
-    return where
 
 
 # ---- session traces ---------------------------------------------------------------------------
 
 
-def _session(where: _Where, record: dict[str, Any], default_id: str, block_size: int | None) -> Session:
-    stated = _opt_int(where, record, "block_size", positive=True)
+def _session(where: Where, record: dict[str, Any], default_id: str, block_size: int | None) -> Session:
+    stated = opt_int(where, record, "block_size", positive=True)
     if stated is not None and stated > MAX_BLOCK:
         raise where.fail("block_size", f"must be at most {MAX_BLOCK:,} tokens per hash id, got {stated:,}")
     if stated is not None and block_size is not None and stated != block_size:
@@ -205,15 +194,15 @@ def _session(where: _Where, record: dict[str, Any], default_id: str, block_size:
         raise where.fail("requests", f"the session has no request: no parent request, and {only} with no "
                                      f"requests of its own")
     return Session(
-        id=_opt_str(where, record, "id") or default_id,
+        id=opt_str(where, record, "id") or default_id,
         block_size=size,
-        models=_str_tuple(where, record, "models"),
+        models=str_tuple(where, record, "models"),
         requests=requests,
         subagents=subagents,
         source=where.source,
-        tool_tokens=_opt_int(where, record, "tool_tokens"),
-        system_tokens=_opt_int(where, record, "system_tokens"),
-        hash_id_scope=_opt_str(where, record, "hash_id_scope"),
+        tool_tokens=opt_int(where, record, "tool_tokens"),
+        system_tokens=opt_int(where, record, "system_tokens"),
+        hash_id_scope=opt_str(where, record, "hash_id_scope"),
     )
 
 
@@ -230,12 +219,12 @@ class _Counter:
 
 
 def _timeline(
-    where: _Where, items: list[Any], block_size: int, counter: _Counter, allow_subagents: bool
+    where: Where, items: list[Any], block_size: int, counter: _Counter, allow_subagents: bool
 ) -> tuple[tuple[Request, ...], tuple[Subagent, ...]]:
     requests: list[Request] = []
     subagents: list[Subagent] = []
     for i, item in enumerate(items):
-        at = _check_object(where.at(f"requests[{i}]"), item)
+        at = check_object(where.at(f"requests[{i}]"), item)
         previous_t = requests[-1].t if requests else 0.0
         if item.get("type") == "subagent":
             if not allow_subagents:
@@ -262,7 +251,7 @@ def _subagent_start(recorded_t: float | None, duration_ms: float | None, previou
 
 
 def _subagent(
-    where: _Where, item: dict[str, Any], after: int, previous_t: float, block_size: int, counter: _Counter
+    where: Where, item: dict[str, Any], after: int, previous_t: float, block_size: int, counter: _Counter
 ) -> Subagent:
     items = item.get("requests")
     if items is None:
@@ -270,59 +259,59 @@ def _subagent(
     if not isinstance(items, list):
         raise where.fail("requests", f"expected a list, got {type(items).__name__}")
     requests, _ = _timeline(where, items, block_size, counter, allow_subagents=False)
-    recorded_t = _opt_float(where, item, "t")
-    duration_ms = _opt_float(where, item, "duration_ms")
+    recorded_t = opt_float(where, item, "t")
+    duration_ms = opt_float(where, item, "duration_ms")
     return Subagent(
-        agent_id=_opt_str(where, item, "agent_id") or where.path,
-        subagent_type=_opt_str(where, item, "subagent_type"),
+        agent_id=opt_str(where, item, "agent_id") or where.path,
+        subagent_type=opt_str(where, item, "subagent_type"),
         t=_subagent_start(recorded_t, duration_ms, previous_t),
         after_request=after,
         duration_ms=duration_ms,
-        total_tokens=_opt_int(where, item, "total_tokens"),
-        tool_use_count=_opt_int(where, item, "tool_use_count"),
-        status=_opt_str(where, item, "status"),
+        total_tokens=opt_int(where, item, "total_tokens"),
+        tool_use_count=opt_int(where, item, "tool_use_count"),
+        status=opt_str(where, item, "status"),
         requests=requests,
-        models=_str_tuple(where, item, "models"),
-        tool_tokens=_opt_int(where, item, "tool_tokens"),
-        system_tokens=_opt_int(where, item, "system_tokens"),
+        models=str_tuple(where, item, "models"),
+        tool_tokens=opt_int(where, item, "tool_tokens"),
+        system_tokens=opt_int(where, item, "system_tokens"),
     )
 
 
-def _request(where: _Where, item: dict[str, Any], previous_t: float, block_size: int, counter: _Counter) -> Request:
+def _request(where: Where, item: dict[str, Any], previous_t: float, block_size: int, counter: _Counter) -> Request:
     kind = item.get("type", "n")
     if kind is None:
         kind = "n"
     if kind not in ("n", "s"):
         raise where.fail("type", f"unknown request type {kind!r}: expected 'n', 's' or 'subagent'")
-    input_tokens = _req_int(where, item, "in", positive=True)
-    t = _opt_float(where, item, "t")
+    input_tokens = req_int(where, item, "in", positive=True)
+    t = opt_float(where, item, "t")
     return Request(
         index=counter.take(),
         t=previous_t if t is None else t,
         input_tokens=input_tokens,
-        output_tokens=_req_int(where, item, "out"),
+        output_tokens=req_int(where, item, "out"),
         hash_ids=_hash_ids(where, item.get("hash_ids"), input_tokens, block_size, counter.hash_ids, partial_last=False),
-        think_time=_opt_float(where, item, "think_time") or 0.0,
-        api_time=_opt_float(where, item, "api_time"),
-        ttft=_opt_float(where, item, "ttft"),
-        model=_opt_str(where, item, "model"),
+        think_time=opt_float(where, item, "think_time") or 0.0,
+        api_time=opt_float(where, item, "api_time"),
+        ttft=opt_float(where, item, "ttft"),
+        model=opt_str(where, item, "model"),
         kind=kind,
-        input_types=_str_tuple(where, item, "input_types"),
-        output_types=_str_tuple(where, item, "output_types"),
-        stop=_opt_str(where, item, "stop"),
+        input_types=str_tuple(where, item, "input_types"),
+        output_types=str_tuple(where, item, "output_types"),
+        stop=opt_str(where, item, "stop"),
     )
 
 
 # ---- Mooncake ---------------------------------------------------------------------------------
 
 
-def _mooncake_session(path: Path, records: list[tuple[_Where, dict[str, Any]]], block_size: int) -> Session:
+def _mooncake_session(path: Path, records: list[tuple[Where, dict[str, Any]]], block_size: int) -> Session:
     """All lines of a Mooncake file as one Session; hash ids are global to the file."""
     interned: dict[int, int] = {}
     requests: list[Request] = []
     for index, (where, item) in enumerate(records):
-        input_tokens = _req_int(where, item, "input_length", positive=True)
-        timestamp_ms = _req_float(where, item, "timestamp")
+        input_tokens = req_int(where, item, "input_length", positive=True)
+        timestamp_ms = req_float(where, item, "timestamp")
         if requests and timestamp_ms / 1000.0 < requests[-1].t:
             problem = f"{item['timestamp']} goes back in time; Mooncake lines must be in time order"
             raise where.fail("timestamp", problem)
@@ -331,7 +320,7 @@ def _mooncake_session(path: Path, records: list[tuple[_Where, dict[str, Any]]], 
                 index=index,
                 t=timestamp_ms / 1000.0,
                 input_tokens=input_tokens,
-                output_tokens=_req_int(where, item, "output_length"),
+                output_tokens=req_int(where, item, "output_length"),
                 hash_ids=_hash_ids(where, item.get("hash_ids"), input_tokens, block_size, interned, partial_last=True),
                 think_time=0.0,
             )
@@ -351,7 +340,7 @@ def _mooncake_session(path: Path, records: list[tuple[_Where, dict[str, Any]]], 
 
 
 def _hash_ids(
-    where: _Where, value: Any, input_tokens: int, block_size: int, interned: dict[int, int], partial_last: bool
+    where: Where, value: Any, input_tokens: int, block_size: int, interned: dict[int, int], partial_last: bool
 ) -> tuple[int, ...]:
     """Validate and intern hash ids (one id per full block; Mooncake may also name the last partial one)."""
     if value is None:
@@ -387,76 +376,3 @@ def _hash_ids(
     if bad is not None:
         raise where.fail("hash_ids", f"ids must be integers in [0, 2**63), found {bad!r}")
     return ids
-
-
-MAX_COUNT = 10**9  # tokens in one field: far beyond any context, and small enough to compute with
-MAX_BLOCK = 1 << 16  # tokens per hash id: each id's block is synthesised whole
-MAX_SECONDS = 1e12  # a time or duration: finite, and far from the float range where arithmetic overflows
-
-
-def _req_int(where: _Where, item: dict[str, Any], field: str, positive: bool = False) -> int:
-    value = item.get(field)
-    if value is None:
-        raise where.fail(field, "missing" if field not in item else "null")
-    value = _check_int(where, field, value)
-    if positive and value == 0:
-        raise where.fail(field, "must be positive, got 0 (a request sends at least one token)")
-    return value
-
-
-def _opt_int(where: _Where, item: dict[str, Any], field: str, positive: bool = False) -> int | None:
-    value = item.get(field)
-    if value is None:
-        return None
-    value = _check_int(where, field, value)
-    if positive and value == 0:
-        raise where.fail(field, "must be positive, got 0")
-    return value
-
-
-def _check_int(where: _Where, field: str, value: Any) -> int:
-    if isinstance(value, float) and value.is_integer():
-        value = int(value)
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise where.fail(field, f"expected an integer, got {value!r}")
-    if value < 0:
-        raise where.fail(field, f"must not be negative, got {value}")
-    if value > MAX_COUNT:
-        raise where.fail(field, f"must be at most {MAX_COUNT:,}, got {value:.3g}")
-    return value
-
-
-def _req_float(where: _Where, item: dict[str, Any], field: str) -> float:
-    value = _opt_float(where, item, field)
-    if value is None:
-        raise where.fail(field, "missing" if field not in item else "null")
-    return value
-
-
-def _opt_float(where: _Where, item: dict[str, Any], field: str) -> float | None:
-    value = item.get(field)
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:
-        raise where.fail(field, f"expected a number, got {value!r}")
-    if value < 0:
-        raise where.fail(field, f"must not be negative, got {value}")
-    if value > MAX_SECONDS:
-        raise where.fail(field, f"must be at most {MAX_SECONDS:.0e}, got {value:.3g}")
-    return float(value)
-
-
-def _opt_str(where: _Where, item: dict[str, Any], field: str) -> str | None:
-    value = item.get(field)
-    if value is None or isinstance(value, str):
-        return value
-    raise where.fail(field, f"expected a string, got {value!r}")
-
-
-def _str_tuple(where: _Where, item: dict[str, Any], field: str) -> tuple[str, ...]:
-    value = item.get(field)
-    if value is None:
-        return ()
-    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-        raise where.fail(field, f"expected a list of strings, got {value!r}")
-    return tuple(value)

@@ -5,7 +5,7 @@ subagents, unicode and repeated ids, empty lists), in every container the reader
 object or array, JSONL, gzip, a folder of files), cut short or replaced by arbitrary bytes.
 
 Every file either loads into a TraceSet whose numbers lie within the reader's documented ranges
-(traces/readers.py: MAX_COUNT, MAX_SECONDS, MAX_BLOCK) or raises a TraceError naming the file;
+(traces/fields.py: MAX_COUNT, MAX_SECONDS, MAX_BLOCK) or raises a TraceError naming the file;
 `loadgen traces stats` on it prints its table, or exits 2 with that one-line error, never a
 traceback."""
 
@@ -27,7 +27,7 @@ from hypothesis import strategies as st
 
 from loadgen.cli import main
 from traces import TraceError, TraceSet, load_traces
-from traces.readers import MAX_BLOCK, MAX_COUNT, MAX_SECONDS
+from traces.fields import MAX_BLOCK, MAX_COUNT, MAX_SECONDS
 from traces.schema import MOONCAKE, Request
 
 # Seeded and bounded: the same examples on every run, each within the deadline (a reader that is
