@@ -54,7 +54,7 @@ class FromInfxOptions:
     server: str = "ours"
     url: str | None = None
     command: str | None = None  # vllm/sglang: the command line, {port} where the port goes
-    entry: int | None = None  # search-space index (required when there are several)
+    entry: int | None = None  # search-space index (None: the only one; the CLI makes one recipe per entry)
     scenario: str | None = None  # default: agentic-coding when the entry has it, else fixed-seq-len
     spec_k: int | None = None  # default: the draft length InferenceX's launch script runs
     thinking: str = "on"  # InferenceX's default THINKING_MODE
