@@ -71,10 +71,10 @@ def test_an_entry_with_several_search_spaces_gives_one_recipe_each_and_names_tho
     assert f"wrote {tmp_path / 'kimi.0.yaml'}" in captured.out and not out.exists()
     assert "skipped search-space entry 1:" in captured.err and "kv-offloading dram" in captured.err
     assert not (tmp_path / "kimi.1.yaml").exists()
-    # printed instead: one YAML document per recipe
-    assert main(["recipe", "from-infx", str(UPSTREAM), "qwen3.5-fp8-b200-sglang", "--out", str(tmp_path / "q.yaml")]) == 0
+    assert main(["recipe", "from-infx", str(UPSTREAM), "qwen3.5-fp8-b200-sglang",
+                 "--out", str(tmp_path / "q.yaml")]) == 0
     assert sorted(p.name for p in tmp_path.glob("q.*.yaml")) == ["q.0.yaml", "q.1.yaml"]
-    capsys.readouterr()
+    capsys.readouterr()  # printed instead: one YAML document per recipe
     assert main(["recipe", "from-infx", str(UPSTREAM), "dsv4-fp4-b300-vllm-agentic-mtp", "--spec-k", "3",
                  "--server", "vllm"]) == 0
     printed = capsys.readouterr().out
