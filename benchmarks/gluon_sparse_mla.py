@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import importlib.util
 import json
 import os
 import statistics
@@ -42,11 +41,10 @@ import triton
 
 _ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(_ROOT))
-_spec = importlib.util.spec_from_file_location("kernels_benchmark", _ROOT / "benchmarks" / "kernels.py")
-assert _spec is not None and _spec.loader is not None
-bk = importlib.util.module_from_spec(_spec)
-sys.modules["kernels_benchmark"] = bk  # its dataclasses look their module up
-_spec.loader.exec_module(bk)
+sys.path.append(str(_ROOT / "benchmarks"))  # after the root: `kernels` stays the package
+from kernels_module import kernels_benchmark  # noqa: E402
+
+bk = kernels_benchmark()
 
 from kernels.sparse_mla import sparse_mla_torch, sparse_mla_triton  # noqa: E402
 from kernels.sparse_mla_gluon import (  # noqa: E402

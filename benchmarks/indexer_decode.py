@@ -19,17 +19,15 @@ apart), and --sweep adds tiles of K + 1 tokens, which read a request's keys once
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import sys
 from pathlib import Path
 
 import torch
 
-_spec = importlib.util.spec_from_file_location("kernel_bench", Path(__file__).resolve().parent / "kernels.py")
-assert _spec is not None and _spec.loader is not None
-kb = importlib.util.module_from_spec(_spec)
-sys.modules["kernel_bench"] = kb  # its dataclasses look their module up
-_spec.loader.exec_module(kb)  # the kernels benchmark's helpers (it puts the repository root on sys.path)
+sys.path.append(str(Path(__file__).resolve().parent))
+from kernels_module import kernels_benchmark  # noqa: E402
+
+kb = kernels_benchmark()  # the kernels benchmark's helpers (it puts the repository root on sys.path)
 
 from kernels.indexer import indexer_logits_paged  # noqa: E402
 from kernels.indexer_tiled import TiledConfig, indexer_logits_tiled  # noqa: E402

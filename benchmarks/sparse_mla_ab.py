@@ -30,11 +30,10 @@ import triton
 
 _ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(_ROOT))
-_spec = importlib.util.spec_from_file_location("kernels_benchmark", _ROOT / "benchmarks" / "kernels.py")
-assert _spec is not None and _spec.loader is not None
-bk = importlib.util.module_from_spec(_spec)
-sys.modules["kernels_benchmark"] = bk  # its dataclasses look their module up
-_spec.loader.exec_module(bk)
+sys.path.append(str(_ROOT / "benchmarks"))  # after the root: `kernels` stays the package
+from kernels_module import kernels_benchmark  # noqa: E402
+
+bk = kernels_benchmark()
 
 from kernels.quant import kv_row_bytes  # noqa: E402
 from kernels.triton_utils import poisoned_outputs  # noqa: E402
