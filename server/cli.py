@@ -8,8 +8,9 @@ of its body (see server/api.py); then the engine stops. If the engine process di
 503 and /health fails for a short grace period, then the server exits.
 
 Exit codes: 0 stopped by a signal and every running request finished; 1 the engine died or the
-address could not be bound; 2 bad flags or configuration; 3 stopped by a signal and requests were
-cut at the deadline (their number is on stderr).
+address could not be bound; 2 bad flags or configuration, or a package of the server extra
+(server/extra.py) not installed; 3 stopped by a signal and requests were cut at the deadline (their
+number is on stderr).
 """
 
 from __future__ import annotations
@@ -158,8 +159,13 @@ async def _serve(http: HttpConfig, api_key: str | None, client, info) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from server.extra import exit_missing_extra
+
     args = build_parser().parse_args(argv)
-    return int(args.func(args) or 0)
+    try:
+        return int(args.func(args) or 0)
+    except ModuleNotFoundError as exc:
+        return exit_missing_extra(exc, f"server {args.command}")
 
 
 if __name__ == "__main__":

@@ -8,6 +8,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 SOURCES = ("loadgen", "server", "kernels", "traces", "golden_al", "benchmarks", "tests", "docs")
 CITED_DOC = re.compile(r"\b(?:docs|benchmarks)/[\w./-]+\.md\b")
+# A module of the five packages named by its path: `loadgen/run/replay.py`, not `tests/loadgen/...`.
+MODULE_PATH = re.compile(r"(?<![\w/.-])(?:loadgen|server|kernels|traces|golden_al)/[\w./-]+\.(?:py|c)\b")
 # Design notes that live outside the repository: code must not send a reader there.
 OUTSIDE = re.compile(r"\b(?:SPARSE_MLA|DESIGN)\.md\b")
 
@@ -37,3 +39,10 @@ def test_readme_is_a_front_door():
     assert len(readme.splitlines()) <= 150
     for doc in sorted((REPO / "docs").glob("*.md")):
         assert f"docs/{doc.name}" in readme, f"README does not link docs/{doc.name}"
+
+
+def test_module_paths_in_the_docs_exist():
+    """A module README.md or docs/ names by its path is there (a layout change moves modules)."""
+    missing = sorted({f"{doc.relative_to(REPO)}: {path}" for doc in [REPO / "README.md", *(REPO / "docs").glob("*.md")]
+                      for path in MODULE_PATH.findall(doc.read_text()) if not (REPO / path).is_file()})
+    assert not missing, f"modules named but not in the repository: {missing}"

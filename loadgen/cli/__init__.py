@@ -59,6 +59,10 @@ def main(argv: list[str] | None = None) -> int:
     except _user_errors() as exc:
         print(f"loadgen {args.command}: error: {exc}", file=sys.stderr)
         return 2
+    except ModuleNotFoundError as exc:  # torch and the rest of the engine's: the server extra
+        from server.extra import exit_missing_extra
+
+        return exit_missing_extra(exc, f"loadgen {args.command}")
     except KeyboardInterrupt:
         print("loadgen: interrupted", file=sys.stderr)
         return 130

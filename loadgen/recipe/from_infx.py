@@ -152,7 +152,9 @@ def recipe_dict(entry: dict[str, Any], key: str, options: FromInfxOptions, sourc
 
 def resolve_draft(entry: dict[str, Any], space: dict[str, Any], conc: list[int], options: FromInfxOptions,
                   where: str) -> Draft | None:
-    """k (--spec-k, else the launch script's), the golden AL at k, and the family's draft head."""
+    """k (--spec-k, else the launch script's), the golden AL at k, and the family's draft head: the one
+    the launch scripts name, else MTP's for an MTP curve, else None (only a running server, --server url,
+    can serve that curve; `server_section` refuses the others once the server is chosen)."""
     from golden_al.curves import CurveError, load_curve
     from golden_al.pins import head
 
@@ -173,11 +175,9 @@ def resolve_draft(entry: dict[str, Any], space: dict[str, Any], conc: list[int],
         raise InfxConfigError(f"--golden-al: {exc}") from None
     known = head(prefix)
     if known is not None:
-        return Draft(k, al, ref, known.method, known.model)
-    if curve.method and not curve.method.upper().startswith("MTP"):
-        raise InfxConfigError(f"{where}: the {curve.method} draft head of {prefix} is named in no InferenceX launch "
-                              "script known here (golden_al/infx_pins.yaml heads); use --server url")
-    return Draft(k, al, ref, "mtp", None)
+        return Draft(k, al, ref, curve.method, known.method, known.model)
+    mtp = not curve.method or curve.method.upper().startswith("MTP")
+    return Draft(k, al, ref, curve.method, "mtp" if mtp else None, None)
 
 
 def _pinned_k(entry: dict[str, Any], conc: list[int], where: str) -> int:

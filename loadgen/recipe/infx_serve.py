@@ -97,7 +97,8 @@ class Draft:
     k: int
     al: float
     golden_al: str  # the curve reference (the model prefix unless --golden-al)
-    head_method: str  # vLLM's method name of the draft head (mtp, eagle3, dspark)
+    curve_method: str | None  # the curve's own name of its draft method (MTP, EAGLE3, DSpark)
+    head_method: str | None  # vLLM's method name of the draft head (mtp, eagle3, dspark); None: unknown here
     head_model: str | None  # the draft model a separate head needs
 
 
@@ -135,6 +136,10 @@ def server_section(entry: dict[str, Any], block: dict[str, Any], space: dict[str
         if not options.url:
             raise InfxConfigError("--url: required with --server url")
         return {"kind": "url", "url": options.url, "gpus": topology.gpus}
+    if draft is not None and draft.head_method is None:
+        raise InfxConfigError(f"{where}: the {draft.curve_method} draft head of {entry['model-prefix']} is named in no "
+                              "InferenceX launch script known here (golden_al/infx_pins.yaml heads); start the server "
+                              "yourself and use --server url")
     if entry.get("multinode"):
         raise InfxConfigError(f"{where}: a multi-node entry needs its own launcher; start it yourself and use "
                               "--server url")

@@ -191,7 +191,7 @@ class LevelRecorder:
     """
 
     FLUSH_EVERY = 64  # requests per batch: about a millisecond of recording
-    LOOP_LAGS_KEPT = 1024  # loop-lag samples (5 ms apart) kept at most between two batches
+    LOOP_LAGS_KEPT = 1024  # loop-lag samples (one per loop_lag.INTERVAL_S) kept at most between two batches
 
     def __init__(self) -> None:
         self.hists = {metric.name: new_histogram(metric.name) for metric in METRICS}

@@ -3,7 +3,7 @@ child on them.
 
 Why: on a shared host the server's engine, its HTTP process and the load generator otherwise
 share every core, and identical runs differ by how the scheduler happened to interleave them
-(benchmarks/RESULTS.md, "Where the CPU's run-to-run noise comes from"). Linux only, as
+(`benchmarks/noise_source.py placement` compares placed runs with free ones). Linux only, as
 `taskset` is; elsewhere a CPU list is refused with a message saying so.
 """
 

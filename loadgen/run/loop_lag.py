@@ -6,11 +6,10 @@ latencies include client time and the client, not the server, may be the bottlen
 The timer's callback measures and re-arms itself: no task, future or coroutine step per wake-up
 (a task's sleep costs several times a bare timer callback on a busy loop).
 
-Every 20 ms, not faster: the wake-ups themselves are client CPU. On an H200 host's CPUs at conc
-256 (benchmarks/client_overhead.py) a 5 ms timer cost 1.5-3 us per streamed token, 10-20 % of
-the client's CPU, against a 20 ms one (benchmarks/RESULTS.md, the integration of 2026-12-02 12:30 UTC
-and its recheck at 12:48); on the dev VM a timer that does nothing cost as much. A blocked loop still
-shows as the next wake-up's lateness; blocks shorter than the interval are sampled, not all seen.
+Every 20 ms, not faster: the wake-ups themselves are client CPU, and a timer a few times faster
+costs a share of it that shows in the client's CPU per streamed token
+(`benchmarks/client_overhead.py --conc 256` reports it). A blocked loop still shows as the next
+wake-up's lateness; blocks shorter than the interval are sampled, not all seen.
 """
 
 from __future__ import annotations

@@ -40,9 +40,9 @@ class TraceHitRates:
 
 
 # Involuntary context switches per second and worker above which a lagging loop is blamed on a
-# shared core. On a core shared with CPU-bound processes, the loadgen runs whose loop lagged
-# (p99 17-36 ms) saw 65-110 a second, the leaner bare client on the same core 1-9
-# (benchmarks/RESULTS.md, issue 13's fourth round).
+# shared core: a client alone on its core is rarely preempted, one whose core a CPU-bound process
+# shares is preempted several times as often as this (`benchmarks/client_overhead.py` reports
+# `preempted_per_s` beside the loop lag).
 WARN_PREEMPTED_PER_S = 20
 
 

@@ -71,8 +71,8 @@ def load_traces_cached(source: str, fmt: str, freeze: bool = False) -> TraceSet:
 @dataclass(frozen=True)
 class PackedTraces:
     """A trace set in the cache entry's form, pickled once: what travels to worker processes and
-    Ray actors. For the bundled sessions it is 0.7 MB that a worker rebuilds in ~50 ms, where the
-    TraceSet pickled as it is was 10 MB and ~230 ms to unpickle, and was pickled again per worker."""
+    Ray actors. Plain tuples with delta-coded hash ids are a fraction of the TraceSet's own pickle
+    and quicker to rebuild than that is to unpickle, and they are pickled once, not per worker."""
 
     data: bytes
 
@@ -94,7 +94,7 @@ def unpack(entry: tuple, freeze: bool = False) -> TraceSet:
     """Inverse of `pack`; raises TypeError/ValueError/IndexError on an entry of another shape.
     freeze: gc.freeze() the heap before the collector is enabled again, for a caller that keeps the
     set for its process's life (and calls gc.unfreeze() when done): otherwise the next allocations
-    collect the set's ~1M young objects at once (~40 ms of a start-up)."""
+    collect the set's million-odd young objects at once, a pause in every start-up."""
     name, fmt, block_size, sessions = entry
     collecting = gc.isenabled()
     gc.disable()  # the collector would walk the growing id tuples again and again: half the time

@@ -39,8 +39,8 @@ from loadgen.run.summary import dumps_record
 from loadgen.run.trace_cache import PackedTraces
 from traces import PromptSynth
 
-# Measured (benchmarks/client_overhead.py, benchmarks/RESULTS.md "Worker processes"): one
-# client process streams about this many output tokens/s on one core before its loop lags.
+# Output tokens/s one client process streams on one core before its loop lags
+# (`benchmarks/client_overhead.py --scaling CONC` compares one worker with two at a load).
 TOKENS_PER_S_PER_CORE = 25_000
 STREAM_TOKENS_PER_S = 100  # a busy stream of a fast server (10 ms between tokens): the closed loop's estimate
 START_AHEAD_S = 0.05  # workers start a level together this long after the parent asks

@@ -152,6 +152,20 @@ def test_a_banded_script_gives_k_when_the_space_stays_in_one_band():
     assert chosen["workload"]["spec_k"] == 7 and "golden AL 3.84 at k=7" in chosen["description"]
 
 
+@pytest.mark.parametrize("server", ["ours", "vllm", "sglang"])
+def test_a_draft_head_no_script_names_runs_only_at_a_url(server):
+    """kimik2.5's curve is EAGLE3, and no launch script known here names its head: a recipe cannot
+    start a server for it, and one at --url serves it with its own."""
+    entry = {**read_entry(UPSTREAM, "minimaxm3-fp8-mi325x-vllm-agentic-mtp"), "model-prefix": "kimik2.5"}
+    with pytest.raises(InfxConfigError, match=r"the EAGLE3 draft head of kimik2\.5 is named in no InferenceX launch "
+                                              r"script known here .*; start the server yourself and use --server url"):
+        recipe_dict(entry, "k", FromInfxOptions(server=server, spec_k=3))
+    recipe = recipe_dict(entry, "k", FromInfxOptions(server="url", url="http://h:1", spec_k=3))
+    assert recipe["server"] == {"kind": "url", "url": "http://h:1", "gpus": 8}
+    assert recipe["workload"] == {"traces": "agentic-coding", "golden_al": "kimik2.5", "spec_k": 3, "thinking": "on"}
+    assert "golden AL 2.88 at k=3 thinking on" in recipe["description"]
+
+
 def test_a_multinode_entry_runs_only_at_a_url():
     entry = {**read_entry(UPSTREAM, "glm5.2-fp8-mi325x-sglang-agentic-mtp"), "multinode": True}
     with pytest.raises(InfxConfigError, match="a multi-node entry needs its own launcher"):

@@ -1,5 +1,6 @@
 """The load generator alone: `pip install agentload` brings no torch, triton, aiohttp or safetensors
-(they are the `server` extra, pyproject.toml), so loadgen must import and replay without them.
+(they are the `server` extra, pyproject.toml), so loadgen must import and replay without them, and
+the commands that run the engine must say in one line what to install.
 
 Each command runs in a subprocess whose `sitecustomize` makes those packages unimportable, against
 the real streaming server of tests/loadgen/sse_server.py (started outside the block: it is aiohttp).
@@ -13,6 +14,8 @@ import sys
 from pathlib import Path
 
 import pytest
+
+from server.extra import SERVER_EXTRA
 
 ROOT = Path(__file__).resolve().parents[2]
 SERVER_ONLY = ("torch", "triton", "aiohttp", "safetensors")
@@ -73,6 +76,17 @@ def test_replay_and_report_without_server_deps(blocked_env, start_server, tmp_pa
     assert "conc 1" in report.stdout
 
 
+@pytest.mark.parametrize("command", [["loadgen.cli", "bench", "--duration", "1"], ["server.cli", "start"]])
+def test_the_engine_without_server_deps_names_the_extra(blocked_env, command):
+    result = subprocess.run([sys.executable, "-m", *command], cwd=ROOT, env=blocked_env,
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode != 0
+    assert "Traceback" not in result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert "torch is not installed" in lines[0] and "pip install 'agentload[server]'" in lines[0]
+
+
 def test_the_base_install_leaves_the_server_deps_to_its_extra():
     tomllib = pytest.importorskip("tomllib")  # Python 3.11+
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
@@ -81,3 +95,4 @@ def test_the_base_install_leaves_the_server_deps_to_its_extra():
     server_extra = " ".join(project["optional-dependencies"]["server"])
     assert all(name in server_extra for name in SERVER_ONLY)
     assert "agentload[server]" in project["optional-dependencies"]["test"]
+    assert set(SERVER_EXTRA) == set(SERVER_ONLY)
