@@ -96,6 +96,14 @@ def test_the_report_gives_the_pareto_evidence_of_each_curve(runs, capsys, tmp_pa
     assert "<h2>Pareto evidence per curve</h2>" in html and "1 invalid (conc 3)" in html
 
 
+def test_mooncake_levels_are_points_of_their_curve(runs, capsys, tmp_path):
+    doc = json.loads(runs["fast"].read_text())
+    for level, label in zip(doc["levels"], ("mooncake x2", "mooncake")):
+        level.update(mode="mooncake", concurrency=None, rate=None, label=label)
+    code, out, _ = _report(capsys, write_results(tmp_path / "mooncake" / "result.json", doc))
+    assert code == 0 and "2 points measured (mooncake, mooncake x2; 1 run)" in out
+
+
 def test_replay_writes_every_frontier_into_the_results_file(runs):
     pareto = json.loads(runs["fast"].read_text())["pareto"]
     assert [p["label"] for p in pareto["points"]] == ["conc 1", "conc 3"]
