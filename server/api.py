@@ -36,6 +36,7 @@ from server.config import HttpConfig
 from server.engine.messages import AddRequest, RequestOutput
 from server.engine_client import EngineClient, EngineDeadError, EngineInfo, RequestCutError, RequestStream
 from server.gpu_metrics import GpuGauges
+from server.launch import process_launch
 from server.metrics import ServerMetrics
 from server.protocol import ApiError, ErrorCode, GenerationOptions, ResponseHeader
 from server.tokenizer import ByteTokenizer, StreamDecoder
@@ -123,6 +124,7 @@ class OpenAIServer:
         self._idle.set()
         self.created = int(time.time())
         self.speculative = client.config.speculative
+        self.launch = process_launch()  # on the model card: how this server was started, for results to record
 
     @property
     def in_flight(self) -> int:
@@ -216,7 +218,7 @@ class OpenAIServer:
                 "owned_by": "agentload", "root": self.info.model_name,
                 "max_model_len": self.info.max_model_len, "num_gpus": self.info.num_gpus,
                 "vocab_size": self.info.vocab_size,
-                "speculative": protocol.speculative_card(self.speculative)}
+                "speculative": protocol.speculative_card(self.speculative), "launch": self.launch}
         return web.json_response({"object": "list", "data": [card]}, dumps=_dumps)
 
     async def health(self, request: web.Request) -> web.Response:

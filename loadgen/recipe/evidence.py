@@ -5,8 +5,8 @@ many are invalid and how many lie on the frontier (five or more recommended), an
 append-only: a re-run adds points to a curve and neither removes nor reruns an earlier one (its
 utils/process_changelog.py, append_only_delta).
 
-A curve is one recipe fingerprint (loadgen/recipe/provenance.py; results without a launch record
-form one unrecorded curve per file), a point one concurrency (or rate) of it, measured once per
+A curve is one recipe fingerprint (loadgen/recipe/provenance.py; results without one, not run by
+`loadgen recipe run`, form one unrecorded curve per file), a point one concurrency (or rate) of it, measured once per
 round that ran it. A point is invalid when every measurement of it failed (loadgen's failed level,
 whose error rate InferenceX's validator refuses); runs that are no valid AgentX submission (their
 `validity` block) are counted apart, with the rules they broke. The frontier is InferenceX's
@@ -25,6 +25,7 @@ from loadgen.recipe.provenance import LAUNCH_KEY
 from loadgen.results.pareto import NORMALIZED, frontiers, level_point
 
 RECOMMENDED_POINTS = 5
+UNRECORDED = "unrecorded:"  # the fingerprint of a results file without one, before its path
 Results = list[tuple[Path, dict[str, Any]]]
 
 
@@ -43,7 +44,7 @@ class CurveEvidence:
         valid = len(self.points) - len(self.invalid)
         invalid = f" ({', '.join(self.invalid)})" if self.invalid else ""
         frontier = f" ({', '.join(self.frontier)})" if self.frontier else ""
-        lines = [f"curve {self.fingerprint[:16]} ({', '.join(self.variants)}): {len(self.points)} point"
+        lines = [f"curve {self.name} ({', '.join(self.variants)}): {len(self.points)} point"
                  f"{'s' * (len(self.points) != 1)} measured ({', '.join(self.points)}; {self.runs} run"
                  f"{'s' * (self.runs != 1)}), {len(self.invalid)} invalid{invalid}, {len(self.frontier)} on the "
                  f"frontier{frontier}"]
@@ -54,6 +55,13 @@ class CurveEvidence:
             lines.append(f"  {self.not_submissions} of {self.runs} runs are no valid AgentX submission (broken: "
                          f"{', '.join(self.broken_rules)})")
         return "\n".join(lines)
+
+    @property
+    def name(self) -> str:
+        """The fingerprint's first 16 digits, or, for a file without one, that file."""
+        if self.fingerprint.startswith(UNRECORDED):
+            return f"of {self.fingerprint.removeprefix(UNRECORDED)}"
+        return self.fingerprint[:16]
 
     def to_dict(self) -> dict[str, Any]:
         return {"recipe_fingerprint": self.fingerprint, "variants": list(self.variants),
@@ -67,14 +75,16 @@ def curve_of(path: Path, doc: dict[str, Any]) -> tuple[str, str]:
     launch = doc.get(LAUNCH_KEY) or {}
     if launch.get("recipe_fingerprint"):
         return launch["recipe_fingerprint"], str(launch.get("variant"))
-    return f"unrecorded:{path}", path.parent.name
+    return f"{UNRECORDED}{path}", path.parent.name
 
 
 def point_of(level: dict[str, Any]) -> str:
-    """'conc 4' or 'rate 2.5': a level's place on its curve."""
+    """'conc 4', 'rate 2.5' or 'mooncake x1.5' (the recorded timestamps, sped up): a level's place on its curve."""
     if level.get("concurrency") is not None:
         return f"conc {level['concurrency']}"
-    return f"rate {level['rate']:g}"
+    if level.get("rate") is not None:
+        return f"rate {level['rate']:g}"
+    return level.get("label") or "mooncake"
 
 
 def curve_evidence(results: Results) -> list[CurveEvidence]:
@@ -148,6 +158,9 @@ def _points(results: Results) -> set[tuple[str, str, str]]:
 
 
 def _order(point: str) -> tuple[str, float]:
-    kind, value = point.split(" ")
-    return kind, float(value)
+    kind, _, value = point.partition(" ")
+    try:
+        return kind, float(value.removeprefix("x"))
+    except ValueError:  # "mooncake": the recorded speed
+        return kind, 1.0
 

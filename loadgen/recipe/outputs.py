@@ -22,10 +22,10 @@ def write_outputs(recipe: Recipe, out: Path, runs: list[tuple[str, str]]) -> lis
     loaded = {name: _load(out / "runs" / name / "result.json", name) for _, name in runs}
     by_variant = {v.name: [loaded[name] for owner, name in runs if owner == v.name] for v in recipe.variants}
     (out / "compare").mkdir(exist_ok=True)
-    evidence_written, evidence = _evidence(loaded.values(), out / "report")
+    evidence_written = _evidence(loaded.values(), out / "report")
     if recipe.sweep.capacity is not None:
         written, tables = _capacity_outputs(recipe, out, by_variant)
-        return written + evidence_written + _report(list(loaded.values()), out / "report", tables + [evidence])
+        return written + evidence_written + _report(list(loaded.values()), out / "report", tables)
     metrics = [METRIC_BY_NAME[m] for m in recipe.compare.metrics] if recipe.compare.metrics else list(METRICS)
     noise = load_run_noise(recipe.compare.run_noise) if recipe.compare.run_noise else None
     written, tables = [], []
@@ -44,12 +44,13 @@ def write_outputs(recipe: Recipe, out: Path, runs: list[tuple[str, str]]) -> lis
         stem.with_suffix(".txt").write_text(text + "\n")
         written += [stem.with_suffix(".txt"), stem.with_suffix(".json")]
         tables.append((f"{variant.name} vs {base} (baseline)", text))
-    written += evidence_written + _report(list(loaded.values()), out / "report", tables + [evidence])
+    written += evidence_written + _report(list(loaded.values()), out / "report", tables)
     return written
 
 
-def _evidence(runs, folder: Path) -> tuple[list[Path], tuple[str, str]]:
-    """report/evidence.txt|.json: the review's Pareto evidence per curve (loadgen/recipe/evidence.py)."""
+def _evidence(runs, folder: Path) -> list[Path]:
+    """report/evidence.txt|.json: the review's Pareto evidence per curve (loadgen/recipe/evidence.py; the
+    report's page shows it too)."""
     import orjson
 
     from loadgen.recipe.evidence import curve_evidence
@@ -59,7 +60,7 @@ def _evidence(runs, folder: Path) -> tuple[list[Path], tuple[str, str]]:
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "evidence.txt").write_text(text + "\n")
     (folder / "evidence.json").write_bytes(orjson.dumps([c.to_dict() for c in curves], option=orjson.OPT_INDENT_2))
-    return [folder / "evidence.txt", folder / "evidence.json"], ("Pareto evidence per curve", text)
+    return [folder / "evidence.txt", folder / "evidence.json"]
 
 
 def _capacity_outputs(recipe: Recipe, out: Path, by_variant: dict) -> tuple[list[Path], list[tuple[str, str]]]:

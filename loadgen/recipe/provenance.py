@@ -8,22 +8,20 @@ URL, flags, environment, working directory, image, GPUs, CPUs), the workload, th
 the sweep without its levels (conc, rates) and its number of rounds; names, descriptions, how a
 server's start is awaited and the comparison settings play no part.
 
-`recipe run` writes the launch record into each run's result.json under `launch`:
+Every run's result.json holds a launch record under `launch` (loadgen/run/provenance.py: loadgen's
+command line, environment and versions, and the server's launch as far as the run could learn it);
+`recipe run` adds what it knows of the run once it has finished:
 
     {"recipe": name, "variant": name, "round": k, "recipe_fingerprint": hex,
-     "server": {"kind", "argv" (the command line that started it, null for url/inprocess),
-                "env" (what the recipe adds to the environment), "cwd", "image", "url"},
-     "load_argv": the `loadgen replay|capacity|bench` command line of the run,
-     "versions": {"python", "packages": {name: version} of this interpreter, which our server and the
-                  in-process engine run on (a command server's are its image's)}}
+     "server": {"kind" (the recipe's), "argv" (the command line that started it; kept as the load
+                recorded it when the recipe started nothing), "env" (what the recipe adds to the
+                environment), "cwd" (kept as recorded when the recipe gives none), "image", "url"}}
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import platform
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +30,6 @@ from loadgen.recipe.schema import Recipe, Variant, to_dict
 LAUNCH_KEY = "launch"
 POINT_KEYS = ("conc", "rates", "repeats")  # a sweep's points and rounds: not the curve
 NOT_CURVE = ("health_path", "startup_timeout_s")  # how a start is awaited: not what is measured
-OUR_PACKAGES = ("torch", "triton", "numpy", "aiohttp", "orjson")
 
 
 def recipe_fingerprint(recipe: Recipe, variant: Variant) -> str:
@@ -46,35 +43,33 @@ def recipe_fingerprint(recipe: Recipe, variant: Variant) -> str:
     return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
 
 
-def launch_record(recipe: Recipe, variant: Variant, round_: int, server_argv: list[str], url: str | None,
-                  load_argv: list[str]) -> dict[str, Any]:
-    """What one run of the recipe started and ran (module docstring)."""
-    kind = recipe.server.kind
-    packages = _versions(OUR_PACKAGES) if kind in ("ours", "inprocess") else {}
+def launch_record(recipe: Recipe, variant: Variant, round_: int, server_argv: list[str],
+                  url: str | None) -> dict[str, Any]:
+    """What the recipe knows of one of its runs (module docstring), for `with_recipe`."""
     return {
         "recipe": recipe.name, "variant": variant.name, "round": round_,
         "recipe_fingerprint": recipe_fingerprint(recipe, variant),
-        "server": {"kind": kind, "argv": server_argv or None, "env": recipe.server_env(variant),
+        "server": {"kind": recipe.server.kind, "argv": server_argv or None, "env": recipe.server_env(variant),
                    "cwd": recipe.server_cwd(variant), "image": recipe.server.image, "url": url},
-        "load_argv": load_argv,
-        "versions": {"python": platform.python_version(), "packages": packages},
     }
 
 
+def with_recipe(launch: dict[str, Any], record: dict[str, Any]) -> dict[str, Any]:
+    """The run's own launch record with the recipe's laid over it: a server command line or working directory
+    the recipe does not know is kept as the run recorded it."""
+    server = dict(launch.get("server") or {})
+    for key, value in record["server"].items():
+        if value is not None or key not in ("argv", "cwd"):
+            server[key] = value
+    if server.get("argv") is not None:
+        server["argv_unknown"] = None
+    return {**launch, **record, "server": server}
+
+
 def stamp_launch(result: Path, record: dict[str, Any]) -> None:
-    """Add the launch record to a finished run's result.json (rewritten atomically)."""
+    """Add the recipe's launch record to a finished run's result.json (rewritten atomically)."""
     from loadgen.results.file import read_results, write_results
 
     doc = read_results(result)
-    doc[LAUNCH_KEY] = record
+    doc[LAUNCH_KEY] = with_recipe(doc.get(LAUNCH_KEY) or {}, record)
     write_results(result, doc)
-
-
-def _versions(names: tuple[str, ...]) -> dict[str, str]:
-    found = {}
-    for name in names:
-        try:
-            found[name] = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            continue
-    return found

@@ -273,7 +273,7 @@ class RecipeRun:
             raise RecipeRunError(f"{run.name}: did not finish (exit {code}); see {folder / 'replay.log'} and "
                                  f"{server.log_path}; `--resume` redoes it")
         stamp_launch(folder / "result.json",
-                     launch_record(self.recipe, run.variant, run.round, server.command, url, command))
+                     launch_record(self.recipe, run.variant, run.round, server.command, url))
         self._say(f"  {run.name}: finished (exit {code})")
         return code
 

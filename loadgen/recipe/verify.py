@@ -5,18 +5,21 @@ for each results file (a result.json, or every result.json under a folder) the c
 ran are compared flag by flag with the ones the recipe makes for that run's variant
 (loadgen/recipe/server.py, loadgen/recipe/runner.py), and every contradiction is named:
 
-- the server's command line (the launch record a recipe run keeps, loadgen/recipe/provenance.py):
-  a flag the recipe gives that the server ran without, with another value, or that the recipe does
-  not give; the port is the one that run was given;
-- the environment the recipe adds, and the image it names;
+- the server's command line (the results' launch record: as a recipe run started it,
+  loadgen/recipe/provenance.py, or as our server reported it to a plain `loadgen replay`,
+  loadgen/run/provenance.py): a flag the recipe gives that the server ran without, with another
+  value, or that the recipe does not give; the port is the one that run was given;
+- the environment the recipe adds (a plain run: each variable the recipe sets, in the environment
+  the server reported), and the image it names;
 - the load's command line (the launch record's, else the command line the results file records):
-  every flag but where it wrote and how it talked (--out, --quiet, --url, --per-request); its
-  levels need only be among the recipe's (a sweep may be run a few points at a time), its seed
-  one of the recipe's rounds';
+  every flag but where it wrote and how it talked (--out, --quiet, --url, --per-request, --api-key,
+  --header); its levels need only be among the recipe's (a sweep may be run a few points at a
+  time), its seed one of the recipe's rounds';
 - the curve's fingerprint, when nothing above explains a difference.
 
-A results file without a launch record (not written by `loadgen recipe run`) cannot show its
-server's command line: for a server the recipe would start, that is reported too, as unverifiable.
+A results file whose launch record does not know the server's command line (another server than
+ours, run without the recipe) or that has none (written before every run kept one) cannot show it:
+for a server the recipe would start, that is reported too, as unverifiable.
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ from loadgen.recipe.schema import Recipe, Variant
 from loadgen.recipe.server import flag_args, server_command
 
 SET_BY_RECIPE = ("port",)  # the server's port: a free one, chosen for each start (also put in place of {port})
-WHERE_AND_HOW = ("out", "quiet", "url", "per_request")  # load flags that do not shape the measurement
+WHERE_AND_HOW = ("out", "quiet", "url", "per_request", "api_key", "header")  # load flags that do not shape it
 SUBSET_LEVELS = ("conc", "rate")
 
 
@@ -113,19 +116,25 @@ def _variant(recipe: Recipe, launch: dict[str, Any]) -> Variant | None:
 
 
 def _server_findings(recipe: Recipe, variant: Variant, launch: dict[str, Any]) -> list[str]:
+    from server.launch import redacted
+
     kind = recipe.server.kind
     if kind in ("url", "inprocess"):  # nothing started: the in-process engine's flags are the load's
         return []
     server = launch.get("server")
     if not server:
-        return ["server: no launch record (the results were not written by `loadgen recipe run`), so the "
+        return ["server: no launch record (the results were written before every run kept one), so the "
                 "server's command line cannot be checked against the recipe"]
+    if server.get("argv") is None:
+        return [f"server: the run's launch record does not know the server's command line "
+                f"({server.get('argv_unknown') or 'not recorded'}), so it cannot be checked against the recipe"]
     port = urlsplit(server.get("url") or "").port  # the free port that run's command line was given
     expected = server_command(recipe, variant, port)
     if kind == "ours":
         expected += flag_args(memory_flags(recipe, variant))
-    findings = _compare("server flag", argv_flags(expected), argv_flags(server.get("argv") or []), SET_BY_RECIPE)
-    findings += _compare_env(recipe.server_env(variant), server.get("env") or {})
+    # the run's secrets were recorded as "***" (server/launch.py): compared so, they match when both give one
+    findings = _compare("server flag", argv_flags(redacted(expected)), argv_flags(server["argv"]), SET_BY_RECIPE)
+    findings += _compare_env(recipe.server_env(variant), server)
     if (recipe.server.image or None) != (server.get("image") or None):
         findings.append(f"image: the recipe names {recipe.server.image!r}, the run recorded {server.get('image')!r}")
     return findings
@@ -167,12 +176,25 @@ def _compare(what: str, expected: dict[str, Any], actual: dict[str, Any], ignore
     return findings
 
 
-def _compare_env(expected: dict[str, str], actual: dict[str, Any]) -> list[str]:
+def _compare_env(expected: dict[str, str], server: dict[str, Any]) -> list[str]:
+    """A recipe run's added environment must be the recipe's exactly; a plain run's server must have had each
+    variable the recipe sets, as far as the environment it reported (server/launch.py) can show."""
+    from server.launch import shapes_benchmark
+
+    added = server.get("env")
+    if isinstance(added, dict):
+        return [f"environment {name}: the recipe sets {expected.get(name)!r}, the run had {added.get(name)!r}"
+                for name in sorted(set(expected) | set(added)) if expected.get(name) != added.get(name)]
+    reported = server.get("process_env")
     findings = []
-    for name in sorted(set(expected) | set(actual)):
-        if expected.get(name) != actual.get(name):
-            findings.append(f"environment {name}: the recipe sets {expected.get(name)!r}, the run had "
-                            f"{actual.get(name)!r}")
+    for name in sorted(expected):
+        if reported is None or not (name in reported or shapes_benchmark(name)):
+            why = "the server reported no environment" if reported is None else \
+                "the server reports only the variables that shape a benchmark (server/launch.py)"
+            findings.append(f"environment {name}: the recipe sets {expected[name]!r}; {why}, so it cannot be checked")
+        elif reported.get(name) != expected[name]:
+            findings.append(f"environment {name}: the recipe sets {expected[name]!r}, the run had "
+                            f"{reported.get(name)!r}")
     return findings
 
 

@@ -1,6 +1,7 @@
 """A self-contained HTML report of one or more results files: one file, no external references.
 
-Holds the runs (status, model, command), the sweep summary with Pareto marks, every plot of
+Holds the runs (status, model, command), the sweep summary with Pareto marks and the review's Pareto
+evidence per curve (loadgen/recipe/evidence.py), every plot of
 loadgen/report/plots.py as an embedded PNG (data:image/png;base64 URI), each level's statistics table
 (the rows of loadgen/report/table.py), its SLO attainment, its latencies by context and by turn with
 the sessions line (loadgen/results/turns.py), where the level has them, each level's timeline (swim lanes
@@ -32,7 +33,7 @@ from loadgen.report.table import (
     slo_verdict,
     worst_text,
 )
-from loadgen.report.terminal import SUMMARY_COLUMNS, format_cell, summary_rows
+from loadgen.report.terminal import EVIDENCE_TITLE, SUMMARY_COLUMNS, evidence_text, format_cell, summary_rows
 
 STYLE = """
 body { font-family: system-ui, sans-serif; margin: 2em; color: #222; }
@@ -124,7 +125,8 @@ def render_html(runs: Sequence[Run], images: Sequence[tuple[str, bytes]],
     parts = ["<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
              "<title>agentload report</title>", f"<style>{style}</style></head><body>",
              "<h1>agentload report</h1>", _runs_table(runs), *_capacity_section(runs), "<h2>Sweep summary</h2>",
-             _summary_table(summary_rows(runs)), "<h2>Plots</h2>"]
+             _summary_table(summary_rows(runs)), f"<h2>{EVIDENCE_TITLE}</h2><pre>{escape(evidence_text(runs))}</pre>",
+             "<h2>Plots</h2>"]
     for title, png in images:
         data = base64.b64encode(png).decode("ascii")
         parts.append(f'<h3>{escape(title)}</h3><img alt="{escape(title)}" src="data:image/png;base64,{data}">')

@@ -2,8 +2,9 @@
 
 The report is, per file, a header (model, status, command) and each level's detail table
 (loadgen/report/table.py, the same table `loadgen replay` prints), then one sweep summary over all
-levels of all files with the Pareto frontiers marked (loadgen/results/pareto.py). `summary_rows` is
-shared by the terminal, CSV and HTML outputs so they all show the same numbers.
+levels of all files with the Pareto frontiers marked (loadgen/results/pareto.py), and the review's
+Pareto evidence per curve (loadgen/recipe/evidence.py). `summary_rows` is shared by the terminal,
+CSV and HTML outputs so they all show the same numbers.
 """
 
 from __future__ import annotations
@@ -89,4 +90,16 @@ def format_report(runs: Sequence[Run]) -> str:
     parts.append("== sweep summary: frontier I = throughput/GPU vs p50 interactivity, E = vs p90 E2EL, "
                  "N = vs e2e interactivity 1 / p90(E2EL/OSL); a level shows on I or E only if it is on N")
     parts.append(format_summary(summary_rows(runs)))
+    parts += ["", f"== {EVIDENCE_TITLE}", evidence_text(runs)]
     return "\n".join(parts)
+
+
+EVIDENCE_TITLE = "Pareto evidence per curve"
+
+
+def evidence_text(runs: Sequence[Run]) -> str:
+    """The review's Pareto evidence per curve (points measured, invalid, on the frontier; a warning under
+    the recommended valid points), a curve being one recipe fingerprint or else one file."""
+    from loadgen.recipe.evidence import curve_evidence
+
+    return "\n".join(curve.describe() for curve in curve_evidence([(run.path, run.doc) for run in runs]))

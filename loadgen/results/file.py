@@ -6,7 +6,8 @@ Layout (a later `loadgen report|compare` reads it):
      "interrupted" | "server_dead" | "failed", "message": str | null,
      "config": {...everything needed to reproduce and to label the run...},
      "levels": [ one entry per concurrency level / rate, in run order ],
-     "pareto": {...} }
+     "pareto": {...},
+     "launch": {...how loadgen and the server were started (loadgen/run/provenance.py)...} }
 
 Each level holds `counts`, `throughput`, `cache`, `metrics` ({name: {unit, stats, hdr}}),
 `loop_lag_warning`, `failed`/`fail_reasons`, and `requests`, the measured requests as columns;
@@ -136,6 +137,18 @@ def validate_results(doc: Any, source: str = "<results>") -> None:
         fail("levels", "missing or not a list")
     for i, level in enumerate(levels):
         _validate_level(level, f"levels[{i}]", fail)
+    if "launch" in doc:  # absent in results written before every run kept one
+        _validate_launch(doc["launch"], fail)
+
+
+def _validate_launch(launch: Any, fail) -> None:
+    if not isinstance(launch, dict):
+        fail("launch", "expected an object")
+    if not isinstance(launch.get("server"), dict):
+        fail("launch.server", "missing or not an object")
+    for where, argv in (("launch.load_argv", launch.get("load_argv")), ("launch.server.argv", launch["server"].get("argv"))):
+        if argv is not None and not (isinstance(argv, list) and all(isinstance(arg, str) for arg in argv)):
+            fail(where, "expected a list of strings or null")
 
 
 def _validate_level(level: Any, where: str, fail) -> None:

@@ -1,6 +1,7 @@
-"""What a results file records about how its run was made (its `config` block): the command line
+"""What a results file records about how its run was made: its `config` block (the command line
 without secrets, loadgen's version and git revision, the host and the CPUs the client ran on, the
-server, the levels and the run's settings, and the traces as they were scaled."""
+server, the levels and the run's settings, and the traces as they were scaled) and its `launch`
+block (how loadgen and the server were started)."""
 
 from __future__ import annotations
 
@@ -27,8 +28,10 @@ def _client_cpus() -> str | None:
 
 def config_block(args, target: dict[str, Any], config: RunConfig, info: ServerInfo, traces: TraceSet, scale_report,
             levels: list[LevelLoad], vocab_offset: int, vocab_size: int) -> dict[str, Any]:
+    from server.launch import redacted
+
     return {
-        "command_line": _redacted([Path(sys.argv[0]).name, *sys.argv[1:]]),
+        "command_line": redacted([Path(sys.argv[0]).name, *sys.argv[1:]]),
         "loadgen_version": __version__,
         "git_revision": _git_revision(),
         "host": {"hostname": socket.gethostname(), "platform": platform.platform(),
@@ -52,21 +55,30 @@ def config_block(args, target: dict[str, Any], config: RunConfig, info: ServerIn
     }
 
 
-def _redacted(argv: list[str]) -> list[str]:
-    """The command line without secrets: values of --api-key and --header become '***'."""
-    out, hide_next = [], False
-    for arg in argv:
-        if hide_next:
-            out.append("***")
-            hide_next = False
-        elif arg in ("--api-key", "--header"):
-            out.append(arg)
-            hide_next = True
-        elif arg.startswith(("--api-key=", "--header=")):
-            out.append(arg.partition("=")[0] + "=***")
-        else:
-            out.append(arg)
-    return out
+def launch_block(info: ServerInfo, url: str | None) -> dict[str, Any]:
+    """The results' `launch` record of a run (docs/results_schema.md, "Launch record"): loadgen's own command
+    line, environment and versions, and the server's launch as far as it is known: our server reports its
+    own on its model card, the in-process engine is this process; another server's is unknown, never guessed.
+    `loadgen recipe run` adds what its recipe started (loadgen/recipe/provenance.py)."""
+    from server.launch import process_launch
+
+    load = process_launch()
+    reported = info.raw.get("launch") if info.ours else None
+    if info.raw.get("transport") == "inprocess":
+        kind, server, unknown = "inprocess", load, None
+    elif isinstance(reported, dict):
+        kind, server, unknown = "ours", reported, None
+    else:
+        kind, server = "other", {}
+        unknown = ("our server did not report its launch (older than the launch record)" if info.ours else
+                   "not our server: it does not report how it was started")
+    return {
+        "recipe": None, "variant": None, "round": None, "recipe_fingerprint": None,
+        "server": {"kind": kind, "argv": server.get("argv"), "argv_unknown": unknown, "env": None,
+                   "process_env": server.get("env"), "cwd": server.get("cwd"), "image": None, "url": url,
+                   "versions": server.get("versions")},
+        "load_argv": load["argv"], "load_env": load["env"], "load_cwd": load["cwd"], "versions": load["versions"],
+    }
 
 
 def _cpu_model() -> str | None:

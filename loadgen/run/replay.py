@@ -43,7 +43,7 @@ from loadgen.run.flags import (
 from loadgen.run.level import LevelLoad, LevelRun, RunConfig, Share, Warmup
 from loadgen.run.plan import TimingConfig, max_subagents
 from loadgen.run.progress import ProgressPrinter, describe
-from loadgen.run.provenance import config_block, utc_now
+from loadgen.run.provenance import config_block, launch_block, utc_now
 from loadgen.run.runner import Runner
 from loadgen.run.summary import TraceHitRates, dumps_record, level_summary
 from loadgen.run.sweep import Sweep
@@ -136,7 +136,7 @@ async def _replay(args: argparse.Namespace, options: dict[str, Any], transport: 
         "schema": SCHEMA, "created": utc_now(), "status": "complete", "message": None,
         "config": {**config_block(args, target, config, info, traces, scale_report, levels, vocab_offset, vocab_size),
                    "spec_decode": expectation.describe() if expectation else None},
-        "levels": [], "pareto": None,
+        "levels": [], "pareto": None, "launch": launch_block(info, target.get("url")),
     }
     per_request = _open_per_request(args.per_request)
     write_records = _record_writer(per_request)

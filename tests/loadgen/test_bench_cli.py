@@ -137,12 +137,16 @@ def test_default_run_writes_results_plots_and_html(tmp_path):
     assert not any(level["failed"] for level in doc["levels"])
     assert doc["config"]["transport"] == "inprocess" and doc["config"]["model"] == "tiny"
     assert doc["config"]["traces"]["name"] == "agentic-coding"
+    server = doc["launch"]["server"]  # the engine ran in this process: its launch is loadgen's own
+    assert server["kind"] == "inprocess" and server["argv"] == doc["launch"]["load_argv"] and "bench" in server["argv"]
+    assert server["versions"] == doc["launch"]["versions"] and "torch" in server["versions"]["packages"]
     for label in ("conc 1", "conc 2", "conc 4"):
         assert f"== {label}:" in done.stdout
     pngs = sorted((folder / "report").glob("*.png"))
     assert len(pngs) >= 4 and all(p.stat().st_size > 1000 for p in pngs)
     html = (folder / "report" / "report.html").read_text()
     assert html.count("data:image/png;base64,") == len(pngs)
+    assert "<h2>Pareto evidence per curve</h2>" in html and "3 points measured (conc 1, conc 2, conc 4" in html
     assert "nanobind" not in done.stderr
 
 

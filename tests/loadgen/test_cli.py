@@ -79,6 +79,34 @@ def test_table_and_results_path_are_printed(start_server, sessions, tmp_path, ca
     assert all(r["model"] == "test-model" and r["user"].startswith("agentload-") for r in seen)
 
 
+def test_every_result_records_its_launch_and_no_secret(start_server, sessions, tmp_path):
+    """A plain replay keeps loadgen's whole command line, the environment that shapes a benchmark and the
+    package versions; another server's launch is unknown, not guessed; the key, a header's value and
+    secret variables appear nowhere in the results."""
+    server = start_server()
+    folder = sessions({"n_requests": 3, "think": 0.0, "n_out": 3})
+    out = tmp_path / "out"
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "NCCL_DEBUG": "INFO", "HF_TOKEN": "hf-secret-1",
+           "AGENTLOAD_API_KEY": "sk-secret-2"}
+    done = subprocess.run([sys.executable, "-m", "loadgen.cli", "replay", "--url", server.url, "--traces",
+                           str(folder), "--duration", "0.3", "--out", str(out), "--quiet", "--api-key", "sk-secret-3",
+                           "--header=X-Token: secret-4"], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    text = (out / "result.json").read_text()
+    for secret in ("hf-secret-1", "sk-secret-2", "sk-secret-3", "secret-4"):
+        assert secret not in text
+    launch = read_results(out / "result.json")["launch"]
+    assert launch["load_argv"][:4] == [sys.executable, "-m", "loadgen.cli", "replay"]
+    assert launch["load_argv"][-3:] == ["--api-key", "***", "--header=***"]
+    assert launch["load_env"]["NCCL_DEBUG"] == "INFO" and "HF_TOKEN" not in launch["load_env"]
+    assert launch["load_cwd"] == str(ROOT) and "numpy" in launch["versions"]["packages"]
+    assert launch["server"]["kind"] == "other" and launch["server"]["url"] == server.url
+    assert launch["server"]["argv"] is None and "not our server" in launch["server"]["argv_unknown"]
+    assert launch["server"]["process_env"] is None and launch["server"]["versions"] is None
+    assert launch["recipe"] is None and launch["recipe_fingerprint"] is None
+
+
 def test_a_trace_too_long_for_the_server_says_how_to_shrink_it(start_server, sessions, replay_cli_error):
     server = start_server(max_model_len=100)
     folder = sessions({"n_requests": 3, "think": 0.0, "n_out": 4})

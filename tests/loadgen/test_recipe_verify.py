@@ -146,7 +146,7 @@ def test_inferencex_rows_carry_the_recipe_fingerprint_and_image(runs, capsys, tm
 def test_our_server_run_without_the_recipes_indexer_flag_is_named(runs, capsys, tmp_path):
     """The check that failed the seed's pull request: its launch command lacked the MXFP4 indexer flag.
     A run's launch record as `recipe run` keeps it for our server, started without that flag."""
-    from loadgen.recipe.provenance import launch_record
+    from loadgen.recipe.provenance import launch_record, with_recipe
     from loadgen.recipe.schema import recipe_from_dict, to_yaml
     from loadgen.recipe.server import server_command
 
@@ -156,8 +156,8 @@ def test_our_server_run_without_the_recipes_indexer_flag_is_named(runs, capsys, 
     doc["server"]["flags"].pop("indexer_key_dtype")
     without = recipe_from_dict(doc)
     result = json.loads((runs["plain-out"] / "runs" / "a-r1" / "result.json").read_text())
-    result["launch"] = launch_record(without, without.baseline, 1, server_command(without, without.baseline, None),
-                                     "http://127.0.0.1:1", result["launch"]["load_argv"])
+    result["launch"] = with_recipe(result["launch"], launch_record(
+        without, without.baseline, 1, server_command(without, without.baseline, None), "http://127.0.0.1:1"))
     path, recipe = tmp_path / "result.json", tmp_path / "recipe.yaml"
     path.write_text(json.dumps(result))
     recipe.write_text(to_yaml(with_flag))

@@ -69,7 +69,7 @@ def test_terminal_table_has_every_level_and_the_sweep_summary(runs, capsys):
     assert code == 0
     assert out.count("== conc 1:") == 2 and out.count("== conc 3:") == 2
     assert "# fast (" in out and "# slow (" in out  # a folder's result.json is named by its folder
-    summary = out[out.index("== sweep summary"):].splitlines()
+    summary = out[out.index("== sweep summary"):out.index("\n\n== Pareto evidence per curve")].splitlines()
     assert len(summary) == 2 + 4  # title, header, one row per level per file
     # p90 interactivity = 1 / p90(TPOT) is the slow tail (docs/results_schema.md) and is labelled so
     assert "slow-tail intvty p90 (tok/s)" in summary[1]
@@ -80,6 +80,28 @@ def test_terminal_table_has_every_level_and_the_sweep_summary(runs, capsys):
     marks = {tuple(line.split()[:3]): re.search(r"\s([IEN]+)$", line) for line in summary[2:]}
     assert marks[("fast", "conc", "3")].group(1) == "IEN"
     assert marks[("slow", "conc", "1")] is None and marks[("slow", "conc", "3")] is None
+
+
+def test_the_report_gives_the_pareto_evidence_of_each_curve(runs, capsys, tmp_path):
+    """The review's evidence, as `recipe verify` computes it: a file without a recipe fingerprint is a curve."""
+    code, out, _ = _report(capsys, runs["fast"], runs["failed"], "--format", "table,html", "--out", tmp_path)
+    assert code == 0
+    evidence = out[out.index("== Pareto evidence per curve"):]
+    fast = re.search(rf"curve of {re.escape(str(runs['fast']))} \(fast\): 2 points measured \(conc 1, conc 3; 1 run\), "
+                     r"0 invalid, [12] on the frontier.*\n  2 valid points: the review recommends 5 or more", evidence)
+    failed = re.search(rf"curve of {re.escape(str(runs['failed']))} \(\S+\): 2 points measured .*1 invalid \(conc 3\), "
+                       r"1 on the frontier \(conc 1\)\n  1 valid point: the review recommends 5", evidence)
+    assert fast and failed, evidence
+    html = (tmp_path / "report.html").read_text()
+    assert "<h2>Pareto evidence per curve</h2>" in html and "1 invalid (conc 3)" in html
+
+
+def test_mooncake_levels_are_points_of_their_curve(runs, capsys, tmp_path):
+    doc = json.loads(runs["fast"].read_text())
+    for level, label in zip(doc["levels"], ("mooncake x2", "mooncake")):
+        level.update(mode="mooncake", concurrency=None, rate=None, label=label)
+    code, out, _ = _report(capsys, write_results(tmp_path / "mooncake" / "result.json", doc))
+    assert code == 0 and "2 points measured (mooncake, mooncake x2; 1 run)" in out
 
 
 def test_replay_writes_every_frontier_into_the_results_file(runs):
@@ -93,7 +115,7 @@ def test_replay_writes_every_frontier_into_the_results_file(runs):
 def test_failed_levels_are_marked_and_never_on_a_frontier(runs, capsys):
     code, out, _ = _report(capsys, runs["failed"], "--format", "table")
     assert code == 0
-    summary = out[out.index("== sweep summary"):].splitlines()[2:]
+    summary = out[out.index("== sweep summary"):out.index("\n\n== Pareto evidence per curve")].splitlines()[2:]
     assert summary[1].split()[:3] == ["failed", "conc", "3"] and summary[1].endswith("FAILED")
     assert "FAILED: error rate 50.0%" in out
 

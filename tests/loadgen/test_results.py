@@ -70,6 +70,9 @@ def test_write_read_round_trip(tmp_path):
     (lambda d: d["levels"][0]["metrics"]["ttft"].update(hdr="not-hdr!"), "levels[0].metrics.ttft.hdr"),
     (lambda d: d["levels"][0]["metrics"]["itl"]["stats"].update(count=3), "metrics.itl.stats.count"),
     (lambda d: d["levels"][0]["requests"]["osl"].append(3), "columns differ"),
+    (lambda d: d.update(launch=[]), "launch: expected an object"),
+    (lambda d: d.update(launch={"load_argv": []}), "launch.server: missing"),
+    (lambda d: d.update(launch={"server": {"argv": "server start"}}), "launch.server.argv: expected a list"),
 ])
 def test_validation_names_the_field(mutate, message):
     doc = copy.deepcopy(_doc())

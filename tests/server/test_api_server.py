@@ -6,9 +6,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random
+import sys
 import time
 
 import orjson
+
+from tests.server.conftest import API_KEY, REPO
 
 BLOCK = 16  # the tiny preset's default block size
 
@@ -38,6 +41,11 @@ def test_models_and_health(server):
     assert card["id"] == server.model == "tiny"
     assert card["owned_by"] == "agentload"
     assert (card["max_model_len"], card["num_gpus"], card["vocab_size"]) == (1024, 0, 1024)
+    launch = card["launch"]  # how it was started, for results to record: its key replaced by ***
+    assert launch["argv"][:4] == [sys.executable, "-m", "server.cli", "start"]
+    assert launch["argv"][launch["argv"].index("--api-key") + 1] == "***" and API_KEY not in orjson.dumps(card).decode()
+    assert launch["cwd"] == str(REPO) and {"torch", "aiohttp"} <= set(launch["versions"]["packages"])
+    assert all(not name.endswith("KEY") for name in launch["env"])
     status, health, _ = asyncio.run(server.request("GET", "/health", headers={"Authorization": ""}))
     assert status == 200 and health["status"] == "ok" and health["engine_pid"] == server.engine_pid
 
