@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 from loadgen.cli import COMMAND_MODULES, build_parser, main
 from loadgen.results.file import read_results
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_help_lists_the_flags(capsys):
