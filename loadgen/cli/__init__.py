@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 from loadgen.errors import UsageError
@@ -66,4 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("loadgen: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # the reader of stdout left (`loadgen report ... | head`): nothing more to say
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # so the exit's flush is quiet too
+        return 141  # 128 + SIGPIPE, as a shell reports a pipe's writer that was cut off
 

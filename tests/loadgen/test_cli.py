@@ -125,3 +125,15 @@ def test_a_named_command_registers_only_itself():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.split() == ["['replay']", "False"]
     assert set(build_parser(["--help"])._subparsers._group_actions[0].choices) == set(COMMAND_MODULES)
+
+
+def test_a_reader_that_leaves_the_pipe_gets_no_traceback():
+    # as `loadgen golden-al pins | head -1` once head has gone: stdout a pipe whose reader is closed
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        proc = subprocess.run([sys.executable, "-m", "loadgen.cli", "golden-al", "pins"], cwd=ROOT, stdout=write_end,
+                              stderr=subprocess.PIPE, text=True, timeout=60, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    finally:
+        os.close(write_end)
+    assert proc.returncode == 141 and proc.stderr == "", proc.stderr
