@@ -132,8 +132,9 @@ def test_a_reader_that_leaves_the_pipe_gets_no_traceback():
     read_end, write_end = os.pipe()
     os.close(read_end)
     try:
-        proc = subprocess.run([sys.executable, "-m", "loadgen.cli", "golden-al", "pins"], cwd=ROOT, stdout=write_end,
-                              stderr=subprocess.PIPE, text=True, timeout=60, env={**os.environ, "PYTHONPATH": str(ROOT)})
+        proc = subprocess.run([sys.executable, "-m", "loadgen.cli", "golden-al", "pins"], cwd=ROOT,
+                              stdout=write_end, stderr=subprocess.PIPE, text=True, timeout=60,
+                              env={**os.environ, "PYTHONPATH": str(ROOT)})
     finally:
         os.close(write_end)
     assert proc.returncode == 141 and proc.stderr == "", proc.stderr
