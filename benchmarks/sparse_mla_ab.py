@@ -109,8 +109,8 @@ def run_case(name: str, shape: tuple[int, int, str] | tuple[int, int, str, int],
             times[label].append(ms)
             print(f"{name} {label}: {ms * 1e3:8.1f} us {flops / ms / 1e9:6.1f} TFLOP/s "
                   f"{100 * nbytes / ms / 1e9 / bk.COPY_TBPS:5.1f}% of copy", flush=True)
-    # the fastest timing beside the median: a slow state of the machine lasting a whole timing
-    # (seen in this script's --aa runs; benchmarks/RESULTS.md) can take half of a few repeats
+    # the fastest timing beside the median: a slow state of the machine can last a whole timing and
+    # so take half of a few repeats, which the median alone would report as a change (--aa shows it)
     base, base_min = statistics.median(times["baseline"]), min(times["baseline"])
     for label, *_ in sides[1:]:
         other, other_min = statistics.median(times[label]), min(times[label])

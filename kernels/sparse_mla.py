@@ -265,6 +265,12 @@ def kv_views(kv_cache: torch.Tensor, kv_dtype: str, d_c: int) -> tuple[torch.Ten
     return kv_cache.view(torch.bfloat16), kv_cache, kv_cache.view(torch.int32), rope_offset
 
 
+def choose_splits(num_splits: int | None, programs: int, n_idx: int, cfg: SplitTiling, kv_cache: torch.Tensor,
+                  d_c: int, heads: int, device: torch.device) -> int:
+    """The caller's num_splits, else auto_num_splits' choice with the partials' traffic counted."""
+    return num_splits or auto_num_splits(programs, n_idx, cfg, device, partials_ratio(heads, d_c, n_idx, kv_cache))
+
+
 def split_outputs(t: int, h: int, d_c: int, splits: int, device: torch.device
                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """(out bf16 [T, H, d_c], lse [T, H], and where the kernel writes: those, or with splits the fp32
@@ -294,8 +300,7 @@ def sparse_mla_triton(q_c: torch.Tensor, q_r: torch.Tensor, kv_cache: torch.Tens
     n_idx = indices.shape[1]
     cfg = config or default_config(h, kv_dtype, q_c.device)
     head_blocks = triton.cdiv(h, cfg.block_h)
-    splits = num_splits or auto_num_splits(t * head_blocks, n_idx, cfg, q_c.device,
-                                           partials_ratio(h, d_c, n_idx, kv_cache))
+    splits = choose_splits(num_splits, t * head_blocks, n_idx, cfg, kv_cache, d_c, h, q_c.device)
     out, lse, dst_o, dst_lse = split_outputs(t, h, d_c, splits, q_c.device)
     if t == 0:
         return out, lse

@@ -18,7 +18,7 @@ import torch
 import triton
 
 from kernels.quant import DS_MLA_GROUP
-from kernels.sparse_mla import LOG2E, auto_num_splits, combine_splits, kv_views, partials_ratio, split_outputs
+from kernels.sparse_mla import LOG2E, choose_splits, combine_splits, kv_views, split_outputs
 
 HOPPER, CDNA3 = "sm_90", "gfx942"  # the targets, as the compiler names them
 CONSUMER_WARPS = 8  # two warpgroups share each MMA (kernels/sparse_mla_gluon_kernel.py)
@@ -145,8 +145,7 @@ def sparse_mla_gluon(q_c, q_r, kv_cache, indices, scale, kv_dtype, num_splits=No
     if isinstance(cfg, GluonAmdConfig) != (target == CDNA3):
         raise ValueError(f"backend='gluon': a {type(cfg).__name__} does not configure the {target} kernel")
     head_blocks = triton.cdiv(h, BLOCK_H)
-    splits = num_splits or auto_num_splits(t * head_blocks, n_idx, cfg, q_c.device,
-                                           partials_ratio(h, d_c, n_idx, kv_cache))
+    splits = choose_splits(num_splits, t * head_blocks, n_idx, cfg, kv_cache, d_c, h, q_c.device)
     out, lse, dst_o, dst_lse = split_outputs(t, h, d_c, splits, q_c.device)
     if t == 0:
         return out, lse
