@@ -12,7 +12,9 @@ a probe. Prints both answers, both wall times and their ratio, and one JSON line
         --duration 20 --warmup 1req -- --token-scale 0.25 --think-time-scale 0.02 --think-time-cap 2
 
 `--sweep-limit-s` stops the sweep (SIGINT: the levels measured so far are kept) when a device's
-time is short; the JSON line then says how far it got.
+time is short. A sweep too long for one sitting runs in parts on the same machine: `--only search`,
+then `--only sweep --conc A..B` once per part (each into its own `--out`), then `--compare DIR...`
+reads every part's levels and wall time (each part writes `timing.json` beside its results).
 """
 
 from __future__ import annotations
@@ -49,22 +51,92 @@ def loadgen(command: str, flags: list[str], limit_s: float | None = None) -> tup
     return code, time.monotonic() - started
 
 
-def sweep_capacity(result: Path, slo_name: str, target: float) -> dict:
-    """The capacity read off a sweep: every level a probe of the search's estimator."""
-    levels = read_results(result)["levels"]
+def sweep_capacity(results: list[Path], slo_name: str, target: float) -> dict:
+    """The capacity read off a sweep (one or several parts): every level a probe of the search's estimator."""
     probes = []
-    for level in levels:
-        entry = next(e for e in level["slo"] if e["name"] == slo_name)
-        share: Share = share_of(entry["requests"])
-        probes.append(Probe(float(level["concurrency"]), share, level["label"], level["window_s"]))
+    for result in results:
+        for level in read_results(result)["levels"]:
+            entry = next(e for e in level["slo"] if e["name"] == slo_name)
+            share: Share = share_of(entry["requests"])
+            probes.append(Probe(float(level["concurrency"]), share, level["label"], level["window_s"]))
+    probes.sort(key=lambda p: p.load)
     found = capacity_from_curve(probes, target, integer=True)
-    found["levels"] = [(p.load, p.share.good, p.share.total) for p in probes]
+    found["levels"] = [(p.load, p.share.good, p.share.total, p.share.verdict(target)) for p in probes]
     return found
+
+
+def conc_range(text: str) -> tuple[int, int]:
+    first, _, last = text.partition("..")
+    return int(first), int(last or first)
+
+
+def search(args: argparse.Namespace, common: list[str], out: Path) -> dict:
+    first_probe = ["--low", args.low] if args.low else []
+    code, search_s = loadgen("capacity", [*common, *first_probe, "--out", str(out / "capacity")], args.search_limit_s)
+    if code not in (0, 1, 130):
+        sys.exit(f"capacity_vs_sweep: loadgen capacity failed (exit {code})")
+    (out / "capacity" / "timing.json").write_text(json.dumps({"search_s": round(search_s, 1)}))
+    found = read_results(out / "capacity" / "result.json")["capacity"]
+    print(f"capacity_vs_sweep: search {found['capacity']} [{found['low']}, {found['high']}] in {search_s:.0f} s",
+          file=sys.stderr, flush=True)
+    return found
+
+
+def sweep_range(args: argparse.Namespace, found: dict) -> tuple[int, int]:
+    """The search's interval and `--span` agents (and `--span-share` of its ends) beyond it, or
+    its capacity +- `--around`."""
+    if found["capacity"] is None:
+        sys.exit(f"capacity_vs_sweep: the search found no capacity to sweep around: {found}")
+    if args.around is not None:
+        return max(1, found["capacity"] - args.around), found["capacity"] + args.around
+    low = found["low"] if found["low"] is not None else found["capacity"]
+    high = found["high"] if found["high"] is not None else found["capacity"]
+    return max(1, int(low * (1 - args.span_share)) - args.span), int(high * (1 + args.span_share) + 0.999) + args.span
+
+
+def sweep(args: argparse.Namespace, common: list[str], out: Path, first: int, last: int) -> None:
+    conc = ",".join(str(c) for c in range(first, last + 1))
+    print(f"capacity_vs_sweep: sweeping --conc {first}..{last}", file=sys.stderr, flush=True)
+    code, sweep_s = loadgen("replay", [*common, "--conc", conc, "--out", str(out / "sweep")], args.sweep_limit_s)
+    (out / "sweep" / "timing.json").write_text(json.dumps({"sweep_s": round(sweep_s, 1), "first": first,
+                                                            "last": last}))
+
+
+def compare(folders: list[Path], target: float) -> None:
+    """Print the search against the sweep from the folders of `--only` parts (or of one whole run)."""
+    searches = [f / "capacity" for f in folders if (f / "capacity" / "result.json").exists()]
+    parts = [f / "sweep" for f in folders if (f / "sweep" / "result.json").exists()]
+    if len(searches) != 1 or not parts:
+        sys.exit(f"capacity_vs_sweep: --compare needs one search and at least one sweep; got {len(searches)} "
+                 f"searches and {len(parts)} sweeps in {', '.join(map(str, folders))}")
+    found = read_results(searches[0] / "result.json")["capacity"]
+    search_s = json.loads((searches[0] / "timing.json").read_text())["search_s"]
+    timings = [json.loads((part / "timing.json").read_text()) for part in parts]
+    sweep_s = sum(t["sweep_s"] for t in timings)
+    swept = sweep_capacity([part / "result.json" for part in parts], found["slo"]["name"], target)
+    planned = sum(t["last"] - t["first"] + 1 for t in timings)
+    inside = (swept["capacity"] is not None and (found["low"] is None or found["low"] <= swept["capacity"])
+              and (found["high"] is None or swept["capacity"] <= found["high"]))
+    row = {"search": {key: found[key] for key in ("capacity", "low", "high")}, "search_s": search_s,
+           "probes": [(p["load"], p["good"], p["total"], p["verdict"], p["stopped_early"] is not None)
+                      for p in found["probes"]],
+           "sweep": {key: swept[key] for key in ("capacity", "low", "high")}, "sweep_s": sweep_s,
+           "sweep_parts": timings, "sweep_levels": swept["levels"], "sweep_complete": len(swept["levels"]) == planned,
+           "inside": inside, "time_ratio": round(search_s / sweep_s, 3)}
+    print(f"search: {found['capacity']} agents [{found['low']}, {found['high']}], {len(found['probes'])} probes, "
+          f"{search_s:.0f} s")
+    ranges = " + ".join(f"{t['first']}..{t['last']}" for t in timings)
+    print(f"sweep:  {swept['capacity']} agents [{swept['low']}, {swept['high']}] over {ranges} "
+          f"({len(swept['levels'])} of {planned} levels "
+          f"measured), {sweep_s:.0f} s")
+    print(f"the sweep's capacity is {'inside' if inside else 'OUTSIDE'} the search's interval; the search took "
+          f"{search_s / sweep_s:.2f} of the sweep's time")
+    print(json.dumps(row))
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--url", required=True, help="the server's base URL")
+    p.add_argument("--url", help="the server's base URL (not with --compare)")
     p.add_argument("--slo", default=DEFAULT_SLO, help="the SLO searched (default %(default)s)")
     p.add_argument("--attainment", type=float, default=DEFAULTS.attainment,
                    help="target share of good requests (default %(default)s)")
@@ -73,47 +145,34 @@ def main() -> None:
     p.add_argument("--span", type=int, default=3, help="agents the sweep reaches beyond the interval (default %(default)s)")
     p.add_argument("--span-share", type=float, default=0.0,
                    help="... and this share of the interval's ends beyond them (default %(default)s)")
+    p.add_argument("--around", type=int, metavar="N",
+                   help="sweep the search's capacity +- N agents instead (a wide interval, little time)")
     p.add_argument("--sweep-limit-s", type=float, help="interrupt the sweep after this many seconds")
     p.add_argument("--search-limit-s", type=float, help="interrupt the search after this many seconds")
     p.add_argument("--low", help="the search's first probe (loadgen capacity --low)")
-    p.add_argument("--out", type=Path, help="keep both runs' results here (default: a temporary folder)")
+    p.add_argument("--only", choices=("search", "sweep"), help="run one phase (a sweep in parts: with --conc)")
+    p.add_argument("--conc", type=conc_range, metavar="A..B", help="with --only sweep: the concurrencies swept")
+    p.add_argument("--compare", type=Path, nargs="+", metavar="DIR",
+                   help="no run: compare the search and the sweep parts kept in these --out folders")
+    p.add_argument("--out", type=Path, help="keep the runs' results here (default: a temporary folder)")
     p.add_argument("rest", nargs="*", help="after --: workload flags for both runs")
     args = p.parse_args()
+    if args.compare:
+        compare(args.compare, args.attainment)
+        return
+    if not args.url:
+        p.error("--url: required unless --compare")
+    if args.only == "sweep" and not args.conc:
+        p.error("--conc: required with --only sweep")
     common = ["--url", args.url, "--slo", args.slo, "--attainment", str(args.attainment), "--duration",
               str(args.duration), "--warmup", args.warmup, "--quiet", *args.rest]
     with tempfile.TemporaryDirectory() as tmp:
         out = args.out or Path(tmp)
-        first_probe = ["--low", args.low] if args.low else []
-        code, search_s = loadgen("capacity", [*common, *first_probe, "--out", str(out / "capacity")],
-                                 args.search_limit_s)
-        if code not in (0, 1, 130):
-            sys.exit(f"capacity_vs_sweep: loadgen capacity failed (exit {code})")
-        found = read_results(out / "capacity" / "result.json")["capacity"]
-        if found["capacity"] is None:
-            sys.exit(f"capacity_vs_sweep: the search found no capacity to sweep around: {found}")
-        low = found["low"] if found["low"] is not None else found["capacity"]
-        high = found["high"] if found["high"] is not None else found["capacity"]
-        first = max(1, int(low * (1 - args.span_share)) - args.span)
-        last = int(high * (1 + args.span_share) + 0.999) + args.span
-        conc = ",".join(str(c) for c in range(first, last + 1))
-        print(f"capacity_vs_sweep: search {found['capacity']} [{found['low']}, {found['high']}] in {search_s:.0f} s; "
-              f"sweeping --conc {conc}", file=sys.stderr, flush=True)
-        code, sweep_s = loadgen("replay", [*common, "--conc", conc, "--out", str(out / "sweep")], args.sweep_limit_s)
-        swept = sweep_capacity(out / "sweep" / "result.json", found["slo"]["name"], args.attainment)
-    inside = (swept["capacity"] is not None and (found["low"] is None or found["low"] <= swept["capacity"])
-              and (found["high"] is None or swept["capacity"] <= found["high"]))
-    row = {"search": {key: found[key] for key in ("capacity", "low", "high")}, "search_s": round(search_s, 1),
-           "probes": [(p["load"], p["good"], p["total"], p["stopped_early"] is not None) for p in found["probes"]],
-           "sweep": {key: swept[key] for key in ("capacity", "low", "high")}, "sweep_s": round(sweep_s, 1),
-           "sweep_levels": swept["levels"], "sweep_complete": len(swept["levels"]) == last - first + 1,
-           "inside": inside, "time_ratio": round(search_s / sweep_s, 3)}
-    print(f"search: {found['capacity']} agents [{found['low']}, {found['high']}], {len(found['probes'])} probes, "
-          f"{search_s:.0f} s")
-    print(f"sweep:  {swept['capacity']} agents over --conc {first}..{last} "
-          f"({len(swept['levels'])} levels measured), {sweep_s:.0f} s")
-    print(f"the sweep's capacity is {'inside' if inside else 'OUTSIDE'} the search's interval; the search took "
-          f"{search_s / sweep_s:.2f} of the sweep's time")
-    print(json.dumps(row))
+        found = search(args, common, out) if args.only != "sweep" else None
+        if args.only != "search":
+            sweep(args, common, out, *(args.conc or sweep_range(args, found)))
+        if args.only is None:
+            compare([out], args.attainment)
 
 
 if __name__ == "__main__":

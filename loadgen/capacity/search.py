@@ -13,8 +13,9 @@ under above it - so a probe too close to call sends the search one step further 
 Probes go on where the last ones stopped: a closed-loop probe's lanes that ran in the previous
 probe carry on with their sessions (their contexts are in the server's prefix cache already), so
 only the lanes a probe adds re-send a context to warm up. A probe stops early once its verdict
-is decided - the interval of its share so far, counting the requests still in flight as bad, is
-wholly above the target, or, counting them as good, wholly under it - after a minimum share of
+is decided - the interval of its share so far (clustered by play and by time as a level's is),
+counting the requests still in flight as bad, is wholly above the target, or, counting them as
+good, wholly under it - after a minimum share of
 its window and a minimum number of requests (a saturated server's probe need not run a full
 window to fail).
 
@@ -42,7 +43,7 @@ from typing import Any
 import numpy as np
 
 from loadgen.capacity.config import UNITS, SearchConfig
-from loadgen.results.attainment import ClusterSums, Share, wilson
+from loadgen.results.attainment import LiveSums, Share, wilson
 
 Z_99 = 2.575829  # the early stop's level, two-sided 99 %
 
@@ -135,7 +136,7 @@ class CapacitySearch:
 
     # -- early stop -------------------------------------------------------------------------
 
-    def early_verdict(self, sums: ClusterSums, inflight: int, window_elapsed_s: float,
+    def early_verdict(self, sums: LiveSums, inflight: int, window_elapsed_s: float,
                       duration_s: float) -> str | None:
         """A reason to end the probe's window now, when its verdict is already decided. It is
         looked at once per `min_window_share` of the window (at 25, 50 and 75 % by default), at

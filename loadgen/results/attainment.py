@@ -16,10 +16,11 @@ requests (no clustering). A level where every request or none was good shows no 
 measure clustering with: it counts at the number of requests. Requests also share fate across
 sessions: a long prefill, a preemption or a pause slows every stream in flight beside it, so
 failures come in bursts in time that clustering by play does not see. The same estimate is
-therefore also taken with blocks of start time as the clusters (one block per median E2EL, at
-least TIME_BLOCK_MIN_S: requests starting within one request's lifetime of each other ran beside
-each other), and the interval is taken at the smaller of the two effective numbers. Session
-attainment is Wilson's interval over the plays.
+therefore also taken with blocks of start time as the clusters (a block spans one median E2EL,
+rounded up to whole TIME_BLOCK_MIN_S: requests starting within one request's lifetime of each
+other ran beside each other), and the interval is taken at the smaller of the two effective
+numbers. The capacity search's early stop judges a running level by the same rule (LiveSums).
+Session attainment is Wilson's interval over the plays.
 
 Goodput: good requests per second of window and their output tokens per second, per GPU too.
 """
@@ -28,7 +29,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -37,6 +38,7 @@ from loadgen.results.slo import DEFAULT_TARGET, Bound, Slo
 
 Z_95 = 1.959964  # two-sided 95 %
 TIME_BLOCK_MIN_S = 0.5  # the shortest block of start time taken as one cluster
+E2EL_BIN_MS = 10  # the live tally's resolution of E2EL, for its median
 
 
 @dataclass(frozen=True, slots=True)
@@ -197,47 +199,118 @@ def _time_clustered(requests: Mapping[str, Sequence], good: np.ndarray, errors: 
         return None
     e2el_ms = np.asarray([np.nan if v is None else v for v in requests.get("e2el_us", ())], dtype=np.float64) / 1e3
     median = float(np.nanmedian(e2el_ms)) if np.isfinite(e2el_ms).any() else 0.0
-    width_ms = max(TIME_BLOCK_MIN_S * 1e3, median)
-    _, block = np.unique(np.floor(start / width_ms), return_inverse=True)
-    total = np.bincount(block)
-    good_per_block = np.bincount(block, weights=good, minlength=len(total))
+    base = np.floor(start / (TIME_BLOCK_MIN_S * 1e3)).astype(np.int64)
+    return _block_share(base // block_units(median), np.ones(len(good)), good.astype(np.float64), errors)
+
+
+def block_units(median_e2el_ms: float) -> int:
+    """How many TIME_BLOCK_MIN_S blocks of start time one cluster spans: a median E2EL, rounded up."""
+    return max(1, math.ceil(median_e2el_ms / (TIME_BLOCK_MIN_S * 1e3) - 1e-9))
+
+
+def _block_share(cluster: np.ndarray, total: np.ndarray, good: np.ndarray, errors: int, z: float = Z_95) -> Share:
+    """The share over items (requests, or blocks of them) labelled by `cluster`, each with its
+    requests and good ones; `errors` are one more cluster, all bad."""
+    _, index = np.unique(cluster, return_inverse=True)
+    n = np.bincount(index, weights=total)
+    g = np.bincount(index, weights=good, minlength=len(n))
     if errors:
-        total, good_per_block = np.append(total, errors), np.append(good_per_block, 0.0)
-    return ClusterSums.of(good_per_block, total).share()
+        n, g = np.append(n, errors), np.append(g, 0.0)
+    return ClusterSums.of(g, n).share(z)
+
+
+@dataclass(frozen=True, slots=True)
+class LiveSums:
+    """A running level's tally, in sums that add across worker processes: by play (no play spans
+    two workers), and by TIME_BLOCK_MIN_S block of start time with a histogram of E2EL, from
+    which the clusters in time are made as `level_attainment` makes them (workers share one
+    window start, so their blocks line up)."""
+
+    plays: ClusterSums = ClusterSums()
+    blocks: Mapping[int, tuple[int, int]] = field(default_factory=dict)  # block -> (requests, good)
+    e2el_bins: Mapping[int, int] = field(default_factory=dict)  # E2EL // E2EL_BIN_MS -> requests
+    errors: int = 0
+
+    @property
+    def n(self) -> int:
+        return self.plays.n
+
+    @property
+    def g(self) -> int:
+        return self.plays.g
+
+    def __add__(self, other: LiveSums) -> LiveSums:
+        blocks = dict(self.blocks)
+        for key, (n, g) in other.blocks.items():
+            had = blocks.get(key, (0, 0))
+            blocks[key] = (had[0] + n, had[1] + g)
+        bins = dict(self.e2el_bins)
+        for key, count in other.e2el_bins.items():
+            bins[key] = bins.get(key, 0) + count
+        return LiveSums(self.plays + other.plays, blocks, bins, self.errors + other.errors)
+
+    def share(self, z: float = Z_95) -> Share:
+        """The share at the smaller effective number of the two clusterings, as `level_attainment`."""
+        by_play = self.plays.share(z)
+        if not self.blocks:
+            return by_play
+        keys = np.fromiter(self.blocks, dtype=np.int64, count=len(self.blocks))
+        counts = np.array(list(self.blocks.values()), dtype=np.float64)
+        by_time = _block_share(keys // block_units(self._median_e2el_ms()), counts[:, 0], counts[:, 1], self.errors, z)
+        return by_play if by_play.effective <= by_time.effective else by_time
+
+    def _median_e2el_ms(self) -> float:
+        keys = sorted(self.e2el_bins)
+        counts = np.cumsum([self.e2el_bins[k] for k in keys])
+        if not len(counts):
+            return 0.0
+        return keys[int(np.searchsorted(counts, counts[-1] / 2))] * E2EL_BIN_MS  # the bin's lower edge
 
 
 class SloTally:
-    """A running tally of one level's requests per play against one SLO, while it runs (the
-    capacity search's early stop reads it); `sums` crosses process boundaries. Requests wait in
-    lists and are judged in one vectorised pass when the sums are asked for."""
+    """A running tally of one level's requests against one SLO, while it runs (the capacity
+    search's early stop reads it); `sums` crosses process boundaries. Requests wait in lists and
+    are judged in one vectorised pass when the sums are asked for."""
 
     def __init__(self, slo: Slo) -> None:
         self.slo = slo
-        self._pending: dict[str, list] = {"play": [], "ttft_us": [], "e2el_us": [], "tpot_us": [], "osl": []}
+        self._pending: dict[str, list] = {"play": [], "ttft_us": [], "e2el_us": [], "tpot_us": [], "osl": [],
+                                          "start_ms": []}
         self._errors: list[int] = []
         self._plays: dict[int, list[int]] = {}  # play -> [requests, good]
+        self._blocks: dict[int, tuple[int, int]] = {}  # TIME_BLOCK_MIN_S block of start -> (requests, good)
+        self._e2el_bins: dict[int, int] = {}
+        self._error_count = 0
 
-    def add(self, play: int, ttft_us: int, e2el_us: int, tpot_us: int | None, osl: int) -> None:
-        for name, value in zip(self._pending, (play, ttft_us, e2el_us, tpot_us, osl)):
+    def add(self, play: int, ttft_us: int, e2el_us: int, tpot_us: int | None, osl: int, start_ms: float) -> None:
+        for name, value in zip(self._pending, (play, ttft_us, e2el_us, tpot_us, osl, start_ms)):
             self._pending[name].append(value)
 
     def add_error(self, play: int) -> None:
         self._errors.append(play)
 
-    def sums(self) -> ClusterSums:
+    def sums(self) -> LiveSums:
         pending = self._pending
         if pending["play"]:
             good, _ = good_mask(self.slo, request_columns(pending))
-            for play, ok in zip(pending["play"], good.tolist()):
+            block_ms = TIME_BLOCK_MIN_S * 1e3
+            for play, ok, start, e2el in zip(pending["play"], good.tolist(), pending["start_ms"], pending["e2el_us"]):
                 counts = self._plays.setdefault(play, [0, 0])
                 counts[0] += 1
                 counts[1] += ok
+                block = math.floor(start / block_ms)
+                n, g = self._blocks.get(block, (0, 0))
+                self._blocks[block] = (n + 1, g + ok)
+                bin_ = e2el // (E2EL_BIN_MS * 1000)
+                self._e2el_bins[bin_] = self._e2el_bins.get(bin_, 0) + 1
             for values in pending.values():
                 values.clear()
         for play in self._errors:
             self._plays.setdefault(play, [0, 0])[0] += 1
+        self._error_count += len(self._errors)
         self._errors.clear()
         if not self._plays:
-            return ClusterSums()
+            return LiveSums()
         table = np.array(list(self._plays.values()), dtype=np.int64)
-        return ClusterSums.of(table[:, 1], table[:, 0])
+        return LiveSums(ClusterSums.of(table[:, 1], table[:, 0]), dict(self._blocks), dict(self._e2el_bins),
+                        self._error_count)

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from loadgen.defaults import DEFAULTS
-from loadgen.results.attainment import ClusterSums, SloTally
+from loadgen.results.attainment import LiveSums, SloTally
 from loadgen.results.metrics import LevelRecorder, decode_histogram
 from loadgen.results.slo import DEFAULT_TARGET, Slo
 from loadgen.run.plan import TimingConfig
@@ -142,6 +142,7 @@ class LevelRun:
     recorder: LevelRecorder = field(default_factory=LevelRecorder)
     window_start_ns: int | None = None
     window_end_ns: int | None = None
+    window_start_unix: float | None = None  # the window's start on the wall clock (to align other tools' logs)
     # set when the level stops (window closed, interrupted); made inside the running loop
     stop: asyncio.Future = field(default_factory=lambda: asyncio.get_running_loop().create_future())
     # set by `open_window`
@@ -209,9 +210,9 @@ class LevelRun:
         if self.slo_tally is not None:
             self.slo_tally.add_error(play)
 
-    def slo_sums(self) -> ClusterSums:
+    def slo_sums(self) -> LiveSums:
         """The live SLO's tally so far (empty without one)."""
-        return ClusterSums() if self.slo_tally is None else self.slo_tally.sums()
+        return LiveSums() if self.slo_tally is None else self.slo_tally.sums()
 
     def record_scrape(self, counters: ServerCounters | None) -> None:
         """One scrape of the server's counters (at window start, after the drain)."""
@@ -244,6 +245,7 @@ class LevelRun:
     def open_window(self, duration_s: float, start_ns: int | None = None) -> None:
         self.window_start_ns = time.perf_counter_ns() if start_ns is None else start_ns
         self.window_end_ns = self.window_start_ns + int(duration_s * 1e9)
+        self.window_start_unix = time.time() - (time.perf_counter_ns() - self.window_start_ns) / 1e9
         self.cpu_start = cpu_seconds()
         self.sys_start = sys_seconds()
         self.switches_start = involuntary_switches()
@@ -281,6 +283,7 @@ class LevelRun:
             "max_inflight": self.max_inflight, "max_active_trees": self.max_active_trees,
             "inflight_ns": self.inflight_ns, "kernel_compiles": self.kernel_compiles,
             "window_s": self.window_s if self.window_start_ns is not None else None,
+            "window_start_unix": self.window_start_unix,
             "cpu_s": self.cpu_s, "sys_s": self.sys_s, "preempted": self.preempted, "columns": self.columns,
             "hdr": hists, "spec": self.spec_tally,
         }
@@ -303,6 +306,8 @@ class LevelRun:
             start = self.window_start_ns if self.window_start_ns is not None else 0
             self.window_start_ns = start
             self.window_end_ns = max(self.window_end_ns or start, start + int(part["window_s"] * 1e9))
+        if part["window_start_unix"] is not None:
+            self.window_start_unix = min(filter(None, (self.window_start_unix, part["window_start_unix"])))
         if part["cpu_s"] is not None:
             self.cpu_s = (self.cpu_s or 0.0) + part["cpu_s"]
             self.sys_s = (self.sys_s or 0.0) + part["sys_s"]

@@ -9,7 +9,8 @@ is printed every few seconds; with --quiet nothing.
 
 from __future__ import annotations
 
-import dataclasses
+import functools
+import operator
 import sys
 import time
 from dataclasses import dataclass
@@ -34,7 +35,7 @@ def snapshot(level: LevelRun | None) -> dict[str, Any]:
         "inflight": level.inflight, "output_tokens": level.output_tokens,
         "slowest_inflight_s": (now - oldest) / 1e9 if oldest is not None else 0.0,
         "lanes_warm": level.lanes_warm,
-        **({"slo": dataclasses.astuple(level.slo_sums())} if level.slo_tally is not None else {}),
+        **({"slo": level.slo_sums()} if level.slo_tally is not None else {}),
     }
 
 
@@ -45,8 +46,8 @@ def combine(parts: list[dict[str, Any]]) -> dict[str, Any]:
         return {"running": False}
     total = {key: sum(p[key] for p in running) for key in ("ok", "warmup_ok", "errors", "inflight",
                                                           "output_tokens", "lanes_warm")}
-    if all("slo" in p for p in running):  # the live SLO's tallies: sums over the shares' plays
-        total["slo"] = tuple(sum(values) for values in zip(*(p["slo"] for p in running)))
+    if all("slo" in p for p in running):  # the live SLO's tallies (LiveSums), added over the shares
+        total["slo"] = functools.reduce(operator.add, (p["slo"] for p in running))
     return {**total, "running": True,
             "window_open": all(p["window_open"] for p in running),
             "window_elapsed_s": max(p["window_elapsed_s"] for p in running),

@@ -270,8 +270,9 @@ class Runner:
         tpot_us = rec.record_latencies(ttft_us, e2el_us, osl, chunk_ns, ex.chunk_tokens)
         if open_loop:
             rec.record_queue_delay((ex.start_ns - origin) // 1000)
+        start_ms = round((origin - (level.window_start_ns or origin)) / 1e6, 3)
         if level.slo_tally is not None:
-            level.slo_tally.add(meta.play_id, ttft_us, e2el_us, tpot_us, osl)
+            level.slo_tally.add(meta.play_id, ttft_us, e2el_us, tpot_us, osl, start_ms)
         level.ok += 1
         input_tokens = request.input_tokens
         level.input_tokens += input_tokens
@@ -294,7 +295,7 @@ class Runner:
         cols["ttft_us"].append(ttft_us)
         cols["e2el_us"].append(e2el_us)
         cols["tpot_us"].append(tpot_us)
-        cols["start_ms"].append(round((origin - (level.window_start_ns or origin)) / 1e6, 3))
+        cols["start_ms"].append(start_ms)
 
     def _maybe_open_window_after_warmup_requests(self, level: LevelRun, lane: int) -> None:
         wanted = self.config.warmup.requests

@@ -88,6 +88,7 @@ def level_summary(level: LevelRun, config: RunConfig, theoretical_hit_rate: floa
         "failed": bool(reasons),
         "fail_reasons": reasons,
         "window_s": round(window_s, 6),
+        "window_start_unix": None if level.window_start_unix is None else round(level.window_start_unix, 3),
         "counts": {
             "requests_ok": level.ok,
             "errors": dict(level.errors),

@@ -12,7 +12,7 @@ from typing import Any, Protocol
 
 from loadgen.capacity.config import SearchConfig
 from loadgen.capacity.search import CapacitySearch, Probe
-from loadgen.results.attainment import ClusterSums, Share
+from loadgen.results.attainment import Share
 from loadgen.results.slo import Slo
 from loadgen.run.level import LevelLoad
 
@@ -121,7 +121,7 @@ class CapacitySweep:
     def early_stop(self, snap: dict[str, Any], duration_s: float) -> str | None:
         if self._pending is None or not snap.get("window_open") or snap.get("stopping") or "slo" not in snap:
             return None
-        reason = self.search.early_verdict(ClusterSums(*snap["slo"]), snap["inflight"], snap["window_elapsed_s"],
+        reason = self.search.early_verdict(snap["slo"], snap["inflight"], snap["window_elapsed_s"],
                                            duration_s)
         if reason is not None:
             self._pending = (self._pending[0], reason)

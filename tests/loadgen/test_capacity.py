@@ -13,7 +13,7 @@ import pytest
 from loadgen.capacity.config import SearchConfig
 from loadgen.capacity.describe import describe_capacity
 from loadgen.capacity.search import CapacitySearch, Probe, _non_increasing, capacity_from_curve
-from loadgen.results.attainment import ClusterSums, Share, wilson
+from loadgen.results.attainment import ClusterSums, LiveSums, Share, wilson
 from loadgen.results.slo import parse_slo
 
 SLO = parse_slo("standard")
@@ -104,15 +104,15 @@ def test_a_light_probe_with_few_requests_does_not_widen_the_interval():
 
 def test_early_stop_looks_three_times_and_only_when_decided():
     search = CapacitySearch(SearchConfig(slo=SLO))
-    all_bad = ClusterSums.of(np.zeros(30), np.full(30, 2))
+    all_bad = LiveSums(ClusterSums.of(np.zeros(30), np.full(30, 2)))
     assert search.early_verdict(all_bad, 0, window_elapsed_s=2, duration_s=10) is None  # before 25 %
     reason = search.early_verdict(all_bad, 4, window_elapsed_s=2.6, duration_s=10)
     assert reason is not None and "at most" in reason and "4 in flight as good" in reason
     assert search.early_verdict(all_bad, 4, window_elapsed_s=3, duration_s=10) is None  # one look per quarter
     fresh = CapacitySearch(SearchConfig(slo=SLO))
-    few_good = ClusterSums.of(np.full(10, 2), np.full(10, 2))
+    few_good = LiveSums(ClusterSums.of(np.full(10, 2), np.full(10, 2)))
     assert fresh.early_verdict(few_good, 0, 2.6, 10) is None  # under min_requests
-    many_good = ClusterSums.of(np.full(200, 2), np.full(200, 2))
+    many_good = LiveSums(ClusterSums.of(np.full(200, 2), np.full(200, 2)))
     assert "at least" in fresh.early_verdict(many_good, 3, 5.1, 10)
     off = CapacitySearch(SearchConfig(slo=SLO, early_stop=False))
     assert off.early_verdict(all_bad, 0, 2.6, 10) is None

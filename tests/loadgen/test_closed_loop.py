@@ -3,6 +3,7 @@ salts of recycled sessions, warm-up exclusion, start offsets."""
 
 from __future__ import annotations
 
+import time
 from collections import defaultdict
 
 import pytest
@@ -66,10 +67,13 @@ def test_mean_inflight_is_the_lanes_busy_share(start_server, sessions, replay, t
     per-request records, each clipped to the window, agrees."""
     server = start_server(first_ms=50, itl_ms=10)
     folder = sessions(*({"n_requests": 40, "think": think, "n_out": 7} for _ in range(2)))
+    before = time.time()
     code, doc, records = replay(server.url, "--traces", str(folder), "--conc", "2", "--duration", "2.5",
                                 "--start-offset", "0:0", "--warmup", "1req")
     assert code == 0
     level = doc["levels"][0]
+    # after the warm-up request (50 ms at least), and the window closed before the run ended
+    assert before + 0.05 < level["window_start_unix"] < time.time() - level["window_s"]
     e2el = level["requests"]["e2el_us"]
     latency = sum(e2el) / len(e2el) / 1e6  # the server's known delays plus the loopback's
     assert 0.11 <= latency < 0.25

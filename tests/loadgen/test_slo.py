@@ -99,16 +99,20 @@ def test_the_interval_counts_plays_as_clusters():
     assert even.value == 0.75 and even.effective == pytest.approx(200)
 
 
-def test_failures_bunched_in_time_across_plays_count_as_one_cluster():
-    # 40 plays of 5 requests, one every 2 s per play over 10 s (requests last 1 s). Every request
-    # that starts in the fifth second is slow, whichever play it belongs to (a burst on the server):
-    # 1 of each play's 5 requests fails, so clustering by play sees no clumping, but in time it is
-    # one cluster of 40 failures among 10 one-second blocks.
+def _bunched_requests() -> dict[str, list]:
+    """40 plays of 5 requests, one every 2 s per play over 10 s, each lasting 1 s; every request
+    that starts in the fifth or sixth second is slow, whichever play it belongs to."""
     plays = np.repeat(np.arange(40), 5)
     start_ms = (np.tile(np.arange(5) * 2000, 40) + np.repeat(np.arange(40) * 50 % 2000, 5)).astype(float)
     slow = (start_ms >= 4000) & (start_ms < 6000)
-    requests = {"play": plays.tolist(), "start_ms": start_ms.tolist(), "ttft_us": [1e5] * 200,
-                "tpot_us": np.where(slow, 1e5, 1e4).tolist(), "e2el_us": [1e6] * 200, "osl": [10] * 200}
+    return {"play": plays.tolist(), "start_ms": start_ms.tolist(), "ttft_us": [100_000] * 200,
+            "tpot_us": np.where(slow, 100_000, 10_000).tolist(), "e2el_us": [1_000_000] * 200, "osl": [10] * 200}
+
+
+def test_failures_bunched_in_time_across_plays_count_as_one_cluster():
+    # 1 of each play's 5 requests fails, so clustering by play sees no clumping, but in time it is
+    # one cluster of 40 failures among 10 one-second blocks.
+    requests = _bunched_requests()
     entry = level_attainment(parse_slo("interactive"), requests, [], window_s=10.0, gpus=1)["requests"]
     assert (entry["total"], entry["good"]) == (200, 160)
     assert entry["effective_n"] < 20  # not the ~200 that play clusters would give
@@ -116,6 +120,21 @@ def test_failures_bunched_in_time_across_plays_count_as_one_cluster():
     by_play = level_attainment(parse_slo("interactive"), without_time, [], window_s=10.0, gpus=1)["requests"]
     assert by_play["effective_n"] == pytest.approx(200)
     assert entry["interval"][1] - entry["interval"][0] > 2 * (by_play["interval"][1] - by_play["interval"][0])
+
+
+def test_the_live_tally_clusters_in_time_as_the_summary_and_adds_across_workers():
+    # the capacity search's early stop must not stop on a burst the summary would call undecided:
+    # the running tally, split over two workers by play, gives the summary's interval
+    slo, requests = parse_slo("interactive"), _bunched_requests()
+    tallies = [SloTally(slo), SloTally(slo)]
+    for i, play in enumerate(requests["play"]):
+        tallies[play % 2].add(play, *(requests[k][i] for k in ("ttft_us", "e2el_us", "tpot_us", "osl", "start_ms")))
+    tallies[1].add_error(41)
+    share = (tallies[0].sums() + tallies[1].sums()).share()
+    entry = level_attainment(slo, requests, [41], window_s=10.0, gpus=1)["requests"]
+    assert (share.total, share.good) == (entry["total"], entry["good"]) == (201, 160)
+    assert share.effective == pytest.approx(entry["effective_n"], abs=0.01) and share.effective < 20
+    assert [share.low, share.high] == pytest.approx(entry["interval"], abs=1e-6)
 
 
 def test_an_all_good_level_counts_at_its_requests_and_sums_add_across_workers():
@@ -131,7 +150,8 @@ def test_the_live_tally_judges_as_the_summary_does():
     slo = parse_slo("standard")
     tally = SloTally(slo)
     for i, play in enumerate(REQUESTS["play"]):
-        tally.add(play, REQUESTS["ttft_us"][i], REQUESTS["e2el_us"][i], REQUESTS["tpot_us"][i], REQUESTS["osl"][i])
+        tally.add(play, REQUESTS["ttft_us"][i], REQUESTS["e2el_us"][i], REQUESTS["tpot_us"][i], REQUESTS["osl"][i],
+                  start_ms=1000.0 * i)
     tally.add_error(3)
     share = tally.sums().share()
     entry = level_attainment(slo, REQUESTS, [3], 10.0, 1)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 from hdrh.histogram import HdrHistogram
 
 from loadgen.results.metric_registry import METRIC_BY_NAME
@@ -22,6 +24,7 @@ def _plan(records: list[dict]) -> dict[int, tuple]:
 def test_two_workers_merge_into_one_exact_level(start_server, sessions, replay):
     server = start_server(first_ms=3, itl_ms=1, kernel_compiles=1)
     folder = sessions(*({"n_requests": 8, "think": 0.01, "n_out": 4} for _ in range(5)))
+    before = time.time()
     code, doc, records = replay(server.url, "--traces", str(folder), "--conc", "4", "--duration", "1",
                                 "--warmup", "2req", "--workers", "2")
     assert code == 0
@@ -32,6 +35,8 @@ def test_two_workers_merge_into_one_exact_level(start_server, sessions, replay):
     assert len(counted) == level["counts"]["requests_ok"] == level["metrics"]["ttft"]["stats"]["count"] > 0
     assert level["counts"]["warmup_requests_ok"] == len(records) - len(counted) >= 8  # 2 per lane, at least
     assert level["counts"]["max_active_trees"] == 4 and 0.9 <= level["window_s"] <= 1.1
+    # the window on the wall clock: after the run began, and closed before it ended
+    assert before < level["window_start_unix"] < time.time() - level["window_s"]
     assert 0.8 < level["counts"]["mean_inflight_requests"] <= 4  # both shares' time in flight, summed
     # one worker scrapes the server for both (1 per finished request): the scrape at window start
     # lands a few ms after the window opens, so nearly every counted request, and never more than all
