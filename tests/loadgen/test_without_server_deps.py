@@ -76,7 +76,8 @@ def test_replay_and_report_without_server_deps(blocked_env, start_server, tmp_pa
     assert "conc 1" in report.stdout
 
 
-@pytest.mark.parametrize("command", [["loadgen.cli", "bench", "--duration", "1"], ["server.cli", "start"]])
+@pytest.mark.parametrize("command", [["loadgen.cli", "bench", "--duration", "1"], ["server.cli", "start"],
+                                     ["server.parallel", "--help"]])
 def test_the_engine_without_server_deps_names_the_extra(blocked_env, command):
     result = subprocess.run([sys.executable, "-m", *command], cwd=ROOT, env=blocked_env,
                             capture_output=True, text=True, timeout=120)
