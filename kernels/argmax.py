@@ -49,9 +49,9 @@ def _argmax_kernel(x_ptr, out_ptr, n_cols, row_stride, mirror_ptr, mirror_index_
         tl.store(mirror_ptr + index * mirror_stride + row, token)
 
 
-# Columns a program reads per step, and its warps (32 a thread): fastest or tied at every decode
-# shape timed in CUDA graphs (benchmarks/kernels.py --only argmax). A wider step holding the whole
-# small-model row (32,768) spills registers.
+# Columns a program reads per step, and its warps (32 a thread): the widest step that stays in
+# registers; one holding a whole small-model row spills (benchmarks/kernels.py --only argmax
+# sweeps both).
 BLOCK = 16384
 NUM_WARPS = 16
 

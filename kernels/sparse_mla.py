@@ -213,12 +213,12 @@ def default_config(n_heads: int, kv_dtype: str, device: torch.device) -> SparseM
     """Interpreter: the smallest legal tiles. GPU: wide head blocks when there are many heads."""
     if device.type == "cpu":
         return SparseMlaConfig(16, 16, 4, 1)
-    if n_heads >= 64:  # the fastest at B 64, K 2048 (benchmarks/kernels.py --only mla)
+    if n_heads >= 64:  # a 64-head block reads each gathered row once for all its heads
         return SparseMlaConfig(64, 64, 8, 2)
-    # fp8 rows decode in registers: smaller row tiles and a deeper pipeline pay off there. The
-    # index preload (n32 s3, 8 blocks, 2 programs/SM: one wave at B 64) is a little faster at its
-    # best but far slower more often: a single wave has no slack when the machine is slow
-    # (benchmarks/sparse_mla_ab.py --config times candidates against this default, interleaved).
+    # fp8 rows decode in registers: smaller row tiles and a deeper pipeline pay off there. No
+    # config that fits a batch in one wave (the index preload) is the default: a single wave has
+    # no slack, so one slow SM holds up the whole launch (benchmarks/sparse_mla_ab.py --config
+    # times candidates against this default).
     return SparseMlaConfig(16, 64, 4, 2) if kv_dtype == "bf16" else SparseMlaConfig(16, 32, 4, 3)
 
 

@@ -19,7 +19,7 @@ from kernels.triton_utils import row_programs
 # times both launch shapes up to REGISTER_ROW_MAX_COLS).
 SINGLE_PASS_MAX_COLS = 8192
 # Warps of that program, and of the sampled path's programs that hold a row's sample or list in
-# registers: the count the same sweep found fastest at the decode shapes.
+# registers: chosen by the same sweep, at the decode shapes.
 SINGLE_PASS_WARPS = 8
 # Longer rows take the sampled path when the batch holds more than this many columns in all (rows
 # x columns), else the compacting path. The sampled path's three launches each wait on a chain of

@@ -28,6 +28,7 @@ Goodput: good requests per second of window and their output tokens per second, 
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -227,8 +228,9 @@ class LiveSums:
     window start, so their blocks line up)."""
 
     plays: ClusterSums = ClusterSums()
-    blocks: Mapping[int, tuple[int, int]] = field(default_factory=dict)  # block -> (requests, good)
-    e2el_bins: Mapping[int, int] = field(default_factory=dict)  # E2EL // E2EL_BIN_MS -> requests
+    block_requests: Counter = field(default_factory=Counter)  # block -> requests started in it
+    block_good: Counter = field(default_factory=Counter)  # block -> good ones among them
+    e2el_bins: Counter = field(default_factory=Counter)  # E2EL // E2EL_BIN_MS -> requests
     errors: int = 0
 
     @property
@@ -240,23 +242,19 @@ class LiveSums:
         return self.plays.g
 
     def __add__(self, other: LiveSums) -> LiveSums:
-        blocks = dict(self.blocks)
-        for key, (n, g) in other.blocks.items():
-            had = blocks.get(key, (0, 0))
-            blocks[key] = (had[0] + n, had[1] + g)
-        bins = dict(self.e2el_bins)
-        for key, count in other.e2el_bins.items():
-            bins[key] = bins.get(key, 0) + count
-        return LiveSums(self.plays + other.plays, blocks, bins, self.errors + other.errors)
+        return LiveSums(self.plays + other.plays, self.block_requests + other.block_requests,
+                        self.block_good + other.block_good, self.e2el_bins + other.e2el_bins,
+                        self.errors + other.errors)
 
     def share(self, z: float = Z_95) -> Share:
         """The share at the smaller effective number of the two clusterings, as `level_attainment`."""
         by_play = self.plays.share(z)
-        if not self.blocks:
+        if not self.block_requests:
             return by_play
-        keys = np.fromiter(self.blocks, dtype=np.int64, count=len(self.blocks))
-        counts = np.array(list(self.blocks.values()), dtype=np.float64)
-        by_time = _block_share(keys // block_units(self._median_e2el_ms()), counts[:, 0], counts[:, 1], self.errors, z)
+        keys = np.fromiter(self.block_requests, dtype=np.int64, count=len(self.block_requests))
+        requests = np.array([self.block_requests[k] for k in keys.tolist()], dtype=np.float64)
+        good = np.array([self.block_good[k] for k in keys.tolist()], dtype=np.float64)
+        by_time = _block_share(keys // block_units(self._median_e2el_ms()), requests, good, self.errors, z)
         return by_play if by_play.effective <= by_time.effective else by_time
 
     def _median_e2el_ms(self) -> float:
@@ -278,8 +276,9 @@ class SloTally:
                                           "start_ms": []}
         self._errors: list[int] = []
         self._plays: dict[int, list[int]] = {}  # play -> [requests, good]
-        self._blocks: dict[int, tuple[int, int]] = {}  # TIME_BLOCK_MIN_S block of start -> (requests, good)
-        self._e2el_bins: dict[int, int] = {}
+        self._block_requests: Counter = Counter()  # TIME_BLOCK_MIN_S block of start -> requests
+        self._block_good: Counter = Counter()
+        self._e2el_bins: Counter = Counter()
         self._error_count = 0
 
     def add(self, play: int, ttft_us: int, e2el_us: int, tpot_us: int | None, osl: int, start_ms: float) -> None:
@@ -299,10 +298,9 @@ class SloTally:
                 counts[0] += 1
                 counts[1] += ok
                 block = math.floor(start / block_ms)
-                n, g = self._blocks.get(block, (0, 0))
-                self._blocks[block] = (n + 1, g + ok)
-                bin_ = e2el // (E2EL_BIN_MS * 1000)
-                self._e2el_bins[bin_] = self._e2el_bins.get(bin_, 0) + 1
+                self._block_requests[block] += 1
+                self._block_good[block] += ok
+                self._e2el_bins[e2el // (E2EL_BIN_MS * 1000)] += 1
             for values in pending.values():
                 values.clear()
         for play in self._errors:
@@ -312,5 +310,5 @@ class SloTally:
         if not self._plays:
             return LiveSums()
         table = np.array(list(self._plays.values()), dtype=np.int64)
-        return LiveSums(ClusterSums.of(table[:, 1], table[:, 0]), dict(self._blocks), dict(self._e2el_bins),
-                        self._error_count)
+        return LiveSums(ClusterSums.of(table[:, 1], table[:, 0]), Counter(self._block_requests),
+                        Counter(self._block_good), Counter(self._e2el_bins), self._error_count)
