@@ -16,7 +16,7 @@ requests (no clustering). A level where every request or none was good shows no 
 measure clustering with: it counts at the number of requests. Requests also share fate across
 sessions: a long prefill, a preemption or a pause slows every stream in flight beside it, so
 failures come in bursts in time that clustering by play does not see. The same estimate is
-therefore also taken with blocks of start time as the clusters (a block spans one median E2EL,
+therefore also taken with blocks of start time as the clusters (a block spans the median E2EL,
 rounded up to whole TIME_BLOCK_MIN_S: requests starting within one request's lifetime of each
 other ran beside each other), and the interval is taken at the smaller of the two effective
 numbers. The capacity search's early stop judges a running level by the same rule (LiveSums).
@@ -39,7 +39,6 @@ from loadgen.results.slo import DEFAULT_TARGET, Bound, Slo
 
 Z_95 = 1.959964  # two-sided 95 %
 TIME_BLOCK_MIN_S = 0.5  # the shortest block of start time taken as one cluster
-E2EL_BIN_MS = 10  # the live tally's resolution of E2EL, for its median
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,14 +165,15 @@ def level_attainment(slo: Slo, requests: Mapping[str, Sequence], error_plays: Se
                      gpus: int, target: float = DEFAULT_TARGET) -> dict[str, Any]:
     """The `slo` entry of one level (README, "SLO, goodput and capacity"): attainment over its
     counted requests and plays with intervals, goodput, and the bounds broken most."""
-    good, broken = good_mask(slo, request_columns(requests))
+    columns = request_columns(requests)
+    good, broken = good_mask(slo, columns)
     plays = np.asarray(requests.get("play", ()), dtype=np.int64)
     errors = np.asarray(error_plays, dtype=np.int64)
     keys, index = np.unique(np.concatenate([plays, errors]), return_inverse=True)
     total = np.bincount(index, minlength=len(keys))
     good_per_play = np.bincount(index[: len(plays)], weights=good, minlength=len(keys))
     by_play = ClusterSums.of(good_per_play, total).share()
-    by_time = _time_clustered(requests, good, len(errors))
+    by_time = _time_clustered(requests.get("start_ms", ()), columns["e2el_us"], good, len(errors))
     requests_share = by_play if by_time is None or by_play.effective <= by_time.effective else by_time
     sessions_share = play_share(int((good_per_play == total).sum()), len(keys))
     out_tokens = float(np.asarray(requests.get("osl", ()), dtype=np.float64)[good].sum()) if len(good) else 0.0
@@ -192,21 +192,38 @@ def level_attainment(slo: Slo, requests: Mapping[str, Sequence], error_plays: Se
     }
 
 
-def _time_clustered(requests: Mapping[str, Sequence], good: np.ndarray, errors: int) -> Share | None:
+def _time_clustered(start_ms: Sequence[float], e2el_us: np.ndarray, good: np.ndarray, errors: int) -> Share | None:
     """The share of good requests clustered by blocks of start time (errors, which have no start
     time, one cluster of their own); None without start times."""
-    start = np.asarray(requests.get("start_ms", ()), dtype=np.float64)
+    start = np.asarray(start_ms, dtype=np.float64)
     if len(start) == 0 or len(start) != len(good):
         return None
-    e2el_ms = np.asarray([np.nan if v is None else v for v in requests.get("e2el_us", ())], dtype=np.float64) / 1e3
-    median = float(np.nanmedian(e2el_ms)) if np.isfinite(e2el_ms).any() else 0.0
-    base = np.floor(start / (TIME_BLOCK_MIN_S * 1e3)).astype(np.int64)
-    return _block_share(base // block_units(median), np.ones(len(good)), good.astype(np.float64), errors)
+    units = Counter(block_units(e2el_us).tolist())
+    return _block_share(start_blocks(start) // _lower_median(units), np.ones(len(good)), good.astype(np.float64),
+                        errors)
 
 
-def block_units(median_e2el_ms: float) -> int:
-    """How many TIME_BLOCK_MIN_S blocks of start time one cluster spans: a median E2EL, rounded up."""
-    return max(1, math.ceil(median_e2el_ms / (TIME_BLOCK_MIN_S * 1e3) - 1e-9))
+def start_blocks(start_ms: np.ndarray) -> np.ndarray:
+    """The TIME_BLOCK_MIN_S block each request started in."""
+    return np.floor(start_ms / (TIME_BLOCK_MIN_S * 1e3)).astype(np.int64)
+
+
+def block_units(e2el_us: np.ndarray) -> np.ndarray:
+    """Per request, its E2EL in TIME_BLOCK_MIN_S blocks, rounded up (at least one; 0 without an E2EL).
+    A time cluster spans the median request's: requests starting within one request's lifetime of
+    each other ran beside each other."""
+    with np.errstate(invalid="ignore"):
+        units = np.ceil(e2el_us / (TIME_BLOCK_MIN_S * 1e6) - 1e-9)
+    return np.where(np.isfinite(units), np.maximum(units, 1), 0).astype(np.int64)
+
+
+def _lower_median(units: Counter) -> int:
+    """The lower median of the requests' block units (those with an E2EL), at least one."""
+    keys = sorted(k for k in units if k > 0)
+    if not keys:
+        return 1
+    counts = np.cumsum([units[k] for k in keys])
+    return int(keys[int(np.searchsorted(counts, (counts[-1] - 1) // 2, side="right"))])
 
 
 def _block_share(cluster: np.ndarray, total: np.ndarray, good: np.ndarray, errors: int, z: float = Z_95) -> Share:
@@ -230,7 +247,7 @@ class LiveSums:
     plays: ClusterSums = ClusterSums()
     block_requests: Counter = field(default_factory=Counter)  # block -> requests started in it
     block_good: Counter = field(default_factory=Counter)  # block -> good ones among them
-    e2el_bins: Counter = field(default_factory=Counter)  # E2EL // E2EL_BIN_MS -> requests
+    e2el_units: Counter = field(default_factory=Counter)  # E2EL in blocks (block_units) -> requests
     errors: int = 0
 
     @property
@@ -243,7 +260,7 @@ class LiveSums:
 
     def __add__(self, other: LiveSums) -> LiveSums:
         return LiveSums(self.plays + other.plays, self.block_requests + other.block_requests,
-                        self.block_good + other.block_good, self.e2el_bins + other.e2el_bins,
+                        self.block_good + other.block_good, self.e2el_units + other.e2el_units,
                         self.errors + other.errors)
 
     def share(self, z: float = Z_95) -> Share:
@@ -254,15 +271,8 @@ class LiveSums:
         keys = np.fromiter(self.block_requests, dtype=np.int64, count=len(self.block_requests))
         requests = np.array([self.block_requests[k] for k in keys.tolist()], dtype=np.float64)
         good = np.array([self.block_good[k] for k in keys.tolist()], dtype=np.float64)
-        by_time = _block_share(keys // block_units(self._median_e2el_ms()), requests, good, self.errors, z)
+        by_time = _block_share(keys // _lower_median(self.e2el_units), requests, good, self.errors, z)
         return by_play if by_play.effective <= by_time.effective else by_time
-
-    def _median_e2el_ms(self) -> float:
-        keys = sorted(self.e2el_bins)
-        counts = np.cumsum([self.e2el_bins[k] for k in keys])
-        if not len(counts):
-            return 0.0
-        return keys[int(np.searchsorted(counts, counts[-1] / 2))] * E2EL_BIN_MS  # the bin's lower edge
 
 
 class SloTally:
@@ -275,10 +285,11 @@ class SloTally:
         self._pending: dict[str, list] = {"play": [], "ttft_us": [], "e2el_us": [], "tpot_us": [], "osl": [],
                                           "start_ms": []}
         self._errors: list[int] = []
-        self._plays: dict[int, list[int]] = {}  # play -> [requests, good]
+        self._play_requests: Counter = Counter()
+        self._play_good: Counter = Counter()
         self._block_requests: Counter = Counter()  # TIME_BLOCK_MIN_S block of start -> requests
         self._block_good: Counter = Counter()
-        self._e2el_bins: Counter = Counter()
+        self._e2el_units: Counter = Counter()
         self._error_count = 0
 
     def add(self, play: int, ttft_us: int, e2el_us: int, tpot_us: int | None, osl: int, start_ms: float) -> None:
@@ -291,24 +302,24 @@ class SloTally:
     def sums(self) -> LiveSums:
         pending = self._pending
         if pending["play"]:
-            good, _ = good_mask(self.slo, request_columns(pending))
-            block_ms = TIME_BLOCK_MIN_S * 1e3
-            for play, ok, start, e2el in zip(pending["play"], good.tolist(), pending["start_ms"], pending["e2el_us"]):
-                counts = self._plays.setdefault(play, [0, 0])
-                counts[0] += 1
-                counts[1] += ok
-                block = math.floor(start / block_ms)
-                self._block_requests[block] += 1
-                self._block_good[block] += ok
-                self._e2el_bins[e2el // (E2EL_BIN_MS * 1000)] += 1
+            columns = request_columns(pending)
+            good, _ = good_mask(self.slo, columns)
+            plays = np.asarray(pending["play"], dtype=np.int64)
+            blocks = start_blocks(np.asarray(pending["start_ms"], dtype=np.float64))
+            self._play_requests.update(plays.tolist())
+            self._play_good.update(plays[good].tolist())
+            self._block_requests.update(blocks.tolist())
+            self._block_good.update(blocks[good].tolist())
+            self._e2el_units.update(block_units(columns["e2el_us"]).tolist())
             for values in pending.values():
                 values.clear()
-        for play in self._errors:
-            self._plays.setdefault(play, [0, 0])[0] += 1
+        self._play_requests.update(self._errors)
         self._error_count += len(self._errors)
         self._errors.clear()
-        if not self._plays:
+        if not self._play_requests:
             return LiveSums()
-        table = np.array(list(self._plays.values()), dtype=np.int64)
-        return LiveSums(ClusterSums.of(table[:, 1], table[:, 0]), Counter(self._block_requests),
-                        Counter(self._block_good), Counter(self._e2el_bins), self._error_count)
+        keys = list(self._play_requests)
+        by_play = ClusterSums.of(np.array([self._play_good[k] for k in keys]),
+                                 np.array([self._play_requests[k] for k in keys]))
+        return LiveSums(by_play, Counter(self._block_requests), Counter(self._block_good), Counter(self._e2el_units),
+                        self._error_count)

@@ -35,10 +35,6 @@ class Metric:
     # `requests` columns, with norm_e2el_us = e2el_us / osl; interactivity reads TPOT (1e6 / tpot_us)
     column: str | None = None
 
-    @property
-    def recorded_unit(self) -> str:
-        return self.hdr_unit or self.unit
-
 
 METRICS: tuple[Metric, ...] = (
     Metric("ttft", "TTFT", "us", HIGHEST_US, "request sent -> first content chunk", False, "ms", 1e-3,

@@ -18,13 +18,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from loadgen.defaults import DEFAULTS
-from loadgen.results.metric_registry import METRIC_BY_NAME
+from loadgen.results.metric_registry import METRIC_BY_NAME, METRICS
 
 DEFAULT_TARGET = DEFAULTS.attainment  # the share of requests that must be good for a level to hold the SLO
 
 _LATENCY_UNITS = {"s": 1e6, "ms": 1e3, "us": 1.0}  # the units a latency bound accepts
 # the metrics a bound may name; their request columns and directions are the registry's
-_BOUNDED = ("ttft", "tpot", "e2el", "norm_e2el", "interactivity")
+_BOUNDED = tuple(metric.name for metric in METRICS if metric.column)
 _NAMED = re.compile(r"^([A-Za-z][A-Za-z0-9_.-]*)=(.+)$")  # "fast=ttft<=1s": "ttft<" is no name
 _BOUND = re.compile(r"^\s*([a-z_0-9]+)\s*(<=|>=|<|>|=)\s*([0-9.eE+-]+)\s*([a-z/]*)\s*$")
 

@@ -23,9 +23,9 @@ class BenchPreset:
     think_time_cap: float | None  # None: the recorded think times, uncapped
 
 
-# tiny on 2 CPU cores: ~2.1k input / 9 output tokens per request (prefix hits ~95 %), think
-# times <= 1 s; three levels of 15 s plus warm-up finish in about a minute and a half.
-# small on one GPU: ~10.7k input / 45 output tokens, the long tail dropped at 32k context.
+# tiny on 2 CPU cores: the sessions scaled down until a CPU engine keeps up and think times cut
+# short, so that the default run finishes in a couple of minutes.
+# small on one GPU: the sessions at a tenth of their length, the long tail dropped at its 32k context.
 # v32 is the real-scale model (163,840-token context): the sessions at their recorded length and
 # pace, only the requests beyond its context dropped.
 BENCH_PRESETS = {

@@ -1,16 +1,16 @@
 """A cache of parsed bundled trace sets, so a replay reaches its first request quickly.
 
-Parsing and validating the bundled agentic-coding sessions takes about a second (every hash id
-is checked). Only sets shipped inside the traces package are cached, keyed by their files and
+Parsing and validating the bundled agentic-coding sessions checks every hash id, which is most
+of a replay's start-up. Only sets shipped inside the traces package are cached, keyed by their files and
 the package's own source files (size and mtime), so a new or edited trace file, or a new reader,
 never meets a stale entry. A home without a writable cache folder (containers often have one)
 uses a folder in the temporary directory instead; any other problem (unreadable entry, no
 writable folder at all) falls back to parsing.
 
-The entry is not the pickled TraceSet: its requests hold about 3.5 million hash ids, but only
-some 22 thousand distinct ones, because each request of a conversation repeats the ids of the
-one before it and adds a few. Unpickling every id as its own int took most of a start-up
-(about 0.3 s); the entry stores each request's ids as (an earlier request of the same session,
+The entry is not the pickled TraceSet: its requests hold hash ids by the million but distinct
+ones only by the thousand, because each request of a conversation repeats the ids of the one
+before it and adds a few, and unpickling every id as its own int would dominate the start-up.
+The entry stores each request's ids as (an earlier request of the same session,
 how many leading ids they share, the ids after those), and reading it back builds each tuple
 from the earlier one's slice.
 """
