@@ -19,6 +19,12 @@ def _check(name: str, where: str) -> str:
     return name
 
 
+def runs_compiled_kernels(name: str) -> bool:
+    """Whether backend `name` runs compiled kernels (all but the torch references): on a GPU each
+    compiles on first use, and a CUDA graph can capture their launches."""
+    return _check(name, "backend") != "torch"
+
+
 def get_backend() -> str:
     """The default backend: set_backend's choice, else $AGENTLOAD_KERNEL_BACKEND, else triton on CUDA, torch on CPU."""
     if _default is not None:

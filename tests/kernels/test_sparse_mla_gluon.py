@@ -24,7 +24,7 @@ import pytest
 import torch
 
 from kernels import fp8_e4m3_quantize, get_backend, set_backend, sparse_mla
-from kernels.backend import BACKENDS, resolve_backend
+from kernels.backend import BACKENDS, resolve_backend, runs_compiled_kernels
 from kernels.quant import kv_row_width
 from kernels.sparse_mla_gluon import (
     AMD_WAVEFRONTS,
@@ -51,6 +51,7 @@ def test_gluon_is_a_backend_for_sparse_mla_only():
     assert "gluon" in BACKENDS
     assert resolve_backend("gluon", cpu, gluon_kernel=True) == "gluon"
     assert resolve_backend("gluon", cpu) == "triton"  # conftest turned the interpreter on
+    assert [b for b in BACKENDS if runs_compiled_kernels(b)] == ["triton", "gluon"]  # captured in CUDA graphs
     try:
         set_backend("gluon")
         assert get_backend() == "gluon"
