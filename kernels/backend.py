@@ -1,5 +1,6 @@
 """Process-wide choice between the Triton kernels, their torch references, and "gluon": the Gluon
-kernel where an op has one (sparse MLA on sm_90, kernels/sparse_mla_gluon.py), Triton for the rest."""
+kernel where an op has one (sparse MLA on sm_90 (Hopper) or gfx942 (CDNA3, never tested on AMD
+hardware), kernels/sparse_mla_gluon.py), Triton for the rest."""
 
 from __future__ import annotations
 

@@ -76,8 +76,9 @@ class EngineConfig:
         "--device", choices=DEVICES, help="auto, cpu or cuda (auto: cuda when a GPU is visible)"))
     attention_backend: str = field(default="auto", metadata=cli(
         "--attention-backend", choices=ATTENTION_BACKENDS,
-        help="kernel backend: triton, torch, or gluon (the Gluon sparse-MLA kernel on sm_90, Triton for the "
-        "other ops; kernels/sparse_mla_gluon.py) (auto: triton on CUDA, torch on CPU)"))
+        help="kernel backend: triton, torch, or gluon (the Gluon sparse-MLA kernel on sm_90 (Hopper) or gfx942 "
+        "(CDNA3, never tested on AMD hardware), Triton for the other ops; kernels/sparse_mla_gluon.py) "
+        "(auto: triton on CUDA, torch on CPU)"))
     seed: int = field(default=0, metadata=cli("--seed", help="seed of the random weights"))
     weights: str | None = field(default=None, metadata=cli(
         "--weights", help="safetensors file to load", default_text="seeded random"))
