@@ -3,9 +3,10 @@ quantisation.
 
 Every op takes backend="triton" | "torch" | "gluon" | None; None means get_backend(): set_backend's
 choice, else $AGENTLOAD_KERNEL_BACKEND, else "triton" when CUDA is available and "torch" otherwise.
-"gluon" runs sparse MLA's Gluon kernel (sm_90 only) and the Triton kernels for every other op. The
-Triton kernels also run on CPU tensors through the Triton interpreter: on a machine without a GPU,
-importing this package sets TRITON_INTERPRET=1 unless it is already set.
+"gluon" runs sparse MLA's Gluon kernel (sm_90 (Hopper) or gfx942 (CDNA3), never tested on AMD hardware)
+and the Triton kernels for every other op. The Triton kernels also run on CPU tensors through the
+Triton interpreter: on a machine without a GPU, importing this package sets TRITON_INTERPRET=1
+unless it is already set.
 """
 
 from __future__ import annotations

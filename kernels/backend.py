@@ -1,5 +1,6 @@
 """Process-wide choice between the Triton kernels, their torch references, and "gluon": the Gluon
-kernel where an op has one (sparse MLA on sm_90, kernels/sparse_mla_gluon.py), Triton for the rest."""
+kernel where an op has one (sparse MLA on sm_90 (Hopper) or gfx942 (CDNA3, never tested on AMD
+hardware), kernels/sparse_mla_gluon.py), Triton for the rest."""
 
 from __future__ import annotations
 
@@ -17,6 +18,12 @@ def _check(name: str, where: str) -> str:
     if name not in BACKENDS:
         raise ValueError(f"{where}: unknown kernel backend {name!r}; expected one of {BACKENDS}")
     return name
+
+
+def runs_compiled_kernels(name: str) -> bool:
+    """Whether backend `name` runs compiled kernels (all but the torch references): on a GPU each
+    compiles on first use, and a CUDA graph can capture their launches."""
+    return _check(name, "backend") != "torch"
 
 
 def get_backend() -> str:

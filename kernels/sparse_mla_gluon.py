@@ -89,8 +89,7 @@ def _import_error(target: str) -> str | None:
 
 @functools.cache
 def gluon_target(device: torch.device) -> str | None:
-    """The Gluon kernels' target `device` is (HOPPER, CDNA3), or None; asked once per device (every
-    layer's launch asks)."""
+    """The Gluon kernels' target `device` is (HOPPER, CDNA3), or None; asked of the device once."""
     if device.type != "cuda":
         return None
     if torch.version.hip is not None:
@@ -115,12 +114,24 @@ def check_gluon_shapes(d_c: int, d_r: int) -> None:
                          f"got d_c={d_c}, d_r={d_r}")
 
 
-def kernel_constexprs(kv_cache: torch.Tensor, kv_dtype: str, d_c: int, d_r: int, split: bool,
-                      cfg: GluonMlaConfig | GluonAmdConfig) -> dict[str, int | bool]:
-    """A kernel's compile-time arguments for a cache, shapes and config (one compiled variant each):
-    Hopper's with a GluonMlaConfig, CDNA3's with a GluonAmdConfig."""
-    kv, _, _, rope_offset = kv_views(kv_cache, kv_dtype, d_c)
-    shared = dict(KV_STRIDE=kv.shape[1], ROW_BYTES=kv_cache.shape[1] * kv_cache.element_size(),
+@functools.cache
+def _checked_target(device: torch.device, d_c: int, d_r: int) -> str:
+    """The target a launch on `device` compiles for, checked once per device and shapes (every layer's
+    launch asks): RuntimeError naming the backend where the device or the installed Triton cannot run
+    a Gluon kernel, ValueError where d_c and d_r do not fit its tiles."""
+    target = gluon_target(device)
+    if target is None or _import_error(target) is not None:
+        raise RuntimeError(f"backend='gluon': {gluon_unavailable_reason(device)}; use backend='triton'")
+    check_gluon_shapes(d_c, d_r)
+    return target
+
+
+def kernel_constexprs(kv: torch.Tensor, kv_bytes: torch.Tensor, rope_offset: int, kv_dtype: str, d_c: int,
+                      d_r: int, split: bool, cfg: GluonMlaConfig | GluonAmdConfig) -> dict[str, int | bool]:
+    """A kernel's compile-time arguments for a cache read through kv_views (its bf16 and byte views,
+    the rope's offset), shapes and config (one compiled variant each): Hopper's with a GluonMlaConfig,
+    CDNA3's with a GluonAmdConfig."""
+    shared = dict(KV_STRIDE=kv.shape[1], ROW_BYTES=kv_bytes.shape[1] * kv_bytes.element_size(),
                   ROPE_OFFSET=rope_offset, D_C=d_c, D_R=d_r, BLOCK_N=cfg.block_n, FP8=kv_dtype == "fp8_ds_mla",
                   SPLIT=split)
     if isinstance(cfg, GluonAmdConfig):
@@ -133,13 +144,9 @@ def sparse_mla_gluon(q_c, q_r, kv_cache, indices, scale, kv_dtype, num_splits=No
     (any strides, last dim contiguous), the cache rows at indices int32 [T, K] (-1: none); config
     overrides the tiles (the device's kind of config). RuntimeError naming the backend where the
     device or the installed Triton cannot run it."""
-    if (reason := gluon_unavailable_reason(q_c.device)) is not None:
-        raise RuntimeError(f"backend='gluon': {reason}; use backend='triton'")
-    target = gluon_target(q_c.device)
-    assert target is not None  # gluon_unavailable_reason said the device has one
     t, h, d_c = q_c.shape
     d_r = q_r.shape[2]
-    check_gluon_shapes(d_c, d_r)
+    target = _checked_target(q_c.device, d_c, d_r)
     n_idx = indices.shape[1]
     cfg = config or default_gluon_config(kv_dtype, target)
     if isinstance(cfg, GluonAmdConfig) != (target == CDNA3):
@@ -149,10 +156,10 @@ def sparse_mla_gluon(q_c, q_r, kv_cache, indices, scale, kv_dtype, num_splits=No
     out, lse, dst_o, dst_lse = split_outputs(t, h, d_c, splits, q_c.device)
     if t == 0:
         return out, lse
-    kv, kv_bytes, _, _ = kv_views(kv_cache, kv_dtype, d_c)
+    kv, kv_bytes, _, rope_offset = kv_views(kv_cache, kv_dtype, d_c)
     args = (q_c, q_r, kv, kv_bytes, indices, dst_o, dst_lse, q_c.stride(0), q_c.stride(1), q_r.stride(0),
             q_r.stride(1), scale * LOG2E.value, n_idx, h)
-    constexprs = kernel_constexprs(kv_cache, kv_dtype, d_c, d_r, splits > 1, cfg)
+    constexprs = kernel_constexprs(kv, kv_bytes, rope_offset, kv_dtype, d_c, d_r, splits > 1, cfg)
     if isinstance(cfg, GluonMlaConfig):
         from kernels.sparse_mla_gluon_kernel import sparse_mla_fwd_kernel
 

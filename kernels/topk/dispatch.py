@@ -31,10 +31,10 @@ def topk_triton(logits: torch.Tensor, lengths: torch.Tensor, k: int, config: Top
         return topk_in_registers(logits, lengths, out, k, cfg.num_warps, slots)
     if cfg.sample and 2 * k <= cfg.candidates:
         return topk_sampled(logits, lengths, out, k, cfg, slots)
-    if slots:
-        return positions_to_slots(topk_triton(logits, lengths, k, cfg), slots.block_table, slots.seq_ids,
-                                  slots.block_size, backend="triton")
-    return topk_compacting(logits, lengths, out, k, cfg)
+    positions = topk_compacting(logits, lengths, out, k, cfg)
+    if slots is None:
+        return positions
+    return positions_to_slots(positions, slots.block_table, slots.seq_ids, slots.block_size, backend="triton")
 
 
 def topk_indices(logits: torch.Tensor, lengths: torch.Tensor, k: int, backend: str | None = None) -> torch.Tensor:

@@ -76,8 +76,9 @@ class EngineConfig:
         "--device", choices=DEVICES, help="auto, cpu or cuda (auto: cuda when a GPU is visible)"))
     attention_backend: str = field(default="auto", metadata=cli(
         "--attention-backend", choices=ATTENTION_BACKENDS,
-        help="kernel backend: triton, torch, or gluon (the Gluon sparse-MLA kernel on sm_90, Triton for the "
-        "other ops; kernels/sparse_mla_gluon.py) (auto: triton on CUDA, torch on CPU)"))
+        help="kernel backend: triton, torch, or gluon (the Gluon sparse-MLA kernel on sm_90 (Hopper) or gfx942 "
+        "(CDNA3, never tested on AMD hardware), Triton for the other ops; kernels/sparse_mla_gluon.py) "
+        "(auto: triton on CUDA, torch on CPU)"))
     seed: int = field(default=0, metadata=cli("--seed", help="seed of the random weights"))
     weights: str | None = field(default=None, metadata=cli(
         "--weights", help="safetensors file to load", default_text="seeded random"))
@@ -103,22 +104,27 @@ class EngineConfig:
         help="decode batch sizes to capture as CUDA graphs"))
 
     def __post_init__(self) -> None:
-        # The sub-configs given without a block size or context length get the model preset's.
+        # The one place the sub-configs given without a block size or context length get the model
+        # preset's: every reader sees the resolved value.
         if self.cache.block_size is None:
-            object.__setattr__(self, "cache", dataclasses.replace(self.cache, block_size=self.block_size))
+            block_size = self.model.default_block_size
+            object.__setattr__(self, "cache", dataclasses.replace(self.cache, block_size=block_size))
         if self.scheduler.max_model_len is None:
-            object.__setattr__(self, "scheduler", dataclasses.replace(self.scheduler, max_model_len=self.max_model_len))
+            max_model_len = self.model.max_position
+            object.__setattr__(self, "scheduler", dataclasses.replace(self.scheduler, max_model_len=max_model_len))
         validate_engine_config(self)
 
     @property
     def block_size(self) -> int:
         """KV block size in tokens: --block-size, else the model preset's."""
-        return self.model.default_block_size if self.cache.block_size is None else self.cache.block_size
+        assert self.cache.block_size is not None  # __post_init__ filled in the preset's
+        return self.cache.block_size
 
     @property
     def max_model_len(self) -> int:
         """Longest prompt + output in tokens: --max-model-len, else the model's max position."""
-        return self.model.max_position if self.scheduler.max_model_len is None else self.scheduler.max_model_len
+        assert self.scheduler.max_model_len is not None  # __post_init__ filled in the model's
+        return self.scheduler.max_model_len
 
     @property
     def num_speculative_tokens(self) -> int:

@@ -57,7 +57,7 @@ class Engine:
         """No request, an empty cache (no prefix cached), counters at zero, the samplers' seeds."""
         c = self.config
         self.blocks = BlockManager(self.runner.num_blocks, c.block_size, c.cache.enable_prefix_caching)
-        self.scheduler = Scheduler(c.scheduler, self.blocks, self.eos_token_id)
+        self.scheduler = Scheduler(c.scheduler, self.blocks, self.eos_token_id, self.max_model_len)
         self.sampler = Sampler(self.runner.device, self.eos_token_id, c.seed, self.runner.settings.backend)
         self.spec = None if c.speculative is None else SpeculativeDecoder(
             c.speculative, self.runner, self.sampler, c.seed, self.max_model_len)

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from kernels.backend import runs_compiled_kernels
 from kernels.quant import check_slot_range
 from server.config import EngineConfig, resolve_backend, resolve_device
 from server.distributed.collectives import TensorParallel
@@ -107,11 +108,12 @@ class ModelRunner:
 
     @property
     def compiles_kernels(self) -> bool:
-        """Whether steps run Triton (or Gluon) kernels that compile on first use (CUDA with either backend)."""
-        return self.device.type == "cuda" and self.settings.backend in ("triton", "gluon")
+        """Whether steps run kernels that compile on first use: on CUDA with any backend but torch."""
+        return self.device.type == "cuda" and runs_compiled_kernels(self.settings.backend)
 
     def _use_graphs(self) -> bool:
-        """CUDA graphs for decode steps: on CUDA with the Triton kernels at --tp 1, unless --enforce-eager."""
+        """CUDA graphs for decode steps: where the kernels are compiled ones (compiles_kernels) at --tp 1,
+        unless --enforce-eager."""
         return not self.config.enforce_eager and self.compiles_kernels and self.tp.world_size == 1
 
     def _num_blocks(self, use_graphs: bool) -> int:

@@ -47,11 +47,10 @@ class ScheduledBatch:
 
 
 class Scheduler:
-    def __init__(self, config: SchedulerConfig, block_manager: BlockManager, eos_token_id: int) -> None:
-        if config.max_model_len is None:
-            raise ValueError("Scheduler: needs max_model_len (EngineConfig fills in the model's)")
+    def __init__(self, config: SchedulerConfig, block_manager: BlockManager, eos_token_id: int,
+                 max_model_len: int) -> None:
         self.config = config
-        self.max_model_len = config.max_model_len
+        self.max_model_len = max_model_len
         self.eos_token_id = eos_token_id
         self.blocks = block_manager
         self.waiting: deque[Sequence] = deque()

@@ -23,18 +23,16 @@ verification) are covered only as far as the prefill steps share their kernels.
 from __future__ import annotations
 
 import contextlib
-import importlib
 import logging
 import random
 from collections.abc import Callable, Iterator
+
+import triton
 
 from kernels.topk import FINE_CHUNK_MAX_COLS, SINGLE_PASS_MAX_COLS
 from server.model.attention import LOGITS_WIDTH_MULTIPLE
 
 log = logging.getLogger(__name__)
-# Triton ships no type information, and its compile hook moved between versions: it is looked up
-# by name (`knobs.runtime.jit_cache_hook`) where it exists.
-triton = importlib.import_module("triton")
 
 SHORT_PROMPTS = (1, 5, 16)  # steps of one token, a few, and a multiple of 16
 DECODE_TOKENS = 3

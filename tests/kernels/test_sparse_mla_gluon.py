@@ -24,8 +24,9 @@ import pytest
 import torch
 
 from kernels import fp8_e4m3_quantize, get_backend, set_backend, sparse_mla
-from kernels.backend import BACKENDS, resolve_backend
+from kernels.backend import BACKENDS, resolve_backend, runs_compiled_kernels
 from kernels.quant import kv_row_width
+from kernels.sparse_mla import kv_views
 from kernels.sparse_mla_gluon import (
     AMD_WAVEFRONTS,
     CANDIDATE_CONFIGS,
@@ -51,6 +52,7 @@ def test_gluon_is_a_backend_for_sparse_mla_only():
     assert "gluon" in BACKENDS
     assert resolve_backend("gluon", cpu, gluon_kernel=True) == "gluon"
     assert resolve_backend("gluon", cpu) == "triton"  # conftest turned the interpreter on
+    assert [b for b in BACKENDS if runs_compiled_kernels(b)] == ["triton", "gluon"]  # captured in CUDA graphs
     try:
         set_backend("gluon")
         assert get_backend() == "gluon"
@@ -128,7 +130,8 @@ def compile_variant(target: str, kv_dtype: str, split: bool, cfg: GluonMlaConfig
 
     dtype = torch.bfloat16 if kv_dtype == "bf16" else torch.uint8
     cache = torch.empty(1, kv_row_width(D_C, D_R, kv_dtype), dtype=dtype)
-    constexprs = kernel_constexprs(cache, kv_dtype, D_C, D_R, split, cfg)
+    kv, kv_bytes, _, rope_offset = kv_views(cache, kv_dtype, D_C)
+    constexprs = kernel_constexprs(kv, kv_bytes, rope_offset, kv_dtype, D_C, D_R, split, cfg)
     pointers = {"q_c_ptr": "*bf16", "q_r_ptr": "*bf16", "kv_ptr": "*bf16",
                 "kv_bytes_ptr": "*bf16" if kv_dtype == "bf16" else "*u8", "idx_ptr": "*i32",
                 "o_ptr": "*fp32" if split else "*bf16", "lse_ptr": "*fp32"}

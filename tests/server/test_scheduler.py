@@ -28,7 +28,7 @@ def run_step(sched: Scheduler) -> list[Sequence]:
 
 def make(num_blocks=64, block_size=4, max_seqs=8, budget=32, max_len=256, caching=True):
     bm = BlockManager(num_blocks, block_size, caching)
-    return Scheduler(SchedulerConfig(max_seqs, budget, max_len), bm, EOS), bm
+    return Scheduler(SchedulerConfig(max_seqs, budget), bm, EOS, max_len), bm
 
 
 def req(rid, n, max_tokens=5, **kw):
