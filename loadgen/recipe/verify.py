@@ -38,6 +38,7 @@ from loadgen.recipe.server import flag_args, server_command
 SET_BY_RECIPE = ("port",)  # the server's port: a free one, chosen for each start (also put in place of {port})
 WHERE_AND_HOW = ("out", "quiet", "url", "per_request", "api_key", "header")  # load flags that do not shape it
 SUBSET_LEVELS = ("conc", "rate")
+FlagValues = str | bool | tuple[str | bool, ...]  # a flag's value; all of them, sorted, when it repeats
 
 
 @dataclass(frozen=True)
@@ -89,24 +90,25 @@ def verify(recipe: Recipe, path: Path, doc: dict[str, Any]) -> Verdict:
     return Verdict(path, variant.name, round_, ran or expected, tuple(findings))
 
 
-def argv_flags(argv: list[str]) -> dict[str, str | bool]:
-    """`--key value`, `--key=value` and bare `--switch` of a command line as {key: value} (key with _)."""
-    flags: dict[str, str | bool] = {}
+def argv_flags(argv: list[str]) -> dict[str, FlagValues]:
+    """`--key value`, `--key=value` and bare `--switch` of a command line as {key: value} (key with _);
+    a flag given more than once (--slo, --header) keeps all its values, as a sorted tuple."""
+    given: dict[str, list[str | bool]] = {}
     i = 0
     while i < len(argv):
         token = argv[i]
         if token.startswith("--") and len(token) > 2:
             name, equals, value = token[2:].partition("=")
-            key = name.replace("-", "_")
+            values = given.setdefault(name.replace("-", "_"), [])
             if equals:
-                flags[key] = value
+                values.append(value)
             elif i + 1 < len(argv) and not argv[i + 1].startswith("--"):
-                flags[key] = argv[i + 1]
+                values.append(argv[i + 1])
                 i += 1
             else:
-                flags[key] = True
+                values.append(True)
         i += 1
-    return flags
+    return {key: values[0] if len(values) == 1 else tuple(sorted(values, key=str)) for key, values in given.items()}
 
 
 def _variant(recipe: Recipe, launch: dict[str, Any]) -> Variant | None:
