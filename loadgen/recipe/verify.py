@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from loadgen.defaults import DEFAULTS as REPLAY
 from loadgen.recipe.memory import memory_flags
 from loadgen.recipe.provenance import LAUNCH_KEY, recipe_fingerprint
 from loadgen.recipe.runner import load_command
@@ -156,8 +157,9 @@ def _load_findings(recipe: Recipe, variant: Variant, launch: dict[str, Any], doc
             findings.append(f"load flag --{key}: the run measured {','.join(extra)}, which the recipe's sweep does "
                             f"not list ({expected.get(key, 'none')})")
     seeds = {str(recipe.sweep.seed_of(r)) for r in ([round_] if round_ else range(1, recipe.sweep.repeats + 1))}
-    if str(actual.get("seed", "0")) not in seeds:
-        findings.append(f"load flag --seed: the run's {actual.get('seed', '0')} is none of the recipe's "
+    seed = str(actual.get("seed", REPLAY.seed))
+    if seed not in seeds:
+        findings.append(f"load flag --seed: the run's {seed} is none of the recipe's "
                         f"({', '.join(sorted(seeds))})")
     return findings
 
