@@ -37,7 +37,7 @@ from typing import Any
 
 import yaml
 
-from loadgen.export.infx_identity import AGENTIC_SCENARIO
+from loadgen.export.infx_identity import AGENTIC_SCENARIO, gpu_key
 from loadgen.recipe.infx_fixed import write_fixed_trace
 from loadgen.recipe.infx_serve import (
     SERVERS,
@@ -183,8 +183,8 @@ def resolve_draft(entry: dict[str, Any], space: dict[str, Any], conc: list[int],
 def _pinned_k(entry: dict[str, Any], conc: list[int], where: str) -> int:
     from golden_al.pins import find_pin
 
-    hw = str(entry.get("runner", "")).lower().split(":")[-1].split("-")[0]  # as InferenceX's hwToGpuKey
-    keys = (str(entry["model-prefix"]), str(entry["precision"]), hw, str(entry["framework"]))
+    runner = str(entry.get("runner", ""))
+    keys = (str(entry["model-prefix"]), str(entry["precision"]), gpu_key(runner) or runner, str(entry["framework"]))
     pin = find_pin(*keys)
     if pin is None:
         raise InfxConfigError(f"--spec-k: {where} speculates; InferenceX keeps the draft length in its launch "
