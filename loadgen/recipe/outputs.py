@@ -16,8 +16,7 @@ def write_outputs(recipe: Recipe, out: Path, runs: list[tuple[str, str]]) -> lis
 
     from loadgen.compare import compare_runs, format_comparison, regressions, to_json
     from loadgen.compare.verdicts import load_run_noise
-    from loadgen.results.metric_registry import STATISTIC_BY_NAME as METRIC_BY_NAME
-    from loadgen.results.metric_registry import STATISTICS as METRICS
+    from loadgen.results.metric_registry import STATISTIC_BY_NAME, STATISTICS
 
     loaded = {name: _load(out / "runs" / name / "result.json", name) for _, name in runs}
     by_variant = {v.name: [loaded[name] for owner, name in runs if owner == v.name] for v in recipe.variants}
@@ -26,7 +25,7 @@ def write_outputs(recipe: Recipe, out: Path, runs: list[tuple[str, str]]) -> lis
     if recipe.sweep.capacity is not None:
         written, tables = _capacity_outputs(recipe, out, by_variant)
         return written + evidence_written + _report(list(loaded.values()), out / "report", tables)
-    metrics = [METRIC_BY_NAME[m] for m in recipe.compare.metrics] if recipe.compare.metrics else list(METRICS)
+    metrics = [STATISTIC_BY_NAME[m] for m in recipe.compare.metrics] if recipe.compare.metrics else list(STATISTICS)
     noise = load_run_noise(recipe.compare.run_noise) if recipe.compare.run_noise else None
     written, tables = [], []
     base = recipe.baseline.name
