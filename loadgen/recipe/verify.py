@@ -227,7 +227,7 @@ def register_verify(actions) -> None:
 
 def run_verify(args) -> int:
     from loadgen.errors import UsageError
-    from loadgen.recipe.evidence import append_only, curve_evidence
+    from loadgen.recipe.evidence import append_only, curve_evidence, describe_evidence
     from loadgen.recipe.schema import RecipeError, load_recipe
     from loadgen.results.file import ResultsError, read_results
 
@@ -246,7 +246,7 @@ def run_verify(args) -> int:
     print(f"{args.file}: {wrong} of {len(verdicts)} result{'s' * (len(verdicts) != 1)} contradict the recipe"
           if wrong else f"{args.file}: all {len(verdicts)} results match the recipe")
     print("\nPareto evidence per curve:")
-    print("\n".join(curve.describe() for curve in curve_evidence(results)))
+    print(describe_evidence(curve_evidence(results)))
     appended = True
     if args.earlier:
         appended, lines = append_only(earlier, results)
