@@ -102,9 +102,6 @@ def add_replay_flags(p: argparse.ArgumentParser, http: bool, levels: bool = True
                           "keeps your value) and the results' `validity` block names any rule the run breaks; "
                           f"closed loop only (a window of at least {SUBMISSION.min_window_s:g} s, at most "
                           f"{SUBMISSION.max_over_context_share:.0%}% of requests over the context, ...)")
-    from traces.scale import OVER_CONTEXT_POLICIES, ScaleConfig
-
-    over_context = ScaleConfig().over_context
     tr = p.add_argument_group("traces")
     tr.add_argument("--traces", default=None, metavar="NAME|PATH",
                     help="bundled set name, trace file or directory (default: agentic-coding)")
@@ -113,9 +110,9 @@ def add_replay_flags(p: argparse.ArgumentParser, http: bool, levels: bool = True
     tr.add_argument("--max-context", type=int, metavar="TOKENS",
                     help="requests whose input + output exceed this are dropped or trimmed (default: the "
                     "server's max_model_len when it reports one)")
-    tr.add_argument("--over-context", choices=OVER_CONTEXT_POLICIES, default=over_context,
+    tr.add_argument("--over-context", choices=("drop", "trim"), default="drop",
                     help="over --max-context: drop the request, or trim its input to fit keeping the "
-                    f"leading blocks (default: {over_context})")
+                    "leading blocks (default: drop)")
     scaled = (" (default 1; our server with the bundled sessions: the `loadgen bench` preset for its model, "
               "printed at the start)") if http else " (default 1)"
     tr.add_argument("--token-scale", type=float, metavar="F", help="multiply token counts" + scaled)

@@ -48,19 +48,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="tokens per hash id when the file does not say (default: 64 sessions, 512 Mooncake)",
     )
     stats.add_argument("--json", action="store_true", help="print JSON instead of a table")
-    from traces.scale import OVER_CONTEXT_POLICIES, ScaleConfig
-
-    scale = ScaleConfig()
     scaling = stats.add_argument_group("scaling (as a replay applies it)")
     scaling.add_argument("--max-context", type=int, default=None, metavar="N",
                          help="requests with input+output over N tokens are dropped or trimmed")
-    scaling.add_argument("--over-context", choices=OVER_CONTEXT_POLICIES, default=scale.over_context,
-                         help=f"drop such requests or trim their input to its leading N-output tokens "
-                         f"(default {scale.over_context})")
-    scaling.add_argument("--token-scale", type=float, default=scale.token_scale, metavar="X",
-                         help=f"multiply input and output token counts by X (default {scale.token_scale:g})")
-    scaling.add_argument("--think-time-scale", type=float, default=scale.think_time_scale, metavar="X",
-                         help=f"multiply think times by X (default {scale.think_time_scale:g})")
+    scaling.add_argument("--over-context", choices=("drop", "trim"), default="drop",
+                         help="drop such requests (default) or trim their input to its leading N-output tokens")
+    scaling.add_argument("--token-scale", type=float, default=1.0, metavar="X",
+                         help="multiply input and output token counts by X (default 1)")
+    scaling.add_argument("--think-time-scale", type=float, default=1.0, metavar="X",
+                         help="multiply think times by X (default 1)")
     scaling.add_argument("--think-time-cap", type=float, default=None, metavar="S",
                          help="cap think times at S seconds")
     stats.set_defaults(func=run_stats)
