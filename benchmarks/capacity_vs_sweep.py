@@ -98,6 +98,8 @@ def sweep(args: argparse.Namespace, common: list[str], out: Path, first: int, la
     conc = ",".join(str(c) for c in range(first, last + 1))
     print(f"capacity_vs_sweep: sweeping --conc {first}..{last}", file=sys.stderr, flush=True)
     code, sweep_s = loadgen("replay", [*common, "--conc", conc, "--out", str(out / "sweep")], args.sweep_limit_s)
+    if code not in (0, 1, 130):
+        sys.exit(f"capacity_vs_sweep: loadgen replay failed (exit {code})")
     (out / "sweep" / "timing.json").write_text(json.dumps({"sweep_s": round(sweep_s, 1), "first": first,
                                                             "last": last}))
 

@@ -84,6 +84,14 @@ def crosscheck(result: dict, samples: dict[int, dict[str, np.ndarray]]) -> list[
     return rows
 
 
+def smi_reading(row: dict, column: str) -> str:
+    """One nvidia-smi column's energy over the window, and its difference from loadgen's where that has one."""
+    joules, diff = row[f"smi_{column}_j"], row[f"smi_{column}_diff"]
+    if joules is None:
+        return f"{column}: samples do not cover the window"
+    return f"{column} {joules:.1f} J" + (f" ({diff:+.2%})" if diff is not None else "")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("result", type=Path, help="a run's result.json")
@@ -94,9 +102,7 @@ def main() -> None:
     if not rows:
         sys.exit(f"{args.result}: no level has a GPU energy reading to check")
     for row in rows:
-        smi = ", ".join(f"{column} {row[f'smi_{column}_j']:.1f} J ({row[f'smi_{column}_diff']:+.2%})"
-                        if row[f"smi_{column}_j"] is not None else f"{column}: samples do not cover the window"
-                        for column in COLUMNS[2:])
+        smi = ", ".join(smi_reading(row, column) for column in COLUMNS[2:])
         print(f"{row['level']} GPU {row['gpu']}: loadgen {row['loadgen_j']:.1f} J ({row['loadgen_from']}) over "
               f"{row['window_s']:.1f} s; nvidia-smi ({row['smi_samples']} samples) {smi}")
     if args.json:

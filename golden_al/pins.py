@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 PINS_FILE = Path(__file__).with_name("infx_pins.yaml")
-THINKING = "on"  # every pinned script measures thinking mode on
+THINKING = "on"  # InferenceX's default THINKING_MODE: every pinned script measures it
 
 
 @dataclass(frozen=True, slots=True)

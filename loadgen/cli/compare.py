@@ -12,7 +12,7 @@ import sys
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    from loadgen.compare.verdicts import DEFAULT_FDR, DEFAULT_RESAMPLES
+    from loadgen.compare.verdicts import DEFAULT_FDR, DEFAULT_MIN_EFFECT_PCT, DEFAULT_RESAMPLES, DEFAULT_SEED
     from loadgen.results.metric_registry import STATISTICS
 
     p = subparsers.add_parser(
@@ -37,11 +37,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--fail-on-regression", action="append", default=[], metavar="METRIC:PCT",
                    help="exit 1 when NEW is worse than BASE on METRIC by more than PCT %% with the "
                    "interval excluding 0, at any common level (repeatable)")
-    p.add_argument("--seed", type=int, default=0, help="bootstrap seed (default 0)")
+    p.add_argument("--seed", type=int, default=DEFAULT_SEED, help=f"bootstrap seed (default {DEFAULT_SEED})")
     p.add_argument("--resamples", type=int, default=DEFAULT_RESAMPLES, metavar="N",
                    help=f"bootstrap resamples (default {DEFAULT_RESAMPLES})")
-    p.add_argument("--min-effect", type=float, default=0.0, metavar="PCT",
-                   help="also call |delta| below PCT %% within noise (default 0)")
+    p.add_argument("--min-effect", type=float, default=DEFAULT_MIN_EFFECT_PCT, metavar="PCT",
+                   help=f"also call |delta| below PCT %% within noise (default {DEFAULT_MIN_EFFECT_PCT:g})")
     p.add_argument("--fdr", type=float, default=DEFAULT_FDR, metavar="Q",
                    help=f"false-discovery rate of the Benjamini-Hochberg control over all (level, metric) "
                    f"rows (default {DEFAULT_FDR:g})")

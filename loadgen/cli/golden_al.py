@@ -15,6 +15,8 @@ from __future__ import annotations
 import argparse
 import json
 
+from golden_al.curves import Curve
+from golden_al.pins import THINKING, Pin
 from loadgen.errors import UsageError
 
 
@@ -49,8 +51,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     select_parser.add_argument("prefix", metavar="MODEL_PREFIX",
                                help="InferenceX model prefix (e.g. dsv4) or model key")
     select_parser.add_argument("--spec-k", type=int, required=True, metavar="K", help="num_speculative_tokens")
-    select_parser.add_argument("--thinking", choices=("on", "off"), default="on",
-                               help="thinking mode (default: on, as InferenceX)")
+    select_parser.add_argument("--thinking", choices=("on", "off"), default=THINKING,
+                               help=f"thinking mode (default: {THINKING}, as InferenceX)")
     select_parser.add_argument("--json", action="store_true", help="print JSON")
     select_parser.set_defaults(func=run_select)
 
@@ -157,17 +159,22 @@ def run_pins(args: argparse.Namespace) -> int:
     if not chosen:
         raise UsageError(f"no InferenceX launch script pins a draft length for {args.prefix!r}")
     curves = {pin.prefix: select_by_model(pin.prefix) for pin in chosen}
-    mismatches = {pin.script: [f"k={d.k}: {curves[pin.prefix].al(d.k, True):g}" for d in pin.drafts
-                               if curves[pin.prefix].al(d.k, True) != d.al] for pin in chosen}
+    mismatches = {pin.script: _disagreements(pin, curves[pin.prefix]) for pin in chosen}
     if args.json:
         print(json.dumps([{"script": pin.script, "prefix": pin.prefix, "curve": curves[pin.prefix].name,
                            "drafts": pin.describe(), "curve_agrees": not mismatches[pin.script],
                            "curve_says": mismatches[pin.script]} for pin in chosen], indent=2))
         return 0
-    print(_table(["script", "curve", "drafts (thinking on)", "curve agrees"],
+    print(_table(["script", "curve", f"drafts (thinking {THINKING})", "curve agrees"],
                  [[pin.script, curves[pin.prefix].name, pin.describe(), ", ".join(mismatches[pin.script]) or "yes"]
                   for pin in chosen]))
     return 0
+
+
+def _disagreements(pin: Pin, curve: Curve) -> list[str]:
+    """The pin's drafts whose AL the curve does not give, as 'k=K: the curve's AL'."""
+    curve_al = {draft.k: curve.al(draft.k, THINKING == "on") for draft in pin.drafts}
+    return [f"k={draft.k}: {curve_al[draft.k]:g}" for draft in pin.drafts if curve_al[draft.k] != draft.al]
 
 
 def _k_ranges(modes: dict[str, dict[int, float]]) -> str:

@@ -42,6 +42,8 @@ from typing import Any
 
 import orjson
 
+from loadgen.recipe.provenance import LAUNCH_KEY
+
 log = logging.getLogger(__name__)
 
 AGENTIC_SCENARIO = "agentic-coding"  # InferenceX's name of the agentic scenario (configs and rows)
@@ -122,7 +124,8 @@ def resolve_identity(flags: IdentityFlags, doc: dict[str, Any], run_name: str) -
     measured; ExportError names what is missing or contradicts the run."""
     config = doc["config"]
     server = config.get("server") or {}
-    launch = (doc.get("launch") or {}).get("server") or {}  # the image: a recipe run's record of what it started
+    launch = doc.get(LAUNCH_KEY) or {}
+    started = launch.get("server") or {}  # the image: a recipe run's record of what it started
     ours = bool(server.get("ours"))
     server_gpus = int(server.get("num_gpus") or 0)
     defaults = {"framework": OUR_FRAMEWORK, "precision": OUR_PRECISION, "model_prefix": config.get("model")} \
@@ -148,8 +151,8 @@ def resolve_identity(flags: IdentityFlags, doc: dict[str, Any], run_name: str) -
         hw=chosen["hw"], model=str(config.get("model") or chosen["model_prefix"]),
         infmax_model_prefix=chosen["model_prefix"], framework=chosen["framework"],
         precision=chosen["precision"], spec_decoding=chosen["spec_decoding"] or _spec_method(config),
-        image=flags.image or launch.get("image") or "",
-        recipe_fingerprint=flags.recipe_fingerprint or (doc.get("launch") or {}).get("recipe_fingerprint") or "",
+        image=flags.image or started.get("image") or "",
+        recipe_fingerprint=flags.recipe_fingerprint or launch.get("recipe_fingerprint") or "",
         tp=tp, ep=flags.ep, pp=flags.pp,
         dcp_size=flags.dcp_size, pcp_size=flags.pcp_size, dp_attention=flags.dp_attention,
     )

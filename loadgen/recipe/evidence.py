@@ -99,6 +99,11 @@ def curve_evidence(results: Results) -> list[CurveEvidence]:
     return [_evidence(fingerprint, tuple(variants[fingerprint]), runs) for fingerprint, runs in grouped.items()]
 
 
+def describe_evidence(curves: list[CurveEvidence]) -> str:
+    """The curves' evidence as text, one curve after another."""
+    return "\n".join(curve.describe() for curve in curves)
+
+
 def _evidence(fingerprint: str, variants: tuple[str, ...], runs: list[tuple[Path, dict[str, Any]]]) -> CurveEvidence:
     counts: dict[str, int] = defaultdict(int)
     failed: dict[str, int] = defaultdict(int)

@@ -37,7 +37,7 @@ from typing import Any
 
 import yaml
 
-from loadgen.export.infx_identity import AGENTIC_SCENARIO
+from loadgen.export.infx_identity import AGENTIC_SCENARIO, gpu_key
 from loadgen.recipe.infx_fixed import write_fixed_trace
 from loadgen.recipe.infx_serve import (
     SERVERS,
@@ -183,8 +183,8 @@ def resolve_draft(entry: dict[str, Any], space: dict[str, Any], conc: list[int],
 def _pinned_k(entry: dict[str, Any], conc: list[int], where: str) -> int:
     from golden_al.pins import find_pin
 
-    hw = str(entry.get("runner", "")).lower().split(":")[-1].split("-")[0]  # as InferenceX's hwToGpuKey
-    keys = (str(entry["model-prefix"]), str(entry["precision"]), hw, str(entry["framework"]))
+    runner = str(entry.get("runner", ""))
+    keys = (str(entry["model-prefix"]), str(entry["precision"]), gpu_key(runner) or runner, str(entry["framework"]))
     pin = find_pin(*keys)
     if pin is None:
         raise InfxConfigError(f"--spec-k: {where} speculates; InferenceX keeps the draft length in its launch "
@@ -285,29 +285,32 @@ def run_from_infx(args: argparse.Namespace) -> int:
         count = 1 if args.entry is not None else len(search_spaces(entry, f"{path}: {args.key}", args.scenario)[1])
     except InfxConfigError as exc:
         raise UsageError(str(exc)) from None
-    if count <= 1:
-        try:
-            text = _recipe_text(entry, args.key, options, path, out)
-        except (InfxConfigError, RecipeError) as exc:
-            raise UsageError(str(exc)) from None
-        _emit(text, out, f"{path.name} {args.key}")
-        return 0
-    # Several search-space entries and no --entry: one recipe each, as InferenceX runs each of them.
+    recipes = _recipes(options, out, count)
     skipped, written = [], 0
-    for index in range(count):
-        out_i = None if out is None else out.with_name(f"{out.stem}.{index}{out.suffix}")
+    for options_i, out_i, which in recipes:
         try:
-            text = _recipe_text(entry, args.key, replace(options, entry=index), path, out_i)
+            text = _recipe_text(entry, args.key, options_i, path, out_i)
         except (InfxConfigError, RecipeError) as exc:
-            skipped.append(f"entry {index}: {exc}")
+            if len(recipes) == 1:
+                raise UsageError(str(exc)) from None
+            skipped.append(f"entry {options_i.entry}: {exc}")
             print(f"loadgen recipe from-infx: skipped search-space {skipped[-1]}", file=sys.stderr)
             continue
-        _emit(text, out_i, f"{path.name} {args.key} --entry {index}", separate=written > 0)
+        _emit(text, out_i, f"{path.name} {args.key}{which}", separate=written > 0)
         written += 1
-    if len(skipped) == count:
+    if len(skipped) == len(recipes):
         raise UsageError(f"{path}: {args.key}: none of its {count} search-space entries has a recipe form: "
                          + "; ".join(skipped))
     return 0
+
+
+def _recipes(options: FromInfxOptions, out: Path | None, count: int) -> list[tuple[FromInfxOptions, Path | None, str]]:
+    """The recipes to make, each as its options, file and what its header names of the command: one, or for
+    several search-space entries and no --entry one each, as InferenceX runs each of them."""
+    if count <= 1:
+        return [(options, out, "")]
+    return [(replace(options, entry=index), None if out is None else out.with_name(f"{out.stem}.{index}{out.suffix}"),
+             f" --entry {index}") for index in range(count)]
 
 
 def _recipe_text(entry: dict[str, Any], key: str, options: FromInfxOptions, path: Path, out: Path | None) -> str:

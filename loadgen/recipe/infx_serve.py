@@ -33,7 +33,9 @@ from typing import Any
 
 import orjson
 
+from golden_al.pins import THINKING
 from loadgen.export.infx_identity import KEYS_FILE
+from loadgen.run.validity import SUBMISSION
 
 SERVERS = ("ours", "vllm", "sglang", "url")
 NODES_FILE = KEYS_FILE.with_name("infx_nodes.json")
@@ -57,10 +59,10 @@ class FromInfxOptions:
     entry: int | None = None  # search-space index (None: the only one; the CLI makes one recipe per entry)
     scenario: str | None = None  # default: agentic-coding when the entry has it, else fixed-seq-len
     spec_k: int | None = None  # default: the draft length InferenceX's launch script runs
-    thinking: str = "on"  # InferenceX's default THINKING_MODE
+    thinking: str = THINKING  # InferenceX's default THINKING_MODE
     golden_al: str | None = None  # default: the entry's model prefix
     model_preset: str = "v32"  # ours: the engine preset that stands in for the entry's model
-    duration_s: float = 3600.0  # InferenceX's default agentic duration
+    duration_s: float = SUBMISSION.duration_s  # InferenceX's default agentic duration
     offload_gb: int | None = None  # default: InferenceX's DRAM budget for the entry's node
 
 

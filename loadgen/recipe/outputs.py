@@ -16,17 +16,16 @@ def write_outputs(recipe: Recipe, out: Path, runs: list[tuple[str, str]]) -> lis
 
     from loadgen.compare import compare_runs, format_comparison, regressions, to_json
     from loadgen.compare.verdicts import load_run_noise
-    from loadgen.results.metric_registry import STATISTIC_BY_NAME as METRIC_BY_NAME
-    from loadgen.results.metric_registry import STATISTICS as METRICS
+    from loadgen.results.metric_registry import STATISTIC_BY_NAME, STATISTICS
 
     loaded = {name: _load(out / "runs" / name / "result.json", name) for _, name in runs}
     by_variant = {v.name: [loaded[name] for owner, name in runs if owner == v.name] for v in recipe.variants}
     (out / "compare").mkdir(exist_ok=True)
-    evidence_written = _evidence(loaded.values(), out / "report")
+    evidence_written, evidence = _evidence(loaded.values(), out / "report")
     if recipe.sweep.capacity is not None:
         written, tables = _capacity_outputs(recipe, out, by_variant)
-        return written + evidence_written + _report(list(loaded.values()), out / "report", tables)
-    metrics = [METRIC_BY_NAME[m] for m in recipe.compare.metrics] if recipe.compare.metrics else list(METRICS)
+        return written + evidence_written + _report(list(loaded.values()), out / "report", tables, evidence)
+    metrics = [STATISTIC_BY_NAME[m] for m in recipe.compare.metrics] if recipe.compare.metrics else list(STATISTICS)
     noise = load_run_noise(recipe.compare.run_noise) if recipe.compare.run_noise else None
     written, tables = [], []
     base = recipe.baseline.name
@@ -44,23 +43,23 @@ def write_outputs(recipe: Recipe, out: Path, runs: list[tuple[str, str]]) -> lis
         stem.with_suffix(".txt").write_text(text + "\n")
         written += [stem.with_suffix(".txt"), stem.with_suffix(".json")]
         tables.append((f"{variant.name} vs {base} (baseline)", text))
-    written += evidence_written + _report(list(loaded.values()), out / "report", tables)
+    written += evidence_written + _report(list(loaded.values()), out / "report", tables, evidence)
     return written
 
 
-def _evidence(runs, folder: Path) -> list[Path]:
-    """report/evidence.txt|.json: the review's Pareto evidence per curve (loadgen/recipe/evidence.py; the
-    report's page shows it too)."""
+def _evidence(runs, folder: Path) -> tuple[list[Path], str]:
+    """report/evidence.txt|.json: the review's Pareto evidence per curve (loadgen/recipe/evidence.py); the
+    paths written, and the text, which the report's page shows too."""
     import orjson
 
-    from loadgen.recipe.evidence import curve_evidence
+    from loadgen.recipe.evidence import curve_evidence, describe_evidence
 
     curves = curve_evidence([(run.path, run.doc) for run in runs])
-    text = "\n".join(curve.describe() for curve in curves)
+    text = describe_evidence(curves)
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "evidence.txt").write_text(text + "\n")
     (folder / "evidence.json").write_bytes(orjson.dumps([c.to_dict() for c in curves], option=orjson.OPT_INDENT_2))
-    return [folder / "evidence.txt", folder / "evidence.json"]
+    return [folder / "evidence.txt", folder / "evidence.json"], text
 
 
 def _capacity_outputs(recipe: Recipe, out: Path, by_variant: dict) -> tuple[list[Path], list[tuple[str, str]]]:
@@ -91,12 +90,13 @@ def _load(path: Path, name: str):
     return Run(run.path, name, run.doc)
 
 
-def _report(runs: list, folder: Path, tables: list[tuple[str, str]]) -> list[Path]:
-    """Plots of every variant on shared axes, and one HTML page that also shows each comparison."""
+def _report(runs: list, folder: Path, tables: list[tuple[str, str]], evidence: str) -> list[Path]:
+    """Plots of every variant on shared axes, and one HTML page that also shows each comparison and the
+    `evidence` text."""
     from loadgen.report.html import write_html
     from loadgen.report.plots import render_plots
 
     folder.mkdir(exist_ok=True)
     plots = render_plots(runs, folder)
-    page = write_html(runs, folder / "report.html", plots, tables)
+    page = write_html(runs, folder / "report.html", plots, tables, evidence)
     return [png for png, _ in plots] + [page]

@@ -10,7 +10,8 @@ Build one programmatically (`Recipe(...)`, or `recipe_from_dict`) and write it w
 `to_yaml`; `recipe_from_dict(to_dict(r)) == r`. Every error is a RecipeError naming the key
 (`server.kind`, `variants[1].flags`, ...); the cross-field rules are in loadgen/recipe/validate.py.
 Server-flag names are checked against the engine's own flags later, by `loadgen recipe check`.
-Defaults the replay has too (window, warm-up) are read from its config (loadgen/defaults.py).
+Defaults the replay has too (window, warm-up, seed, endpoint) are read from its config (loadgen/defaults.py),
+the traces' scaling from traces/scale.py.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from loadgen.capacity.config import DEFAULT_SLO, OVER, SEARCH
 from loadgen.compare.verdicts import DEFAULT_FDR
 from loadgen.defaults import DEFAULTS as REPLAY
 from loadgen.run.affinity import parse_cpus
+from traces.scale import ScaleConfig
 
 SCHEMA = "agentload.recipe/1"
 SERVER_KINDS = ("ours", "inprocess", "command", "url")
@@ -31,6 +33,7 @@ THINKING_MODES = ("auto", "on", "off")
 SERVER_LIFETIMES = ("fresh", "kept")
 ENDPOINTS = ("completions", "chat")
 PORT_PLACEHOLDER = "{port}"
+SCALING = ScaleConfig()  # the traces' scaling defaults
 
 # A flag value: a scalar, or a mapping/list given as JSON text on the command line
 # (e.g. speculative_config). True means a bare switch (--no-prefix-caching); False leaves it out.
@@ -72,14 +75,14 @@ class Workload:
     """The sessions replayed, and how they are scaled; `None` keeps the replay's default."""
 
     traces: str | None = None  # bundled set name, trace file or folder (default: agentic-coding)
-    token_scale: float = 1.0
-    think_time_scale: float = 1.0
+    token_scale: float = SCALING.token_scale
+    think_time_scale: float = SCALING.think_time_scale
     think_time_cap: float | None = None
     max_context: int | None = None
     golden_al: str | None = None  # golden AL curve sent per request (HTTP servers; see `loadgen golden-al`)
     spec_k: int | None = None
     thinking: str | None = field(default=None, metadata={"choices": THINKING_MODES})
-    endpoint: str = field(default="completions", metadata={"choices": ENDPOINTS})
+    endpoint: str = field(default=REPLAY.endpoint, metadata={"choices": ENDPOINTS})
     model: str | None = None  # model id to ask an HTTP server for (default: its first)
     timeout_s: float | None = None  # per-request limit (default: the replay's)
 
@@ -117,7 +120,7 @@ class Sweep:
     duration_s: float = REPLAY.duration_s
     warmup: str = REPLAY.warmup  # seconds ("30s") or requests per lane ("2req")
     repeats: int = 5
-    seed: int = 0
+    seed: int = REPLAY.seed
     client_cpus: str | None = None  # CPUs the load generator runs on, e.g. "0" (Linux; default: any)
     servers: str = field(default="fresh", metadata={"choices": SERVER_LIFETIMES})
 

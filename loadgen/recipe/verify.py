@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from loadgen.defaults import DEFAULTS as REPLAY
 from loadgen.recipe.memory import memory_flags
 from loadgen.recipe.provenance import LAUNCH_KEY, recipe_fingerprint
 from loadgen.recipe.runner import load_command
@@ -38,6 +39,7 @@ from loadgen.recipe.server import flag_args, server_command
 SET_BY_RECIPE = ("port",)  # the server's port: a free one, chosen for each start (also put in place of {port})
 WHERE_AND_HOW = ("out", "quiet", "url", "per_request", "api_key", "header")  # load flags that do not shape it
 SUBSET_LEVELS = ("conc", "rate")
+FlagValues = str | bool | tuple[str | bool, ...]  # a flag's value; all of them, sorted, when it repeats
 
 
 @dataclass(frozen=True)
@@ -89,24 +91,25 @@ def verify(recipe: Recipe, path: Path, doc: dict[str, Any]) -> Verdict:
     return Verdict(path, variant.name, round_, ran or expected, tuple(findings))
 
 
-def argv_flags(argv: list[str]) -> dict[str, str | bool]:
-    """`--key value`, `--key=value` and bare `--switch` of a command line as {key: value} (key with _)."""
-    flags: dict[str, str | bool] = {}
+def argv_flags(argv: list[str]) -> dict[str, FlagValues]:
+    """`--key value`, `--key=value` and bare `--switch` of a command line as {key: value} (key with _);
+    a flag given more than once (--slo, --header) keeps all its values, as a sorted tuple."""
+    given: dict[str, list[str | bool]] = {}
     i = 0
     while i < len(argv):
         token = argv[i]
         if token.startswith("--") and len(token) > 2:
             name, equals, value = token[2:].partition("=")
-            key = name.replace("-", "_")
+            values = given.setdefault(name.replace("-", "_"), [])
             if equals:
-                flags[key] = value
+                values.append(value)
             elif i + 1 < len(argv) and not argv[i + 1].startswith("--"):
-                flags[key] = argv[i + 1]
+                values.append(argv[i + 1])
                 i += 1
             else:
-                flags[key] = True
+                values.append(True)
         i += 1
-    return flags
+    return {key: values[0] if len(values) == 1 else tuple(sorted(values, key=str)) for key, values in given.items()}
 
 
 def _variant(recipe: Recipe, launch: dict[str, Any]) -> Variant | None:
@@ -154,8 +157,9 @@ def _load_findings(recipe: Recipe, variant: Variant, launch: dict[str, Any], doc
             findings.append(f"load flag --{key}: the run measured {','.join(extra)}, which the recipe's sweep does "
                             f"not list ({expected.get(key, 'none')})")
     seeds = {str(recipe.sweep.seed_of(r)) for r in ([round_] if round_ else range(1, recipe.sweep.repeats + 1))}
-    if str(actual.get("seed", "0")) not in seeds:
-        findings.append(f"load flag --seed: the run's {actual.get('seed', '0')} is none of the recipe's "
+    seed = str(actual.get("seed", REPLAY.seed))
+    if seed not in seeds:
+        findings.append(f"load flag --seed: the run's {seed} is none of the recipe's "
                         f"({', '.join(sorted(seeds))})")
     return findings
 
@@ -223,7 +227,7 @@ def register_verify(actions) -> None:
 
 def run_verify(args) -> int:
     from loadgen.errors import UsageError
-    from loadgen.recipe.evidence import append_only, curve_evidence
+    from loadgen.recipe.evidence import append_only, curve_evidence, describe_evidence
     from loadgen.recipe.schema import RecipeError, load_recipe
     from loadgen.results.file import ResultsError, read_results
 
@@ -242,7 +246,7 @@ def run_verify(args) -> int:
     print(f"{args.file}: {wrong} of {len(verdicts)} result{'s' * (len(verdicts) != 1)} contradict the recipe"
           if wrong else f"{args.file}: all {len(verdicts)} results match the recipe")
     print("\nPareto evidence per curve:")
-    print("\n".join(curve.describe() for curve in curve_evidence(results)))
+    print(describe_evidence(curve_evidence(results)))
     appended = True
     if args.earlier:
         appended, lines = append_only(earlier, results)

@@ -71,9 +71,10 @@ DEFINITIONS = (
 
 
 def write_html(runs: Sequence[Run], path: Path, plots: Sequence[tuple[Path, str]] | None = None,
-               sections: Sequence[tuple[str, str]] = ()) -> Path:
+               sections: Sequence[tuple[str, str]] = (), evidence: str | None = None) -> Path:
     """Embed the plots (the (png, title) pairs `plots.render_plots` wrote; rendered into a scratch
-    folder when not given), write one HTML file; `sections` are extra (title, text) blocks at the end."""
+    folder when not given), write one HTML file; `sections` are extra (title, text) blocks at the end;
+    `evidence` the runs' Pareto evidence text, when the caller has it already."""
     if plots is None:
         from loadgen.report.plots import render_plots
 
@@ -81,7 +82,7 @@ def write_html(runs: Sequence[Run], path: Path, plots: Sequence[tuple[Path, str]
             images = [(title, png.read_bytes()) for png, title in render_plots(runs, Path(scratch))]
     else:
         images = [(title, png.read_bytes()) for png, title in plots]
-    path.write_text(render_html(runs, images, sections), encoding="utf-8")
+    path.write_text(render_html(runs, images, sections, evidence), encoding="utf-8")
     return path
 
 
@@ -119,13 +120,15 @@ def write_report_folder(out: Path, quiet: bool) -> None:
 
 
 def render_html(runs: Sequence[Run], images: Sequence[tuple[str, bytes]],
-                sections: Sequence[tuple[str, str]] = ()) -> str:
+                sections: Sequence[tuple[str, str]] = (), evidence: str | None = None) -> str:
+    if evidence is None:
+        evidence = evidence_text(runs)
     timelines = any(timeline.has_timeline(level) for run in runs for level in run.doc["levels"])
     style = STYLE + timeline.head_style() if timelines else STYLE
     parts = ["<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
              "<title>agentload report</title>", f"<style>{style}</style></head><body>",
              "<h1>agentload report</h1>", _runs_table(runs), *_capacity_section(runs), "<h2>Sweep summary</h2>",
-             _summary_table(summary_rows(runs)), f"<h2>{EVIDENCE_TITLE}</h2><pre>{escape(evidence_text(runs))}</pre>",
+             _summary_table(summary_rows(runs)), f"<h2>{EVIDENCE_TITLE}</h2><pre>{escape(evidence)}</pre>",
              "<h2>Plots</h2>"]
     for title, png in images:
         data = base64.b64encode(png).decode("ascii")

@@ -100,6 +100,6 @@ EVIDENCE_TITLE = "Pareto evidence per curve"
 def evidence_text(runs: Sequence[Run]) -> str:
     """The review's Pareto evidence per curve (points measured, invalid, on the frontier; a warning under
     the recommended valid points), a curve being one recipe fingerprint or else one file."""
-    from loadgen.recipe.evidence import curve_evidence
+    from loadgen.recipe.evidence import curve_evidence, describe_evidence
 
-    return "\n".join(curve.describe() for curve in curve_evidence([(run.path, run.doc) for run in runs]))
+    return describe_evidence(curve_evidence([(run.path, run.doc) for run in runs]))

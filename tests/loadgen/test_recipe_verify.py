@@ -185,3 +185,25 @@ def test_the_fingerprint_is_the_curve_not_its_points_or_its_labels():
     for doc in same + other:
         changed = recipe_from_dict(doc)
         assert (recipe_fingerprint(changed, changed.baseline) == fingerprint) == (doc in same), doc
+
+
+def test_a_wrong_first_tier_of_a_repeated_flag_is_named(runs, capsys, tmp_path):
+    """`--slo` is given once per recipe tier: every tier is compared, not only the last."""
+    from loadgen.recipe.runner import load_command
+    from loadgen.recipe.schema import recipe_from_dict
+
+    doc = yaml.safe_load(runs["plain"].read_text())
+    doc["slos"] = {"fast": "ttft<=2s", "slow": "ttft<=5s"}
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(yaml.safe_dump(doc))
+    argv = load_command(recipe_from_dict(doc), recipe_from_dict(doc).baseline, "-", Path("-"), False)
+    assert argv.count("--slo") == 2
+    argv[argv.index("fast=ttft<=2s")] = "fast=ttft<=3s"
+    result = json.loads((runs["plain-out"] / "runs" / "a-r1" / "result.json").read_text())
+    result["launch"]["load_argv"] = argv
+    path = tmp_path / "result.json"
+    path.write_text(json.dumps(result))
+    code, out = _verify(capsys, recipe, path)
+    assert code == 1
+    assert ("load flag --slo: the recipe gives ('fast=ttft<=2s', 'slow=ttft<=5s'), the run had "
+            "('fast=ttft<=3s', 'slow=ttft<=5s')") in out, out
