@@ -14,12 +14,14 @@ a probe. Prints both answers, both wall times and their ratio, and one JSON line
 `--sweep-limit-s` stops the sweep (SIGINT: the levels measured so far are kept) when a device's
 time is short. A sweep too long for one sitting runs in parts on the same machine: `--only search`,
 then `--only sweep --conc A..B` once per part (each into its own `--out`), then `--compare DIR...`
-reads every part's levels and wall time (each part writes `timing.json` beside its results).
+reads every part's levels and wall time (each part writes `timing.json` beside its results; a part
+interrupted mid-level is charged up to the end of its last whole level).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import signal
 import subprocess
@@ -38,24 +40,33 @@ from loadgen.run.sweep import share_of
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def loadgen(command: str, flags: list[str], limit_s: float | None = None) -> tuple[int, float]:
-    """Run a loadgen command; (exit code, wall seconds). At `limit_s` it is interrupted (SIGINT) and
-    keeps what it measured."""
+def loadgen(command: str, flags: list[str], limit_s: float | None = None,
+            results: Path | None = None) -> tuple[int, float, list[float]]:
+    """Run a loadgen command; (exit code, wall seconds, seconds at which `results` had 1, 2, ... levels).
+    At `limit_s` it is interrupted (SIGINT) and keeps what it measured."""
     started = time.monotonic()
     proc = subprocess.Popen([sys.executable, "-m", "loadgen.cli", command, *flags], cwd=ROOT)
-    try:
-        code = proc.wait(timeout=limit_s)
-    except subprocess.TimeoutExpired:
-        proc.send_signal(signal.SIGINT)
-        code = proc.wait()
-    return code, time.monotonic() - started
+    level_times: list[float] = []
+    stamp = None
+    while proc.poll() is None:
+        if limit_s is not None and time.monotonic() - started > limit_s:
+            proc.send_signal(signal.SIGINT)
+            proc.wait()
+            break
+        if results is not None and results.exists() and results.stat().st_mtime != stamp:
+            stamp = results.stat().st_mtime
+            with contextlib.suppress(ValueError, OSError):  # a write in progress: read it next time
+                n = len(json.loads(results.read_bytes())["levels"])
+                level_times += [time.monotonic() - started] * (n - len(level_times))
+        time.sleep(0.5)
+    return proc.returncode, time.monotonic() - started, level_times
 
 
 def sweep_capacity(results: list[Path], slo_name: str, target: float) -> dict:
     """The capacity read off a sweep (one or several parts): every level a probe of the search's estimator."""
     probes = []
     for result in results:
-        for level in read_results(result)["levels"]:
+        for level in whole_levels(read_results(result)):
             entry = next(e for e in level["slo"] if e["name"] == slo_name)
             share: Share = share_of(entry["requests"])
             probes.append(Probe(float(level["concurrency"]), share, level["label"], level["window_s"]))
@@ -72,7 +83,7 @@ def conc_range(text: str) -> tuple[int, int]:
 
 def search(args: argparse.Namespace, common: list[str], out: Path) -> dict:
     first_probe = ["--low", args.low] if args.low else []
-    code, search_s = loadgen("capacity", [*common, *first_probe, "--out", str(out / "capacity")], args.search_limit_s)
+    code, search_s, _ = loadgen("capacity", [*common, *first_probe, "--out", str(out / "capacity")], args.search_limit_s)
     if code not in (0, 1, 130):
         sys.exit(f"capacity_vs_sweep: loadgen capacity failed (exit {code})")
     (out / "capacity" / "timing.json").write_text(json.dumps({"search_s": round(search_s, 1)}))
@@ -97,11 +108,20 @@ def sweep_range(args: argparse.Namespace, found: dict) -> tuple[int, int]:
 def sweep(args: argparse.Namespace, common: list[str], out: Path, first: int, last: int) -> None:
     conc = ",".join(str(c) for c in range(first, last + 1))
     print(f"capacity_vs_sweep: sweeping --conc {first}..{last}", file=sys.stderr, flush=True)
-    code, sweep_s = loadgen("replay", [*common, "--conc", conc, "--out", str(out / "sweep")], args.sweep_limit_s)
+    code, wall_s, level_times = loadgen("replay", [*common, "--conc", conc, "--out", str(out / "sweep")],
+                                        args.sweep_limit_s, out / "sweep" / "result.json")
     if code not in (0, 1, 130):
         sys.exit(f"capacity_vs_sweep: loadgen replay failed (exit {code})")
-    (out / "sweep" / "timing.json").write_text(json.dumps({"sweep_s": round(sweep_s, 1), "first": first,
-                                                            "last": last}))
+    whole = len(whole_levels(read_results(out / "sweep" / "result.json")))
+    # an interrupted part keeps the level it was cut in: it is not counted, nor is its time
+    sweep_s = wall_s if code != 130 else (level_times[whole - 1] if whole else 0.0)
+    (out / "sweep" / "timing.json").write_text(json.dumps({"sweep_s": round(sweep_s, 1), "wall_s": round(wall_s, 1),
+                                                            "first": first, "last": last}))
+
+
+def whole_levels(results: dict) -> list[dict]:
+    """A sweep's levels that ran their whole window (an interrupted run keeps the level it was cut in)."""
+    return [level for level in results["levels"] if level["window_s"] >= results["config"]["duration_s"] - 0.5]
 
 
 def compare(folders: list[Path], target: float) -> None:
