@@ -27,6 +27,12 @@ def describe_capacity(found: dict[str, Any]) -> str:
                      "--duration)")
     if found["high"] is None and not found["above_range"]:
         notes.append("no probe showed it failed with 95 % confidence")
+    if not found["consistent"]:
+        notes.append("the probes contradict each other beyond their intervals (a load held that a lighter one "
+                     "failed): the interval spans both claims; a longer --duration averages more bursts per probe")
+    elif found["dispersion"] > 1:
+        notes.append(f"effective sizes divided by {found['dispersion']:.2g} for the probes' disagreement "
+                     "(loadgen/capacity/dispersion.py)")
     if found["capacity"] is None:  # above_range: the heaviest probe still held
         point = f"at least {_load(loads[-1], unit)} (the heaviest load probed held)"
     else:

@@ -28,7 +28,9 @@ lightest one that some probe at or under it shows failed (the upper ends' runnin
 the light side). A probe with few requests, whose interval is wide, neither drags the band down
 nor pushes it up. The point estimate is where the shares, made non-increasing in the load
 (pool-adjacent-violators, weighted by the probes' effective sizes), cross the target, by linear
-interpolation between probes, kept inside the interval. Closed loop: whole agents, the largest
+interpolation between probes, kept inside the interval. The probes' intervals are first re-taken
+with the corrections their disagreement calls for (loadgen/capacity/dispersion.py): the search's
+verdicts, its early stop and the answer all read the corrected ones. Closed loop: whole agents, the largest
 concurrency at or below the crossing; the upper end is one agent under the failing load. Open
 loop: the upper end is the failing rate itself. Capacity per GPU divides by the GPUs.
 """
@@ -43,6 +45,7 @@ from typing import Any
 import numpy as np
 
 from loadgen.capacity.config import UNITS, SearchConfig
+from loadgen.capacity.dispersion import Calibration, calibrate, non_increasing
 from loadgen.results.attainment import LiveSums, Share, wilson
 
 Z_99 = 2.575829  # the early stop's level, two-sided 99 %
@@ -80,6 +83,7 @@ class CapacitySearch:
         if not self.probes:
             return self._clamp(lightest)
         tried = {p.load for p in self.probes}
+        verdicts = self._verdicts()
         low, high = self._bracket()
         if high is None:  # nothing failed yet: grow
             top = max(tried)
@@ -91,10 +95,10 @@ class CapacitySearch:
             if middle not in tried:
                 return middle
         # the bracket is narrow: make its ends decisive, one step further out
-        if not any(p.load >= high and p.share.verdict(cfg.target) is False for p in self.probes):
+        if not any(p.load >= high and verdict is False for p, verdict in zip(self.probes, verdicts)):
             step = self._step_out(max(p.load for p in self.probes if p.load >= high), up=True)
             return step if step is not None and step not in tried else None
-        if not any(p.load <= low and p.share.verdict(cfg.target) is True for p in self.probes):
+        if not any(p.load <= low and verdict is True for p, verdict in zip(self.probes, verdicts)):
             step = self._step_out(min(p.load for p in self.probes if p.load <= low), up=False)
             return step if step is not None and step not in tried else None
         return None
@@ -102,6 +106,15 @@ class CapacitySearch:
     def observe(self, probe: Probe) -> None:
         self.probes.append(probe)
         self._looked = 0
+
+    def calibration(self) -> Calibration:
+        """The corrections the probes so far call for (loadgen/capacity/dispersion.py)."""
+        return calibrate([p.load for p in self.probes], [p.share for p in self.probes], self.config.target)
+
+    def _verdicts(self) -> list[bool | None]:
+        """Each probe's verdict, its interval taken with the corrections."""
+        calibration = self.calibration()
+        return [calibration.share(p.share).verdict(self.config.target) for p in self.probes]
 
     def _bracket(self) -> tuple[float | None, float | None]:
         """(largest load that held below the smallest that failed, that smallest failure)."""
@@ -152,7 +165,8 @@ class CapacitySearch:
         if sums.n < cfg.min_requests:
             return None
         total = sums.n + inflight
-        effective = sums.share().effective * total / sums.n  # the in-flight ones at the same design effect
+        # the in-flight ones at the same design effect; a window with no spread yet at the earlier probes'
+        effective = self.calibration().effective(sums.share()) * total / sums.n
         low, _ = wilson(sums.g / total * effective, effective, Z_99)  # in flight counted as bad
         if low >= cfg.target:
             return f"decided after {window_elapsed_s:.0f} s: attainment at least {low:.1%} counting the " \
@@ -170,6 +184,7 @@ class CapacitySearch:
         cfg = self.config
         probes = sorted(self.probes, key=lambda p: p.load)
         found = capacity_from_curve(probes, cfg.target, cfg.integer)
+        calibration = self.calibration()
         per_gpu = {key: None if value is None else round(value / max(1, gpus), 4)
                    for key, value in found.items() if key in ("capacity", "low", "high")}
         return {
@@ -178,22 +193,30 @@ class CapacitySearch:
             "mode": cfg.mode, "unit": UNITS[cfg.mode], **found, "gpus": gpus, "per_gpu": per_gpu,
             "probes": [{"load": p.load, "label": p.label, "window_s": round(p.window_s, 3),
                         "stopped_early": p.stopped_early, "holds": p.holds(cfg.target),
-                        "verdict": p.share.verdict(cfg.target), **p.share.to_dict()} for p in self.probes],
+                        "verdict": calibration.share(p.share).verdict(cfg.target), **p.share.to_dict(),
+                        "calibrated_interval": calibration.share(p.share).to_dict()["interval"]}
+                       for p in self.probes],
         }
 
 
 def capacity_from_curve(probes: Sequence[Probe], target: float, integer: bool) -> dict[str, Any]:
-    """Point and interval of the capacity from the probes' shares and intervals (module docstring).
+    """Point and interval of the capacity from the probes' shares and intervals, the intervals taken
+    with the corrections their disagreement calls for (module docstring; loadgen/capacity/dispersion.py).
 
     `low` is None when no probe showed the SLO held, `high` when none showed it failed;
-    `below_range`: even the lightest probe's share failed; `above_range`: even the heaviest held."""
+    `below_range`: even the lightest probe's share failed; `above_range`: even the heaviest held;
+    `consistent`: false when, even so, a probe showed a load held that a lighter one showed failed
+    (the interval is then the span between the two claims)."""
     usable = sorted((p for p in probes if p.share.value is not None and p.share.low is not None),
                     key=lambda p: p.load)
+    calibration = calibrate([p.load for p in usable], [p.share for p in usable], target)
     if not usable:
-        return {"capacity": None, "low": None, "high": None, "below_range": None, "above_range": None}
+        return {"capacity": None, "low": None, "high": None, "below_range": None, "above_range": None,
+                "consistent": True, **calibration.to_dict()}
+    shares = [calibration.share(p.share) for p in usable]
     loads = np.array([p.load for p in usable], dtype=np.float64)
-    shown_held = np.maximum.accumulate(np.array([p.share.low for p in usable])[::-1])[::-1] >= target
-    shown_failed = np.minimum.accumulate(np.array([p.share.high for p in usable])) < target
+    shown_held = np.maximum.accumulate(np.array([s.low for s in shares])[::-1])[::-1] >= target
+    shown_failed = np.minimum.accumulate(np.array([s.high for s in shares])) < target
     low: float | None = float(loads[shown_held][-1]) if shown_held.any() else None
     high: float | None = None
     if shown_failed.any():
@@ -201,14 +224,18 @@ def capacity_from_curve(probes: Sequence[Probe], target: float, integer: bool) -
         high = failing - 1 if integer else failing
     if integer:
         low, high = (None if end is None else int(end) for end in (low, high))
-    weights = np.array([max(p.share.effective, 1.0) for p in usable], dtype=np.float64)
-    curve = _non_increasing(np.array([p.share.value for p in usable], dtype=np.float64), weights)
+    consistent = low is None or high is None or low <= high
+    if not consistent:
+        low, high = high, low
+    weights = np.array([s.effective for s in shares], dtype=np.float64)
+    curve = non_increasing(np.array([s.value for s in shares], dtype=np.float64), weights)
     point = _crossing(loads, curve, target)
     if point is not None:
         point = min(max(point, low if low is not None else point), high if high is not None else point)
         point = math.floor(point + 1e-9) if integer else round(point, 4)
     return {"capacity": point, "low": low, "high": high,
-            "below_range": bool(curve[0] < target), "above_range": bool(curve[-1] >= target)}
+            "below_range": bool(curve[0] < target), "above_range": bool(curve[-1] >= target),
+            "consistent": consistent, **calibration.to_dict()}
 
 
 def _crossing(loads: np.ndarray, curve: np.ndarray, target: float) -> float | None:
@@ -219,17 +246,3 @@ def _crossing(loads: np.ndarray, curve: np.ndarray, target: float) -> float | No
     i = int(np.flatnonzero(curve >= target)[-1])
     x0, x1, y0, y1 = loads[i], loads[i + 1], curve[i], curve[i + 1]
     return float(x0 + (y0 - target) / (y0 - y1) * (x1 - x0))
-
-
-def _non_increasing(values: np.ndarray, weights: np.ndarray) -> np.ndarray:
-    """The weighted least-squares non-increasing fit (pool adjacent violators)."""
-    blocks: list[list[float]] = []  # [mean, weight, count]
-    for value, weight in zip(values.tolist(), weights.tolist()):
-        blocks.append([value, weight, 1])
-        while len(blocks) > 1 and blocks[-2][0] < blocks[-1][0]:
-            mean, weight_, count = blocks.pop()
-            prev = blocks[-1]
-            total = prev[1] + weight_
-            prev[0] = (prev[0] * prev[1] + mean * weight_) / total
-            prev[1], prev[2] = total, prev[2] + count
-    return np.array([mean for mean, _, count in blocks for _ in range(int(count))], dtype=np.float64)

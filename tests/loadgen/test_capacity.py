@@ -12,7 +12,8 @@ import pytest
 
 from loadgen.capacity.config import SearchConfig
 from loadgen.capacity.describe import describe_capacity
-from loadgen.capacity.search import CapacitySearch, Probe, _non_increasing, capacity_from_curve
+from loadgen.capacity.dispersion import Calibration, calibrate, non_increasing
+from loadgen.capacity.search import CapacitySearch, Probe, capacity_from_curve
 from loadgen.results.attainment import ClusterSums, LiveSums, Share, wilson
 from loadgen.results.slo import parse_slo
 
@@ -87,7 +88,7 @@ def test_open_loop_search_bisects_rates_geometrically():
 
 
 def test_the_curve_is_made_non_increasing():
-    fitted = _non_increasing(np.array([1.0, 0.9, 0.95, 0.5]), np.array([1.0, 1.0, 1.0, 1.0]))
+    fitted = non_increasing(np.array([1.0, 0.9, 0.95, 0.5]), np.array([1.0, 1.0, 1.0, 1.0]))
     assert fitted.tolist() == pytest.approx([1.0, 0.925, 0.925, 0.5])
     probes = [probe(1, 100, 100), probe(2, 90, 100), probe(3, 96, 100), probe(4, 10, 100)]
     found = capacity_from_curve(probes, 0.95, integer=True)
@@ -100,6 +101,59 @@ def test_a_light_probe_with_few_requests_does_not_widen_the_interval():
     measured = [(1, 10, 10), (2, 49, 49), (4, 60, 61), (6, 115, 115), (7, 101, 101), (8, 146, 154), (9, 84, 113)]
     found = capacity_from_curve([probe(c, good, total) for c, good, total in measured], 0.95, integer=True)
     assert (found["capacity"], found["low"], found["high"]) == (7, 7, 8)
+
+
+def clustered(load: float, good: int, total: int, effective: float) -> Probe:
+    low, high = wilson(good / total * effective, effective)
+    return Probe(load, Share(total, good, low, high, effective), f"conc {load:g}", 15.0)
+
+
+def test_probes_in_order_call_for_no_correction():
+    probes = [probe(1, 100, 100), probe(2, 98, 100), probe(3, 90, 100)]
+    assert calibrate([p.load for p in probes], [p.share for p in probes], 0.95) == Calibration(1.0, 1.0)
+    found = capacity_from_curve(probes, 0.95, integer=True)
+    assert found["consistent"] and (found["design_effect"], found["dispersion"]) == (1.0, 1.0)
+
+
+def test_an_all_good_window_counts_at_the_clustering_its_neighbours_show():
+    # the search of an H100 run (v32, interactive tier, 15 s windows): every probe's failures came in
+    # bursts, except 34 agents' window, which caught no burst and counted at its 363 requests
+    measured = [(16, 202, 207, 97.08), (32, 341, 356, 75.17), (64, 114, 186, 20.5), (48, 358, 379, 44.05),
+                (40, 359, 381, 51.78), (36, 312, 332, 23.6), (34, 363, 363, 363.0)]
+    probes = [clustered(*m) for m in measured]
+    assert probes[-1].share.verdict(0.95) is True
+    calibration = calibrate([p.load for p in probes], [p.share for p in probes], 0.95)
+    near = [m for m in measured if m[1] >= 0.9 * m[2] and m[1] < m[2]]  # 64's saturated window is left out
+    design = sum(m[2] for m in near) / sum(m[3] for m in near)
+    assert calibration.design_effect == pytest.approx(design) and design > 5
+    assert calibration.effective(probes[-1].share) == pytest.approx(363 / design)
+    assert calibration.share(probes[-1].share).verdict(0.95) is None
+    found = capacity_from_curve(probes, 0.95, integer=True)
+    assert found["low"] is None and found["high"] == 63 and found["capacity"] == 35
+
+
+def test_disagreeing_probes_widen_every_interval_by_their_dispersion():
+    # 95 % and 99 % at 1 and 2 agents break the monotone curve: pooled at 97 %, chi-square 2 x
+    # 100 x 0.02^2 / (0.97 x 0.03) on one degree of freedom (3 probes, 2 fitted values)
+    probes = [probe(1, 95, 100), probe(2, 99, 100), probe(3, 10, 100)]
+    calibration = calibrate([p.load for p in probes], [p.share for p in probes], 0.95)
+    phi = 2 * 100 * 0.02 ** 2 / (0.97 * 0.03)
+    assert calibration == Calibration(pytest.approx(1.0), pytest.approx(phi))
+    assert calibration.effective(probes[1].share) == pytest.approx(100 / phi)
+
+
+def test_probes_that_contradict_each_other_even_so_are_flagged_and_spanned():
+    # twenty mild disagreements keep the dispersion near 4; at that, 900 of 1,000 at 21 agents still
+    # shows a failure and 990 of 1,000 at 22 a hold
+    probes = [probe(c, 980 if c % 2 else 982, 1000) for c in range(1, 21)]
+    probes += [probe(21, 900, 1000), probe(22, 990, 1000), probe(30, 500, 1000)]
+    found = capacity_from_curve(probes, 0.95, integer=True)
+    assert not found["consistent"] and (found["low"], found["high"]) == (20, 22)
+    assert found["low"] <= found["capacity"] <= found["high"]
+    assert "contradict" in describe_capacity({**found, "slo": {"name": "s", "spec": "s"}, "target": 0.95,
+                                              "over": "requests", "unit": "agents", "gpus": 1,
+                                              "per_gpu": {"capacity": None},
+                                              "probes": [{"load": p.load, "stopped_early": None} for p in probes]})
 
 
 def test_early_stop_looks_three_times_and_only_when_decided():
