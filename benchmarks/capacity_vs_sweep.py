@@ -62,11 +62,13 @@ def loadgen(command: str, flags: list[str], limit_s: float | None = None,
     return proc.returncode, time.monotonic() - started, level_times
 
 
-def sweep_capacity(results: list[Path], slo_name: str, target: float) -> dict:
-    """The capacity read off a sweep (one or several parts): every level a probe of the search's estimator."""
+def curve_capacity(results: list[Path], slo_name: str, target: float, whole_only: bool = True) -> dict:
+    """The capacity read off runs' levels (a sweep's parts, or a search re-read) with this checkout's
+    estimator: every level a probe. `whole_only` leaves out levels cut short (an interrupted sweep's)."""
     probes = []
     for result in results:
-        for level in whole_levels(read_results(result)):
+        doc = read_results(result)
+        for level in whole_levels(doc) if whole_only else doc["levels"]:
             entry = next(e for e in level["slo"] if e["name"] == slo_name)
             share: Share = share_of(entry["requests"])
             probes.append(Probe(float(level["concurrency"]), share, level["label"], level["window_s"]))
@@ -135,16 +137,19 @@ def compare(folders: list[Path], target: float) -> None:
     search_s = json.loads((searches[0] / "timing.json").read_text())["search_s"]
     timings = [json.loads((part / "timing.json").read_text()) for part in parts]
     sweep_s = sum(t["sweep_s"] for t in timings)
-    swept = sweep_capacity([part / "result.json" for part in parts], found["slo"]["name"], target)
-    planned = sum(t["last"] - t["first"] + 1 for t in timings)
-    inside = (swept["capacity"] is not None and (found["low"] is None or found["low"] <= swept["capacity"])
-              and (found["high"] is None or swept["capacity"] <= found["high"]))
+    swept = curve_capacity([part / "result.json" for part in parts], found["slo"]["name"], target)
+    reread = curve_capacity([searches[0] / "result.json"], found["slo"]["name"], target, whole_only=False)
+    planned = len(set().union(*(range(t["first"], t["last"] + 1) for t in timings)))
+    inside, inside_reread = (swept["capacity"] is not None and (ends["low"] is None or ends["low"] <= swept["capacity"])
+                             and (ends["high"] is None or swept["capacity"] <= ends["high"]) for ends in (found, reread))
     row = {"search": {key: found[key] for key in ("capacity", "low", "high")}, "search_s": search_s,
            "probes": [(p["load"], p["good"], p["total"], p["verdict"], p["stopped_early"] is not None)
                       for p in found["probes"]],
            "sweep": {key: swept[key] for key in ("capacity", "low", "high")}, "sweep_s": sweep_s,
            "sweep_parts": timings, "sweep_levels": swept["levels"], "sweep_complete": len(swept["levels"]) == planned,
-           "inside": inside, "time_ratio": round(search_s / sweep_s, 3)}
+           "inside": inside, "time_ratio": round(search_s / sweep_s, 3),
+           "search_reread": {key: reread[key] for key in ("capacity", "low", "high", "design_effect", "dispersion")},
+           "inside_reread": inside_reread}
     print(f"search: {found['capacity']} agents [{found['low']}, {found['high']}], {len(found['probes'])} probes, "
           f"{search_s:.0f} s")
     ranges = " + ".join(f"{t['first']}..{t['last']}" for t in timings)
@@ -153,6 +158,8 @@ def compare(folders: list[Path], target: float) -> None:
           f"measured), {sweep_s:.0f} s")
     print(f"the sweep's capacity is {'inside' if inside else 'OUTSIDE'} the search's interval; the search took "
           f"{search_s / sweep_s:.2f} of the sweep's time")
+    print(f"the search's probes re-read with this checkout's estimator: {reread['capacity']} agents "
+          f"[{reread['low']}, {reread['high']}] (sweep's capacity {'inside' if inside_reread else 'OUTSIDE'})")
     print(json.dumps(row))
 
 
