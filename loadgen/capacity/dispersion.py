@@ -66,7 +66,8 @@ class Calibration:
 def calibrate(loads: Sequence[float], shares: Sequence[Share], target: float) -> Calibration:
     """The corrections for shares measured at `loads` against attainment `target` (empty shares
     are left out)."""
-    measured = sorted((load, s) for load, s in zip(loads, shares) if s.total and s.low is not None)
+    measured = sorted(((load, s) for load, s in zip(loads, shares) if s.total and s.low is not None),
+                      key=lambda pair: pair[0])
     near = 1 - NEAR_TARGET * (1 - target)
     spread = [s for _, s in measured if 0 < s.good < s.total and s.good >= near * s.total]
     effective = sum(s.effective for s in spread)

@@ -140,6 +140,8 @@ def test_disagreeing_probes_widen_every_interval_by_their_dispersion():
     phi = 2 * 100 * 0.02 ** 2 / (0.97 * 0.03)
     assert calibration == Calibration(pytest.approx(1.0), pytest.approx(phi))
     assert calibration.effective(probes[1].share) == pytest.approx(100 / phi)
+    twice = [probe(5, 97, 100).share, probe(5, 99, 100).share]  # one load measured twice disagrees too
+    assert calibrate([5, 5], twice, 0.95).dispersion > 1
 
 
 def test_probes_that_contradict_each_other_even_so_are_flagged_and_spanned():
