@@ -126,6 +126,12 @@ def whole_levels(results: dict) -> list[dict]:
     return [level for level in results["levels"] if level["window_s"] >= results["config"]["duration_s"] - 0.5]
 
 
+def within(capacity: int | None, ends: dict) -> bool:
+    """Whether `capacity` lies in the interval `ends` (an open end holds anything on its side)."""
+    return capacity is not None and (ends["low"] is None or ends["low"] <= capacity) and (
+        ends["high"] is None or capacity <= ends["high"])
+
+
 def compare(folders: list[Path], target: float) -> None:
     """Print the search against the sweep from the folders of `--only` parts (or of one whole run)."""
     searches = [f / "capacity" for f in folders if (f / "capacity" / "result.json").exists()]
@@ -140,8 +146,7 @@ def compare(folders: list[Path], target: float) -> None:
     swept = curve_capacity([part / "result.json" for part in parts], found["slo"]["name"], target)
     reread = curve_capacity([searches[0] / "result.json"], found["slo"]["name"], target, whole_only=False)
     planned = len(set().union(*(range(t["first"], t["last"] + 1) for t in timings)))
-    inside, inside_reread = (swept["capacity"] is not None and (ends["low"] is None or ends["low"] <= swept["capacity"])
-                             and (ends["high"] is None or swept["capacity"] <= ends["high"]) for ends in (found, reread))
+    inside, inside_reread = (within(swept["capacity"], ends) for ends in (found, reread))
     row = {"search": {key: found[key] for key in ("capacity", "low", "high")}, "search_s": search_s,
            "probes": [(p["load"], p["good"], p["total"], p["verdict"], p["stopped_early"] is not None)
                       for p in found["probes"]],

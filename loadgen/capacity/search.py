@@ -83,7 +83,7 @@ class CapacitySearch:
         if not self.probes:
             return self._clamp(lightest)
         tried = {p.load for p in self.probes}
-        verdicts = self._verdicts()
+        verdicts = [share.verdict(cfg.target) for share in self._corrected()]
         low, high = self._bracket()
         if high is None:  # nothing failed yet: grow
             top = max(tried)
@@ -111,10 +111,10 @@ class CapacitySearch:
         """The corrections the probes so far call for (loadgen/capacity/dispersion.py)."""
         return calibrate([p.load for p in self.probes], [p.share for p in self.probes], self.config.target)
 
-    def _verdicts(self) -> list[bool | None]:
-        """Each probe's verdict, its interval taken with the corrections."""
+    def _corrected(self) -> list[Share]:
+        """Each probe's share, its interval taken with the corrections."""
         calibration = self.calibration()
-        return [calibration.share(p.share).verdict(self.config.target) for p in self.probes]
+        return [calibration.share(p.share) for p in self.probes]
 
     def _bracket(self) -> tuple[float | None, float | None]:
         """(largest load that held below the smallest that failed, that smallest failure)."""
@@ -184,7 +184,6 @@ class CapacitySearch:
         cfg = self.config
         probes = sorted(self.probes, key=lambda p: p.load)
         found = capacity_from_curve(probes, cfg.target, cfg.integer)
-        calibration = self.calibration()
         per_gpu = {key: None if value is None else round(value / max(1, gpus), 4)
                    for key, value in found.items() if key in ("capacity", "low", "high")}
         return {
@@ -193,9 +192,9 @@ class CapacitySearch:
             "mode": cfg.mode, "unit": UNITS[cfg.mode], **found, "gpus": gpus, "per_gpu": per_gpu,
             "probes": [{"load": p.load, "label": p.label, "window_s": round(p.window_s, 3),
                         "stopped_early": p.stopped_early, "holds": p.holds(cfg.target),
-                        "verdict": calibration.share(p.share).verdict(cfg.target), **p.share.to_dict(),
-                        "calibrated_interval": calibration.share(p.share).to_dict()["interval"]}
-                       for p in self.probes],
+                        "verdict": corrected.verdict(cfg.target), **p.share.to_dict(),
+                        "calibrated_interval": corrected.to_dict()["interval"]}
+                       for p, corrected in zip(self.probes, self._corrected())],
         }
 
 
