@@ -116,8 +116,8 @@ def test_probes_in_order_call_for_no_correction():
 
 
 def test_an_all_good_window_counts_at_the_clustering_its_neighbours_show():
-    # the search of an H100 run (v32, interactive tier, 15 s windows): every probe's failures came in
-    # bursts, except 34 agents' window, which caught no burst and counted at its 363 requests
+    # probes recorded from a GPU search whose failures came in bursts: the window at 34 agents caught
+    # none, so on its own it counts at every request and looks decisive
     measured = [(16, 202, 207, 97.08), (32, 341, 356, 75.17), (64, 114, 186, 20.5), (48, 358, 379, 44.05),
                 (40, 359, 381, 51.78), (36, 312, 332, 23.6), (34, 363, 363, 363.0)]
     probes = [clustered(*m) for m in measured]
@@ -145,8 +145,8 @@ def test_disagreeing_probes_widen_every_interval_by_their_dispersion():
 
 
 def test_probes_that_contradict_each_other_even_so_are_flagged_and_spanned():
-    # twenty mild disagreements keep the dispersion near 4; at that, 900 of 1,000 at 21 agents still
-    # shows a failure and 990 of 1,000 at 22 a hold
+    # many mild disagreements share the degrees of freedom, so the dispersion stays too small to
+    # reconcile one pair far apart: 21 agents still shows a failure and 22 a hold
     probes = [probe(c, 980 if c % 2 else 982, 1000) for c in range(1, 21)]
     probes += [probe(21, 900, 1000), probe(22, 990, 1000), probe(30, 500, 1000)]
     found = capacity_from_curve(probes, 0.95, integer=True)
@@ -197,7 +197,8 @@ def test_capacity_of_a_server_whose_speed_is_shared_by_its_sessions(start_server
                              "--think-time-scale", "0", "--duration", "12", "--warmup", "1req", "--workers", "1")
     assert code == 0
     found = doc["capacity"]
-    # 12 s windows: an all-good one (about 150 requests) stays decisive through a design effect of 2
+    # long windows: an all-good probe keeps enough requests to stay decisive when a busy host's
+    # stalls raise the design effect the probes near the target show
     assert found["low"] <= 5 <= found["high"], found
     assert found["capacity"] in (4, 5)  # 4 when a busy machine's timers pushed a few of 5's requests over
     loads = [p["load"] for p in found["probes"]]
@@ -301,8 +302,8 @@ def test_a_capacity_recipe_runs_loadgen_capacity_with_its_search_flags():
 @pytest.mark.slow
 def test_open_loop_capacity_of_a_timestamped_trace_is_a_multiple_of_its_rate(start_server, tmp_path):
     # 10 requests/s recorded; each chunk waits 10 ms per request in flight: a few times the
-    # recorded rate saturates it, half of it never does. 8 s windows: the all-good ones near the
-    # capacity (about 250 requests) stay decisive through a design effect of 3 from a CI host's stalls
+    # recorded rate saturates it, half of it never does. Long windows: the all-good probes near the
+    # capacity keep enough requests to stay decisive when a busy host's stalls raise the design effect
     server = start_server(first_ms=2, itl_ms=10, itl_per_request=True)
     trace = tmp_path / "mooncake.jsonl"
     trace.write_text("".join(json.dumps({"timestamp": 100 * i, "input_length": 300, "output_length": 4,
