@@ -1,7 +1,8 @@
-"""Golden acceptance-length curves and the package that reads them: lookup, per-position schedules, samplers."""
+"""Golden acceptance-length curves and the package that reads them: lookup and per-position schedules.
+The sampler (golden_al/sampler.py, numpy) is imported from its module, so that reading the curves
+stays light (the CLIs' help and the engine's flag definitions import this package)."""
 
 from golden_al.curves import Curve, CurveError, bundled_curves, list_curves, load_curve, read_curves, select_by_model
-from golden_al.sampler import AcceptanceSampler
 from golden_al.schedules import (
     SCHEDULES,
     conditional_to_unconditional,
@@ -14,7 +15,6 @@ from golden_al.schedules import (
 
 __all__ = [
     "SCHEDULES",
-    "AcceptanceSampler",
     "Curve",
     "CurveError",
     "bundled_curves",

@@ -25,7 +25,7 @@ from loadgen.run.presets import BENCH_PRESETS, CPU_MODEL, GPU_MODEL, PRESET_FIEL
 def register(subparsers: argparse._SubParsersAction) -> None:
     from loadgen.capacity.config import add_search_flags
     from loadgen.cli.replay import add_replay_flags
-    from loadgen.transport.inprocess import add_engine_args
+    from server.args import add_engine_args
 
     p = subparsers.add_parser(
         "bench",

@@ -77,7 +77,7 @@ def _places(recipe: Recipe, key: str) -> list[tuple[str, Any]]:
 
 
 def _engine_parser() -> _Parser:
-    from loadgen.transport.inprocess import add_engine_args
+    from server.args import add_engine_args
 
     parser = _Parser(add_help=False)
     add_engine_args(parser)

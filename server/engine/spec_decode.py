@@ -42,7 +42,8 @@ from typing import NamedTuple
 
 import torch
 
-from golden_al import AcceptanceSampler, min_variance_rates
+from golden_al import min_variance_rates
+from golden_al.sampler import AcceptanceSampler
 from server.config import SpeculativeConfig
 from server.engine.messages import SamplingParams
 from server.engine.model_runner import ModelRunner

@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from golden_al import AcceptanceSampler, CurveError, list_curves, load_curve, schedule_rates
+from golden_al import CurveError, list_curves, load_curve, schedule_rates
+from golden_al.sampler import AcceptanceSampler
 
 DRAWS = 100_000
 
