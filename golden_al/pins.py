@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 PINS_FILE = Path(__file__).with_name("infx_pins.yaml")
+THINKING_MODES = ("on", "off")
 THINKING = "on"  # InferenceX's default THINKING_MODE: every pinned script measures it
 
 

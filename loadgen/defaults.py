@@ -11,6 +11,7 @@ from dataclasses import dataclass
 # loadgen never imports the server package: it must run where torch is not installed.
 LOCAL_SERVER_URL = "http://127.0.0.1:8000"
 DEFAULT_FOREIGN_VOCAB = (1000, 30000)  # offset, size: clear of the low special ids many vocabularies use
+ENDPOINTS = ("completions", "chat")  # the OpenAI-compatible endpoints a replay can target
 OUR_VOCAB = (0, 256)  # our server's byte-level tokenizer: ids 0..255 are bytes, specials above
 
 

@@ -16,7 +16,7 @@ import argparse
 import json
 
 from golden_al.curves import Curve
-from golden_al.pins import THINKING, Pin
+from golden_al.pins import THINKING, THINKING_MODES, Pin
 from loadgen.errors import UsageError
 
 
@@ -51,7 +51,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     select_parser.add_argument("prefix", metavar="MODEL_PREFIX",
                                help="InferenceX model prefix (e.g. dsv4) or model key")
     select_parser.add_argument("--spec-k", type=int, required=True, metavar="K", help="num_speculative_tokens")
-    select_parser.add_argument("--thinking", choices=("on", "off"), default=THINKING,
+    select_parser.add_argument("--thinking", choices=THINKING_MODES, default=THINKING,
                                help=f"thinking mode (default: {THINKING}, as InferenceX)")
     select_parser.add_argument("--json", action="store_true", help="print JSON")
     select_parser.set_defaults(func=run_select)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import argparse
 
-from loadgen.defaults import DEFAULTS
+from loadgen.defaults import DEFAULTS, ENDPOINTS
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -34,7 +34,7 @@ def add_replay_flags(p: argparse.ArgumentParser, http: bool, levels: bool = True
     if http:
         target.add_argument("--url", default=DEFAULTS.url,
                             help=f"server base URL (default {DEFAULTS.url}: where `server start` listens)")
-        target.add_argument("--endpoint", choices=("completions", "chat"), default=DEFAULTS.endpoint,
+        target.add_argument("--endpoint", choices=ENDPOINTS, default=DEFAULTS.endpoint,
                             help="completions: prompt as token ids, exact length (default); chat: messages "
                             "whose text is the token ids as decimal words (length approximate)")
         target.add_argument("--model", help="model id to ask for (default: the first id of /v1/models)")

@@ -37,6 +37,7 @@ from typing import Any
 
 import yaml
 
+from golden_al.pins import THINKING_MODES
 from loadgen.export.infx_identity import AGENTIC_SCENARIO, gpu_key
 from loadgen.recipe.infx_fixed import write_fixed_trace
 from loadgen.recipe.infx_serve import (
@@ -258,7 +259,7 @@ def register_from_infx(actions: argparse._SubParsersAction) -> None:
                    "python -m sglang.launch_server --model-path MODEL --port {port})")
     p.add_argument("--spec-k", type=int, default=_DEFAULTS.spec_k, metavar="K",
                    help="num_speculative_tokens (default: the one InferenceX's launch script for the entry runs)")
-    p.add_argument("--thinking", choices=("on", "off"), default=_DEFAULTS.thinking,
+    p.add_argument("--thinking", choices=THINKING_MODES, default=_DEFAULTS.thinking,
                    help=f"golden AL thinking mode (default: {_DEFAULTS.thinking}, as InferenceX)")
     p.add_argument("--golden-al", default=_DEFAULTS.golden_al, metavar="REF",
                    help="golden AL curve (default: the entry's model prefix)")

@@ -24,6 +24,7 @@ from typing import Any, Union, get_args, get_origin, get_type_hints
 from loadgen.capacity.config import DEFAULT_SLO, OVER, SEARCH
 from loadgen.compare.verdicts import DEFAULT_FDR
 from loadgen.defaults import DEFAULTS as REPLAY
+from loadgen.defaults import ENDPOINTS
 from loadgen.run.affinity import parse_cpus
 from traces.scale import ScaleConfig
 
@@ -31,7 +32,6 @@ SCHEMA = "agentload.recipe/1"
 SERVER_KINDS = ("ours", "inprocess", "command", "url")
 THINKING_MODES = ("auto", "on", "off")
 SERVER_LIFETIMES = ("fresh", "kept")
-ENDPOINTS = ("completions", "chat")
 PORT_PLACEHOLDER = "{port}"
 SCALING = ScaleConfig()  # the traces' scaling defaults
 

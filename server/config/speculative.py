@@ -7,6 +7,7 @@ import json
 from dataclasses import dataclass, field
 
 from golden_al import CurveError, load_curve, min_variance_rates, validate_rates
+from golden_al.pins import THINKING_MODES
 from golden_al.schedules import check_al
 from server.config.flags import cli, require
 
@@ -143,7 +144,7 @@ class SpeculativeFlags:
         help="take the synthetic acceptance length at num_speculative_tokens from this golden curve "
              "(bundled name, see `loadgen golden-al list`, or a YAML file)"))
     thinking: str | None = field(default=None, metadata=cli(
-        "--thinking", choices=("on", "off"), group=_SPEC_GROUP, default_text="on",
+        "--thinking", choices=THINKING_MODES, group=_SPEC_GROUP, default_text="on",
         help="with --golden-al: the curve's thinking_on or thinking_off AL"))
 
     def build(self) -> SpeculativeConfig | None:
