@@ -10,14 +10,14 @@ no wider than `resolution` of the load that held (and one agent). A bracket is o
 its ends are decisive - a probe whose interval lies wholly above the target below it, one wholly
 under above it - so a probe too close to call sends the search one step further out.
 
-Probes go on where the last ones stopped: a closed-loop probe's lanes that ran in the previous
-probe carry on with their sessions (their contexts are in the server's prefix cache already), so
-only the lanes a probe adds re-send a context to warm up. A probe stops early once its verdict
-is decided - the interval of its share so far (clustered by play and by time as a level's is),
-counting the requests still in flight as bad, is wholly above the target, or, counting them as
-good, wholly under it - after a minimum share of
-its window and a minimum number of requests (a saturated server's probe need not run a full
-window to fail).
+Each probe is a level as a sweep's: its lanes start afresh from its own plan and warm up as a
+level's do. They do not go on with the previous probe's sessions to spare the warm-up: lanes
+carried from probe to probe move ever later into their sessions, where contexts are longer, so
+later probes would measure a heavier load than a sweep's level at the same concurrency. A probe
+stops early once its verdict is decided - the interval of its share so far (clustered by play and
+by time as a level's is), counting the requests still in flight as bad, is wholly above the target,
+or, counting them as good, wholly under it - after a minimum share of its window and a minimum
+number of requests (a saturated server's probe need not run a full window to fail).
 
 Interval. Each probe gives a share with a 95 % interval (loadgen/results/attainment.py), and attainment
 cannot improve with more load. So a probe whose interval lies above the target shows that every

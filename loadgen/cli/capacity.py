@@ -20,8 +20,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="find the most concurrent agents (or requests/s) a server carries within an SLO",
         description="Search the largest load at which a server holds an SLO: the share of good requests (all "
         "bounds met, no error) at or above --attainment. Probes double the load until one fails, then bisect; "
-        "each probe is a measured level (warm lanes carry on into the next probe; a probe whose verdict is "
-        "decided stops early). Capacity is reported as an interval read off the attainment curve, and per GPU.",
+        "each probe is a measured level, as a sweep's (a probe whose verdict is decided stops early). Capacity is "
+        "reported as an interval read off the attainment curve, and per GPU.",
     )
     add_replay_flags(p, http=True, levels=False)
     add_search_flags(p)

@@ -1,10 +1,10 @@
 """The closed loop: N lanes, each playing one session tree after another until the window closes.
 
 A lane's plays come from `plan.LanePlays` (fixed by seed, level and lane), its first play starts
-at a seeded offset after re-sending that request's context as warm-up. In a level that carries
-on (`LevelLoad.carry`: the capacity search's probes) a lane that played in the previous level
-first goes on with the play it was in, from the first request it had not sent (that request is
-its warm-up), and takes the level's plan's plays after it. Within a play the parent
+at a seeded offset after re-sending that request's context as warm-up. Every level starts its
+lanes afresh, a capacity search's probes too: lanes that went on with their sessions from one
+level into the next would move ever later into them, where contexts are longer, and measure a
+heavier load than a level of its own at that concurrency. Within a play the parent
 requests wait their think times and the subagents they join (plan.py); subagents run their own
 chains beside the parent.
 """
@@ -12,7 +12,6 @@ chains beside the parent.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import time
 from typing import TYPE_CHECKING
 
@@ -64,14 +63,9 @@ async def _hold_window(runner: Runner, level: LevelRun) -> None:
 
 async def _lane(runner: Runner, level: LevelRun, plays: LanePlays, lane: int) -> None:
     round_ = 0
-    resume = runner.lane_resume.get(lane) if level.load.carry else None
     while not level.stopping:
         sent = level.lane_requests[lane]
-        if round_ == 0 and resume is not None:  # go on where this lane stopped in the previous level
-            play = dataclasses.replace(resume[0], start_index=resume[1])
-        else:
-            play = plays.play(lane, round_)
-        await _play_tree(runner, level, play, lane, warm_first=round_ == 0)
+        await _play_tree(runner, level, plays.play(lane, round_), lane, warm_first=round_ == 0)
         round_ += 1
         if level.lane_requests[lane] == sent:
             await asyncio.sleep(0.001)  # a play with nothing to send: never spin
@@ -98,11 +92,9 @@ async def _play_tree(runner: Runner, level: LevelRun, play: Play, lane: int, war
             if level.stopping:
                 break
             warm = warm_first and position == play.start_index
-            runner.lane_resume[lane] = (play, position)
             if not await runner.send(level, RequestMeta(play.play_id, session.id, "", request, lane), play.salt,
                                      warm=warm):
                 break
-            runner.lane_resume[lane] = (play, position + 1) if position + 1 < len(session.requests) else None
             prev_end = _now_s()
             _launch_subagents(runner, level, play, lane, position + 1, subagents, prev_end)
         if subagents:

@@ -61,9 +61,6 @@ class LevelLoad:
     mode: str  # "closed" | "poisson" | "mooncake"
     concurrency: int | None = None
     rate: float | None = None
-    # closed loop: lanes that played in the previous level go on with their sessions where they
-    # stopped (the capacity search's probes; their prefixes are in the server's cache already)
-    carry: bool = False
     # mooncake: the recorded timestamps multiplied by this (None: the run's --time-scale)
     time_scale: float | None = None
 

@@ -41,7 +41,7 @@ from loadgen.run import closed_loop, open_loop
 from loadgen.run.level import LevelLoad, LevelRun, RequestMeta, RunConfig, Share
 from loadgen.run.loop_lag import LoopLagMonitor
 from loadgen.run.pacer import Pacer
-from loadgen.run.plan import SALT_BITS, Play, TimingConfig
+from loadgen.run.plan import SALT_BITS, TimingConfig
 from loadgen.run.spec_decode import SpecCounters, SpecExpectation
 from loadgen.run.summary import request_record
 from loadgen.transport.base import ErrorKind, Exchange, Transport, WireRequest
@@ -84,9 +84,6 @@ class Runner:
         self._pacer = Pacer()
         self._runs_of_index: dict[int, int] = {}
         self._salt_shift = 0  # the current level's repeat, folded into every prompt's salt
-        # closed loop: per lane, the play it is in and its next unsent parent request (None: the
-        # play ended); a level that carries on (LevelLoad.carry) resumes the lanes from here
-        self.lane_resume: dict[int, tuple[Play, int] | None] = {}
 
     @property
     def timing(self) -> TimingConfig:

@@ -92,20 +92,20 @@ class CapacitySweep:
         return self.config.slo
 
     def sizing(self) -> list[LevelLoad]:
-        return [self._level_load(self.config.bounds[1], carry=False)]
+        return [self._level_load(self.config.bounds[1])]
 
     def next_level(self) -> NextLevel | None:
         load = self.search.next_load()
         if load is None:
             return None
         self._pending = (load, None)
-        # a closed-loop probe's lanes go on with the sessions the previous probe's lanes played
-        return NextLevel(len(self.search.probes), self._level_load(load, carry=bool(self.search.probes)))
+        # each probe its own plan, as a sweep's levels have: their loads are drawn alike
+        return NextLevel(len(self.search.probes), self._level_load(load))
 
-    def _level_load(self, load: float, carry: bool) -> LevelLoad:
+    def _level_load(self, load: float) -> LevelLoad:
         mode = self.config.mode
         if mode == "closed":
-            return LevelLoad("closed", concurrency=int(load), carry=carry)
+            return LevelLoad("closed", concurrency=int(load))
         if mode == "poisson":
             return LevelLoad("poisson", rate=load)
         return LevelLoad("mooncake", time_scale=1 / load)

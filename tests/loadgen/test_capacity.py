@@ -205,9 +205,10 @@ def test_capacity_of_a_server_whose_speed_is_shared_by_its_sessions(start_server
     assert loads[:4] == [1, 2, 4, 8] and 5 in loads and 6 in loads
     assert [level["concurrency"] for level in doc["levels"]] == loads
     assert any(p["stopped_early"] for p in found["probes"] if p["load"] >= 6)  # a saturated probe stops early
-    # warm lanes carry on: the second probe's lane 0 goes on with a play of the first probe's plan
-    # (play ids carry their level's index in the high bits)
-    assert any(play < 2**32 for play in doc["levels"][1]["requests"]["play"])
+    # every probe plays its own plan, as a sweep's levels do (a play id holds its level's index in
+    # its high bits): no lane goes on with the previous probe's sessions
+    assert all(play >> 32 == index for index, level in enumerate(doc["levels"])
+               for play in level["requests"]["play"])
 
 
 @pytest.mark.parametrize(("flags", "message"), [
