@@ -116,8 +116,8 @@ def test_probes_in_order_call_for_no_correction():
 
 
 def test_an_all_good_window_counts_at_the_clustering_its_neighbours_show():
-    # probes recorded from a GPU search whose failures came in bursts: the window at 34 agents caught
-    # none, so on its own it counts at every request and looks decisive
+    # a search whose failures come in bursts: its last window caught none, so on its own it counts
+    # at every request and looks decisive
     measured = [(16, 202, 207, 97.08), (32, 341, 356, 75.17), (64, 114, 186, 20.5), (48, 358, 379, 44.05),
                 (40, 359, 381, 51.78), (36, 312, 332, 23.6), (34, 363, 363, 363.0)]
     probes = [clustered(*m) for m in measured]
