@@ -17,6 +17,7 @@ from typing import Any
 
 PINS_FILE = Path(__file__).with_name("infx_pins.yaml")
 THINKING_MODES = ("on", "off")
+THINKING_CHOICES = ("auto", *THINKING_MODES)  # auto: each request's mode from its trace (loadgen replay)
 THINKING = "on"  # InferenceX's default THINKING_MODE: every pinned script measures it
 
 

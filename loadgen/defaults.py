@@ -1,6 +1,7 @@
 """Each default of a replay, once: the one dataclass `loadgen replay`, `bench` and `capacity` read
 for their flags, and the run's own settings (loadgen/run/level.py's RunConfig), the transports and
-the SLOs read for theirs. Kept free of imports, so the CLI builds its parser without loading the run.
+the SLOs read for theirs; and a comparison's, which `loadgen compare`, recipes and the verdicts read.
+Kept free of imports, so the CLI builds its parser without loading the run or numpy.
 """
 
 from __future__ import annotations
@@ -41,3 +42,16 @@ class ReplayDefaults:
 
 
 DEFAULTS = ReplayDefaults()
+
+
+@dataclass(frozen=True, slots=True)
+class CompareDefaults:
+    """Each default of a comparison's verdicts (loadgen/compare/verdicts.py), once."""
+
+    fdr: float = 0.05  # Benjamini-Hochberg's false-discovery rate over all (level, metric) rows
+    resamples: int = 2000  # bootstrap resamples per (level, metric) row
+    seed: int = 0  # the bootstrap's
+    min_effect_pct: float = 0.0  # a smaller |delta| is within noise
+
+
+COMPARE = CompareDefaults()

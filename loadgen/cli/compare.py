@@ -12,7 +12,7 @@ import sys
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    from loadgen.compare.verdicts import DEFAULT_FDR, DEFAULT_MIN_EFFECT_PCT, DEFAULT_RESAMPLES, DEFAULT_SEED
+    from loadgen.defaults import COMPARE
     from loadgen.results.metric_registry import STATISTICS
 
     p = subparsers.add_parser(
@@ -37,14 +37,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--fail-on-regression", action="append", default=[], metavar="METRIC:PCT",
                    help="exit 1 when NEW is worse than BASE on METRIC by more than PCT %% with the "
                    "interval excluding 0, at any common level (repeatable)")
-    p.add_argument("--seed", type=int, default=DEFAULT_SEED, help=f"bootstrap seed (default {DEFAULT_SEED})")
-    p.add_argument("--resamples", type=int, default=DEFAULT_RESAMPLES, metavar="N",
-                   help=f"bootstrap resamples (default {DEFAULT_RESAMPLES})")
-    p.add_argument("--min-effect", type=float, default=DEFAULT_MIN_EFFECT_PCT, metavar="PCT",
-                   help=f"also call |delta| below PCT %% within noise (default {DEFAULT_MIN_EFFECT_PCT:g})")
-    p.add_argument("--fdr", type=float, default=DEFAULT_FDR, metavar="Q",
+    p.add_argument("--seed", type=int, default=COMPARE.seed, help=f"bootstrap seed (default {COMPARE.seed})")
+    p.add_argument("--resamples", type=int, default=COMPARE.resamples, metavar="N",
+                   help=f"bootstrap resamples (default {COMPARE.resamples})")
+    p.add_argument("--min-effect", type=float, default=COMPARE.min_effect_pct, metavar="PCT",
+                   help=f"also call |delta| below PCT %% within noise (default {COMPARE.min_effect_pct:g})")
+    p.add_argument("--fdr", type=float, default=COMPARE.fdr, metavar="Q",
                    help=f"false-discovery rate of the Benjamini-Hochberg control over all (level, metric) "
-                   f"rows (default {DEFAULT_FDR:g})")
+                   f"rows (default {COMPARE.fdr:g})")
     p.add_argument("--run-noise", metavar="PCT|FILE.json",
                    help="the run-to-run standard deviation of identical runs in %% of each metric's value: "
                    "one number for all metrics (taken as exact), or run_noise.json as written by "

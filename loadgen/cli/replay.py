@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 
+from golden_al.pins import THINKING_CHOICES
 from loadgen.defaults import DEFAULTS, ENDPOINTS
 
 
@@ -134,7 +135,7 @@ def add_replay_flags(p: argparse.ArgumentParser, http: bool, levels: bool = True
                           "as `acceptance_length` only to our server, recorded beside the measured AL always")
         spec.add_argument("--spec-k", type=int, metavar="K",
                           help="num_speculative_tokens to read the curve at (default: our server's k)")
-        spec.add_argument("--thinking", choices=("auto", "on", "off"),
+        spec.add_argument("--thinking", choices=THINKING_CHOICES,
                           help="curve mode: auto = per request from the trace (output_types has 'thinking'; "
                           "a mode a named curve lacks falls back to the other, with a warning; one selected by model "
                           "prefix fails instead, as in InferenceX) (default auto)")

@@ -23,7 +23,6 @@ from loadgen.compare.stats import (
     session_bootstrap,
 )
 from loadgen.compare.verdicts import (
-    DEFAULT_FDR,
     Comparison,
     Gate,
     LevelComparison,
@@ -36,7 +35,7 @@ from loadgen.compare.verdicts import (
 )
 
 __all__ = [
-    "CONFIDENCE", "DEFAULT_FDR", "CompareError", "Comparison", "Gate",
+    "CONFIDENCE", "CompareError", "Comparison", "Gate",
     "LevelComparison", "LevelSample", "MetricResult", "RankedWeights", "RunNoise",
     "benjamini_hochberg", "block_log_test", "cluster_counts", "compare_runs", "format_comparison", "level_sample",
     "load_run_noise", "play_keys", "point_values", "pooled_log_test", "regressions", "session_bootstrap",

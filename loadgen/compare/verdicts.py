@@ -90,12 +90,8 @@ from loadgen.compare.stats import (
     point_values,
     session_bootstrap,
 )
+from loadgen.defaults import COMPARE
 from loadgen.results.metric_registry import STATISTIC_BY_NAME, STATISTICS, Statistic
-
-DEFAULT_FDR = 0.05
-DEFAULT_RESAMPLES = 2000  # bootstrap resamples per (level, metric) row
-DEFAULT_SEED = 0  # the bootstrap's
-DEFAULT_MIN_EFFECT_PCT = 0.0  # a smaller |delta| is within noise
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,7 +146,7 @@ class Comparison:
     resamples: int
     seed: int
     min_effect_pct: float
-    fdr: float = DEFAULT_FDR
+    fdr: float = COMPARE.fdr
     run_noise: RunNoise | None = None
     paired: bool = False
     blocks: int = 0  # other variants whose rounds joined the residual variance
@@ -195,8 +191,8 @@ def load_run_noise(text: str) -> RunNoise:
 
 
 def compare_runs(base: Sequence[tuple[str, dict[str, Any]]], new: Sequence[tuple[str, dict[str, Any]]],
-                 metrics: Sequence[Statistic] = STATISTICS, resamples: int = DEFAULT_RESAMPLES,
-                 seed: int = DEFAULT_SEED, min_effect_pct: float = DEFAULT_MIN_EFFECT_PCT, fdr: float = DEFAULT_FDR,
+                 metrics: Sequence[Statistic] = STATISTICS, resamples: int = COMPARE.resamples,
+                 seed: int = COMPARE.seed, min_effect_pct: float = COMPARE.min_effect_pct, fdr: float = COMPARE.fdr,
                  run_noise: RunNoise | None = None, paired: bool = False,
                  blocks: Sequence[Sequence[tuple[str, dict[str, Any]]]] = ()) -> Comparison:
     """Compare every level the two sides share; raises CompareError when they share none.
@@ -345,7 +341,7 @@ def _log_ratios(base: np.ndarray, new: np.ndarray) -> np.ndarray:
 
 
 def verdict(metric: Statistic, delta_pct: float | None, ci_pct: tuple[float, float] | None,
-            min_effect_pct: float = DEFAULT_MIN_EFFECT_PCT) -> str:
+            min_effect_pct: float = COMPARE.min_effect_pct) -> str:
     """better / worse / within noise (the interval holds 0, or lies on the other side of 0 from
     the delta, or |delta| < min effect) / n/a."""
     if delta_pct is None or ci_pct is None:

@@ -39,7 +39,6 @@ import yaml
 
 from golden_al.pins import THINKING_MODES
 from loadgen.export.infx_identity import AGENTIC_SCENARIO, gpu_key
-from loadgen.recipe.infx_fixed import write_fixed_trace
 from loadgen.recipe.infx_serve import (
     SERVERS,
     Draft,
@@ -202,6 +201,8 @@ def _pinned_k(entry: dict[str, Any], conc: list[int], where: str) -> int:
 
 
 def _fixed_trace(block: dict[str, Any], key: str, max_conc: int, out: Path | None, where: str) -> Path:
+    from loadgen.recipe.infx_fixed import write_fixed_trace  # numpy: loaded only for a fixed-seq-len scenario
+
     isl, osl = block.get("isl"), block.get("osl")
     if not (isinstance(isl, int) and isinstance(osl, int) and isl > 0 and osl > 0):
         raise InfxConfigError(f"{where}: a fixed-seq-len block needs positive isl and osl, got {isl!r}, {osl!r}")

@@ -21,16 +21,15 @@ import os
 from dataclasses import MISSING, dataclass, field, fields, is_dataclass
 from typing import Any, Union, get_args, get_origin, get_type_hints
 
+from golden_al.pins import THINKING_CHOICES
 from loadgen.capacity.config import DEFAULT_SLO, OVER, SEARCH
-from loadgen.compare.verdicts import DEFAULT_FDR
+from loadgen.defaults import COMPARE, ENDPOINTS
 from loadgen.defaults import DEFAULTS as REPLAY
-from loadgen.defaults import ENDPOINTS
 from loadgen.run.affinity import parse_cpus
 from traces.scale import ScaleConfig
 
 SCHEMA = "agentload.recipe/1"
 SERVER_KINDS = ("ours", "inprocess", "command", "url")
-THINKING_MODES = ("auto", "on", "off")
 SERVER_LIFETIMES = ("fresh", "kept")
 PORT_PLACEHOLDER = "{port}"
 SCALING = ScaleConfig()  # the traces' scaling defaults
@@ -81,7 +80,7 @@ class Workload:
     max_context: int | None = None
     golden_al: str | None = None  # golden AL curve sent per request (HTTP servers; see `loadgen golden-al`)
     spec_k: int | None = None
-    thinking: str | None = field(default=None, metadata={"choices": THINKING_MODES})
+    thinking: str | None = field(default=None, metadata={"choices": THINKING_CHOICES})
     endpoint: str = field(default=REPLAY.endpoint, metadata={"choices": ENDPOINTS})
     model: str | None = None  # model id to ask an HTTP server for (default: its first)
     timeout_s: float | None = None  # per-request limit (default: the replay's)
@@ -152,7 +151,7 @@ class CompareConfig:
     and the false-discovery rate controlled over each comparison's (level, metric) family."""
 
     metrics: tuple[str, ...] | None = None
-    fdr: float = DEFAULT_FDR
+    fdr: float = COMPARE.fdr
     run_noise: str | None = None  # as `loadgen compare --run-noise`: PCT, or run_noise.json from an A/A calibration
     paired: bool = True  # round k of every variant compared together (`loadgen compare --paired`)
 

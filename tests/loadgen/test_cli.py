@@ -127,6 +127,14 @@ def test_a_named_command_registers_only_itself():
     assert set(build_parser(["--help"])._subparsers._group_actions[0].choices) == set(COMMAND_MODULES)
 
 
+def test_every_commands_help_loads_neither_numpy_nor_torch():
+    """The parser of every command is built for `loadgen --help`: none may load the heavy packages."""
+    code = ("import sys; from loadgen.cli import build_parser; build_parser(['--help']); "
+            "print(sorted({'numpy', 'torch'} & set(sys.modules)))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT).stdout
+    assert out.strip() == "[]"
+
+
 def test_a_reader_that_leaves_the_pipe_gets_no_traceback():
     # as `loadgen golden-al pins | head -1` once head has gone: stdout a pipe whose reader is closed
     read_end, write_end = os.pipe()
