@@ -12,6 +12,10 @@ import argparse
 
 from golden_al.pins import THINKING_CHOICES
 from loadgen.defaults import DEFAULTS, ENDPOINTS
+from traces.scale import OVER_CONTEXT_POLICIES, ScaleConfig
+from traces.schema import FORMATS
+
+SCALE = ScaleConfig()  # the traces' scaling defaults
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -106,21 +110,25 @@ def add_replay_flags(p: argparse.ArgumentParser, http: bool, levels: bool = True
     tr = p.add_argument_group("traces")
     tr.add_argument("--traces", default=None, metavar="NAME|PATH",
                     help="bundled set name, trace file or directory (default: agentic-coding)")
-    tr.add_argument("--trace-format", choices=("auto", "sessions", "mooncake"), default="auto",
+    tr.add_argument("--trace-format", choices=("auto", *FORMATS), default="auto",
                     help="agentic sessions or Mooncake JSONL (default: detected); Mooncake is replayed open loop")
     tr.add_argument("--max-context", type=int, metavar="TOKENS",
                     help="requests whose input + output exceed this are dropped or trimmed (default: the "
                     "server's max_model_len when it reports one)")
-    tr.add_argument("--over-context", choices=("drop", "trim"), default="drop",
+    tr.add_argument("--over-context", choices=OVER_CONTEXT_POLICIES, default=SCALE.over_context,
                     help="over --max-context: drop the request, or trim its input to fit keeping the "
-                    "leading blocks (default: drop)")
-    scaled = (" (default 1; our server with the bundled sessions: the `loadgen bench` preset for its model, "
-              "printed at the start)") if http else " (default 1)"
-    tr.add_argument("--token-scale", type=float, metavar="F", help="multiply token counts" + scaled)
+                    f"leading blocks (default: {SCALE.over_context})")
+
+    def scaled(default: float | None) -> str:
+        preset = ("; our server with the bundled sessions: the `loadgen bench` preset for its model, printed at "
+                  "the start") if http else ""
+        return f" (default {'none' if default is None else f'{default:g}'}{preset})"
+
+    tr.add_argument("--token-scale", type=float, metavar="F", help="multiply token counts" + scaled(SCALE.token_scale))
     tr.add_argument("--think-time-scale", type=float, metavar="F",
-                    help="multiply think times and subagent start gaps" + scaled)
+                    help="multiply think times and subagent start gaps" + scaled(SCALE.think_time_scale))
     tr.add_argument("--think-time-cap", type=float, metavar="S",
-                    help="cap think times and subagent gaps (seconds)" + scaled.replace("default 1", "default none"))
+                    help="cap think times and subagent gaps (seconds)" + scaled(SCALE.think_time_cap))
     tr.add_argument("--vocab-size", type=int, metavar="N", help="synthesized token ids lie in [offset, offset+size) "
                     "(default: 256 byte ids for our server, else 30000)")
     tr.add_argument("--vocab-offset", type=int, metavar="ID",

@@ -3,15 +3,19 @@
 Prints sessions, requests, subagents, token and think-time percentiles, recorded durations and
 the theoretical prefix-cache hit rate, optionally after the same scaling knobs a replay takes,
 so the effect of a context cap or a token scale can be seen (and its dropped/trimmed counts)
-before any load is sent. The traces package is imported only when the command runs, to keep
-`loadgen --help` fast.
+before any load is sent. The parser reads only the traces' schema, readers and scaling settings;
+the statistics (numpy) load when the command runs, to keep `loadgen --help` fast.
 """
 
 from __future__ import annotations
 
 import argparse
 
-DEFAULT_SOURCE = "agentic-coding"  # traces.DEFAULT_SET, named here to avoid importing numpy at startup
+from traces.readers import DEFAULT_SET
+from traces.scale import OVER_CONTEXT_POLICIES, ScaleConfig
+from traces.schema import FORMATS
+
+SCALE = ScaleConfig()  # a replay's scaling defaults
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -30,13 +34,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     stats.add_argument(
         "source",
         nargs="?",
-        default=DEFAULT_SOURCE,
+        default=DEFAULT_SET,
         metavar="PATH|NAME",
-        help=f"trace file, directory or bundled set name (default: {DEFAULT_SOURCE})",
+        help=f"trace file, directory or bundled set name (default: {DEFAULT_SET})",
     )
     stats.add_argument(
         "--format",
-        choices=("auto", "sessions", "mooncake"),
+        choices=("auto", *FORMATS),
         default="auto",
         help="trace format (default: auto-detect from the first record)",
     )
@@ -49,15 +53,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     stats.add_argument("--json", action="store_true", help="print JSON instead of a table")
     scaling = stats.add_argument_group("scaling (as a replay applies it)")
-    scaling.add_argument("--max-context", type=int, default=None, metavar="N",
+    scaling.add_argument("--max-context", type=int, default=SCALE.max_context, metavar="N",
                          help="requests with input+output over N tokens are dropped or trimmed")
-    scaling.add_argument("--over-context", choices=("drop", "trim"), default="drop",
-                         help="drop such requests (default) or trim their input to its leading N-output tokens")
-    scaling.add_argument("--token-scale", type=float, default=1.0, metavar="X",
-                         help="multiply input and output token counts by X (default 1)")
-    scaling.add_argument("--think-time-scale", type=float, default=1.0, metavar="X",
-                         help="multiply think times by X (default 1)")
-    scaling.add_argument("--think-time-cap", type=float, default=None, metavar="S",
+    scaling.add_argument("--over-context", choices=OVER_CONTEXT_POLICIES, default=SCALE.over_context,
+                         help="drop such requests or trim their input to its leading N-output tokens "
+                         f"(default {SCALE.over_context})")
+    scaling.add_argument("--token-scale", type=float, default=SCALE.token_scale, metavar="X",
+                         help=f"multiply input and output token counts by X (default {SCALE.token_scale:g})")
+    scaling.add_argument("--think-time-scale", type=float, default=SCALE.think_time_scale, metavar="X",
+                         help=f"multiply think times by X (default {SCALE.think_time_scale:g})")
+    scaling.add_argument("--think-time-cap", type=float, default=SCALE.think_time_cap, metavar="S",
                          help="cap think times at S seconds")
     stats.set_defaults(func=run_stats)
 
