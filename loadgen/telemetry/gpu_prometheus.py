@@ -4,12 +4,11 @@ DCGM exporter's DCGM_FI_DEV_* metrics, scraped over HTTP like any other source's
 from __future__ import annotations
 
 import http.client
-import re
 import urllib.request
-from collections.abc import Collection
 from typing import Any
 
 from loadgen.telemetry.gpu_sources import GpuReading, GpuTelemetryError, gpus_text
+from loadgen.telemetry.prometheus import scan
 
 # Prometheus name -> (GpuReading field, factor to the field's unit)
 _SERVER_METRICS = {
@@ -33,11 +32,12 @@ _FAMILIES = ((SERVER_FAMILY, _SERVER_METRICS, "name"), (DCGM_FAMILY, _DCGM_METRI
 
 def readings_from_prometheus(text: str) -> tuple[str, list[GpuReading]]:
     """The GPU readings in one scrape, by GPU index, from the first family it holds: (family, readings);
-    ("", []) when it holds neither."""
+    ("", []) when it holds neither. ParseError (a ValueError) for a scrape that is not Prometheus text."""
+    samples = [(metric, dict(pairs), value) for _, metric, pairs, value, _, _ in scan(text, {})]
     for family, metrics, name_label in _FAMILIES:
         gpus: dict[int, dict[str, Any]] = {}
-        for metric, labels, value in _prometheus_samples(text, metrics):
-            if "gpu" in labels:
+        for metric, labels, value in samples:
+            if metric in metrics and "gpu" in labels:
                 field, factor = metrics[metric]
                 gpus.setdefault(int(labels["gpu"]), {"name": labels.get(name_label, "unknown")})[field] = value * factor
         if gpus:
@@ -51,22 +51,6 @@ def _prometheus_reading(index: int, fields: dict[str, Any]) -> GpuReading:
                       energy_j=fields.get("energy_j"), sm_clock_mhz=fields.get("sm_clock_mhz"),
                       memory_used_bytes=None if memory is None else round(memory),
                       utilization=fields.get("utilization"))
-
-
-_SAMPLE_LINE = re.compile(r"([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})?\s+(\S+)")
-_LABEL_PAIR = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)\s*=\s*"((?:[^"\\]|\\.)*)"')
-
-
-def _prometheus_samples(text: str, names: Collection[str]) -> list[tuple[str, dict[str, str], float]]:
-    """The named metrics' samples in Prometheus text as (name, labels, value): a small reader kept to this one
-    function until loadgen/telemetry/prometheus.py's parser replaces it. Label values stay escaped and
-    timestamps are dropped; a value that does not parse raises ValueError."""
-    samples = []
-    for line in text.splitlines():
-        match = _SAMPLE_LINE.match(line)
-        if match and match.group(1) in names:
-            samples.append((match.group(1), dict(_LABEL_PAIR.findall(match.group(2) or "")), float(match.group(3))))
-    return samples
 
 
 class PrometheusGpuSource:
