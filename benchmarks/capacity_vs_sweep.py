@@ -155,17 +155,23 @@ def compare(folders: list[Path], target: float) -> None:
            "inside": inside, "time_ratio": round(search_s / sweep_s, 3),
            "search_reread": {key: reread[key] for key in ("capacity", "low", "high", "design_effect", "dispersion")},
            "inside_reread": inside_reread}
-    print(f"search: {found['capacity']} agents [{found['low']}, {found['high']}], {len(found['probes'])} probes, "
+    print(f"search: {_answer(found)}, {len(found['probes'])} probes, "
           f"{search_s:.0f} s")
     ranges = " + ".join(f"{t['first']}..{t['last']}" for t in timings)
-    print(f"sweep:  {swept['capacity']} agents [{swept['low']}, {swept['high']}] over {ranges} "
+    print(f"sweep:  {_answer(swept)} over {ranges} "
           f"({len(swept['levels'])} of {planned} levels "
           f"measured), {sweep_s:.0f} s")
     print(f"the sweep's capacity is {'inside' if inside else 'OUTSIDE'} the search's interval; the search took "
           f"{search_s / sweep_s:.2f} of the sweep's time")
-    print(f"the search's probes re-read with this checkout's estimator: {reread['capacity']} agents "
-          f"[{reread['low']}, {reread['high']}] (sweep's capacity {'inside' if inside_reread else 'OUTSIDE'})")
+    print(f"the search's probes re-read with this checkout's estimator: {_answer(reread)} "
+          f"(sweep's capacity {'inside' if inside_reread else 'OUTSIDE'})")
     print(json.dumps(row))
+
+
+def _answer(found: dict) -> str:
+    """`56 agents [?, 56]`: an end no level decided is `?`, as `loadgen capacity` prints it."""
+    low, high = ("?" if found[end] is None else found[end] for end in ("low", "high"))
+    return f"{'?' if found['capacity'] is None else found['capacity']} agents [{low}, {high}]"
 
 
 def main() -> None:
