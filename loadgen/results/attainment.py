@@ -19,7 +19,8 @@ failures come in bursts in time that clustering by play does not see. The same e
 therefore also taken with blocks of start time as the clusters (a block spans the median E2EL,
 rounded up to whole TIME_BLOCK_MIN_S: requests starting within one request's lifetime of each
 other ran beside each other), and the interval is taken at the smaller of the two effective
-numbers. The capacity search's early stop judges a running level by the same rule (LiveSums).
+numbers. A clustering with a single cluster measures no spread (a Mooncake trace is replayed as
+one play): it yields to the other, and counts at one draw only when neither has two clusters. The capacity search's early stop judges a running level by the same rule (LiveSums).
 Session attainment is Wilson's interval over the plays.
 
 Goodput: good requests per second of window and their output tokens per second, per GPU too.
@@ -172,9 +173,8 @@ def level_attainment(slo: Slo, requests: Mapping[str, Sequence], error_plays: Se
     keys, index = np.unique(np.concatenate([plays, errors]), return_inverse=True)
     total = np.bincount(index, minlength=len(keys))
     good_per_play = np.bincount(index[: len(plays)], weights=good, minlength=len(keys))
-    by_play = ClusterSums.of(good_per_play, total).share()
     by_time = _time_clustered(requests.get("start_ms", ()), columns["e2el_us"], good, len(errors))
-    requests_share = by_play if by_time is None or by_play.effective <= by_time.effective else by_time
+    requests_share = clustered_share(ClusterSums.of(good_per_play, total), by_time)
     sessions_share = play_share(int((good_per_play == total).sum()), len(keys))
     out_tokens = float(np.asarray(requests.get("osl", ()), dtype=np.float64)[good].sum()) if len(good) else 0.0
     per_s = (lambda x: round(x / window_s, 4)) if window_s > 0 else (lambda x: 0.0)
@@ -192,15 +192,23 @@ def level_attainment(slo: Slo, requests: Mapping[str, Sequence], error_plays: Se
     }
 
 
-def _time_clustered(start_ms: Sequence[float], e2el_us: np.ndarray, good: np.ndarray, errors: int) -> Share | None:
-    """The share of good requests clustered by blocks of start time (errors, which have no start
-    time, one cluster of their own); None without start times."""
+def clustered_share(by_play: ClusterSums, by_time: ClusterSums | None, z: float = Z_95) -> Share:
+    """The share at the smaller effective number of the two clusterings that have two clusters or more
+    (module docstring); by play when neither has."""
+    informative = [sums for sums in (by_play, by_time) if sums is not None and sums.plays >= 2] or [by_play]
+    return min((sums.share(z) for sums in informative), key=lambda share: share.effective)
+
+
+def _time_clustered(start_ms: Sequence[float], e2el_us: np.ndarray, good: np.ndarray,
+                    errors: int) -> ClusterSums | None:
+    """The requests clustered by blocks of start time (errors, which have no start time, one cluster
+    of their own); None without start times."""
     start = np.asarray(start_ms, dtype=np.float64)
     if len(start) == 0 or len(start) != len(good):
         return None
     units = Counter(block_units(e2el_us).tolist())
-    return _block_share(start_blocks(start) // _lower_median(units), np.ones(len(good)), good.astype(np.float64),
-                        errors)
+    return _block_sums(start_blocks(start) // _lower_median(units), np.ones(len(good)), good.astype(np.float64),
+                       errors)
 
 
 def start_blocks(start_ms: np.ndarray) -> np.ndarray:
@@ -226,15 +234,15 @@ def _lower_median(units: Counter) -> int:
     return int(keys[int(np.searchsorted(counts, (counts[-1] - 1) // 2, side="right"))])
 
 
-def _block_share(cluster: np.ndarray, total: np.ndarray, good: np.ndarray, errors: int, z: float = Z_95) -> Share:
-    """The share over items (requests, or blocks of them) labelled by `cluster`, each with its
+def _block_sums(cluster: np.ndarray, total: np.ndarray, good: np.ndarray, errors: int) -> ClusterSums:
+    """The sums over items (requests, or blocks of them) labelled by `cluster`, each with its
     requests and good ones; `errors` are one more cluster, all bad."""
     _, index = np.unique(cluster, return_inverse=True)
     n = np.bincount(index, weights=total)
     g = np.bincount(index, weights=good, minlength=len(n))
     if errors:
         n, g = np.append(n, errors), np.append(g, 0.0)
-    return ClusterSums.of(g, n).share(z)
+    return ClusterSums.of(g, n)
 
 
 @dataclass(frozen=True, slots=True)
@@ -264,15 +272,14 @@ class LiveSums:
                         self.errors + other.errors)
 
     def share(self, z: float = Z_95) -> Share:
-        """The share at the smaller effective number of the two clusterings, as `level_attainment`."""
-        by_play = self.plays.share(z)
+        """The share as `level_attainment` takes it (`clustered_share`)."""
         if not self.block_requests:
-            return by_play
+            return clustered_share(self.plays, None, z)
         keys = np.fromiter(self.block_requests, dtype=np.int64, count=len(self.block_requests))
         requests = np.array([self.block_requests[k] for k in keys.tolist()], dtype=np.float64)
         good = np.array([self.block_good[k] for k in keys.tolist()], dtype=np.float64)
-        by_time = _block_share(keys // _lower_median(self.e2el_units), requests, good, self.errors, z)
-        return by_play if by_play.effective <= by_time.effective else by_time
+        by_time = _block_sums(keys // _lower_median(self.e2el_units), requests, good, self.errors)
+        return clustered_share(self.plays, by_time, z)
 
 
 class SloTally:

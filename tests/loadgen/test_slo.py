@@ -122,6 +122,27 @@ def test_failures_bunched_in_time_across_plays_count_as_one_cluster():
     assert entry["interval"][1] - entry["interval"][0] > 2 * (by_play["interval"][1] - by_play["interval"][0])
 
 
+def test_a_level_of_one_play_is_clustered_in_time_alone():
+    # a Mooncake trace is replayed as one play: 240 requests over 8 s, 3 slow ones spread out in time.
+    # One cluster measures no spread, so the play clustering must not count the level as one draw
+    n = 240
+    start_ms = np.arange(n) * (8000 / n)
+    slow = np.isin(np.arange(n), [10, 120, 230])
+    requests = {"play": [7] * n, "start_ms": start_ms.tolist(), "ttft_us": [100_000] * n,
+                "tpot_us": np.where(slow, 100_000, 10_000).tolist(), "e2el_us": [100_000] * n, "osl": [4] * n}
+    entry = level_attainment(parse_slo("interactive"), requests, [], window_s=8.0, gpus=1)["requests"]
+    assert (entry["total"], entry["good"]) == (n, n - 3)
+    assert entry["effective_n"] > 100 and entry["met"] is True  # 16 blocks of 0.5 s, failures in 3 of them
+    tally = SloTally(parse_slo("interactive"))
+    for i in range(n):
+        tally.add(7, *(requests[k][i] for k in ("ttft_us", "e2el_us", "tpot_us", "osl", "start_ms")))
+    share = tally.sums().share()
+    assert share.effective == pytest.approx(entry["effective_n"], abs=0.01)
+    without_time = {k: v for k, v in requests.items() if k != "start_ms"}
+    alone = level_attainment(parse_slo("interactive"), without_time, [], window_s=8.0, gpus=1)["requests"]
+    assert alone["effective_n"] == 1.0  # nothing but the one play to go by: one draw
+
+
 def test_the_live_tally_clusters_in_time_as_the_summary_and_adds_across_workers():
     # the capacity search's early stop must not stop on a burst the summary would call undecided:
     # the running tally, split over two workers by play, gives the summary's interval
