@@ -4,7 +4,9 @@ Block `h` of session `s` played with salt `k` is `block_size` tokens drawn from 
 streams seeded by (s, h, k); the request's remaining `input_tokens - block_size*len(hash_ids)`
 tokens come from a stream seeded by (s, request index, k). Hence two requests that share a
 leading run of hash ids send exactly the same token prefix (and a server's prefix cache can hit),
-while a new salt (a recycled session) shares nothing with the previous play.
+while a new salt (a recycled session) shares nothing with the previous play. A prompt may name a
+history (a salt and hash ids): the leading blocks it shares with those ids are drawn with the
+history's salt, so plays of different salts share a primed context and nothing after it.
 
 The tokens are computed vectorised over whole prompts with numpy (the seeds of a request's
 few new blocks as Python ints: cheaper than numpy calls on tiny arrays), and the last prompt of each
@@ -87,13 +89,16 @@ class PromptSynth:
         self._vocab_size = np.uint64(vocab_size)
         self._vocab_offset = np.int32(vocab_offset)
         self._session_keys: dict[str, int] = {}
-        # (session id, salt) -> the latest prompt built for it (the longer one when the latest was
-        # a prefix of it, so that the same prompt's key, blocks and ids are never built twice)
-        self._cache: OrderedDict[tuple[str, int], _Cached] = OrderedDict()
+        # (session id, salt, history salt) -> the latest prompt built for it (the longer one when the
+        # latest was a prefix of it, so that the same prompt's key, blocks and ids are never built twice)
+        self._cache: OrderedDict[tuple[str, int, int | None], _Cached] = OrderedDict()
         self._cached_tokens = 0
 
-    def prompt(self, session_id: str, request: Request, salt: int) -> np.ndarray:
-        """The request's prompt: read-only int32 token ids, exactly `request.input_tokens` long."""
+    def prompt(self, session_id: str, request: Request, salt: int,
+               history: tuple[int, tuple[int, ...]] | None = None) -> np.ndarray:
+        """The request's prompt: read-only int32 token ids, exactly `request.input_tokens` long.
+        `history` (salt, hash ids): the leading blocks this request shares with those hash ids are
+        drawn with that salt instead - a context primed once and shared by plays of other salts."""
         hash_ids = tuple(request.hash_ids)  # any sequence from a caller; a tuple is taken as it is
         block_size = self.block_size
         block_len = len(hash_ids) * block_size
@@ -102,7 +107,7 @@ class PromptSynth:
                 f"request {request.index}: {len(hash_ids)} hash ids of {block_size} tokens exceed its "
                 f"{request.input_tokens} input tokens"
             )
-        cache_key = (session_id, salt)
+        cache_key = (session_id, salt, None if history is None else history[0])
         cached = self._cache.pop(cache_key, None)
         if cached is None:
             key, shared = self._key(session_id, salt), 0
@@ -122,6 +127,11 @@ class PromptSynth:
         new_blocks = states[: block_len - shared * block_size]
         if new_blocks.size:
             seeds = _block_seeds(hash_ids[shared:], key ^ _BLOCK_DOMAIN)
+            if history is not None and shared < len(history[1]):
+                primed = _common_prefix(history[1], hash_ids) - shared
+                if primed > 0:
+                    history_key = self._key(session_id, history[0]) ^ _BLOCK_DOMAIN
+                    seeds[:primed] = _block_seeds(hash_ids[shared:shared + primed], history_key)
             np.add(seeds[:, None], self._positions[None, :], out=new_blocks.reshape(len(seeds), block_size))
         tail = states[new_blocks.size:]
         if tail.size:
@@ -162,7 +172,7 @@ class PromptSynth:
             base = self._session_keys.setdefault(session_id, int.from_bytes(digest, "little"))
         return _splitmix64_scalar(base ^ _splitmix64_scalar(int(salt) & _MASK))
 
-    def _remember(self, cache_key: tuple[str, int], cached: _Cached) -> None:
+    def _remember(self, cache_key: tuple[str, int, int | None], cached: _Cached) -> None:
         self._cache[cache_key] = cached
         self._cached_tokens += cached.tokens.size
         while self._cached_tokens > self.cache_tokens:

@@ -10,8 +10,10 @@ no wider than `resolution` of the load that held (and one agent). A bracket is o
 its ends are decisive - a probe whose interval lies wholly above the target below it, one wholly
 under above it - so a probe too close to call sends the search one step further out.
 
-Each probe is a level as a sweep's: its lanes start afresh from its own plan and warm up as a
-level's do. They do not go on with the previous probe's sessions to spare the warm-up: lanes
+Each probe is a level as a sweep's: its lanes start afresh and warm up as a level's do; lane l
+plays the same sessions from the same offset at every probe (loadgen/run/plan.py), so a probe
+of N agents replays a sweep's level of N, and its warm-up finds the histories of lanes an earlier
+probe primed in the server's cache. They do not go on with the previous probe's sessions to spare the warm-up: lanes
 carried from probe to probe move ever later into their sessions, where contexts are longer, so
 later probes would measure a heavier load than a sweep's level at the same concurrency. A probe
 stops early once its verdict is decided - the interval of its share so far (clustered by play and

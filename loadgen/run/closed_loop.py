@@ -1,7 +1,8 @@
 """The closed loop: N lanes, each playing one session tree after another until the window closes.
 
-A lane's plays come from `plan.LanePlays` (fixed by seed, level and lane), its first play starts
-at a seeded offset after re-sending that request's context as warm-up. Every level starts its
+A lane's plays come from `plan.LanePlays` (sessions and offsets fixed by seed and lane, the same at
+every level; salts by the level too), its first play starts at a seeded offset after re-sending
+that request's context as warm-up, which a later level finds cached. Every level starts its
 lanes afresh, a capacity search's probes too: lanes that went on with their sessions from one
 level into the next would move ever later into them, where contexts are longer, and measure a
 heavier load than a level of its own at that concurrency. Within a play the parent
@@ -25,7 +26,11 @@ if TYPE_CHECKING:
 
 
 def plays_of(traces: TraceSet, config: RunConfig, level_index: int, concurrency: int) -> LanePlays:
-    return LanePlays(traces.sessions, config.seed, level_index, concurrency, config.start_offset)
+    """The level's plays; a warm-up that re-sends the start requests primes the lanes' histories,
+    which later levels then share (plan.LanePlays)."""
+    primes = bool(config.warmup.requests) or config.warmup.seconds > 0
+    return LanePlays(traces.sessions, config.seed, level_index, concurrency, config.start_offset,
+                     shared_history=primes)
 
 
 async def run(runner: Runner, level: LevelRun, level_index: int) -> None:
@@ -93,7 +98,7 @@ async def _play_tree(runner: Runner, level: LevelRun, play: Play, lane: int, war
                 break
             warm = warm_first and position == play.start_index
             if not await runner.send(level, RequestMeta(play.play_id, session.id, "", request, lane), play.salt,
-                                     warm=warm):
+                                     warm=warm, history=play.history):
                 break
             prev_end = _now_s()
             _launch_subagents(runner, level, play, lane, position + 1, subagents, prev_end)
@@ -125,7 +130,8 @@ async def _subagent(runner: Runner, level: LevelRun, play: Play, lane: int, numb
             ready = _now_s() + request.think_time
         if not await runner.sleep_until(level, int(ready * 1e9)):
             break
-        await runner.send(level, RequestMeta(play.play_id, play.session.id, sub.agent_id, request, lane), play.salt)
+        await runner.send(level, RequestMeta(play.play_id, play.session.id, sub.agent_id, request, lane), play.salt,
+                          history=play.history)
     return _now_s()
 
 

@@ -1,10 +1,12 @@
 """The workload plan: which session each lane plays next, where it starts, with which salt, and
 when open-loop requests are due. Everything here is seeded, so one seed gives one plan.
 
-Closed loop: a shared, seeded `PlaySource` hands out plays (a session with a fresh salt, so a
-recycled session never hits the prefix cache of its earlier play). A lane's first play starts
-at a seeded offset inside the session (uniform in `start_offset`, default 25-75 % of its parent
-requests); the request at that offset is re-sent first as warm-up so its prefix is cached.
+Closed loop: `LanePlays` gives lane l its r-th play (a session with a fresh salt, so a recycled
+session never hits the prefix cache of its earlier play) by seed, lane and round alone, the same at
+every level: levels differ in their number of lanes only. A lane's first play starts at a seeded
+offset inside the session (uniform in `start_offset`, default 25-75 % of its parent requests);
+the request at that offset is re-sent first as warm-up so its prefix is cached. Open loop: a
+shared, seeded `PlaySource` hands out plays in shuffled passes.
 
 Timing of a play (`subagent_delay`, `joins_before`): a parent request waits its recorded think
 time after the previous parent request ends (traces.scale_traces has already scaled and capped
@@ -21,6 +23,7 @@ Open loop: `poisson_arrivals` spreads a trace's requests over exponential gaps a
 from __future__ import annotations
 
 import random
+from collections import OrderedDict
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -40,13 +43,24 @@ class TimingConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class History:
+    """The context a lane's first play starts from, primed by the warm-up: its blocks (`hash_ids`,
+    the start request's) are drawn with `salt`, the lane's own at every level (LanePlays)."""
+
+    salt: int
+    hash_ids: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
 class Play:
-    """One replay of a session: `play_id` is unique in the run and also its salt."""
+    """One replay of a session: `play_id` is unique in the run; `salt` draws its prompts' blocks
+    (but those of `history`, when it has one)."""
 
     play_id: int
     session: Session
     start_index: int  # first parent request to send; > 0 only for a lane's first play
     salt: int
+    history: History | None = None
 
 
 class PlaySource:
@@ -135,42 +149,56 @@ def max_subagents(sessions: tuple[Session, ...]) -> int:
 
 
 class LanePlays:
-    """The closed loop's plays of one level, fixed by (seed, level, play number) alone, so the
-    plan is the same however the lanes are spread over worker processes.
+    """The closed loop's plays, fixed by (seed, lane, round) alone: lane `l`'s `r`-th play is the
+    same session from the same start offset at every level, whatever its number of lanes, and
+    however the lanes are spread over worker processes. A level of N + 1 lanes plays a level of
+    N's plays and one lane's more (common random numbers), so a sweep's levels and a capacity
+    search's probes differ in their load, not in which sessions and offsets they drew.
 
-    Play number k goes to lane k % lanes as that lane's (k // lanes)-th play: the first round
-    deals every lane a different session (while there are enough), as one shared shuffled
-    deck would. Sessions come in seeded shuffled passes; each play has its own seeded salt; a
-    lane's first play starts at a seeded offset in `start_offset`.
+    Each round deals lanes 0..S-1 (S sessions) a seeded permutation of the sessions, lanes
+    S..2S-1 another, and so on: lanes play different sessions while there are enough. A lane's
+    first play starts at a seeded offset in `start_offset`. Salts are the level's own (`level`
+    keys them), so no level's requests hit another's prefix cache - but for a primed history:
+    with `shared_history`, the context a lane's first play starts from (its start request's
+    blocks, which the warm-up re-sends) is drawn with a salt of the lane's own, the same at every
+    level and repeat, so a later level's warm-up finds it cached and only the lanes new to the
+    run are primed at full cost. The requests after it draw their new blocks with the level's
+    salt, as every request of a fresh level would.
     """
 
     def __init__(self, sessions: tuple[Session, ...], seed: int, level: int, lanes: int,
-                 start_offset: tuple[float, float]) -> None:
+                 start_offset: tuple[float, float], shared_history: bool = False) -> None:
         if not sessions:
             raise ValueError("the trace set has no sessions to replay")
         self._sessions = sessions
-        self._key = f"{seed}:{level}"
+        self._seed = seed
+        self._level = level
         self._lanes = lanes
         self._start_offset = start_offset
+        self._shared_history = shared_history
         self._id_base = level << 32  # play ids stay unique across the levels of a run
-        self._orders: dict[int, list[int]] = {}
+        self._orders: OrderedDict[tuple[int, int], list[int]] = OrderedDict()
 
     def play(self, lane: int, round_: int) -> Play:
-        number = round_ * self._lanes + lane
-        session = self._sessions[self._order(number // len(self._sessions))[number % len(self._sessions)]]
-        rng = random.Random(f"{self._key}:play:{number}")
-        start = 0
+        pass_, slot = divmod(lane, len(self._sessions))
+        session = self._sessions[self._order(round_, pass_)[slot]]
+        draw = random.Random(f"{self._seed}:lane:{lane}:{round_}")  # the same at every level
+        salt = random.Random(f"{self._seed}:{self._level}:salt:{lane}:{round_}").getrandbits(SALT_BITS)
+        start, history = 0, None
         if round_ == 0 and len(session.requests) > 1:
             low, high = self._start_offset
-            start = min(int(rng.uniform(low, high) * len(session.requests)), len(session.requests) - 1)
-        return Play(self._id_base + number, session, start, rng.getrandbits(SALT_BITS))
+            start = min(int(draw.uniform(low, high) * len(session.requests)), len(session.requests) - 1)
+            if self._shared_history and start:
+                history = History(draw.getrandbits(SALT_BITS), tuple(session.requests[start].hash_ids))
+        return Play(self._id_base + round_ * self._lanes + lane, session, start, salt, history)
 
-    def _order(self, pass_: int) -> list[int]:
-        order = self._orders.get(pass_)
+    def _order(self, round_: int, pass_: int) -> list[int]:
+        key = (round_, pass_)
+        order = self._orders.get(key)
         if order is None:
             order = list(range(len(self._sessions)))
-            random.Random(f"{self._key}:pass:{pass_}").shuffle(order)
-            if len(self._orders) > 8:  # lanes move through the passes about together
-                self._orders.clear()
-            self._orders[pass_] = order
+            random.Random(f"{self._seed}:deal:{round_}:{pass_}").shuffle(order)
+            if len(self._orders) >= 256:  # lanes move through the rounds about together
+                self._orders.popitem(last=False)
+            self._orders[key] = order
         return order

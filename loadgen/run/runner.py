@@ -24,7 +24,8 @@ Repeats (`--repeat N`): a level index run again replays the same plan - the same
 offsets and think times, so every repeat's window measures the same (session, turn) requests and
 repeats can be compared request by request (loadgen/compare). Only the prompts' salt changes per
 repeat: the server's prefix cache holds the earlier repeat's prompts, and reusing them would make
-every later repeat a cache-warm copy of the first instead of a repeat of it.
+every later repeat a cache-warm copy of the first instead of a repeat of it. The lanes' primed
+histories (plan.History) keep their salts: the context each lane starts from is the same one.
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ from loadgen.run import closed_loop, open_loop
 from loadgen.run.level import LevelLoad, LevelRun, RequestMeta, RunConfig, Share
 from loadgen.run.loop_lag import LoopLagMonitor
 from loadgen.run.pacer import Pacer
-from loadgen.run.plan import SALT_BITS, TimingConfig
+from loadgen.run.plan import SALT_BITS, History, TimingConfig
 from loadgen.run.spec_decode import SpecCounters, SpecExpectation
 from loadgen.run.summary import request_record
 from loadgen.transport.base import ErrorKind, Exchange, Transport, WireRequest
@@ -188,8 +189,9 @@ class Runner:
     # -- one request -------------------------------------------------------------------------
 
     async def send(self, level: LevelRun, meta: RequestMeta, salt: int, warm: bool = False,
-                   due_ns: int | None = None) -> bool:
-        """Send one request and account for it; False when it was not sent (the window had closed)."""
+                   due_ns: int | None = None, history: History | None = None) -> bool:
+        """Send one request and account for it; False when it was not sent (the window had closed).
+        `history`: the primed context its play starts from (plan.History), drawn with its own salt."""
         if not self._pacer.take():  # no room in this loop turn: wait for one
             await self._pacer.turn()
         origin = due_ns if due_ns is not None else time.perf_counter_ns()
@@ -200,7 +202,8 @@ class Runner:
         number = next(self._request_numbers)
         wire = WireRequest(
             request_id=f"{meta.play_id}-{meta.agent or 'main'}-{request.index}-{self.share.index}.{number}",
-            prompt=self.synth.prompt(meta.session, request, salt ^ self._salt_shift),
+            prompt=self.synth.prompt(meta.session, request, salt ^ self._salt_shift,
+                                     None if history is None else (history.salt, history.hash_ids)),
             max_tokens=request.output_tokens,
             user=f"agentload-{meta.play_id}",
             acceptance_length=al if self.spec is not None and self.spec.send else None,

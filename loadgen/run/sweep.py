@@ -99,7 +99,7 @@ class CapacitySweep:
         if load is None:
             return None
         self._pending = (load, None)
-        # each probe its own plan, as a sweep's levels have: their loads are drawn alike
+        # each probe its own level index, as a sweep's levels have: salts of its own (plan.LanePlays)
         return NextLevel(len(self.search.probes), self._level_load(load))
 
     def _level_load(self, load: float) -> LevelLoad:

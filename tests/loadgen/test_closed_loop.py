@@ -199,3 +199,30 @@ def test_repeats_replay_the_same_requests_with_fresh_prompts(start_server, sessi
     for rec in server.records()["records"]:
         prompts.setdefault(tuple(rec["id"].split("-")[:3]), set()).add(tuple(rec["prompt"]))
     assert all(len(prompts[key]) >= 2 for key in shared)
+
+
+@pytest.mark.parametrize("warmup", ["1req", "0s"])
+def test_a_later_level_finds_its_lanes_primed_history_and_nothing_after(start_server, sessions, replay, warmup):
+    """Levels of 2 then 3 lanes: lanes 0 and 1 play the same sessions from the same offsets at both
+    (turn 10 of 20: a history of 14 blocks of 64 tokens); with a warm-up, the level-2 prompts repeat
+    level 1's history blocks exactly (the server's cache finds them primed), while the blocks after
+    it (turn 11's 15th) are the level's own. Without a warm-up nothing is primed, nothing shared."""
+    server = start_server(keep_prompts=True)
+    folder = sessions(*({"n_requests": 20, "think": 0.0, "n_out": 2} for _ in range(4)))
+    code, doc, records = replay(server.url, "--traces", str(folder), "--conc", "2,3", "--duration", "0.4",
+                                "--warmup", warmup, "--start-offset", "0.5:0.5", "--vocab-size", "50000")
+    assert code == 0
+    prompts = {rec["id"]: rec["prompt"] for rec in server.records()["records"]}
+    first_plays: dict[tuple[int, int], dict[int, dict]] = defaultdict(dict)  # (level, lane) -> turn -> record
+    for rec in records:
+        level, number = divmod(rec["play"], 1 << 32)
+        if number < (2, 3)[level] and rec["agent"] == "":
+            first_plays[level, number][rec["turn"]] = rec
+    for lane in (0, 1):
+        before, after = first_plays[0, lane], first_plays[1, lane]
+        assert before[10]["session"] == after[10]["session"]
+        start = [prompts[before[10]["id"]], prompts[after[10]["id"]]]
+        next_ = [prompts[before[11]["id"]], prompts[after[11]["id"]]]
+        assert (start[0][:896] == start[1][:896]) == (warmup == "1req") == (next_[0][:896] == next_[1][:896])
+        assert next_[0][896:960] != next_[1][896:960]
+    assert first_plays[1, 2][10]["session"] not in {first_plays[1, lane][10]["session"] for lane in (0, 1)}

@@ -6,6 +6,7 @@ import pytest
 
 from loadgen.run.level import Warmup
 from loadgen.run.plan import (
+    LanePlays,
     PlaySource,
     TimingConfig,
     joins_before,
@@ -83,3 +84,26 @@ def test_warmup_syntax(text, seconds, requests):
 def test_bad_warmup_is_named(text):
     with pytest.raises(ValueError, match="--warmup"):
         Warmup.parse(text)
+
+
+def test_a_lanes_plays_are_the_same_at_every_level_with_the_levels_own_salts():
+    """LanePlays: lane l's sessions and start offset depend on (seed, lane, round) only, so a level
+    of more lanes plays a smaller one's plays and more; each round deals lanes distinct sessions;
+    salts are the level's; a primed history's salt is the lane's, shared by every level."""
+    sessions = tuple(_session(f"s{i}", n=40) for i in range(5))
+    small = LanePlays(sessions, seed=3, level=0, lanes=3, start_offset=(0.25, 0.75), shared_history=True)
+    large = LanePlays(sessions, seed=3, level=4, lanes=7, start_offset=(0.25, 0.75), shared_history=True)
+    for lane in range(3):
+        for round_ in range(3):
+            a, b = small.play(lane, round_), large.play(lane, round_)
+            assert (a.session.id, a.start_index, a.history) == (b.session.id, b.start_index, b.history)
+            assert a.salt != b.salt and a.play_id != b.play_id
+    first = [large.play(lane, 0) for lane in range(7)]
+    assert len({p.session.id for p in first[:5]}) == 5  # a whole deal of the five sessions
+    assert all(p.history is not None and p.history.hash_ids == tuple(p.session.requests[p.start_index].hash_ids)
+               for p in first)
+    assert all(large.play(lane, 1).start_index == 0 and large.play(lane, 1).history is None for lane in range(7))
+    other_seed = LanePlays(sessions, seed=4, level=0, lanes=3, start_offset=(0.25, 0.75))
+    assert [other_seed.play(lane, 0).history for lane in range(3)] == [None] * 3  # nothing primed: no history
+    assert [p.start_index for p in (other_seed.play(lane, 0) for lane in range(3))] != \
+        [small.play(lane, 0).start_index for lane in range(3)]

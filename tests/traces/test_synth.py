@@ -157,3 +157,24 @@ def test_block_seeds_are_the_same_scalar_or_vectorised() -> None:
     for count in range(SCALAR_SEEDS_UP_TO // 2, len(ids) + 1, SCALAR_SEEDS_UP_TO // 2):
         prompt = grown.prompt("s", _request(0, 8 * count + (5 if count == len(ids) else 0), ids[:count]), salt=9)
     assert prompt.tolist() == whole.tolist()
+
+
+def test_a_history_shares_its_blocks_across_salts_and_nothing_after() -> None:
+    """Two plays (salts 1 and 2) of one primed context (history salt 9, hash ids 1..3): the blocks
+    they share with the history are the same tokens, whichever order the cache saw them in; their
+    later blocks and tails are their own; without a history they share nothing."""
+    history = (9, (1, 2, 3))
+    start, later, forked = _request(5, 200, (1, 2, 3)), _request(6, 300, (1, 2, 3, 4)), _request(7, 300, (1, 7, 8, 9))
+    one, two = PromptSynth(block_size=64), PromptSynth(block_size=64)
+    a_start, a_later = one.prompt("s", start, 1, history), one.prompt("s", later, 1, history)
+    b_later, b_start = two.prompt("s", later, 2, history), two.prompt("s", start, 2, history)
+    assert np.array_equal(a_start[:192], b_start[:192]) and np.array_equal(a_later[:192], b_later[:192])
+    assert np.array_equal(a_start[:192], a_later[:192])
+    assert set(_blocks(a_later[192:], 1, 64)).isdisjoint(_blocks(b_later[192:], 1, 64))
+    assert not np.array_equal(a_start[192:], b_start[192:])  # the tails: each play's own
+    a_fork, b_fork = one.prompt("s", forked, 1, history), two.prompt("s", forked, 2, history)
+    assert np.array_equal(a_fork[:64], b_fork[:64]) and set(_blocks(a_fork[64:], 3, 64)).isdisjoint(
+        _blocks(b_fork[64:], 3, 64))
+    plain = PromptSynth(block_size=64)
+    assert set(_blocks(plain.prompt("s", later, 1), 4, 64)).isdisjoint(
+        _blocks(plain.prompt("s", later, 2), 4, 64))
