@@ -48,17 +48,24 @@ def loadgen(command: str, flags: list[str], limit_s: float | None = None,
     proc = subprocess.Popen([sys.executable, "-m", "loadgen.cli", command, *flags], cwd=ROOT)
     level_times: list[float] = []
     stamp = None
+
+    def look() -> None:
+        nonlocal stamp
+        if results is None or not results.exists() or (mtime := results.stat().st_mtime) == stamp:
+            return
+        with contextlib.suppress(ValueError, OSError):  # a write in progress: read it next time
+            n = len(json.loads(results.read_bytes())["levels"])
+            stamp = mtime
+            level_times.extend([time.monotonic() - started] * (n - len(level_times)))
+
     while proc.poll() is None:
         if limit_s is not None and time.monotonic() - started > limit_s:
             proc.send_signal(signal.SIGINT)
             proc.wait()
             break
-        if results is not None and results.exists() and results.stat().st_mtime != stamp:
-            stamp = results.stat().st_mtime
-            with contextlib.suppress(ValueError, OSError):  # a write in progress: read it next time
-                n = len(json.loads(results.read_bytes())["levels"])
-                level_times += [time.monotonic() - started] * (n - len(level_times))
+        look()
         time.sleep(0.5)
+    look()  # a level written after the last look
     return proc.returncode, time.monotonic() - started, level_times
 
 
