@@ -59,6 +59,8 @@ def format_level(level: dict[str, Any]) -> str:
                      f"{counts['output_tokens_counted']} tokens)")
     for warning in level["client"]["warnings"]:
         lines.append(f"   WARNING: {warning}")
+    if (line := _cache_warning(cache)) is not None:
+        lines.append(line)
     if compiles := counts.get("server_kernel_compiles"):  # absent in results of earlier versions
         lines.append(f"   WARNING: the server compiled {compiles} Triton kernel(s) during the window "
                      "(agentload:kernel_compiles_total): the requests of those steps waited, and the latency "
@@ -66,6 +68,23 @@ def format_level(level: dict[str, Any]) -> str:
     if level["failed"]:
         lines.append(f"   FAILED: {'; '.join(level['fail_reasons'])}")
     return "\n".join(lines)
+
+
+# A fresh server's cache misses about the tokens the trace cannot share (0.9-1.2 of them in our
+# runs); far fewer misses mean the cache held this window's prompts before the window sent them.
+CACHE_MISSES_EXPECTED = 2 / 3
+
+
+def _cache_warning(cache: dict) -> str | None:
+    measured, theoretical = cache["measured_hit_rate"], cache["trace_theoretical_hit_rate"]
+    if measured is None or theoretical is None or theoretical >= 1:
+        return None
+    if 1 - measured >= CACHE_MISSES_EXPECTED * (1 - theoretical):
+        return None
+    return (f"   WARNING: the server's prefix cache served {measured:.1%} of the input tokens, more than the "
+            f"trace shares ({theoretical:.1%}): it held this level's prompts from before its window, most "
+            "likely from an earlier run with the same --seed against this server (restart the server or "
+            "change --seed); the window measured a lighter load than the trace's")
 
 
 def _inflight_line(level: dict[str, Any]) -> str | None:

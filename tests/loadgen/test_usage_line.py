@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from loadgen.defaults import LOCAL_SERVER_URL
+from loadgen.report.table import CACHE_MISSES_EXPECTED
 from loadgen.run.flags import fit_bundled_sessions
 from loadgen.run.presets import preset_for
 from loadgen.transport.base import ServerInfo
@@ -124,3 +125,24 @@ def test_the_real_scale_model_gets_the_sessions_at_their_recorded_length():
                               think_time_scale=None, think_time_cap=None)
     fit_bundled_sessions(args, dataclasses.replace(info, model="small", max_model_len=32768, raw={"root": "small"}))
     assert args.token_scale == preset_for("small").token_scale < 1.0
+
+
+def test_a_second_run_with_the_same_seed_is_told_the_server_cache_held_its_prompts(tiny_server, tmp_path, capsys):
+    """The same replay twice against one server: the second run's prompts are the first's (same
+    seed), so its window is served from a warm prefix cache beyond what the trace shares; it says
+    so. The first run, on a fresh server, measures no more than the trace shares and says nothing."""
+    from loadgen.cli import main
+
+    texts, docs = [], []
+    for run in ("first", "second"):
+        out = tmp_path / run
+        code = main(["replay", "--url", tiny_server, "--conc", "2", "--duration", "3", "--warmup", "1req",
+                     "--out", str(out)])
+        texts.append(capsys.readouterr().out)
+        assert code == 0, texts[-1]
+        docs.append(json.loads((out / "result.json").read_text())["levels"][0]["cache"])
+    first, second = docs
+    misses = [1 - doc["measured_hit_rate"] for doc in docs]
+    assert misses[1] < CACHE_MISSES_EXPECTED * (1 - second["trace_theoretical_hit_rate"]) < misses[0]
+    assert "more than the trace shares" not in texts[0]
+    assert "more than the trace shares" in texts[1] and "same --seed" in texts[1]
