@@ -70,8 +70,8 @@ def format_level(level: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-# A fresh server's cache misses about the tokens the trace cannot share (0.9-1.2 of them in our
-# runs); far fewer misses mean the cache held this window's prompts before the window sent them.
+# A fresh server's cache misses about as many tokens as the trace cannot share (benchmarks/log/
+# 2026-12-07-device.md, sixth session); far fewer misses mean it held the window's prompts before.
 CACHE_MISSES_EXPECTED = 2 / 3
 
 

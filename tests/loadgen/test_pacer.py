@@ -80,8 +80,7 @@ def test_requests_with_room_in_their_turn_go_on_at_once_and_the_rest_wait():
 def test_costly_preparations_go_on_fewer_per_turn():
     """Waiters whose preparation takes a while (a full-length prompt's synthesis and encoding)
     go on fewer per turn, so the loop reads its sockets within the budget; cheap ones stay at the
-    most per turn (against a budget a busy test host's scheduling cannot spend: 8 waiters of no
-    cost once took more than 2 ms)."""
+    most per turn (against a budget that a busy test host's scheduling cannot spend)."""
     async def run(cost_s: float, budget_s: float) -> tuple[int, int]:
         pacer = Pacer(per_turn=8, budget_s=budget_s)
         turns = _Turns()
