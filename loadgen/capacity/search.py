@@ -185,7 +185,8 @@ class CapacitySearch:
         """The capacity with its interval, per GPU, and the probes (results file's `capacity`)."""
         cfg = self.config
         probes = sorted(self.probes, key=lambda p: p.load)
-        found = capacity_from_curve(probes, cfg.target, cfg.integer)
+        calibration = self.calibration()
+        found = capacity_from_curve(probes, cfg.target, cfg.integer, calibration)
         per_gpu = {key: None if value is None else round(value / max(1, gpus), 4)
                    for key, value in found.items() if key in ("capacity", "low", "high")}
         return {
@@ -196,11 +197,12 @@ class CapacitySearch:
                         "stopped_early": p.stopped_early, "holds": p.holds(cfg.target),
                         "verdict": corrected.verdict(cfg.target), **p.share.to_dict(),
                         "calibrated_interval": corrected.to_dict()["interval"]}
-                       for p, corrected in zip(self.probes, self._corrected())],
+                       for p, corrected in zip(self.probes, map(calibration.share, (p.share for p in self.probes)))],
         }
 
 
-def capacity_from_curve(probes: Sequence[Probe], target: float, integer: bool) -> dict[str, Any]:
+def capacity_from_curve(probes: Sequence[Probe], target: float, integer: bool,
+                        calibration: Calibration | None = None) -> dict[str, Any]:
     """Point and interval of the capacity from the probes' shares and intervals, the intervals taken
     with the corrections their disagreement calls for (module docstring; loadgen/capacity/dispersion.py).
 
@@ -210,7 +212,8 @@ def capacity_from_curve(probes: Sequence[Probe], target: float, integer: bool) -
     (the interval is then the span between the two claims)."""
     usable = sorted((p for p in probes if p.share.value is not None and p.share.low is not None),
                     key=lambda p: p.load)
-    calibration = calibrate([p.load for p in usable], [p.share for p in usable], target)
+    if calibration is None:  # a search passes the one it took over the same probes
+        calibration = calibrate([p.load for p in usable], [p.share for p in usable], target)
     if not usable:
         return {"capacity": None, "low": None, "high": None, "below_range": None, "above_range": None,
                 "consistent": True, **calibration.to_dict()}
