@@ -126,12 +126,13 @@ class PromptSynth:
         states = np.empty(request.input_tokens - shared * block_size, dtype=np.uint64)
         new_blocks = states[: block_len - shared * block_size]
         if new_blocks.size:
-            seeds = _block_seeds(hash_ids[shared:], key ^ _BLOCK_DOMAIN)
-            if history is not None and shared < len(history[1]):
-                primed = _common_prefix(history[1], hash_ids) - shared
-                if primed > 0:
-                    history_key = self._key(session_id, history[0]) ^ _BLOCK_DOMAIN
-                    seeds[:primed] = _block_seeds(hash_ids[shared:shared + primed], history_key)
+            # the leading new blocks the request shares with its history take the history's salt
+            primed = 0 if history is None or shared >= len(history[1]) else \
+                max(0, _common_prefix(history[1], hash_ids) - shared)
+            seeds = _block_seeds(hash_ids[shared + primed:], key ^ _BLOCK_DOMAIN)
+            if primed and history is not None:
+                history_key = self._key(session_id, history[0]) ^ _BLOCK_DOMAIN
+                seeds = np.concatenate([_block_seeds(hash_ids[shared:shared + primed], history_key), seeds])
             np.add(seeds[:, None], self._positions[None, :], out=new_blocks.reshape(len(seeds), block_size))
         tail = states[new_blocks.size:]
         if tail.size:

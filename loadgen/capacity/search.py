@@ -113,9 +113,10 @@ class CapacitySearch:
         """The corrections the probes so far call for (loadgen/capacity/dispersion.py)."""
         return calibrate([p.load for p in self.probes], [p.share for p in self.probes], self.config.target)
 
-    def _corrected(self) -> list[Share]:
-        """Each probe's share, its interval taken with the corrections."""
-        calibration = self.calibration()
+    def _corrected(self, calibration: Calibration | None = None) -> list[Share]:
+        """Each probe's share, its interval taken with the corrections (those of all probes so far
+        unless given)."""
+        calibration = self.calibration() if calibration is None else calibration
         return [calibration.share(p.share) for p in self.probes]
 
     def _bracket(self) -> tuple[float | None, float | None]:
@@ -197,7 +198,7 @@ class CapacitySearch:
                         "stopped_early": p.stopped_early, "holds": p.holds(cfg.target),
                         "verdict": corrected.verdict(cfg.target), **p.share.to_dict(),
                         "calibrated_interval": corrected.to_dict()["interval"]}
-                       for p, corrected in zip(self.probes, map(calibration.share, (p.share for p in self.probes)))],
+                       for p, corrected in zip(self.probes, self._corrected(calibration))],
         }
 
 

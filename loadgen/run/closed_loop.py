@@ -28,9 +28,8 @@ if TYPE_CHECKING:
 def plays_of(traces: TraceSet, config: RunConfig, level_index: int, concurrency: int) -> LanePlays:
     """The level's plays; a warm-up that re-sends the start requests primes the lanes' histories,
     which later levels then share (plan.LanePlays)."""
-    primes = bool(config.warmup.requests) or config.warmup.seconds > 0
     return LanePlays(traces.sessions, config.seed, level_index, concurrency, config.start_offset,
-                     shared_history=primes)
+                     shared_history=config.warmup.primes)
 
 
 async def run(runner: Runner, level: LevelRun, level_index: int) -> None:

@@ -55,6 +55,12 @@ class Warmup:
     def describe(self) -> str:
         return f"{self.requests}req" if self.requests is not None else f"{self.seconds:g}s"
 
+    @property
+    def primes(self) -> bool:
+        """Whether anything is sent before the window: then a closed loop's lanes re-send their start
+        requests there, and their contexts are in the server's cache when it opens."""
+        return bool(self.requests) or self.seconds > 0
+
 
 @dataclass(frozen=True, slots=True)
 class LevelLoad:
