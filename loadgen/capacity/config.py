@@ -8,6 +8,7 @@ import argparse
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from loadgen.defaults import DEFAULTS
 from loadgen.results.slo import DEFAULT_TARGET, Slo, parse_slo
 
 if TYPE_CHECKING:
@@ -35,6 +36,8 @@ class SearchConfig:
     early_stop: bool = True
     min_window_share: float = 0.25  # a probe runs at least this share of its window before stopping early
     min_requests: int = 24  # ... and has finished at least this many requests
+    window_s: float = DEFAULTS.duration_s  # the run's window (--duration sets it); a confirming probe's is longer
+    confirm_windows: float = 4.0  # a probe sent to show the held end decisively runs up to this many windows
 
     @property
     def integer(self) -> bool:
@@ -70,6 +73,10 @@ def add_search_flags(p: argparse.ArgumentParser) -> None:
                    f"(default {SEARCH.resolution:g})")
     g.add_argument("--max-probes", type=int, default=SEARCH.max_probes, metavar="N",
                    help=f"stop the search after N probes (default {SEARCH.max_probes})")
+    g.add_argument("--confirm-windows", type=float, default=SEARCH.confirm_windows, metavar="N",
+                   help="when no probe has yet shown the SLO held, a probe sent below the bracket to show it runs a "
+                   "window long enough that a share with no failures would, at the clustering the probes show, up "
+                   f"to N windows (1: every probe one window; default {SEARCH.confirm_windows:g})")
     g.add_argument("--no-early-stop", action="store_true",
                    help="run every probe's whole window, even when its verdict is decided early")
 
@@ -83,6 +90,8 @@ def check_search_flags(args: argparse.Namespace) -> None:
         raise ValueError(f"--high: {args.high:g} is below --low {args.low:g}")
     if not 0 < args.resolution < 1:
         raise ValueError(f"--resolution: must be in (0, 1), got {args.resolution:g}")
+    if not args.confirm_windows >= 1:
+        raise ValueError(f"--confirm-windows: must be >= 1, got {args.confirm_windows:g}")
     if args.max_probes < 2:
         raise ValueError(f"--max-probes: need at least 2 to bracket a capacity, got {args.max_probes}")
 
@@ -92,4 +101,5 @@ def search_config(args: argparse.Namespace, traces: TraceSet, slos: tuple[Slo, .
     mode = "mooncake" if traces.format == "mooncake" else "poisson" if args.open_loop else "closed"
     return SearchConfig(slo=slos[0] if slos else parse_slo(DEFAULT_SLO), mode=mode, target=args.attainment,
                         over=args.over, low=args.low, high=args.high, resolution=args.resolution,
-                        max_probes=args.max_probes, early_stop=not args.no_early_stop)
+                        max_probes=args.max_probes, early_stop=not args.no_early_stop, window_s=args.duration,
+                        confirm_windows=args.confirm_windows)

@@ -24,7 +24,7 @@ def describe_capacity(found: dict[str, Any]) -> str:
     notes = []
     if found["low"] is None:
         notes.append("no probe showed the SLO held with 95 % confidence (more requests per probe: a longer "
-                     "--duration)")
+                     "--duration, or more --confirm-windows)")
     if found["high"] is None and not found["above_range"]:
         notes.append("no probe showed it failed with 95 % confidence")
     if not found["consistent"]:
@@ -41,8 +41,10 @@ def describe_capacity(found: dict[str, Any]) -> str:
     per_gpu = found["per_gpu"]["capacity"]
     per = f", {per_gpu:g} per GPU ({gpus} GPUs)" if per_gpu is not None and gpus > 1 else ""
     early = sum(1 for p in probes if p["stopped_early"])
+    confirming = sum(1 for p in probes if p.get("confirming"))
+    longer = f", {confirming} confirming over a longer window" if confirming else ""
     note = "".join(f"; {text}" for text in notes)
-    return f"{what}: {point} [{low}, {high}]{per}; {len(probes)} probes ({early} decided early){note}"
+    return f"{what}: {point} [{low}, {high}]{per}; {len(probes)} probes ({early} decided early{longer}){note}"
 
 
 def _load(value: float, unit: str, bare: bool = False) -> str:

@@ -41,16 +41,17 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
 
 from loadgen.capacity.config import UNITS, SearchConfig
 from loadgen.capacity.dispersion import Calibration, calibrate, non_increasing
-from loadgen.results.attainment import LiveSums, Share, wilson
+from loadgen.results.attainment import Z_95, LiveSums, Share, wilson
 
 Z_99 = 2.575829  # the early stop's level, two-sided 99 %
+CONFIRM_MARGIN = 1.25  # a confirming probe's requests over those an all-good share needs to be shown held
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,10 +63,19 @@ class Probe:
     label: str
     window_s: float
     stopped_early: str | None = None
+    confirming: bool = False  # sent below the bracket, with a longer window, to show the held end
 
     def holds(self, target: float) -> bool:
         value = self.share.value
         return value is not None and value >= target
+
+
+@dataclass(frozen=True, slots=True)
+class NextProbe:
+    """The load the search measures next, and for how long."""
+
+    load: float
+    window_s: float
 
 
 @dataclass
@@ -73,11 +83,19 @@ class CapacitySearch:
     config: SearchConfig
     probes: list[Probe] = field(default_factory=list)
     _looked: int = 0  # the current probe's early-stop looks so far
+    _confirm_next: float | None = None  # the load of the confirming probe asked for, until observed
 
     # -- the probes ---------------------------------------------------------------------------
 
-    def next_load(self) -> float | None:
-        """The next probe's load, or None when the search is done."""
+    def next_probe(self) -> NextProbe | None:
+        """The next probe, or None when the search is done."""
+        self._confirm_next = None
+        load = self._next_load()
+        if load is None:
+            return None
+        return NextProbe(load, self._confirming_window(load) if load == self._confirm_next else self.config.window_s)
+
+    def _next_load(self) -> float | None:
         cfg = self.config
         lightest, heaviest = cfg.bounds
         if len(self.probes) >= cfg.max_probes:
@@ -101,12 +119,38 @@ class CapacitySearch:
             step = self._step_out(max(p.load for p in self.probes if p.load >= high), up=True)
             return step if step is not None and step not in tried else None
         if not any(p.load <= low and verdict is True for p, verdict in zip(self.probes, verdicts)):
-            step = self._step_out(min(p.load for p in self.probes if p.load <= low), up=False)
-            return step if step is not None and step not in tried else None
+            # a confirming probe: one step down from the bracket, then from the last one; a load
+            # probed before for one window is measured again, for longer
+            confirmed = [p.load for p in self.probes if p.confirming]
+            step = self._step_out(min([low, *confirmed]), up=False)
+            if step is None or step in confirmed:
+                return None
+            self._confirm_next = step
+            return step
         return None
 
+    def _confirming_window(self, load: float) -> float:
+        """A window long enough that a share with no failures at `load` would be shown held: the
+        z² t / (1 - t) draws at which Wilson's lower bound for an all-good share reaches the target
+        t, and CONFIRM_MARGIN more (a window that measured a little fewer requests than promised
+        still decides), each draw worth the design effect times the dispersion in requests
+        (loadgen/capacity/dispersion.py), at the rate the nearest probe measured scaled to `load`;
+        from one window to `confirm_windows` of them. Undecided probes whose failures come in
+        bursts make a one-window share count as a handful of draws: then no all-good window at any
+        load shows the SLO held, and stepping further down would never close the interval."""
+        cfg = self.config
+        measured = [p for p in self.probes if p.window_s > 0 and p.share.total]
+        if not measured or cfg.confirm_windows <= 1:
+            return cfg.window_s
+        calibration = self.calibration()
+        draws = CONFIRM_MARGIN * Z_95 ** 2 * cfg.target / (1 - cfg.target)
+        requests = draws * calibration.design_effect * calibration.dispersion
+        nearest = min(measured, key=lambda p: abs(p.load - load))
+        per_s = nearest.share.total / nearest.window_s * load / nearest.load
+        return cfg.window_s * min(cfg.confirm_windows, max(1.0, requests / per_s / cfg.window_s))
+
     def observe(self, probe: Probe) -> None:
-        self.probes.append(probe)
+        self.probes.append(replace(probe, confirming=True) if probe.load == self._confirm_next else probe)
         self._looked = 0
 
     def calibration(self) -> Calibration:
@@ -195,7 +239,7 @@ class CapacitySearch:
             "resolution": cfg.resolution, "early_stop": cfg.early_stop,
             "mode": cfg.mode, "unit": UNITS[cfg.mode], **found, "gpus": gpus, "per_gpu": per_gpu,
             "probes": [{"load": p.load, "label": p.label, "window_s": round(p.window_s, 3),
-                        "stopped_early": p.stopped_early, "holds": p.holds(cfg.target),
+                        "stopped_early": p.stopped_early, "confirming": p.confirming, "holds": p.holds(cfg.target),
                         "verdict": corrected.verdict(cfg.target), **p.share.to_dict(),
                         "calibrated_interval": corrected.to_dict()["interval"]}
                        for p, corrected in zip(self.probes, self._corrected(calibration))],

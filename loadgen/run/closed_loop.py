@@ -39,7 +39,7 @@ async def run(runner: Runner, level: LevelRun, level_index: int) -> None:
     if config.warmup.requests in (None, 0):
         await runner.sleep_until(level, level.started_ns + int(config.warmup.seconds * 1e9))
         if not level.stopping and level.window_start_ns is None:
-            level.open_window(config.duration_s, level.started_ns + int(config.warmup.seconds * 1e9))
+            level.open_window(config.window_of(level.load), level.started_ns + int(config.warmup.seconds * 1e9))
     await _hold_window(runner, level)
     await runner.drain(lanes)
 

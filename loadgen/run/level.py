@@ -69,6 +69,8 @@ class LevelLoad:
     rate: float | None = None
     # mooncake: the recorded timestamps multiplied by this (None: the run's --time-scale)
     time_scale: float | None = None
+    # its window when not the run's --duration (a capacity search's confirming probe: loadgen/capacity/search.py)
+    window_s: float | None = None
 
     @property
     def lanes(self) -> int:
@@ -100,6 +102,10 @@ class RunConfig:
     slo_target: float = DEFAULT_TARGET  # the share of good requests that holds an SLO
     # the SLO a level tallies while it runs (the capacity search's early stop); None: no tally
     live_slo: Slo | None = None
+
+    def window_of(self, load: LevelLoad) -> float:
+        """The measurement window of a level: its own, else the run's."""
+        return self.duration_s if load.window_s is None else load.window_s
 
 
 @dataclass(frozen=True, slots=True)

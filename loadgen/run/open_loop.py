@@ -61,7 +61,7 @@ async def run(runner: Runner, level: LevelRun, level_index: int) -> None:
             window_ns = due if opens_ns is None else opens_ns
             if not await runner.sleep_until(level, window_ns):
                 break
-            level.open_window(cfg.duration_s, window_ns)
+            level.open_window(cfg.window_of(level.load), window_ns)
         if level.window_end_ns is not None and due >= level.window_end_ns:
             break
         last_due = due

@@ -254,6 +254,7 @@ async def _drive_level(pool: Pool, load: LevelLoad, index: int, config: RunConfi
     coordinate = pool.workers > 1 and load.mode == "closed" and bool(config.warmup.requests)
     opener = asyncio.ensure_future(pool.open_window_when_warm()) if coordinate else None
     early, window_start = None, None
+    window_s = config.window_of(load)
     try:
         while True:
             done, _ = await asyncio.wait({task}, timeout=POLL_S)
@@ -266,9 +267,9 @@ async def _drive_level(pool: Pool, load: LevelLoad, index: int, config: RunConfi
             snap = await pool.snapshot()
             if window_start is None and snap.get("window_open"):
                 window_start = time.perf_counter_ns() - int(snap["window_elapsed_s"] * 1e9)
-            if early is None and (early := sweep.early_stop(snap, config.duration_s)) is not None:
+            if early is None and (early := sweep.early_stop(snap, window_s)) is not None:
                 await pool.end_window()
-            printer.show(describe(load.label, snap, time.monotonic() - started, config.duration_s,
+            printer.show(describe(load.label, snap, time.monotonic() - started, window_s,
                                   config.warmup_timeout_s, config.timeout_s))
     finally:
         for side in (opener, scraper):
@@ -294,7 +295,7 @@ def _level_plan(load: LevelLoad, index: int, traces: TraceSet, config: RunConfig
         tokens = open_loop.warmup_prompt_tokens(traces, config, load, index)
         what = f"Poisson arrivals at {load.rate:g}/s" if load.mode == "poisson" else "recorded arrivals"
         warmup = f"warm-up {warm.describe()}" + (f" ({tokens:,} prompt tokens)" if warm.requests else "")
-    return f"{what}, {warmup}, window {config.duration_s:g} s"
+    return f"{what}, {warmup}, window {config.window_of(load):g} s"
 
 
 def _plural(n: int, noun: str) -> str:

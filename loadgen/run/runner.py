@@ -121,7 +121,7 @@ class Runner:
         """The parent's signal (coordinated runs) that every share's lanes are warm."""
         level = self.current
         if level is not None and level.window_start_ns is None and not level.stopping:
-            level.open_window(self.config.duration_s, start_ns)
+            level.open_window(self.config.window_of(level.load), start_ns)
 
     async def wait_warm(self) -> None:
         """Until the current level's lanes are all warm (or the level stopped)."""
@@ -307,7 +307,7 @@ class Runner:
                 if self.coordinated:
                     level.lanes_ready.set_result(None)  # the parent opens the window for every share
                 else:
-                    level.open_window(self.config.duration_s)
+                    level.open_window(self.config.window_of(level.load))
 
     def _watch_server(self, ex: Exchange) -> None:
         """A failed request (a success resets the count): refused connections in a row end the run."""

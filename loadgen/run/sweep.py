@@ -95,20 +95,21 @@ class CapacitySweep:
         return [self._level_load(self.config.bounds[1])]
 
     def next_level(self) -> NextLevel | None:
-        load = self.search.next_load()
-        if load is None:
+        probe = self.search.next_probe()
+        if probe is None:
             return None
-        self._pending = (load, None)
+        self._pending = (probe.load, None)
+        window = None if probe.window_s == self.config.window_s else probe.window_s
         # each probe its own level index, as a sweep's levels have: salts of its own (plan.LanePlays)
-        return NextLevel(len(self.search.probes), self._level_load(load))
+        return NextLevel(len(self.search.probes), self._level_load(probe.load, window))
 
-    def _level_load(self, load: float) -> LevelLoad:
+    def _level_load(self, load: float, window_s: float | None = None) -> LevelLoad:
         mode = self.config.mode
         if mode == "closed":
-            return LevelLoad("closed", concurrency=int(load))
+            return LevelLoad("closed", concurrency=int(load), window_s=window_s)
         if mode == "poisson":
-            return LevelLoad("poisson", rate=load)
-        return LevelLoad("mooncake", time_scale=1 / load)
+            return LevelLoad("poisson", rate=load, window_s=window_s)
+        return LevelLoad("mooncake", time_scale=1 / load, window_s=window_s)
 
     def observe(self, summary: dict[str, Any]) -> None:
         assert self._pending is not None, "observe follows next_level"

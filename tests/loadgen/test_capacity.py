@@ -28,8 +28,8 @@ def probe(load: float, good: int, total: int) -> Probe:
 def run_search(curve, total: int = 400, **settings) -> CapacitySearch:
     """The search against a server whose attainment at load c is curve(c), measured on `total` requests."""
     search = CapacitySearch(SearchConfig(slo=SLO, **settings))
-    while (load := search.next_load()) is not None:
-        search.observe(probe(load, round(curve(load) * total), total))
+    while (step := search.next_probe()) is not None:
+        search.observe(probe(step.load, round(curve(step.load) * total), total))
     return search
 
 
@@ -56,9 +56,9 @@ def test_an_undecided_end_sends_the_search_one_step_out():
     # search tries 9 (decisively failed) before it stops
     shares = {1: 1.0, 2: 1.0, 4: 1.0, 8: 0.94, 9: 0.5, 16: 0.0, 12: 0.0, 10: 0.0, 6: 1.0, 7: 1.0}
     search = CapacitySearch(SearchConfig(slo=SLO))
-    while (load := search.next_load()) is not None:
-        total = 50 if load == 8 else 400
-        search.observe(probe(load, round(shares[int(load)] * total), total))
+    while (step := search.next_probe()) is not None:
+        total = 50 if step.load == 8 else 400
+        search.observe(probe(step.load, round(shares[int(step.load)] * total), total))
     loads = [p.load for p in search.probes]
     assert loads[:5] == [1, 2, 4, 8, 6] and 9 in loads
     found = search.result()
@@ -130,6 +130,45 @@ def test_an_all_good_window_counts_at_the_clustering_its_neighbours_show():
     assert calibration.share(probes[-1].share).verdict(0.95) is None
     found = capacity_from_curve(probes, 0.95, integer=True)
     assert found["low"] is None and found["high"] == 63 and found["capacity"] == 35
+
+
+def bursty_search(**settings) -> CapacitySearch:
+    """A search against a server whose failures near its capacity come in bursts of 16 requests:
+    0.45 requests a second per agent; every request good up to 66 agents, 96 % up to 76, 92 % up to
+    84, 40 % beyond; a window with failures counts as one draw per 16 requests, one without none."""
+    search = CapacitySearch(SearchConfig(slo=SLO, low=16, window_s=15.0, **settings))
+    while (step := search.next_probe()) is not None:
+        load, total = step.load, round(0.45 * step.load * step.window_s)
+        share = 1.0 if load <= 66 else 0.96 if load <= 76 else 0.92 if load <= 84 else 0.4
+        good = round(share * total)
+        effective = float(total) if good == total else total / 16
+        low, high = wilson(good / total * effective, effective)
+        search.observe(Probe(load, Share(total, good, low, high, effective), f"conc {load:g}", step.window_s))
+    return search
+
+
+def test_a_probe_sent_to_show_the_held_end_runs_long_enough_to_show_it():
+    # the all-good windows below the bracket count at the bursts' design effect: one window each
+    # shows nothing held, however far down the search steps; a confirming probe's longer window does
+    one_window = bursty_search(confirm_windows=1)
+    assert one_window.result()["low"] is None
+    assert all(p.window_s == 15.0 for p in one_window.probes)
+    search = bursty_search()
+    confirming = [p for p in search.probes if p.confirming]
+    assert confirming and all(15.0 < p.window_s <= 4 * 15.0 for p in confirming)
+    assert all(p.window_s == 15.0 for p in search.probes if not p.confirming)
+    assert [p.load for p in confirming] == [69, 63]  # one bracket step (10 %) down from 76, then from 69
+    design = search.calibration().design_effect
+    # long enough for 1.25 x z^2 t / (1 - t) draws of `design` requests each, at 0.45 requests a
+    # second per agent
+    needed = 1.25 * 1.959964 ** 2 * 0.95 / 0.05 * design * search.calibration().dispersion
+    assert confirming[0].share.total == pytest.approx(min(needed, 0.45 * confirming[0].load * 60), rel=0.02)
+    found = search.result()
+    assert found["low"] is not None and found["low"] <= 76 <= found["high"]
+    assert found["low"] <= found["capacity"] <= found["high"]
+    assert found["low"] == max(p.load for p in confirming if p.share.good == p.share.total)
+    assert "1 confirming over a longer window" not in describe_capacity(found)
+    assert "2 confirming over a longer window" in describe_capacity(found)
 
 
 def test_disagreeing_probes_widen_every_interval_by_their_dispersion():
@@ -211,11 +250,34 @@ def test_capacity_of_a_server_whose_speed_is_shared_by_its_sessions(start_server
                for play in level["requests"]["play"])
 
 
+@pytest.mark.slow
+def test_a_confirming_probe_runs_its_longer_window_on_the_server(start_server, sessions, tmp_path):
+    # 2 s windows hold too few requests for an all-good share to show tpot <= 137 ms held at 95 %
+    # (25 ms per session in flight: held up to 5 agents): the search bisects to [5, 6], then sends a
+    # confirming probe one agent down, whose window is sized to show it held, and the runner runs it
+    server = start_server(first_ms=2, itl_ms=25, itl_per_user=True)
+    folder = sessions(*[{"n_requests": 200, "think": 0.0, "n_out": 4} for _ in range(10)])
+    code, doc = capacity_cli(tmp_path, server.url, "--traces", str(folder), "--slo", "tpot<=137ms",
+                             "--think-time-scale", "0", "--duration", "2", "--warmup", "1req", "--workers", "1")
+    assert code == 0
+    found = doc["capacity"]
+    long = [(p, level) for p, level in zip(found["probes"], doc["levels"]) if p["confirming"]]
+    assert long, found["probes"]
+    probe, level = long[0]
+    assert probe["window_s"] > 2.5
+    assert probe["load"] < 6 and probe["window_s"] <= 4 * 2.0 + 0.1
+    assert level["window_s"] == pytest.approx(probe["window_s"], abs=0.01)
+    assert level["slo"][0]["requests"]["total"] > 2 * max(p["total"] for p in found["probes"] if p["window_s"] <= 2.5
+                                                         and p["load"] == probe["load"])
+    assert found["low"] is not None and found["low"] <= 5 <= found["high"]
+
+
 @pytest.mark.parametrize(("flags", "message"), [
     (["--low", "0"], "--low: must be > 0"),
     (["--low", "8", "--high", "4"], "--high: 4 is below --low 8"),
     (["--resolution", "1.5"], "--resolution: must be in (0, 1)"),
     (["--max-probes", "1"], "--max-probes: need at least 2"),
+    (["--confirm-windows", "0.5"], "--confirm-windows: must be >= 1"),
     (["--slo", "interactivity<=3"], "--slo: 'interactivity<=3': interactivity takes a lower bound"),
 ])
 def test_bad_search_flags_name_the_flag(flags, message, capsys, tmp_path):
