@@ -8,7 +8,10 @@ of good session plays with `over: sessions`, at or above the target) the load do
 bisect the bracket (closed loop: whole agents; open loop: geometric means of rates) until it is
 no wider than `resolution` of the load that held (and one agent). A bracket is only final when
 its ends are decisive - a probe whose interval lies wholly above the target below it, one wholly
-under above it - so a probe too close to call sends the search one step further out.
+under above it - so a probe too close to call sends the search one step further out. Below the
+bracket that step is a confirming probe, whose window is sized to show the SLO held if it comes
+out all good (`_confirming_window`): near capacity failures come in bursts, whose design effect
+can leave a one-window share at any load too few draws to show it.
 
 Each probe is a level as a sweep's: its lanes start afresh and warm up as a level's do; lane l
 plays the same sessions from the same offset at every probe (loadgen/run/plan.py), so a probe
