@@ -23,8 +23,11 @@ def describe_capacity(found: dict[str, Any]) -> str:
     high = "?" if found["high"] is None else _load(found["high"], unit, bare=True)
     notes = []
     if found["low"] is None:
-        notes.append("no probe showed the SLO held with 95 % confidence (more requests per probe: a longer "
-                     "--duration, or more --confirm-windows)")
+        needs = found.get("held_window_s")
+        how = (f"an all-good probe at {_load(found['capacity'], unit)} would need a window of about {needs:.0f} s "
+               "at the clustering these probes show" if needs else "more requests per probe")
+        notes.append(f"no probe showed the SLO held with 95 % confidence ({how}: a longer --duration, or more "
+                     "--confirm-windows)")
     if found["high"] is None and not found["above_range"]:
         notes.append("no probe showed it failed with 95 % confidence")
     if not found["consistent"]:

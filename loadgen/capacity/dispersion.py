@@ -16,7 +16,14 @@ Two corrections follow, both taken from the probes themselves and both only ever
   NEAR_TARGET times what the target allows: failures occasional, as an all-good window's would
   be, not the saturated probes' whose few good requests all came before the queue built up) give
   the pooled number of requests per effective draw (their requests over their effective
-  numbers); a share with no spread counts at its requests over that, not at its requests.
+  numbers); a share with no spread counts at its requests over that, not at its requests, and
+  none counts at more draws than that: a window that caught one stray failure shows no clustering
+  of its own, and would otherwise count at nearly every request where an all-good one counts at
+  few (the stray failure is a burst too small to see its cluster). When
+  no probe near the target shows spread - the windows around it were all good or failed badly -
+  the least failed probe that shows spread and is not saturated (at least UNSATURATED of its
+  requests good) gives it: its failures cluster at least as much as a lighter load's would, so
+  an all-good window is not taken at every request because no neighbour happened to fail mildly.
 - dispersion: the shares' Pearson chi-square around their non-increasing fit (pool-adjacent-
   violators, weighted by the effective numbers above), per degree of freedom - the probes less the
   fit's distinct values (the effective degrees of freedom of an isotonic fit) - when above one.
@@ -36,6 +43,7 @@ import numpy as np
 from loadgen.results.attainment import Share, wilson
 
 NEAR_TARGET = 2.0  # a probe informs the design effect when its bad share is at most this many times the allowed
+UNSATURATED = 0.5  # ... or, when none is, the least failed probe with at least this share good
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,8 +55,8 @@ class Calibration:
 
     def effective(self, share: Share) -> float:
         """`share`'s effective number of draws after both corrections (at least one)."""
-        spread = 0 < share.good < share.total
-        base = share.effective if spread else share.total / self.design_effect
+        pooled = share.total / self.design_effect
+        base = min(share.effective, pooled) if 0 < share.good < share.total else pooled
         return max(1.0, base / self.dispersion)
 
     def share(self, share: Share) -> Share:
@@ -69,7 +77,11 @@ def calibrate(loads: Sequence[float], shares: Sequence[Share], target: float) ->
     measured = sorted(((load, s) for load, s in zip(loads, shares) if s.total and s.low is not None),
                       key=lambda pair: pair[0])
     near = 1 - NEAR_TARGET * (1 - target)
-    spread = [s for _, s in measured if 0 < s.good < s.total and s.good >= near * s.total]
+    with_spread = [s for _, s in measured if 0 < s.good < s.total]
+    spread = [s for s in with_spread if s.good >= near * s.total]
+    if not spread:  # none near the target: the least failed of those not saturated
+        unsaturated = [s for s in with_spread if s.good >= UNSATURATED * s.total]
+        spread = [max(unsaturated, key=lambda s: s.good / s.total)] if unsaturated else []
     effective = sum(s.effective for s in spread)
     design = max(1.0, sum(s.total for s in spread) / effective) if spread and effective > 0 else 1.0
     first = Calibration(design_effect=design)

@@ -10,7 +10,7 @@ no wider than `resolution` of the load that held (and one agent). A bracket is o
 its ends are decisive - a probe whose interval lies wholly above the target below it, one wholly
 under above it - so a probe too close to call sends the search one step further out. Below the
 bracket that step is a confirming probe, whose window is sized to show the SLO held if it comes
-out all good (`_confirming_window`): near capacity failures come in bursts, whose design effect
+out all good (`held_window_s`): near capacity failures come in bursts, whose design effect
 can leave a one-window share at any load too few draws to show it.
 
 Each probe is a level as a sweep's: its lanes start afresh and warm up as a level's do; lane l
@@ -96,7 +96,8 @@ class CapacitySearch:
         load = self._next_load()
         if load is None:
             return None
-        return NextProbe(load, self._confirming_window(load) if load == self._confirm_next else self.config.window_s)
+        window = self._confirming_window(load) if load == self._confirm_next else None
+        return NextProbe(load, self.config.window_s if window is None else window)
 
     def _next_load(self) -> float | None:
         cfg = self.config
@@ -126,31 +127,41 @@ class CapacitySearch:
             # probed before for one window is measured again, for longer
             confirmed = [p.load for p in self.probes if p.confirming]
             step = self._step_out(min([low, *confirmed]), up=False)
-            if step is None or step in confirmed:
+            if step is None or step in confirmed or self._confirming_window(step) is None:
                 return None
             self._confirm_next = step
             return step
         return None
 
-    def _confirming_window(self, load: float) -> float:
-        """A window long enough that a share with no failures at `load` would be shown held: the
+    def _confirming_window(self, load: float) -> float | None:
+        """The window of a confirming probe at `load`: `held_window_s`, from one window to
+        `confirm_windows` of them; None when even that many could not show the SLO held (the search
+        ends there: stepping further down would never close the interval)."""
+        cfg = self.config
+        needed = self.held_window_s(load)
+        if needed is None or cfg.confirm_windows <= 1:
+            return None
+        longest = cfg.confirm_windows * cfg.window_s
+        return None if needed / CONFIRM_MARGIN > longest else min(longest, max(cfg.window_s, needed))
+
+    def held_window_s(self, load: float) -> float | None:
+        """The window in which a share with no failures at `load` would be shown held: the
         z² t / (1 - t) draws at which Wilson's lower bound for an all-good share reaches the target
         t, and CONFIRM_MARGIN more (a window that measured a little fewer requests than promised
         still decides), each draw worth the design effect times the dispersion in requests
-        (loadgen/capacity/dispersion.py), at the rate the nearest probe measured scaled to `load`;
-        from one window to `confirm_windows` of them. Undecided probes whose failures come in
-        bursts make a one-window share count as a handful of draws: then no all-good window at any
-        load shows the SLO held, and stepping further down would never close the interval."""
+        (loadgen/capacity/dispersion.py), at the rate the nearest probe measured scaled to `load`.
+        Undecided probes whose failures come in bursts make a one-window share count as a handful
+        of draws: then no one-window share at any load shows the SLO held. None before a probe ran."""
         cfg = self.config
         measured = [p for p in self.probes if p.window_s > 0 and p.share.total]
-        if not measured or cfg.confirm_windows <= 1:
-            return cfg.window_s
+        if not measured:
+            return None
         calibration = self.calibration()
         draws = CONFIRM_MARGIN * Z_95 ** 2 * cfg.target / (1 - cfg.target)
         requests = draws * calibration.design_effect * calibration.dispersion
-        nearest = min(measured, key=lambda p: abs(p.load - load))
+        nearest = min(measured, key=lambda p: (abs(p.load - load), -p.load))  # a tie: the heavier, slower
         per_s = nearest.share.total / nearest.window_s * load / nearest.load
-        return cfg.window_s * min(cfg.confirm_windows, max(1.0, requests / per_s / cfg.window_s))
+        return requests / per_s
 
     def observe(self, probe: Probe) -> None:
         self.probes.append(replace(probe, confirming=True) if probe.load == self._confirm_next else probe)
@@ -237,10 +248,13 @@ class CapacitySearch:
         found = capacity_from_curve(probes, cfg.target, cfg.integer, calibration)
         per_gpu = {key: None if value is None else round(value / max(1, gpus), 4)
                    for key, value in found.items() if key in ("capacity", "low", "high")}
+        # what an open low end would take: the window an all-good probe at the answer needs
+        needs = self.held_window_s(found["capacity"]) if found["low"] is None and found["capacity"] else None
         return {
             "slo": {"name": cfg.slo.name, "spec": cfg.slo.text}, "target": cfg.target, "over": cfg.over,
             "resolution": cfg.resolution, "early_stop": cfg.early_stop,
             "mode": cfg.mode, "unit": UNITS[cfg.mode], **found, "gpus": gpus, "per_gpu": per_gpu,
+            "window_s": cfg.window_s, "held_window_s": None if needs is None else round(needs, 1),
             "probes": [{"load": p.load, "label": p.label, "window_s": round(p.window_s, 3),
                         "stopped_early": p.stopped_early, "confirming": p.confirming, "holds": p.holds(cfg.target),
                         "verdict": corrected.verdict(cfg.target), **p.share.to_dict(),

@@ -171,6 +171,43 @@ def test_a_probe_sent_to_show_the_held_end_runs_long_enough_to_show_it():
     assert "2 confirming over a longer window" in describe_capacity(found)
 
 
+def test_with_no_mild_failure_near_the_target_the_least_failed_probe_gives_the_clustering():
+    # a GPU search (15 s windows) whose windows near the target were all good (80) or failed well
+    # beyond it (88: 82 %, its failures in bursts): 80's 459 / 459 must not count as 459 draws
+    measured = [(16, 227, 227, 227.0), (32, 340, 340, 340.0), (64, 455, 455, 455.0), (128, 33, 218, 10.95),
+                (96, 257, 390, 7.55), (80, 459, 459, 459.0), (88, 367, 448, 10.38)]
+    probes = [clustered(*m) for m in measured]
+    calibration = calibrate([p.load for p in probes], [p.share for p in probes], 0.95)
+    assert calibration.design_effect == pytest.approx(448 / 10.38)  # 88's, not saturated 96's
+    found = capacity_from_curve(probes, 0.95, integer=True)
+    assert found["low"] is None and found["high"] == 95
+    # a window that caught one stray failure counts at no more draws than an all-good one
+    stray = clustered(80, 458, 459, 459.0).share
+    assert calibration.effective(stray) == pytest.approx(459 / calibration.design_effect)
+
+
+def test_a_search_whose_windows_cannot_show_the_held_end_says_how_long_they_would_need():
+    measured = [(16, 227, 227, 227.0), (32, 340, 340, 340.0), (64, 455, 455, 455.0), (128, 33, 218, 10.95),
+                (96, 257, 390, 7.55), (80, 459, 459, 459.0), (88, 367, 448, 10.38)]
+    short = CapacitySearch(SearchConfig(slo=SLO, low=16, window_s=15.0))
+    long = CapacitySearch(SearchConfig(slo=SLO, low=16, window_s=60.0))
+    for search in (short, long):
+        for m in measured:
+            search.observe(clustered(*m))
+    # at 72 agents (one step below the bracket [80, 88]) 80's 30.6 requests/s (of the two probes 8
+    # agents away, the heavier) make 27.5, and
+    # 1.25 x 73 draws of 43 requests take about 143 s: more than four 15 s windows, within four of 60 s
+    needed = 1.25 * 1.959964 ** 2 * 0.95 / 0.05 * (448 / 10.38) / (459 / 15.0 * 72 / 80)
+    assert short.held_window_s(72) == pytest.approx(needed)
+    assert short.next_probe() is None
+    step = long.next_probe()
+    assert step is not None and step.load == 72 and step.window_s == pytest.approx(needed)
+    found = short.result()
+    assert found["held_window_s"] == pytest.approx(short.held_window_s(found["capacity"]), abs=0.1)
+    text = describe_capacity(found)
+    assert f"would need a window of about {found['held_window_s']:.0f} s" in text
+
+
 def test_disagreeing_probes_widen_every_interval_by_their_dispersion():
     # 95 % and 99 % at 1 and 2 agents break the monotone curve: pooled at 97 %, chi-square 2 x
     # 100 x 0.02^2 / (0.97 x 0.03) on one degree of freedom (3 probes, 2 fitted values)
