@@ -76,7 +76,8 @@ def add_search_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--confirm-windows", type=float, default=SEARCH.confirm_windows, metavar="N",
                    help="when no probe has yet shown the SLO held, a probe sent below the bracket to show it runs a "
                    "window long enough that a share with no failures would, at the clustering the probes show, up "
-                   f"to N windows (1: every probe one window; default {SEARCH.confirm_windows:g})")
+                   "to N windows; when N windows could not, the search ends there (1: every probe one window; "
+                   f"default {SEARCH.confirm_windows:g})")
     g.add_argument("--no-early-stop", action="store_true",
                    help="run every probe's whole window, even when its verdict is decided early")
 

@@ -139,7 +139,7 @@ class CapacitySearch:
         ends there: stepping further down would never close the interval)."""
         cfg = self.config
         needed = self.held_window_s(load)
-        if needed is None or cfg.confirm_windows <= 1:
+        if needed is None:
             return None
         longest = cfg.confirm_windows * cfg.window_s
         return None if needed / CONFIRM_MARGIN > longest else min(longest, max(cfg.window_s, needed))
