@@ -262,15 +262,20 @@ def capacity_cli(tmp_path, url: str, *flags: str) -> tuple[int, dict]:
     return code, read_results(out / "result.json")
 
 
+def shared_speed_capacity(start_server, sessions, tmp_path, n_requests: int, duration_s: float) -> tuple[int, dict]:
+    """`loadgen capacity` against a server whose speed its sessions share. Each chunk waits 25 ms
+    per session in flight: at n agents (no think time) TPOT is 25 n ms. tpot <= 137 ms holds up
+    to 5 agents and fails from 6 (150 ms): the capacity is 5, with a margin of 12 ms either side
+    for a busy machine's timer lateness."""
+    server = start_server(first_ms=2, itl_ms=25, itl_per_user=True)
+    folder = sessions(*[{"n_requests": n_requests, "think": 0.0, "n_out": 4} for _ in range(10)])
+    return capacity_cli(tmp_path, server.url, "--traces", str(folder), "--slo", "tpot<=137ms", "--think-time-scale",
+                        "0", "--duration", f"{duration_s:g}", "--warmup", "1req", "--workers", "1")
+
+
 @pytest.mark.slow
 def test_capacity_of_a_server_whose_speed_is_shared_by_its_sessions(start_server, sessions, tmp_path):
-    # Each chunk waits 25 ms per session in flight: at n agents (no think time) TPOT is 25 n ms.
-    # tpot <= 137 ms holds up to 5 agents and fails from 6 (150 ms): the capacity is 5, with a
-    # margin of 12 ms either side for a busy machine's timer lateness.
-    server = start_server(first_ms=2, itl_ms=25, itl_per_user=True)
-    folder = sessions(*[{"n_requests": 80, "think": 0.0, "n_out": 4} for _ in range(10)])
-    code, doc = capacity_cli(tmp_path, server.url, "--traces", str(folder), "--slo", "tpot<=137ms",
-                             "--think-time-scale", "0", "--duration", "12", "--warmup", "1req", "--workers", "1")
+    code, doc = shared_speed_capacity(start_server, sessions, tmp_path, n_requests=80, duration_s=12)
     assert code == 0
     found = doc["capacity"]
     # long windows: an all-good probe keeps enough requests to stay decisive when a busy host's
@@ -290,12 +295,9 @@ def test_capacity_of_a_server_whose_speed_is_shared_by_its_sessions(start_server
 @pytest.mark.slow
 def test_a_confirming_probe_runs_its_longer_window_on_the_server(start_server, sessions, tmp_path):
     # 2 s windows hold too few requests for an all-good share to show tpot <= 137 ms held at 95 %
-    # (25 ms per session in flight: held up to 5 agents): the search bisects to [5, 6], then sends a
-    # confirming probe one agent down, whose window is sized to show it held, and the runner runs it
-    server = start_server(first_ms=2, itl_ms=25, itl_per_user=True)
-    folder = sessions(*[{"n_requests": 200, "think": 0.0, "n_out": 4} for _ in range(10)])
-    code, doc = capacity_cli(tmp_path, server.url, "--traces", str(folder), "--slo", "tpot<=137ms",
-                             "--think-time-scale", "0", "--duration", "2", "--warmup", "1req", "--workers", "1")
+    # (held up to 5 agents): the search bisects to [5, 6], then sends a confirming probe one agent
+    # down, whose window is sized to show it held, and the runner runs it
+    code, doc = shared_speed_capacity(start_server, sessions, tmp_path, n_requests=200, duration_s=2)
     assert code == 0
     found = doc["capacity"]
     long = [(p, level) for p, level in zip(found["probes"], doc["levels"]) if p["confirming"]]
