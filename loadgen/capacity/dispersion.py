@@ -12,18 +12,18 @@ than their intervals allow.
 
 Two corrections follow, both taken from the probes themselves and both only ever widening:
 
-- design effect: the probes near the target whose shares show spread (their bad share at most
-  NEAR_TARGET times what the target allows: failures occasional, as an all-good window's would
-  be, not the saturated probes' whose few good requests all came before the queue built up) give
-  the pooled number of requests per effective draw (their requests over their effective
-  numbers); a share with no spread counts at its requests over that, not at its requests, and
-  none counts at more draws than that: a window that caught one stray failure shows no clustering
-  of its own, and would otherwise count at nearly every request where an all-good one counts at
-  few (the stray failure is a burst too small to see its cluster). When
-  no probe near the target shows spread - the windows around it were all good or failed badly -
-  the least failed probe that shows spread and is not saturated (at least UNSATURATED of its
-  requests good) gives it: its failures cluster at least as much as a lighter load's would, so
-  an all-good window is not taken at every request because no neighbour happened to fail mildly.
+- design effect: the probes near the target whose shares show spread give the pooled number of
+  requests per effective draw (their requests over their effective numbers). Near: their bad
+  share at most NEAR_TARGET times what the target allows, or their own interval reaching the
+  target - failures occasional, or bursts that one window could not tell from the target's
+  share, as an all-good window's would be; not the saturated probes' shown failed, whose few good
+  requests all came before the queue built up. A probe just over the target by value whose
+  failures came in bursts is near: without it, windows around the target that were all good or
+  failed well beyond it left the design effect at one, and an all-good window counted at every
+  request. A share with no spread counts at its requests over the design effect, not at its
+  requests, and none counts at more draws than that: a window that caught one stray failure
+  shows no clustering of its own, and would otherwise count at nearly every request where an
+  all-good one counts at few (the stray failure is a burst too small to see its cluster).
 - dispersion: the shares' Pearson chi-square around their non-increasing fit (pool-adjacent-
   violators, weighted by the effective numbers above), per degree of freedom - the probes less the
   fit's distinct values (the effective degrees of freedom of an isotonic fit) - when above one.
@@ -43,7 +43,6 @@ import numpy as np
 from loadgen.results.attainment import Share, wilson
 
 NEAR_TARGET = 2.0  # a probe informs the design effect when its bad share is at most this many times the allowed
-UNSATURATED = 0.5  # ... or, when none is, the least failed probe with at least this share good
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,11 +76,8 @@ def calibrate(loads: Sequence[float], shares: Sequence[Share], target: float) ->
     measured = sorted(((load, s) for load, s in zip(loads, shares) if s.total and s.low is not None),
                       key=lambda pair: pair[0])
     near = 1 - NEAR_TARGET * (1 - target)
-    with_spread = [s for _, s in measured if 0 < s.good < s.total]
-    spread = [s for s in with_spread if s.good >= near * s.total]
-    if not spread:  # none near the target: the least failed of those not saturated
-        unsaturated = [s for s in with_spread if s.good >= UNSATURATED * s.total]
-        spread = [max(unsaturated, key=lambda s: s.good / s.total)] if unsaturated else []
+    spread = [s for _, s in measured if 0 < s.good < s.total
+              and (s.good >= near * s.total or (s.high is not None and s.high >= target))]
     effective = sum(s.effective for s in spread)
     design = max(1.0, sum(s.total for s in spread) / effective) if spread and effective > 0 else 1.0
     first = Calibration(design_effect=design)
