@@ -16,11 +16,11 @@ Two corrections follow, both taken from the probes themselves and both only ever
   requests per effective draw (their requests over their effective numbers). Near: their bad
   share at most NEAR_TARGET times what the target allows, or their own interval reaching the
   target - failures occasional, or bursts that one window could not tell from the target's
-  share, as an all-good window's would be; not the saturated probes' shown failed, whose few good
-  requests all came before the queue built up. A probe just over the target by value whose
-  failures came in bursts is near: without it, windows around the target that were all good or
-  failed well beyond it left the design effect at one, and an all-good window counted at every
-  request. A share with no spread counts at its requests over the design effect, not at its
+  share, as an all-good window's would be; not the saturated probes, shown failed, whose few good
+  requests all came before the queue built up. A probe failed by value beyond that band whose
+  interval still reaches the target is near: without it, windows around the target that were
+  all good or failed well beyond it left the design effect at one, and an all-good window
+  counted at every request. A share with no spread counts at its requests over the design effect, not at its
   requests, and none counts at more draws than that: a window that caught one stray failure
   shows no clustering of its own, and would otherwise count at nearly every request where an
   all-good one counts at few (the stray failure is a burst too small to see its cluster).
