@@ -13,17 +13,13 @@ than their intervals allow.
 Two corrections follow, both taken from the probes themselves and both only ever widening:
 
 - design effect: the probes near the target whose shares show spread give the pooled number of
-  requests per effective draw (their requests over their effective numbers). Near: their bad
-  share at most NEAR_TARGET times what the target allows, or their own interval reaching the
-  target - failures occasional, or bursts that one window could not tell from the target's
-  share, as an all-good window's would be; not the saturated probes, shown failed, whose few good
-  requests all came before the queue built up. A probe failed by value beyond that band whose
-  interval still reaches the target is near: without it, windows around the target that were
-  all good or failed well beyond it left the design effect at one, and an all-good window
-  counted at every request. A share with no spread counts at its requests over the design effect, not at its
-  requests, and none counts at more draws than that: a window that caught one stray failure
-  shows no clustering of its own, and would otherwise count at nearly every request where an
-  all-good one counts at few (the stray failure is a burst too small to see its cluster).
+  requests per effective draw (their requests over their effective numbers). Near: a bad share
+  at most NEAR_TARGET times what the target allows, or an interval of its own that reaches the
+  target (bursts one window cannot tell from the target's share); not a saturated probe shown
+  failed, whose few good requests all came before the queue built up. A share with no spread
+  counts at its requests over the design effect, and no share counts at more draws than that: a
+  window that caught one stray failure shows no cluster of its own, and would otherwise count at
+  nearly every request where an all-good window counts at few.
 - dispersion: the shares' Pearson chi-square around their non-increasing fit (pool-adjacent-
   violators, weighted by the effective numbers above), per degree of freedom - the probes less the
   fit's distinct values (the effective degrees of freedom of an isotonic fit) - when above one.

@@ -78,7 +78,7 @@ class NextProbe:
     """The load the search measures next, and for how long."""
 
     load: float
-    window_s: float
+    window_s: float | None = None  # None: the run's window
 
 
 @dataclass
@@ -86,18 +86,17 @@ class CapacitySearch:
     config: SearchConfig
     probes: list[Probe] = field(default_factory=list)
     _looked: int = 0  # the current probe's early-stop looks so far
-    _confirm_next: float | None = None  # the load of the confirming probe asked for, until observed
+    _confirming: NextProbe | None = None  # the confirming probe asked for, until observed
 
     # -- the probes ---------------------------------------------------------------------------
 
     def next_probe(self) -> NextProbe | None:
         """The next probe, or None when the search is done."""
-        self._confirm_next = None
+        self._confirming = None
         load = self._next_load()
         if load is None:
             return None
-        window = self._confirming_window(load) if load == self._confirm_next else None
-        return NextProbe(load, self.config.window_s if window is None else window)
+        return self._confirming if self._confirming is not None else NextProbe(load)
 
     def _next_load(self) -> float | None:
         cfg = self.config
@@ -127,9 +126,10 @@ class CapacitySearch:
             # probed before for one window is measured again, for longer
             confirmed = [p.load for p in self.probes if p.confirming]
             step = self._step_out(min([low, *confirmed]), up=False)
-            if step is None or step in confirmed or self._confirming_window(step) is None:
+            window = None if step is None or step in confirmed else self._confirming_window(step)
+            if step is None or window is None:
                 return None
-            self._confirm_next = step
+            self._confirming = NextProbe(step, window)
             return step
         return None
 
@@ -164,7 +164,8 @@ class CapacitySearch:
         return requests / per_s
 
     def observe(self, probe: Probe) -> None:
-        self.probes.append(replace(probe, confirming=True) if probe.load == self._confirm_next else probe)
+        confirming = self._confirming is not None and probe.load == self._confirming.load
+        self.probes.append(replace(probe, confirming=True) if confirming else probe)
         self._looked = 0
 
     def calibration(self) -> Calibration:

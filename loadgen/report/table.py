@@ -70,8 +70,8 @@ def format_level(level: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-# A fresh server's cache misses about as many tokens as the trace cannot share (sixth session of
-# benchmarks/log/2026-12-07-device.md); far fewer misses mean it held the window's prompts before.
+# A fresh server's cache misses about as many tokens as the trace cannot share; far fewer misses
+# mean it held the window's prompts before.
 CACHE_MISSES_EXPECTED = 2 / 3
 
 

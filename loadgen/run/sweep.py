@@ -99,9 +99,8 @@ class CapacitySweep:
         if probe is None:
             return None
         self._pending = (probe.load, None)
-        window = None if probe.window_s == self.config.window_s else probe.window_s
         # each probe its own level index, as a sweep's levels have: salts of its own (plan.LanePlays)
-        return NextLevel(len(self.search.probes), self._level_load(probe.load, window))
+        return NextLevel(len(self.search.probes), self._level_load(probe.load, probe.window_s))
 
     def _level_load(self, load: float, window_s: float | None = None) -> LevelLoad:
         mode = self.config.mode

@@ -138,12 +138,13 @@ def bursty_search(**settings) -> CapacitySearch:
     84, 40 % beyond; a window with failures counts as one draw per 16 requests, one without none."""
     search = CapacitySearch(SearchConfig(slo=SLO, low=16, window_s=15.0, **settings))
     while (step := search.next_probe()) is not None:
-        load, total = step.load, round(0.45 * step.load * step.window_s)
+        window = 15.0 if step.window_s is None else step.window_s
+        load, total = step.load, round(0.45 * step.load * window)
         share = 1.0 if load <= 66 else 0.96 if load <= 76 else 0.92 if load <= 84 else 0.4
         good = round(share * total)
         effective = float(total) if good == total else total / 16
         low, high = wilson(good / total * effective, effective)
-        search.observe(Probe(load, Share(total, good, low, high, effective), f"conc {load:g}", step.window_s))
+        search.observe(Probe(load, Share(total, good, low, high, effective), f"conc {load:g}", window))
     return search
 
 
@@ -172,9 +173,9 @@ def test_a_probe_sent_to_show_the_held_end_runs_long_enough_to_show_it():
 
 
 def test_a_probe_failed_by_value_whose_interval_reaches_the_target_gives_the_clustering():
-    # a GPU search (15 s windows) whose windows near the target were all good (80) or failed by
-    # value beyond twice the allowed share (88: 82 %, its failures in bursts, its interval still
-    # reaching 95 %): 80's 459 / 459 must not count as 459 draws
+    # probes near the target all good (80) or failed by value beyond twice the allowed share, in
+    # bursts, their interval still reaching the target (88): 80's all-good window must not count
+    # at every request
     measured = [(16, 227, 227, 227.0), (32, 340, 340, 340.0), (64, 455, 455, 455.0), (128, 33, 218, 10.95),
                 (96, 257, 390, 7.55), (80, 459, 459, 459.0), (88, 367, 448, 10.38)]
     probes = [clustered(*m) for m in measured]
@@ -195,9 +196,9 @@ def test_a_search_whose_windows_cannot_show_the_held_end_says_how_long_they_woul
     for search in (short, long):
         for m in measured:
             search.observe(clustered(*m))
-    # at 72 agents (one step below the bracket [80, 88]) 80's 30.6 requests/s (of the two probes 8
-    # agents away, the heavier) make 27.5, and
-    # 1.25 x 73 draws of 43 requests take about 143 s: more than four 15 s windows, within four of 60 s
+    # at 72 agents (one step below the bracket [80, 88]) at 80's request rate scaled down (of the
+    # two probes as far away, the heavier), 1.25 x z^2 t / (1 - t) draws of 88's design effect take
+    # longer than four 15 s windows, and fit in four of 60 s
     needed = 1.25 * 1.959964 ** 2 * 0.95 / 0.05 * (448 / 10.38) / (459 / 15.0 * 72 / 80)
     assert short.held_window_s(72) == pytest.approx(needed)
     assert short.next_probe() is None
