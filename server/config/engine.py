@@ -15,6 +15,7 @@ from server.config.speculative import SpeculativeConfig
 KV_CACHE_DTYPES = ("bf16", "fp8")
 INDEXER_KEY_DTYPES = ("fp8", "mxfp4")
 OVERLAP_MODES = ("auto", "on", "off")
+LONG_PREFILL_SHARE = 8  # --long-prefill-tokens' default: the step's token budget over this
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,6 +46,20 @@ class SchedulerConfig:
     # None: the model's max_position (EngineConfig fills it in).
     max_model_len: int | None = field(default=None, metadata=cli(
         "--max-model-len", help="longest prompt + output in tokens", default_text="the preset's max position"))
+    # None: LONG_PREFILL_SHARE of the step's budget (`long_prefill_chunk`).
+    long_prefill_tokens: int | None = field(default=None, metadata=cli(
+        "--long-prefill-tokens", metavar="N",
+        help="while requests wait to be admitted, a prompt prefills at most N tokens a step before the "
+             "others are served, and only then takes the budget they leave; 0: no limit (first come, "
+             "first served: a long prompt holds up every request behind it)",
+        default_text="an eighth of --max-num-batched-tokens"))
+
+    @property
+    def long_prefill_chunk(self) -> int:
+        """A prefill's first share of a step's budget while others wait (the budget when unlimited)."""
+        if self.long_prefill_tokens is None:
+            return max(1, self.max_num_batched_tokens // LONG_PREFILL_SHARE)
+        return self.long_prefill_tokens or self.max_num_batched_tokens
 
 
 @dataclass(frozen=True, slots=True)
@@ -190,6 +205,8 @@ def validate_engine_config(c: EngineConfig) -> None:
     require(sched.max_num_batched_tokens >= sched.max_num_seqs,
             f"--max-num-batched-tokens: must be at least --max-num-seqs ({sched.max_num_seqs}) so every "
             f"running request can decode in one step, got {sched.max_num_batched_tokens}")
+    require(sched.long_prefill_tokens is None or sched.long_prefill_tokens >= 0,
+            f"--long-prefill-tokens: must be >= 0 (0: no limit), got {sched.long_prefill_tokens}")
     require(0 < c.max_model_len <= m.max_position,
             f"--max-model-len: must be in 1..{m.max_position} for the {m.name} model, got {c.max_model_len}")
     require(c.weights is None or os.path.isfile(c.weights), f"--weights: no such file {c.weights!r}")

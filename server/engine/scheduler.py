@@ -4,6 +4,13 @@ Each step has a token budget (`max_num_batched_tokens`). Running requests go fir
 before unfinished prefills, so generation never stalls behind a long prompt; then waiting
 requests are admitted in arrival order while the budget, `max_num_seqs` and free KV blocks
 allow. A prompt longer than the remaining budget is prefilled in chunks over several steps.
+While requests wait, an unfinished prefill takes at most `long_prefill_chunk` tokens before the
+admissions, and what they leave after. First come, first served would let one uncached prompt
+of tens of thousands of tokens take every step's budget for dozens of steps while the requests
+behind it, mostly served from the prefix cache and each a step's work, wait for all of it
+(head-of-line blocking); this way the long prompt still advances every step, and takes all the
+budget when no one waits. A new request's first chunk is not cut: one admitted in the same step
+as a request sharing its prefix finds that prefix cached from the next step on.
 When a running request needs a block and none is free, the newest running request is preempted
 by recompute: its blocks are freed and it goes back to the head of the waiting queue with all
 its tokens, to be prefilled again (often largely from the prefix cache); its pending drafts are
@@ -67,6 +74,7 @@ class Scheduler:
 
     def schedule(self) -> ScheduledBatch:
         budget = self.config.max_num_batched_tokens
+        chunk = self.config.long_prefill_chunk if self.waiting else budget
         seqs: list[Sequence] = []
         counts: list[int] = []
         preempted = False
@@ -76,7 +84,8 @@ class Scheduler:
                 break
             if seq.status is not SequenceStatus.RUNNING or self._length_reached(seq, len(seq.token_ids)):
                 continue  # preempted earlier in this loop, or finishing when its pending token lands
-            n = min(seq.num_uncomputed_tokens + len(seq.draft_token_ids), budget)
+            limit = budget if seq.num_uncomputed_tokens <= 1 else min(budget, chunk)
+            n = min(seq.num_uncomputed_tokens + len(seq.draft_token_ids), limit)
             while not self.blocks.try_append(seq, n):
                 if seq.draft_token_ids:  # speculation must never cost another request its blocks
                     seq.draft_token_ids = []
@@ -111,7 +120,21 @@ class Scheduler:
             seqs.append(seq)
             counts.append(n)
             budget -= n
+        if budget and chunk < self.config.max_num_batched_tokens:
+            self._extend_prefills(seqs, counts, budget)
         return ScheduledBatch(tuple(seqs), tuple(counts))
+
+    def _extend_prefills(self, seqs: list[Sequence], counts: list[int], budget: int) -> None:
+        """Give the budget the admissions left to the prefills cut short, shortest remainder first."""
+        cut = sorted((seq.num_uncomputed_tokens - n, i) for i, (seq, n) in enumerate(zip(seqs, counts))
+                     if n < seq.num_uncomputed_tokens and not seq.draft_token_ids)
+        for remainder, i in cut:
+            extra = min(remainder, budget)
+            if self.blocks.try_append(seqs[i], counts[i] + extra):
+                counts[i] += extra
+                budget -= extra
+            if not budget:
+                return
 
     def postprocess(self, batch: ScheduledBatch, sampled: list[int | None]) -> list[Sequence]:
         """Account a step without drafts: one sampled token per request that reached the end of

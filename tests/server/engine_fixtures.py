@@ -13,6 +13,7 @@ from server.engine.messages import AddRequest, SamplingParams
 def tiny_config(*, num_blocks: int | None = 256, block_size: int = 16, kv_cache_dtype: str = "bf16",
                 indexer_key_dtype: str = "fp8", prefix_caching: bool = True, max_num_seqs: int = 16,
                 max_num_batched_tokens: int = 512, max_model_len: int = 1024, backend: str = "torch",
+                long_prefill_tokens: int | None = None,
                 seed: int = 0, weights: str | None = None, **model_overrides) -> EngineConfig:
     model = dataclasses.replace(model_preset("tiny"), **model_overrides)
     return EngineConfig(
@@ -21,7 +22,7 @@ def tiny_config(*, num_blocks: int | None = 256, block_size: int = 16, kv_cache_
                           indexer_key_dtype=indexer_key_dtype, enable_prefix_caching=prefix_caching,
                           num_blocks=num_blocks),
         scheduler=SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
-                                  max_model_len=max_model_len),
+                                  max_model_len=max_model_len, long_prefill_tokens=long_prefill_tokens),
         device="cpu", attention_backend=backend, seed=seed, weights=weights,
     )
 
@@ -45,13 +46,14 @@ def overlapped_and_serial(config: EngineConfig) -> tuple[Engine, Engine]:
 
 def mixed_requests() -> dict[str, tuple[tuple[int, ...], SamplingParams]]:
     """Requests that take every path of a step at a budget of 64 tokens and 4 sequences: chunked
-    prefill, a prefix-cache hit, one- and two-token outputs, a seeded sampled request."""
+    prefill, a prefix-cache hit (with --long-prefill-tokens 0), one- and two-token outputs, a seeded
+    sampled request."""
     shared = prompt(7, 40)
     return {
         "short": (prompt(1, 3), greedy(9)),
         "long": (prompt(2, 150), greedy(23)),  # chunked over several steps at a budget of 64
         "shared_a": (shared + prompt(3, 5), greedy(7)),
-        "shared_b": (shared + prompt(4, 9), greedy(11)),  # prefix-cache hit on shared_a's blocks
+        "shared_b": (shared + prompt(4, 9), greedy(11)),  # hits shared_a's blocks if admitted after them
         "one": (prompt(5, 20), greedy(1)),
         "two": (prompt(8, 20), greedy(2)),
         "seeded": (prompt(6, 30), SamplingParams(max_tokens=10, temperature=0.8, top_p=0.9, seed=3)),

@@ -89,6 +89,7 @@ def test_defaults_follow_preset():
     (("--top-k", "-1"), "--top-k"),
     (("--max-model-len", "100000"), "--max-model-len"),
     (("--max-num-seqs", "64", "--max-num-batched-tokens", "8"), "--max-num-batched-tokens"),
+    (("--long-prefill-tokens", "-1"), "--long-prefill-tokens"),
     (("--kv-cache-gb", "0"), "--kv-cache-gb"),
     (("--gpu-memory-utilization", "1.5"), "--gpu-memory-utilization"),
     (("--weights", "/nonexistent/w.safetensors"), "--weights"),

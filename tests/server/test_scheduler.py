@@ -1,5 +1,6 @@
-"""Scheduler: decode first, chunked prefill under the token budget, max_num_seqs, preemption by
-recompute, stop conditions; driven by a deterministic token source instead of a model."""
+"""Scheduler: decode first, chunked prefill under the token budget, a long prefill's share while
+others wait, max_num_seqs, preemption by recompute, stop conditions; driven by a deterministic
+token source instead of a model."""
 
 from __future__ import annotations
 
@@ -26,9 +27,9 @@ def run_step(sched: Scheduler) -> list[Sequence]:
     return sched.postprocess(batch, sampled)
 
 
-def make(num_blocks=64, block_size=4, max_seqs=8, budget=32, max_len=256, caching=True):
+def make(num_blocks=64, block_size=4, max_seqs=8, budget=32, max_len=256, caching=True, long_prefill=None):
     bm = BlockManager(num_blocks, block_size, caching)
-    return Scheduler(SchedulerConfig(max_seqs, budget), bm, EOS, max_len), bm
+    return Scheduler(SchedulerConfig(max_seqs, budget, long_prefill_tokens=long_prefill), bm, EOS, max_len), bm
 
 
 def req(rid, n, max_tokens=5, **kw):
@@ -66,6 +67,58 @@ def test_decode_first_and_chunked_prefill():
     done = drain(sched)
     assert {s.request_id for s in done} == {"a", "b"}
     assert b.output_token_ids == reference_output("b", 40, 5)
+    bm.check_invariants([])
+
+
+def step_with(sched, ids):
+    """Schedule one step; {request id: tokens scheduled}; account it."""
+    batch = sched.schedule()
+    sched.postprocess(batch, [next_token(s) if s.num_computed_tokens + n == len(s) else None
+                              for s, n in zip(batch.seqs, batch.num_new_tokens)])
+    got = {s.request_id: n for s, n in zip(batch.seqs, batch.num_new_tokens)}
+    return [got.get(i, 0) for i in ids]
+
+
+def test_a_long_prefill_takes_its_share_and_then_what_the_short_prompts_leave():
+    sched, bm = make(num_blocks=128, budget=32)  # the default share: 32 // 8 = 4 tokens
+    long = req("long", 200)
+    sched.add(long)
+    assert step_with(sched, ["long"]) == [32]  # no one waits: the whole budget
+    shorts = [req(f"s{i}", 6) for i in range(3)]
+    for s in shorts:
+        sched.add(s)
+    # its share (4), the three short prompts (18), then the rest (10) to the long prompt again
+    assert step_with(sched, ["long", "s0", "s1", "s2"]) == [14, 6, 6, 6]
+    assert step_with(sched, ["long", "s0", "s1", "s2"]) == [29, 1, 1, 1]  # the short ones decode
+    done = drain(sched)
+    assert {s.request_id for s in done} == {"long", "s0", "s1", "s2"}
+    assert long.output_token_ids == reference_output("long", 200, 5)
+    assert all(s.output_token_ids == reference_output(s.request_id, 6, 5) for s in shorts)
+    bm.check_invariants([])
+
+
+def test_without_a_share_a_long_prefill_holds_up_the_requests_behind_it():
+    sched, _ = make(num_blocks=128, budget=32, long_prefill=0)
+    sched.add(req("long", 200))
+    step_with(sched, ["long"])
+    for i in range(3):
+        sched.add(req(f"s{i}", 6))
+    assert step_with(sched, ["long", "s0", "s1", "s2"]) == [32, 0, 0, 0]
+
+
+def test_the_budget_left_goes_to_the_shortest_remaining_prefill_first():
+    sched, bm = make(num_blocks=128, max_seqs=2, budget=32, long_prefill=4)
+    a, b = req("a", 100), req("b", 60)
+    sched.add(a)
+    sched.add(b)
+    assert step_with(sched, ["a", "b"]) == [32, 0]  # a admitted with the whole budget; b waits
+    assert step_with(sched, ["a", "b"]) == [4, 28]  # b waits: a's share, then b admitted
+    sched.add(req("c", 5))  # waits: max_num_seqs is reached
+    # both shares (4 each), then the 24 left to b, 28 to go against a's 60
+    assert step_with(sched, ["a", "b", "c"]) == [4, 28, 0]
+    assert step_with(sched, ["a", "b", "c"]) == [28, 4, 0]  # b's last 4, the rest to a
+    drain(sched)
+    assert a.output_token_ids == reference_output("a", 100, 5)
     bm.check_invariants([])
 
 

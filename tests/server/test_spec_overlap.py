@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import pytest
 import torch
 
 from server.config import SpeculativeConfig
@@ -32,13 +33,16 @@ def spec_stats(engine: Engine) -> tuple:
             s.spec_num_accepted_tokens, s.spec_accepted_per_position)
 
 
-def test_same_tokens_reasons_and_acceptance_with_chunks_and_prefix_hits():
-    overlapped, serial = engines(max_num_batched_tokens=64, max_num_seqs=4)
+@pytest.mark.parametrize("long_prefill_tokens", [0, None])
+def test_same_tokens_reasons_and_acceptance_with_chunks_and_prefix_hits(long_prefill_tokens):
+    overlapped, serial = engines(max_num_batched_tokens=64, max_num_seqs=4, long_prefill_tokens=long_prefill_tokens)
     a, b = run(overlapped, mixed_requests()), run(serial, mixed_requests())
     assert a == b
     assert spec_stats(overlapped) == spec_stats(serial)
     assert overlapped.stats().spec_num_accepted_tokens > 0
-    assert overlapped.stats().prefix_cache_hits == serial.stats().prefix_cache_hits > 0
+    assert overlapped.stats().prefix_cache_hits == serial.stats().prefix_cache_hits
+    if long_prefill_tokens == 0:  # first come, first served: shared_b waits for shared_a's blocks
+        assert serial.stats().prefix_cache_hits > 0
 
 
 def test_every_request_completes_under_preemption():
