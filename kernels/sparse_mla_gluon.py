@@ -23,7 +23,7 @@ from kernels.sparse_mla import LOG2E, choose_splits, combine_splits, kv_views, s
 HOPPER, CDNA3 = "sm_90", "gfx942"  # the targets, as the compiler names them
 CONSUMER_WARPS = 8  # two warpgroups share each MMA (kernels/sparse_mla_gluon_kernel.py)
 AMD_WAVEFRONTS = 4  # kernels/sparse_mla_gluon_amd.py
-BLOCK_H = 64  # heads per program (both kernels); fewer heads are padded
+BLOCK_H = 64  # heads per program (both kernels take it from here); fewer heads are padded
 REGISTERS_PER_SM = 65536
 
 

@@ -18,6 +18,8 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.amd import AMDMFMALayout
 from triton.experimental.gluon.language.amd.cdna3 import mfma
 
+from kernels.sparse_mla_gluon import AMD_WAVEFRONTS
+from kernels.sparse_mla_gluon import BLOCK_H as _BLOCK_H
 from kernels.sparse_mla_gluon_common import (
     load_fp8_rows,
     load_slots,
@@ -27,8 +29,8 @@ from kernels.sparse_mla_gluon_common import (
     store_result,
 )
 
-BLOCK_H = gl.constexpr(64)  # heads per program: 16 rows per wavefront
-WARPS = gl.constexpr(4)
+BLOCK_H = gl.constexpr(_BLOCK_H)  # heads per program: 16 rows per wavefront
+WARPS = gl.constexpr(AMD_WAVEFRONTS)  # the launcher's num_warps
 LANES = gl.constexpr(64)  # threads per wavefront
 # a barrier across the program's wavefronts (renamed `barrier` after Triton 3.6)
 _barrier = gl.thread_barrier if hasattr(gl, "thread_barrier") else gl.barrier

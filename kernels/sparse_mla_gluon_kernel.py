@@ -33,6 +33,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
+from kernels.sparse_mla_gluon import BLOCK_H as _BLOCK_H
+from kernels.sparse_mla_gluon import CONSUMER_WARPS as _CONSUMER_WARPS
 from kernels.sparse_mla_gluon_common import (
     load_fp8_rows,
     load_slots,
@@ -42,9 +44,9 @@ from kernels.sparse_mla_gluon_common import (
     store_result,
 )
 
-BLOCK_H = gl.constexpr(64)  # heads per program: one wgmma M tile
+BLOCK_H = gl.constexpr(_BLOCK_H)  # heads per program: one wgmma M tile
 CHUNK = gl.constexpr(64)  # columns a gather step covers (128 B of bf16: one swizzle row)
-CONSUMER_WARPS = gl.constexpr(8)  # two warpgroups
+CONSUMER_WARPS = gl.constexpr(_CONSUMER_WARPS)  # the launcher's num_warps
 # names that changed after Triton 3.6 (torch 2.11's); the kernel compiles under both spellings
 _partition_barrier = gl.thread_barrier if hasattr(gl, "thread_barrier") else gl.barrier  # the partition's warps
 _cp_async = getattr(async_copy, "async_load", None) or async_copy.async_copy_global_to_shared
