@@ -28,6 +28,19 @@ from traces import Request
 COLUMNS = ("play", "session", "agent", "turn", "isl", "osl", "ttft_us", "e2el_us", "tpot_us", "start_ms")
 
 
+
+def wall_clock_at(perf_ns: int) -> float:
+    """The wall-clock time (Unix seconds) of a `time.perf_counter_ns()` reading. The clocks are
+    paired by reading the wall clock between two perf readings, the tightest of three tries, so a
+    preemption between the reads does not shift the result."""
+    brackets = []
+    for _ in range(3):
+        before = time.perf_counter_ns()
+        wall = time.time()
+        brackets.append((time.perf_counter_ns() - before, wall, before))
+    gap, wall, before = min(brackets)
+    return wall - (before + gap / 2 - perf_ns) / 1e9
+
 @dataclass(frozen=True, slots=True)
 class Warmup:
     """Warm-up before each window: `seconds`, or `requests` per lane (open loop: in total)."""
@@ -254,7 +267,7 @@ class LevelRun:
     def open_window(self, duration_s: float, start_ns: int | None = None) -> None:
         self.window_start_ns = time.perf_counter_ns() if start_ns is None else start_ns
         self.window_end_ns = self.window_start_ns + int(duration_s * 1e9)
-        self.window_start_unix = time.time() - (time.perf_counter_ns() - self.window_start_ns) / 1e9
+        self.window_start_unix = wall_clock_at(self.window_start_ns)
         self.cpu_start = cpu_seconds()
         self.sys_start = sys_seconds()
         self.switches_start = involuntary_switches()

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import pickle
+import time
 
-from loadgen.run.level import LevelLoad, LevelRun, RunConfig, Warmup
+from loadgen.run.level import LevelLoad, LevelRun, RunConfig, Warmup, wall_clock_at
 from loadgen.run.plan import TimingConfig
 from loadgen.run.spec_decode import SpecCounters, SpecTally
 from loadgen.run.summary import level_summary
@@ -78,3 +79,9 @@ def test_spec_tallies_merge_field_by_field_and_keep_the_scraped_counters():
     total.merge(pickle.loads(pickle.dumps(SpecTally(1.5, 2, 3, 4, 5, scraped))))  # as a worker sends it
     total.merge(SpecTally(0.5, 1, 1, 2, 3, []))
     assert total == SpecTally(2.0, 3, 4, 6, 8, scraped)
+
+
+def test_a_perf_counter_reading_lands_on_the_wall_clock():
+    now_perf, now_wall = time.perf_counter_ns(), time.time()
+    assert abs(wall_clock_at(now_perf) - now_wall) < 0.05
+    assert abs(wall_clock_at(now_perf - 2_000_000_000) - (now_wall - 2.0)) < 0.05
