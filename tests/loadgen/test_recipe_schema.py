@@ -49,7 +49,8 @@ def test_a_recipe_built_in_code_round_trips_through_yaml():
                                          ("seed-capacity.yaml", "capacity under interactive, 5 rounds paired as "
                                                                 "blocks of 3 variants, t on 8 df"),
                                          ("cpu-capacity.yaml", "capacity under standard, 3 rounds paired as "
-                                                               "blocks of 3 variants, t on 4 df")])
+                                                               "blocks of 3 variants, t on 4 df"),
+                                         ("long-prefill.yaml", "4 rounds paired, t on 3 df")])
 def test_shipped_recipes_check(name, design, capsys):
     """check validates and says how the verdicts will be drawn (two variants: how to add power)."""
     assert main(["recipe", "check", str(RECIPES / name)]) == 0
