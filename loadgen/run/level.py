@@ -28,19 +28,6 @@ from traces import Request
 COLUMNS = ("play", "session", "agent", "turn", "isl", "osl", "ttft_us", "e2el_us", "tpot_us", "start_ms")
 
 
-
-def wall_clock_at(perf_ns: int) -> float:
-    """The wall-clock time (Unix seconds) of a `time.perf_counter_ns()` reading. The clocks are
-    paired by reading the wall clock between two perf readings, the tightest of three tries, so a
-    preemption between the reads does not shift the result."""
-    brackets = []
-    for _ in range(3):
-        before = time.perf_counter_ns()
-        wall = time.time()
-        brackets.append((time.perf_counter_ns() - before, wall, before))
-    gap, wall, before = min(brackets)
-    return wall - (before + gap / 2 - perf_ns) / 1e9
-
 @dataclass(frozen=True, slots=True)
 class Warmup:
     """Warm-up before each window: `seconds`, or `requests` per lane (open loop: in total)."""
@@ -339,6 +326,19 @@ class LevelRun:
         for name, text in part["hdr"].items():
             self.recorder.hists[name].add(decode_histogram(text))
         self.spec_tally.merge(part["spec"])
+
+
+def wall_clock_at(perf_ns: int) -> float:
+    """The wall-clock time (Unix seconds) of a `time.perf_counter_ns()` reading. The clocks are
+    paired by reading the wall clock between two perf readings, the tightest of three tries, so a
+    preemption between the reads does not shift the result."""
+    brackets = []
+    for _ in range(3):
+        before = time.perf_counter_ns()
+        wall = time.time()
+        brackets.append((time.perf_counter_ns() - before, wall, before))
+    gap, wall, before = min(brackets)
+    return wall - (before + gap / 2 - perf_ns) / 1e9
 
 
 def cpu_seconds() -> float:

@@ -52,7 +52,7 @@ class SchedulerConfig:
         help="while requests wait to be admitted, a prompt prefills at most N tokens a step before the "
              "others are served, and only then takes the budget they leave; 0: no limit (first come, "
              "first served: a long prompt holds up every request behind it)",
-        default_text="an eighth of --max-num-batched-tokens"))
+        default_text=f"--max-num-batched-tokens // {LONG_PREFILL_SHARE}"))
 
     @property
     def long_prefill_chunk(self) -> int:
